@@ -1,0 +1,26 @@
+# The two commands of the README. Each creates or reuses .venv and installs what it needs.
+PYTHON ?= python3
+VENV := .venv
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+
+.PHONY: demo test venv clean
+
+demo: $(STAMP)
+	$(VENV)/bin/autoresearch demo $(ARGS)
+
+test: $(STAMP)
+	$(VENV)/bin/python -m pytest $(ARGS)
+
+venv: $(STAMP)
+
+$(STAMP):
+	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install --quiet --upgrade pip
+	# torch first and alone, pinned, so that pip never resolves a different build for it
+	$(VENV)/bin/python -m pip install --quiet torch==2.13.0
+	$(VENV)/bin/python -m pip install --quiet -e '.[dev]'
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+clean:
+	rm -rf $(VENV)

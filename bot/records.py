@@ -1,0 +1,93 @@
+"""The plain records passed between the conductor and its three collaborators.
+
+The agent turns a `ProposalContext` into a `Proposal`; the runner turns a `Job` into a `RunResult`.
+Nothing here talks to git, a GPU or a network.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def code_hash(text: str) -> str:
+    """Identity of a train.py: sha256 of its text with trailing whitespace of each line removed."""
+    normal = "\n".join(line.rstrip() for line in text.strip().splitlines())
+    return hashlib.sha256(normal.encode("utf-8")).hexdigest()
+
+
+def slugify(title: str, max_len: int = 40) -> str:
+    """A branch-safe slug: lowercase ascii words joined by '-'."""
+    slug = re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")
+    return (slug[:max_len].rstrip("-")) or "experiment"
+
+
+@dataclass
+class Proposal:
+    """One hypothesis from an agent: a new full train.py and why it should help."""
+
+    title: str
+    hypothesis: str
+    train_py: str
+    # Free-form, agent-specific facts kept with the experiment (the explorer stores its edits here:
+    # {"changes": [{"name": "MATRIX_LR", "old": 0.04, "new": 0.05}]}).
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def slug(self) -> str:
+        return slugify(self.title)
+
+
+@dataclass
+class HistoryEntry:
+    """What the agent is told about one earlier experiment."""
+
+    id: int
+    title: str
+    hypothesis: str
+    status: str  # keep | discard | crash | running
+    val_bpb: float | None
+    delta: float | None  # val_bpb minus main's val_bpb at the time it was judged; negative is better
+    code_hash: str
+    meta: dict[str, Any] = field(default_factory=dict)
+    error_tail: str | None = None
+
+
+@dataclass
+class ProposalContext:
+    """Everything an agent may read to propose the next experiment."""
+
+    program_md: str
+    train_py: str  # train.py on the current main
+    main_val_bpb: float | None
+    history: list[HistoryEntry]
+    feedback: list[str] = field(default_factory=list)  # recent human comments, oldest first
+    last_crash: str | None = None  # traceback tail of the most recent crash, if any
+    seen_hashes: set[str] = field(default_factory=set)  # code_hash of every train.py tried so far
+    profile: str = "cpu"
+    device_kind: str = "cpu"  # "cpu" or "cuda": which size constants of train.py are live
+
+
+@dataclass
+class Job:
+    """One time-boxed training run of one train.py under one profile."""
+
+    run_id: int
+    asset: str  # the train.py text to run
+    profile: str
+    seed: int
+    commit: str = ""  # the git commit the asset came from, for the record
+
+
+@dataclass
+class RunResult:
+    """What a runner reports for a job: the harness's own measurement, never train.py's printout."""
+
+    run_id: int
+    status: str  # ok | crash
+    val_bpb: float | None = None
+    metrics: dict[str, Any] = field(default_factory=dict)
+    log_tail: str = ""
+    error: str | None = None

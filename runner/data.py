@@ -1,0 +1,188 @@
+"""Data: where training and validation documents come from, and their fingerprint.
+
+Three sources end up in one shape, a prepared dataset directory of parquet files with one `text`
+column plus a `manifest.json`:
+- "builtin": the Shakespeare corpus that ships in `runner/corpus/` (works offline);
+- a base URL of parquet shards in the reference's layout (`shard_00000.parquet`, ...; the pinned
+  validation shard is the last one), downloaded by `runner.download`;
+- a local directory of `.txt`/`.md` files, one document per file.
+The validation documents are fixed by the source and never used for training.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+BUILTIN_CORPUS = Path(__file__).parent / "corpus" / "shakespeare.jsonl.gz"
+VAL_EVERY = 10  # for builtin and text-directory sources, every 10th document is validation
+DOCS_PER_SHARD = 1000
+
+
+class DataMissing(RuntimeError):
+    """The dataset (or tokenizer) has not been prepared yet."""
+
+
+def cache_dir() -> Path:
+    """Root of the data and tokenizer cache: $AUTORESEARCH_CACHE or ~/.cache/autoresearch."""
+    root = os.environ.get("AUTORESEARCH_CACHE") or Path.home() / ".cache" / "autoresearch"
+    return Path(root)
+
+
+def source_key(source: str) -> str:
+    """A directory name for a data source."""
+    if source == "builtin":
+        return "builtin-shakespeare"
+    readable = re.sub(r"[^A-Za-z0-9]+", "-", source).strip("-")[-40:]
+    return f"{readable}-{hashlib.sha256(source.encode()).hexdigest()[:10]}"
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """A prepared dataset: its parquet files and the fingerprint that identifies its content."""
+
+    root: Path
+    source: str
+    fingerprint: str
+    train_files: tuple[str, ...]
+    val_file: str
+    train_docs: int
+    val_docs: int
+
+    def paths(self, split: str) -> list[Path]:
+        if split == "train":
+            return [self.root / name for name in self.train_files]
+        if split == "val":
+            return [self.root / self.val_file]
+        raise ValueError(f"split must be 'train' or 'val', not {split!r}")
+
+    def document_batches(self, split: str, batch_size: int = 128, loop: bool = True
+                         ) -> Iterator[tuple[list[str], int]]:
+        """Yield (documents, epoch) in a fixed order; the training split loops forever."""
+        epoch = 1
+        while True:
+            for path in self.paths(split):
+                parquet = pq.ParquetFile(path)
+                for group in range(parquet.num_row_groups):
+                    texts = parquet.read_row_group(group, columns=["text"]).column("text").to_pylist()
+                    for start in range(0, len(texts), batch_size):
+                        yield texts[start:start + batch_size], epoch
+            if not loop:
+                return
+            epoch += 1
+
+
+def dataset_dir(source: str) -> Path:
+    return cache_dir() / "data" / source_key(source)
+
+
+def load_dataset(source: str, profile_name: str = "cpu") -> Dataset:
+    """Open a prepared dataset, or say exactly which command prepares it."""
+    manifest = dataset_dir(source) / "manifest.json"
+    if not manifest.exists():
+        raise DataMissing(
+            f"no prepared data for source {source!r} (looked in {manifest.parent}). "
+            f"Run `autoresearch prepare --profile {profile_name}` first."
+        )
+    info = json.loads(manifest.read_text())
+    return Dataset(root=manifest.parent, source=info["source"], fingerprint=info["fingerprint"],
+                   train_files=tuple(info["train_files"]), val_file=info["val_file"],
+                   train_docs=info["train_docs"], val_docs=info["val_docs"])
+
+
+def prepare_dataset(source: str, *, train_shards: int = 1, progress: bool = False) -> Dataset:
+    """Materialise a source into a dataset directory; a second call does no work."""
+    root = dataset_dir(source)
+    if (root / "manifest.json").exists():
+        return load_dataset(source)
+    root.mkdir(parents=True, exist_ok=True)
+    if source == "builtin":
+        train_files, val_file = _write_split_shards(root, _builtin_documents())
+    elif source.startswith(("http://", "https://")):
+        train_files, val_file = _download_reference_shards(source, root, train_shards, progress)
+    else:
+        directory = Path(source).expanduser()
+        if not directory.is_dir():
+            raise DataMissing(f"data source {source!r} is neither 'builtin', an http(s) URL of "
+                              "parquet shards, nor a directory of .txt/.md files")
+        train_files, val_file = _write_split_shards(root, _text_directory_documents(directory))
+    return _write_manifest(root, source, train_files, val_file)
+
+
+def _builtin_documents() -> list[str]:
+    with gzip.open(BUILTIN_CORPUS, "rt", encoding="utf-8") as handle:
+        return [json.loads(line)["text"] for line in handle if line.strip()]
+
+
+def _text_directory_documents(directory: Path) -> list[str]:
+    files = sorted(p for p in directory.rglob("*") if p.suffix in {".txt", ".md"} and p.is_file())
+    docs = [p.read_text(encoding="utf-8", errors="replace") for p in files]
+    docs = [d for d in docs if d.strip()]
+    if len(docs) < 2:
+        raise DataMissing(f"{directory} holds {len(docs)} non-empty .txt/.md files; at least 2 are "
+                          "needed (one for training, one for validation)")
+    return docs
+
+
+def _write_split_shards(root: Path, docs: list[str]) -> tuple[list[str], str]:
+    """Every VAL_EVERY-th document goes to validation (the last one if there are fewer)."""
+    val_idx = set(range(VAL_EVERY - 1, len(docs), VAL_EVERY)) or {len(docs) - 1}
+    val = [d for i, d in enumerate(docs) if i in val_idx]
+    train = [d for i, d in enumerate(docs) if i not in val_idx]
+    train_files = []
+    for n, start in enumerate(range(0, len(train), DOCS_PER_SHARD)):
+        name = f"train_{n:05d}.parquet"
+        _write_parquet(root / name, train[start:start + DOCS_PER_SHARD])
+        train_files.append(name)
+    _write_parquet(root / "val.parquet", val)
+    return train_files, "val.parquet"
+
+
+def _write_parquet(path: Path, texts: list[str]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    pq.write_table(pa.table({"text": pa.array(texts, type=pa.string())}), tmp)
+    os.replace(tmp, path)
+
+
+def _download_reference_shards(base_url: str, root: Path, train_shards: int, progress: bool
+                               ) -> tuple[list[str], str]:
+    from runner import download
+    from runner.profiles import REFERENCE_VAL_SHARD
+
+    indices = list(range(min(train_shards, REFERENCE_VAL_SHARD))) + [REFERENCE_VAL_SHARD]
+    paths = download.download_shards(base_url, indices, root, progress=progress)
+    for path in paths:
+        download.validate_parquet(path)
+    names = [p.name for p in paths]
+    return names[:-1], names[-1]
+
+
+def _write_manifest(root: Path, source: str, train_files: list[str], val_file: str) -> Dataset:
+    digest = hashlib.sha256()
+    counts = {}
+    for name in [*train_files, val_file]:
+        digest.update(name.encode())
+        with open(root / name, "rb") as handle:
+            digest.update(hashlib.file_digest(handle, "sha256").digest())
+        counts[name] = pq.ParquetFile(root / name).metadata.num_rows
+    info = {
+        "source": source,
+        "fingerprint": digest.hexdigest()[:16],
+        "train_files": train_files,
+        "val_file": val_file,
+        "train_docs": sum(counts[n] for n in train_files),
+        "val_docs": counts[val_file],
+    }
+    tmp = root / "manifest.json.tmp"
+    tmp.write_text(json.dumps(info, indent=2))
+    os.replace(tmp, root / "manifest.json")
+    return load_dataset(source)

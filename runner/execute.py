@@ -1,0 +1,75 @@
+"""Run one train.py under the harness, in this process: `python -m runner.execute ...`.
+
+Opens the session (profile, prepared data, tokenizer), executes the asset as `__main__`, and makes
+sure result.json exists at the end: the harness's measurement when train.py called
+`h.finish(model)`, otherwise a crash record with the traceback tail. Exit code 0 only on success.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import runpy
+import sys
+import time
+import traceback
+from pathlib import Path
+
+STARTED_AT = time.time()  # before torch is imported: start-up time includes the imports
+
+from runner import harness  # noqa: E402
+from runner.data import DataMissing  # noqa: E402
+
+TRACEBACK_LINES = 40
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m runner.execute")
+    parser.add_argument("--asset", type=Path, required=True, help="the train.py to run")
+    parser.add_argument("--profile", required=True)
+    parser.add_argument("--out", type=Path, required=True, help="run directory for result.json")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--data", default=None, help="data source (default: the profile's)")
+    parser.add_argument("--threads", type=int, default=0, help="CPU threads for torch (0: all)")
+    parser.add_argument("--started-at", type=float, default=None,
+                        help="launch time (epoch seconds) for start-up accounting")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    args.out.mkdir(parents=True, exist_ok=True)
+    started_at = args.started_at or STARTED_AT
+    try:
+        source = args.asset.read_text(encoding="utf-8")
+        session = harness.open_session(
+            args.profile, data=args.data, out_dir=args.out, seed=args.seed, started_at=started_at,
+            asset_sha256=hashlib.sha256(source.encode()).hexdigest())
+    except (DataMissing, ValueError, OSError) as error:
+        return _crash(args.out, f"{type(error).__name__}: {error}", started_at)
+
+    sys.argv = [str(args.asset)]
+    try:
+        runpy.run_path(str(args.asset), run_name="__main__")
+    except BaseException as error:  # noqa: BLE001 - every failure of the asset is a crash record
+        if isinstance(error, SystemExit) and error.code in (0, None) and session.result is not None:
+            return 0
+        tail = "".join(traceback.format_exception(error)).splitlines()[-TRACEBACK_LINES:]
+        return _crash(args.out, "\n".join(tail), started_at)
+    if session.result is None:
+        return _crash(args.out, "train.py ended without calling h.finish(model): the harness has "
+                      "nothing to measure. End train.py with `h.finish(model)`.", started_at)
+    return 0
+
+
+def _crash(out: Path, error: str, started_at: float) -> int:
+    print(error, file=sys.stderr, flush=True)
+    harness.write_json(out / "result.json", {"status": "crash", "error": error,
+                                             "total_seconds": time.time() - started_at})
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""Launch one training job in a child process and collect its result.
+
+The child runs `python -m runner.execute` with an environment scrubbed of secrets, its output
+teed to `log.txt` in the run directory, and a hard wall-clock limit. Whatever happens (a crash, a
+kill, a timeout) the caller gets a result dict: the harness's result.json, or a crash record
+built from the exit status and the log tail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|PRIVATE_KEY|CREDENTIAL|^GITHUB_|"
+                         r"^ANTHROPIC_|^MODAL_|^AWS_|^GH_", re.IGNORECASE)
+LOG_TAIL_LINES = 60
+
+
+def training_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The parent's environment without anything that looks like a credential."""
+    env = {k: v for k, v in os.environ.items() if not SECRET_NAME.search(k)}
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra or {})
+    return env
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return ""
+
+
+def command(asset: Path, profile: str, out: Path, *, seed: int = 0, data: str | None = None,
+            threads: int = 0) -> list[str]:
+    cmd = [sys.executable, "-m", "runner.execute", "--asset", str(asset), "--profile", profile,
+           "--out", str(out), "--seed", str(seed), "--threads", str(threads),
+           "--started-at", f"{time.time():.3f}"]
+    if data:
+        cmd += ["--data", data]
+    return cmd
+
+
+def start(asset: Path, profile: str, out: Path, *, seed: int = 0, data: str | None = None,
+          threads: int = 0, echo: bool = False) -> subprocess.Popen:
+    """Start the child in its own process group; its output goes to out/log.txt."""
+    out.mkdir(parents=True, exist_ok=True)
+    env = training_env({"OMP_NUM_THREADS": str(threads)} if threads > 0 else None)
+    log = open(out / "log.txt", "ab")
+    proc = subprocess.Popen(command(asset, profile, out, seed=seed, data=data, threads=threads),
+                            stdout=subprocess.PIPE if echo else log, stderr=subprocess.STDOUT,
+                            env=env, start_new_session=True)
+    if not echo:
+        log.close()
+    else:
+        proc._autoresearch_log = log  # type: ignore[attr-defined]
+    (out / "pid").write_text(str(proc.pid))
+    return proc
+
+
+def collect(out: Path, returncode: int | None, *, timed_out: bool = False) -> dict[str, Any]:
+    """The run's result: result.json if the harness wrote one, else a crash record."""
+    result_file = out / "result.json"
+    if result_file.exists():
+        result = json.loads(result_file.read_text())
+        if result.get("status") == "ok" and returncode not in (0, None):
+            result = {"status": "crash", "error": f"train.py exited with code {returncode} after "
+                      "the harness measured it", "measured": result}
+    elif timed_out:
+        result = {"status": "crash", "error": "the run exceeded its wall-clock limit and was killed"}
+    elif returncode is not None and returncode < 0:
+        name = signal.Signals(-returncode).name
+        result = {"status": "crash", "error": f"the training process was killed by {name} "
+                  "(out of memory, or stopped from outside)"}
+    else:
+        result = {"status": "crash", "error": f"the training process exited with code {returncode} "
+                  "without a result"}
+    result["log_tail"] = log_tail(out / "log.txt")
+    return result
+
+
+def run(asset: Path, profile: str, out: Path, *, seed: int = 0, data: str | None = None,
+        threads: int = 0, timeout_s: float | None = None,
+        on_line: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run one job to completion (blocking) and return its result dict."""
+    from runner.profiles import get_profile
+
+    limit = timeout_s or get_profile(profile).max_total_s
+    proc = start(asset, profile, out, seed=seed, data=data, threads=threads, echo=on_line is not None)
+    deadline = time.time() + limit
+    timed_out = False
+    if on_line is not None:
+        log = proc._autoresearch_log  # type: ignore[attr-defined]
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            log.write(raw)
+            on_line(raw.decode(errors="replace").rstrip("\n"))
+            if time.time() > deadline:
+                break
+        log.close()
+    try:
+        proc.wait(timeout=max(0.0, deadline - time.time()))
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        kill_group(proc.pid)
+        proc.wait()
+    return collect(out, proc.returncode, timed_out=timed_out)
+
+
+def kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass

@@ -1,0 +1,70 @@
+"""Profiles: the harness constants that make runs comparable.
+
+A profile is chosen by whoever runs the job (the runner), never by train.py. Results compare only
+when profile, harness version (a hash of this package's source) and data fingerprint all match.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    device: str  # "cuda" or "cpu": where the run is meant to happen
+    seq_len: int  # tokens per training and evaluation row
+    vocab_size: int  # tokenizer size, special tokens included
+    time_budget_s: float  # seconds of timed training (warm-up steps excluded)
+    warmup_steps: int  # first steps (compilation, allocator warm-up) not counted against the budget
+    eval_tokens: int  # validation tokens scored for val_bpb
+    eval_batch_size: int  # rows per evaluation forward pass
+    data: str  # default data source: "builtin", or a base URL of parquet shards
+    train_shards: int  # parquet shards to download when data is a URL
+    tokenizer_chars: int  # characters of training text the tokenizer is trained on
+    max_total_s: float  # hard wall-clock limit for the whole run, start-up and evaluation included
+
+
+# The reference's data: parquet shards with one `text` column, the last shard pinned for validation.
+REFERENCE_DATA_URL = "https://huggingface.co/datasets/karpathy/climbmix-400b-shuffle/resolve/main"
+REFERENCE_VAL_SHARD = 6542
+
+PROFILES: dict[str, Profile] = {
+    # The reference's constants (karpathy/autoresearch prepare.py) on one H100-class GPU.
+    "h100": Profile(
+        name="h100", device="cuda", seq_len=2048, vocab_size=8192, time_budget_s=300.0,
+        warmup_steps=10, eval_tokens=40 * 524288, eval_batch_size=64, data=REFERENCE_DATA_URL,
+        train_shards=10, tokenizer_chars=1_000_000_000, max_total_s=900.0,
+    ),
+    # About 30 s of training and a few seconds of evaluation on 2 CPU cores.
+    "cpu": Profile(
+        name="cpu", device="cpu", seq_len=256, vocab_size=4096, time_budget_s=30.0,
+        warmup_steps=1, eval_tokens=2**16, eval_batch_size=32, data="builtin",
+        train_shards=0, tokenizer_chars=5_000_000, max_total_s=240.0,
+    ),
+    # A few seconds in all, for tests.
+    "smoke": Profile(
+        name="smoke", device="cpu", seq_len=128, vocab_size=1024, time_budget_s=3.0,
+        warmup_steps=1, eval_tokens=2**13, eval_batch_size=16, data="builtin",
+        train_shards=0, tokenizer_chars=5_000_000, max_total_s=120.0,
+    ),
+}
+
+
+def get_profile(name: str) -> Profile:
+    try:
+        return PROFILES[name]
+    except KeyError:
+        known = ", ".join(sorted(PROFILES))
+        raise ValueError(f"unknown profile {name!r}: choose one of {known}") from None
+
+
+def harness_hash() -> str:
+    """sha256 over the harness's own source files: a change to the measurement changes the hash."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
