@@ -14,6 +14,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -80,6 +81,8 @@ def collect(out: Path, returncode: int | None, *, timed_out: bool = False) -> di
         name = signal.Signals(-returncode).name
         result = {"status": "crash", "error": f"the training process was killed by {name} "
                   "(out of memory, or stopped from outside)"}
+    elif returncode is None:
+        result = {"status": "crash", "error": "the training process ended without writing a result"}
     else:
         result = {"status": "crash", "error": f"the training process exited with code {returncode} "
                   "without a result"}
@@ -97,21 +100,31 @@ def run(asset: Path, profile: str, out: Path, *, seed: int = 0, data: str | None
     proc = start(asset, profile, out, seed=seed, data=data, threads=threads, echo=on_line is not None)
     deadline = time.time() + limit
     timed_out = False
+    pump = None
     if on_line is not None:
+        # Read the child's output in a thread: a blocking read here would let a silent, hung
+        # child outlive its wall-clock limit.
         log = proc._autoresearch_log  # type: ignore[attr-defined]
         assert proc.stdout is not None
-        for raw in proc.stdout:
-            log.write(raw)
-            on_line(raw.decode(errors="replace").rstrip("\n"))
-            if time.time() > deadline:
-                break
-        log.close()
+
+        def pump_output() -> None:
+            try:
+                for raw in proc.stdout:
+                    log.write(raw)
+                    on_line(raw.decode(errors="replace").rstrip("\n"))
+            finally:
+                log.close()
+
+        pump = threading.Thread(target=pump_output, daemon=True)
+        pump.start()
     try:
         proc.wait(timeout=max(0.0, deadline - time.time()))
     except subprocess.TimeoutExpired:
         timed_out = True
         kill_group(proc.pid)
         proc.wait()
+    if pump is not None:
+        pump.join(timeout=10)
     return collect(out, proc.returncode, timed_out=timed_out)
 
 

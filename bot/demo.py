@@ -1,0 +1,154 @@
+"""The local loop, wired up: a research repository on disk, the CPU, the offline explorer.
+
+`autoresearch demo` builds (or reopens) a work directory
+
+    <workdir>/repo/        the research repository (main holds the best measured train.py)
+    <workdir>/state.db     the store
+    <workdir>/runs/<id>/   one directory per training run (train.py, log.txt, result.json)
+    <workdir>/results.tsv  the reference's results table
+    <workdir>/conductor.log
+
+and runs the conductor over it with a live display. Running it again resumes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from bot import results
+from bot.agent.explorer import OfflineExplorer
+from bot.conductor import Conductor, ConductorConfig, Summary
+from bot.forge.local import init_research_repo
+from bot.runners.local import LocalRunner
+from bot.store import Store
+from runner.prepare import prepare
+from runner.profiles import get_profile
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+SEED_FILES = ("train.py", "program.md")
+
+
+@dataclass
+class DemoOptions:
+    workdir: Path
+    profile: str = "cpu"
+    experiments: int = 6
+    slots: int = 1
+    seed: int = 0
+    data: str | None = None
+    live: bool = True
+
+
+def seed_files() -> dict[str, str]:
+    """The train.py and program.md a new research repository starts from."""
+    missing = [name for name in SEED_FILES if not (PROJECT_ROOT / name).exists()]
+    if missing:
+        raise FileNotFoundError(f"{', '.join(missing)} not found next to the bot package in {PROJECT_ROOT}: "
+                                "run autoresearch from a clone of the autoresearch-bot repository")
+    return {name: (PROJECT_ROOT / name).read_text(encoding="utf-8") for name in SEED_FILES}
+
+
+def build_conductor(options: DemoOptions, console: Console | None = None) -> tuple[Conductor, Store, LocalRunner]:
+    workdir = options.workdir
+    workdir.mkdir(parents=True, exist_ok=True)
+    prepare(options.profile, options.data, progress=console is not None)
+    forge = init_research_repo(workdir / "repo", seed_files())
+    store = Store(workdir / "state.db")
+    runner = LocalRunner(workdir / "runs", slots=options.slots, data=options.data)
+    config = ConductorConfig(profile=options.profile, max_experiments=options.experiments)
+    conductor = Conductor(store, forge, runner, OfflineExplorer(seed=options.seed), config,
+                          results_tsv=workdir / "results.tsv")
+    return conductor, store, runner
+
+
+def run_demo(options: DemoOptions, console: Console | None = None) -> Summary:
+    console = console or Console()
+    _log_to(options.workdir / "conductor.log")
+    conductor, store, runner = build_conductor(options, console)
+    budget = get_profile(options.profile).time_budget_s
+    console.print(f"[bold]autoresearch demo[/]: profile [cyan]{options.profile}[/] ({budget:.0f}s per run), "
+                  f"{options.experiments} experiments, {options.slots} slot(s), work directory {options.workdir}")
+    started = time.time()
+    try:
+        if options.live:
+            with Live(console=console, refresh_per_second=4, transient=False) as live:
+                conductor.on_update = lambda c: live.update(render_status(c, options, started))
+                summary = conductor.run()
+        else:
+            summary = conductor.run()
+    finally:
+        runner.shutdown()
+        store.close()
+    console.print(render_summary(summary, time.time() - started))
+    return summary
+
+
+def render_status(conductor: Conductor, options: DemoOptions, started: float) -> Group:
+    summary = conductor.summary()
+    table = Table(title=None, expand=False, box=None, padding=(0, 2))
+    for column in ("run", "experiment", "step", "loss", "budget", "left"):
+        table.add_column(column)
+    for row in conductor.in_flight():
+        progress = row["progress"]
+        title = row["title"] if row["experiment"] is None else f"#{row['experiment']} {row['title']}"
+        table.add_row(str(row["run"]), f"{title} [{row['purpose']}]", str(progress.get("step", "-")),
+                      f"{progress['loss']:.3f}" if "loss" in progress else "-",
+                      f"{100 * progress.get('progress', 0):.0f}%",
+                      f"{progress['remaining_seconds']:.0f}s" if "remaining_seconds" in progress else "-")
+    line = Text.assemble(
+        ("experiments ", "bold"), f"{summary.experiments}/{options.experiments} done  ",
+        ("kept ", "green"), f"{summary.kept}  ", ("discarded ", "yellow"), f"{summary.discarded}  ",
+        ("crashed ", "red"), f"{summary.crashed}  ",
+        ("baseline ", "bold"), _fmt(summary.baseline_val_bpb), ("  best ", "bold"), _fmt(summary.best_val_bpb),
+        f"  elapsed {time.time() - started:.0f}s")
+    return Group(line, table)
+
+
+def render_summary(summary: Summary, wall_s: float) -> Table:
+    table = Table(title="autoresearch: summary", show_header=False)
+    table.add_column("what", style="bold")
+    table.add_column("value")
+    table.add_row("experiments", str(summary.experiments))
+    table.add_row("kept / discarded / crashed", f"{summary.kept} / {summary.discarded} / {summary.crashed}")
+    table.add_row("baseline val_bpb", _fmt(summary.baseline_val_bpb))
+    table.add_row("best val_bpb (main)", _fmt(summary.best_val_bpb))
+    table.add_row("stopped because", summary.stop_reason or "-")
+    table.add_row("wall time", f"{wall_s:.0f}s")
+    table.add_row("results.tsv", str(summary.results_tsv))
+    return table
+
+
+def results_table(store: Store) -> Table:
+    table = Table(title="experiments")
+    for column in ("#", "commit", "val_bpb", "delta", "mem GB", "runs", "status", "description"):
+        table.add_column(column)
+    colours = {"keep": "green", "discard": "yellow", "crash": "red"}
+    for row in results.rows(store):
+        table.add_row(str(row["id"]), row["commit"], _fmt(row["val_bpb"]),
+                      "" if row["delta"] is None else f"{row['delta']:+.6f}", f"{row['memory_gb']:.1f}",
+                      str(row["runs"]), f"[{colours.get(row['status'], 'white')}]{row['status']}[/]",
+                      row["description"])
+    return table
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.6f}"
+
+
+def _log_to(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.setLevel(logging.INFO)
+    if not any(isinstance(h, logging.FileHandler) and h.baseFilename == str(path.resolve())
+               for h in root.handlers):
+        root.addHandler(handler)

@@ -1,0 +1,71 @@
+"""Results out of the store: the reference's results.tsv, a table for people, JSON for tools.
+
+results.tsv has the reference's columns, tab-separated:
+    commit  val_bpb  memory_gb  status  description
+with the baseline of the first main as its first row (status keep), then one row per finished
+experiment (status keep, discard or crash; a crash shows val_bpb 0.000000 and memory 0.0).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import statistics
+from pathlib import Path
+from typing import Any
+
+from bot.store import Store
+
+TSV_COLUMNS = ["commit", "val_bpb", "memory_gb", "status", "description"]
+
+
+def baseline_val_bpb(store: Store) -> float | None:
+    """Mean val_bpb of the first main's baseline runs."""
+    baseline = [r for r in store.runs() if r.purpose == "baseline"]
+    if not baseline:
+        return None
+    first = [r.val_bpb for r in baseline if r.code_hash == baseline[0].code_hash
+             and r.status == "ok" and r.val_bpb is not None]
+    return statistics.fmean(first) if first else None
+
+
+def rows(store: Store) -> list[dict[str, Any]]:
+    """One dict per row: the baseline, then every finished experiment, in order."""
+    out: list[dict[str, Any]] = []
+    baseline_runs = [r for r in store.runs() if r.purpose == "baseline"]
+    if baseline_runs:
+        first = baseline_runs[0]
+        same = [r for r in baseline_runs if r.code_hash == first.code_hash and r.status == "ok"]
+        out.append({"id": 0, "commit": first.commit_sha[:7], "val_bpb": baseline_val_bpb(store),
+                    "delta": None, "memory_gb": _memory_gb(same), "status": "keep", "runs": len(same),
+                    "description": "baseline", "reason": "main as it was before any experiment"})
+    for exp in store.experiments(active=False):
+        runs = [r for r in store.runs(experiment_id=exp.id) if r.state == "done"]
+        crashed = exp.status == "crash"
+        out.append({"id": exp.id, "commit": (exp.head_sha or "")[:7],
+                    "val_bpb": None if crashed else exp.val_bpb, "delta": None if crashed else exp.delta,
+                    "memory_gb": 0.0 if crashed else _memory_gb(runs), "status": exp.status,
+                    "runs": len(runs), "description": exp.title, "reason": exp.reason})
+    return out
+
+
+def to_tsv(store: Store) -> str:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, delimiter="\t", lineterminator="\n")
+    writer.writerow(TSV_COLUMNS)
+    for row in rows(store):
+        writer.writerow([row["commit"], f"{row['val_bpb'] or 0.0:.6f}", f"{row['memory_gb']:.1f}",
+                         row["status"], row["description"].replace("\t", " ").replace("\n", " ")])
+    return buffer.getvalue()
+
+
+def export_tsv(store: Store, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(to_tsv(store))
+    os.replace(tmp, path)
+
+
+def _memory_gb(runs: list) -> float:
+    peaks = [r.metrics.get("peak_vram_mb", 0.0) or 0.0 for r in runs if r.status == "ok"]
+    return max(peaks, default=0.0) / 1024

@@ -1,0 +1,76 @@
+"""Loop settings a human writes in program.md's front matter, validated with clear errors.
+
+program.md may start with a YAML block between two `---` lines holding an `autoresearch:` map:
+
+    ---
+    autoresearch:
+      max_experiments: 50      # stop proposing after this many experiments (0: no limit)
+      target_val_bpb: 0.95     # stop once main reaches this val_bpb or lower
+      baseline_runs: 2         # how many times main is measured to estimate the noise
+      noise_sigmas: 2.0        # standard errors an improvement must clear to be kept
+      min_margin: 0.0          # absolute floor on that margin, in val_bpb
+      confirm: true            # borderline improvements get one confirmation run
+      paused: false            # true: finish what runs, propose nothing new
+    ---
+
+Everything is optional; the text after the block is the agent's instructions. The file is read
+from main before every proposal, so a commit to program.md steers the next experiment.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+
+class LoopSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    max_experiments: int = Field(0, ge=0)
+    target_val_bpb: float | None = Field(None, gt=0)
+    baseline_runs: int = Field(2, ge=1, le=20)
+    noise_sigmas: float = Field(2.0, ge=0)
+    min_margin: float = Field(0.0, ge=0)
+    confirm: bool = True
+    paused: bool = False
+
+
+class SettingsError(ValueError):
+    """program.md's front matter is malformed; the message says where and how to fix it."""
+
+
+@dataclass
+class Program:
+    settings: LoopSettings
+    instructions: str  # program.md without its front matter
+
+
+def parse_program(text: str) -> Program:
+    lines = text.splitlines()
+    if not lines or lines[0].strip() != "---":
+        return Program(LoopSettings(), text)
+    try:
+        end = next(i for i in range(1, len(lines)) if lines[i].strip() == "---")
+    except StopIteration:
+        raise SettingsError("program.md starts a front-matter block with '---' but never closes it: "
+                            "add a second '---' line after the settings") from None
+    body = "\n".join(lines[end + 1:]).lstrip("\n")
+    try:
+        data = yaml.safe_load("\n".join(lines[1:end])) or {}
+    except yaml.YAMLError as error:
+        raise SettingsError(f"program.md front matter is not valid YAML: {error}") from None
+    if not isinstance(data, dict):
+        raise SettingsError("program.md front matter must be a YAML map with an 'autoresearch:' key")
+    unknown = set(data) - {"autoresearch"}
+    if unknown:
+        raise SettingsError(f"program.md front matter has unknown keys {sorted(unknown)}; "
+                            "put loop settings under 'autoresearch:'")
+    try:
+        settings = LoopSettings.model_validate(data.get("autoresearch") or {})
+    except ValidationError as error:
+        problems = "; ".join(f"autoresearch.{'.'.join(map(str, e['loc']))}: {e['msg']}"
+                             for e in error.errors())
+        raise SettingsError(f"program.md front matter: {problems}") from None
+    return Program(settings, body)
