@@ -107,10 +107,7 @@ class Conductor:
             if run.run_dir and self.runner.reattach(run.id, run.run_dir):
                 log.info("run %s: picked up again after a restart", run.id)
                 continue
-            self.store.mark_run_lost(run.id, "its process was gone after a restart; queued again")
-            self.store.add_run(experiment_id=run.experiment_id, purpose=run.purpose, code_hash=run.code_hash,
-                               commit_sha=run.commit_sha, base_sha=run.base_sha, asset=run.asset,
-                               profile=run.profile, reason=f"replaces lost run {run.id}")
+            self.store.replace_lost_run(run.id, "its process was gone after a restart")
 
     def idle(self) -> bool:
         busy = self.store.experiments(active=True) or self.store.runs(state="queued") \

@@ -8,8 +8,6 @@ experiment (status keep, discard or crash; a crash shows val_bpb 0.000000 and me
 
 from __future__ import annotations
 
-import csv
-import io
 import os
 import statistics
 from pathlib import Path
@@ -51,13 +49,12 @@ def rows(store: Store) -> list[dict[str, Any]]:
 
 
 def to_tsv(store: Store) -> str:
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, delimiter="\t", lineterminator="\n")
-    writer.writerow(TSV_COLUMNS)
+    lines = ["\t".join(TSV_COLUMNS)]
     for row in rows(store):
-        writer.writerow([row["commit"], f"{row['val_bpb'] or 0.0:.6f}", f"{row['memory_gb']:.1f}",
-                         row["status"], row["description"].replace("\t", " ").replace("\n", " ")])
-    return buffer.getvalue()
+        description = " ".join(row["description"].split())  # no tabs or line breaks inside a field
+        lines.append("\t".join([row["commit"], f"{row['val_bpb'] or 0.0:.6f}", f"{row['memory_gb']:.1f}",
+                                row["status"], description]))
+    return "\n".join(lines) + "\n"
 
 
 def export_tsv(store: Store, path: Path) -> None:

@@ -65,7 +65,7 @@ def parse_program(text: str) -> Program:
         raise SettingsError("program.md front matter must be a YAML map with an 'autoresearch:' key")
     unknown = set(data) - {"autoresearch"}
     if unknown:
-        raise SettingsError(f"program.md front matter has unknown keys {sorted(unknown)}; "
+        raise SettingsError(f"program.md front matter has unknown keys {sorted(map(str, unknown))}; "
                             "put loop settings under 'autoresearch:'")
     try:
         settings = LoopSettings.model_validate(data.get("autoresearch") or {})

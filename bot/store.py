@@ -195,7 +195,9 @@ class Store:
         fields["updated_at"] = time.time()
         columns = ", ".join(f"{name} = ?" for name in fields)
         with self.transaction() as db:
-            db.execute(f"UPDATE experiments SET {columns} WHERE id = ?", (*fields.values(), exp_id))
+            cursor = db.execute(f"UPDATE experiments SET {columns} WHERE id = ?", (*fields.values(), exp_id))
+            if cursor.rowcount != 1:
+                raise KeyError(f"no experiment {exp_id}")
             if event:
                 self._event(db, exp_id, fields.get("state", "update"), event)
         if "state" in fields:
@@ -265,10 +267,20 @@ class Store:
         failpoint("run_done")
         return self.run(run_id)
 
-    def mark_run_lost(self, run_id: int, why: str) -> None:
+    def replace_lost_run(self, run_id: int, why: str) -> Run:
+        """Mark a run lost and queue an identical one (new id, new seed) in one transaction."""
+        now = time.time()
         with self.transaction() as db:
-            db.execute("UPDATE runs SET state = 'lost', error = ? WHERE id = ?", (why, run_id))
-            self._event(db, None, "lost", f"run {run_id}: {why}")
+            db.execute("UPDATE runs SET state = 'lost', error = ? WHERE id = ? AND state = 'running'", (why, run_id))
+            cursor = db.execute(
+                "INSERT INTO runs(experiment_id, purpose, code_hash, commit_sha, base_sha, asset, profile, seed,"
+                " state, queued_at) SELECT experiment_id, purpose, code_hash, commit_sha, base_sha, asset,"
+                " profile, 0, 'queued', ? FROM runs WHERE id = ?", (now, run_id))
+            new_id = cursor.lastrowid
+            db.execute("UPDATE runs SET seed = ? WHERE id = ?", (new_id, new_id))
+            experiment = db.execute("SELECT experiment_id FROM runs WHERE id = ?", (run_id,)).fetchone()[0]
+            self._event(db, experiment, "lost", f"run {run_id}: {why}; queued again as run {new_id}")
+        return self.run(new_id)
 
     def run(self, run_id: int) -> Run:
         return _run(self.db.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone())

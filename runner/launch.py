@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|PRIVATE_KEY|CREDENTIAL|^GITHUB_|"
+SECRET_NAME = re.compile(r"(^|_)TOKEN($|_)|SECRET|PASSWORD|PASSWD|API_KEY|PRIVATE_KEY|CREDENTIAL|^GITHUB_|"
                          r"^ANTHROPIC_|^MODAL_|^AWS_|^GH_", re.IGNORECASE)
 LOG_TAIL_LINES = 60
 

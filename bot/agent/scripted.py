@@ -1,0 +1,39 @@
+"""The scripted agent: replays a fixed queue of proposals, skipping any already tried.
+
+Useful for a human who wants specific experiments run in order (a JSON-lines file of
+{"title", "hypothesis", "train_py"} objects), and for tests that need known proposals.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bot.agent import AgentError
+from bot.records import Proposal, ProposalContext, code_hash
+
+
+class ScriptedAgent:
+    def __init__(self, proposals: list[Proposal]) -> None:
+        self.proposals = list(proposals)
+
+    @classmethod
+    def from_jsonl(cls, path: Path) -> "ScriptedAgent":
+        proposals = []
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                item = json.loads(line)
+                proposals.append(Proposal(title=item["title"], hypothesis=item.get("hypothesis", ""),
+                                          train_py=item["train_py"], meta=item.get("meta", {})))
+            except (json.JSONDecodeError, KeyError, TypeError) as error:
+                raise AgentError(f"{path}:{number}: each line must be a JSON object with 'title' and "
+                                 f"'train_py' ({error})") from None
+        return cls(proposals)
+
+    def propose(self, ctx: ProposalContext) -> Proposal:
+        for proposal in self.proposals:
+            if code_hash(proposal.train_py) not in ctx.seen_hashes:
+                return proposal
+        raise AgentError(f"all {len(self.proposals)} scripted proposals have been tried")

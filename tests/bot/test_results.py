@@ -1,0 +1,204 @@
+"""results.tsv from a store built by hand: the baseline row, one row per finished experiment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bot import results
+from bot.store import Store
+
+MAIN_A = "aaaaaaa" + "1" * 33
+MAIN_B = "bbbbbbb" + "2" * 33
+HEADER = "commit\tval_bpb\tmemory_gb\tstatus\tdescription"
+
+
+@pytest.fixture
+def store(tmp_path: Path):
+    s = Store(tmp_path / "autoresearch.db")
+    yield s
+    s.close()
+
+
+def measured(store: Store, *, experiment_id: int | None, purpose: str, code_hash: str, commit_sha: str,
+             status: str, val_bpb: float | None, metrics: dict | None = None):
+    run = store.add_run(experiment_id=experiment_id, purpose=purpose, code_hash=code_hash, commit_sha=commit_sha,
+                        base_sha=MAIN_A, asset="print()\n", profile="cpu")
+    return store.finish_run(run.id, status=status, val_bpb=val_bpb, metrics=metrics or {},
+                            error="Traceback\nRuntimeError: boom" if status == "crash" else None, log_tail="")
+
+
+def experiment(store: Store, title: str, *, code_hash: str, runs: list[tuple[str, float | None, dict]],
+               state: str = "done", status: str | None = None, val_bpb: float | None = None,
+               delta: float | None = None, head_sha: str | None = None):
+    exp = store.add_experiment(title=title, hypothesis="because", slug="x", code_hash=code_hash,
+                               train_py="print()\n", meta={}, base_sha=MAIN_A)
+    for run_status, value, metrics in runs:
+        measured(store, experiment_id=exp.id, purpose="candidate", code_hash=code_hash,
+                 commit_sha=head_sha or "f" * 40, status=run_status, val_bpb=value, metrics=metrics)
+    return store.update_experiment(exp.id, state=state, status=status, val_bpb=val_bpb, delta=delta,
+                                   head_sha=head_sha, reason=f"{status} because")
+
+
+@pytest.fixture
+def history(store: Store) -> Store:
+    """Baseline of main A (two ok runs and one crash), a later main B measured once, then experiments
+    1 keep, 2 discard, 3 crash, 4 still measuring, 5 discard."""
+    for value in (1.0, 1.02):
+        measured(store, experiment_id=None, purpose="baseline", code_hash="A", commit_sha=MAIN_A, status="ok",
+                 val_bpb=value, metrics={"peak_vram_mb": 2048})
+    measured(store, experiment_id=None, purpose="baseline", code_hash="A", commit_sha=MAIN_A, status="crash",
+             val_bpb=None, metrics={"peak_vram_mb": 99999})
+    experiment(store, "Raise the learning rate", code_hash="E1", head_sha="1234567890" * 4,
+               runs=[("ok", 0.98, {"peak_vram_mb": 3072}), ("ok", 0.97, {"peak_vram_mb": 2560})],
+               status="keep", val_bpb=0.975, delta=-0.035)
+    # the new main after the keep gets its own baseline: not part of the first main's baseline
+    measured(store, experiment_id=None, purpose="baseline", code_hash="B", commit_sha=MAIN_B, status="ok",
+             val_bpb=0.5, metrics={"peak_vram_mb": 8192})
+    experiment(store, "Deeper\tmodel\nwith more heads", code_hash="E2", head_sha="abcdef0123" * 4,
+               runs=[("ok", 0.99, {"peak_vram_mb": 2560})], status="discard", val_bpb=0.99, delta=0.015)
+    experiment(store, "Huge batch", code_hash="E3", head_sha="9876543210" * 4,
+               runs=[("crash", None, {})], status="crash", val_bpb=0.7, delta=-0.3)
+    experiment(store, "Still running", code_hash="E4", head_sha="5555555555" * 4,
+               runs=[("ok", 0.96, {"peak_vram_mb": 1024})], state="measuring")
+    experiment(store, "No head", code_hash="E5", runs=[("ok", 1.1, {})], status="discard", val_bpb=1.1,
+               delta=0.125)
+    return store
+
+
+# --- baseline_val_bpb ----------------------------------------------------------------------------
+
+def test_baseline_val_bpb_empty_store(store: Store):
+    assert results.baseline_val_bpb(store) is None
+
+
+def test_baseline_val_bpb_is_the_mean_of_the_first_mains_ok_runs(history: Store):
+    assert results.baseline_val_bpb(history) == pytest.approx(1.01)
+
+
+def test_baseline_val_bpb_none_when_every_baseline_run_crashed(store: Store):
+    measured(store, experiment_id=None, purpose="baseline", code_hash="A", commit_sha=MAIN_A, status="crash",
+             val_bpb=None)
+    assert results.baseline_val_bpb(store) is None
+
+
+def test_baseline_val_bpb_ignores_queued_runs(store: Store):
+    measured(store, experiment_id=None, purpose="baseline", code_hash="A", commit_sha=MAIN_A, status="ok",
+             val_bpb=1.25)
+    store.add_run(experiment_id=None, purpose="baseline", code_hash="A", commit_sha=MAIN_A, base_sha=MAIN_A,
+                  asset="print()\n", profile="cpu")
+    assert results.baseline_val_bpb(store) == 1.25
+
+
+# --- rows ----------------------------------------------------------------------------------------
+
+def test_rows_of_an_empty_store(store: Store):
+    assert results.rows(store) == []
+    assert results.to_tsv(store) == HEADER + "\n"
+
+
+def test_rows_baseline_first_then_finished_experiments_in_id_order(history: Store):
+    rows = results.rows(history)
+    assert [r["id"] for r in rows] == [0, 1, 2, 3, 5]  # 4 is still measuring: not a row
+    baseline = rows[0]
+    assert baseline["commit"] == MAIN_A[:7]
+    assert baseline["status"] == "keep" and baseline["description"] == "baseline"
+    assert baseline["val_bpb"] == pytest.approx(1.01)
+    assert baseline["memory_gb"] == 2.0  # the crashed run's number is not counted
+    assert baseline["runs"] == 2
+    assert baseline["delta"] is None
+
+    keep = rows[1]
+    assert keep["status"] == "keep" and keep["val_bpb"] == 0.975 and keep["delta"] == -0.035
+    assert keep["memory_gb"] == 3.0  # the peak over its runs
+    assert keep["runs"] == 2 and keep["commit"] == "1234567"
+    assert keep["reason"] == "keep because"
+
+    crash = rows[3]
+    assert crash["status"] == "crash"
+    assert crash["val_bpb"] is None and crash["delta"] is None and crash["memory_gb"] == 0.0
+    assert crash["runs"] == 1
+
+    assert rows[4]["commit"] == ""  # never pushed
+    assert rows[4]["memory_gb"] == 0.0  # no peak_vram_mb reported
+
+
+def test_active_experiments_are_not_rows(store: Store):
+    for state in ("proposed", "branched", "measuring", "rebasing", "merging", "closing"):
+        experiment(store, f"in {state}", code_hash=state, runs=[("ok", 1.0, {})], state=state, status="keep",
+                   val_bpb=1.0)
+    assert results.rows(store) == []
+    assert results.to_tsv(store) == HEADER + "\n"
+
+
+def test_experiments_finished_out_of_order_stay_in_id_order(store: Store):
+    a = experiment(store, "first", code_hash="a", runs=[], state="measuring")
+    experiment(store, "second", code_hash="b", runs=[("ok", 1.0, {})], status="discard", val_bpb=1.0)
+    store.update_experiment(a.id, state="done", status="discard", val_bpb=1.1)
+    assert [r["description"] for r in results.rows(store)] == ["first", "second"]
+
+
+# --- to_tsv --------------------------------------------------------------------------------------
+
+def test_to_tsv(history: Store):
+    assert results.to_tsv(history) == "\n".join([
+        HEADER,
+        "aaaaaaa\t1.010000\t2.0\tkeep\tbaseline",
+        "1234567\t0.975000\t3.0\tkeep\tRaise the learning rate",
+        "abcdef0\t0.990000\t2.5\tdiscard\tDeeper model with more heads",
+        "9876543\t0.000000\t0.0\tcrash\tHuge batch",
+        "\t1.100000\t0.0\tdiscard\tNo head",
+    ]) + "\n"
+
+
+def test_to_tsv_every_line_has_five_columns(history: Store):
+    lines = results.to_tsv(history).splitlines()
+    assert lines[0].split("\t") == results.TSV_COLUMNS
+    assert len(lines) == 1 + 5
+    assert all(len(line.split("\t")) == 5 for line in lines)
+
+
+@pytest.mark.parametrize(("title", "description"), [
+    ("a\tb", "a b"),
+    ("a\nb", "a b"),
+    ("tab\tand\nnewline\t\t", "tab and newline"),
+    ("carriage\rreturn", "carriage return"),
+    ('Use "flash" attention', 'Use "flash" attention'),  # no CSV quoting
+])
+def test_to_tsv_replaces_tabs_and_newlines_in_titles(store: Store, title, description):
+    experiment(store, title, code_hash="t", runs=[("ok", 1.0, {})], status="discard", val_bpb=1.0,
+               head_sha="c" * 40)
+    line = results.to_tsv(store).splitlines()[1]
+    assert line == f"ccccccc\t1.000000\t0.0\tdiscard\t{description}"
+
+
+def test_crash_row_without_experiment_numbers(store: Store):
+    experiment(store, "boom", code_hash="c", runs=[("crash", None, {"peak_vram_mb": 4096})], status="crash",
+               head_sha="d" * 40)
+    assert results.to_tsv(store).splitlines()[1] == "ddddddd\t0.000000\t0.0\tcrash\tboom"
+
+
+# --- export_tsv ----------------------------------------------------------------------------------
+
+def test_export_tsv_writes_atomically(history: Store, tmp_path: Path):
+    out = tmp_path / "out"
+    out.mkdir()
+    path = out / "results.tsv"
+    path.write_text("stale\n")
+    results.export_tsv(history, path)
+    assert path.read_text() == results.to_tsv(history)
+    assert sorted(p.name for p in out.iterdir()) == ["results.tsv"]  # no results.tsv.tmp left behind
+    # exporting again replaces it in place
+    history.update_experiment(4, state="done", status="discard", val_bpb=0.96, delta=-0.05)
+    results.export_tsv(history, path)
+    assert path.read_text() == results.to_tsv(history)
+    assert "Still running" in path.read_text()
+    assert sorted(p.name for p in out.iterdir()) == ["results.tsv"]
+
+
+def test_export_tsv_of_an_empty_store(store: Store, tmp_path: Path):
+    path = tmp_path / "results.tsv"
+    results.export_tsv(store, path)
+    assert path.read_text() == HEADER + "\n"
+    assert not (tmp_path / "results.tsv.tmp").exists()

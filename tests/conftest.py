@@ -1,0 +1,34 @@
+"""Shared fixtures: a private data/tokenizer cache for the test session, and the smoke profile
+prepared in it once."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def autoresearch_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """AUTORESEARCH_CACHE points at a fresh directory for the whole session (child processes
+    inherit it); the previous value comes back afterwards."""
+    root = tmp_path_factory.mktemp("autoresearch-cache")
+    previous = os.environ.get("AUTORESEARCH_CACHE")
+    os.environ["AUTORESEARCH_CACHE"] = str(root)
+    try:
+        yield root
+    finally:
+        if previous is None:
+            os.environ.pop("AUTORESEARCH_CACHE", None)
+        else:
+            os.environ["AUTORESEARCH_CACHE"] = previous
+
+
+@pytest.fixture(scope="session")
+def smoke_prepared(autoresearch_cache: Path):
+    """The `smoke` profile's data and tokenizer, prepared once in the session cache."""
+    from runner.prepare import prepare
+
+    return prepare("smoke")

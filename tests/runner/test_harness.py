@@ -1,0 +1,340 @@
+"""The harness end to end: the real train.py on the smoke profile through runner.launch, and the
+ways a run can fail (missing data, NaN loss, no finish, an exception, SIGKILL, a hang), each of
+which must come back as a crash record that says what happened."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from runner import launch
+from runner.evaluate import evaluate_bpb
+from runner.profiles import get_profile, harness_hash
+
+REPO = Path(__file__).resolve().parents[2]
+TRAIN_PY = REPO / "train.py"
+SMOKE = get_profile("smoke")
+SUMMARY_KEYS = {"val_bpb", "training_seconds", "total_seconds", "peak_vram_mb", "mfu_percent",
+                "total_tokens_M", "num_steps", "num_params_M", "depth"}
+MIN_STEPS_TO_LEARN = 8
+CRASH_FAST_S = 60.0  # a run that fails before training must end long before the profile's limit
+
+
+def write_asset(directory: Path, source: str) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    asset = directory / "train.py"
+    asset.write_text(source)
+    return asset
+
+
+def run_timed(asset: Path, out: Path, **kwargs) -> tuple[dict, float]:
+    started = time.time()
+    result = launch.run(asset, "smoke", out, **kwargs)
+    return result, time.time() - started
+
+
+def parse_summary(log: str) -> dict[str, str]:
+    """The `---` block of `key: value` lines that train.py prints at the end."""
+    lines = log.splitlines()
+    assert "---" in lines, log[-2000:]
+    start = len(lines) - 1 - lines[::-1].index("---")
+    summary = {}
+    for line in lines[start + 1:]:
+        match = re.fullmatch(r"(\w+):\s+(\S+)", line)
+        if not match:
+            break
+        summary[match[1]] = match[2]
+    return summary
+
+
+# --- (a) a real smoke run -----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def smoke_run(smoke_prepared, tmp_path_factory):
+    out = tmp_path_factory.mktemp("smoke-run")
+    result, wall = run_timed(TRAIN_PY, out)
+    return result, out, wall
+
+
+@pytest.fixture(scope="module")
+def uniform_bpb(smoke_prepared) -> float:
+    """val_bpb of a model that has learned nothing (uniform logits), on the same tokens."""
+    vocab = smoke_prepared.tokenizer.vocab_size
+
+    class Uniform(torch.nn.Module):
+        def forward(self, x):
+            return torch.zeros(*x.shape, vocab)
+
+    evaluation = evaluate_bpb(Uniform(), smoke_prepared.tokenizer, smoke_prepared.dataset,
+                              seq_len=SMOKE.seq_len, eval_tokens=SMOKE.eval_tokens,
+                              batch_size=SMOKE.eval_batch_size, device=torch.device("cpu"))
+    assert evaluation.val_bpb == pytest.approx(
+        math.log2(vocab) * evaluation.scored_tokens / evaluation.bytes, rel=1e-6)
+    return evaluation.val_bpb
+
+
+def test_smoke_run_succeeds_within_its_budget(smoke_run):
+    result, out, wall = smoke_run
+    assert result["status"] == "ok", result.get("error", "") + "\n" + result.get("log_tail", "")
+    assert result["num_steps"] > SMOKE.warmup_steps
+    # The budget plus at most one step. The harness reports every step once the budget is used up
+    # (and at least every second before), so progress.jsonl shows where training stopped: at the
+    # first step past the budget, not later. (A bound from the mean step time, budget + 2 * mean,
+    # fails on a busy machine, where one step can take many times the mean.)
+    progress = [json.loads(line) for line in (out / "progress.jsonl").read_text().splitlines()]
+    done = [line for line in progress if line["progress"] >= 1.0]
+    assert len(done) == 1 and done[0] is progress[-1], "no step may start after the budget is used up"
+    last, before = progress[-1], progress[-2]
+    assert last["step"] == result["num_steps"]
+    assert last["training_seconds"] == round(result["training_seconds"], 2)
+    assert result["training_seconds"] >= SMOKE.time_budget_s
+    # training_seconds <= budget + (the steps after `before`, the last of them included)
+    assert before["training_seconds"] < SMOKE.time_budget_s
+    assert result["total_seconds"] >= result["training_seconds"] + result["eval_seconds"]
+    assert result["startup_seconds"] > 0
+    assert result["total_seconds"] <= wall < SMOKE.max_total_s
+    assert result["tokens_per_second"] > 0
+    assert result["total_tokens_M"] > 0
+    assert result["device"] == "cpu" and result["mfu_percent"] == 0.0 and result["peak_vram_mb"] > 0
+    assert result["extra"]["depth"] == 2
+    assert result["extra"]["eval_tokens"] == SMOKE.eval_tokens
+
+
+def test_smoke_run_learns(smoke_run, uniform_bpb):
+    result, _, _ = smoke_run
+    assert math.isfinite(result["val_bpb"])
+    assert result["val_bpb"] < uniform_bpb
+    # On an idle 2-core machine the 3-second budget gives ~16 steps and val_bpb ~2.6 (0.67 of
+    # uniform). The budget is wall-clock time, so a machine busy with other work gets fewer steps
+    # (3 steps gave 3.40, 0.88 of uniform); the stronger bound needs enough steps to be fair.
+    if result["num_steps"] >= MIN_STEPS_TO_LEARN:
+        assert result["val_bpb"] < 0.85 * uniform_bpb
+    else:
+        warnings.warn(f"the smoke run got only {result['num_steps']} steps (a busy machine?): "
+                      "val_bpb < 0.85 * uniform not checked")
+
+
+def test_smoke_run_records_what_makes_results_comparable(smoke_run, smoke_prepared):
+    result, out, _ = smoke_run
+    on_disk = json.loads((out / "result.json").read_text())
+    assert {k: v for k, v in result.items() if k != "log_tail"} == on_disk
+    assert on_disk["profile"] == "smoke"
+    assert on_disk["harness_hash"] == harness_hash()
+    assert on_disk["data_fingerprint"] == smoke_prepared.dataset.fingerprint
+    assert on_disk["asset_sha256"] == hashlib.sha256(TRAIN_PY.read_bytes()).hexdigest()
+    assert on_disk["seed"] == 0
+    assert int((out / "pid").read_text()) > 0
+
+
+def test_smoke_run_prints_the_summary_block(smoke_run):
+    result, out, _ = smoke_run
+    summary = parse_summary((out / "log.txt").read_text())
+    assert set(summary) == SUMMARY_KEYS
+    values = {key: float(value) for key, value in summary.items()}
+    assert summary["val_bpb"] == f"{result['val_bpb']:.6f}"
+    assert values["val_bpb"] == pytest.approx(result["val_bpb"], abs=5e-7)
+    assert int(summary["num_steps"]) == result["num_steps"]
+    assert int(summary["depth"]) == result["extra"]["depth"]
+    assert values["training_seconds"] == pytest.approx(result["training_seconds"], abs=0.051)
+    assert "---" in result["log_tail"].splitlines()
+
+
+def test_smoke_run_reports_progress(smoke_run):
+    result, out, _ = smoke_run
+    lines = [json.loads(line) for line in (out / "progress.jsonl").read_text().splitlines()]
+    assert len(lines) >= 2
+    steps = [line["step"] for line in lines]
+    assert steps == sorted(steps) and steps[0] == 1 and steps[-1] == result["num_steps"]
+    seconds = [line["training_seconds"] for line in lines]
+    assert seconds == sorted(seconds) and seconds[0] == 0.0  # the warm-up step is not timed
+    assert lines[-1]["progress"] == 1.0 and lines[-1]["remaining_seconds"] == 0.0
+    assert all(math.isfinite(line["loss"]) for line in lines)
+    assert lines[-1]["loss"] < lines[0]["loss"]
+
+
+# --- (b)-(g) runs that fail ---------------------------------------------------------------------
+
+def test_missing_data_is_a_crash_naming_the_prepare_command(tmp_path, monkeypatch):
+    empty = tmp_path / "empty-cache"
+    empty.mkdir()
+    monkeypatch.setenv("AUTORESEARCH_CACHE", str(empty))
+
+    result, wall = run_timed(TRAIN_PY, tmp_path / "run")
+
+    assert result["status"] == "crash"
+    assert "DataMissing" in result["error"]
+    assert "`autoresearch prepare --profile smoke`" in result["error"]
+    assert wall < CRASH_FAST_S
+    assert list(empty.iterdir()) == [], "the harness must never prepare data by itself"
+
+
+def test_nan_loss_fails_fast(smoke_prepared, tmp_path):
+    source = TRAIN_PY.read_text()
+    poisoned = source.replace("loss = train_model(x, y)", "loss = train_model(x, y) * float('nan')")
+    assert poisoned != source, "train.py no longer has the line this test poisons"
+    asset = write_asset(tmp_path / "asset", poisoned)
+    out = tmp_path / "run"
+
+    proc = launch.start(asset, "smoke", out)
+    returncode = proc.wait(timeout=SMOKE.max_total_s)
+    result = launch.collect(out, returncode)
+
+    assert returncode != 0
+    assert result["status"] == "crash"
+    assert re.search(r"diverged|nan", result["error"], re.IGNORECASE)
+    assert "TrainingDiverged" in result["error"]
+    assert "at step 1:" in result["error"], "the first NaN step stops the run"
+    assert result["total_seconds"] < CRASH_FAST_S
+    assert not (out / "progress.jsonl").read_text().strip(), "no step was reported as done"
+
+
+def test_asset_that_never_calls_finish_is_a_crash(smoke_prepared, tmp_path):
+    asset = write_asset(tmp_path / "asset", (
+        "from runner import harness\n"
+        "h = harness.session()\n"
+        "print('vocab', h.vocab_size, flush=True)\n"
+    ))
+    lines: list[str] = []
+    result, wall = run_timed(asset, tmp_path / "run", on_line=lines.append)
+
+    assert result["status"] == "crash"
+    assert "without calling h.finish(model)" in result["error"]
+    assert wall < CRASH_FAST_S
+    # with on_line, the output is both streamed and written to log.txt
+    assert f"vocab {SMOKE.vocab_size}" in lines
+    log = (tmp_path / "run" / "log.txt").read_text()
+    assert f"vocab {SMOKE.vocab_size}" in log and "h.finish(model)" in log
+
+
+def test_exception_in_train_py_is_a_crash_with_the_traceback(smoke_prepared, tmp_path):
+    asset = write_asset(tmp_path / "asset", (
+        "def learning_rate(steps):\n"
+        "    return 1.0 / steps\n"
+        "\n"
+        "learning_rate(0)\n"
+    ))
+    result, wall = run_timed(asset, tmp_path / "run")
+
+    assert result["status"] == "crash"
+    assert "Traceback" in result["error"]
+    assert "ZeroDivisionError" in result["error"].splitlines()[-1]
+    assert str(asset) in result["error"] and "learning_rate" in result["error"]
+    assert "ZeroDivisionError" in result["log_tail"]
+    assert wall < CRASH_FAST_S
+
+
+def test_killed_training_process_is_a_crash(smoke_prepared, tmp_path):
+    asset = write_asset(tmp_path / "asset", (
+        "import os, signal\n"
+        "print('about to die', flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    ))
+    result, wall = run_timed(asset, tmp_path / "run")
+
+    assert result["status"] == "crash"
+    assert "killed by SIGKILL" in result["error"]
+    assert "about to die" in result["log_tail"]
+    assert not (tmp_path / "run" / "result.json").exists()
+    assert wall < CRASH_FAST_S
+
+
+def test_silent_hang_is_killed_at_the_wall_clock_limit(smoke_prepared, tmp_path):
+    """Also when the output is streamed (on_line): a child that prints nothing more is still
+    killed at the limit, not waited on until it closes its output."""
+    asset = write_asset(tmp_path / "asset", (
+        "import time\n"
+        "print('hanging', flush=True)\n"
+        "time.sleep(120)\n"
+    ))
+    lines: list[str] = []
+    limit = 6.0
+    result, wall = run_timed(asset, tmp_path / "run", timeout_s=limit, on_line=lines.append)
+
+    assert result["status"] == "crash"
+    assert "exceeded its wall-clock limit" in result["error"]
+    assert limit <= wall < limit + 10
+    # (the bug this guards against: a blocking read of the streamed output outlived the limit)
+    assert lines in (["hanging"], [])  # [] only if start-up took the whole limit
+    assert "hanging" not in lines or "hanging" in result["log_tail"]
+
+
+def test_training_child_gets_no_secrets(smoke_prepared, tmp_path, monkeypatch):
+    secrets = ["GITHUB_TOKEN", "ANTHROPIC_API_KEY", "MY_SECRET", "GH_TOKEN", "HF_TOKEN",
+               "AWS_SECRET_ACCESS_KEY", "OPENAI_API_KEY", "DB_PASSWORD"]
+    for name in secrets:
+        monkeypatch.setenv(name, "do-not-leak")
+    monkeypatch.setenv("AUTORESEARCH_HARMLESS_SETTING", "kept")
+    seen = tmp_path / "environ.json"
+    asset = write_asset(tmp_path / "asset", (
+        "import json, os\n"
+        f"with open({str(seen)!r}, 'w') as handle:\n"
+        "    json.dump(dict(sorted(os.environ.items())), handle)\n"
+    ))
+    result, _ = run_timed(asset, tmp_path / "run")
+
+    assert result["status"] == "crash"  # it never calls h.finish; that is fine here
+    environ = json.loads(seen.read_text())
+    assert not set(secrets) & set(environ)
+    assert "do-not-leak" not in environ.values()
+    assert environ["AUTORESEARCH_HARMLESS_SETTING"] == "kept"
+    assert environ["AUTORESEARCH_CACHE"] == os.environ["AUTORESEARCH_CACHE"]
+    assert environ["PYTHONUNBUFFERED"] == "1"
+
+
+# --- runner.launch units ------------------------------------------------------------------------
+
+def test_training_env_drops_credentials(monkeypatch):
+    dropped = ["GITHUB_TOKEN", "github_pat", "GH_ENTERPRISE_TOKEN", "ANTHROPIC_API_KEY",
+               "ANTHROPIC_BASE_URL", "MY_SECRET", "client_secret", "HF_TOKEN", "AWS_ACCESS_KEY_ID",
+               "AWS_REGION", "MODAL_TOKEN_ID", "DB_PASSWORD", "SMTP_PASSWD", "SSH_PRIVATE_KEY",
+               "GOOGLE_APPLICATION_CREDENTIALS", "OPENAI_API_KEY"]
+    kept = ["PATH", "HOME", "LANG", "AUTORESEARCH_CACHE_TEST", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS"]
+    for name in dropped + kept:
+        monkeypatch.setenv(name, "value")
+    before = dict(os.environ)
+
+    env = launch.training_env()
+
+    assert not set(dropped) & set(env)
+    assert all(env[name] == os.environ[name] for name in kept)
+    assert env["PYTHONUNBUFFERED"] == "1"
+    assert dict(os.environ) == before, "the parent's environment is not changed"
+    extra = launch.training_env({"OMP_NUM_THREADS": "2", "PYTHONUNBUFFERED": "0"})
+    assert extra["OMP_NUM_THREADS"] == "2" and extra["PYTHONUNBUFFERED"] == "0"
+
+
+def test_command_runs_the_executor_with_the_run_settings(tmp_path):
+    cmd = launch.command(tmp_path / "train.py", "smoke", tmp_path / "out", seed=3, data="builtin",
+                         threads=2)
+    assert cmd[1:3] == ["-m", "runner.execute"]
+    pairs = dict(zip(cmd[3::2], cmd[4::2]))
+    assert pairs["--asset"] == str(tmp_path / "train.py")
+    assert (pairs["--profile"], pairs["--seed"], pairs["--threads"], pairs["--data"]) == (
+        "smoke", "3", "2", "builtin")
+    assert abs(float(pairs["--started-at"]) - time.time()) < 60
+
+
+def test_collect_without_a_result(tmp_path):
+    (tmp_path / "log.txt").write_text("\n".join(f"line {i}" for i in range(100)))
+    crashed = launch.collect(tmp_path, 3)
+    assert crashed["status"] == "crash" and "exited with code 3" in crashed["error"]
+    assert crashed["log_tail"].splitlines() == [f"line {i}" for i in range(40, 100)]
+    assert "wall-clock limit" in launch.collect(tmp_path, -9, timed_out=True)["error"]
+    assert "killed by SIGTERM" in launch.collect(tmp_path, -15)["error"]
+
+
+def test_collect_distrusts_a_result_when_the_process_failed(tmp_path):
+    (tmp_path / "result.json").write_text(json.dumps({"status": "ok", "val_bpb": 1.0}))
+    assert launch.collect(tmp_path, 0)["status"] == "ok"
+    failed = launch.collect(tmp_path, 1)
+    assert failed["status"] == "crash" and "exited with code 1" in failed["error"]
+    assert failed["measured"]["val_bpb"] == 1.0
