@@ -41,8 +41,8 @@ def cache_dir() -> Path:
 
 def source_key(source: str) -> str:
     """A directory name for a data source."""
-    if source == "builtin":
-        return "builtin-shakespeare"
+    if source == "builtin":  # the cut of the corpus is part of its identity
+        return f"builtin-shakespeare-{BUILTIN_DOC_CHARS}c-val{VAL_EVERY}"
     readable = re.sub(r"[^A-Za-z0-9]+", "-", source).strip("-")[-40:]
     return f"{readable}-{hashlib.sha256(source.encode()).hexdigest()[:10]}"
 
