@@ -358,8 +358,7 @@ class Conductor:
         """Start queued runs on free slots: baselines first, then re-measures, confirmations, candidates."""
         queued = sorted(self.store.runs(state="queued"), key=lambda r: (RUN_PRIORITY[r.purpose], r.id))
         for run in queued[: max(0, self.runner.free_slots())]:
-            handle = str(Path(getattr(self.runner, "runs_dir", Path("runs"))) / str(run.id))
-            self.store.mark_run_started(run.id, handle)
+            self.store.mark_run_started(run.id, self.runner.handle(run.id))
             self.runner.start(Job(run_id=run.id, asset=run.asset, profile=run.profile, seed=run.seed,
                                   commit=run.commit_sha))
             log.info("run %s (%s) started", run.id, run.purpose)

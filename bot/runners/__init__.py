@@ -18,8 +18,11 @@ class Runner(Protocol):
     def free_slots(self) -> int:
         """How many more jobs can start now."""
 
+    def handle(self, run_id: int) -> str:
+        """Where a job's files will live: known before it starts, so the store can hold it first."""
+
     def start(self, job: Job) -> str:
-        """Start a job; returns a handle (where its files live) that survives a restart."""
+        """Start a job; returns its handle."""
 
     def poll(self) -> list[RunResult]:
         """Results of the jobs that finished since the last poll."""

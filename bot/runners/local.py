@@ -43,8 +43,11 @@ class LocalRunner:
     def free_slots(self) -> int:
         return self.slots - len(self._active)
 
+    def handle(self, run_id: int) -> str:
+        return str(self.runs_dir / str(run_id))
+
     def start(self, job: Job) -> str:
-        out = self.runs_dir / str(job.run_id)
+        out = Path(self.handle(job.run_id))
         out.mkdir(parents=True, exist_ok=True)
         for stale in ("result.json", "progress.jsonl", "pid"):
             (out / stale).unlink(missing_ok=True)
