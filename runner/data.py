@@ -25,7 +25,8 @@ import pyarrow.parquet as pq
 
 BUILTIN_CORPUS = Path(__file__).parent / "corpus" / "shakespeare.jsonl.gz"
 BUILTIN_DOC_CHARS = 400  # about 110 tokens with the cpu profile's tokenizer
-VAL_EVERY = 10  # for builtin and text-directory sources, every 10th document is validation
+VAL_EVERY = 10
+PREPARE_VERSION = 2  # bump when the way sources become datasets changes: old caches are not reused  # for builtin and text-directory sources, every 10th document is validation
 DOCS_PER_SHARD = 1000
 
 
@@ -42,9 +43,9 @@ def cache_dir() -> Path:
 def source_key(source: str) -> str:
     """A directory name for a data source."""
     if source == "builtin":  # the cut of the corpus is part of its identity
-        return f"builtin-shakespeare-{BUILTIN_DOC_CHARS}c-val{VAL_EVERY}"
+        return f"builtin-shakespeare-{BUILTIN_DOC_CHARS}c-val{VAL_EVERY}-v{PREPARE_VERSION}"
     readable = re.sub(r"[^A-Za-z0-9]+", "-", source).strip("-")[-40:]
-    return f"{readable}-{hashlib.sha256(source.encode()).hexdigest()[:10]}"
+    return f"{readable}-{hashlib.sha256(source.encode()).hexdigest()[:10]}-v{PREPARE_VERSION}"
 
 
 @dataclass(frozen=True)
@@ -151,7 +152,9 @@ def _text_directory_documents(directory: Path) -> list[str]:
 
 
 def _write_split_shards(root: Path, docs: list[str]) -> tuple[list[str], str]:
-    """Every VAL_EVERY-th document goes to validation (the last one if there are fewer)."""
+    """Every VAL_EVERY-th distinct document goes to validation (the last one if there are fewer).
+    Exact duplicates are dropped first, so no validation text is also a training text."""
+    docs = list(dict.fromkeys(docs))
     val_idx = set(range(VAL_EVERY - 1, len(docs), VAL_EVERY)) or {len(docs) - 1}
     val = [d for i, d in enumerate(docs) if i in val_idx]
     train = [d for i, d in enumerate(docs) if i not in val_idx]

@@ -43,8 +43,9 @@ def test_builtin_prepare_is_idempotent(smoke_prepared):
 def test_builtin_split_and_fingerprint_are_stable(smoke_prepared, tmp_path, monkeypatch):
     dataset = smoke_prepared.dataset
     assert dataset.source == "builtin"
-    assert dataset.train_docs + dataset.val_docs == 1896  # runner/corpus/SOURCE.md
-    assert dataset.val_docs == 1896 // data.VAL_EVERY
+    distinct = len(set(data._builtin_documents()))
+    assert dataset.train_docs + dataset.val_docs == distinct
+    assert dataset.val_docs == distinct // data.VAL_EVERY
     assert len(all_docs(dataset, "train")) == dataset.train_docs
     assert len(all_docs(dataset, "val")) == dataset.val_docs
 
