@@ -285,7 +285,8 @@ class Conductor:
             return None
         counted = self.counted(runs)
         if not counted:  # its runs were measured under another harness or data: measure again
-            return self._requeue(exp, "candidate", "no run under the current harness and data")
+            self._requeue(exp, "candidate", "no run under the current harness and data")
+            return None
         crash = next((r for r in counted if r.status == "crash"), None)
         main_sha, _, main_code = self.main_asset()
         decision = decide(candidate=[r.val_bpb for r in counted if r.status == "ok"],
@@ -296,7 +297,8 @@ class Conductor:
         if decision.action == "wait":
             return None
         if decision.action == "confirm":
-            return self._requeue(exp, "confirm", decision.reason)
+            self._requeue(exp, "confirm", decision.reason)
+            return None
         if decision.action == "remeasure":
             return self.store.update_experiment(exp.id, state="rebasing", event=decision.reason)
         numbers = dict(val_bpb=decision.val_bpb, delta=decision.delta, reason=decision.reason)
@@ -343,11 +345,11 @@ class Conductor:
         results.export_tsv(self.store, self.results_tsv)
         return exp
 
-    def _requeue(self, exp: Experiment, purpose: str, reason: str) -> Experiment:
+    def _requeue(self, exp: Experiment, purpose: str, reason: str) -> None:
+        """Queue one more run of the experiment as it stands (its state stays measuring)."""
         self.store.add_run(experiment_id=exp.id, purpose=purpose, code_hash=exp.code_hash,
                            commit_sha=exp.head_sha or "", base_sha=exp.base_sha, asset=exp.train_py,
                            profile=self.profile.name, reason=reason)
-        return None  # type: ignore[return-value]  # wait for the run
 
     def _judge_settings(self) -> dict[str, Any]:
         settings = self.program().settings
