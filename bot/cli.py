@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 import sys
 from pathlib import Path
 
@@ -83,7 +84,7 @@ def demo(workdir: Path = typer.Option(DEFAULT_WORKDIR, help="where the research 
     try:
         run_demo(DemoOptions(workdir=workdir, profile=profile, experiments=experiments, slots=slots,
                              seed=seed, data=data, live=sys.stdout.isatty()), console)
-    except (ConductorError, SettingsError, DataMissing, ValueError, FileNotFoundError) as error:
+    except (ConductorError, SettingsError, DataMissing, ValueError, OSError, sqlite3.Error) as error:
         console.print(f"[red]error:[/] {error}")
         console.print(f"Nothing was lost: fix the cause and run the same command again to resume ({workdir}).")
         raise typer.Exit(1) from None

@@ -103,13 +103,13 @@ def render_status(conductor: Conductor, options: DemoOptions, started: float) ->
                       f"{progress['loss']:.3f}" if "loss" in progress else "-",
                       f"{100 * progress.get('progress', 0):.0f}%",
                       f"{progress['remaining_seconds']:.0f}s" if "remaining_seconds" in progress else "-")
-    line = Text.assemble(
+    summary_line = Text.assemble(
         ("experiments ", "bold"), f"{summary.experiments}/{options.experiments} done  ",
         ("kept ", "green"), f"{summary.kept}  ", ("discarded ", "yellow"), f"{summary.discarded}  ",
         ("crashed ", "red"), f"{summary.crashed}  ",
         ("baseline ", "bold"), _fmt(summary.baseline_val_bpb), ("  best ", "bold"), _fmt(summary.best_val_bpb),
         f"  elapsed {time.time() - started:.0f}s")
-    return Group(line, table)
+    return Group(summary_line, table) if table.row_count else Group(summary_line)
 
 
 def render_summary(summary: Summary, wall_s: float) -> Table:

@@ -147,6 +147,12 @@ def download_file(
             try:
                 _attempt(http, url, dest, sha256, timeout_s, on_bytes)
                 return dest
+            except OSError as exc:  # a full disk, a read-only cache: retrying will not help
+                raise DownloadError(
+                    f"could not write {dest.name} to {dest.parent}: {exc.strerror or exc}. Free some disk "
+                    "space there (or point AUTORESEARCH_CACHE at a larger disk) and run "
+                    "`autoresearch prepare` again."
+                ) from exc
             except _Retryable as exc:
                 last_error = exc
                 if attempt + 1 < attempts:

@@ -301,3 +301,31 @@ def test_validate_parquet_rejects_non_string_text_and_non_parquet(tmp_path: Path
         validate_parquet(numbers)
     with pytest.raises(DownloadError, match="not a readable parquet file"):
         validate_parquet(garbage)
+
+
+FULL_DISK_CHILD = """
+import resource, signal, sys
+from pathlib import Path
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG, like a full disk
+resource.setrlimit(resource.RLIMIT_FSIZE, (50_000, 50_000))
+from runner.download import DownloadError, download_file
+try:
+    download_file(sys.argv[1], Path(sys.argv[2]), retries=3, backoff_s=0.01)
+except DownloadError as error:
+    print(error)
+    sys.exit(3)
+"""
+
+
+def test_a_full_disk_fails_at_once_with_advice_and_leaves_nothing(server: ShardServer, dest_dir: Path) -> None:
+    import subprocess
+    import sys
+
+    serve_bytes(server, "big.bin", size=200_000)
+    dest = dest_dir / "big.bin"
+    child = subprocess.run([sys.executable, "-c", FULL_DISK_CHILD, f"{server.url}/big.bin", str(dest)],
+                           capture_output=True, text=True, timeout=60)
+    assert child.returncode == 3, child.stderr
+    assert "Free some disk space" in child.stdout and "autoresearch prepare" in child.stdout
+    assert server.hits == ["big.bin"]  # not retried: another attempt cannot help
+    assert not dest.exists() and leftovers(dest_dir) == []
