@@ -125,9 +125,11 @@ class Attention(nn.Module):
         v = self.c_v(x).view(B, T, self.n_head, self.head_dim)
         if self.value_embed is not None:
             gate = 2 * torch.sigmoid(self.ve_gate(x[..., : self.ve_gate.in_features]))  # [B, T, H]
-            v = v + gate.unsqueeze(-1) * self.value_embed(idx).view(B, T, self.n_head, self.head_dim)
+            ve = self.value_embed(idx).view(B, T, self.n_head, self.head_dim)
+            v = v + (gate.unsqueeze(-1) * ve).to(v.dtype)  # embeddings stay float32 under autocast
         q, k = rms_norm(apply_rotary(q, cos, sin)), rms_norm(apply_rotary(k, cos, sin))
-        if flash_attn is not None:
+        if flash_attn is not None:  # FA3 wants one half-precision dtype for q, k and v
+            q, k, v = (t.to(torch.bfloat16) for t in (q, k, v))
             y = flash_attn.flash_attn_func(q, k, v, causal=True, window_size=(self.window - 1, 0))
             y = y[0] if isinstance(y, tuple) else y
         else:

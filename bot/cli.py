@@ -29,7 +29,7 @@ def prepare(profile: str = typer.Option("cpu", help="h100, cpu or smoke"),
     try:
         get_profile(profile)
         prepared = do_prepare(profile, data, progress=True)
-    except (ValueError, DataMissing, DownloadError) as error:
+    except (ValueError, DataMissing, DownloadError, OSError, RuntimeError) as error:
         console.print(f"[red]error:[/] {error}")
         raise typer.Exit(2) from None
     ds = prepared.dataset
@@ -70,21 +70,30 @@ def train(profile: str = typer.Option("cpu", help="h100, cpu or smoke"),
 
 @app.command()
 def demo(workdir: Path = typer.Option(DEFAULT_WORKDIR, help="where the research repo, store and runs live"),
-         experiments: int = typer.Option(6, help="total experiments for this work directory"),
+         experiments: int = typer.Option(6, min=0, help="total experiments for this work directory"),
          profile: str = typer.Option("cpu", help="cpu (about 40 s a run) or smoke (a few seconds)"),
-         slots: int = typer.Option(1, help="runs in parallel"),
+         slots: int = typer.Option(1, min=1, help="runs in parallel"),
          seed: int = typer.Option(0, help="seed of the offline explorer"),
          data: str = typer.Option(None, help="data source (default: the profile's)")) -> None:
     """Run the research loop locally: a git repo on disk, the CPU, the offline explorer."""
+    import git
+
+    from bot.agent import AgentError
     from bot.conductor import ConductorError
-    from bot.demo import DemoOptions, run_demo
+    from bot.demo import DemoOptions, WorkdirBusy, run_demo
+    from bot.forge import ForgeError
     from bot.settings import SettingsError
     from runner.data import DataMissing
+    from runner.download import DownloadError
 
     try:
         run_demo(DemoOptions(workdir=workdir, profile=profile, experiments=experiments, slots=slots,
                              seed=seed, data=data, live=sys.stdout.isatty()), console)
-    except (ConductorError, SettingsError, DataMissing, ValueError, OSError, sqlite3.Error) as error:
+    except WorkdirBusy as error:
+        console.print(f"[red]error:[/] {error}")
+        raise typer.Exit(1) from None
+    except (ConductorError, SettingsError, DataMissing, DownloadError, ForgeError, AgentError, git.GitCommandError,
+            ValueError, OSError, RuntimeError, sqlite3.Error) as error:
         console.print(f"[red]error:[/] {error}")
         console.print(f"Nothing was lost: fix the cause and run the same command again to resume ({workdir}).")
         raise typer.Exit(1) from None

@@ -13,10 +13,13 @@ and runs the conductor over it with a live display. Running it again resumes.
 
 from __future__ import annotations
 
+import fcntl
 import logging
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -56,9 +59,26 @@ def seed_files() -> dict[str, str]:
     return {name: (PROJECT_ROOT / name).read_text(encoding="utf-8") for name in SEED_FILES}
 
 
+class WorkdirBusy(RuntimeError):
+    """Another conductor is running in this work directory."""
+
+
+def lock_workdir(workdir: Path) -> TextIO:
+    """Hold an exclusive lock on the work directory for this process's lifetime."""
+    handle = open(workdir / "conductor.lock", "w")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise WorkdirBusy(f"another autoresearch conductor is running in {workdir}; wait for it to "
+                          "finish (or stop it) before starting another") from None
+    handle.write(str(os.getpid()))
+    handle.flush()
+    return handle
+
+
 def build_conductor(options: DemoOptions, console: Console | None = None) -> tuple[Conductor, Store, LocalRunner]:
     workdir = options.workdir
-    workdir.mkdir(parents=True, exist_ok=True)
     prepare(options.profile, options.data, progress=console is not None)
     forge = init_research_repo(workdir / "repo", seed_files())
     store = Store(workdir / "state.db")
@@ -71,7 +91,17 @@ def build_conductor(options: DemoOptions, console: Console | None = None) -> tup
 
 def run_demo(options: DemoOptions, console: Console | None = None) -> Summary:
     console = console or Console()
+    options.workdir = options.workdir.resolve()  # run directories are stored as absolute paths
+    options.workdir.mkdir(parents=True, exist_ok=True)
+    lock = lock_workdir(options.workdir)
     _log_to(options.workdir / "conductor.log")
+    try:
+        return _run_locked(options, console)
+    finally:
+        lock.close()
+
+
+def _run_locked(options: DemoOptions, console: Console) -> Summary:
     conductor, store, runner = build_conductor(options, console)
     budget = get_profile(options.profile).time_budget_s
     console.print(f"[bold]autoresearch demo[/]: profile [cyan]{options.profile}[/] ({budget:.0f}s per run), "

@@ -7,8 +7,9 @@ val_bpb beats main's mean by more than the margin
     margin = max(min_margin, noise_sigmas * sigma * sqrt(1/n_candidate + 1/n_main))
 
 (the standard error of the difference of two means, times a safety factor). A result that
-improves on main but stays inside the margin gets one confirmation run; a result measured on an
-older main is re-measured on the current one before it may merge. Ties go to main.
+improves on main but stays inside the margin (or while the noise is still unknown) gets one
+confirmation run; a result measured on an older main is re-measured on the current one before it
+may merge. Ties go to main.
 """
 
 from __future__ import annotations
@@ -70,6 +71,10 @@ def decide(*, candidate: list[float], crash: str | None, main: list[float], sigm
     band = margin(sigma, len(candidate), len(main), config)
     numbers = dict(val_bpb=value, delta=delta, margin=band)
     runs = f"{len(candidate)} run{'s' if len(candidate) > 1 else ''}"
+    unknown_noise = sigma is None and band == 0.0
+    if delta < 0 and unknown_noise and len(candidate) < 2 and config.confirm:
+        return Decision("confirm", f"val_bpb {value:.6f} improves on main {base:.6f} by {-delta:.6f}, but the "
+                        "noise is not known yet (no repeated runs): one confirmation run", **numbers)
     if delta < -band:
         return Decision("keep", f"val_bpb {value:.6f} beats main {base:.6f} by {-delta:.6f}, more than "
                         f"the noise margin {band:.6f} ({runs})", **numbers)

@@ -68,6 +68,7 @@ class ProposalContext:
     seen_hashes: set[str] = field(default_factory=set)  # code_hash of every train.py tried so far
     profile: str = "cpu"
     device_kind: str = "cpu"  # "cpu" or "cuda": which size constants of train.py are live
+    main_sha: str = ""  # the main commit train_py was read from: the experiment's base
 
 
 @dataclass

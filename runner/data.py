@@ -107,12 +107,15 @@ def load_dataset(source: str, profile_name: str = "cpu") -> Dataset:
 def prepare_dataset(source: str, *, train_shards: int = 1, progress: bool = False) -> Dataset:
     """Materialise a source into a dataset directory; a second call does no work."""
     root = dataset_dir(source)
+    is_url = source.startswith(("http://", "https://"))
     if (root / "manifest.json").exists():
-        return load_dataset(source)
+        prepared = load_dataset(source)
+        if not (is_url and len(prepared.train_files) < max(1, train_shards)):
+            return prepared  # else: more shards were asked for than were downloaded; fetch the rest
     root.mkdir(parents=True, exist_ok=True)
     if source == "builtin":
         train_files, val_file = _write_split_shards(root, _builtin_documents())
-    elif source.startswith(("http://", "https://")):
+    elif is_url:
         train_files, val_file = _download_reference_shards(source, root, train_shards, progress)
     else:
         directory = Path(source).expanduser()
@@ -178,7 +181,7 @@ def _download_reference_shards(base_url: str, root: Path, train_shards: int, pro
     from runner import download
     from runner.profiles import REFERENCE_VAL_SHARD
 
-    indices = list(range(min(train_shards, REFERENCE_VAL_SHARD))) + [REFERENCE_VAL_SHARD]
+    indices = list(range(min(max(1, train_shards), REFERENCE_VAL_SHARD))) + [REFERENCE_VAL_SHARD]
     paths = download.download_shards(base_url, indices, root, progress=progress)
     for path in paths:
         download.validate_parquet(path)

@@ -11,6 +11,7 @@ import argparse
 import hashlib
 import os
 import runpy
+import signal
 import sys
 import time
 import traceback
@@ -20,6 +21,7 @@ STARTED_AT = time.time()  # before torch is imported: start-up time includes the
 
 from runner import harness  # noqa: E402
 from runner.data import DataMissing  # noqa: E402
+from runner.profiles import get_profile  # noqa: E402
 
 TRACEBACK_LINES = 40
 
@@ -35,6 +37,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--started-at", type=float, default=None,
                         help="launch time (epoch seconds) for start-up accounting")
     args = parser.parse_args(argv)
+    try:  # a last resort that needs no parent: a hung run ends even if its conductor is gone
+        signal.alarm(int(get_profile(args.profile).max_total_s) + 60)
+    except ValueError:
+        pass  # an unknown profile is reported below
 
     import torch
 
@@ -47,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         session = harness.open_session(
             args.profile, data=args.data, out_dir=args.out, seed=args.seed, started_at=started_at,
             asset_sha256=hashlib.sha256(source.encode()).hexdigest())
-    except (DataMissing, ValueError, OSError) as error:
+    except (DataMissing, ValueError, OSError, RuntimeError) as error:
         return _crash(args.out, f"{type(error).__name__}: {error}", started_at)
 
     sys.argv = [str(args.asset)]

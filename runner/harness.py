@@ -194,7 +194,8 @@ class Session:
         peak = next((v for k, v in PEAK_FLOPS.items() if k in name), None)
         if peak is None:
             return 0.0
-        return 100.0 * flops_per_token * self.tokens_served / self.training_seconds / peak
+        timed_tokens = self.tokens_served - self._untimed_tokens
+        return 100.0 * flops_per_token * timed_tokens / self.training_seconds / peak
 
     def _report(self, now: float) -> None:
         self._last_report = now
@@ -208,7 +209,10 @@ class Session:
 
 
 def pick_device(profile: Profile) -> torch.device:
-    if profile.device == "cuda" and torch.cuda.is_available():
+    if profile.device == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"profile {profile.name} needs a CUDA GPU and none is visible here; "
+                               "use --profile cpu (or smoke) on this machine")
         return torch.device("cuda")
     return torch.device("cpu")
 

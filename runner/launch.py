@@ -20,14 +20,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-SECRET_NAME = re.compile(r"(^|_)TOKEN($|_)|SECRET|PASSWORD|PASSWD|API_KEY|PRIVATE_KEY|CREDENTIAL|^GITHUB_|"
-                         r"^ANTHROPIC_|^MODAL_|^AWS_|^GH_", re.IGNORECASE)
+# The training child gets only what running Python and PyTorch needs (an allow-list), and even
+# then nothing whose name looks like a credential.
+ALLOWED_NAME = re.compile(
+    r"^(PATH|HOME|USER|LOGNAME|SHELL|TERM|LANG|LANGUAGE|TZ|TMPDIR|PWD|VIRTUAL_ENV|LD_LIBRARY_PATH|"
+    r"LC_\w+|PYTHON\w*|AUTORESEARCH_\w+|CUDA_\w+|NVIDIA_\w+|NCCL_\w+|TORCH\w*|PYTORCH_\w+|TRITON_\w+|"
+    r"OMP_\w+|MKL_\w+|OPENBLAS_\w+|KMP_\w+|HF_HOME|XDG_CACHE_HOME)$")
+SECRET_NAME = re.compile(r"(^|_)TOKEN($|_)|SECRET|PASSWORD|PASSWD|API_?KEY|PRIVATE_KEY|CREDENTIAL|"
+                         r"^GITHUB_|^ANTHROPIC_|^MODAL_|^AWS_|^GH_", re.IGNORECASE)
 LOG_TAIL_LINES = 60
 
 
 def training_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The parent's environment without anything that looks like a credential."""
-    env = {k: v for k, v in os.environ.items() if not SECRET_NAME.search(k)}
+    """The parent's environment, reduced to what training needs and free of credentials."""
+    env = {k: v for k, v in os.environ.items() if ALLOWED_NAME.match(k) and not SECRET_NAME.search(k)}
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra or {})
     return env
@@ -54,6 +60,8 @@ def start(asset: Path, profile: str, out: Path, *, seed: int = 0, data: str | No
           threads: int = 0, echo: bool = False) -> subprocess.Popen:
     """Start the child in its own process group; its output goes to out/log.txt."""
     out.mkdir(parents=True, exist_ok=True)
+    for stale in ("result.json", "progress.jsonl", "pid", "log.txt"):  # a reused directory
+        (out / stale).unlink(missing_ok=True)
     env = training_env({"OMP_NUM_THREADS": str(threads)} if threads > 0 else None)
     log = open(out / "log.txt", "ab")
     proc = subprocess.Popen(command(asset, profile, out, seed=seed, data=data, threads=threads),
@@ -70,8 +78,13 @@ def start(asset: Path, profile: str, out: Path, *, seed: int = 0, data: str | No
 def collect(out: Path, returncode: int | None, *, timed_out: bool = False) -> dict[str, Any]:
     """The run's result: result.json if the harness wrote one, else a crash record."""
     result_file = out / "result.json"
-    if result_file.exists():
-        result = json.loads(result_file.read_text())
+    try:
+        result = json.loads(result_file.read_text()) if result_file.exists() else None
+        if result is not None and not isinstance(result, dict):
+            raise ValueError("not a JSON object")
+    except ValueError as error:
+        result = {"status": "crash", "error": f"result.json is unreadable ({error}): the run is not counted"}
+    if result is not None:
         if result.get("status") == "ok" and returncode not in (0, None):
             result = {"status": "crash", "error": f"train.py exited with code {returncode} after "
                       "the harness measured it", "measured": result}
@@ -121,8 +134,10 @@ def run(asset: Path, profile: str, out: Path, *, seed: int = 0, data: str | None
         proc.wait(timeout=max(0.0, deadline - time.time()))
     except subprocess.TimeoutExpired:
         timed_out = True
-        kill_group(proc.pid)
-        proc.wait()
+    finally:  # on a timeout, and on Ctrl-C: the child is in its own session and would go on
+        if proc.poll() is None:
+            kill_group(proc.pid)
+            proc.wait()
     if pump is not None:
         pump.join(timeout=10)
     return collect(out, proc.returncode, timed_out=timed_out)

@@ -49,8 +49,6 @@ class LocalRunner:
     def start(self, job: Job) -> str:
         out = Path(self.handle(job.run_id))
         out.mkdir(parents=True, exist_ok=True)
-        for stale in ("result.json", "progress.jsonl", "pid"):
-            (out / stale).unlink(missing_ok=True)
         asset = out / "train.py"
         asset.write_text(job.asset, encoding="utf-8")
         proc = launch.start(asset, job.profile, out, seed=job.seed, data=self.data, threads=self.threads)
@@ -104,7 +102,8 @@ class LocalRunner:
         elif not (active.pid is not None and _is_our_child(active.pid)):
             return True, None, False  # adopted after a restart and now gone: its files tell the rest
         if time.time() > active.deadline:
-            launch.kill_group(active.pid or 0)
+            if active.pid:
+                launch.kill_group(active.pid)
             if active.proc:
                 active.proc.wait()
             return True, None, True

@@ -80,3 +80,15 @@ def test_demo_with_bad_front_matter_stops_with_a_clear_error_and_loses_nothing(t
     assert result.exit_code == 1
     assert "autoresearch.baseline_runs" in said(result) and "run the same command again" in said(result)
     assert (work / "repo" / "train.py").read_text() == train_py
+
+
+def test_a_second_conductor_on_the_same_workdir_is_refused(tmp_path: Path) -> None:
+    from bot.demo import lock_workdir
+
+    held = lock_workdir(tmp_path)
+    try:
+        result = cli.invoke(app, ["demo", "--workdir", str(tmp_path), "--profile", "smoke"])
+    finally:
+        held.close()
+    assert result.exit_code == 1
+    assert "another autoresearch conductor is running" in said(result)

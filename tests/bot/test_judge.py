@@ -231,8 +231,10 @@ def test_min_margin_floor_applies_when_sigma_is_unknown():
     assert kept.action == "keep" and kept.margin == 0.25
 
 
-def test_without_noise_estimate_and_floor_any_improvement_is_kept():
-    # sigma None and min_margin 0: the margin is 0, so a single run that is better at all is kept.
+def test_without_noise_estimate_an_improvement_is_confirmed_first():
+    # sigma None and min_margin 0: the margin is 0, so the judge cannot tell noise from gain on one
+    # run; it asks for a confirmation, and keeps if the mean of both runs still beats main.
     d = judge([0.999], sigma=None)
-    assert d.action == "keep"
-    assert d.margin == 0.0
+    assert d.action == "confirm" and "noise is not known" in d.reason
+    assert judge([0.999, 0.998], sigma=None).action == "keep"
+    assert judge([0.999], sigma=None, config=JudgeConfig(confirm=False)).action == "keep"

@@ -296,7 +296,8 @@ def test_training_env_drops_credentials(monkeypatch):
     dropped = ["GITHUB_TOKEN", "github_pat", "GH_ENTERPRISE_TOKEN", "ANTHROPIC_API_KEY",
                "ANTHROPIC_BASE_URL", "MY_SECRET", "client_secret", "HF_TOKEN", "AWS_ACCESS_KEY_ID",
                "AWS_REGION", "MODAL_TOKEN_ID", "DB_PASSWORD", "SMTP_PASSWD", "SSH_PRIVATE_KEY",
-               "GOOGLE_APPLICATION_CREDENTIALS", "OPENAI_API_KEY"]
+               "GOOGLE_APPLICATION_CREDENTIALS", "OPENAI_API_KEY", "KAGGLE_KEY", "DATABASE_URL",
+               "SSH_AUTH_SOCK", "SLACK_WEBHOOK_URL", "SENTRY_DSN", "APIKEY", "TORCH_API_KEY"]
     kept = ["PATH", "HOME", "LANG", "AUTORESEARCH_CACHE_TEST", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS"]
     for name in dropped + kept:
         monkeypatch.setenv(name, "value")
@@ -338,3 +339,11 @@ def test_collect_distrusts_a_result_when_the_process_failed(tmp_path):
     failed = launch.collect(tmp_path, 1)
     assert failed["status"] == "crash" and "exited with code 1" in failed["error"]
     assert failed["measured"]["val_bpb"] == 1.0
+
+
+def test_collect_refuses_an_unreadable_result(tmp_path):
+    (tmp_path / "result.json").write_text("{not json")
+    result = launch.collect(tmp_path, 0)
+    assert result["status"] == "crash" and "unreadable" in result["error"]
+    (tmp_path / "result.json").write_text("[1, 2]")
+    assert launch.collect(tmp_path, 0)["status"] == "crash"
