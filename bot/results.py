@@ -8,12 +8,12 @@ experiment (status keep, discard or crash; a crash shows val_bpb 0.000000 and me
 
 from __future__ import annotations
 
-import os
 import statistics
 from pathlib import Path
 from typing import Any
 
 from bot.store import Store
+from runner import files
 
 TSV_COLUMNS = ["commit", "val_bpb", "memory_gb", "status", "description"]
 
@@ -58,9 +58,7 @@ def to_tsv(store: Store) -> str:
 
 
 def export_tsv(store: Store, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(to_tsv(store))
-    os.replace(tmp, path)
+    files.write_text(path, to_tsv(store))
 
 
 def _memory_gb(runs: list) -> float:

@@ -23,6 +23,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from runner import files
+
 BUILTIN_CORPUS = Path(__file__).parent / "corpus" / "shakespeare.jsonl.gz"
 BUILTIN_DOC_CHARS = 400  # about 110 tokens with the cpu profile's tokenizer
 VAL_EVERY = 10
@@ -171,9 +173,8 @@ def _write_split_shards(root: Path, docs: list[str]) -> tuple[list[str], str]:
 
 
 def _write_parquet(path: Path, texts: list[str]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    pq.write_table(pa.table({"text": pa.array(texts, type=pa.string())}), tmp)
-    os.replace(tmp, path)
+    table = pa.table({"text": pa.array(texts, type=pa.string())})
+    files.write_atomically(path, lambda tmp: pq.write_table(table, tmp))
 
 
 def _download_reference_shards(base_url: str, root: Path, train_shards: int, progress: bool
@@ -205,7 +206,5 @@ def _write_manifest(root: Path, source: str, train_files: list[str], val_file: s
         "train_docs": sum(counts[n] for n in train_files),
         "val_docs": counts[val_file],
     }
-    tmp = root / "manifest.json.tmp"
-    tmp.write_text(json.dumps(info, indent=2))
-    os.replace(tmp, root / "manifest.json")
+    files.write_text(root / "manifest.json", json.dumps(info, indent=2))
     return load_dataset(source)

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from runner import dataloader
+from runner import dataloader, files
 from runner.data import Dataset, load_dataset
 from runner.evaluate import evaluate_bpb
 from runner.profiles import Profile, get_profile, harness_hash
@@ -225,9 +225,7 @@ def peak_memory_mb(device: torch.device) -> float:
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    os.replace(tmp, path)
+    files.write_text(path, json.dumps(data, indent=2))
 
 
 _current: Session | None = None

@@ -6,7 +6,6 @@ length of every token, which evaluation needs for bits per byte (special tokens 
 
 from __future__ import annotations
 
-import os
 import pickle
 import time
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ import rustbpe
 import tiktoken
 import torch
 
+from runner import files
 from runner.data import Dataset, DataMissing, cache_dir
 
 # GPT-4 style pre-tokenisation, with numbers split into runs of at most two digits.
@@ -94,10 +94,8 @@ def prepare_tokenizer(dataset: Dataset, vocab_size: int, max_chars: int) -> tupl
     if encoding.decode(encoding.encode_ordinary(sample)) != sample:
         raise RuntimeError("tokenizer failed its round-trip check; delete "
                            f"{directory} and run `autoresearch prepare` again")
-    _atomic_write(directory / "tokenizer.pkl", pickle.dumps(encoding))
-    tmp = directory / "token_bytes.pt.tmp"
-    torch.save(token_bytes, tmp)
-    os.replace(tmp, directory / "token_bytes.pt")
+    files.write_bytes(directory / "tokenizer.pkl", pickle.dumps(encoding))
+    files.write_atomically(directory / "token_bytes.pt", lambda tmp: torch.save(token_bytes, tmp))
     (directory / "trained.txt").write_text(f"trained in {time.time() - started:.1f}s\n")
     return Tokenizer(encoding, token_bytes), True
 
@@ -112,8 +110,3 @@ def _training_text(dataset: Dataset, max_chars: int):
             if seen >= max_chars:
                 return
 
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
