@@ -65,13 +65,14 @@ class WorkdirBusy(RuntimeError):
 
 def lock_workdir(workdir: Path) -> TextIO:
     """Hold an exclusive lock on the work directory for this process's lifetime."""
-    handle = open(workdir / "conductor.lock", "w")
+    handle = open(workdir / "conductor.lock", "a+")  # not "w": that would wipe the holder's pid
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         handle.close()
         raise WorkdirBusy(f"another autoresearch conductor is running in {workdir}; wait for it to "
                           "finish (or stop it) before starting another") from None
+    handle.truncate(0)
     handle.write(str(os.getpid()))
     handle.flush()
     return handle
