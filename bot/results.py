@@ -12,30 +12,31 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from bot.store import Store
+from bot.store import Run, Store
 from runner import files
 
 TSV_COLUMNS = ["commit", "val_bpb", "memory_gb", "status", "description"]
 
 
+def _first_main_runs(store: Store) -> list[Run]:
+    """The baseline runs of the first main measured (all of them, whatever their status)."""
+    baseline = [r for r in store.runs() if r.purpose == "baseline"]
+    return [r for r in baseline if r.code_hash == baseline[0].code_hash] if baseline else []
+
+
 def baseline_val_bpb(store: Store) -> float | None:
     """Mean val_bpb of the first main's baseline runs."""
-    baseline = [r for r in store.runs() if r.purpose == "baseline"]
-    if not baseline:
-        return None
-    first = [r.val_bpb for r in baseline if r.code_hash == baseline[0].code_hash
-             and r.status == "ok" and r.val_bpb is not None]
-    return statistics.fmean(first) if first else None
+    values = [r.val_bpb for r in _first_main_runs(store) if r.status == "ok" and r.val_bpb is not None]
+    return statistics.fmean(values) if values else None
 
 
 def rows(store: Store) -> list[dict[str, Any]]:
     """One dict per row: the baseline, then every finished experiment, in order."""
     out: list[dict[str, Any]] = []
-    baseline_runs = [r for r in store.runs() if r.purpose == "baseline"]
-    if baseline_runs:
-        first = baseline_runs[0]
-        same = [r for r in baseline_runs if r.code_hash == first.code_hash and r.status == "ok"]
-        out.append({"id": 0, "commit": first.commit_sha[:7], "val_bpb": baseline_val_bpb(store),
+    first_main = _first_main_runs(store)
+    if first_main:
+        same = [r for r in first_main if r.status == "ok"]
+        out.append({"id": 0, "commit": first_main[0].commit_sha[:7], "val_bpb": baseline_val_bpb(store),
                     "delta": None, "memory_gb": _memory_gb(same), "status": "keep", "runs": len(same),
                     "description": "baseline", "reason": "main as it was before any experiment"})
     for exp in store.experiments(active=False):

@@ -27,8 +27,8 @@ from runner import files
 
 BUILTIN_CORPUS = Path(__file__).parent / "corpus" / "shakespeare.jsonl.gz"
 BUILTIN_DOC_CHARS = 400  # about 110 tokens with the cpu profile's tokenizer
-VAL_EVERY = 10
-PREPARE_VERSION = 2  # bump when the way sources become datasets changes: old caches are not reused  # for builtin and text-directory sources, every 10th document is validation
+VAL_EVERY = 10  # for builtin and text-directory sources, every 10th document is validation
+PREPARE_VERSION = 2  # bump when the way sources become datasets changes: old caches are not reused
 DOCS_PER_SHARD = 1000
 
 

@@ -58,19 +58,19 @@ def command(asset: Path, profile: str, out: Path, *, seed: int = 0, data: str | 
 
 def start(asset: Path, profile: str, out: Path, *, seed: int = 0, data: str | None = None,
           threads: int = 0, echo: bool = False) -> subprocess.Popen:
-    """Start the child in its own process group; its output goes to out/log.txt."""
+    """Start the child in its own process group; its output goes to out/log.txt (or to a pipe
+    for the caller to read, with echo)."""
     out.mkdir(parents=True, exist_ok=True)
     for stale in ("result.json", "progress.jsonl", "pid", "log.txt"):  # a reused directory
         (out / stale).unlink(missing_ok=True)
     env = training_env({"OMP_NUM_THREADS": str(threads)} if threads > 0 else None)
-    log = open(out / "log.txt", "ab")
-    proc = subprocess.Popen(command(asset, profile, out, seed=seed, data=data, threads=threads),
-                            stdout=subprocess.PIPE if echo else log, stderr=subprocess.STDOUT,
-                            env=env, start_new_session=True)
-    if not echo:
-        log.close()
+    cmd = command(asset, profile, out, seed=seed, data=data, threads=threads)
+    if echo:  # the caller reads stdout and writes log.txt itself
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
     else:
-        proc._autoresearch_log = log  # type: ignore[attr-defined]
+        with open(out / "log.txt", "ab") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     (out / "pid").write_text(str(proc.pid))
     return proc
 
@@ -117,7 +117,7 @@ def run(asset: Path, profile: str, out: Path, *, seed: int = 0, data: str | None
     if on_line is not None:
         # Read the child's output in a thread: a blocking read here would let a silent, hung
         # child outlive its wall-clock limit.
-        log = proc._autoresearch_log  # type: ignore[attr-defined]
+        log = open(out / "log.txt", "ab")
         assert proc.stdout is not None
 
         def pump_output() -> None:
