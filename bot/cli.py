@@ -1,4 +1,4 @@
-"""The `autoresearch` command: prepare, train, demo, results."""
+"""The `autoresearch` command: prepare, train, demo; steer, pause, resume, status, results."""
 
 from __future__ import annotations
 
@@ -80,18 +80,29 @@ def demo(workdir: Path = typer.Option(DEFAULT_WORKDIR, help="where the research 
 
     from bot.agent import AgentError
     from bot.conductor import ConductorError
-    from bot.demo import DemoOptions, WorkdirBusy, run_demo
+    from bot.demo import DemoOptions, WorkdirBusy, check_workdir, run_demo
     from bot.forge import ForgeError
+    from bot.schema import SchemaTooNew
     from bot.settings import SettingsError
     from runner.data import DataMissing
     from runner.download import DownloadError
+    from runner.profiles import get_profile
 
+    try:  # mistakes in the arguments are reported before anything is created
+        get_profile(profile)
+        check_workdir(workdir)
+    except (ValueError, OSError) as error:
+        console.print(f"[red]error:[/] {error}")
+        raise typer.Exit(2) from None
     try:
         run_demo(DemoOptions(workdir=workdir, profile=profile, experiments=experiments, slots=slots,
                              seed=seed, data=data, live=sys.stdout.isatty()), console)
-    except WorkdirBusy as error:
+    except (WorkdirBusy, SchemaTooNew) as error:
         console.print(f"[red]error:[/] {error}")
         raise typer.Exit(1) from None
+    except KeyboardInterrupt:
+        console.print(f"stopped. Nothing was lost: run the same command again to resume ({workdir}).")
+        raise typer.Exit(130) from None
     except (ConductorError, SettingsError, DataMissing, DownloadError, ForgeError, AgentError, git.GitCommandError,
             ValueError, OSError, RuntimeError, sqlite3.Error) as error:
         console.print(f"[red]error:[/] {error}")
@@ -99,27 +110,86 @@ def demo(workdir: Path = typer.Option(DEFAULT_WORKDIR, help="where the research 
         raise typer.Exit(1) from None
 
 
-@app.command()
-def results(workdir: Path = typer.Option(DEFAULT_WORKDIR, help="the work directory of a demo run"),
-            as_json: bool = typer.Option(False, "--json", help="print JSON"),
-            as_tsv: bool = typer.Option(False, "--tsv", help="print results.tsv")) -> None:
-    """Print the experiments of a work directory."""
-    from bot import results as results_module
-    from bot.demo import results_table
+def _open_store(workdir: Path):
     from bot.store import Store
 
     db = workdir / "state.db"
-    if not db.exists():
+    if not db.is_file():
         console.print(f"[red]error:[/] no state.db in {workdir}: run `autoresearch demo --workdir {workdir}` first")
         raise typer.Exit(2)
-    store = Store(db)
+    return Store(db)
+
+
+def _send(workdir: Path, kind: str, payload: dict | None = None) -> None:
+    """Write one input to the work directory's inbox; a running conductor applies it within a second."""
+    import getpass
+
+    from bot import events
+
+    store = _open_store(workdir)
+    try:
+        events.submit(store, kind, payload, author=f"{getpass.getuser()} (cli)")
+    finally:
+        store.close()
+    console.print(f"{kind}: sent to {workdir}; a running loop applies it within a second, a stopped one when it "
+                  "next starts")
+
+
+@app.command()
+def steer(text: str = typer.Argument(..., help="what the agent should read, e.g. \"try a lower MATRIX_LR\""),
+          workdir: Path = typer.Option(DEFAULT_WORKDIR, help="the work directory of the loop")) -> None:
+    """Tell the agent something: it reads it before its next proposal."""
+    if not text.strip():
+        console.print("[red]error:[/] say something, e.g. autoresearch steer \"try a deeper model\"")
+        raise typer.Exit(2)
+    _send(workdir, "steer", {"text": text})
+
+
+@app.command()
+def pause(workdir: Path = typer.Option(DEFAULT_WORKDIR, help="the work directory of the loop")) -> None:
+    """Let running experiments finish and propose nothing new."""
+    _send(workdir, "pause")
+
+
+@app.command()
+def resume(workdir: Path = typer.Option(DEFAULT_WORKDIR, help="the work directory of the loop")) -> None:
+    """Undo `autoresearch pause` (a `paused: true` in program.md stays in force)."""
+    _send(workdir, "resume")
+
+
+@app.command()
+def status(workdir: Path = typer.Option(DEFAULT_WORKDIR, help="the work directory of the loop")) -> None:
+    """What is running and queued, main's val_bpb, and the latest events."""
+    from bot.status import render_status
+
+    store = _open_store(workdir)
+    try:
+        console.print(render_status(store))
+    finally:
+        store.close()
+
+
+@app.command()
+def results(workdir: Path = typer.Option(DEFAULT_WORKDIR, help="the work directory of a demo run"),
+            as_json: bool = typer.Option(False, "--json", help="print JSON"),
+            as_tsv: bool = typer.Option(False, "--tsv", help="print results.tsv"),
+            runs: bool = typer.Option(False, "--runs", help="one row per training run")) -> None:
+    """Print the experiments of a work directory."""
+    from bot import results as results_module
+    from bot.demo import results_table, runs_table
+
+    if sum((as_json, as_tsv)) > 1:
+        console.print("[red]error:[/] choose one of --json and --tsv")
+        raise typer.Exit(2)
+    store = _open_store(workdir)
     try:
         if as_json:
-            print(json.dumps(results_module.rows(store), indent=2))
+            rows = results_module.run_rows(store) if runs else results_module.rows(store)
+            print(json.dumps(rows, indent=2))
         elif as_tsv:
             print(results_module.to_tsv(store), end="")
         else:
-            console.print(results_table(store))
+            console.print(runs_table(store) if runs else results_table(store))
     finally:
         store.close()
 

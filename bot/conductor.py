@@ -1,21 +1,25 @@
-"""The conductor: the whole experiment lifecycle, in one place.
+"""The conductor: the whole experiment lifecycle, in one place, one idempotent tick at a time.
 
-An experiment moves through these states, each written to the store before its side effect, and
-each side effect safe to repeat, so that a conductor killed anywhere resumes where it stopped:
+`tick()` reads main once (sha, train.py, program.md), applies new inbox entries, collects
+finished runs, advances every active experiment, queues measurements of main, asks the agent for
+the next proposal (in the background), and dispatches queued runs to free slots. Nothing in a tick
+waits: the agent thinks on its own thread, runners are asked with lookup(). A driver
+(bot.driver) calls tick() when something arrives and on a slow timer. The states and the moves
+between them are in bot.states; each move is written to the store before its side effect, and
+every side effect is safe to repeat, so a conductor killed anywhere resumes where it stopped.
 
-    proposed  --create branch-->  branched  --queue run-->  measuring
-    measuring --judge--> measuring (confirmation run) | rebasing | merging | closing
-    rebasing  --graft train.py onto the new main, queue a re-measure-->  measuring
-    merging   --squash-merge into main (expected sha)-->  closing
-    closing   --mark the branch closed-->  done  (status keep | discard | crash)
-
-Main's own train.py is measured `baseline_runs` times (the noise estimate); a kept experiment's
-runs become main's measurements. The agent only proposes; judging, merging and bookkeeping are
-this module's, from the store's numbers alone.
+Measurements count only under the identity pinned when the conductor starts (profile, harness
+hash, data fingerprint). Main's val_bpb is the mean of main's own baseline runs: the first main is
+measured `first_baseline_runs` times, every later main (after a keep) `baseline_runs` times
+afresh; a kept experiment's runs were selected for coming out low, so they feed the noise estimate
+but never main's mean. A step that keeps failing ends its experiment as `failed` and the loop goes
+on. The agent only proposes; judging, merging and bookkeeping are this module's, from the store's
+numbers alone.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import statistics
 import time
@@ -26,11 +30,14 @@ from typing import Any
 
 from bot import results
 from bot.agent import Agent, AgentError
+from bot.agent.worker import AgentWorker
+from bot.events import apply_inbox
 from bot.forge import Forge, MainMoved, MergeConflict
-from bot.judge import JudgeConfig, decide, pooled_sigma
-from bot.records import HistoryEntry, Job, Proposal, ProposalContext, code_hash
+from bot.judge import JudgeConfig, Noise, decide, pooled_noise
+from bot.records import HistoryEntry, Job, Proposal, ProposalContext, RunResult, asset_sha256, code_hash
 from bot.runners import Runner
-from bot.settings import LoopSettings, Program, parse_program
+from bot.settings import LoopSettings, SettingsError, parse_program
+from bot.states import RunState, State, Status
 from bot.store import Experiment, Run, Store
 from runner.profiles import get_profile
 
@@ -40,6 +47,8 @@ ASSET = "train.py"
 PROGRAM = "program.md"
 RUN_PRIORITY = {"baseline": 0, "remeasure": 1, "confirm": 2, "candidate": 3}
 MAX_BASELINE_CRASHES = 2  # crashes of main's own train.py before the loop asks for a human
+MAX_REFUSED_RESULTS = 3  # results of one code refused (wrong identity) before giving up on it
+IDENTITY_KEYS = ("profile", "harness_hash", "data_fingerprint")
 
 
 class ConductorError(RuntimeError):
@@ -49,11 +58,26 @@ class ConductorError(RuntimeError):
 @dataclass
 class ConductorConfig:
     profile: str
+    identity: dict[str, str]  # pinned measurement identity: profile, harness_hash, data_fingerprint
     max_experiments: int = 0  # 0: take program.md's setting (whose 0 means no limit)
-    # harness_hash and data_fingerprint that runs must match; empty: those of the latest ok run
-    identity: dict[str, str] = field(default_factory=dict)
-    poll_interval_s: float = 0.5
     max_refusals: int = 5  # invalid proposals in a row before the agent is given up on
+    lookahead: int = 1  # proposals prepared beyond the free slots, so a slot never waits for the agent
+    agent_timeout_s: float = 900.0  # one proposal; then it is abandoned and asked again
+    step_retries: int = 3  # failed attempts at one step before its experiment ends as failed
+    retry_base_s: float = 2.0  # backoff after the n-th failure: base * 2**(n-1), at most retry_max_s
+    retry_max_s: float = 300.0
+    disturbed_share: float = 0.75  # a CPU run that got less than this share of main's CPU is re-run
+
+
+@dataclass(frozen=True)
+class Main:
+    """Main as read once per tick."""
+
+    sha: str
+    train_py: str
+    code: str  # code_hash(train_py)
+    instructions: str  # program.md without its front matter
+    settings: LoopSettings
 
 
 @dataclass
@@ -62,64 +86,109 @@ class Summary:
     kept: int
     discarded: int
     crashed: int
+    failed: int
     baseline_val_bpb: float | None
     best_val_bpb: float | None
     results_tsv: Path
     stop_reason: str
 
 
+@dataclass
+class _Pending:
+    """The proposal being prepared, and what the conductor told the agent about refusals."""
+
+    exp_id: int
+    notes: list[str] = field(default_factory=list)
+    seen: set[str] = field(default_factory=set)
+
+
 class Conductor:
     def __init__(self, store: Store, forge: Forge, runner: Runner, agent: Agent, config: ConductorConfig,
-                 *, results_tsv: Path, on_update: Callable[["Conductor"], None] | None = None) -> None:
+                 *, results_tsv: Path, clock: Callable[[], float] = time.time) -> None:
         self.store = store
         self.forge = forge
         self.runner = runner
-        self.agent = agent
         self.config = config
         self.results_tsv = results_tsv
-        self.on_update = on_update
+        self.clock = clock
         self.profile = get_profile(config.profile)
+        self.worker = AgentWorker(agent, timeout_s=config.agent_timeout_s, clock=clock)
         self.stop_reason = ""
-        self._agent_stop = ""  # set once the agent has nothing more to propose
-        self._main_cache: dict[str, tuple[str, str, Program]] = {}
+        self.blocked = ""  # set when main itself cannot be measured: a human must fix main
+        self.progress: dict[int, dict[str, Any]] = {}  # run id -> latest progress line
+        self._agent_stop = ""
+        self._main_cache: dict[str, Main] = {}
+        self._code_at: dict[str, str] = {}  # commit sha -> code_hash of its train.py
+        self._values: list[tuple[str, int | None, str, float]] | None = None  # cache of counted values
+        self._pending: _Pending | None = None
+        self._started = False
+        self._last_error = ""
+        self._merged = False
+        self._blocked_code = ""
 
-    # --- the loop ------------------------------------------------------------------------------
-    def run(self) -> Summary:
-        """Drive experiments until the target is reached and nothing is in flight."""
-        self.recover()
-        while True:
-            self.stop_reason = self._agent_stop  # target, pause and goal are read afresh each pass
-            self.collect()
-            program = self.program()
-            for exp in self.store.experiments(active=True):
-                self.advance(exp)
-            self.schedule_baseline()
-            self.propose_while_room(program.settings)
-            self.dispatch()
-            if self.on_update:
-                self.on_update(self)
-            if self.idle():
-                break
-            time.sleep(self.config.poll_interval_s)
-        results.export_tsv(self.store, self.results_tsv)
-        return self.summary()
+    # --- the tick --------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Pin the measurement identity; called once, before the first tick."""
+        self._pin_identity()
+        self._started = True
 
-    def recover(self) -> None:
-        """After a restart: follow runs that went on without us; re-queue those that were lost."""
-        for run in self.store.runs(state="running"):
-            if run.run_dir and self.runner.reattach(run.id, run.run_dir):
-                log.info("run %s: picked up again after a restart", run.id)
-                continue
-            self.store.replace_lost_run(run.id, "its process was gone after a restart")
+    def tick(self) -> None:
+        """One pass over everything; safe to call at any time, as often as wanted. A phase that
+        fails is logged and recorded, and the next tick tries again: nothing here ends the loop."""
+        if not self._started:
+            self.start()
+        try:
+            main = self.read_main()
+        except Exception as error:  # noqa: BLE001 - the forge may be down for a while
+            self._tick_error("reading main", error)
+            return
+        self._guard("applying the inbox", apply_inbox, self.store)
+        self._guard("collecting runs", self.collect)
+        self._guard("advancing experiments", self._advance_all, main)
+        if self._merged:  # our own merge moved main: the rest of the tick works on the new one
+            self._merged = False
+            main = self.read_main()
+        self._guard("measuring main", self.schedule_baseline, main)
+        self.stop_reason = self._why_stop(main)
+        self._guard("proposing", self.propose, main)
+        self._guard("dispatching runs", self.dispatch, main)
 
-    def idle(self) -> bool:
-        busy = self.store.experiments(active=True) or self.store.runs(state="queued") \
-            or self.store.runs(state="running")
-        return not busy and bool(self.stop_reason)
+    def _guard(self, phase: str, step: Callable[..., Any], *args: Any) -> None:
+        """Run one phase of the tick; a failure is logged and recorded, and the others go on."""
+        try:
+            step(*args)
+        except Exception as error:  # noqa: BLE001 - one failing phase must not stop the others
+            self._tick_error(phase, error)
 
-    # --- main and its measurements ---------------------------------------------------------------
-    def _main(self) -> tuple[str, str, str, Program]:
-        """Main's sha, train.py, its code hash and program.md, read from git once per main commit."""
+    def _advance_all(self, main: Main) -> None:
+        for exp in self.store.experiments(active=True):
+            if exp.state != State.PROPOSING:
+                self._advance_safely(exp, main)
+
+    def _tick_error(self, phase: str, error: Exception) -> None:
+        message = f"{phase} failed: {type(error).__name__}: {error}; trying again on the next tick"
+        log.error("%s", message)
+        if message != self._last_error:
+            self._last_error = message
+            try:
+                self.store.event(None, "error", message)
+            except Exception:  # noqa: BLE001 - the store itself may be what failed (a full disk)
+                log.exception("could not record the error in the store")
+
+    def finished(self) -> bool:
+        """Nothing more will happen without a new input: stopped, and nothing in flight."""
+        if not (self.stop_reason or self.blocked):
+            return False
+        busy = [e for e in self.store.experiments(active=True) if e.state != State.PROPOSING]
+        return not busy and not self.store.count_runs(RunState.QUEUED, RunState.RUNNING)
+
+    def wake_on(self, callback: Callable[[], None]) -> None:
+        """Call `callback` (from any thread) when the agent answers or a runner has news."""
+        self.worker.on_answer(callback)
+        self.runner.on_change(callback)
+
+    # --- main, its program and its measurements ----------------------------------------------------
+    def read_main(self) -> Main:
         sha = self.forge.main_sha()
         if sha not in self._main_cache:
             text = self.forge.read_file(sha, ASSET)
@@ -127,116 +196,160 @@ class Conductor:
                 program_md = self.forge.read_file(sha, PROGRAM)
             except FileNotFoundError:
                 program_md = ""
-            self._main_cache = {sha: (text, code_hash(text), parse_program(program_md))}
-        text, code, program = self._main_cache[sha]
-        return sha, text, code, program
+            instructions, settings = self._program(sha, program_md)
+            self._main_cache = {sha: Main(sha, text, code_hash(text), instructions, settings)}
+            self._code_at[sha] = code_hash(text)
+        return self._main_cache[sha]
 
-    def program(self) -> Program:
-        return self._main()[3]
+    def _program(self, sha: str, text: str) -> tuple[str, LoopSettings]:
+        """program.md's instructions and settings; an invalid front matter keeps the last valid
+        settings (stored, so a restart keeps them too) and records the error once per commit."""
+        try:
+            program = parse_program(text)
+        except SettingsError as error:
+            kept = self.store.get_setting("program.settings")
+            settings = LoopSettings.model_validate_json(kept) if kept else LoopSettings()
+            self.store.event(None, "settings_error", f"program.md on main {sha[:7]} is invalid, so the last valid "
+                             f"settings stay in force until it is fixed: {error}")
+            log.error("program.md on main %s: %s", sha[:7], error)
+            return text, settings
+        self.store.set_setting("program.settings", program.settings.model_dump_json())
+        return program.instructions, program.settings
 
-    def main_asset(self) -> tuple[str, str, str]:
-        """(main sha, main's train.py, its code hash)."""
-        return self._main()[:3]
+    def code_at(self, sha: str) -> str:
+        if sha not in self._code_at:
+            self._code_at[sha] = code_hash(self.forge.read_file(sha, ASSET))
+        return self._code_at[sha]
 
-    def identity(self) -> dict[str, str | None]:
-        """What makes measurements comparable: profile, harness version, data. Set in the config, or
-        taken from the latest successful run, so that a new harness version starts a new baseline."""
-        if self.config.identity:
-            return dict(self.config.identity)
-        for run in reversed(self.store.runs(state="done")):
-            if run.status == "ok" and run.profile == self.profile.name:
-                return {"harness_hash": run.harness_hash, "data_fingerprint": run.data_fingerprint}
-        return {}
+    def _counted_values(self) -> list[tuple[str, int | None, str, float]]:
+        """(code, experiment, purpose, val_bpb) of every ok run under the pinned identity; cached
+        until a run finishes, so an idle tick reads nothing."""
+        if self._values is None:
+            ident = self.config.identity
+            self._values = self.store.measured_values(profile=ident["profile"], harness_hash=ident["harness_hash"],
+                                                      data_fingerprint=ident["data_fingerprint"])
+        return self._values
 
-    def counted(self, runs: list[Run]) -> list[Run]:
-        """Runs that finished and were measured under the current profile, harness and data.
-        A crash has no identity of its own and counts under the current one."""
-        want = self.identity()
-        return [r for r in runs if r.state == "done" and r.profile == self.profile.name
-                and (r.status == "crash" or all(r.metrics.get(k) == v for k, v in want.items()))]
+    def main_values(self, code: str) -> list[float]:
+        """Main's val_bpb values: its own baseline runs only."""
+        return [v for c, e, purpose, v in self._counted_values() if c == code and purpose == "baseline"]
 
-    def measurements(self, code: str) -> list[float]:
-        """Main's val_bpb values: its baseline runs only. The runs that got a change kept were
-        selected for coming out low, so they would flatter main (they still count for the noise)."""
-        return [r.val_bpb for r in self.counted(self.store.runs(code_hash=code))
-                if r.status == "ok" and r.val_bpb is not None and r.purpose == "baseline"]
-
-    def noise_sigma(self) -> float | None:
+    def noise(self) -> Noise | None:
         groups: dict[str, list[float]] = {}
-        for run in self.counted(self.store.runs()):
-            if run.status == "ok" and run.val_bpb is not None:
-                groups.setdefault(run.code_hash, []).append(run.val_bpb)
-        return pooled_sigma(list(groups.values()))
+        for code, _, _, value in self._counted_values():
+            groups.setdefault(code, []).append(value)
+        return pooled_noise(list(groups.values()))
 
-    def schedule_baseline(self) -> None:
-        settings = self.program().settings
-        sha, text, code = self.main_asset()
-        runs = self.store.runs(code_hash=code)
-        crashed = [r for r in self.counted(runs) if r.status == "crash" and r.purpose == "baseline"]
+    def schedule_baseline(self, main: Main) -> None:
+        if self.blocked:
+            if self._blocked_code == main.code:
+                return  # main needs a human; a new train.py on main clears it
+            self.blocked = ""
+        runs = [r for r in self.store.runs(code_hash=main.code) if r.purpose == "baseline"]
+        crashed = [r for r in runs if r.state == RunState.DONE and r.status == "crash"]
         if len(crashed) >= MAX_BASELINE_CRASHES:
-            raise ConductorError(
-                f"train.py on main ({sha[:7]}) crashed in {len(crashed)} baseline runs, so nothing can be "
-                "judged against it. Commit a fixed train.py to main in the research repository (a new main "
-                f"gets a new baseline), then run the same command again. The last run said:\n{crashed[-1].error}")
-        pending = [r for r in runs if r.state in ("queued", "running")]
-        missing = settings.baseline_runs - len(self.measurements(code)) - len(pending)
-        for _ in range(max(0, missing)):
-            self.store.add_run(experiment_id=None, purpose="baseline", code_hash=code, commit_sha=sha,
-                               base_sha=sha, asset=text, profile=self.profile.name,
-                               reason=f"measure main {sha[:7]}")
+            self._block(main, f"train.py on main ({main.sha[:7]}) crashed in {len(crashed)} baseline runs, so "
+                        "nothing can be judged against it. Commit a fixed train.py to main in the research "
+                        "repository (a new main gets a new baseline), then run the same command again. The last "
+                        f"run said:\n{crashed[-1].error}")
+            return
+        pending = [r for r in runs if r.state in (RunState.QUEUED, RunState.RUNNING)]
+        first = not any(c != main.code for c, _, purpose, _ in self._counted_values() if purpose == "baseline")
+        wanted = main.settings.first_baseline_runs if first else main.settings.baseline_runs
+        for _ in range(max(0, wanted - len(self.main_values(main.code)) - len(pending))):
+            self._queue_main_run(main, f"measure main {main.sha[:7]}")
 
-    # --- proposing -----------------------------------------------------------------------------
-    def propose_while_room(self, settings: LoopSettings) -> None:
-        while not self.stop_reason and self.room_for_proposal(settings):
-            if not self.propose():
-                return
+    def _queue_main_run(self, main: Main, reason: str) -> None:
+        self.store.add_run(experiment_id=None, purpose="baseline", code_hash=main.code, commit_sha=main.sha,
+                           base_sha=main.sha, asset=main.train_py, profile=self.profile.name, reason=reason)
 
-    def room_for_proposal(self, settings: LoopSettings) -> bool:
+    # --- proposing, in the background ------------------------------------------------------------
+    def _why_stop(self, main: Main) -> str:
+        settings = main.settings
         target = self.config.max_experiments or settings.max_experiments
-        if target and len(self.store.experiments()) >= target:
-            self.stop_reason = f"reached {target} experiments"
-            return False
+        if self._agent_stop:
+            return self._agent_stop
+        if target and self.store.count_experiments() >= target and not self.store.experiments(state=State.PROPOSING):
+            return f"reached {target} experiments"
         if settings.target_val_bpb is not None:
-            main_values = self.measurements(self.main_asset()[2])
-            if main_values and statistics.fmean(main_values) <= settings.target_val_bpb:
-                self.stop_reason = f"main reached the target val_bpb {settings.target_val_bpb}"
-                return False
+            values = self.main_values(main.code)
+            if values and statistics.fmean(values) <= settings.target_val_bpb:
+                return f"main reached the target val_bpb {settings.target_val_bpb}"
         if settings.paused:
-            self.stop_reason = "paused in program.md"
-            return False
-        queued = len(self.store.runs(state="queued"))
-        return self.runner.free_slots() - queued > 0
+            return "paused in program.md"
+        if self.store.get_setting("paused") == "1":
+            return "paused (autoresearch pause); `autoresearch resume` lets it go on"
+        return ""
 
-    def propose(self) -> bool:
-        """Ask the agent for one experiment; True if one was recorded."""
-        context = self.context()
-        for _ in range(self.config.max_refusals):
-            try:
-                proposal = self.agent.propose(context)
-            except AgentError as error:
-                self.store.event(None, "agent", f"the agent stopped: {error}")
-                self._agent_stop = self.stop_reason = f"the agent has nothing more to propose ({error})"
-                return False
-            problem = self.validate(proposal, context)
-            if problem is None:
-                break
-            self.store.event(None, "refused", f"proposal {proposal.title!r} refused: {problem}")
-            log.warning("proposal %r refused: %s", proposal.title, problem)
-            context.seen_hashes.add(code_hash(proposal.train_py))
-            context.feedback.append(f"(conductor) your proposal {proposal.title!r} was refused: {problem}")
-        else:
-            self._agent_stop = self.stop_reason = (
-                f"the agent's last {self.config.max_refusals} proposals were all refused")
+    def room_for_proposal(self, main: Main) -> bool:
+        target = self.config.max_experiments or main.settings.max_experiments
+        if self.stop_reason or self.blocked or (target and self.store.count_experiments() >= target):
             return False
-        exp = self.store.add_experiment(title=proposal.title, hypothesis=proposal.hypothesis,
-                                        slug=proposal.slug, code_hash=code_hash(proposal.train_py),
-                                        train_py=proposal.train_py, meta=proposal.meta,
-                                        base_sha=context.main_sha)  # the main the agent read
-        log.info("experiment %s proposed: %s", exp.id, exp.title)
-        self.advance(exp)
-        return True
+        waiting = self.store.count_runs(RunState.QUEUED, RunState.RUNNING)
+        unqueued = sum(len(self.store.experiments(state=s)) for s in (State.PROPOSED, State.BRANCHED))
+        return self.runner.slots + self.config.lookahead - waiting - unqueued > 0
 
-    def validate(self, proposal: Proposal, context: ProposalContext) -> str | None:
+    def propose(self, main: Main) -> None:
+        """Collect the agent's answer if there is one; ask again or afresh when there is room."""
+        proposing = self.store.experiments(state=State.PROPOSING)
+        if proposing:
+            exp = proposing[0]
+            if self._pending is None or self._pending.exp_id != exp.id:
+                self._pending = _Pending(exp.id)
+            answer = self.worker.answer(exp.id)
+            if answer is not None:
+                self._take_answer(exp, answer, main)
+            elif not self.worker.busy(exp.id) and (exp.retry_at or 0) <= self.clock() and not self.stop_reason:
+                self._ask(exp, main)
+            return
+        if self.room_for_proposal(main):
+            exp = self.store.start_proposing(main.sha)
+            self._pending = _Pending(exp.id)
+            self._ask(exp, main)
+
+    def _ask(self, exp: Experiment, main: Main) -> None:
+        if exp.base_sha != main.sha:
+            exp = self.store.update_experiment(exp.id, base_sha=main.sha)
+        self.worker.ask(exp.id, self.context(main))
+
+    def _take_answer(self, exp: Experiment, answer: Proposal | BaseException, main: Main) -> None:
+        pending = self._pending or _Pending(exp.id)
+        if isinstance(answer, AgentError):
+            self.store.withdraw_proposing(exp.id, f"the agent has nothing more to propose ({answer})")
+            self._agent_stop = f"the agent has nothing more to propose ({answer})"
+            return
+        if isinstance(answer, BaseException):
+            failures = exp.failures + 1
+            wait = self._backoff(failures)
+            self.store.update_experiment(exp.id, failures=failures, retry_at=self.clock() + wait,
+                                         event=f"the agent failed ({type(answer).__name__}: {answer}); "
+                                               f"asking again in {wait:.0f}s (failure {failures})")
+            log.warning("agent failed (%s: %s); retrying in %.0fs", type(answer).__name__, answer, wait)
+            return
+        problem = self.validate(answer, main, pending.seen)
+        if problem is None:
+            exp = self.store.fill_proposal(exp.id, title=answer.title, hypothesis=answer.hypothesis,
+                                           slug=answer.slug, code_hash=code_hash(answer.train_py),
+                                           train_py=answer.train_py, meta=answer.meta)
+            log.info("experiment %s proposed: %s", exp.id, exp.title)
+            self._pending = None
+            self._advance_safely(exp, main)
+            return
+        refusals = exp.failures + 1
+        self.store.update_experiment(exp.id, failures=refusals)
+        self.store.event(None, "refused", f"proposal {answer.title!r} refused: {problem}")
+        log.warning("proposal %r refused: %s", answer.title, problem)
+        pending.seen.add(code_hash(answer.train_py))
+        pending.notes.append(f"(conductor) your proposal {answer.title!r} was refused: {problem}")
+        if refusals >= self.config.max_refusals:
+            reason = f"the agent's last {refusals} proposals were all refused"
+            self.store.withdraw_proposing(exp.id, reason)
+            self._agent_stop = reason
+            return
+        if not self.stop_reason:
+            self._ask(self.store.experiment(exp.id), main)
+
+    def validate(self, proposal: Proposal, main: Main, seen: set[str]) -> str | None:
         if not proposal.title.strip():
             return "it has no title"
         try:
@@ -244,114 +357,156 @@ class Conductor:
         except SyntaxError as error:
             return f"train.py does not compile: {error.msg} (line {error.lineno})"
         digest = code_hash(proposal.train_py)
-        if digest == code_hash(context.train_py):
+        if digest == main.code:
             return "train.py is identical to main's"
-        if digest in context.seen_hashes:
+        if digest in seen or digest in self.store.seen_code_hashes():
             earlier = self.store.experiment_by_code(digest)
             return f"it repeats experiment {earlier.id} ({earlier.title!r})" if earlier else "it repeats an earlier run"
         return None
 
-    def context(self) -> ProposalContext:
-        sha, text, code, program = self._main()
-        main_values = self.measurements(code)
+    def context(self, main: Main) -> ProposalContext:
+        values = self.main_values(main.code)
         done = self.store.experiments()
         history = [HistoryEntry(id=e.id, title=e.title, hypothesis=e.hypothesis,
                                 status=e.status or "running", val_bpb=e.val_bpb, delta=e.delta,
-                                code_hash=e.code_hash, meta=e.meta, error_tail=e.error_tail) for e in done]
-        finished = [e for e in done if e.state == "done"]
-        last_crash = finished[-1].error_tail if finished and finished[-1].status == "crash" else None
-        return ProposalContext(program_md=program.instructions, train_py=text, main_sha=sha,
-                               main_val_bpb=statistics.fmean(main_values) if main_values else None,
-                               history=history, feedback=self.store.recent_feedback(), last_crash=last_crash,
-                               seen_hashes=self.store.seen_code_hashes() | {code},
+                                code_hash=e.code_hash or "", meta=e.meta, error_tail=e.error_tail) for e in done]
+        finished = [e for e in done if e.state == State.DONE]
+        last_crash = finished[-1].error_tail if finished and finished[-1].status == Status.CRASH else None
+        notes = self._pending.notes if self._pending else []
+        seen = self._pending.seen if self._pending else set()
+        return ProposalContext(program_md=main.instructions, train_py=main.train_py, main_sha=main.sha,
+                               main_val_bpb=statistics.fmean(values) if values else None, history=history,
+                               feedback=self.store.recent_feedback() + notes, last_crash=last_crash,
+                               seen_hashes=self.store.seen_code_hashes() | seen | {main.code},
                                profile=self.profile.name, device_kind=self.profile.device)
 
     # --- the state machine -----------------------------------------------------------------------
-    def advance(self, exp: Experiment) -> None:
+    def _advance_safely(self, exp: Experiment, main: Main) -> None:
+        """Advance one experiment; a failure stays with it (retried with backoff, then failed)."""
+        if exp.retry_at and exp.retry_at > self.clock():
+            return
+        try:
+            self.advance(exp, main)
+        except Exception as error:  # noqa: BLE001 - one experiment's failure must not stop the loop
+            exp = self.store.experiment(exp.id)
+            failures = exp.failures + 1
+            what = f"{type(error).__name__}: {error}"
+            if failures >= self.config.step_retries:
+                self._cancel_runs(exp, "its experiment failed")
+                self.store.update_experiment(exp.id, state=State.DONE, status=Status.FAILED, failures=failures,
+                                             reason=f"its {exp.state} step failed {failures} times; last: {what}",
+                                             event=f"failed: the {exp.state} step failed {failures} times ({what})")
+                log.error("experiment %s failed at %s: %s", exp.id, exp.state, what)
+                return
+            wait = self._backoff(failures)
+            self.store.update_experiment(exp.id, failures=failures, retry_at=self.clock() + wait,
+                                         event=f"the {exp.state} step failed ({what}); retrying in {wait:.0f}s")
+            log.warning("experiment %s: %s step failed (%s); retrying in %.0fs", exp.id, exp.state, what, wait)
+
+    def _backoff(self, failures: int) -> float:
+        return min(self.config.retry_max_s, self.config.retry_base_s * 2 ** (failures - 1))
+
+    def advance(self, exp: Experiment, main: Main) -> None:
         """Do the next step of one experiment (and the steps after it that need no waiting)."""
-        while exp.state != "done":
+        while exp.state != State.DONE:
             step = getattr(self, f"_step_{exp.state}")
-            after = step(exp)
+            after = step(exp, main)
             if after is None:
                 return
             exp = after
 
-    def _step_proposed(self, exp: Experiment) -> Experiment:
+    def _step_proposed(self, exp: Experiment, main: Main) -> Experiment:
         head = self.forge.create_branch(exp.branch, exp.base_sha, {ASSET: exp.train_py},
                                         f"{exp.title}\n\n{exp.hypothesis}\n\nautoresearch-experiment: {exp.id}")
-        return self.store.update_experiment(exp.id, state="branched", head_sha=head,
+        return self.store.update_experiment(exp.id, state=State.BRANCHED, head_sha=head,
                                             event=f"pushed {exp.branch} at {head[:7]}")
 
-    def _step_branched(self, exp: Experiment) -> Experiment:
+    def _step_branched(self, exp: Experiment, main: Main) -> Experiment:
         self.store.add_run(experiment_id=exp.id, purpose="candidate", code_hash=exp.code_hash,
                            commit_sha=exp.head_sha or "", base_sha=exp.base_sha, asset=exp.train_py,
-                           profile=self.profile.name, experiment_fields={"state": "measuring"})
+                           profile=self.profile.name, experiment_fields={"state": State.MEASURING})
         return self.store.experiment(exp.id)
 
-    def _step_measuring(self, exp: Experiment) -> Experiment | None:
-        runs = [r for r in self.store.runs(experiment_id=exp.id)
-                if r.code_hash == exp.code_hash and r.base_sha == exp.base_sha and r.state != "lost"]
-        if any(r.state in ("queued", "running") for r in runs):
+    def _step_measuring(self, exp: Experiment, main: Main) -> Experiment | None:
+        runs = [r for r in self.store.runs(experiment_id=exp.id) if r.code_hash == exp.code_hash]
+        waiting = [r for r in runs if r.state in (RunState.QUEUED, RunState.RUNNING)]
+        if exp.base_sha != main.sha:
+            if self.code_at(exp.base_sha) == main.code:  # main moved, its train.py did not (program.md)
+                head = self.forge.rebase_branch(exp.branch, main.sha, ASSET)
+                return self.store.update_experiment(exp.id, base_sha=main.sha, head_sha=head,
+                                                    event=f"followed main to {main.sha[:7]} (train.py unchanged)")
+            if any(r.state == RunState.RUNNING for r in waiting):
+                return None  # let it finish: the judge sends it to a re-measure
+            self._cancel_runs(exp, f"main moved to {main.sha[:7]} before it ran")
+            waiting = []
+        if waiting:
             return None
-        counted = self.counted(runs)
-        if not counted:  # its runs were measured under another harness or data: measure again
-            self._requeue(exp, "candidate", "no run under the current harness and data")
-            return None
+        counted = [r for r in runs if r.state == RunState.DONE]
         crash = next((r for r in counted if r.status == "crash"), None)
-        main_sha, _, main_code = self.main_asset()
-        decision = decide(candidate=[r.val_bpb for r in counted if r.status == "ok"],
-                          crash=(crash.error or "crashed") if crash else None,
-                          main=self.measurements(main_code), sigma=self.noise_sigma(),
-                          measured_on=exp.base_sha, current_main=main_sha,
-                          config=JudgeConfig(**self._judge_settings()))
+        candidate = [r.val_bpb for r in counted if r.status == "ok" and r.val_bpb is not None and self._counts(r)]
+        if not candidate and crash is None and exp.base_sha == main.sha:
+            self._requeue(exp, "candidate", "no run under the pinned harness and data")
+            return None
+        decision = decide(candidate=candidate, crash=(crash.error or "crashed") if crash else None,
+                          main=self.main_values(main.code), noise=self.noise(), measured_on=exp.base_sha,
+                          current_main=main.sha, config=self._judge_config(main.settings))
         if decision.action == "wait":
             return None
         if decision.action == "confirm":
             self._requeue(exp, "confirm", decision.reason)
+            for _ in range(decision.extra_main_runs):
+                self._queue_main_run(main, f"beside the confirmation of experiment {exp.id}")
             return None
         if decision.action == "remeasure":
-            return self.store.update_experiment(exp.id, state="rebasing", event=decision.reason)
-        numbers = dict(val_bpb=decision.val_bpb, delta=decision.delta, reason=decision.reason)
+            return self.store.update_experiment(exp.id, state=State.REBASING, event=decision.reason)
+        numbers = dict(val_bpb=decision.val_bpb, delta=decision.delta, margin=decision.margin, reason=decision.reason)
         if decision.action == "keep":
-            return self.store.update_experiment(exp.id, state="merging", event=decision.reason, **numbers)
-        status = "crash" if decision.action == "crash" else "discard"
+            meta = dict(exp.meta, main_code=main.code, main_val_bpb=statistics.fmean(self.main_values(main.code)),
+                        runs=len(candidate))
+            return self.store.update_experiment(exp.id, state=State.MERGING, meta=meta, event=decision.reason,
+                                                **numbers)
+        status = Status.CRASH if decision.action == "crash" else Status.DISCARD
         error_tail = _error_tail(crash) if crash else None
-        return self.store.update_experiment(exp.id, state="closing", status=status, error_tail=error_tail,
+        return self.store.update_experiment(exp.id, state=State.CLOSING, status=status, error_tail=error_tail,
                                             event=decision.reason, **numbers)
 
-    def _step_rebasing(self, exp: Experiment) -> Experiment:
-        main_sha, _, main_code = self.main_asset()
+    def _step_rebasing(self, exp: Experiment, main: Main) -> Experiment:
         try:
-            head = self.forge.rebase_branch(exp.branch, main_sha, ASSET)
+            head = self.forge.rebase_branch(exp.branch, main.sha, ASSET)
         except MergeConflict as error:
             return self.store.update_experiment(
-                exp.id, state="closing", status="discard", val_bpb=None, delta=None,
-                reason=f"its change to train.py conflicts with main {main_sha[:7]}: {error}", event="conflict")
+                exp.id, state=State.CLOSING, status=Status.DISCARD, val_bpb=None, delta=None,
+                reason=f"its change to train.py conflicts with main {main.sha[:7]}: {error}", event="conflict")
         text = self.forge.read_file(head, ASSET)
-        if code_hash(text) == main_code:
-            return self.store.update_experiment(exp.id, state="closing", status="discard", val_bpb=None,
+        if code_hash(text) == main.code:
+            return self.store.update_experiment(exp.id, state=State.CLOSING, status=Status.DISCARD, val_bpb=None,
                                                 delta=None, reason="main already holds this change",
                                                 event="already in main")
         self.store.add_run(experiment_id=exp.id, purpose="remeasure", code_hash=code_hash(text), commit_sha=head,
-                           base_sha=main_sha, asset=text, profile=self.profile.name,
-                           reason=f"rebased onto main {main_sha[:7]}",
-                           experiment_fields={"state": "measuring", "base_sha": main_sha, "head_sha": head,
+                           base_sha=main.sha, asset=text, profile=self.profile.name,
+                           reason=f"rebased onto main {main.sha[:7]}",
+                           experiment_fields={"state": State.MEASURING, "base_sha": main.sha, "head_sha": head,
                                               "train_py": text, "code_hash": code_hash(text)})
         return self.store.experiment(exp.id)
 
-    def _step_merging(self, exp: Experiment) -> Experiment:
-        message = (f"{exp.title} (val_bpb {exp.val_bpb:.6f}, {exp.delta:+.6f})\n\n{exp.hypothesis}\n\n"
-                   f"{exp.reason}\n\nautoresearch-experiment: {exp.id}\nautoresearch-val-bpb: {exp.val_bpb:.6f}")
+    def _step_merging(self, exp: Experiment, main: Main) -> Experiment:
+        runs = exp.meta.get("runs", 1)
+        message = (f"{exp.title} (val_bpb {exp.val_bpb:.6f}, {exp.delta:+.6f} vs main)\n\n{exp.hypothesis}\n\n"
+                   f"{exp.reason}\n\nval_bpb is the mean of its {runs} run{'s' if runs != 1 else ''}; the new main "
+                   f"is measured afresh, and that re-measured delta is the one to quote.\n\n"
+                   f"autoresearch-experiment: {exp.id}\nautoresearch-val-bpb: {exp.val_bpb:.6f}")
         try:
             merged = self.forge.merge(exp.branch, exp.base_sha, message)
         except MainMoved as error:
-            return self.store.update_experiment(exp.id, state="rebasing", event=f"main moved before the merge: {error}")
-        return self.store.update_experiment(exp.id, state="closing", status="keep", merged_sha=merged,
+            return self.store.update_experiment(exp.id, state=State.REBASING,
+                                                event=f"main moved before the merge: {error}")
+        self._merged = True
+        return self.store.update_experiment(exp.id, state=State.CLOSING, status=Status.KEEP, merged_sha=merged,
                                             event=f"merged into main as {merged[:7]}")
 
-    def _step_closing(self, exp: Experiment) -> Experiment:
-        self.forge.close(exp.branch, exp.status or "discard")
-        exp = self.store.update_experiment(exp.id, state="done", event=f"{exp.status}: {exp.reason}")
+    def _step_closing(self, exp: Experiment, main: Main) -> Experiment:
+        self.forge.close(exp.branch, exp.status or Status.DISCARD)
+        exp = self.store.update_experiment(exp.id, state=State.DONE, event=f"{exp.status}: {exp.reason}")
         log.info("experiment %s %s: %s", exp.id, exp.status, exp.reason)
         results.export_tsv(self.store, self.results_tsv)
         return exp
@@ -362,51 +517,192 @@ class Conductor:
                            commit_sha=exp.head_sha or "", base_sha=exp.base_sha, asset=exp.train_py,
                            profile=self.profile.name, reason=reason)
 
-    def _judge_settings(self) -> dict[str, Any]:
-        settings = self.program().settings
-        return dict(noise_sigmas=settings.noise_sigmas, min_margin=settings.min_margin, confirm=settings.confirm)
+    def _cancel_runs(self, exp: Experiment, why: str) -> None:
+        for run in self.store.runs(experiment_id=exp.id):
+            if run.state in (RunState.QUEUED, RunState.RUNNING):
+                if run.state == RunState.RUNNING:
+                    self.runner.cancel(run.id)
+                self.store.set_aside_run(run.id, RunState.CANCELLED, why, rerun=False)
+
+    def _judge_config(self, settings: LoopSettings) -> JudgeConfig:
+        return JudgeConfig(noise_sigmas=settings.noise_sigmas, confirm_sigmas=settings.confirm_sigmas,
+                           confirm_below=settings.confirm_below, min_margin=settings.min_margin,
+                           confirm=settings.confirm)
 
     # --- runs ------------------------------------------------------------------------------------
-    def dispatch(self) -> None:
+    def dispatch(self, main: Main) -> None:
         """Start queued runs on free slots: baselines first, then re-measures, confirmations, candidates."""
-        queued = sorted(self.store.runs(state="queued"), key=lambda r: (RUN_PRIORITY[r.purpose], r.id))
-        for run in queued[: max(0, self.runner.free_slots())]:
-            self.store.mark_run_started(run.id, self.runner.handle(run.id))
-            self.runner.start(Job(run_id=run.id, asset=run.asset, profile=run.profile, seed=run.seed,
-                                  commit=run.commit_sha))
+        free = self.runner.slots - self.store.count_runs(RunState.RUNNING)
+        if free <= 0:
+            return
+        queued = sorted(self.store.runs(state=RunState.QUEUED), key=lambda r: (RUN_PRIORITY[r.purpose], r.id))
+        for run in queued[:free]:
+            handle = self.runner.submit(self._job(run))  # idempotent by run id: safe before the write
+            self.store.mark_run_started(run.id, handle)
             log.info("run %s (%s) started", run.id, run.purpose)
 
+    def _job(self, run: Run) -> Job:
+        return Job(run_id=run.id, asset=run.asset, profile=run.profile, seed=run.seed, commit=run.commit_sha)
+
     def collect(self) -> None:
-        for result in self.runner.poll():
-            run = self.store.finish_run(result.run_id, status=result.status, val_bpb=result.val_bpb,
-                                        metrics=result.metrics, error=result.error, log_tail=result.log_tail)
-            log.info("run %s finished: %s %s", run.id, run.status,
-                     f"val_bpb {run.val_bpb:.6f}" if run.val_bpb is not None else (run.error or ""))
-            if run.experiment_id is not None:
-                self.advance(self.store.experiment(run.experiment_id))
+        """Ask the runner about every running run; record what finished, re-run what was lost."""
+        for run in self.store.runs(state=RunState.RUNNING):
+            status = self.runner.lookup(run.id)
+            if status.state in ("queued", "running"):
+                self.progress[run.id] = status.progress or self.progress.get(run.id, {})
+                continue
+            self.progress.pop(run.id, None)
+            if status.state == "unknown":  # written as started, never submitted: submit it now
+                self.store.mark_run_started(run.id, self.runner.submit(self._job(run)))
+            elif status.state == "lost":
+                self.store.set_aside_run(run.id, RunState.LOST, status.detail or "the runner lost it")
+                log.warning("run %s lost: %s", run.id, status.detail)
+            else:
+                assert status.result is not None
+                self._record(run, status.result)
+            self._values = None
+
+    def _record(self, run: Run, result: RunResult) -> None:
+        kept = dict(status=result.status, val_bpb=result.val_bpb, metrics=result.metrics, log_tail=result.log_tail)
+        problem = self.check_result(run, result)
+        if problem is not None:
+            refused = [r for r in self.store.runs(code_hash=run.code_hash) if r.state == RunState.REFUSED]
+            again = len(refused) + 1 < MAX_REFUSED_RESULTS
+            self.store.set_aside_run(run.id, RunState.REFUSED, f"result refused: {problem}", rerun=again, result=kept)
+            log.error("run %s: result refused: %s", run.id, problem)
+            if not again:
+                self._give_up_on(run, f"{MAX_REFUSED_RESULTS} results for it were refused; the last: {problem}")
+            return
+        disturbed = self.disturbed(run, result)
+        if disturbed is not None:
+            self.store.set_aside_run(run.id, RunState.DISTURBED, disturbed, result=kept)
+            log.warning("run %s: %s; running it again", run.id, disturbed)
+            return
+        run = self.store.finish_run(run.id, status=result.status, val_bpb=result.val_bpb, metrics=result.metrics,
+                                    error=result.error, log_tail=result.log_tail)
+        log.info("run %s finished: %s %s", run.id, run.status,
+                 f"val_bpb {run.val_bpb:.6f}" if run.val_bpb is not None else (run.error or ""))
+        self._values = None
+        if run.experiment_id is None:
+            self._note_remeasured_delta(run.code_hash)
+
+    def check_result(self, run: Run, result: RunResult) -> str | None:
+        """Why a result may not count for `run`, or None: it must answer this job, with this code,
+        measured under the pinned identity."""
+        if result.run_id != run.id:
+            return f"it answers run {result.run_id}, not run {run.id}"
+        reported = result.metrics.get("asset_sha256")
+        if reported and reported != asset_sha256(run.asset):
+            return "it measured another train.py than the one queued (asset sha256 differs)"
+        if result.status != "ok":
+            return None  # a crash carries no measurement to compare
+        if not reported:
+            return "it does not say which train.py it measured (no asset_sha256)"
+        for key in IDENTITY_KEYS:
+            if result.metrics.get(key) != self.config.identity[key]:
+                return (f"its {key} is {result.metrics.get(key)!r} but this work directory measures under "
+                        f"{self.config.identity[key]!r}")
+        return None
+
+    def disturbed(self, run: Run, result: RunResult) -> str | None:
+        """Why this run's number says more about a busy machine than about its train.py, or None.
+        A CPU run's budget is CPU time, but a neighbour still slows it; one that got far less of its
+        cores than main's recent runs did is run again once (the re-run counts whatever it gets)."""
+        share = result.metrics.get("cpu_share")
+        if result.status != "ok" or run.rerun_of is not None or result.metrics.get("clock") != "cpu" or not share:
+            return None
+        shares = [s for s in (r.metrics.get("cpu_share") for r in self._recent_main_runs()) if s]
+        if not shares:
+            return None
+        usual = statistics.median(shares)
+        if share < self.config.disturbed_share * usual:
+            return (f"disturbed: it got {share:.0%} of its CPU cores against {usual:.0%} for main's recent runs "
+                    "(another process was busy on this machine)")
+        return None
+
+    def _recent_main_runs(self, limit: int = 6) -> list[Run]:
+        return self.store.latest_ok_runs("baseline", limit)
+
+    def _give_up_on(self, run: Run, why: str) -> None:
+        if run.experiment_id is None:
+            self._block(self.read_main(), f"main's runs cannot be measured: {why}. Check that the runner runs "
+                        "this harness and data.")
+            return
+        exp = self.store.experiment(run.experiment_id)
+        if exp.state != State.DONE:
+            self._cancel_runs(exp, "its experiment failed")
+            self.store.update_experiment(exp.id, state=State.DONE, status=Status.FAILED, reason=why,
+                                         event=f"failed: {why}")
+
+    def _note_remeasured_delta(self, code: str) -> None:
+        """Once a kept experiment's new main has its fresh baseline, record the unselected delta."""
+        values = self.main_values(code)
+        if len(values) < self.read_main().settings.baseline_runs:
+            return
+        for exp in self.store.experiments(state=State.DONE):
+            if exp.status == Status.KEEP and exp.code_hash == code and exp.remeasured_delta is None:
+                old = self.main_values(exp.meta.get("main_code", ""))
+                if old:
+                    delta = statistics.fmean(values) - statistics.fmean(old)
+                    self.store.update_experiment(exp.id, remeasured_delta=delta,
+                                                 event=f"re-measured: the new main's fresh baseline is {delta:+.6f} "
+                                                       f"against the old main's ({len(values)} run(s))")
+
+    def _block(self, main: Main, message: str) -> None:
+        self._blocked_code = main.code
+        if self.blocked != message:
+            self.blocked = message
+            self.store.event(None, "blocked", message)
+            log.error("%s", message)
+
+    # --- identity --------------------------------------------------------------------------------
+    def _pin_identity(self) -> None:
+        """Fix what makes runs comparable for this work directory. Another profile is refused; a
+        changed harness or data starts a new baseline, said in an event."""
+        current = {k: self.config.identity[k] for k in IDENTITY_KEYS}
+        stored_text = self.store.get_setting("identity")
+        if stored_text is None:
+            self.store.set_setting("identity", json.dumps(current))
+            self.store.event(None, "identity", f"measuring under profile {current['profile']}, harness "
+                             f"{current['harness_hash']}, data {current['data_fingerprint']}")
+            return
+        stored = json.loads(stored_text)
+        if stored.get("profile") != current["profile"]:
+            raise ConductorError(
+                f"this work directory measures with profile {stored.get('profile')!r}, not {current['profile']!r}: "
+                f"their numbers do not compare. Use --profile {stored.get('profile')} here, or another --workdir "
+                f"for {current['profile']!r}.")
+        changed = [f"{k} {stored.get(k)} -> {current[k]}" for k in IDENTITY_KEYS[1:] if stored.get(k) != current[k]]
+        if changed:
+            self.store.set_setting("identity", json.dumps(current))
+            self.store.event(None, "identity", f"the measurement changed ({'; '.join(changed)}): earlier runs no "
+                             "longer count, main is measured afresh and open experiments are measured again")
+            log.warning("measurement identity changed: %s", "; ".join(changed))
+
+    def _counts(self, run: Run) -> bool:
+        ident = self.config.identity
+        return (run.profile == ident["profile"] and run.harness_hash == ident["harness_hash"]
+                and run.data_fingerprint == ident["data_fingerprint"])
 
     # --- reporting -------------------------------------------------------------------------------
     def in_flight(self) -> list[dict[str, Any]]:
         """The runs now running, with their latest progress, for a live display."""
         rows = []
-        for run in self.store.runs(state="running"):
+        for run in self.store.runs(state=RunState.RUNNING):
             exp = self.store.experiment(run.experiment_id) if run.experiment_id else None
             rows.append({"run": run.id, "purpose": run.purpose, "experiment": exp.id if exp else None,
-                         "title": exp.title if exp else "baseline of main",
-                         "progress": self.runner.progress(run.id) or {}})
+                         "title": exp.title if exp else "baseline of main", "progress": self.progress.get(run.id) or {}})
         return rows
 
     def summary(self) -> Summary:
-        done = self.store.experiments(active=False)
-        baseline = results.baseline_val_bpb(self.store)
-        main_values = self.measurements(self.main_asset()[2])
-        kept = [e for e in done if e.status == "keep" and e.val_bpb is not None]
-        best = statistics.fmean(main_values) if main_values else (kept[-1].val_bpb if kept else baseline)
-        return Summary(experiments=len(done), kept=sum(e.status == "keep" for e in done),
-                       discarded=sum(e.status == "discard" for e in done),
-                       crashed=sum(e.status == "crash" for e in done), baseline_val_bpb=baseline,
-                       best_val_bpb=best,
-                       results_tsv=self.results_tsv, stop_reason=self.stop_reason)
+        counts = self.store.counts_by_status()
+        main = self.read_main()
+        values = self.main_values(main.code)
+        return Summary(experiments=sum(counts.values()), kept=counts.get(Status.KEEP, 0),
+                       discarded=counts.get(Status.DISCARD, 0), crashed=counts.get(Status.CRASH, 0),
+                       failed=counts.get(Status.FAILED, 0), baseline_val_bpb=results.baseline_val_bpb(self.store),
+                       best_val_bpb=statistics.fmean(values) if values else None, results_tsv=self.results_tsv,
+                       stop_reason=self.blocked or self.stop_reason)
 
 
 def _error_tail(run: Run, lines: int = 20) -> str:

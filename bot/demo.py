@@ -8,7 +8,10 @@
     <workdir>/results.tsv  the reference's results table
     <workdir>/conductor.log
 
-and runs the conductor over it with a live display. Running it again resumes.
+and drives the conductor over it (bot.driver) with a live display in a terminal, and one printed
+line per event either way (so `make demo > file`, CI and nohup show progress). A work directory
+measures one profile. Running it again resumes; `autoresearch steer/pause/resume` reach it while it
+runs, through the store's inbox.
 """
 
 from __future__ import annotations
@@ -29,9 +32,11 @@ from rich.text import Text
 from bot import results
 from bot.agent.explorer import OfflineExplorer
 from bot.conductor import Conductor, ConductorConfig, Summary
+from bot.driver import Driver
 from bot.forge.local import init_research_repo
 from bot.runners.local import LocalRunner
 from bot.store import Store
+from runner.identity import measurement_identity
 from runner.prepare import prepare
 from runner.profiles import get_profile
 
@@ -78,13 +83,23 @@ def lock_workdir(workdir: Path) -> TextIO:
     return handle
 
 
+def check_workdir(workdir: Path) -> Path:
+    """The work directory as an absolute path (run directories are stored that way), refused
+    clearly when it cannot be one. Creates nothing."""
+    workdir = workdir.expanduser().resolve()
+    if workdir.exists() and not workdir.is_dir():
+        raise NotADirectoryError(f"{workdir} is a file, not a work directory: choose another --workdir")
+    return workdir
+
+
 def build_conductor(options: DemoOptions, console: Console | None = None) -> tuple[Conductor, Store, LocalRunner]:
     workdir = options.workdir
     prepare(options.profile, options.data, progress=console is not None)
     forge = init_research_repo(workdir / "repo", seed_files())
     store = Store(workdir / "state.db")
     runner = LocalRunner(workdir / "runs", slots=options.slots, data=options.data)
-    config = ConductorConfig(profile=options.profile, max_experiments=options.experiments)
+    config = ConductorConfig(profile=options.profile, identity=measurement_identity(options.profile, options.data),
+                             max_experiments=options.experiments)
     conductor = Conductor(store, forge, runner, OfflineExplorer(seed=options.seed), config,
                           results_tsv=workdir / "results.tsv")
     return conductor, store, runner
@@ -92,7 +107,8 @@ def build_conductor(options: DemoOptions, console: Console | None = None) -> tup
 
 def run_demo(options: DemoOptions, console: Console | None = None) -> Summary:
     console = console or Console()
-    options.workdir = options.workdir.resolve()  # run directories are stored as absolute paths
+    get_profile(options.profile)  # an unknown profile is refused before anything is created
+    options.workdir = check_workdir(options.workdir)
     options.workdir.mkdir(parents=True, exist_ok=True)
     lock = lock_workdir(options.workdir)
     _log_to(options.workdir / "conductor.log")
@@ -108,18 +124,43 @@ def _run_locked(options: DemoOptions, console: Console) -> Summary:
     console.print(f"[bold]autoresearch demo[/]: profile [cyan]{options.profile}[/] ({budget:.0f}s per run), "
                   f"{options.experiments} experiments, {options.slots} slot(s), work directory {options.workdir}")
     started = time.time()
+    printer = EventPrinter(store, console)
     try:
+        conductor.start()
         if options.live:
-            with Live(console=console, refresh_per_second=4, transient=False) as live:
-                conductor.on_update = lambda c: live.update(render_status(c, options, started))
-                summary = conductor.run()
+            with Live(console=console, refresh_per_second=4, transient=True) as live:
+                def show(c: Conductor) -> None:
+                    printer.print_new()
+                    live.update(render_status(c, options, started))
+                summary = Driver(conductor, timer_s=2.0, on_pass=show, on_wait=show).run()
         else:
-            summary = conductor.run()
+            summary = Driver(conductor, timer_s=2.0, on_pass=lambda c: printer.print_new()).run()
+        printer.print_new()
     finally:
         runner.shutdown()
         store.close()
     console.print(render_summary(summary, time.time() - started))
     return summary
+
+
+class EventPrinter:
+    """Prints each new event of the store once, as one line."""
+
+    KINDS = ("proposed", "queued", "disturbed", "lost", "refused", "done", "failed", "blocked", "error",
+             "identity", "settings_error", "inbox", "agent", "re-measured")
+
+    def __init__(self, store: Store, console: Console) -> None:
+        self.store = store
+        self.console = console
+        self.last = store.db.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0]
+
+    def print_new(self) -> None:
+        for event in self.store.events(after=self.last):
+            self.last = event["id"]
+            where = f"#{event['experiment_id']} " if event["experiment_id"] is not None else ""
+            stamp = time.strftime("%H:%M:%S", time.localtime(event["at"]))
+            self.console.print(f"{stamp} {where}{event['kind']}: {event['message']}", markup=False,
+                               highlight=False, soft_wrap=True)
 
 
 def render_status(conductor: Conductor, options: DemoOptions, started: float) -> Group:
@@ -148,9 +189,10 @@ def render_summary(summary: Summary, wall_s: float) -> Table:
     table.add_column("what", style="bold")
     table.add_column("value")
     table.add_row("experiments", str(summary.experiments))
-    table.add_row("kept / discarded / crashed", f"{summary.kept} / {summary.discarded} / {summary.crashed}")
+    table.add_row("kept / discarded / crashed / failed",
+                  f"{summary.kept} / {summary.discarded} / {summary.crashed} / {summary.failed}")
     table.add_row("baseline val_bpb", _fmt(summary.baseline_val_bpb))
-    table.add_row("best val_bpb (main)", _fmt(summary.best_val_bpb))
+    table.add_row("main's val_bpb now (its own runs)", _fmt(summary.best_val_bpb))
     table.add_row("stopped because", summary.stop_reason or "-")
     table.add_row("wall time", f"{wall_s:.0f}s")
     table.add_row("results.tsv", str(summary.results_tsv))
@@ -159,15 +201,37 @@ def render_summary(summary: Summary, wall_s: float) -> Table:
 
 def results_table(store: Store) -> Table:
     table = Table(title="experiments")
-    for column in ("#", "commit", "val_bpb", "delta", "mem GB", "runs", "status", "description"):
+    for column in ("#", "commit", "val_bpb", "delta", "margin", "re-measured", "steps", "tok/s", "mem GB", "runs",
+                   "status", "description"):
         table.add_column(column)
-    colours = {"keep": "green", "discard": "yellow", "crash": "red"}
+    colours = {"keep": "green", "discard": "yellow", "crash": "red", "failed": "red"}
     for row in results.rows(store):
-        table.add_row(str(row["id"]), row["commit"], _fmt(row["val_bpb"]),
-                      "" if row["delta"] is None else f"{row['delta']:+.6f}", f"{row['memory_gb']:.1f}",
-                      str(row["runs"]), f"[{colours.get(row['status'], 'white')}]{row['status']}[/]",
-                      row["description"])
+        table.add_row(str(row["id"]), row["commit"], _fmt(row["val_bpb"]), _signed(row["delta"]),
+                      _fmt(row["margin"]), _signed(row["remeasured_delta"]), _whole(row["steps"]),
+                      _whole(row["tokens_per_second"]), f"{row['memory_gb']:.1f}", str(row["runs"]),
+                      f"[{colours.get(row['status'], 'white')}]{row['status']}[/]", row["description"])
     return table
+
+
+def runs_table(store: Store) -> Table:
+    table = Table(title="runs")
+    for column in ("run", "exp", "purpose", "state", "val_bpb", "steps", "tok/s", "cpu share", "seconds", "note"):
+        table.add_column(column)
+    for row in results.run_rows(store):
+        share = row["cpu_share"]
+        table.add_row(str(row["run"]), str(row["experiment"] or "main"), row["purpose"], row["state"],
+                      _fmt(row["val_bpb"]), _whole(row["steps"]), _whole(row["tokens_per_second"]),
+                      "-" if share is None else f"{share:.0%}", _whole(row["seconds"]),
+                      (row["note"] or "").strip().splitlines()[-1][:80] if row["note"] else "")
+    return table
+
+
+def _signed(value: float | None) -> str:
+    return "" if value is None else f"{value:+.6f}"
+
+
+def _whole(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
 
 
 def _fmt(value: float | None) -> str:

@@ -71,9 +71,15 @@ class ProposalContext:
     main_sha: str = ""  # the main commit train_py was read from: the experiment's base
 
 
+def asset_sha256(text: str) -> str:
+    """The exact bytes' identity of a train.py, as the harness records it in result.json."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
 @dataclass
 class Job:
-    """One time-boxed training run of one train.py under one profile."""
+    """One time-boxed training run of one train.py under one profile. The run id is the
+    conductor's: submitting the same id twice starts one run."""
 
     run_id: int
     asset: str  # the train.py text to run
@@ -81,10 +87,16 @@ class Job:
     seed: int
     commit: str = ""  # the git commit the asset came from, for the record
 
+    @property
+    def asset_sha256(self) -> str:
+        return asset_sha256(self.asset)
+
 
 @dataclass
 class RunResult:
-    """What a runner reports for a job: the harness's own measurement, never train.py's printout."""
+    """What a runner reports for a job: the harness's own measurement, never train.py's printout.
+    `metrics` holds everything result.json said (profile, harness_hash, data_fingerprint,
+    asset_sha256, steps, tokens/s, cpu_share...)."""
 
     run_id: int
     status: str  # ok | crash
@@ -92,3 +104,13 @@ class RunResult:
     metrics: dict[str, Any] = field(default_factory=dict)
     log_tail: str = ""
     error: str | None = None
+
+
+@dataclass
+class RunStatus:
+    """A runner's answer to lookup(run_id)."""
+
+    state: str  # queued | running | finished | lost | unknown
+    progress: dict[str, Any] | None = None  # running: the latest progress line (step, loss, ...)
+    result: RunResult | None = None  # finished: what it reported
+    detail: str = ""  # lost or unknown: why

@@ -3,7 +3,9 @@
 results.tsv has the reference's columns, tab-separated:
     commit  val_bpb  memory_gb  status  description
 with the baseline of the first main as its first row (status keep), then one row per finished
-experiment (status keep, discard or crash; a crash shows val_bpb 0.000000 and memory 0.0).
+experiment (status keep, discard, crash or failed; a crash or failure shows val_bpb 0.000000 and
+memory 0.0). The richer rows (delta, margin, re-measured delta, steps, tokens/s) and one row per
+run are for `autoresearch results`.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ TSV_COLUMNS = ["commit", "val_bpb", "memory_gb", "status", "description"]
 
 def _first_main_runs(store: Store) -> list[Run]:
     """The baseline runs of the first main measured (all of them, whatever their status)."""
-    baseline = [r for r in store.runs() if r.purpose == "baseline"]
+    baseline = [r for r in store.runs() if r.purpose == "baseline" and r.state == "done"]
     return [r for r in baseline if r.code_hash == baseline[0].code_hash] if baseline else []
 
 
@@ -37,16 +39,36 @@ def rows(store: Store) -> list[dict[str, Any]]:
     if first_main:
         same = [r for r in first_main if r.status == "ok"]
         out.append({"id": 0, "commit": first_main[0].commit_sha[:7], "val_bpb": baseline_val_bpb(store),
-                    "delta": None, "memory_gb": _memory_gb(same), "status": "keep", "runs": len(same),
+                    "delta": None, "margin": None, "remeasured_delta": None, "memory_gb": _memory_gb(same),
+                    "status": "keep", "runs": len(same), "steps": _mean_metric(same, "num_steps"),
+                    "tokens_per_second": _mean_metric(same, "tokens_per_second"),
                     "description": "baseline", "reason": "main as it was before any experiment"})
     for exp in store.experiments(active=False):
         runs = [r for r in store.runs(experiment_id=exp.id) if r.state == "done"]
-        crashed = exp.status == "crash"
+        crashed = exp.status in ("crash", "failed")
+        ok = [r for r in runs if r.status == "ok"]
         out.append({"id": exp.id, "commit": (exp.head_sha or "")[:7],
                     "val_bpb": None if crashed else exp.val_bpb, "delta": None if crashed else exp.delta,
+                    "margin": exp.margin, "remeasured_delta": exp.remeasured_delta,
                     "memory_gb": 0.0 if crashed else _memory_gb(runs), "status": exp.status,
-                    "runs": len(runs), "description": exp.title, "reason": exp.reason})
+                    "runs": len(runs), "steps": _mean_metric(ok, "num_steps"),
+                    "tokens_per_second": _mean_metric(ok, "tokens_per_second"),
+                    "description": exp.title, "reason": exp.reason})
     return out
+
+
+def run_rows(store: Store) -> list[dict[str, Any]]:
+    """One dict per run, set-aside runs included, with what the harness measured."""
+    return [{"run": r.id, "experiment": r.experiment_id, "purpose": r.purpose, "state": r.state,
+             "status": r.status, "val_bpb": r.val_bpb, "steps": r.metrics.get("num_steps"),
+             "tokens_per_second": r.metrics.get("tokens_per_second"), "cpu_share": r.metrics.get("cpu_share"),
+             "seconds": r.metrics.get("total_seconds"), "commit": r.commit_sha[:7], "note": r.note or r.error}
+            for r in store.runs()]
+
+
+def _mean_metric(runs: list[Run], key: str) -> float | None:
+    values = [r.metrics[key] for r in runs if isinstance(r.metrics.get(key), (int, float))]
+    return statistics.fmean(values) if values else None
 
 
 def to_tsv(store: Store) -> str:

@@ -6,15 +6,20 @@ program.md may start with a YAML block between two `---` lines holding an `autor
     autoresearch:
       max_experiments: 50      # stop proposing after this many experiments (0: no limit)
       target_val_bpb: 0.95     # stop once main reaches this val_bpb or lower
-      baseline_runs: 2         # how many times main is measured to estimate the noise
-      noise_sigmas: 2.0        # standard errors an improvement must clear to be kept
-      min_margin: 0.0          # absolute floor on that margin, in val_bpb
+      first_baseline_runs: 6   # measurements of the first main: the noise estimate starts here
+      baseline_runs: 2         # measurements of every later main (after a keep)
+      noise_sigmas: 2.25       # a single run must beat main by this many standard errors (Student-t)
+      confirm_sigmas: 2.0      # ... or, after a confirmation run, by this many
+      confirm_below: 1.25      # a single run this many standard errors better gets a confirmation
+      min_margin: 0.0          # absolute floor on the margin, in val_bpb
       confirm: true            # borderline improvements get one confirmation run
       paused: false            # true: finish what runs, propose nothing new
     ---
 
 Everything is optional; the text after the block is the agent's instructions. The file is read
-from main before every proposal, so a commit to program.md steers the next experiment.
+from main on every tick, so a commit to program.md steers the next experiment. A front matter
+that does not validate raises SettingsError; the conductor then keeps the last valid settings
+and records the error.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 
 class LoopSettings(BaseModel):
@@ -30,11 +35,22 @@ class LoopSettings(BaseModel):
 
     max_experiments: int = Field(0, ge=0)
     target_val_bpb: float | None = Field(None, gt=0)
+    first_baseline_runs: int = Field(6, ge=1, le=50)
     baseline_runs: int = Field(2, ge=1, le=20)
-    noise_sigmas: float = Field(2.0, ge=0)
+    noise_sigmas: float = Field(2.25, ge=0)
+    confirm_sigmas: float = Field(2.0, ge=0)
+    confirm_below: float = Field(1.25, ge=0)
     min_margin: float = Field(0.0, ge=0)
     confirm: bool = True
     paused: bool = False
+
+    @model_validator(mode="after")
+    def _noise_must_be_measurable(self) -> "LoopSettings":
+        if not self.confirm and min(self.baseline_runs, self.first_baseline_runs) < 2:
+            raise ValueError("with confirm: false, every main must be measured at least twice "
+                             "(first_baseline_runs and baseline_runs >= 2), or nothing tells a gain from "
+                             "run-to-run noise and pure noise would be kept; raise them or set confirm: true")
+        return self
 
 
 class SettingsError(ValueError):
@@ -70,7 +86,7 @@ def parse_program(text: str) -> Program:
     try:
         settings = LoopSettings.model_validate(data.get("autoresearch") or {})
     except ValidationError as error:
-        problems = "; ".join(f"autoresearch.{'.'.join(map(str, e['loc']))}: {e['msg']}"
+        problems = "; ".join(f"autoresearch{''.join('.' + str(part) for part in e['loc'])}: {e['msg']}"
                              for e in error.errors())
         raise SettingsError(f"program.md front matter: {problems}") from None
     return Program(settings, body)

@@ -1,8 +1,10 @@
-"""The store: every experiment, run, decision and piece of feedback, in SQLite (WAL).
+"""The store: every experiment, run, decision, inbox entry and piece of feedback, in SQLite (WAL).
 
 The conductor writes each transition here before it performs the side effect that follows, so a
-restarted conductor finds, for every experiment, the step it must (re)do. Nothing here calls git,
-a runner or an agent.
+restarted conductor finds, for every experiment, the step it must (re)do. External inputs (CLI
+commands now, webhook deliveries later) are written to the inbox by other processes and applied
+by the conductor exactly once. Nothing here calls git, a runner or an agent. The tables and their
+migrations live in bot.schema; the state names in bot.states.
 """
 
 from __future__ import annotations
@@ -18,72 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS experiments (
-    id INTEGER PRIMARY KEY,
-    state TEXT NOT NULL,            -- proposed | branched | measuring | rebasing | merging | closing | done
-    status TEXT,                    -- keep | discard | crash, once decided
-    title TEXT NOT NULL,
-    hypothesis TEXT NOT NULL,
-    branch TEXT NOT NULL UNIQUE,
-    code_hash TEXT NOT NULL,        -- of train_py; changes when a rebase merges in a new main
-    train_py TEXT NOT NULL,
-    meta TEXT NOT NULL DEFAULT '{}',
-    base_sha TEXT NOT NULL,         -- main commit the branch sits on
-    head_sha TEXT,                  -- branch head, once pushed
-    merged_sha TEXT,                -- main commit created by keeping it
-    val_bpb REAL,                   -- mean of its counted runs
-    delta REAL,                     -- val_bpb minus main's at the decision
-    reason TEXT,                    -- why it was kept, discarded or crashed
-    error_tail TEXT,
-    created_at REAL NOT NULL,
-    updated_at REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS runs (
-    id INTEGER PRIMARY KEY,
-    experiment_id INTEGER REFERENCES experiments(id),  -- NULL: a baseline run of main
-    purpose TEXT NOT NULL,          -- baseline | candidate | confirm | remeasure
-    code_hash TEXT NOT NULL,
-    commit_sha TEXT NOT NULL,
-    base_sha TEXT NOT NULL,         -- main when the run was queued
-    asset TEXT NOT NULL,            -- the train.py text that runs
-    profile TEXT NOT NULL,
-    seed INTEGER NOT NULL,
-    state TEXT NOT NULL,            -- queued | running | done | lost
-    status TEXT,                    -- ok | crash
-    val_bpb REAL,
-    metrics TEXT NOT NULL DEFAULT '{}',
-    harness_hash TEXT,
-    data_fingerprint TEXT,
-    error TEXT,
-    log_tail TEXT,
-    run_dir TEXT,
-    queued_at REAL NOT NULL,
-    started_at REAL,
-    finished_at REAL
-);
-CREATE TABLE IF NOT EXISTS events (
-    id INTEGER PRIMARY KEY,
-    at REAL NOT NULL,
-    experiment_id INTEGER,
-    kind TEXT NOT NULL,
-    message TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS feedback (
-    id INTEGER PRIMARY KEY,
-    at REAL NOT NULL,
-    author TEXT NOT NULL,
-    text TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS settings (
-    key TEXT PRIMARY KEY,
-    value TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS runs_by_code ON runs(code_hash, state);
-CREATE INDEX IF NOT EXISTS runs_by_experiment ON runs(experiment_id);
-"""
+from bot import schema
+from bot.states import ACTIVE, TRANSITIONS, RunState, State
 
-ACTIVE_STATES = ("proposed", "branched", "measuring", "rebasing", "merging", "closing")
+
+class InvalidTransition(RuntimeError):
+    """A move between states that bot.states does not allow: a bug in the caller."""
 
 
 @dataclass
@@ -93,17 +35,21 @@ class Experiment:
     status: str | None
     title: str
     hypothesis: str
-    branch: str
-    code_hash: str
-    train_py: str
+    branch: str | None
+    code_hash: str | None
+    train_py: str | None
     meta: dict[str, Any]
     base_sha: str
     head_sha: str | None
     merged_sha: str | None
     val_bpb: float | None
     delta: float | None
+    margin: float | None
+    remeasured_delta: float | None
     reason: str | None
     error_tail: str | None
+    failures: int
+    retry_at: float | None
     created_at: float
     updated_at: float
 
@@ -131,6 +77,20 @@ class Run:
     queued_at: float
     started_at: float | None
     finished_at: float | None
+    rerun_of: int | None
+    note: str | None
+
+
+@dataclass
+class InboxEntry:
+    id: int
+    key: str
+    kind: str
+    payload: dict[str, Any]
+    author: str
+    received_at: float
+    processed_at: float | None
+    outcome: str | None
 
 
 def failpoint(name: str) -> None:
@@ -142,25 +102,39 @@ def failpoint(name: str) -> None:
 
 class Store:
     def __init__(self, path: Path) -> None:
+        if path.parent.exists() and not path.parent.is_dir():
+            raise NotADirectoryError(f"{path.parent} is a file, not a work directory: choose another --workdir")
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
         self.db.row_factory = sqlite3.Row
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")
-        self.db.executescript(SCHEMA)
+        self.upgraded_from = schema.migrate(self.db)
+        self._depth = 0  # nesting of transaction(): only the outermost one commits
 
     def close(self) -> None:
         self.db.close()
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
+        """One atomic unit; nested uses join the outer one."""
+        if self._depth:
+            self._depth += 1
+            try:
+                yield self.db
+            finally:
+                self._depth -= 1
+            return
         self.db.execute("BEGIN IMMEDIATE")
+        self._depth = 1
         try:
             yield self.db
         except BaseException:
+            self._depth = 0
             self.db.execute("ROLLBACK")
             raise
+        self._depth = 0
         self.db.execute("COMMIT")
 
     # --- settings ------------------------------------------------------------------------------
@@ -172,21 +146,53 @@ class Store:
         self.db.execute("INSERT INTO settings(key, value) VALUES (?, ?) "
                         "ON CONFLICT(key) DO UPDATE SET value = excluded.value", (key, value))
 
+    # --- the inbox -----------------------------------------------------------------------------
+    def add_inbox(self, *, key: str, kind: str, payload: dict[str, Any], author: str) -> bool:
+        """Record an external input once; False if an entry with this key is already there."""
+        cursor = self.db.execute(
+            "INSERT OR IGNORE INTO inbox(key, kind, payload, author, received_at) VALUES (?, ?, ?, ?, ?)",
+            (key, kind, json.dumps(payload), author, time.time()))
+        return cursor.rowcount == 1
+
+    def pending_inbox(self) -> list[InboxEntry]:
+        rows = self.db.execute("SELECT * FROM inbox WHERE processed_at IS NULL ORDER BY id")
+        return [_inbox(r) for r in rows]
+
+    def mark_processed(self, entry_id: int, outcome: str) -> None:
+        self.db.execute("UPDATE inbox SET processed_at = ?, outcome = ? WHERE id = ?",
+                        (time.time(), outcome, entry_id))
+
+    def inbox(self) -> list[InboxEntry]:
+        return [_inbox(r) for r in self.db.execute("SELECT * FROM inbox ORDER BY id")]
+
+    def last_inbox_id(self) -> int:
+        return self.db.execute("SELECT COALESCE(MAX(id), 0) FROM inbox").fetchone()[0]
+
     # --- experiments ---------------------------------------------------------------------------
-    def add_experiment(self, *, title: str, hypothesis: str, slug: str, code_hash: str, train_py: str,
-                       meta: dict[str, Any], base_sha: str) -> Experiment:
-        """Record a validated proposal; the branch name is fixed here, from the new id."""
+    def start_proposing(self, base_sha: str) -> Experiment:
+        """An experiment whose proposal the agent is working on, based on main `base_sha`."""
         now = time.time()
         with self.transaction() as db:
-            next_id = db.execute("SELECT COALESCE(MAX(id), 0) + 1 FROM experiments").fetchone()[0]
-            db.execute(
-                "INSERT INTO experiments(id, state, title, hypothesis, branch, code_hash, train_py, meta,"
-                " base_sha, created_at, updated_at) VALUES (?, 'proposed', ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (next_id, title, hypothesis, f"autoresearch/{next_id}-{slug}", code_hash, train_py,
-                 json.dumps(meta), base_sha, now, now))
-            self._event(db, next_id, "proposed", title)
-        failpoint("proposed")
-        return self.experiment(next_id)
+            cursor = db.execute("INSERT INTO experiments(state, base_sha, created_at, updated_at) "
+                                "VALUES ('proposing', ?, ?, ?)", (base_sha, now, now))
+            exp_id = cursor.lastrowid
+            self._event(db, exp_id, "proposing", f"asked the agent for a proposal on main {base_sha[:7]}")
+        failpoint("proposing")
+        return self.experiment(exp_id)
+
+    def fill_proposal(self, exp_id: int, *, title: str, hypothesis: str, slug: str, code_hash: str,
+                      train_py: str, meta: dict[str, Any]) -> Experiment:
+        """Record a validated proposal; the branch name is fixed here, from the id."""
+        exp = self.update_experiment(exp_id, state=State.PROPOSED, title=title, hypothesis=hypothesis,
+                                     branch=f"autoresearch/{exp_id}-{slug}", code_hash=code_hash,
+                                     train_py=train_py, meta=meta, failures=0, event=title)
+        return exp
+
+    def withdraw_proposing(self, exp_id: int, why: str) -> None:
+        """Forget an experiment the agent never proposed (it has no branch and no run)."""
+        with self.transaction() as db:
+            db.execute("DELETE FROM experiments WHERE id = ? AND state = 'proposing'", (exp_id,))
+            self._event(db, None, "agent", f"no experiment {exp_id}: {why}")
 
     def update_experiment(self, exp_id: int, *, event: str | None = None, **fields: Any) -> Experiment:
         """Write fields (a state change among them) and, optionally, an event in one transaction."""
@@ -195,13 +201,20 @@ class Store:
         fields["updated_at"] = time.time()
         columns = ", ".join(f"{name} = ?" for name in fields)
         with self.transaction() as db:
+            if "state" in fields:
+                row = db.execute("SELECT state FROM experiments WHERE id = ?", (exp_id,)).fetchone()
+                if row is None:
+                    raise KeyError(f"no experiment {exp_id}")
+                old, new = State(row["state"]), State(fields["state"])
+                if new not in TRANSITIONS[old]:
+                    raise InvalidTransition(f"experiment {exp_id}: {old} -> {new} is not allowed")
             cursor = db.execute(f"UPDATE experiments SET {columns} WHERE id = ?", (*fields.values(), exp_id))
             if cursor.rowcount != 1:
                 raise KeyError(f"no experiment {exp_id}")
             if event:
-                self._event(db, exp_id, fields.get("state", "update"), event)
-        if "state" in fields:
-            failpoint(fields["state"])
+                self._event(db, exp_id, str(fields.get("state", "update")), event)
+        if "state" in fields and not self._depth:  # inside an outer transaction: not committed yet
+            failpoint(str(fields["state"]))
         return self.experiment(exp_id)
 
     def experiment(self, exp_id: int) -> Experiment:
@@ -210,13 +223,26 @@ class Store:
             raise KeyError(f"no experiment {exp_id}")
         return _experiment(row)
 
-    def experiments(self, *, active: bool | None = None) -> list[Experiment]:
-        query = "SELECT * FROM experiments"
-        if active is True:
-            query += f" WHERE state IN {ACTIVE_STATES}"
+    def experiments(self, *, active: bool | None = None, state: str | None = None) -> list[Experiment]:
+        """All experiments (with a proposal), or the active ones, or those in one state."""
+        if state is not None:
+            rows = self.db.execute("SELECT * FROM experiments WHERE state = ? ORDER BY id", (state,))
+        elif active is True:
+            rows = self.db.execute(f"SELECT * FROM experiments WHERE state IN ({_marks(ACTIVE)}) ORDER BY id",
+                                   ACTIVE)
         elif active is False:
-            query += " WHERE state = 'done'"
-        return [_experiment(r) for r in self.db.execute(query + " ORDER BY id")]
+            rows = self.db.execute("SELECT * FROM experiments WHERE state = 'done' ORDER BY id")
+        else:
+            rows = self.db.execute("SELECT * FROM experiments WHERE state != 'proposing' ORDER BY id")
+        return [_experiment(r) for r in rows]
+
+    def count_experiments(self) -> int:
+        """Every experiment, those the agent is still proposing included."""
+        return self.db.execute("SELECT COUNT(*) FROM experiments").fetchone()[0]
+
+    def counts_by_status(self) -> dict[str, int]:
+        rows = self.db.execute("SELECT status, COUNT(*) FROM experiments WHERE state = 'done' GROUP BY status")
+        return {r[0]: r[1] for r in rows}
 
     def experiment_by_code(self, code_hash: str) -> Experiment | None:
         row = self.db.execute("SELECT * FROM experiments WHERE code_hash = ? ORDER BY id LIMIT 1",
@@ -224,8 +250,8 @@ class Store:
         return _experiment(row) if row else None
 
     def seen_code_hashes(self) -> set[str]:
-        hashes = {r[0] for r in self.db.execute("SELECT code_hash FROM experiments")}
-        hashes |= {r[0] for r in self.db.execute("SELECT code_hash FROM runs")}
+        hashes = {r[0] for r in self.db.execute("SELECT code_hash FROM experiments WHERE code_hash IS NOT NULL")}
+        hashes |= {r[0] for r in self.db.execute("SELECT DISTINCT code_hash FROM runs")}
         return hashes
 
     # --- runs ----------------------------------------------------------------------------------
@@ -243,9 +269,7 @@ class Store:
             run_id = cursor.lastrowid
             db.execute("UPDATE runs SET seed = ? WHERE id = ?", (run_id, run_id))  # a new seed per run
             if experiment_fields:
-                fields = dict(experiment_fields, updated_at=now)
-                columns = ", ".join(f"{name} = ?" for name in fields)
-                db.execute(f"UPDATE experiments SET {columns} WHERE id = ?", (*fields.values(), experiment_id))
+                self.update_experiment(experiment_id, **experiment_fields)
             message = f"run {run_id} ({purpose}) queued" + (f": {reason}" if reason else "")
             self._event(db, experiment_id, "queued", message)
         failpoint(f"queued_{purpose}")
@@ -267,23 +291,37 @@ class Store:
         failpoint("run_done")
         return self.run(run_id)
 
-    def replace_lost_run(self, run_id: int, why: str) -> Run:
-        """Mark a run lost and queue an identical one (new id, new seed) in one transaction."""
+    def set_aside_run(self, run_id: int, state: RunState, why: str, *, rerun: bool = True,
+                      result: dict[str, Any] | None = None) -> Run | None:
+        """Mark a run lost, refused, disturbed or cancelled (keeping what it reported in `result`)
+        and, with `rerun`, queue an identical one (new id, new seed), in one transaction."""
         now = time.time()
+        result = result or {}
         with self.transaction() as db:
-            db.execute("UPDATE runs SET state = 'lost', error = ? WHERE id = ? AND state = 'running'", (why, run_id))
-            cursor = db.execute(
-                "INSERT INTO runs(experiment_id, purpose, code_hash, commit_sha, base_sha, asset, profile, seed,"
-                " state, queued_at) SELECT experiment_id, purpose, code_hash, commit_sha, base_sha, asset,"
-                " profile, 0, 'queued', ? FROM runs WHERE id = ?", (now, run_id))
-            new_id = cursor.lastrowid
-            db.execute("UPDATE runs SET seed = ? WHERE id = ?", (new_id, new_id))
+            db.execute("UPDATE runs SET state = ?, note = ?, finished_at = ?, status = COALESCE(?, status),"
+                       " val_bpb = COALESCE(?, val_bpb), metrics = COALESCE(?, metrics), log_tail = COALESCE(?,"
+                       " log_tail) WHERE id = ?",
+                       (state.value, why, now, result.get("status"), result.get("val_bpb"),
+                        json.dumps(result["metrics"]) if "metrics" in result else None,
+                        result.get("log_tail"), run_id))
             experiment = db.execute("SELECT experiment_id FROM runs WHERE id = ?", (run_id,)).fetchone()[0]
-            self._event(db, experiment, "lost", f"run {run_id}: {why}; queued again as run {new_id}")
-        return self.run(new_id)
+            new_id = None
+            if rerun:
+                cursor = db.execute(
+                    "INSERT INTO runs(experiment_id, purpose, code_hash, commit_sha, base_sha, asset, profile,"
+                    " seed, state, queued_at, rerun_of) SELECT experiment_id, purpose, code_hash, commit_sha,"
+                    " base_sha, asset, profile, 0, 'queued', ?, id FROM runs WHERE id = ?", (now, run_id))
+                new_id = cursor.lastrowid
+                db.execute("UPDATE runs SET seed = ? WHERE id = ?", (new_id, new_id))
+            again = f"; queued again as run {new_id}" if new_id else ""
+            self._event(db, experiment, state.value, f"run {run_id}: {why}{again}")
+        return self.run(new_id) if new_id else None
 
     def run(self, run_id: int) -> Run:
-        return _run(self.db.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone())
+        row = self.db.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
+        if row is None:
+            raise KeyError(f"no run {run_id}")
+        return _run(row)
 
     def runs(self, *, state: str | None = None, experiment_id: int | None = None,
              code_hash: str | None = None) -> list[Run]:
@@ -295,16 +333,33 @@ class Store:
         where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
         return [_run(r) for r in self.db.execute(f"SELECT * FROM runs{where} ORDER BY id", params)]
 
+    def count_runs(self, *states: str) -> int:
+        return self.db.execute(f"SELECT COUNT(*) FROM runs WHERE state IN ({_marks(states)})", states).fetchone()[0]
+
+    def latest_ok_runs(self, purpose: str, limit: int) -> list[Run]:
+        rows = self.db.execute("SELECT * FROM runs WHERE state = 'done' AND status = 'ok' AND purpose = ?"
+                               " ORDER BY id DESC LIMIT ?", (purpose, limit))
+        return [_run(r) for r in rows]
+
+    def measured_values(self, *, profile: str, harness_hash: str, data_fingerprint: str
+                        ) -> list[tuple[str, int | None, str, float]]:
+        """(code_hash, experiment_id, purpose, val_bpb) of every ok run under one identity."""
+        rows = self.db.execute(
+            "SELECT code_hash, experiment_id, purpose, val_bpb FROM runs WHERE state = 'done' AND status = 'ok'"
+            " AND val_bpb IS NOT NULL AND profile = ? AND harness_hash = ? AND data_fingerprint = ? ORDER BY id",
+            (profile, harness_hash, data_fingerprint))
+        return [(r[0], r[1], r[2], r[3]) for r in rows]
+
     # --- events and feedback -------------------------------------------------------------------
     def event(self, experiment_id: int | None, kind: str, message: str) -> None:
         with self.transaction() as db:
             self._event(db, experiment_id, kind, message)
 
-    def events(self, experiment_id: int | None = None) -> list[sqlite3.Row]:
+    def events(self, experiment_id: int | None = None, *, after: int = 0) -> list[sqlite3.Row]:
         if experiment_id is None:
-            return list(self.db.execute("SELECT * FROM events ORDER BY id"))
-        return list(self.db.execute("SELECT * FROM events WHERE experiment_id = ? ORDER BY id",
-                                    (experiment_id,)))
+            return list(self.db.execute("SELECT * FROM events WHERE id > ? ORDER BY id", (after,)))
+        return list(self.db.execute("SELECT * FROM events WHERE experiment_id = ? AND id > ? ORDER BY id",
+                                    (experiment_id, after)))
 
     def add_feedback(self, author: str, text: str) -> None:
         self.db.execute("INSERT INTO feedback(at, author, text) VALUES (?, ?, ?)", (time.time(), author, text))
@@ -319,6 +374,10 @@ class Store:
                    (time.time(), experiment_id, kind, message))
 
 
+def _marks(values: tuple) -> str:
+    return ", ".join("?" for _ in values)
+
+
 def _experiment(row: sqlite3.Row) -> Experiment:
     data = dict(row)
     data["meta"] = json.loads(data["meta"])
@@ -329,3 +388,9 @@ def _run(row: sqlite3.Row) -> Run:
     data = dict(row)
     data["metrics"] = json.loads(data["metrics"])
     return Run(**data)
+
+
+def _inbox(row: sqlite3.Row) -> InboxEntry:
+    data = dict(row)
+    data["payload"] = json.loads(data["payload"])
+    return InboxEntry(**data)

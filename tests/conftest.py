@@ -4,10 +4,13 @@ prepared in it once."""
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # tests/fakes.py: `import fakes`
 
 
 @pytest.fixture(scope="session")

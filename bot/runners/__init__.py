@@ -1,37 +1,40 @@
-"""The runner interface: a job (train.py text, profile, seed) goes in, a RunResult comes out.
+"""The runner protocol: a job (run id, train.py text, profile, seed) goes in, a RunResult comes out.
 
-One protocol for every place a run can happen: a local subprocess here, a self-hosted runner
-daemon or Modal later. A runner has a number of slots; the conductor never starts more jobs
-than there are free slots.
+One protocol for every place a run can happen: a local subprocess per slot here, GitHub Actions
+self-hosted runners or Modal later. The conductor is the only one that chooses run ids and counts
+slots (from the store: runs in state running); a runner is asked, never waited on:
+
+- `submit(job)` starts the job, or does nothing if a job with that run id was already submitted
+  (so a conductor that died between writing "running" and submitting can simply submit again);
+- `lookup(run_id)` says where it is: queued, running (with its latest progress line), finished
+  (with its result), lost (the runner has no trace of a result and never will), or unknown (never
+  submitted here);
+- `cancel(run_id)` stops it; it reports nothing afterwards.
+
+A result is checked by the conductor against its job (run id, asset sha256, profile, harness and
+data identity) before it counts; a runner does not judge its own results.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
-from bot.records import Job, RunResult
+from bot.records import Job, RunStatus
 
 
 class Runner(Protocol):
-    slots: int
+    slots: int  # jobs it can run at once
 
-    def free_slots(self) -> int:
-        """How many more jobs can start now."""
+    def submit(self, job: Job) -> str:
+        """Start `job` (idempotent by run id); returns where its files or logs are."""
 
-    def handle(self, run_id: int) -> str:
-        """Where a job's files will live: known before it starts, so the store can hold it first."""
-
-    def start(self, job: Job) -> str:
-        """Start a job; returns its handle."""
-
-    def poll(self) -> list[RunResult]:
-        """Results of the jobs that finished since the last poll."""
-
-    def reattach(self, run_id: int, handle: str) -> bool:
-        """After a restart: follow a job started before. False if it is gone without a result."""
-
-    def progress(self, run_id: int) -> dict[str, Any] | None:
-        """The job's latest progress line (step, loss, progress, remaining_seconds), if any."""
+    def lookup(self, run_id: int) -> RunStatus:
+        """The job's state now. Cheap: called for every running job on every tick."""
 
     def cancel(self, run_id: int) -> None:
-        """Stop a job; it reports nothing afterwards."""
+        """Stop the job; it reports nothing afterwards."""
+
+    def on_change(self, callback: Callable[[], None]) -> None:
+        """Ask to be told (from any thread) when a job may have changed state, so the conductor's
+        driver can tick at once instead of on its timer. A runner that cannot tell ignores it."""

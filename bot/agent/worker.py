@@ -1,0 +1,76 @@
+"""The agent's own thread: the conductor asks for a proposal and collects the answer on a later
+tick, so a slow model never holds up collecting results or dispatching runs.
+
+One question at a time, each on a fresh daemon thread. Whatever the agent does (returns a
+proposal, raises anything at all, or takes longer than `timeout_s`) becomes an answer: a Proposal
+or the exception. A question that timed out is abandoned: its thread may go on, but what it
+returns later is ignored.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from bot.agent import Agent
+from bot.records import Proposal, ProposalContext
+
+
+class AgentTimeout(TimeoutError):
+    """The agent did not answer within its time limit."""
+
+
+class AgentWorker:
+    def __init__(self, agent: Agent, *, timeout_s: float, clock: Callable[[], float] = time.time) -> None:
+        self.agent = agent
+        self.timeout_s = timeout_s
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._asked: tuple[int, int, float] | None = None  # (experiment id, question number, asked at)
+        self._answer: tuple[int, Proposal | BaseException] | None = None
+        self._questions = 0
+        self._notify: Callable[[], None] | None = None
+
+    def on_answer(self, callback: Callable[[], None]) -> None:
+        self._notify = callback
+
+    def ask(self, exp_id: int, context: ProposalContext) -> None:
+        with self._lock:
+            self._questions += 1
+            number = self._questions
+            self._asked = (exp_id, number, self.clock())
+            self._answer = None
+        threading.Thread(target=self._think, args=(exp_id, number, context), daemon=True,
+                         name=f"agent-{exp_id}").start()
+
+    def busy(self, exp_id: int) -> bool:
+        """True while a question about `exp_id` is open and within its time limit."""
+        with self._lock:
+            return self._asked is not None and self._asked[0] == exp_id
+
+    def answer(self, exp_id: int) -> Proposal | BaseException | None:
+        """The answer about `exp_id` once there is one (given out once), else None."""
+        with self._lock:
+            if self._asked is not None and self._asked[0] == exp_id \
+                    and self.clock() - self._asked[2] > self.timeout_s:
+                self._asked = None  # abandon it: a late answer is ignored
+                return AgentTimeout(f"no proposal after {self.timeout_s:.0f}s")
+            if self._answer is not None and self._answer[0] == exp_id:
+                answer = self._answer[1]
+                self._answer = None
+                return answer
+        return None
+
+    def _think(self, exp_id: int, number: int, context: ProposalContext) -> None:
+        try:
+            answer: Proposal | BaseException = self.agent.propose(context)
+        except BaseException as error:  # noqa: BLE001 - every failure of the agent is an answer
+            answer = error
+        with self._lock:
+            if self._asked is None or self._asked[1] != number:
+                return  # abandoned, or superseded by a newer question
+            self._asked = None
+            self._answer = (exp_id, answer)
+        if self._notify is not None:
+            self._notify()

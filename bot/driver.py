@@ -1,0 +1,67 @@
+"""The driver: calls the conductor's tick() when something arrives, and on a slow timer otherwise.
+
+Something arrives when the agent answers, a runner says a job changed (both call `wake()` from
+their own threads), or a new inbox entry appears in the store (written by another process, so it
+is polled: one indexed query every `inbox_poll_s`). The timer catches what nobody announces (a
+job adopted after a restart, a run past its deadline, a retry whose backoff ran out). The same
+driver runs `autoresearch demo` now and the long-running service later.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from bot import results
+from bot.conductor import Conductor, ConductorError, Summary
+
+
+class Driver:
+    def __init__(self, conductor: Conductor, *, timer_s: float = 30.0, inbox_poll_s: float = 0.5,
+                 on_pass: Callable[[Conductor], None] | None = None,
+                 on_wait: Callable[[Conductor], None] | None = None) -> None:
+        self.conductor = conductor
+        self.timer_s = timer_s
+        self.inbox_poll_s = inbox_poll_s
+        self.on_pass = on_pass  # after every tick (print new events, say)
+        self.on_wait = on_wait  # every inbox poll while waiting (refresh a live display, say)
+        self.ticks = 0
+        self._wake = threading.Event()
+        conductor.wake_on(self.wake)
+
+    def wake(self) -> None:
+        """Tick as soon as possible; safe from any thread."""
+        self._wake.set()
+
+    def run(self) -> Summary:
+        """Tick until the conductor has nothing more to do; raise ConductorError if main needs a human."""
+        conductor = self.conductor
+        conductor.start()
+        while True:
+            seen_inbox = conductor.store.last_inbox_id()
+            self._wake.clear()
+            conductor.tick()
+            self.ticks += 1
+            if self.on_pass:
+                self.on_pass(conductor)
+            if conductor.finished():
+                break
+            self._wait(seen_inbox)
+        results.export_tsv(conductor.store, conductor.results_tsv)
+        if conductor.blocked:
+            raise ConductorError(conductor.blocked)
+        return conductor.summary()
+
+    def _wait(self, seen_inbox: int) -> None:
+        deadline = time.monotonic() + self.timer_s
+        while not self._wake.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            if self._wake.wait(timeout=min(self.inbox_poll_s, left)):
+                return
+            if self.on_wait:
+                self.on_wait(self.conductor)
+            if self.conductor.store.last_inbox_id() != seen_inbox:
+                return

@@ -1,0 +1,65 @@
+"""The names of every state an experiment or a run can be in, and the moves allowed between them.
+
+The conductor decides the moves; the store refuses any move not listed here, so a bug shows up as
+a clear error at the transition instead of as a strange row later.
+
+    proposing --agent answers, proposal valid-->  proposed --push branch-->  branched
+    branched  --queue a run-->  measuring
+    measuring --judge-->  measuring (confirmation) | rebasing | merging | closing
+    rebasing  --graft train.py onto the new main, queue a re-measure-->  measuring | closing
+    merging   --move main to the measured commit (expected sha)-->  closing | rebasing (main moved)
+    closing   --mark the branch closed-->  done
+    any active state --the same step failed too often-->  done (status failed)
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class State(StrEnum):
+    PROPOSING = "proposing"
+    PROPOSED = "proposed"
+    BRANCHED = "branched"
+    MEASURING = "measuring"
+    REBASING = "rebasing"
+    MERGING = "merging"
+    CLOSING = "closing"
+    DONE = "done"
+
+
+class Status(StrEnum):
+    KEEP = "keep"
+    DISCARD = "discard"
+    CRASH = "crash"
+    FAILED = "failed"
+
+
+TRANSITIONS: dict[State, set[State]] = {
+    State.PROPOSING: {State.PROPOSED},
+    State.PROPOSED: {State.BRANCHED},
+    State.BRANCHED: {State.MEASURING},
+    State.MEASURING: {State.MEASURING, State.REBASING, State.MERGING, State.CLOSING},
+    State.REBASING: {State.MEASURING, State.CLOSING},
+    State.MERGING: {State.CLOSING, State.REBASING},
+    State.CLOSING: {State.DONE},
+    State.DONE: set(),
+}
+for _state in State:  # any step that keeps failing ends its experiment as failed
+    if _state is not State.DONE:
+        TRANSITIONS[_state].add(State.DONE)
+
+ACTIVE = tuple(s.value for s in State if s is not State.DONE)
+
+
+class RunState(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"  # finished with a result that counts (ok or crash)
+    LOST = "lost"  # the runner lost it (a restart, a vanished machine): re-run
+    REFUSED = "refused"  # its result did not match its job: never counts, re-run
+    DISTURBED = "disturbed"  # it ran on a busy machine (far less CPU than main's runs got): re-run
+    CANCELLED = "cancelled"  # stopped on purpose (its experiment moved on)
+
+
+SET_ASIDE = (RunState.LOST, RunState.REFUSED, RunState.DISTURBED, RunState.CANCELLED)
