@@ -108,17 +108,26 @@ class Store:
         self.path = path
         self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
         self.db.row_factory = sqlite3.Row
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=FULL")
-        self.upgraded_from = schema.migrate(self.db)
         self._depth = 0  # nesting of transaction(): only the outermost one commits
+        try:
+            self.upgraded_from = schema.migrate(self.db)
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=FULL")
+        except BaseException:
+            self.db.close()
+            raise
 
     def close(self) -> None:
         self.db.close()
 
+    def _failpoint(self, name: str) -> None:
+        if not self._depth:  # inside an outer transaction nothing is committed yet
+            failpoint(name)
+
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
-        """One atomic unit; nested uses join the outer one."""
+        """One atomic unit; nested uses join the outer one (an exception that reaches the outermost
+        block rolls back everything; one caught inside it keeps the inner writes)."""
         if self._depth:
             self._depth += 1
             try:
@@ -177,7 +186,7 @@ class Store:
                                 "VALUES ('proposing', ?, ?, ?)", (base_sha, now, now))
             exp_id = cursor.lastrowid
             self._event(db, exp_id, "proposing", f"asked the agent for a proposal on main {base_sha[:7]}")
-        failpoint("proposing")
+        self._failpoint("proposing")
         return self.experiment(exp_id)
 
     def fill_proposal(self, exp_id: int, *, title: str, hypothesis: str, slug: str, code_hash: str,
@@ -191,8 +200,8 @@ class Store:
     def withdraw_proposing(self, exp_id: int, why: str) -> None:
         """Forget an experiment the agent never proposed (it has no branch and no run)."""
         with self.transaction() as db:
-            db.execute("DELETE FROM experiments WHERE id = ? AND state = 'proposing'", (exp_id,))
-            self._event(db, None, "agent", f"no experiment {exp_id}: {why}")
+            if db.execute("DELETE FROM experiments WHERE id = ? AND state = 'proposing'", (exp_id,)).rowcount:
+                self._event(db, None, "agent", f"no experiment {exp_id}: {why}")
 
     def update_experiment(self, exp_id: int, *, event: str | None = None, **fields: Any) -> Experiment:
         """Write fields (a state change among them) and, optionally, an event in one transaction."""
@@ -213,8 +222,8 @@ class Store:
                 raise KeyError(f"no experiment {exp_id}")
             if event:
                 self._event(db, exp_id, str(fields.get("state", "update")), event)
-        if "state" in fields and not self._depth:  # inside an outer transaction: not committed yet
-            failpoint(str(fields["state"]))
+        if "state" in fields:
+            self._failpoint(str(fields["state"]))
         return self.experiment(exp_id)
 
     def experiment(self, exp_id: int) -> Experiment:
@@ -272,13 +281,13 @@ class Store:
                 self.update_experiment(experiment_id, **experiment_fields)
             message = f"run {run_id} ({purpose}) queued" + (f": {reason}" if reason else "")
             self._event(db, experiment_id, "queued", message)
-        failpoint(f"queued_{purpose}")
+        self._failpoint(f"queued_{purpose}")
         return self.run(run_id)
 
     def mark_run_started(self, run_id: int, run_dir: str) -> None:
         self.db.execute("UPDATE runs SET state = 'running', run_dir = ?, started_at = ? WHERE id = ?",
                         (run_dir, time.time(), run_id))
-        failpoint("run_started")
+        self._failpoint("run_started")
 
     def finish_run(self, run_id: int, *, status: str, val_bpb: float | None, metrics: dict[str, Any],
                    error: str | None, log_tail: str | None) -> Run:
@@ -288,7 +297,7 @@ class Store:
                 " data_fingerprint = ?, error = ?, log_tail = ?, finished_at = ? WHERE id = ? AND state != 'done'",
                 (status, val_bpb, json.dumps(metrics), metrics.get("harness_hash"),
                  metrics.get("data_fingerprint"), error, log_tail, time.time(), run_id))
-        failpoint("run_done")
+        self._failpoint("run_done")
         return self.run(run_id)
 
     def set_aside_run(self, run_id: int, state: RunState, why: str, *, rerun: bool = True,
@@ -304,7 +313,10 @@ class Store:
                        (state.value, why, now, result.get("status"), result.get("val_bpb"),
                         json.dumps(result["metrics"]) if "metrics" in result else None,
                         result.get("log_tail"), run_id))
-            experiment = db.execute("SELECT experiment_id FROM runs WHERE id = ?", (run_id,)).fetchone()[0]
+            row = db.execute("SELECT experiment_id FROM runs WHERE id = ?", (run_id,)).fetchone()
+            if row is None:
+                raise KeyError(f"no run {run_id}")
+            experiment = row[0]
             new_id = None
             if rerun:
                 cursor = db.execute(

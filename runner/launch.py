@@ -57,13 +57,15 @@ def command(asset: Path, profile: str, out: Path, *, seed: int = 0, data: str | 
 
 
 def start(asset: Path, profile: str, out: Path, *, seed: int = 0, data: str | None = None,
-          threads: int = 0, echo: bool = False) -> subprocess.Popen:
+          threads: int = 0, echo: bool = False, extra_env: dict[str, str] | None = None) -> subprocess.Popen:
     """Start the child in its own process group; its output goes to out/log.txt (or to a pipe
-    for the caller to read, with echo)."""
+    for the caller to read, with echo). `extra_env` (a slot's CUDA_VISIBLE_DEVICES, say) is added
+    to the scrubbed environment."""
     out.mkdir(parents=True, exist_ok=True)
     for stale in ("result.json", "progress.jsonl", "pid", "log.txt"):  # a reused directory
         (out / stale).unlink(missing_ok=True)
-    env = training_env({"OMP_NUM_THREADS": str(threads)} if threads > 0 else None)
+    extra = {"OMP_NUM_THREADS": str(threads)} if threads > 0 else {}
+    env = training_env(dict(extra, **(extra_env or {})))
     cmd = command(asset, profile, out, seed=seed, data=data, threads=threads)
     if echo:  # the caller reads stdout and writes log.txt itself
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,

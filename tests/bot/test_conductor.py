@@ -1,6 +1,7 @@
-"""The research loop end to end on the CPU (smoke profile): real git repository, real training
-runs in child processes, the real offline explorer; and the conductor killed with SIGKILL at each
-state transition, then restarted."""
+"""The research loop end to end: once with real training on the CPU (smoke profile, real git, real
+child processes, the real offline explorer), asserting only what is sure; and the conductor killed
+with SIGKILL at each transition, then restarted, with a file-backed fake runner so that no verdict
+and no reached state depends on training noise."""
 
 from __future__ import annotations
 
@@ -19,15 +20,19 @@ import pytest
 from bot.agent import AgentError
 from bot.agent.explorer import OfflineExplorer
 from bot.agent.scripted import ScriptedAgent
-from bot.conductor import Conductor, ConductorConfig, ConductorError
+from bot.conductor import Conductor, ConductorConfig
+from bot.driver import Driver
+from bot.events import submit
 from bot.forge.local import LocalForge, init_research_repo
 from bot.records import Proposal, ProposalContext, code_hash
 from bot.runners.local import LocalRunner
 from bot.store import Store
+from fakes import CRASH_MARK, with_effect
+from runner.identity import measurement_identity
 
 ROOT = Path(__file__).resolve().parents[2]
+TESTS = Path(__file__).resolve().parents[1]
 TRAIN_PY = (ROOT / "train.py").read_text()
-pytestmark = pytest.mark.slow
 
 
 def set_constant(text: str, name: str, value: str) -> str:
@@ -41,13 +46,6 @@ def program(**settings: object) -> str:
     return f"---\nautoresearch:\n{lines}\n---\n\n# Research program\n\nLower val_bpb.\n"
 
 
-# A main that trains badly on purpose (tiny matrix learning rate): a fix is a sure improvement.
-HANDICAPPED = set_constant(TRAIN_PY, "MATRIX_LR", "0.0004")
-FIX_MATRIX_LR = set_constant(HANDICAPPED, "MATRIX_LR", "0.04")
-# Starts 4 s late (before the harness's clock runs), so it finishes after a run started with it.
-SLOW_WARMDOWN = set_constant(HANDICAPPED.replace("import math\n", "import math\nimport time\ntime.sleep(4)\n", 1),
-                             "WARMDOWN_RATIO", "0.4")
-CRASHING = HANDICAPPED.replace("h = harness.session()", "h = harness.session()\nraise RuntimeError('boom: the crash under test')")
 
 
 def make_workdir(work: Path, train_py: str, program_md: str) -> LocalForge:
@@ -56,7 +54,8 @@ def make_workdir(work: Path, train_py: str, program_md: str) -> LocalForge:
 
 def conductor(work: Path, agent, *, slots: int = 1, experiments: int = 0) -> Conductor:
     return Conductor(Store(work / "state.db"), LocalForge(work / "repo"), LocalRunner(work / "runs", slots=slots),
-                     agent, ConductorConfig(profile="smoke", max_experiments=experiments, poll_interval_s=0.1),
+                     agent, ConductorConfig(profile="smoke", identity=measurement_identity("smoke"),
+                                            max_experiments=experiments),
                      results_tsv=work / "results.tsv")
 
 
@@ -85,11 +84,12 @@ class CrashThenRepeat:
         return proposal
 
 
+@pytest.mark.slow
 def test_the_loop_end_to_end(tmp_path: Path, smoke_prepared) -> None:
-    forge = make_workdir(tmp_path, TRAIN_PY, program(baseline_runs=2))
+    forge = make_workdir(tmp_path, TRAIN_PY, program(first_baseline_runs=2, baseline_runs=2))
     agent = CrashThenRepeat(seed=3)
     loop = conductor(tmp_path, agent, experiments=4)
-    summary = loop.run()
+    summary = Driver(loop, timer_s=1.0).run()
     store = loop.store
 
     experiments = store.experiments()
@@ -134,51 +134,28 @@ def test_the_loop_end_to_end(tmp_path: Path, smoke_prepared) -> None:
     assert [line.split("\t")[3] for line in lines[2:]] == [e.status for e in experiments]
 
 
-def test_two_slots_remeasure_on_the_moved_main(tmp_path: Path, smoke_prepared) -> None:
-    forge = make_workdir(tmp_path, HANDICAPPED, program(baseline_runs=1, confirm=False))
-    # measure main first, so that both experiments are proposed at once, on the same main
-    conductor(tmp_path, ScriptedAgent([]), slots=2).run()
-    # the sure improvement finishes first and is kept; the other, which starts late and changes
-    # another line, was then measured on a main that has moved
-    agent = ScriptedAgent([Proposal("Fix MATRIX_LR", "Far too low.", FIX_MATRIX_LR),
-                           Proposal("Shorter warmdown", "Cool down over 40% of the budget.", SLOW_WARMDOWN)])
-    loop = conductor(tmp_path, agent, slots=2, experiments=2)
-    loop.run()
-    store = loop.store
-    first, second = store.experiments()
-    candidates = [r for r in store.runs() if r.purpose == "candidate"]
-    assert len(candidates) == 2 and len({r.base_sha for r in candidates}) == 1
-    assert first.status == "keep", first.reason
-
-    remeasures = [r for r in store.runs(experiment_id=second.id) if r.purpose == "remeasure"]
-    assert len(remeasures) == 1, [(e.title, e.status, e.reason) for e in (first, second)]
-    remeasure = remeasures[0]
-    assert remeasure.base_sha == first.merged_sha == second.base_sha
-    # the graft of train.py onto the new main holds both changes
-    assert "MATRIX_LR = 0.04" in remeasure.asset and "WARMDOWN_RATIO = 0.4" in remeasure.asset
-    assert second.val_bpb == pytest.approx(remeasure.val_bpb)  # judged on the re-measurement alone
-    if second.status == "keep":
-        assert forge.repo.commit(second.merged_sha).parents[0].hexsha == first.merged_sha
-    assert len(main_history(forge)) == 1 + (first.status == "keep") + (second.status == "keep")
 
 
 KILL_SCRIPT = """
 import json, sys
 from pathlib import Path
+sys.path.insert(0, sys.argv[2])
+from fakes import IDENTITY, FileRunner
 from bot.agent.scripted import ScriptedAgent
 from bot.conductor import Conductor, ConductorConfig
+from bot.driver import Driver
 from bot.forge.local import LocalForge
-from bot.runners.local import LocalRunner
 from bot.store import Store
 
 work = Path(sys.argv[1])
-loop = Conductor(Store(work / "state.db"), LocalForge(work / "repo"), LocalRunner(work / "runs", slots=1),
+loop = Conductor(Store(work / "state.db"), LocalForge(work / "repo"), FileRunner(work / "runs", seconds=0.2),
                  ScriptedAgent.from_jsonl(work / "proposals.jsonl"),
-                 ConductorConfig(profile="smoke", max_experiments=2, poll_interval_s=0.1),
+                 ConductorConfig(profile="smoke", identity=IDENTITY, max_experiments=2),
                  results_tsv=work / "results.tsv")
-summary = loop.run()
+summary = Driver(loop, timer_s=0.05).run()
 print(json.dumps({"experiments": summary.experiments, "kept": summary.kept, "crashed": summary.crashed}))
 """
+MAIN_FOR_KILLS = with_effect(TRAIN_PY, 0.0, "main")
 
 
 def start_conductor(work: Path, failpoint: str | None = None) -> subprocess.Popen:
@@ -186,16 +163,20 @@ def start_conductor(work: Path, failpoint: str | None = None) -> subprocess.Pope
     env.pop("AUTORESEARCH_FAILPOINT", None)
     if failpoint:
         env["AUTORESEARCH_FAILPOINT"] = failpoint
-    return subprocess.Popen([sys.executable, str(work / "drive.py"), str(work)], env=env, cwd=ROOT,
+    return subprocess.Popen([sys.executable, str(work / "drive.py"), str(work), str(TESTS)], env=env, cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def prepare_kill_workdir(work: Path) -> LocalForge:
-    forge = make_workdir(work, HANDICAPPED, program(baseline_runs=1, confirm=False))
+    forge = make_workdir(work, MAIN_FOR_KILLS, program(first_baseline_runs=2, baseline_runs=2))
     (work / "drive.py").write_text(KILL_SCRIPT)
-    proposals = [{"title": "Fix MATRIX_LR", "hypothesis": "Far too low.", "train_py": FIX_MATRIX_LR},
-                 {"title": "Crash", "hypothesis": "Crashes.", "train_py": CRASHING}]
+    proposals = [{"title": "Fix MATRIX_LR", "hypothesis": "Far too low.", "train_py": with_effect(TRAIN_PY, -0.1)},
+                 {"title": "Crash", "hypothesis": "Crashes.",
+                  "train_py": MAIN_FOR_KILLS.replace("import math\n", "import math" + CRASH_MARK, 1)}]
     (work / "proposals.jsonl").write_text("\n".join(json.dumps(p) for p in proposals) + "\n")
+    store = Store(work / "state.db")
+    submit(store, "steer", {"text": "be bold"}, author="alice", key="delivery-1")
+    store.close()
     return forge
 
 
@@ -212,69 +193,40 @@ def check_invariants(work: Path, forge: LocalForge) -> None:
     assert forge.list_branches() == [e.branch for e in experiments]
     history = main_history(forge)
     assert len(history) == 2 and history[0].hexsha == experiments[0].merged_sha
-    # no result lost: every run finished or was replaced; each experiment was measured
+    # no result lost or measured twice: every run finished, or was cancelled unrun because main
+    # moved under it; none was lost (the fake runner goes on while the conductor is dead, and a
+    # resubmitted run id starts nothing new)
     runs = store.runs()
-    assert all(r.state in ("done", "lost") for r in runs)
+    assert [(r.id, r.state, r.note) for r in runs if r.state != "done"
+            and not (r.state == "cancelled" and "main moved" in (r.note or ""))] == []
     for exp in experiments:
         assert [r for r in runs if r.experiment_id == exp.id and r.state == "done"]
-    # main measured once before the keep and once after it (the kept runs do not stand in for main)
-    assert len([r for r in runs if r.purpose == "baseline" and r.state == "done"]) == 2
+    # main measured twice before the keep and twice after it (the kept runs do not stand in for main)
+    assert len([r for r in runs if r.purpose == "baseline"]) == 4
+    assert experiments[0].remeasured_delta == pytest.approx(-0.1, abs=0.002)
+    # the inbox entry was applied exactly once
+    assert store.recent_feedback() == ["be bold"] and all(e.processed_at for e in store.inbox())
     lines = (work / "results.tsv").read_text().splitlines()
     assert [line.split("\t")[3] for line in lines[1:]] == ["keep", "keep", "crash"]
     store.close()
 
 
-FAILPOINTS = ["queued_baseline", "run_started", "run_done", "proposed", "branched", "queued_candidate",
-              "merging", "closing", "done"]
+FAILPOINTS = ["inbox_applied", "queued_baseline", "run_started", "run_done", "proposing", "proposed", "branched",
+              "queued_candidate", "merging", "closing", "done"]
 
 
 @pytest.mark.parametrize("failpoint", FAILPOINTS)
-def test_killed_at_each_transition_then_restarted(tmp_path: Path, smoke_prepared, failpoint: str) -> None:
+def test_killed_at_each_transition_then_restarted(tmp_path: Path, failpoint: str) -> None:
     forge = prepare_kill_workdir(tmp_path)
     killed = start_conductor(tmp_path, failpoint)
-    _, err = killed.communicate(timeout=300)
+    _, err = killed.communicate(timeout=120)
     assert killed.returncode == -signal.SIGKILL, f"the failpoint {failpoint} was never reached: {err[-2000:]}"
 
     resumed = start_conductor(tmp_path)
-    out, err = resumed.communicate(timeout=300)
+    out, err = resumed.communicate(timeout=120)
     assert resumed.returncode == 0, err[-3000:]
     assert json.loads(out.strip().splitlines()[-1]) == {"experiments": 2, "kept": 1, "crashed": 1}
     check_invariants(tmp_path, forge)
-
-
-def test_killed_while_a_run_is_in_flight_picks_the_run_up_again(tmp_path: Path, smoke_prepared) -> None:
-    forge = prepare_kill_workdir(tmp_path)
-    proc = start_conductor(tmp_path)
-    deadline = time.time() + 120
-    while not list((tmp_path / "runs").glob("*/progress.jsonl")):
-        assert time.time() < deadline and proc.poll() is None, "no run started"
-        time.sleep(0.1)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-
-    resumed = start_conductor(tmp_path)
-    _, err = resumed.communicate(timeout=300)
-    assert resumed.returncode == 0, err[-3000:]
-    check_invariants(tmp_path, forge)
-    store = Store(tmp_path / "state.db")
-    assert not [r for r in store.runs() if r.state == "lost"], "the running job was adopted, not re-run"
-    store.close()
-
-
-def test_a_crashing_main_stops_the_loop_with_a_clear_error(tmp_path: Path, smoke_prepared) -> None:
-    make_workdir(tmp_path, CRASHING, program(baseline_runs=1))
-    loop = conductor(tmp_path, ScriptedAgent([]), experiments=1)
-    with pytest.raises(ConductorError, match=r"train.py on main .* crashed in 2 baseline runs"):
-        loop.run()
-    # one crash may be bad luck (a NaN, an OOM): main was given a second run before giving up
-    assert [r.status for r in loop.store.runs() if r.purpose == "baseline"] == ["crash", "crash"]
-
-
-def test_an_exhausted_agent_ends_the_loop(tmp_path: Path, smoke_prepared) -> None:
-    make_workdir(tmp_path, HANDICAPPED, program(baseline_runs=1))
-    summary = conductor(tmp_path, ScriptedAgent([]), experiments=3).run()
-    assert summary.experiments == 0
-    assert "nothing more to propose" in summary.stop_reason
 
 
 def test_scripted_agent_reports_a_bad_file(tmp_path: Path) -> None:

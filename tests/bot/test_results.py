@@ -1,17 +1,32 @@
-"""results.tsv from a store built by hand: the baseline row, one row per finished experiment."""
+"""results.tsv from a store built by hand: the baseline row, one row per finished experiment, and
+the per-run rows."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
 
 from bot import results
+from bot.states import RunState
 from bot.store import Store
 
 MAIN_A = "aaaaaaa" + "1" * 33
 MAIN_B = "bbbbbbb" + "2" * 33
 HEADER = "commit\tval_bpb\tmemory_gb\tstatus\tdescription"
+FIXTURES = Path(__file__).parent / "fixtures"
+
+# the allowed moves that take a new proposal to each state
+PATH = {
+    "proposed": [],
+    "branched": ["branched"],
+    "measuring": ["branched", "measuring"],
+    "rebasing": ["branched", "measuring", "rebasing"],
+    "merging": ["branched", "measuring", "merging"],
+    "closing": ["branched", "measuring", "closing"],
+    "done": ["branched", "measuring", "closing", "done"],
+}
 
 
 @pytest.fixture
@@ -31,14 +46,18 @@ def measured(store: Store, *, experiment_id: int | None, purpose: str, code_hash
 
 def experiment(store: Store, title: str, *, code_hash: str, runs: list[tuple[str, float | None, dict]],
                state: str = "done", status: str | None = None, val_bpb: float | None = None,
-               delta: float | None = None, head_sha: str | None = None):
-    exp = store.add_experiment(title=title, hypothesis="because", slug="x", code_hash=code_hash,
-                               train_py="print()\n", meta={}, base_sha=MAIN_A)
+               delta: float | None = None, head_sha: str | None = None, **fields):
+    started = store.start_proposing(MAIN_A)
+    exp = store.fill_proposal(started.id, title=title, hypothesis="because", slug="x", code_hash=code_hash,
+                              train_py="print()\n", meta={})
     for run_status, value, metrics in runs:
         measured(store, experiment_id=exp.id, purpose="candidate", code_hash=code_hash,
                  commit_sha=head_sha or "f" * 40, status=run_status, val_bpb=value, metrics=metrics)
-    return store.update_experiment(exp.id, state=state, status=status, val_bpb=val_bpb, delta=delta,
-                                   head_sha=head_sha, reason=f"{status} because")
+    for step in PATH[state][:-1]:
+        store.update_experiment(exp.id, state=step)
+    last = {"state": PATH[state][-1]} if PATH[state] else {}
+    return store.update_experiment(exp.id, **last, status=status, val_bpb=val_bpb, delta=delta,
+                                   head_sha=head_sha, reason=f"{status} because", **fields)
 
 
 @pytest.fixture
@@ -107,7 +126,11 @@ def test_rows_baseline_first_then_finished_experiments_in_id_order(history: Stor
     assert baseline["val_bpb"] == pytest.approx(1.01)
     assert baseline["memory_gb"] == 2.0  # the crashed run's number is not counted
     assert baseline["runs"] == 2
-    assert baseline["delta"] is None
+    assert baseline["delta"] is None and baseline["margin"] is None and baseline["remeasured_delta"] is None
+    assert baseline["steps"] is None and baseline["tokens_per_second"] is None  # not reported by these runs
+    assert set(baseline) == {"id", "commit", "val_bpb", "delta", "margin", "remeasured_delta", "memory_gb",
+                             "status", "runs", "steps", "tokens_per_second", "description", "reason"}
+    assert all(set(row) == set(baseline) for row in rows)
 
     keep = rows[1]
     assert keep["status"] == "keep" and keep["val_bpb"] == 0.975 and keep["delta"] == -0.035
@@ -137,6 +160,109 @@ def test_experiments_finished_out_of_order_stay_in_id_order(store: Store):
     experiment(store, "second", code_hash="b", runs=[("ok", 1.0, {})], status="discard", val_bpb=1.0)
     store.update_experiment(a.id, state="done", status="discard", val_bpb=1.1)
     assert [r["description"] for r in results.rows(store)] == ["first", "second"]
+
+
+def test_rows_carry_margin_remeasured_delta_steps_and_tokens_per_second(store: Store):
+    for steps, tps in ((100, 5000.0), (110, 5200.0)):
+        measured(store, experiment_id=None, purpose="baseline", code_hash="A", commit_sha=MAIN_A, status="ok",
+                 val_bpb=1.0, metrics={"num_steps": steps, "tokens_per_second": tps})
+    experiment(store, "Faster attention", code_hash="E1", head_sha="1" * 40, status="keep", val_bpb=0.97,
+               delta=-0.03, margin=0.012, remeasured_delta=-0.021,
+               runs=[("ok", 0.97, {"num_steps": 120, "tokens_per_second": 6000.0}),
+                     ("ok", 0.97, {"num_steps": 130, "tokens_per_second": 6400.0}),
+                     ("crash", None, {"num_steps": 1, "tokens_per_second": 1.0})])  # a crash does not count
+    baseline, keep = results.rows(store)
+    assert (baseline["steps"], baseline["tokens_per_second"]) == (105, 5100.0)
+    assert (keep["margin"], keep["remeasured_delta"]) == (0.012, -0.021)
+    assert (keep["steps"], keep["tokens_per_second"]) == (125, 6200.0)
+    assert keep["runs"] == 3
+
+
+def test_a_failed_experiment_shows_like_a_crash(store: Store):
+    experiment(store, "Gave up at rebasing", code_hash="F", head_sha="e" * 40, state="rebasing",
+               runs=[("ok", 0.95, {"peak_vram_mb": 4096})], val_bpb=0.95, delta=-0.05)
+    failed = store.update_experiment(1, state="done", status="failed", reason="its rebasing step failed 5 times")
+    row = results.rows(store)[0]
+    assert (row["status"], row["val_bpb"], row["delta"], row["memory_gb"]) == ("failed", None, None, 0.0)
+    assert row["reason"] == failed.reason and row["runs"] == 1
+    assert results.to_tsv(store).splitlines()[1] == "eeeeeee\t0.000000\t0.0\tfailed\tGave up at rebasing"
+
+
+def test_proposing_experiments_are_not_rows(store: Store):
+    store.start_proposing(MAIN_A)
+    assert results.rows(store) == []
+
+
+def test_the_baseline_row_counts_only_done_baseline_runs(store: Store):
+    # a set-aside run of another code first: it does not decide which main is the first one
+    lost = store.add_run(experiment_id=None, purpose="baseline", code_hash="Z", commit_sha="9" * 40,
+                         base_sha=MAIN_A, asset="print()\n", profile="cpu")
+    store.set_aside_run(lost.id, RunState.LOST, "the runner restarted", rerun=False)
+    measured(store, experiment_id=None, purpose="baseline", code_hash="A", commit_sha=MAIN_A, status="ok",
+             val_bpb=1.0, metrics={"peak_vram_mb": 1024, "num_steps": 10})
+    disturbed = store.add_run(experiment_id=None, purpose="baseline", code_hash="A", commit_sha=MAIN_A,
+                              base_sha=MAIN_A, asset="print()\n", profile="cpu")
+    store.set_aside_run(disturbed.id, RunState.DISTURBED, "cpu_share 0.3", result={
+        "status": "ok", "val_bpb": 2.0, "metrics": {"peak_vram_mb": 9999, "num_steps": 3}})
+    # the disturbed run's re-run is still queued; another one is running
+    running = store.add_run(experiment_id=None, purpose="baseline", code_hash="A", commit_sha=MAIN_A,
+                            base_sha=MAIN_A, asset="print()\n", profile="cpu")
+    store.mark_run_started(running.id, "/tmp/runs/x")
+    [baseline] = results.rows(store)
+    assert baseline["commit"] == MAIN_A[:7]
+    assert baseline["val_bpb"] == 1.0 and results.baseline_val_bpb(store) == 1.0
+    assert baseline["runs"] == 1 and baseline["memory_gb"] == 1.0 and baseline["steps"] == 10
+
+
+# --- run_rows ------------------------------------------------------------------------------------
+
+def test_run_rows_of_an_empty_store(store: Store):
+    assert results.run_rows(store) == []
+
+
+def test_run_rows_list_every_run(store: Store):
+    measured(store, experiment_id=None, purpose="baseline", code_hash="A", commit_sha=MAIN_A, status="ok",
+             val_bpb=1.0, metrics={"num_steps": 100, "tokens_per_second": 5000.0, "cpu_share": 0.98,
+                                   "total_seconds": 61.5})
+    exp = experiment(store, "Crashy", code_hash="E1", head_sha="1234567890" * 4, state="measuring",
+                     runs=[("crash", None, {})])
+    refused = store.add_run(experiment_id=exp.id, purpose="confirm", code_hash="E1", commit_sha=exp.head_sha,
+                            base_sha=MAIN_A, asset="print()\n", profile="cpu")
+    rerun = store.set_aside_run(refused.id, RunState.REFUSED, "result refused: wrong harness", result={
+        "status": "ok", "val_bpb": 0.9, "metrics": {"num_steps": 90, "cpu_share": 0.5}})
+    rows = results.run_rows(store)
+    assert [(r["run"], r["experiment"], r["purpose"], r["state"], r["status"]) for r in rows] == [
+        (1, None, "baseline", "done", "ok"), (2, exp.id, "candidate", "done", "crash"),
+        (3, exp.id, "confirm", "refused", "ok"), (rerun.id, exp.id, "confirm", "queued", None)]
+    assert set(rows[0]) == {"run", "experiment", "purpose", "state", "status", "val_bpb", "steps",
+                            "tokens_per_second", "cpu_share", "seconds", "commit", "note"}
+    assert rows[0] == {"run": 1, "experiment": None, "purpose": "baseline", "state": "done", "status": "ok",
+                       "val_bpb": 1.0, "steps": 100, "tokens_per_second": 5000.0, "cpu_share": 0.98,
+                       "seconds": 61.5, "commit": MAIN_A[:7], "note": None}
+    assert rows[1]["note"] == "Traceback\nRuntimeError: boom"  # no note: the run's error
+    assert rows[1]["commit"] == "1234567" and rows[1]["steps"] is None
+    assert (rows[2]["note"], rows[2]["val_bpb"], rows[2]["steps"], rows[2]["cpu_share"]) == (
+        "result refused: wrong harness", 0.9, 90, 0.5)
+    assert rows[3]["note"] is None and rows[3]["val_bpb"] is None
+
+
+# --- a state.db of the previous release ------------------------------------------------------------
+
+def test_results_of_an_upgraded_v0_file(tmp_path: Path):
+    path = tmp_path / "state.db"
+    shutil.copyfile(FIXTURES / "state_v0.db", path)
+    store = Store(path)
+    try:
+        assert results.to_tsv(store) == "\n".join([
+            HEADER,
+            "aaaaaaa\t2.255000\t0.5\tkeep\tbaseline",
+            "bbbbbbb\t2.300000\t0.5\tdiscard\tRaise MATRIX_LR",
+        ]) + "\n"
+        rows = results.rows(store)
+        assert rows[0]["steps"] == 60 and rows[1]["margin"] is None and rows[1]["remeasured_delta"] is None
+        assert [r["state"] for r in results.run_rows(store)] == ["done", "done", "done", "running"]
+    finally:
+        store.close()
 
 
 # --- to_tsv --------------------------------------------------------------------------------------

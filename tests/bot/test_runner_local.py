@@ -1,81 +1,110 @@
-"""The local runner: real child processes under the harness, slots, cancel, and reattach."""
+"""The local runner: real child processes under the harness, one run per id, lookup from the run
+directory alone (so a restarted conductor finds its jobs), cancel, and a GPU per slot."""
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
 import pytest
 
-from bot.records import Job
+from bot.records import Job, RunStatus
 from bot.runners.local import LocalRunner, last_progress
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN_PY = (ROOT / "train.py").read_text()
 
 
-def wait_for(runner: LocalRunner, timeout: float = 120.0) -> list:
+def wait_for(runner: LocalRunner, run_id: int, timeout: float = 120.0) -> RunStatus:
     deadline = time.time() + timeout
     while time.time() < deadline:
-        done = runner.poll()
-        if done:
-            return done
+        status = runner.lookup(run_id)
+        if status.state not in ("queued", "running"):
+            return status
         time.sleep(0.1)
     raise AssertionError("no result in time")
 
 
 def test_slots_share_the_cores(tmp_path: Path) -> None:
-    assert LocalRunner(tmp_path, slots=1).free_slots() == 1
     runner = LocalRunner(tmp_path, slots=2)
-    assert runner.free_slots() == 2 and runner.threads >= 1
+    assert runner.slots == 2 and runner.threads == max(1, (os.cpu_count() or 1) // 2)
     with pytest.raises(ValueError):
         LocalRunner(tmp_path, slots=0)
+
+
+def test_an_unknown_run_is_unknown(tmp_path: Path) -> None:
+    assert LocalRunner(tmp_path).lookup(5).state == "unknown"
 
 
 @pytest.mark.slow
 def test_a_run_reports_its_measurement_and_progress(tmp_path: Path, smoke_prepared) -> None:
     runner = LocalRunner(tmp_path, slots=1)
-    handle = runner.start(Job(run_id=7, asset=TRAIN_PY, profile="smoke", seed=7))
-    assert handle == runner.handle(7) and runner.free_slots() == 0
-    [result] = wait_for(runner)
-    assert result.run_id == 7 and result.status == "ok" and result.val_bpb > 0
+    job = Job(run_id=7, asset=TRAIN_PY, profile="smoke", seed=7)
+    handle = runner.submit(job)
+    status = wait_for(runner, 7)
+    result = status.result
+    assert status.state == "finished" and result.run_id == 7 and result.status == "ok" and result.val_bpb > 0
     assert result.metrics["seed"] == 7 and result.metrics["profile"] == "smoke"
+    assert result.metrics["asset_sha256"] == job.asset_sha256  # what the conductor checks
     assert "val_bpb:" in result.log_tail
     assert last_progress(Path(handle))["progress"] == 1.0
-    assert runner.free_slots() == 1
+    assert runner.lookup(7).result == result  # asked again: the same answer, from outcome.json
 
 
 def test_a_crash_is_a_result_with_the_error(tmp_path: Path, smoke_prepared) -> None:
     runner = LocalRunner(tmp_path, slots=1)
-    runner.start(Job(run_id=1, asset="raise KeyError('no such knob')\n", profile="smoke", seed=1))
-    [result] = wait_for(runner)
+    runner.submit(Job(run_id=1, asset="raise KeyError('no such knob')\n", profile="smoke", seed=1))
+    result = wait_for(runner, 1).result
     assert result.status == "crash" and result.val_bpb is None
     assert "KeyError" in result.error and "no such knob" in result.error
 
 
-def test_cancel_stops_the_job_and_reports_nothing(tmp_path: Path, smoke_prepared) -> None:
+def test_submitting_the_same_run_id_twice_starts_one_process(tmp_path: Path, smoke_prepared) -> None:
     runner = LocalRunner(tmp_path, slots=1)
-    runner.start(Job(run_id=2, asset="import time\ntime.sleep(60)\n", profile="smoke", seed=2))
+    job = Job(run_id=4, asset="import time\ntime.sleep(30)\n", profile="smoke", seed=4)
+    runner.submit(job)
+    pid = (tmp_path / "4" / "pid").read_text()
+    LocalRunner(tmp_path, slots=1).submit(job)  # even from a restarted conductor
+    assert (tmp_path / "4" / "pid").read_text() == pid
+    runner.cancel(4)
+
+
+def test_cancel_stops_the_job(tmp_path: Path, smoke_prepared) -> None:
+    runner = LocalRunner(tmp_path, slots=1)
+    runner.submit(Job(run_id=2, asset="import time\ntime.sleep(60)\n", profile="smoke", seed=2))
     time.sleep(1.0)
+    pid = int((tmp_path / "2" / "pid").read_text())
     runner.cancel(2)
-    assert runner.free_slots() == 1
-    time.sleep(0.5)
-    assert runner.poll() == []
+    time.sleep(0.3)
+    assert not Path(f"/proc/{pid}").exists() or "State:\tZ" in Path(f"/proc/{pid}/status").read_text()
     assert not (tmp_path / "2" / "result.json").exists()
 
 
-def test_reattach_after_a_restart(tmp_path: Path, smoke_prepared) -> None:
+def test_a_restarted_runner_finds_its_jobs_from_the_files(tmp_path: Path, smoke_prepared) -> None:
     first = LocalRunner(tmp_path, slots=1)
-    first.start(Job(run_id=3, asset="import time\ntime.sleep(3)\nraise SystemExit(3)\n", profile="smoke", seed=3))
+    first.submit(Job(run_id=3, asset="import time\ntime.sleep(3)\nraise SystemExit(3)\n", profile="smoke", seed=3))
     time.sleep(0.5)
-    # a new runner (the conductor restarted) adopts the job that is still running, by its handle
-    second = LocalRunner(tmp_path, slots=1)
-    assert second.reattach(3, second.handle(3)) is True
-    assert second.free_slots() == 0
-    [result] = wait_for(second)
-    assert result.run_id == 3 and result.status == "crash"
-    first.poll()  # reap our own child
+    second = LocalRunner(tmp_path, slots=1)  # the conductor restarted: nothing in memory
+    assert second.lookup(3).state == "running"
+    status = wait_for(second, 3)
+    assert status.state == "finished" and status.result.status == "crash"
+    first.lookup(3)  # reap our own child
 
-    # a handle whose process is gone and that left no result cannot be adopted
+    # a job whose process is gone and that left no result is lost
     (tmp_path / "9").mkdir()
-    assert LocalRunner(tmp_path).reattach(9, str(tmp_path / "9")) is False
+    (tmp_path / "9" / "job.json").write_text('{"run_id": 9, "pid": 999999999}')
+    assert LocalRunner(tmp_path).lookup(9).state == "lost"
+
+
+def test_each_slot_of_a_cuda_profile_sees_only_its_gpu(tmp_path: Path) -> None:
+    runner = LocalRunner(tmp_path, slots=2, gpus=["3", "5"])
+    seen = []
+    for run_id, profile in ((1, "h100"), (2, "h100"), (3, "smoke")):
+        runner.submit(Job(run_id=run_id, asset="pass\n", profile=profile, seed=run_id))
+        pid = int((tmp_path / str(run_id) / "pid").read_text())
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")  # the child's real environment
+        seen.append(next(v for v in environ if v.startswith(b"CUDA_VISIBLE_DEVICES=")).decode())
+    for run_id in (1, 2, 3):
+        runner.cancel(run_id)
+    assert seen == ["CUDA_VISIBLE_DEVICES=3", "CUDA_VISIBLE_DEVICES=5", "CUDA_VISIBLE_DEVICES="]
