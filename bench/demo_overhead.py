@@ -4,7 +4,8 @@ Runs `autoresearch demo` with its defaults (cpu profile, 6 experiments, 1 slot) 
 directory, then reads the store: wall time, experiments per hour, the fraction of wall time spent
 in timed training, and the overhead per run split into process start-up (to the first step),
 evaluation, the rest of the training process (first steps not counted, teardown) and the loop's
-own work between runs (proposing, git, judging, bookkeeping).
+own work between runs (proposing, git, judging, bookkeeping), and the conductor process's own CPU
+seconds (recorded by the driver; the training children not included).
 
     .venv/bin/python bench/demo_overhead.py [--experiments 6] [--profile cpu]
 """
@@ -43,6 +44,7 @@ def main() -> None:
     in_process = sum((r.finished_at or 0) - (r.started_at or 0) for r in runs)
     other_in_run = in_process - training - startup - evaluation
     loop_work = wall - in_process
+    driver = json.loads(store.get_setting("driver.last_run") or "{}")
     figures = {
         "profile": args.profile,
         "experiments": len(done),
@@ -59,6 +61,9 @@ def main() -> None:
             "loop_between_runs": round(loop_work / len(runs), 2),
         },
         "per_experiment_overhead_seconds": round((wall - training) / max(1, len(done)), 1),
+        "conductor_cpu_seconds": driver.get("cpu_seconds"),
+        "conductor_cpu_seconds_per_experiment": round(driver.get("cpu_seconds", 0.0) / max(1, len(done)), 3),
+        "ticks": driver.get("ticks"),
         "workdir": str(workdir),
         "date": time.strftime("%Y-%m-%d"),
     }

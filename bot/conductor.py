@@ -209,8 +209,9 @@ class Conductor:
         except SettingsError as error:
             kept = self.store.get_setting("program.settings")
             settings = LoopSettings.model_validate_json(kept) if kept else LoopSettings()
-            self.store.event(None, "settings_error", f"program.md on main {sha[:7]} is invalid, so the last valid "
-                             f"settings stay in force until it is fixed: {error}")
+            which = "the last valid settings stay" if kept else "the default settings are"
+            self.store.event(None, "settings_error", f"program.md on main {sha[:7]} is invalid, so {which} in "
+                             f"force until it is fixed: {error}")
             log.error("program.md on main %s: %s", sha[:7], error)
             return text, settings
         self.store.set_setting("program.settings", program.settings.model_dump_json())

@@ -17,6 +17,7 @@ runs, through the store's inbox.
 from __future__ import annotations
 
 import fcntl
+import json
 import logging
 import os
 import time
@@ -31,7 +32,7 @@ from rich.text import Text
 
 from bot import results
 from bot.agent.explorer import OfflineExplorer
-from bot.conductor import Conductor, ConductorConfig, Summary
+from bot.conductor import Conductor, ConductorConfig, ConductorError, Summary
 from bot.driver import Driver
 from bot.forge.local import init_research_repo
 from bot.runners.local import LocalRunner
@@ -105,10 +106,26 @@ def build_conductor(options: DemoOptions, console: Console | None = None) -> tup
     return conductor, store, runner
 
 
+def check_profile(workdir: Path, profile: str) -> None:
+    """A work directory measures one profile: refuse another before preparing anything for it."""
+    db = workdir / "state.db"
+    if not db.is_file():
+        return
+    store = Store(db)
+    try:
+        pinned = json.loads(store.get_setting("identity") or "{}").get("profile")
+    finally:
+        store.close()
+    if pinned and pinned != profile:
+        raise ConductorError(f"this work directory measures with profile {pinned!r}, not {profile!r}: their numbers "
+                             f"do not compare. Use --profile {pinned} here, or another --workdir for {profile!r}.")
+
+
 def run_demo(options: DemoOptions, console: Console | None = None) -> Summary:
     console = console or Console()
     get_profile(options.profile)  # an unknown profile is refused before anything is created
     options.workdir = check_workdir(options.workdir)
+    check_profile(options.workdir, options.profile)
     options.workdir.mkdir(parents=True, exist_ok=True)
     lock = lock_workdir(options.workdir)
     _log_to(options.workdir / "conductor.log")

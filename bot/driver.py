@@ -9,6 +9,7 @@ driver runs `autoresearch demo` now and the long-running service later.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -38,6 +39,16 @@ class Driver:
         """Tick until the conductor has nothing more to do; raise ConductorError if main needs a human."""
         conductor = self.conductor
         conductor.start()
+        cpu, wall = time.process_time(), time.monotonic()
+        try:
+            return self._loop()
+        finally:  # the conductor process's own CPU (agent thread included, training children not)
+            conductor.store.set_setting("driver.last_run", json.dumps({
+                "ticks": self.ticks, "cpu_seconds": round(time.process_time() - cpu, 3),
+                "wall_seconds": round(time.monotonic() - wall, 3)}))
+
+    def _loop(self) -> Summary:
+        conductor = self.conductor
         while True:
             seen_inbox = conductor.store.last_inbox_id()
             self._wake.clear()

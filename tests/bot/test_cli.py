@@ -46,21 +46,39 @@ def test_train_prints_the_summary_and_fails_loudly(tmp_path: Path, smoke_prepare
     assert "run failed" in said(failed) and "broken" in said(failed)
 
 
+def seeded_workdir(work: Path, **settings: object) -> None:
+    """A work directory whose research repository measures main twice (a short demo)."""
+    from bot.forge.local import init_research_repo
+
+    lines = "\n".join(f"  {k}: {json.dumps(v)}" for k, v in settings.items())
+    program = f"---\nautoresearch:\n{lines}\n---\n\n# Research program\n\nLower val_bpb.\n"
+    init_research_repo(work / "repo", {"train.py": (ROOT / "train.py").read_text(), "program.md": program})
+
+
 @pytest.mark.slow
 def test_demo_runs_then_resumes_to_a_larger_target(tmp_path: Path, smoke_prepared) -> None:
     work = tmp_path / "demo"
+    seeded_workdir(work, first_baseline_runs=2, baseline_runs=2)
     first = cli.invoke(app, ["demo", "--workdir", str(work), "--profile", "smoke", "--experiments", "1"])
     assert first.exit_code == 0, first.output
     assert "reached 1 experiments" in said(first) and "results.tsv" in said(first)
+    # without a terminal, every event is one printed line
+    assert "queued: run 1 (baseline) queued: measure main" in first.output
+    assert "#1 proposed:" in first.output
 
     again = cli.invoke(app, ["demo", "--workdir", str(work), "--profile", "smoke", "--experiments", "2"])
     assert again.exit_code == 0, again.output
     rows = json.loads(cli.invoke(app, ["results", "--workdir", str(work), "--json"]).output)
     assert [row["id"] for row in rows] == [0, 1, 2]  # the baseline, then the two experiments
+    assert all(row["steps"] and row["tokens_per_second"] for row in rows if row["status"] != "crash")
     tsv = cli.invoke(app, ["results", "--workdir", str(work), "--tsv"]).output.splitlines()
     assert len(tsv) == 1 + 3
     table = cli.invoke(app, ["results", "--workdir", str(work)])
     assert table.exit_code == 0 and "baseline" in said(table)
+    runs = json.loads(cli.invoke(app, ["results", "--workdir", str(work), "--runs", "--json"]).output)
+    assert all(run["steps"] for run in runs if run["status"] == "ok")
+    status = cli.invoke(app, ["status", "--workdir", str(work)])
+    assert status.exit_code == 0 and "profile smoke" in said(status) and "nothing running" in said(status)
 
 
 def test_results_without_a_demo_says_what_to_run(tmp_path: Path) -> None:
@@ -69,17 +87,57 @@ def test_results_without_a_demo_says_what_to_run(tmp_path: Path) -> None:
     assert "autoresearch demo" in said(result)
 
 
-def test_demo_with_bad_front_matter_stops_with_a_clear_error_and_loses_nothing(tmp_path: Path, smoke_prepared) -> None:
-    from bot.forge.local import init_research_repo
+def test_results_refuses_json_and_tsv_together(tmp_path: Path) -> None:
+    result = cli.invoke(app, ["results", "--workdir", str(tmp_path), "--json", "--tsv"])
+    assert result.exit_code == 2 and "choose one of --json and --tsv" in said(result)
 
+
+def test_steer_pause_and_resume_go_through_the_inbox(tmp_path: Path) -> None:
+    from bot.store import Store
+
+    Store(tmp_path / "state.db").close()
+    for args in (["steer", "try a deeper model"], ["pause"], ["resume"]):
+        result = cli.invoke(app, [*args, "--workdir", str(tmp_path)])
+        assert result.exit_code == 0, result.output
+        assert "a running loop applies it" in said(result)
+    store = Store(tmp_path / "state.db")
+    entries = store.inbox()
+    store.close()
+    assert [(e.kind, e.payload) for e in entries] == [("steer", {"text": "try a deeper model"}), ("pause", {}),
+                                                      ("resume", {})]
+    assert len({e.key for e in entries}) == 3 and all(e.processed_at is None for e in entries)
+
+
+def test_steer_without_a_work_directory_says_what_to_run(tmp_path: Path) -> None:
+    result = cli.invoke(app, ["steer", "hello", "--workdir", str(tmp_path / "nothing")])
+    assert result.exit_code == 2 and "autoresearch demo" in said(result)
+    assert not (tmp_path / "nothing").exists()
+
+
+def test_a_bad_argument_creates_nothing_and_promises_nothing(tmp_path: Path) -> None:
     work = tmp_path / "demo"
-    train_py = (ROOT / "train.py").read_text()
-    init_research_repo(work / "repo", {"train.py": train_py,
-                                       "program.md": "---\nautoresearch:\n  baseline_runs: 0\n---\nhi\n"})
-    result = cli.invoke(app, ["demo", "--workdir", str(work), "--profile", "smoke", "--experiments", "1"])
+    result = cli.invoke(app, ["demo", "--workdir", str(work), "--profile", "tpu"])
+    assert result.exit_code == 2 and "unknown profile 'tpu'" in said(result)
+    assert "Nothing was lost" not in said(result) and not work.exists()
+
+
+def test_a_work_directory_that_is_a_file_is_a_clear_error(tmp_path: Path) -> None:
+    work = tmp_path / "demo"
+    work.write_text("not a directory")
+    result = cli.invoke(app, ["demo", "--workdir", str(work), "--profile", "smoke"])
+    assert result.exit_code == 2 and "is a file, not a work directory" in said(result)
+    assert "Errno" not in said(result)
+
+
+def test_another_profile_in_a_work_directory_is_refused_before_preparing(tmp_path: Path) -> None:
+    from bot.store import Store
+
+    store = Store(tmp_path / "state.db")
+    store.set_setting("identity", json.dumps({"profile": "smoke", "harness_hash": "h", "data_fingerprint": "d"}))
+    store.close()
+    result = cli.invoke(app, ["demo", "--workdir", str(tmp_path), "--profile", "cpu"])
     assert result.exit_code == 1
-    assert "autoresearch.baseline_runs" in said(result) and "run the same command again" in said(result)
-    assert (work / "repo" / "train.py").read_text() == train_py
+    assert "measures with profile 'smoke', not 'cpu'" in said(result) and "another --workdir" in said(result)
 
 
 def test_a_second_conductor_on_the_same_workdir_is_refused(tmp_path: Path) -> None:
@@ -92,3 +150,27 @@ def test_a_second_conductor_on_the_same_workdir_is_refused(tmp_path: Path) -> No
         held.close()
     assert result.exit_code == 1
     assert "another autoresearch conductor is running" in said(result)
+
+
+@pytest.mark.slow
+def test_ctrl_c_says_it_stopped_and_that_the_same_command_resumes(tmp_path: Path, smoke_prepared) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    work = tmp_path / "demo"
+    seeded_workdir(work, first_baseline_runs=2, baseline_runs=2)
+    proc = subprocess.Popen([sys.executable, "-m", "bot.cli", "demo", "--workdir", str(work), "--profile", "smoke",
+                             "--experiments", "1"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    deadline = time.time() + 120
+    while not list((work / "runs").glob("*/pid")):  # a training run has started
+        assert time.time() < deadline and proc.poll() is None, proc.stdout.read()
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out
+    assert "stopped. Nothing was lost: run the same command again to resume" in " ".join(out.split())
+    pid = int(next((work / "runs").glob("*/pid")).read_text())
+    assert not Path(f"/proc/{pid}/cmdline").exists() or b"runner.execute" not in Path(f"/proc/{pid}/cmdline").read_bytes()
