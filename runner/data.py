@@ -7,6 +7,10 @@ column plus a `manifest.json`:
   validation shard is the last one), downloaded by `runner.download`;
 - a local directory of `.txt`/`.md` files, one document per file.
 The validation documents are fixed by the source and never used for training.
+
+The fingerprint is a sha256 over the names and contents of the parquet files, written to the
+manifest at preparation; `verify_dataset` recomputes it from the files, so that a measurement
+identity can name data that is really on disk.
 """
 
 from __future__ import annotations
@@ -34,6 +38,11 @@ DOCS_PER_SHARD = 1000
 
 class DataMissing(RuntimeError):
     """The dataset (or tokenizer) has not been prepared yet."""
+
+
+class DataCorrupt(DataMissing):
+    """A prepared dataset (or tokenizer) on disk is not what preparation wrote: a file was changed,
+    cut short or removed. The cure is to delete the directory and prepare again."""
 
 
 def cache_dir() -> Path:
@@ -100,10 +109,45 @@ def load_dataset(source: str, profile_name: str = "cpu") -> Dataset:
             f"no prepared data for source {source!r} (looked in {manifest.parent}). "
             f"Run `autoresearch prepare --profile {profile_name}` first."
         )
-    info = json.loads(manifest.read_text())
-    return Dataset(root=manifest.parent, source=info["source"], fingerprint=info["fingerprint"],
-                   train_files=tuple(info["train_files"]), val_file=info["val_file"],
-                   train_docs=info["train_docs"], val_docs=info["val_docs"])
+    try:
+        info = json.loads(manifest.read_text())
+        dataset = Dataset(root=manifest.parent, source=str(info["source"]),
+                          fingerprint=str(info["fingerprint"]),
+                          train_files=tuple(str(name) for name in info["train_files"]),
+                          val_file=str(info["val_file"]), train_docs=int(info["train_docs"]),
+                          val_docs=int(info["val_docs"]))
+    except (ValueError, KeyError, TypeError) as error:
+        raise DataCorrupt(f"{manifest} is unreadable ({type(error).__name__}: {error}). "
+                          f"{_redo(manifest.parent, profile_name)}") from None
+    if any(Path(name).name != name or not name.endswith(".parquet")
+           for name in (*dataset.train_files, dataset.val_file)):  # files live in the directory itself
+        raise DataCorrupt(f"{manifest} names files outside its directory. "
+                          f"{_redo(manifest.parent, profile_name)}")
+    return dataset
+
+
+def verify_dataset(dataset: Dataset, profile_name: str | None = None) -> str:
+    """Recompute the fingerprint from the parquet files; return it if it matches the manifest's,
+    raise DataCorrupt otherwise (a changed, truncated or missing file)."""
+    names = [*dataset.train_files, dataset.val_file]
+    try:
+        actual = _fingerprint(dataset.root, names)
+    except OSError as error:
+        raise DataCorrupt(f"the prepared data in {dataset.root} is incomplete ({error}). "
+                          f"{_redo(dataset.root, profile_name)}") from None
+    if actual != dataset.fingerprint:
+        raise DataCorrupt(f"the prepared data in {dataset.root} does not match its manifest (fingerprint "
+                          f"{actual} on disk, {dataset.fingerprint} recorded): a parquet file was changed "
+                          f"after preparation. {_redo(dataset.root, profile_name)}")
+    return actual
+
+
+def _redo(root: Path, profile_name: str | None = None) -> str:
+    """What to do about a corrupt cache directory, in the user's words."""
+    if profile_name:
+        return f"Delete {root} and run `autoresearch prepare --profile {profile_name}` again."
+    return (f"Delete {root} and run `autoresearch prepare --profile P` again (P: the profile you "
+            "train with).")
 
 
 def prepare_dataset(source: str, *, train_shards: int = 1, progress: bool = False) -> Dataset:
@@ -190,17 +234,21 @@ def _download_reference_shards(base_url: str, root: Path, train_shards: int, pro
     return names[:-1], names[-1]
 
 
-def _write_manifest(root: Path, source: str, train_files: list[str], val_file: str) -> Dataset:
+def _fingerprint(root: Path, names: list[str]) -> str:
+    """sha256 over each file's name and the sha256 of its content, in the manifest's order."""
     digest = hashlib.sha256()
-    counts = {}
-    for name in [*train_files, val_file]:
+    for name in names:
         digest.update(name.encode())
         with open(root / name, "rb") as handle:
             digest.update(hashlib.file_digest(handle, "sha256").digest())
-        counts[name] = pq.ParquetFile(root / name).metadata.num_rows
+    return digest.hexdigest()[:16]
+
+
+def _write_manifest(root: Path, source: str, train_files: list[str], val_file: str) -> Dataset:
+    counts = {name: pq.ParquetFile(root / name).metadata.num_rows for name in [*train_files, val_file]}
     info = {
         "source": source,
-        "fingerprint": digest.hexdigest()[:16],
+        "fingerprint": _fingerprint(root, [*train_files, val_file]),
         "train_files": train_files,
         "val_file": val_file,
         "train_docs": sum(counts[n] for n in train_files),

@@ -7,7 +7,20 @@ schedules. At the end it hands its model to `h.finish(model)`: the harness evalu
 itself and writes the machine-readable result (result.json). Nothing train.py prints is read.
 
 The clock is the harness's: the first `profile.warmup_steps` steps (compilation, allocator
-warm-up) are not counted, as in the reference; the budget counts every later step in full.
+warm-up) are not counted, as in the reference; the budget counts every later step in full. What a
+step costs depends on the profile's clock:
+- "wall" (GPU profiles): the wall time of the step;
+- "cpu" (CPU profiles): the CPU time the process spent in it, all its threads together
+  (`time.process_time`), divided by the threads the run was allotted, fixed when the session
+  opens. Other work on the machine then slows a run down without giving it less training, and
+  threads beyond the allotment burn the budget faster instead of buying more of it; train.py
+  changing torch's thread count ends the run (ThreadsChanged). runner.execute makes OpenMP
+  threads sleep rather than spin while they wait, which would burn CPU time for nothing. The wall
+  time of the timed steps is recorded beside it, and `cpu_share` (CPU time / (wall time *
+  threads)) says how much of its cores the run had: well below what the same train.py gets on a
+  quiet machine, the machine was busy (a run's serial parts keep it below 1 even when quiet).
+CPU time spent in child processes is not counted: keeping train.py from starting processes (or
+reaching a GPU on a CPU profile) is the sandbox's concern, not the clock's.
 """
 
 from __future__ import annotations
@@ -17,7 +30,7 @@ import math
 import os
 import resource
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +38,7 @@ from typing import Any
 import torch
 
 from runner import dataloader, files
-from runner.data import Dataset, load_dataset
+from runner.data import Dataset, load_dataset, verify_dataset
 from runner.evaluate import evaluate_bpb
 from runner.profiles import Profile, get_profile, harness_hash
 from runner.tokenizer import Tokenizer, load_tokenizer
@@ -36,6 +49,10 @@ PEAK_FLOPS = {"H100": 989.5e12, "H200": 989.5e12, "A100": 312e12, "L40S": 362e12
 
 class TrainingDiverged(RuntimeError):
     """The training loss became NaN or infinite."""
+
+
+class ThreadsChanged(RuntimeError):
+    """train.py changed torch's CPU thread count on a profile whose budget is CPU time."""
 
 
 @dataclass
@@ -53,7 +70,13 @@ class Result:
     total_tokens_M: float
     num_steps: int
     num_params_M: float
-    tokens_per_second: float
+    tokens_per_second: float  # per second of the budget's clock
+    tokens_per_wall_second: float
+    clock: str  # the profile's: "wall" or "cpu"
+    training_wall_seconds: float  # wall time of the timed steps
+    cpu_seconds: float  # process CPU time over the timed steps
+    threads: int  # CPU threads the run was allotted
+    cpu_share: float  # cpu_seconds / (training_wall_seconds * threads): 1.0, all threads busy throughout
     profile: str
     harness_hash: str
     data_fingerprint: str
@@ -85,7 +108,11 @@ class Session:
 
     def __init__(self, profile: Profile, dataset: Dataset, tokenizer: Tokenizer, *, out_dir: Path,
                  seed: int = 0, asset_sha256: str = "", started_at: float | None = None,
-                 device: torch.device | None = None) -> None:
+                 device: torch.device | None = None, threads: int = 0,
+                 wall_clock: Callable[[], float] = time.time,
+                 cpu_clock: Callable[[], float] = time.process_time) -> None:
+        """`threads`: the CPU threads the run was allotted (0: torch's thread count now). The
+        clocks are bound here, so that train.py replacing `time.process_time` changes nothing."""
         self.profile = profile
         self.dataset = dataset
         self.tokenizer = tokenizer
@@ -93,14 +120,21 @@ class Session:
         self.seed = seed
         self.asset_sha256 = asset_sha256
         self.device = device or pick_device(profile)
-        self.started_at = started_at if started_at is not None else time.time()
+        self.threads = threads if threads > 0 else torch.get_num_threads()
+        self._torch_threads = torch.get_num_threads()  # at open; a CPU-time run must keep it
+        self._wall_clock = wall_clock
+        self._cpu_clock = cpu_clock
+        self.started_at = started_at if started_at is not None else wall_clock()
         self.step = 0
-        self.training_seconds = 0.0
+        self.training_seconds = 0.0  # on the profile's clock: what the budget counts
+        self.training_wall_seconds = 0.0
+        self.cpu_seconds = 0.0
         self.tokens_served = 0
         self.first_step_at: float | None = None
         self.last_loss = math.nan
         self.result: Result | None = None
-        self._last_mark = time.time()
+        self._last_wall = wall_clock()
+        self._last_cpu = cpu_clock()
         self._last_report = 0.0
         self._untimed_tokens = 0  # tokens of the warm-up steps, which the clock does not count
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -134,15 +168,25 @@ class Session:
         value = float(loss.detach().item() if isinstance(loss, torch.Tensor) else loss)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        now = time.time()
+        now, cpu_now = self._wall_clock(), self._cpu_clock()
+        if self.profile.clock == "cpu" and torch.get_num_threads() != self._torch_threads:
+            # Fewer threads than allotted would stretch the same CPU budget over more wall time,
+            # where threads waste less of it waiting for each other.
+            raise ThreadsChanged(f"train.py changed torch's thread count from {self._torch_threads} to "
+                                 f"{torch.get_num_threads()} (step {self.step + 1}); the harness allots "
+                                 f"the threads of a {self.profile.name} run. Remove the "
+                                 "torch.set_num_threads call from train.py.")
         if self.first_step_at is None:
             self.first_step_at = now
         self.step += 1
         if self.step > self.profile.warmup_steps:
-            self.training_seconds += now - self._last_mark
+            wall, cpu = now - self._last_wall, cpu_now - self._last_cpu
+            self.training_wall_seconds += wall
+            self.cpu_seconds += cpu
+            self.training_seconds += cpu / self.threads if self.profile.clock == "cpu" else wall
         else:
             self._untimed_tokens = self.tokens_served
-        self._last_mark = now
+        self._last_wall, self._last_cpu = now, cpu_now
         self.last_loss = value
         if not math.isfinite(value):
             raise TrainingDiverged(f"training loss is {value} at step {self.step}: the run diverged. "
@@ -156,11 +200,12 @@ class Session:
         """Evaluate the model on the fixed validation tokens and write result.json."""
         if self.result is not None:
             raise RuntimeError("finish() was already called for this run")
-        eval_started = time.time()
+        eval_started = self._wall_clock()
         evaluation = evaluate_bpb(model, self.tokenizer, self.dataset, seq_len=self.seq_len,
                                   eval_tokens=self.profile.eval_tokens,
                                   batch_size=self.profile.eval_batch_size, device=self.device)
-        now = time.time()
+        now = self._wall_clock()
+        timed_tokens = self.tokens_served - self._untimed_tokens
         params = sum(p.numel() for p in model.parameters())
         self.result = Result(
             status="ok",
@@ -174,7 +219,13 @@ class Session:
             total_tokens_M=self.tokens_served / 1e6,
             num_steps=self.step,
             num_params_M=params / 1e6,
-            tokens_per_second=(self.tokens_served - self._untimed_tokens) / max(1e-9, self.training_seconds),
+            tokens_per_second=timed_tokens / max(1e-9, self.training_seconds),
+            tokens_per_wall_second=timed_tokens / max(1e-9, self.training_wall_seconds),
+            clock=self.profile.clock,
+            training_wall_seconds=self.training_wall_seconds,
+            cpu_seconds=self.cpu_seconds,
+            threads=self.threads,
+            cpu_share=self.cpu_share(),
             profile=self.profile.name,
             harness_hash=harness_hash(),
             data_fingerprint=self.dataset.fingerprint,
@@ -186,26 +237,36 @@ class Session:
         write_json(self.out_dir / "result.json", asdict(self.result))
         return self.result
 
+    def cpu_share(self) -> float:
+        """CPU time over the timed steps / (their wall time * allotted threads); 0 before any."""
+        if self.training_wall_seconds <= 0:
+            return 0.0
+        return self.cpu_seconds / (self.training_wall_seconds * self.threads)
+
     # --- internals ------------------------------------------------------------------------------
     def _mfu(self, flops_per_token: float | None) -> float:
-        if not flops_per_token or self.device.type != "cuda" or self.training_seconds <= 0:
+        if not flops_per_token or self.device.type != "cuda" or self.training_wall_seconds <= 0:
             return 0.0
         name = torch.cuda.get_device_name(self.device)
         peak = next((v for k, v in PEAK_FLOPS.items() if k in name), None)
         if peak is None:
             return 0.0
         timed_tokens = self.tokens_served - self._untimed_tokens
-        return 100.0 * flops_per_token * timed_tokens / self.training_seconds / peak
+        return 100.0 * flops_per_token * timed_tokens / self.training_wall_seconds / peak
 
     def _report(self, now: float) -> None:
         self._last_report = now
         line = {"step": self.step, "loss": round(self.last_loss, 5), "progress": round(self.progress(), 4),
                 "training_seconds": round(self.training_seconds, 2),
                 "remaining_seconds": round(max(0.0, self.profile.time_budget_s - self.training_seconds), 2),
-                "tokens": self.tokens_served}
+                "tokens": self.tokens_served, "clock": self.profile.clock,
+                "training_wall_seconds": round(self.training_wall_seconds, 2),
+                "cpu_seconds": round(self.cpu_seconds, 2), "threads": self.threads,
+                "cpu_share": round(self.cpu_share(), 3)}
         self._progress_file.write(json.dumps(line) + "\n")
+        share = f" | cpu share {line['cpu_share']:.2f}" if self.profile.clock == "cpu" else ""
         print(f"step {self.step:05d} | loss {self.last_loss:.4f} | {100 * self.progress():5.1f}% "
-              f"| {line['remaining_seconds']:.1f}s left", flush=True)
+              f"| {line['remaining_seconds']:.1f}s left{share}", flush=True)
 
 
 def pick_device(profile: Profile) -> torch.device:
@@ -232,15 +293,17 @@ _current: Session | None = None
 
 
 def open_session(profile_name: str, *, data: str | None = None, out_dir: Path, seed: int = 0,
-                 asset_sha256: str = "", started_at: float | None = None) -> Session:
-    """Build the session for a run: loads prepared data and tokenizer (never prepares them)."""
+                 asset_sha256: str = "", started_at: float | None = None, threads: int = 0) -> Session:
+    """Build the session for a run: loads prepared data (its fingerprint checked against the
+    files) and tokenizer, never prepares them. `threads`: the CPU threads allotted (0: torch's)."""
     global _current
     profile = get_profile(profile_name)
     dataset = load_dataset(data or profile.data, profile.name)
+    verify_dataset(dataset, profile.name)
     tokenizer = load_tokenizer(dataset, profile.vocab_size, profile.name)
     torch.manual_seed(seed)
     _current = Session(profile, dataset, tokenizer, out_dir=out_dir, seed=seed,
-                       asset_sha256=asset_sha256, started_at=started_at)
+                       asset_sha256=asset_sha256, started_at=started_at, threads=threads)
     return _current
 
 

@@ -2,6 +2,11 @@
 
 A profile is chosen by whoever runs the job (the runner), never by train.py. Results compare only
 when profile, harness version (a hash of this package's source) and data fingerprint all match.
+
+The budget is counted on the profile's clock. On a GPU it is wall time (the GPU is the resource).
+On the CPU it is the training process's CPU time divided by the threads the run was allotted, so
+that other work on the machine slows a run down without shortening it: a run that gets half the
+cores for a minute has had 30 s of budget.
 """
 
 from __future__ import annotations
@@ -17,7 +22,8 @@ class Profile:
     device: str  # "cuda" or "cpu": where the run is meant to happen
     seq_len: int  # tokens per training and evaluation row
     vocab_size: int  # tokenizer size, special tokens included
-    time_budget_s: float  # seconds of timed training (warm-up steps excluded)
+    time_budget_s: float  # seconds of timed training on `clock` (warm-up steps excluded)
+    clock: str  # "wall": wall time; "cpu": process CPU time / allotted threads (see harness.py)
     warmup_steps: int  # first steps (compilation, allocator warm-up) not counted against the budget
     eval_tokens: int  # validation tokens scored for val_bpb
     eval_batch_size: int  # rows per evaluation forward pass
@@ -25,6 +31,13 @@ class Profile:
     train_shards: int  # parquet shards to download when data is a URL
     tokenizer_chars: int  # characters of training text the tokenizer is trained on
     max_total_s: float  # hard wall-clock limit for the whole run, start-up and evaluation included
+
+    def __post_init__(self) -> None:
+        if self.clock not in CLOCKS:
+            raise ValueError(f"profile {self.name}: clock must be one of {CLOCKS}, not {self.clock!r}")
+
+
+CLOCKS = ("wall", "cpu")
 
 
 # The reference's data: parquet shards with one `text` column, the last shard pinned for validation.
@@ -34,19 +47,21 @@ REFERENCE_VAL_SHARD = 6542
 PROFILES: dict[str, Profile] = {
     # The reference's constants (karpathy/autoresearch prepare.py) on one H100-class GPU.
     "h100": Profile(
-        name="h100", device="cuda", seq_len=2048, vocab_size=8192, time_budget_s=300.0,
+        name="h100", device="cuda", seq_len=2048, vocab_size=8192, time_budget_s=300.0, clock="wall",
         warmup_steps=10, eval_tokens=40 * 524288, eval_batch_size=64, data=REFERENCE_DATA_URL,
         train_shards=10, tokenizer_chars=1_000_000_000, max_total_s=900.0,
     ),
-    # About 30 s of training and a few seconds of evaluation on 2 CPU cores.
+    # 30 s of training on 2 CPU cores (60 CPU seconds) and a few seconds of evaluation. On a
+    # machine busy with other work (cpu_share 0.31, about 3x slower) a run took 112 s in all; the
+    # hard limit leaves room for about 7x.
     "cpu": Profile(
-        name="cpu", device="cpu", seq_len=256, vocab_size=4096, time_budget_s=30.0,
+        name="cpu", device="cpu", seq_len=256, vocab_size=4096, time_budget_s=30.0, clock="cpu",
         warmup_steps=1, eval_tokens=2**16, eval_batch_size=32, data="builtin",
         train_shards=0, tokenizer_chars=5_000_000, max_total_s=240.0,
     ),
-    # A few seconds in all, for tests.
+    # A few seconds in all, for tests (25 s in all at cpu_share 0.2; the limit is for hangs).
     "smoke": Profile(
-        name="smoke", device="cpu", seq_len=128, vocab_size=1024, time_budget_s=3.0,
+        name="smoke", device="cpu", seq_len=128, vocab_size=1024, time_budget_s=3.0, clock="cpu",
         warmup_steps=1, eval_tokens=2**13, eval_batch_size=16, data="builtin",
         train_shards=0, tokenizer_chars=5_000_000, max_total_s=120.0,
     ),

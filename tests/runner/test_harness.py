@@ -9,6 +9,7 @@ import json
 import math
 import os
 import re
+import shutil
 import time
 import warnings
 from pathlib import Path
@@ -99,7 +100,7 @@ def test_smoke_run_succeeds_within_its_budget(smoke_run):
     assert result["training_seconds"] >= SMOKE.time_budget_s
     # training_seconds <= budget + (the steps after `before`, the last of them included)
     assert before["training_seconds"] < SMOKE.time_budget_s
-    assert result["total_seconds"] >= result["training_seconds"] + result["eval_seconds"]
+    assert result["total_seconds"] >= result["training_wall_seconds"] + result["eval_seconds"]
     assert result["startup_seconds"] > 0
     assert result["total_seconds"] <= wall < SMOKE.max_total_s
     assert result["tokens_per_second"] > 0
@@ -114,8 +115,9 @@ def test_smoke_run_learns(smoke_run, uniform_bpb):
     assert math.isfinite(result["val_bpb"])
     assert result["val_bpb"] < uniform_bpb
     # On an idle 2-core machine the 3-second budget gives ~16 steps and val_bpb ~2.6 (0.67 of
-    # uniform). The budget is wall-clock time, so a machine busy with other work gets fewer steps
-    # (3 steps gave 3.40, 0.88 of uniform); the stronger bound needs enough steps to be fair.
+    # uniform). The budget is CPU time, so a machine busy with other work mostly costs wall time,
+    # but contention (caches, threads waiting for each other) still costs some steps (3 steps gave
+    # 3.40, 0.88 of uniform); the stronger bound needs enough steps to be fair.
     if result["num_steps"] >= MIN_STEPS_TO_LEARN:
         assert result["val_bpb"] < 0.85 * uniform_bpb
     else:
@@ -133,6 +135,24 @@ def test_smoke_run_records_what_makes_results_comparable(smoke_run, smoke_prepar
     assert on_disk["asset_sha256"] == hashlib.sha256(TRAIN_PY.read_bytes()).hexdigest()
     assert on_disk["seed"] == 0
     assert int((out / "pid").read_text()) > 0
+
+
+def test_smoke_run_counts_cpu_time_and_records_both_clocks(smoke_run):
+    result, out, _ = smoke_run
+    assert result["clock"] == SMOKE.clock == "cpu"
+    assert result["threads"] == torch.get_num_threads()  # launched with threads=0: torch's count
+    # the budget clock is the CPU time of the timed steps per allotted thread
+    assert result["training_seconds"] == pytest.approx(result["cpu_seconds"] / result["threads"], rel=1e-6)
+    assert result["cpu_share"] == pytest.approx(
+        result["cpu_seconds"] / (result["training_wall_seconds"] * result["threads"]), rel=1e-6)
+    assert 0 < result["cpu_share"] <= 1.5  # above 1 only through threads outside torch's pool
+    assert result["tokens_per_wall_second"] * result["training_wall_seconds"] == pytest.approx(
+        result["tokens_per_second"] * result["training_seconds"], rel=1e-6)
+    last = json.loads((out / "progress.jsonl").read_text().splitlines()[-1])
+    assert (last["clock"], last["threads"]) == ("cpu", result["threads"])
+    assert last["training_wall_seconds"] == round(result["training_wall_seconds"], 2)
+    assert last["cpu_seconds"] == round(result["cpu_seconds"], 2)
+    assert last["cpu_share"] == round(result["cpu_share"], 3)
 
 
 def test_smoke_run_prints_the_summary_block(smoke_run):
@@ -175,6 +195,24 @@ def test_missing_data_is_a_crash_naming_the_prepare_command(tmp_path, monkeypatc
     assert "`autoresearch prepare --profile smoke`" in result["error"]
     assert wall < CRASH_FAST_S
     assert list(empty.iterdir()) == [], "the harness must never prepare data by itself"
+
+
+def test_data_changed_after_preparation_is_a_crash(smoke_prepared, tmp_path, monkeypatch):
+    """The harness checks the data fingerprint against the files before train.py runs."""
+    dataset = smoke_prepared.dataset
+    cache = tmp_path / "cache"
+    shutil.copytree(dataset.root.parents[1], cache)  # data and tokenizer
+    copied = cache / dataset.root.relative_to(dataset.root.parents[1])
+    with open(copied / dataset.val_file, "ab") as handle:
+        handle.write(b"\0")
+    monkeypatch.setenv("AUTORESEARCH_CACHE", str(cache))
+
+    result, wall = run_timed(TRAIN_PY, tmp_path / "run")
+
+    assert result["status"] == "crash"
+    assert "DataCorrupt" in result["error"] and str(copied) in result["error"]
+    assert "`autoresearch prepare --profile smoke`" in result["error"]
+    assert wall < CRASH_FAST_S
 
 
 def test_nan_loss_fails_fast(smoke_prepared, tmp_path):
@@ -288,6 +326,25 @@ def test_training_child_gets_no_secrets(smoke_prepared, tmp_path, monkeypatch):
     assert environ["AUTORESEARCH_HARMLESS_SETTING"] == "kept"
     assert environ["AUTORESEARCH_CACHE"] == os.environ["AUTORESEARCH_CACHE"]
     assert environ["PYTHONUNBUFFERED"] == "1"
+
+
+def test_cpu_time_profile_sees_no_gpu_and_openmp_threads_that_sleep(smoke_prepared, tmp_path, monkeypatch):
+    """Whatever the caller's environment says: a GPU would work at almost no CPU time, and
+    OpenMP threads spinning while they wait burn CPU time without doing work."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    seen = tmp_path / "environ.json"
+    asset = write_asset(tmp_path / "asset", (
+        "import json, os, torch\n"
+        f"with open({str(seen)!r}, 'w') as handle:\n"
+        "    json.dump({'env': dict(os.environ), 'gpus': torch.cuda.device_count()}, handle)\n"
+    ))
+    result, _ = run_timed(asset, tmp_path / "run")
+
+    assert result["status"] == "crash"  # it never calls h.finish; that is fine here
+    child = json.loads(seen.read_text())
+    assert child["env"]["CUDA_VISIBLE_DEVICES"] == "" and child["gpus"] == 0
+    assert child["env"]["OMP_WAIT_POLICY"] == "PASSIVE"
 
 
 # --- runner.launch units ------------------------------------------------------------------------

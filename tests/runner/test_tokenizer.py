@@ -85,7 +85,7 @@ def test_cached_tokenizer_is_reused(smoke_prepared):
     assert smoke_prepared.trained_tokenizer, "the session's first prepare trains the tokenizer"
     directory = tokenizer_dir(dataset, SMOKE.vocab_size)
     files = sorted(p for p in directory.iterdir())
-    assert {p.name for p in files} >= {"tokenizer.pkl", "token_bytes.pt"}
+    assert {p.name for p in files} == {"ranks.tiktoken", "token_bytes.npy", "tokenizer.json", "trained.txt"}
     before = {p.name: p.stat().st_mtime_ns for p in files}
 
     second, trained = prepare_tokenizer(dataset, SMOKE.vocab_size, SMOKE.tokenizer_chars)
