@@ -49,6 +49,9 @@ RUN_PRIORITY = {"baseline": 0, "remeasure": 1, "confirm": 2, "candidate": 3}
 MAX_BASELINE_CRASHES = 2  # crashes of main's own train.py before the loop asks for a human
 MAX_REFUSED_RESULTS = 3  # results of one code refused (wrong identity) before giving up on it
 IDENTITY_KEYS = ("profile", "harness_hash", "data_fingerprint")
+# On a CPU-clock profile the budget is CPU time per allotted thread, so the thread count is part of
+# what makes two runs comparable; it is pinned too when the identity carries it.
+OPTIONAL_IDENTITY_KEYS = ("threads",)
 
 
 class ConductorError(RuntimeError):
@@ -58,7 +61,7 @@ class ConductorError(RuntimeError):
 @dataclass
 class ConductorConfig:
     profile: str
-    identity: dict[str, str]  # pinned measurement identity: profile, harness_hash, data_fingerprint
+    identity: dict[str, str]  # pinned measurement identity: profile, harness_hash, data_fingerprint[, threads]
     max_experiments: int = 0  # 0: take program.md's setting (whose 0 means no limit)
     max_refusals: int = 5  # invalid proposals in a row before the agent is given up on
     lookahead: int = 1  # proposals prepared beyond the free slots, so a slot never waits for the agent
@@ -228,7 +231,8 @@ class Conductor:
         if self._values is None:
             ident = self.config.identity
             self._values = self.store.measured_values(profile=ident["profile"], harness_hash=ident["harness_hash"],
-                                                      data_fingerprint=ident["data_fingerprint"])
+                                                      data_fingerprint=ident["data_fingerprint"],
+                                                      threads=_int_or_none(ident.get("threads")))
         return self._values
 
     def main_values(self, code: str) -> list[float]:
@@ -603,6 +607,10 @@ class Conductor:
             if result.metrics.get(key) != self.config.identity[key]:
                 return (f"its {key} is {result.metrics.get(key)!r} but this work directory measures under "
                         f"{self.config.identity[key]!r}")
+        threads = _int_or_none(self.config.identity.get("threads"))
+        if threads is not None and result.metrics.get("clock") == "cpu" and result.metrics.get("threads") != threads:
+            return (f"it ran on {result.metrics.get('threads')} CPU threads but this work directory measures with "
+                    f"{threads} (its budget is CPU time per thread)")
         return None
 
     def disturbed(self, run: Run, result: RunResult) -> str | None:
@@ -661,6 +669,7 @@ class Conductor:
         """Fix what makes runs comparable for this work directory. Another profile is refused; a
         changed harness or data starts a new baseline, said in an event."""
         current = {k: self.config.identity[k] for k in IDENTITY_KEYS}
+        current.update({k: str(self.config.identity[k]) for k in OPTIONAL_IDENTITY_KEYS if k in self.config.identity})
         stored_text = self.store.get_setting("identity")
         if stored_text is None:
             self.store.set_setting("identity", json.dumps(current))
@@ -673,7 +682,8 @@ class Conductor:
                 f"this work directory measures with profile {stored.get('profile')!r}, not {current['profile']!r}: "
                 f"their numbers do not compare. Use --profile {stored.get('profile')} here, or another --workdir "
                 f"for {current['profile']!r}.")
-        changed = [f"{k} {stored.get(k)} -> {current[k]}" for k in IDENTITY_KEYS[1:] if stored.get(k) != current[k]]
+        changed = [f"{k} {stored.get(k)} -> {current[k]}" for k in (*IDENTITY_KEYS[1:], *OPTIONAL_IDENTITY_KEYS)
+                   if k in current and stored.get(k) != current[k]]
         if changed:
             self.store.set_setting("identity", json.dumps(current))
             self.store.event(None, "identity", f"the measurement changed ({'; '.join(changed)}): earlier runs no "
@@ -682,8 +692,10 @@ class Conductor:
 
     def _counts(self, run: Run) -> bool:
         ident = self.config.identity
+        threads = _int_or_none(ident.get("threads"))
         return (run.profile == ident["profile"] and run.harness_hash == ident["harness_hash"]
-                and run.data_fingerprint == ident["data_fingerprint"])
+                and run.data_fingerprint == ident["data_fingerprint"]
+                and (threads is None or run.metrics.get("clock") != "cpu" or run.metrics.get("threads") == threads))
 
     # --- reporting -------------------------------------------------------------------------------
     def in_flight(self) -> list[dict[str, Any]]:
@@ -704,6 +716,10 @@ class Conductor:
                        failed=counts.get(Status.FAILED, 0), baseline_val_bpb=results.baseline_val_bpb(self.store),
                        best_val_bpb=statistics.fmean(values) if values else None, results_tsv=self.results_tsv,
                        stop_reason=self.blocked or self.stop_reason)
+
+
+def _int_or_none(value: Any) -> int | None:
+    return None if value is None else int(value)
 
 
 def _error_tail(run: Run, lines: int = 20) -> str:

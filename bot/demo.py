@@ -99,8 +99,10 @@ def build_conductor(options: DemoOptions, console: Console | None = None) -> tup
     forge = init_research_repo(workdir / "repo", seed_files())
     store = Store(workdir / "state.db")
     runner = LocalRunner(workdir / "runs", slots=options.slots, data=options.data)
-    config = ConductorConfig(profile=options.profile, identity=measurement_identity(options.profile, options.data),
-                             max_experiments=options.experiments)
+    identity = measurement_identity(options.profile, options.data)
+    if get_profile(options.profile).clock == "cpu":  # a CPU budget is CPU time per allotted thread
+        identity["threads"] = str(runner.threads)
+    config = ConductorConfig(profile=options.profile, identity=identity, max_experiments=options.experiments)
     conductor = Conductor(store, forge, runner, OfflineExplorer(seed=options.seed), config,
                           results_tsv=workdir / "results.tsv")
     return conductor, store, runner

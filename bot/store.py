@@ -353,13 +353,16 @@ class Store:
                                " ORDER BY id DESC LIMIT ?", (purpose, limit))
         return [_run(r) for r in rows]
 
-    def measured_values(self, *, profile: str, harness_hash: str, data_fingerprint: str
+    def measured_values(self, *, profile: str, harness_hash: str, data_fingerprint: str, threads: int | None = None
                         ) -> list[tuple[str, int | None, str, float]]:
-        """(code_hash, experiment_id, purpose, val_bpb) of every ok run under one identity."""
+        """(code_hash, experiment_id, purpose, val_bpb) of every ok run under one identity (and, for
+        CPU-clock runs, one thread count when `threads` is given)."""
         rows = self.db.execute(
             "SELECT code_hash, experiment_id, purpose, val_bpb FROM runs WHERE state = 'done' AND status = 'ok'"
-            " AND val_bpb IS NOT NULL AND profile = ? AND harness_hash = ? AND data_fingerprint = ? ORDER BY id",
-            (profile, harness_hash, data_fingerprint))
+            " AND val_bpb IS NOT NULL AND profile = ? AND harness_hash = ? AND data_fingerprint = ?"
+            " AND (? IS NULL OR json_extract(metrics, '$.clock') IS NOT 'cpu'"
+            " OR json_extract(metrics, '$.threads') = ?) ORDER BY id",
+            (profile, harness_hash, data_fingerprint, threads, threads))
         return [(r[0], r[1], r[2], r[3]) for r in rows]
 
     # --- events and feedback -------------------------------------------------------------------

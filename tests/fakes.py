@@ -51,7 +51,7 @@ def result_for(job: Job, *, identity: dict[str, str] | None = None, crash: str |
                          metrics={"asset_sha256": job.asset_sha256})
     value = fake_value(job.asset, job.seed)
     data = dict(ident, asset_sha256=job.asset_sha256, val_bpb=value, num_steps=100, tokens_per_second=1000.0,
-                clock="cpu", cpu_share=0.95)
+                clock="cpu", cpu_share=0.95, threads=2)
     data.update(metrics)
     return RunResult(run_id=job.run_id, status="ok", val_bpb=value, metrics=data, log_tail="fake log")
 

@@ -430,3 +430,12 @@ def test_a_bad_inbox_entry_is_rejected_with_its_reason_and_blocks_nothing(tmp_pa
     outcomes = [e.outcome for e in loop.store.inbox()]
     assert outcomes[0].startswith("rejected: unknown input") and outcomes[1].startswith("rejected: steer needs")
     assert loop.store.recent_feedback() == ["fine"]
+
+
+def test_on_a_cpu_clock_a_run_with_another_thread_count_is_refused(tmp_path: Path) -> None:
+    pinned = dict(IDENTITY, threads="2")
+    loop = make(tmp_path, ScriptedAgent([]), identity=pinned,
+                runner=FakeRunner(outcome=lambda job: result_for(job, threads=1 if job.run_id == 1 else 2)))
+    run_to_end(loop)
+    assert loop.store.run(1).state == "refused" and "1 CPU threads" in loop.store.run(1).note
+    assert len(loop.main_values(code_hash(MAIN))) == 2
