@@ -9,6 +9,7 @@ evaluation): this file asks the harness for batches, reports each step, and hand
 Run it through the harness: `autoresearch train --profile cpu` (or h100 on a GPU).
 """
 
+import gc
 import math
 import time
 
@@ -23,11 +24,11 @@ from runner import harness
 # ---------------------------------------------------------------------------
 # Model shape and batch on a GPU (profile h100)
 DEPTH = 8                    # transformer layers
-ASPECT_RATIO = 64            # model_dim = DEPTH * ASPECT_RATIO
+ASPECT_RATIO = 64            # model_dim = DEPTH * ASPECT_RATIO, rounded up to a multiple of HEAD_DIM
 HEAD_DIM = 128               # attention head size
-TOTAL_BATCH_SIZE = 2**19     # tokens per optimizer step
-DEVICE_BATCH_SIZE = 128      # sequences per forward pass
-# Model shape and batch on the CPU (profiles cpu, smoke)
+TOTAL_BATCH_SIZE = 2**19     # tokens per optimizer step: a multiple of DEVICE_BATCH_SIZE * seq_len
+DEVICE_BATCH_SIZE = 128      # sequences per forward pass (seq_len is 2048 on h100)
+# Model shape and batch on the CPU (profiles cpu and smoke: seq_len 256 and 128)
 CPU_DEPTH = 2
 CPU_ASPECT_RATIO = 64
 CPU_HEAD_DIM = 32
@@ -41,13 +42,15 @@ EMBEDDING_LR = 0.6           # AdamW, token and value embeddings
 UNEMBEDDING_LR = 0.004       # AdamW, output head
 MATRIX_LR = 0.04             # Muon, every matrix inside the blocks
 SCALAR_LR = 0.5              # AdamW, per-layer residual and x0 scalars
-WEIGHT_DECAY = 0.2           # Muon matrices only, decays with the schedule
+WEIGHT_DECAY = 0.2           # Muon matrices only, cautious, decays with the schedule
 ADAM_BETA1 = 0.8
 ADAM_BETA2 = 0.95
 MUON_MOMENTUM = 0.95
+MUON_BETA2 = 0.95            # NorMuon: decay of each neuron's running mean square update
 WARMUP_RATIO = 0.0           # fraction of the budget spent warming the learning rate up
 WARMDOWN_RATIO = 0.5         # fraction of the budget spent cooling it down at the end
 FINAL_LR_FRAC = 0.0          # learning rate at the very end, as a fraction of the peak
+LOSS_LIMIT = 100.0           # a training loss above this stops the run at once: it has blown up
 
 # ---------------------------------------------------------------------------
 # The run: the harness decides profile, device, data and time budget
@@ -55,9 +58,33 @@ FINAL_LR_FRAC = 0.0          # learning rate at the very end, as a fraction of t
 h = harness.session()
 device = h.device
 on_gpu = device.type == "cuda"
+prefix = ""  # which constants are live, for error messages
 if not on_gpu:
     DEPTH, ASPECT_RATIO, HEAD_DIM = CPU_DEPTH, CPU_ASPECT_RATIO, CPU_HEAD_DIM
     TOTAL_BATCH_SIZE, DEVICE_BATCH_SIZE = CPU_TOTAL_BATCH_SIZE, CPU_DEVICE_BATCH_SIZE
+    prefix = "CPU_"
+
+
+def accumulation_steps(total, device_batch, seq_len):
+    """Forward passes per optimizer step. The batch must split into whole passes: a silently rounded
+    batch would make an edit of TOTAL_BATCH_SIZE change nothing, and its experiment measure noise."""
+    if device_batch < 1:
+        raise ValueError(f"{prefix}DEVICE_BATCH_SIZE = {device_batch}: a forward pass needs at least 1 sequence.")
+    tokens_per_pass = device_batch * seq_len
+    if total >= tokens_per_pass and total % tokens_per_pass == 0:
+        return total // tokens_per_pass
+    fix = (f"Set {prefix}TOTAL_BATCH_SIZE to a multiple of {tokens_per_pass}, such as "
+           f"{max(1, round(total / tokens_per_pass)) * tokens_per_pass}")
+    sequences = total // seq_len
+    if total > 0 and total % seq_len == 0:  # a smaller micro-batch can split it too
+        divisor = max(d for d in range(1, min(sequences, device_batch) + 1) if sequences % d == 0)
+        fix += f", or {prefix}DEVICE_BATCH_SIZE to a divisor of {sequences}, such as {divisor}"
+    raise ValueError(f"{prefix}TOTAL_BATCH_SIZE = {total} tokens is not a positive multiple of "
+                     f"{prefix}DEVICE_BATCH_SIZE * seq_len = {device_batch} * {seq_len} = {tokens_per_pass} "
+                     f"(profile {h.profile.name}). {fix}.")
+
+
+grad_accum = accumulation_steps(TOTAL_BATCH_SIZE, DEVICE_BATCH_SIZE, h.seq_len)  # fails before any work
 autocast = torch.autocast("cuda", dtype=torch.bfloat16) if on_gpu else torch.autocast("cpu", enabled=False)
 if on_gpu:
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -219,40 +246,73 @@ class GPT(nn.Module):
 
 
 # ---------------------------------------------------------------------------
-# The optimizer: Muon (orthogonalized momentum) for matrices, AdamW for the rest
+# The optimizer: Muon for the matrices inside the blocks, AdamW for the rest. Muon's update is the
+# Nesterov momentum made semi-orthogonal (Polar Express), each neuron's share of it normalized
+# (NorMuon), plus weight decay only where update and weight agree in sign (cautious).
 # ---------------------------------------------------------------------------
 
+# Polar Express (Amsel et al., 2025): one (a, b, c) per iteration of X <- a X + b X X^T X + c (X X^T)^2 X,
+# chosen so that five iterations push every singular value of X close to 1.
+POLAR_EXPRESS = (
+    (8.156554524902461, -22.48329292557795, 15.878769915207462),
+    (4.042929935166739, -2.808917465908714, 0.5000178451051316),
+    (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
+    (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
+    (2.3465413258596377, -1.7097828382687081, 0.42323551169305323),
+)
 
-def orthogonalize(G, steps=5):
-    """Newton-Schulz iteration towards the nearest semi-orthogonal matrix (the Muon update)."""
-    a, b, c = 3.4445, -4.7750, 2.0315
+
+def orthogonalize(G):
+    """The nearest semi-orthogonal matrix to each matrix in G [..., rows, cols]; bf16 on a GPU."""
     X = G.bfloat16() if G.is_cuda else G.float()
     tall = X.size(-2) > X.size(-1)
-    if tall:
+    if tall:  # iterate on the smaller of the two Gram matrices
         X = X.mT
-    X = X / (X.norm(dim=(-2, -1), keepdim=True) + 1e-7)
-    for _ in range(steps):
+    X = X / (X.norm(dim=(-2, -1), keepdim=True) * 1.02 + 1e-6)  # all singular values now below 1
+    for a, b, c in POLAR_EXPRESS:
         A = X @ X.mT
         X = a * X + (b * A + c * A @ A) @ X
-    return (X.mT if tall else X).to(G.dtype)
+    return (X.mT if tall else X).float()
+
+
+def normalize_neurons(U, second_moment, beta2):
+    """NorMuon: divide each row of U (each column, for a wide matrix) by its running RMS, then
+    rescale so that U keeps its overall norm. second_moment holds the running mean squares."""
+    along = -1 if U.size(-2) >= U.size(-1) else -2  # one statistic per entry of the longer side
+    second_moment.lerp_(U.square().mean(dim=along, keepdim=True), 1 - beta2)
+    V = U * second_moment.clamp_min(1e-10).rsqrt()
+    return V * (U.norm(dim=(-2, -1), keepdim=True) / V.norm(dim=(-2, -1), keepdim=True).clamp_min(1e-10))
 
 
 class Muon(torch.optim.Optimizer):
-    def __init__(self, params, lr, momentum, weight_decay):
-        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay))
+    """Muon with NorMuon and cautious weight decay. Matrices of one shape form one group and are
+    updated together, stacked, so that each step runs a few large kernels rather than many small."""
+
+    def __init__(self, params, lr, momentum, beta2, weight_decay):
+        shapes = sorted({tuple(p.shape) for p in params})
+        groups = [dict(params=[p for p in params if tuple(p.shape) == shape]) for shape in shapes]
+        super().__init__(groups, dict(lr=lr, momentum=momentum, beta2=beta2, weight_decay=weight_decay))
 
     @torch.no_grad()
     def step(self):
         for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                buf = self.state[p].setdefault("momentum", torch.zeros_like(p))
-                buf.lerp_(p.grad, 1 - group["momentum"])
-                update = p.grad.lerp(buf, group["momentum"])  # Nesterov
-                scale = max(1.0, p.size(0) / p.size(1)) ** 0.5
-                p.mul_(1 - group["lr"] * group["weight_decay"])
-                p.add_(orthogonalize(update), alpha=-group["lr"] * scale)
+            params = group["params"]
+            n, (rows, cols) = len(params), params[0].shape
+            state = self.state[params[0]]  # the group's state lives with its first matrix
+            if not state:
+                state["momentum"] = torch.zeros(n, rows, cols, device=params[0].device)
+                moment_shape = (n, rows, 1) if rows >= cols else (n, 1, cols)
+                state["second_moment"] = torch.zeros(moment_shape, device=params[0].device)
+            W = torch.stack(params)
+            grad = torch.stack([p.grad for p in params]).float()
+            state["momentum"].lerp_(grad, 1 - group["momentum"])
+            update = grad.lerp_(state["momentum"], group["momentum"])  # Nesterov
+            update = normalize_neurons(orthogonalize(update), state["second_moment"], group["beta2"])
+            lr = group["lr"] * max(1.0, rows / cols) ** 0.5
+            agree = (update * W) >= 0  # decay only where the step already moves the weight towards 0
+            W.sub_(lr * (update + group["weight_decay"] * W * agree))
+            for p, w in zip(params, W):
+                p.copy_(w)
 
 
 def lr_multiplier(progress):
@@ -267,11 +327,12 @@ def lr_multiplier(progress):
 # ---------------------------------------------------------------------------
 # Training
 # ---------------------------------------------------------------------------
-model_dim = DEPTH * ASPECT_RATIO
+model_dim = math.ceil(DEPTH * ASPECT_RATIO / HEAD_DIM) * HEAD_DIM  # whole heads
 model = GPT(h.vocab_size, h.seq_len, DEPTH, model_dim, HEAD_DIM, WINDOW_PATTERN, LOGIT_SOFTCAP).to(device)
 model.init_weights()
 num_params = sum(p.numel() for p in model.parameters())
-print(f"model: depth {DEPTH}, dim {model_dim}, {num_params / 1e6:.2f}M parameters, profile {h.profile.name}")
+print(f"model: depth {DEPTH}, dim {model_dim}, {num_params / 1e6:.2f}M parameters, profile {h.profile.name}, "
+      f"{grad_accum} forward passes per step")
 
 adam_scale = (model_dim / 768) ** -0.5  # AdamW learning rates were tuned at width 768
 matrices = [p for b in model.blocks for n, p in b.named_parameters() if p.ndim == 2 and "value_embed" not in n]
@@ -285,13 +346,12 @@ adamw = torch.optim.AdamW(
     ],
     betas=(ADAM_BETA1, ADAM_BETA2), eps=1e-10, weight_decay=0.0,
 )
-muon = Muon(matrices, lr=MATRIX_LR, momentum=MUON_MOMENTUM, weight_decay=WEIGHT_DECAY)
+muon = Muon(matrices, lr=MATRIX_LR, momentum=MUON_MOMENTUM, beta2=MUON_BETA2, weight_decay=WEIGHT_DECAY)
 optimizers = [adamw, muon]
 for opt in optimizers:
     for group in opt.param_groups:
         group["initial_lr"] = group["lr"]
 
-grad_accum = max(1, TOTAL_BATCH_SIZE // (DEVICE_BATCH_SIZE * h.seq_len))
 train_model = torch.compile(model) if on_gpu else model
 batches = h.train_batches(DEVICE_BATCH_SIZE)
 x, y = next(batches)
@@ -308,12 +368,23 @@ while not h.time_up():
     for opt in optimizers:
         for group in opt.param_groups:
             group["lr"] = group["initial_lr"] * multiplier
-    muon.param_groups[0]["momentum"] = MUON_MOMENTUM - 0.1 * max(0.0, 1 - h.step / 300)  # momentum warmup
-    muon.param_groups[0]["weight_decay"] = WEIGHT_DECAY * (1 - progress)
+    for group in muon.param_groups:
+        group["momentum"] = MUON_MOMENTUM - 0.1 * max(0.0, 1 - h.step / 300)  # momentum warmup
+        group["weight_decay"] = WEIGHT_DECAY * (1 - progress)
     for opt in optimizers:
         opt.step()
     model.zero_grad(set_to_none=True)
-    h.step_done(loss)
+    train_loss = loss.item()  # waits for the step to finish
+    if h.step == 0:  # the harness does not time the first step: collect once, then keep the collector out
+        gc.collect()
+        gc.freeze()
+        gc.disable()
+    elif h.step % 5000 == 0:
+        gc.collect()  # a long run still frees its reference cycles now and then
+    h.step_done(train_loss)  # a NaN or infinite loss stops the run here
+    if train_loss > LOSS_LIMIT:  # with LOGIT_SOFTCAP 15 the loss stays below 30 + ln(vocab)
+        raise RuntimeError(f"training loss {train_loss:.1f} at step {h.step} is above LOSS_LIMIT = {LOSS_LIMIT}: "
+                           "the run blew up. Lower the learning rates or add warmup (WARMUP_RATIO).")
 
 print(f"trained {h.step} steps in {time.time() - t_start:.1f}s wall")
 result = h.finish(model, flops_per_token=model.flops_per_token(), extra={"depth": DEPTH})

@@ -11,11 +11,22 @@ How it works
   the GPU ones on "cuda"); attention and optimizer constants are shared.
 * Every (constant, direction) pair is an arm of a UCB bandit. Each earlier experiment whose
   ``meta["changes"]`` names the arm is an outcome: keep +1, discard that hurt -1, discard that
-  improved but not enough to keep +0.25, crash -1 (and the crashed value and anything beyond it
-  in that direction is never proposed again). Outcomes of the opposite direction count half,
+  improved but not enough to keep +0.25, crash -1. Outcomes of the opposite direction count half,
   mirrored (lowering hurt -> raising looks promising). Recent outcomes weigh more. The score is
   ``mean + C * sqrt(ln(N + 1) / (n + 1))`` plus a small per-knob prior and a seeded jitter, so
   untried arms get explored and arms that helped get pushed further.
+* A crash blocks the crashed value and anything beyond it in that direction, but not forever: a
+  crash can come from a bug that is fixed later (train.py once crashed at any model width that was
+  not a whole number of heads). The block holds while the code around the constants is the code
+  that crashed (each proposal records a hash of train.py with the tuned values blanked out, its
+  "skeleton") and for at most ``CRASH_MEMORY`` later experiments; after that the value may be
+  tried once more, and a new crash blocks it again. A crash on a different skeleton says nothing
+  about today's code and is not scored at all.
+* The batch must split into whole forward passes: ``TOTAL_BATCH_SIZE`` a positive multiple of
+  ``DEVICE_BATCH_SIZE * seq_len``, with seq_len from ``ctx.profile`` (train.py fails at once
+  otherwise). No proposal breaks that. Lowering the total batch below one pass of the current
+  micro-batch takes the micro-batch down with it, in the same proposal, so smaller batches stay
+  reachable.
 * The step size follows the arm's last outcome: after a keep a bigger step in the same direction,
   after a discard a smaller one, otherwise the normal step.
 * Human feedback naming a constant ("try a lower matrix_lr") gives that arm a large bonus until
@@ -38,6 +49,7 @@ from typing import Any
 
 from bot.agent import AgentError
 from bot.records import HistoryEntry, Proposal, ProposalContext, code_hash
+from runner.profiles import get_profile
 
 # ---------------------------------------------------------------------------------------------
 # The table of knobs
@@ -77,7 +89,7 @@ def _shape_knobs(prefix: str, scope: str, depth_hi: int, head_lo: int, head_hi: 
              up="a deeper model has more capacity per token, which pays off if the budget still allows enough steps",
              down="a shallower model is faster per step, so the fixed time budget buys more optimizer steps and tokens"),
         Knob(f"{prefix}ASPECT_RATIO", MULT, 32, 128, step=16, scope=scope, prior=0.02,
-             what="the model width per layer (model_dim = depth x aspect ratio)",
+             what="the model width per layer (model_dim = depth x aspect ratio, rounded up to whole heads)",
              up="a wider model has more capacity per layer and keeps the matrix units busier",
              down="a narrower model is cheaper per step and sees more tokens in the fixed time budget"),
         Knob(f"{prefix}HEAD_DIM", POW2, head_lo, head_hi, scope=scope, prior=0.01,
@@ -131,6 +143,10 @@ KNOBS: tuple[Knob, ...] = tuple(
              what="the Muon optimizer's momentum",
              up="more momentum averages out gradient noise across steps",
              down="less momentum follows the current gradient more closely, which can help in a short run"),
+        Knob("MUON_BETA2", BETA, 0.8, 0.999, step=1.5, prior=0.01,
+             what="the decay of the per-neuron mean square that NorMuon divides Muon's update by",
+             up="a longer average gives each neuron a steadier step size",
+             down="a shorter average adapts each neuron's step size faster to its changing gradients"),
         Knob("WARMUP_RATIO", LINEAR, 0.0, 0.3, step=0.05, prior=0.02,
              what="the fraction of the run spent warming up the learning rate",
              up="a short warmup stabilizes the first steps at high learning rates",
@@ -155,6 +171,7 @@ JITTER = 0.1  # seeded noise added to every arm's score (tie-breaking among untr
 FEEDBACK_BONUS = 5.0  # a human comment naming an arm beats any learned score
 COMBINE_AFTER = 4  # consecutive non-keeps before the first combined proposal...
 COMBINE_EVERY = 3  # ...and then every this many
+CRASH_MEMORY = 20  # later experiments for which a crash keeps blocking its value and beyond
 SIZES = {"small": 0.5, "normal": 1.0, "big": 1.5}
 
 _DOWN_WORDS = ("lower", "down", "decrease", "decreasing", "smaller", "reduce", "less", "shorter", "fewer",
@@ -403,6 +420,7 @@ class Outcome:
     reward: float
     weight: float
     combined: bool
+    crash: str = ""  # for a crash: "blocking", "expired" (CRASH_MEMORY ago) or "other code"
 
 
 @dataclass
@@ -487,7 +505,15 @@ def _changes(entry: HistoryEntry) -> list[dict[str, Any]]:
     return [c for c in changes if isinstance(c, dict) and isinstance(c.get("name"), str)]
 
 
-def _learn(arms: dict[tuple[str, int], Arm], history: list[HistoryEntry]) -> int:
+def _crash_state(entry: HistoryEntry, age: int, skeleton: str) -> str:
+    """Whether a crash still blocks its value: only on the same skeleton, and only for a while."""
+    crashed_on = (entry.meta or {}).get("skeleton") if isinstance(entry.meta, dict) else None
+    if crashed_on and crashed_on != skeleton:
+        return "other code"  # the code around the constants changed since: perhaps the cause is gone
+    return "blocking" if age < CRASH_MEMORY else "expired"
+
+
+def _learn(arms: dict[tuple[str, int], Arm], history: list[HistoryEntry], skeleton: str) -> int:
     """Attach every earlier outcome to its arms and score them; returns the number of trials."""
     total = len(history)
     trials = 0
@@ -497,7 +523,9 @@ def _learn(arms: dict[tuple[str, int], Arm], history: list[HistoryEntry]) -> int
         if reward is None or not changes:
             continue
         combined = len(changes) > 1
-        weight = RECENCY_DECAY ** (total - 1 - i) / len(changes)
+        age = total - 1 - i  # experiments since this one
+        weight = RECENCY_DECAY ** age / len(changes)
+        crash = _crash_state(entry, age, skeleton) if entry.status == "crash" else ""
         for ch in changes:
             knob = KNOB_BY_NAME.get(ch["name"])
             if knob is None:
@@ -507,11 +535,13 @@ def _learn(arms: dict[tuple[str, int], Arm], history: list[HistoryEntry]) -> int
                 continue
             trials += 1
             r = reward if not (combined and entry.status == "crash") else -0.5
-            out = Outcome(entry, ch.get("old"), ch.get("new"), d, r, weight, combined)
+            if crash == "other code":
+                r = 0.0  # tried, but on code that no longer exists
+            out = Outcome(entry, ch.get("old"), ch.get("new"), d, r, weight, combined, crash)
             arm, other = arms.get((knob.name, d)), arms.get((knob.name, -d))
             if arm is not None:
                 arm.outcomes.append(out)
-                if entry.status == "crash" and not combined:
+                if crash == "blocking" and not combined:
                     arm.crashes.append(ch.get("new"))
             if other is not None and entry.status in ("keep", "discard", "crash"):
                 other.mirrored.append(out)  # a crash is told in the hypothesis, but not scored
@@ -523,6 +553,57 @@ def _learn(arms: dict[tuple[str, int], Arm], history: list[HistoryEntry]) -> int
         arm.q = ev / (cnt + 1.0)
         arm.bonus = EXPLORATION * math.sqrt(math.log(trials + 1) / (len(arm.outcomes) + 1))
     return trials
+
+
+def skeleton(text: str) -> str:
+    """train.py with the values of every tunable constant blanked out, hashed: what stays the same
+    while the explorer only moves constants, and changes when the code itself is edited."""
+    consts = find_constants(text)
+    return code_hash(apply_edits(text, [(c, "_") for name, c in consts.items() if name in KNOB_BY_NAME]))[:16]
+
+
+# ---------------------------------------------------------------------------------------------
+# Keeping the batch whole
+# ---------------------------------------------------------------------------------------------
+
+
+def _seq_len(profile: str) -> int | None:
+    """Tokens per sequence on the profile, or None for a profile this explorer does not know."""
+    try:
+        return get_profile(profile).seq_len
+    except ValueError:
+        return None
+
+
+def _batch_names(device_kind: str) -> tuple[str, str]:
+    prefix = "CPU_" if device_kind == "cpu" else ""
+    return f"{prefix}TOTAL_BATCH_SIZE", f"{prefix}DEVICE_BATCH_SIZE"
+
+
+def batch_splits(values: dict[str, Any], device_kind: str, seq_len: int | None) -> bool:
+    """Whether the live TOTAL_BATCH_SIZE is a positive multiple of DEVICE_BATCH_SIZE * seq_len, as
+    train.py demands. True when a constant is missing or the profile is unknown: nothing to check."""
+    total_name, device_name = _batch_names(device_kind)
+    total, device = values.get(total_name), values.get(device_name)
+    if seq_len is None or not isinstance(total, (int, float)) or not isinstance(device, (int, float)):
+        return True
+    per_pass = device * seq_len
+    return per_pass > 0 and total >= per_pass and total % per_pass == 0
+
+
+def _followers(knob: Knob, new: Any, consts: dict[str, Constant], device_kind: str,
+               seq_len: int | None) -> list[tuple[Constant, Knob, int]]:
+    """The micro-batch that must move with a new total batch: lowering TOTAL_BATCH_SIZE below one
+    forward pass of DEVICE_BATCH_SIZE sequences takes DEVICE_BATCH_SIZE down to the whole batch."""
+    total_name, device_name = _batch_names(device_kind)
+    device = consts.get(device_name)
+    device_knob = KNOB_BY_NAME[device_name]
+    if knob.name != total_name or device is None or seq_len is None or not _usable(device_knob, device.value):
+        return []
+    if not isinstance(new, int) or new <= 0 or new % seq_len or new >= device.value * seq_len:
+        return []
+    sequences = new // seq_len
+    return [(device, device_knob, sequences)] if _in_bounds(device_knob, sequences) else []
 
 
 # ---------------------------------------------------------------------------------------------
@@ -630,8 +711,14 @@ def _evidence(arm: Arm, size: str) -> str:
             parts.append(f"{what[0].upper()}{what[1:]} was kept ({_fmt_delta(o.entry.delta)}); pushing further in "
                          f"the same direction{' with a bigger step' if size == 'big' else ''} tests whether the "
                          "optimum lies beyond the current value.")
-        elif o.entry.status == "crash":
+        elif o.crash == "blocking":
             parts.append(f"{what[0].upper()}{what[1:]} crashed, so this stays short of the value that crashed.")
+        elif o.crash == "other code":
+            parts.append(f"{what[0].upper()}{what[1:]} crashed, but on an earlier version of train.py's code, "
+                         "which has changed since, so the direction is open again.")
+        elif o.entry.status == "crash":
+            parts.append(f"{what[0].upper()}{what[1:]} crashed more than {CRASH_MEMORY} experiments ago, long "
+                         "enough to try the direction once more.")
         elif o.reward > 0:
             parts.append(f"{what[0].upper()}{what[1:]} improved val_bpb ({_fmt_delta(o.entry.delta)}) but not by "
                          "enough to keep; trying the direction again from the current main.")
@@ -719,6 +806,14 @@ class OfflineExplorer:
                  and _usable(k, consts[k.name].value)]
         if not knobs:
             raise AgentError("explorer found no tunable constant in train.py. " + _block_help(ctx.device_kind))
+        seq_len = _seq_len(ctx.profile)
+        if not batch_splits({n: c.value for n, c in consts.items()}, ctx.device_kind, seq_len):
+            total_name, device_name = _batch_names(ctx.device_kind)
+            raise AgentError(
+                f"train.py on main does not split its batch into whole forward passes: {total_name} = "
+                f"{consts[total_name].source} is not a positive multiple of {device_name} * seq_len = "
+                f"{consts[device_name].source} * {seq_len} (profile {ctx.profile}), so every run of it crashes. "
+                f"Set {total_name} to a multiple of {device_name} * {seq_len} on main first.")
 
         main_hash = code_hash(ctx.train_py)
         rng = random.Random(self._rng_seed(ctx, main_hash))
@@ -726,16 +821,13 @@ class OfflineExplorer:
         for k in knobs:
             for d in (1, -1):
                 arms[(k.name, d)] = Arm(knob=k, const=consts[k.name], direction=d, jitter=rng.random() * JITTER)
-        _learn(arms, ctx.history)
+        shape = skeleton(ctx.train_py)
+        _learn(arms, ctx.history, shape)
         _apply_feedback(arms, ctx.feedback, ctx.history)
         ranked = sorted(arms.values(), key=lambda a: (-a.score, a.knob.name, -a.direction))
 
-        def fresh(text: str) -> bool:
-            h = code_hash(text)
-            return h != main_hash and h not in ctx.seen_hashes
-
         if self._losing_streak(ctx.history):
-            combo = self._combine(ctx, ranked, fresh)
+            combo = self._combine(ctx, ranked, consts, seq_len, shape)
             if combo is not None:
                 return combo
 
@@ -743,23 +835,33 @@ class OfflineExplorer:
         for arm in ranked:
             for size, new in arm.candidates():
                 tried += 1
-                new_src = format_value(arm.knob, arm.const, new)
-                text = apply_edits(ctx.train_py, [(arm.const, new_src)])
-                if not fresh(text) or not _compiles(text):
+                made = self._edit(ctx, consts, seq_len, [(arm, new)])
+                if made is None:
                     continue
+                text, (new_src,), followed = made
                 title, body, change = _describe(arm, size, new, new_src)
-                meta: dict[str, Any] = {"changes": [change], "explorer": self._explain(arm)}
+                meta: dict[str, Any] = {"changes": [change], "skeleton": shape, "explorer": self._explain(arm)}
                 if arm.feedback > 0 and arm.feedback_line:
                     body += f" This follows the human's comment: \"{arm.feedback_line.strip()}\"."
                     meta["feedback"] = arm.feedback_line
-                body += " Nothing else changes, so any difference in val_bpb can be attributed to this one constant."
+                if followed:
+                    (f,) = followed
+                    title += f" ({f['name']} {f['old_src']} -> {f['new_src']})"
+                    body += (f" {f['name']} moves with it ({f['old_src']} -> {f['new_src']}), so that a step is "
+                             f"still a whole number of forward passes of {seq_len}-token sequences; that only "
+                             "changes how the step is computed, so any difference in val_bpb can be attributed "
+                             "to the batch size.")
+                    change["with"] = [{k: v for k, v in f.items() if k in ("name", "old", "new")}]
+                else:
+                    body += (" Nothing else changes, so any difference in val_bpb can be attributed to this one "
+                             "constant.")
                 return Proposal(title=title, hypothesis=body, train_py=text, meta=meta)
 
         raise AgentError(
             f"explorer exhausted: all {tried} nearby edits of the tunable constants "
-            f"({', '.join(k.name for k in knobs)}) from the current main were already tried, and values at or "
-            "beyond an earlier crash are never retried. Edit train.py by hand, widen the explorer's bounds, "
-            "or configure an LLM agent."
+            f"({', '.join(k.name for k in knobs)}) from the current main were already tried, would not split "
+            f"the batch into whole forward passes, or lie at or beyond a crash of the last {CRASH_MEMORY} "
+            "experiments. Edit train.py by hand, widen the explorer's bounds, or configure an LLM agent."
         )
 
     # Internals ------------------------------------------------------------------------------------
@@ -779,6 +881,34 @@ class OfflineExplorer:
         }
 
     @staticmethod
+    def _edit(ctx: ProposalContext, consts: dict[str, Constant], seq_len: int | None,
+              moves: list[tuple[Arm, Any]]) -> tuple[str, list[str], list[dict[str, Any]]] | None:
+        """train.py with these moves (and the micro-batch that must follow them), the new values'
+        sources and the followers; None when the result is main or was seen before, does not
+        compile, or would not split its batch into whole forward passes."""
+        sources = [format_value(arm.knob, arm.const, new) for arm, new in moves]
+        edits = [(arm.const, src) for (arm, _), src in zip(moves, sources)]
+        values = {n: c.value for n, c in consts.items()} | {arm.knob.name: new for arm, new in moves}
+        followed: list[dict[str, Any]] = []
+        moved = {arm.knob.name for arm, _ in moves}
+        for arm, new in moves:
+            for const, knob, value in _followers(arm.knob, new, consts, ctx.device_kind, seq_len):
+                if const.name in moved:
+                    continue  # moved on purpose already; the batch check below decides
+                src = format_value(knob, const, value)
+                edits.append((const, src))
+                values[const.name] = value
+                followed.append({"name": const.name, "old": const.value, "new": value,
+                                 "old_src": const.source, "new_src": src})
+        if not batch_splits(values, ctx.device_kind, seq_len):
+            return None
+        text = apply_edits(ctx.train_py, edits)
+        h = code_hash(text)
+        if h == code_hash(ctx.train_py) or h in ctx.seen_hashes or not _compiles(text):
+            return None
+        return text, sources, followed
+
+    @staticmethod
     def _streak(history: list[HistoryEntry]) -> int:
         """How many experiments in a row, most recent first, were discarded or crashed."""
         streak = 0
@@ -794,7 +924,8 @@ class OfflineExplorer:
         streak = self._streak(history)
         return streak >= COMBINE_AFTER and (streak - COMBINE_AFTER) % COMBINE_EVERY == 0
 
-    def _combine(self, ctx: ProposalContext, ranked: list[Arm], fresh) -> Proposal | None:
+    def _combine(self, ctx: ProposalContext, ranked: list[Arm], consts: dict[str, Constant], seq_len: int | None,
+                 shape: str) -> Proposal | None:
         """Two different constants, each moved in a direction that helped before, in one proposal."""
         helped = [a for a in ranked if a.feedback >= 0 and not a.crashes and any(o.reward > 0 for o in a.outcomes)]
         for i, a in enumerate(helped):
@@ -805,12 +936,15 @@ class OfflineExplorer:
                 if not ca or not cb:
                     continue
                 (sa, va), (sb, vb) = ca[0], cb[0]
-                src_a, src_b = format_value(a.knob, a.const, va), format_value(b.knob, b.const, vb)
-                text = apply_edits(ctx.train_py, [(a.const, src_a), (b.const, src_b)])
-                if not fresh(text) or not _compiles(text):
+                made = self._edit(ctx, consts, seq_len, [(a, va), (b, vb)])
+                if made is None:
                     continue
+                text, (src_a, src_b), followed = made
                 ta, _, cha = _describe(a, sa, va, src_a)
                 tb, _, chb = _describe(b, sb, vb, src_b)
+                for ch in (cha, chb):  # only the total batch has followers
+                    if followed and ch["name"] == _batch_names(ctx.device_kind)[0]:
+                        ch["with"] = [{k: v for k, v in f.items() if k in ("name", "old", "new")} for f in followed]
                 lower = lambda s: s[0].lower() + s[1:]  # noqa: E731
                 title = f"Combine: {lower(ta)}, {lower(tb)}"
                 body = (
@@ -819,7 +953,7 @@ class OfflineExplorer:
                     f"{_rationale(b)} Moving both at once tests whether their gains add up; if it helps, later "
                     "single changes can tell which one mattered."
                 )
-                meta = {"changes": [cha, chb], "combined": True,
+                meta = {"changes": [cha, chb], "combined": True, "skeleton": shape,
                         "explorer": {"seed": self.seed, "arms": [self._explain(a), self._explain(b)]}}
                 return Proposal(title=title, hypothesis=body, train_py=text, meta=meta)
         return None

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 
 import pytest
 
 from bot.agent import Agent, AgentError
-from bot.agent.explorer import KNOB_BY_NAME, OfflineExplorer, find_constants
+from bot.agent.explorer import (CRASH_MEMORY, KNOB_BY_NAME, OfflineExplorer, batch_splits, find_constants,
+                                skeleton)
 from bot.records import HistoryEntry, Proposal, ProposalContext, code_hash
+from runner.profiles import get_profile
 
 TRAIN_PY = '''"""A tiny GPT training script (test fixture)."""
 import math
@@ -17,36 +20,38 @@ import math
 # ---------------------------------------------------------------------------
 # Model shape and batch on a GPU (profile h100)
 DEPTH = 8                    # transformer layers
-ASPECT_RATIO = 64            # model_dim = DEPTH * ASPECT_RATIO
+ASPECT_RATIO = 64            # model_dim = DEPTH * ASPECT_RATIO, rounded up to a multiple of HEAD_DIM
 HEAD_DIM = 128               # attention head size
-TOTAL_BATCH_SIZE = 2**19     # tokens per optimizer step
-DEVICE_BATCH_SIZE = 128      # sequences per forward pass
-# Model shape and batch on the CPU (profiles cpu, smoke)
+TOTAL_BATCH_SIZE = 2**19     # tokens per optimizer step: a multiple of DEVICE_BATCH_SIZE * seq_len
+DEVICE_BATCH_SIZE = 128      # sequences per forward pass (seq_len is 2048 on h100)
+# Model shape and batch on the CPU (profiles cpu and smoke: seq_len 256 and 128)
 CPU_DEPTH = 2
 CPU_ASPECT_RATIO = 64
 CPU_HEAD_DIM = 32
 CPU_TOTAL_BATCH_SIZE = 2**12
 CPU_DEVICE_BATCH_SIZE = 16
 # Attention
-WINDOW_PATTERN = "SSSL"      # per layer, cycled: S = half context, L = full context
-LOGIT_SOFTCAP = 15.0
+WINDOW_PATTERN = "SSSL"      # per layer, cycled: S = half context, L = full context; last layer is L
+LOGIT_SOFTCAP = 15.0         # logits = cap * tanh(logits / cap)
 # Optimization
-EMBEDDING_LR = 0.6
-UNEMBEDDING_LR = 0.004
-MATRIX_LR = 0.04
-SCALAR_LR = 0.5
-WEIGHT_DECAY = 0.2
+EMBEDDING_LR = 0.6           # AdamW, token and value embeddings
+UNEMBEDDING_LR = 0.004       # AdamW, output head
+MATRIX_LR = 0.04             # Muon, every matrix inside the blocks
+SCALAR_LR = 0.5              # AdamW, per-layer residual and x0 scalars
+WEIGHT_DECAY = 0.2           # Muon matrices only, cautious, decays with the schedule
 ADAM_BETA1 = 0.8
 ADAM_BETA2 = 0.95
 MUON_MOMENTUM = 0.95
-WARMUP_RATIO = 0.0
-WARMDOWN_RATIO = 0.5
-FINAL_LR_FRAC = 0.0
+MUON_BETA2 = 0.95            # NorMuon: decay of each neuron's running mean square update
+WARMUP_RATIO = 0.0           # fraction of the budget spent warming the learning rate up
+WARMDOWN_RATIO = 0.5         # fraction of the budget spent cooling it down at the end
+FINAL_LR_FRAC = 0.0          # learning rate at the very end, as a fraction of the peak
+LOSS_LIMIT = 100.0           # a training loss above this stops the run at once: it has blown up
 SOME_OTHER_LR = 0.1          # not in the explorer's table: never touched
 
 
-def model_dim(depth: int, aspect: int) -> int:
-    return depth * aspect
+def model_dim(depth: int, aspect: int, head_dim: int) -> int:
+    return math.ceil(depth * aspect / head_dim) * head_dim
 
 
 def lr_at(progress: float) -> float:
@@ -59,21 +64,22 @@ def lr_at(progress: float) -> float:
 
 
 if __name__ == "__main__":
-    print(model_dim(DEPTH, ASPECT_RATIO), TOTAL_BATCH_SIZE // DEVICE_BATCH_SIZE, WINDOW_PATTERN, lr_at(0.9))
+    print(model_dim(DEPTH, ASPECT_RATIO, HEAD_DIM), TOTAL_BATCH_SIZE // DEVICE_BATCH_SIZE, WINDOW_PATTERN, lr_at(0.9))
 '''
 
 GPU_SIZES = {"DEPTH", "ASPECT_RATIO", "HEAD_DIM", "TOTAL_BATCH_SIZE", "DEVICE_BATCH_SIZE"}
 CPU_SIZES = {f"CPU_{n}" for n in GPU_SIZES}
 
 
-def ctx_for(train_py: str = TRAIN_PY, history=None, device_kind: str = "cpu", **kw) -> ProposalContext:
+def ctx_for(train_py: str = TRAIN_PY, history=None, device_kind: str = "cpu", profile: str | None = None,
+            **kw) -> ProposalContext:
     return ProposalContext(
         program_md="Lower val_bpb.",
         train_py=train_py,
         main_val_bpb=1.0,
         history=list(history or []),
         device_kind=device_kind,
-        profile="cpu" if device_kind == "cpu" else "h100",
+        profile=profile or ("cpu" if device_kind == "cpu" else "h100"),
         **kw,
     )
 
@@ -83,6 +89,14 @@ def changed_lines(old: str, new: str) -> list[tuple[str, str]]:
     a, b = old.splitlines(), new.splitlines()
     assert len(a) == len(b)
     return [(x, y) for x, y in zip(a, b) if x != y]
+
+
+def set_constant(text: str, name: str, value: str) -> str:
+    const = find_constants(text)[name]
+    lines = text.splitlines(keepends=True)
+    line = lines[const.lineno - 1]
+    lines[const.lineno - 1] = line[: const.start] + value + line[const.end :]
+    return "".join(lines)
 
 
 def changes(p: Proposal) -> list[dict]:
@@ -264,15 +278,57 @@ def test_does_not_repeat_a_direction_that_hurt():
     assert lowered > 5, "the untried other direction is the natural next step"
 
 
-@pytest.mark.parametrize("seed", range(5))
-def test_a_crash_is_not_retried_in_the_same_direction(seed):
+def crash_of_cpu_depth_3(crashed_on: str | None = None) -> tuple[str, HistoryEntry]:
     crashed = TRAIN_PY.replace("CPU_DEPTH = 2", "CPU_DEPTH = 3")
-    history = [entry(1, {"changes": [{"name": "CPU_DEPTH", "old": 2, "new": 3, "direction": 1}]},
-                     "crash", None, crashed)]
-    ctx = ctx_for(history=history, seen_hashes={code_hash(crashed)}, feedback=["try a deeper model: cpu_depth up"])
-    for p in run_loop(OfflineExplorer(seed), ctx, 40):
+    meta = {"changes": [{"name": "CPU_DEPTH", "old": 2, "new": 3, "direction": 1}]}
+    if crashed_on is not None:
+        meta["skeleton"] = crashed_on
+    return crashed, entry(1, meta, "crash", None, crashed)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_crash_blocks_its_value_and_beyond_while_the_code_is_the_same(seed):
+    crashed, crash = crash_of_cpu_depth_3(skeleton(TRAIN_PY))
+    ctx = ctx_for(history=[crash], seen_hashes={code_hash(crashed)}, feedback=["try a deeper model: cpu_depth up"])
+    for p in run_loop(OfflineExplorer(seed), ctx, CRASH_MEMORY - 1):
         for ch in changes(p):
             assert not (ch["name"] == "CPU_DEPTH" and ch["new"] >= 3), p.title
+
+
+def test_a_crash_blocks_for_crash_memory_experiments_then_the_value_is_tried_again():
+    crashed, crash = crash_of_cpu_depth_3(skeleton(TRAIN_PY))
+    filler = [entry(i, {"changes": [{"name": "MATRIX_LR", "old": 0.04, "new": 0.05, "direction": 1}]},
+                    "discard", 0.01, f"filler {i}") for i in range(2, CRASH_MEMORY + 2)]
+    feedback = ["try a deeper model: cpu_depth up"]
+    blocked = OfflineExplorer(0).propose(ctx_for(history=[crash] + filler[:-1], feedback=feedback))
+    assert not any(ch["name"] == "CPU_DEPTH" and ch["new"] >= 3 for ch in changes(blocked)), blocked.title
+    retried = OfflineExplorer(0).propose(ctx_for(history=[crash] + filler, feedback=feedback))
+    assert [(ch["name"], ch["new"]) for ch in changes(retried)] == [("CPU_DEPTH", 3)]
+    assert f"more than {CRASH_MEMORY} experiments ago" in retried.hypothesis
+
+
+def test_a_crash_on_code_that_has_changed_since_does_not_block():
+    # e.g. DEPTH 9 crashed on GPU while model_dim was not rounded to whole heads; train.py is fixed now
+    crashed, crash = crash_of_cpu_depth_3(crashed_on="0123456789abcdef")
+    p = OfflineExplorer(0).propose(ctx_for(history=[crash], seen_hashes={code_hash(crashed)},
+                                           feedback=["try a deeper model: cpu_depth up"]))
+    assert [(ch["name"], ch["new"]) for ch in changes(p)] == [("CPU_DEPTH", 4)]  # 3 itself was seen
+    assert "earlier version of train.py's code" in p.hypothesis
+
+
+def test_a_crash_without_a_recorded_skeleton_blocks_for_a_while():
+    crashed, crash = crash_of_cpu_depth_3()  # a record from before skeletons were kept
+    ctx = ctx_for(history=[crash], seen_hashes={code_hash(crashed)}, feedback=["try a deeper model: cpu_depth up"])
+    p = OfflineExplorer(0).propose(ctx)
+    assert not any(ch["name"] == "CPU_DEPTH" and ch["new"] >= 3 for ch in changes(p)), p.title
+
+
+def test_the_skeleton_ignores_constant_values_but_not_code():
+    assert skeleton(set_constant(TRAIN_PY, "MATRIX_LR", "0.07")) == skeleton(TRAIN_PY)
+    assert skeleton(set_constant(TRAIN_PY, "CPU_DEPTH", "5")) == skeleton(TRAIN_PY)
+    assert skeleton(TRAIN_PY.replace("math.ceil(", "math.floor(")) != skeleton(TRAIN_PY)
+    p = OfflineExplorer(0).propose(ctx_for())
+    assert p.meta["skeleton"] == skeleton(TRAIN_PY) == skeleton(p.train_py)
 
 
 def test_combines_two_helpful_changes_after_a_losing_streak():
@@ -290,6 +346,98 @@ def test_combines_two_helpful_changes_after_a_losing_streak():
     assert all(ch["direction"] == 1 for ch in changes(combo))
     assert len(changed_lines(main, combo.train_py)) == 2
     compile(combo.train_py, "train.py", "exec")
+
+
+# ---------------------------------------------------------------------------------------------
+# Model shape and batch
+# ---------------------------------------------------------------------------------------------
+
+
+def test_the_fixture_holds_train_pys_constants_block():
+    real = find_constants((Path(__file__).resolve().parents[2] / "train.py").read_text())
+    ours = find_constants(TRAIN_PY)
+    block = {n for n in ours if n != "SOME_OTHER_LR"}
+    assert {n: real[n].source for n in block if n in real} == {n: ours[n].source for n in block}
+    assert {n for n in real if n in KNOB_BY_NAME} == {n for n in ours if n in KNOB_BY_NAME}
+
+
+def test_depth_9_and_beyond_is_reachable_on_cuda():
+    p = OfflineExplorer(0).propose(ctx_for(device_kind="cuda", feedback=["make the model deeper: more depth"]))
+    assert [(ch["name"], ch["new"]) for ch in changes(p)] == [("DEPTH", 9)]
+    nine = p.train_py
+    history = [entry(1, p, "keep", -0.01)]
+    deeper = 0
+    for seed in range(10):
+        q = OfflineExplorer(seed).propose(ctx_for(nine, history, device_kind="cuda",
+                                                  seen_hashes={code_hash(TRAIN_PY)}))
+        deeper += any(ch["name"] == "DEPTH" and ch["new"] >= 10 for ch in changes(q))
+    assert deeper > 5, "a kept DEPTH 9 is pushed further"
+
+
+def splits(p: Proposal, ctx: ProposalContext) -> bool:
+    """What train.py demands: TOTAL_BATCH_SIZE a positive multiple of DEVICE_BATCH_SIZE * seq_len."""
+    prefix = "CPU_" if ctx.device_kind == "cpu" else ""
+    consts = find_constants(p.train_py)
+    total, device = consts[f"{prefix}TOTAL_BATCH_SIZE"].value, consts[f"{prefix}DEVICE_BATCH_SIZE"].value
+    per_pass = device * get_profile(ctx.profile).seq_len
+    return total >= per_pass and total % per_pass == 0
+
+
+def test_batch_splits_reads_the_live_constants():
+    values = {"CPU_TOTAL_BATCH_SIZE": 2**12, "CPU_DEVICE_BATCH_SIZE": 32, "TOTAL_BATCH_SIZE": 1, "DEVICE_BATCH_SIZE": 1}
+    assert batch_splits(values, "cpu", 128) and not batch_splits(values, "cpu", 256)
+    assert not batch_splits(values, "cuda", 2048)
+    assert batch_splits({}, "cpu", 256) and batch_splits(values, "cpu", None)  # nothing to check
+
+
+@pytest.mark.parametrize("profile", ["cpu", "smoke", "h100"])
+@pytest.mark.parametrize("seed", range(4))
+def test_no_proposal_breaks_the_batch_into_partial_passes(profile, seed):
+    device_kind = "cuda" if profile == "h100" else "cpu"
+    prefix = "" if device_kind == "cuda" else "CPU_"
+    pushes = [f"use a smaller {prefix}total_batch_size", f"try a bigger {prefix}device_batch_size",
+              f"try a bigger {prefix}total_batch_size", f"use a smaller {prefix}device_batch_size"]
+    ctx = ctx_for(device_kind=device_kind, profile=profile)
+    explorer, batch_moves = OfflineExplorer(seed), 0
+    for i in range(60):
+        ctx.feedback.append(pushes[(seed + i) % len(pushes)])  # a human who keeps asking for batch changes
+        p = explorer.propose(ctx)
+        assert splits(p, ctx), p.title
+        ctx.seen_hashes.add(code_hash(p.train_py))
+        ctx.history.append(entry(len(ctx.history) + 1, p, "keep", -0.001))
+        ctx.train_py = p.train_py  # every proposal is kept: the batch constants wander far
+        batch_moves += any("BATCH" in ch["name"] for ch in changes(p))
+    assert batch_moves >= 20
+
+
+def test_lowering_the_total_batch_takes_the_micro_batch_down():
+    ctx = ctx_for(feedback=["the batch is too big, use a smaller cpu_total_batch_size"])  # cpu: 16 x 256 = 2**12
+    p = OfflineExplorer(0).propose(ctx)
+    assert changed_lines(TRAIN_PY, p.train_py) == [("CPU_TOTAL_BATCH_SIZE = 2**12", "CPU_TOTAL_BATCH_SIZE = 2**11"),
+                                                   ("CPU_DEVICE_BATCH_SIZE = 16", "CPU_DEVICE_BATCH_SIZE = 8")]
+    assert p.title == "Lower CPU_TOTAL_BATCH_SIZE 2**12 -> 2**11 (CPU_DEVICE_BATCH_SIZE 16 -> 8)"
+    (ch,) = changes(p)
+    assert ch["name"] == "CPU_TOTAL_BATCH_SIZE"
+    assert ch["with"] == [{"name": "CPU_DEVICE_BATCH_SIZE", "old": 16, "new": 8}]
+    assert "whole number of forward passes of 256-token sequences" in p.hypothesis
+    # on smoke (seq_len 128) 2**11 is still one pass of 16 sequences: nothing else moves
+    q = OfflineExplorer(0).propose(ctx_for(profile="smoke", feedback=ctx.feedback))
+    assert changed_lines(TRAIN_PY, q.train_py) == [("CPU_TOTAL_BATCH_SIZE = 2**12", "CPU_TOTAL_BATCH_SIZE = 2**11")]
+
+
+@pytest.mark.parametrize("profile, allowed", [("cpu", False), ("smoke", True)])
+def test_a_micro_batch_bigger_than_the_batch_is_never_proposed(profile, allowed):
+    p = OfflineExplorer(0).propose(ctx_for(profile=profile, feedback=["try a bigger cpu_device_batch_size"]))
+    raised = any(ch["name"] == "CPU_DEVICE_BATCH_SIZE" and ch["new"] > 16 for ch in changes(p))
+    assert raised == allowed, p.title  # 32 x 256 > 2**12 on cpu; 32 x 128 = 2**12 on smoke
+
+
+def test_a_main_that_does_not_split_its_batch_is_a_clear_error():
+    broken = set_constant(TRAIN_PY, "CPU_TOTAL_BATCH_SIZE", "2**11")
+    with pytest.raises(AgentError, match=r"CPU_TOTAL_BATCH_SIZE = 2\*\*11 is not a positive multiple of "
+                                         r"CPU_DEVICE_BATCH_SIZE \* seq_len = 16 \* 256 \(profile cpu\)"):
+        OfflineExplorer(0).propose(ctx_for(broken))
+    assert OfflineExplorer(0).propose(ctx_for(broken, profile="smoke")).meta["changes"]
 
 
 # ---------------------------------------------------------------------------------------------
