@@ -10,8 +10,8 @@ from bot.settings import LoopSettings, Program, SettingsError, parse_program
 
 PROGRAM_MD = Path(__file__).resolve().parents[2] / "program.md"
 
-DEFAULTS = dict(max_experiments=0, target_val_bpb=None, baseline_runs=2, noise_sigmas=2.0, min_margin=0.0,
-                confirm=True, paused=False)
+DEFAULTS = dict(max_experiments=0, target_val_bpb=None, first_baseline_runs=6, baseline_runs=2, noise_sigmas=2.25,
+                confirm_sigmas=2.0, confirm_below=1.25, min_margin=0.0, confirm=True, paused=False)
 
 
 def front(block: str, body: str = "# Program\n\nLower val_bpb.\n") -> str:
@@ -52,16 +52,19 @@ def test_full_block_is_parsed_and_the_body_follows():
         "autoresearch:\n"
         "  max_experiments: 50      # stop proposing after this many\n"
         "  target_val_bpb: 0.95\n"
+        "  first_baseline_runs: 4\n"
         "  baseline_runs: 3\n"
         "  noise_sigmas: 1.5\n"
+        "  confirm_sigmas: 1.8\n"
+        "  confirm_below: 1.0\n"
         "  min_margin: 0.001\n"
         "  confirm: false\n"
         "  paused: true\n",
         "\n\n# Research program\n\nLower val_bpb by editing train.py.\n")
     program = parse_program(text)
-    assert program.settings.model_dump() == dict(max_experiments=50, target_val_bpb=0.95, baseline_runs=3,
-                                                  noise_sigmas=1.5, min_margin=0.001, confirm=False,
-                                                  paused=True)
+    assert program.settings.model_dump() == dict(max_experiments=50, target_val_bpb=0.95, first_baseline_runs=4,
+                                                  baseline_runs=3, noise_sigmas=1.5, confirm_sigmas=1.8,
+                                                  confirm_below=1.0, min_margin=0.001, confirm=False, paused=True)
     # the body starts right at its first line: leading blank lines and the block are gone
     assert program.instructions.startswith("# Research program")
     assert program.instructions.rstrip("\n") == "# Research program\n\nLower val_bpb by editing train.py."
@@ -123,6 +126,14 @@ def test_bad_type_or_range_names_the_field(field, value):
     with pytest.raises(SettingsError) as info:
         parse_program(front(f"autoresearch:\n  {field}: {value}\n"))
     assert f"autoresearch.{field}" in str(info.value)
+
+
+@pytest.mark.parametrize("runs", ["baseline_runs: 1", "first_baseline_runs: 1"])
+def test_a_single_measurement_of_main_without_confirmations_is_refused(runs):
+    """It would keep pure noise: nothing would ever measure how much a run varies."""
+    with pytest.raises(SettingsError, match="measured at least twice"):
+        parse_program(front(f"autoresearch:\n  {runs}\n  confirm: false\n"))
+    assert parse_program(front(f"autoresearch:\n  {runs}\n  confirm: true\n")).settings.confirm
 
 
 def test_several_bad_fields_are_all_named():
