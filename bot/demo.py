@@ -220,15 +220,15 @@ def render_summary(summary: Summary, wall_s: float) -> Table:
 
 def results_table(store: Store) -> Table:
     table = Table(title="experiments")
-    for column in ("#", "commit", "val_bpb", "delta", "margin", "re-measured", "steps", "tok/s", "mem GB", "runs",
-                   "status", "description"):
-        table.add_column(column)
+    for column in ("#", "val_bpb", "delta", "margin", "re-measured", "steps", "tok/s", "runs", "status"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("description", ratio=1)
     colours = {"keep": "green", "discard": "yellow", "crash": "red", "failed": "red"}
     for row in results.rows(store):
-        table.add_row(str(row["id"]), row["commit"], _fmt(row["val_bpb"]), _signed(row["delta"]),
-                      _fmt(row["margin"]), _signed(row["remeasured_delta"]), _whole(row["steps"]),
-                      _whole(row["tokens_per_second"]), f"{row['memory_gb']:.1f}", str(row["runs"]),
-                      f"[{colours.get(row['status'], 'white')}]{row['status']}[/]", row["description"])
+        table.add_row(str(row["id"]), _fmt(row["val_bpb"]), _signed(row["delta"]), _fmt(row["margin"]),
+                      _signed(row["remeasured_delta"]), _whole(row["steps"]), _whole(row["tokens_per_second"]),
+                      str(row["runs"]), f"[{colours.get(row['status'], 'white')}]{row['status']}[/]",
+                      row["description"])
     return table
 
 

@@ -56,7 +56,10 @@ def seeded_workdir(work: Path, **settings: object) -> None:
 
 
 @pytest.mark.slow
-def test_demo_runs_then_resumes_to_a_larger_target(tmp_path: Path, smoke_prepared) -> None:
+def test_demo_runs_then_resumes_to_a_larger_target(tmp_path: Path, smoke_prepared, monkeypatch) -> None:
+    import bot.cli
+
+    monkeypatch.setattr(bot.cli.console, "width", 160)  # the results table is wider than 80 columns
     work = tmp_path / "demo"
     seeded_workdir(work, first_baseline_runs=2, baseline_runs=2)
     first = cli.invoke(app, ["demo", "--workdir", str(work), "--profile", "smoke", "--experiments", "1"])
@@ -79,6 +82,33 @@ def test_demo_runs_then_resumes_to_a_larger_target(tmp_path: Path, smoke_prepare
     assert all(run["steps"] for run in runs if run["status"] == "ok")
     status = cli.invoke(app, ["status", "--workdir", str(work)])
     assert status.exit_code == 0 and "profile smoke" in said(status) and "nothing running" in said(status)
+    check_the_research_repository(work)
+
+
+def check_the_research_repository(work: Path) -> None:
+    """What is sure after any real run of the loop, whatever the training noise decided."""
+    from bot.forge.local import LocalForge
+    from bot.records import code_hash
+    from bot.store import Store
+
+    forge, store = LocalForge(work / "repo"), Store(work / "state.db")
+    experiments = store.experiments()
+    assert all(e.state == "done" for e in experiments)
+    # main advanced only through kept experiments, each merge naming its experiment
+    history = list(forge.repo.iter_commits("main", first_parent=True))
+    kept = [e for e in experiments if e.status == "keep"]
+    assert [c.hexsha for c in reversed(history[:-1])] == [e.merged_sha for e in kept]
+    for commit, exp in zip(reversed(history[:-1]), kept):
+        assert f"autoresearch-experiment: {exp.id}" in commit.message
+    # every commit of main has a measured val_bpb of its own train.py
+    for commit in history:
+        text = (commit.tree / "train.py").data_stream.read().decode()
+        assert [r for r in store.runs(code_hash=code_hash(text)) if r.purpose == "baseline" and r.val_bpb], commit
+    # every experiment keeps its branch as a record; results.tsv has the baseline and one row each
+    assert set(forge.list_branches()) == {e.branch for e in experiments}
+    lines = (work / "results.tsv").read_text().splitlines()
+    assert [line.split("\t")[3] for line in lines[1:]] == ["keep"] + [e.status for e in experiments]
+    store.close()
 
 
 def test_results_without_a_demo_says_what_to_run(tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
-"""The research loop end to end: once with real training on the CPU (smoke profile, real git, real
-child processes, the real offline explorer), asserting only what is sure; and the conductor killed
-with SIGKILL at each transition, then restarted, with a file-backed fake runner so that no verdict
-and no reached state depends on training noise."""
+"""The research loop end to end through the driver, with the real explorer and real git; and the
+conductor killed with SIGKILL at each transition, then restarted. The runners are fakes whose
+numbers the test chooses, so no verdict and no reached state depends on training noise; the one
+end-to-end run with real training is the demo's, in tests/bot/test_cli.py."""
 
 from __future__ import annotations
 
@@ -25,10 +25,8 @@ from bot.driver import Driver
 from bot.events import submit
 from bot.forge.local import LocalForge, init_research_repo
 from bot.records import Proposal, ProposalContext, code_hash
-from bot.runners.local import LocalRunner
 from bot.store import Store
-from fakes import CRASH_MARK, with_effect
-from runner.identity import measurement_identity
+from fakes import CRASH_MARK, IDENTITY, FakeRunner, with_effect
 
 ROOT = Path(__file__).resolve().parents[2]
 TESTS = Path(__file__).resolve().parents[1]
@@ -52,10 +50,9 @@ def make_workdir(work: Path, train_py: str, program_md: str) -> LocalForge:
     return init_research_repo(work / "repo", {"train.py": train_py, "program.md": program_md})
 
 
-def conductor(work: Path, agent, *, slots: int = 1, experiments: int = 0) -> Conductor:
-    return Conductor(Store(work / "state.db"), LocalForge(work / "repo"), LocalRunner(work / "runs", slots=slots),
-                     agent, ConductorConfig(profile="smoke", identity=measurement_identity("smoke"),
-                                            max_experiments=experiments),
+def conductor(work: Path, agent, *, experiments: int = 0) -> Conductor:
+    return Conductor(Store(work / "state.db"), LocalForge(work / "repo"), FakeRunner(), agent,
+                     ConductorConfig(profile="smoke", identity=IDENTITY, max_experiments=experiments),
                      results_tsv=work / "results.tsv")
 
 
@@ -75,8 +72,7 @@ class CrashThenRepeat:
         self.calls += 1
         if self.calls == 2:
             return Proposal("Crash on purpose", "Checks that a crash is recorded and the loop goes on.",
-                            ctx.train_py.replace("h = harness.session()",
-                                                 "h = harness.session()\nraise ValueError('deliberate crash')"))
+                            ctx.train_py.replace("import math\n", "import math" + CRASH_MARK, 1))
         if self.calls == 3 and self.first is not None:
             return self.first
         proposal = self.explorer.propose(ctx)
@@ -84,12 +80,12 @@ class CrashThenRepeat:
         return proposal
 
 
-@pytest.mark.slow
-def test_the_loop_end_to_end(tmp_path: Path, smoke_prepared) -> None:
-    forge = make_workdir(tmp_path, TRAIN_PY, program(first_baseline_runs=2, baseline_runs=2))
+def test_the_loop_end_to_end_with_the_real_explorer(tmp_path: Path) -> None:
+    """The whole loop through the driver; the runner is a fake (the CLI's demo test trains for real)."""
+    forge = make_workdir(tmp_path, with_effect(TRAIN_PY, 0.0, "main"), program(first_baseline_runs=2, baseline_runs=2))
     agent = CrashThenRepeat(seed=3)
     loop = conductor(tmp_path, agent, experiments=4)
-    summary = Driver(loop, timer_s=1.0).run()
+    summary = Driver(loop, timer_s=0.05).run()
     store = loop.store
 
     experiments = store.experiments()
@@ -100,7 +96,7 @@ def test_the_loop_end_to_end(tmp_path: Path, smoke_prepared) -> None:
     # the deliberate crash is recorded with its traceback, and the loop went on after it
     crashed = [e for e in experiments if e.status == "crash"]
     assert [e.title for e in crashed] == ["Crash on purpose"]
-    assert "deliberate crash" in crashed[0].error_tail
+    assert "boom" in crashed[0].error_tail
     assert crashed[0].id < experiments[-1].id
 
     # the repeated proposal was refused, not run (if experiment 1 was kept, main now holds its code)

@@ -7,8 +7,11 @@ from pathlib import Path
 import pytest
 
 from bot.agent import Agent, AgentError
-from bot.agent.explorer import (CRASH_MEMORY, KNOB_BY_NAME, OfflineExplorer, batch_splits, find_constants,
-                                skeleton)
+from bot.agent.batch import batch_splits
+from bot.agent.constants import find_constants
+from bot.agent.crash_memory import CRASH_MEMORY, skeleton
+from bot.agent.explorer import OfflineExplorer
+from bot.agent.knobs import KNOB_BY_NAME
 from bot.records import HistoryEntry, Proposal, ProposalContext, code_hash
 from runner.profiles import get_profile
 
