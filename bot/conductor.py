@@ -33,7 +33,7 @@ from bot.agent import Agent, AgentError
 from bot.agent.worker import AgentWorker
 from bot.events import apply_inbox
 from bot.forge import Forge, MainMoved, MergeConflict
-from bot.judge import JudgeConfig, Noise, decide, pooled_noise
+from bot.judge import JudgeConfig, Noise, decide, main_runs_wanted, pooled_noise
 from bot.records import HistoryEntry, Job, Proposal, ProposalContext, RunResult, asset_sha256, code_hash
 from bot.runners import Runner
 from bot.settings import LoopSettings, SettingsError, parse_program
@@ -240,9 +240,11 @@ class Conductor:
         return [v for c, e, purpose, v in self._counted_values() if c == code and purpose == "baseline"]
 
     def noise(self) -> Noise | None:
-        groups: dict[str, list[float]] = {}
-        for code, _, _, value in self._counted_values():
-            groups.setdefault(code, []).append(value)
+        """Pooled over groups of repeated runs: each main's own runs, each experiment's runs. A kept
+        experiment's runs stay apart from its new main's: they were selected for coming out low."""
+        groups: dict[tuple[str, int | None], list[float]] = {}
+        for code, experiment, purpose, value in self._counted_values():
+            groups.setdefault((code, None if purpose == "baseline" else experiment), []).append(value)
         return pooled_noise(list(groups.values()))
 
     def schedule_baseline(self, main: Main) -> None:
@@ -260,7 +262,7 @@ class Conductor:
             return
         pending = [r for r in runs if r.state in (RunState.QUEUED, RunState.RUNNING)]
         first = not any(c != main.code for c, _, purpose, _ in self._counted_values() if purpose == "baseline")
-        wanted = main.settings.first_baseline_runs if first else main.settings.baseline_runs
+        wanted = main_runs_wanted(first, main.settings.first_baseline_runs, main.settings.baseline_runs)
         for _ in range(max(0, wanted - len(self.main_values(main.code)) - len(pending))):
             self._queue_main_run(main, f"measure main {main.sha[:7]}")
 

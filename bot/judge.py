@@ -1,42 +1,111 @@
-"""The judge: keep, discard, confirm or re-measure, from numbers alone.
+"""The judge: keep, discard, confirm or re-measure an experiment, from numbers alone.
 
-Noise is estimated from repeated runs of the same train.py (the baseline runs of main, and any
-confirmation runs): the pooled standard deviation `sigma`. A candidate is kept only when its mean
-val_bpb beats main's mean by more than the margin
+This module owns the decision rule and the noise estimate it rests on; it touches neither the
+store nor the forge. The rule, in plain words:
 
-    margin = max(min_margin, noise_sigmas * sigma * sqrt(1/n_candidate + 1/n_main))
+1. Noise. Every group of repeated runs of the same train.py (main's baseline runs, a candidate's
+   first and confirmation runs) says how much val_bpb moves between runs of the same code. The
+   groups are pooled into one standard deviation `sigma` with `dof` degrees of freedom (the sum
+   over groups of runs minus one). Early in a loop `dof` is small and sigma itself is uncertain:
+   from one pair of runs it comes out under a third of the truth one time in four.
 
-(the standard error of the difference of two means, times a safety factor). A result that
-improves on main but stays inside the margin (or while the noise is still unknown) gets one
-confirmation run; a result measured on an older main is re-measured on the current one before it
-may merge. Ties go to main.
+2. Margin. A candidate beats main when its mean val_bpb is lower than main's mean by more than
+
+       margin = max(min_margin, k * sigma * sqrt(1/n_candidate + 1/n_main))
+
+   `sigma * sqrt(...)` is the standard error of the difference of the two means. `k` is the
+   Student-t quantile at `dof` degrees of freedom with the same one-sided tail as a z-score
+   (`noise_sigmas` or `confirm_sigmas`), so a change with no effect passes the test as rarely
+   with 5 degrees of freedom as with 500. For noise_sigmas 2.5 k is 3.8 at 5 degrees of freedom,
+   2.66 at 30 and 2.55 at 100. The earlier rule used k = 2 whatever the degrees of freedom, and
+   kept a change with no effect at the first experiment about one time in six.
+
+3. One run, then maybe one more. A single candidate run is kept when it clears the margin with
+   k from `noise_sigmas` (2.5: a null change passes 0.6% of the time). If it does not, but it is
+   lower than main by more than `confirm_below` (1.25) standard errors, it earns one confirmation
+   run, and main gets `confirm_main_runs` (1) more run beside it so both sides of the comparison
+   sharpen. With two or more candidate runs the change is kept when the mean clears the margin
+   with k from `confirm_sigmas` (2.1), and discarded otherwise. A smaller improvement is discarded
+   at once: confirming every improvement spends runs on changes that almost never survive. All
+   told a null change is kept about 2% of the time, a true gain of 3 sigma about 85% of the time
+   at the first experiment.
+
+4. Main's measurements. The first main of a loop is measured `first_baseline_runs` (6) times, so
+   the noise estimate starts from 5 degrees of freedom; every later main (after a keep)
+   `baseline_runs` (2) times afresh, since by then the noise is known from earlier groups. The
+   runs that got a change kept are never main's values: they were selected for coming out low.
+   See `main_runs_wanted`.
+
+5. Everything else. A crash is a crash, whatever the number. A result measured on an older main
+   is re-measured on the current one before it may merge. Ties go to main. While no group has two
+   runs (the noise is unknown) nothing is kept: an improvement gets a confirmation and one more
+   run of main, or, with confirmations off, is discarded.
+
+The figures behind the defaults (false keeps, power, runs per experiment) come from
+bench/decision_accuracy.py, which drives this module through the conductor's protocol; see
+"Decision accuracy of the judge" in docs/benchmarks.md.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+
+from scipy import special  # not scipy.stats: that import alone takes seconds
+
+# How many times main is measured: the first main of a loop carries the whole noise estimate on
+# its own, so it gets enough runs for a usable sigma; later mains only need a fresh mean.
+FIRST_BASELINE_RUNS = 6
+BASELINE_RUNS = 2
+
+
+@dataclass(frozen=True)
+class Noise:
+    sigma: float  # pooled standard deviation of one run
+    dof: int  # degrees of freedom behind it (sum over groups of n-1)
 
 
 @dataclass(frozen=True)
 class JudgeConfig:
-    noise_sigmas: float = 2.0  # how many standard errors an improvement must clear
+    noise_sigmas: float = 2.5  # keep threshold on a single run, a z-equivalent converted to Student-t at noise.dof
+    confirm_sigmas: float = 2.1  # keep threshold once the candidate has 2+ runs
+    confirm_below: float = 1.25  # a single run below -this many standard errors gets a confirmation
     min_margin: float = 0.0  # absolute floor on the margin, in val_bpb
-    confirm: bool = True  # give a borderline improvement one confirmation run
+    confirm: bool = True  # False: never confirm, decide on the first run
+    confirm_main_runs: int = 1  # runs of main queued beside each confirmation run
 
 
 @dataclass(frozen=True)
 class Decision:
     action: str  # keep | discard | crash | confirm | remeasure | wait
-    reason: str
+    reason: str  # one sentence with the numbers, shown to humans (PR comment, merge message)
     val_bpb: float | None = None
     delta: float | None = None
     margin: float | None = None
+    extra_main_runs: int = 0  # on "confirm": runs of main to queue beside the confirmation run
 
 
-def pooled_sigma(groups: list[list[float]]) -> float | None:
-    """Pooled standard deviation over groups of repeated measurements (None if no repeats)."""
+def main_runs_wanted(first_main: bool, first_baseline_runs: int = FIRST_BASELINE_RUNS,
+                     baseline_runs: int = BASELINE_RUNS) -> int:
+    """How many baseline runs a main needs before experiments are judged against it.
+
+    `first_main` is true when no other code has been measured yet under the current profile,
+    harness and data, so the noise estimate will rest on this main's runs alone. Runs queued by a
+    confirmation (`Decision.extra_main_runs`) come on top of this number.
+    """
+    return max(1, first_baseline_runs if first_main else baseline_runs)
+
+
+def pooled_noise(groups: Iterable[Sequence[float]]) -> Noise | None:
+    """Pooled standard deviation over groups of repeated runs of the same code.
+
+    Each group contributes its squared deviations from its own mean and len-1 degrees of freedom,
+    so differences between groups (different code) do not count as noise. None when no group has
+    two or more values.
+    """
     squares = 0.0
     dof = 0
     for values in groups:
@@ -44,20 +113,40 @@ def pooled_sigma(groups: list[list[float]]) -> float | None:
             mean = statistics.fmean(values)
             squares += sum((v - mean) ** 2 for v in values)
             dof += len(values) - 1
-    return math.sqrt(squares / dof) if dof else None
+    return Noise(sigma=math.sqrt(squares / dof), dof=dof) if dof else None
 
 
-def margin(sigma: float | None, n_candidate: int, n_main: int, config: JudgeConfig) -> float:
-    if sigma is None or n_candidate == 0 or n_main == 0:
-        return config.min_margin
-    return max(config.min_margin, config.noise_sigmas * sigma * math.sqrt(1 / n_candidate + 1 / n_main))
+@functools.lru_cache(maxsize=4096)
+def t_multiplier(z: float, dof: int) -> float:
+    """The Student-t quantile with the same one-sided tail as `z` standard normal deviations.
+
+    With `dof` degrees of freedom behind sigma, (delta / standard error) follows a Student-t
+    distribution under no effect, so this keeps the false-keep rate of a null change at
+    P(Z > z) however few repeats the noise estimate has. It tends to `z` as dof grows.
+    """
+    if dof < 1:
+        raise ValueError(f"a Student-t quantile needs at least 1 degree of freedom, got {dof}")
+    return float(special.stdtrit(dof, special.ndtr(z)))  # t quantile at the normal's P(Z <= z)
 
 
-def decide(*, candidate: list[float], crash: str | None, main: list[float], sigma: float | None,
+def margin(noise: Noise, n_candidate: int, n_main: int, config: JudgeConfig) -> float:
+    """The improvement a candidate with `n_candidate` runs must exceed against `n_main` runs of main."""
+    z = config.noise_sigmas if n_candidate < 2 else config.confirm_sigmas
+    k = t_multiplier(z, noise.dof)
+    return max(config.min_margin, k * standard_error(noise, n_candidate, n_main))
+
+
+def standard_error(noise: Noise, n_candidate: int, n_main: int) -> float:
+    """Standard error of (candidate mean - main mean) when each run has standard deviation sigma."""
+    return noise.sigma * math.sqrt(1 / n_candidate + 1 / n_main)
+
+
+def decide(*, candidate: list[float], crash: str | None, main: list[float], noise: Noise | None,
            measured_on: str, current_main: str, config: JudgeConfig) -> Decision:
-    """Judge one experiment from its runs on `measured_on` against main's runs."""
+    """Judge one experiment from its runs on `measured_on` against main's baseline runs."""
     if crash is not None:
-        return Decision("crash", f"the run crashed: {crash.strip().splitlines()[-1] if crash.strip() else 'no output'}")
+        last = crash.strip().splitlines()[-1] if crash.strip() else "no output"
+        return Decision("crash", f"the run crashed: {last}")
     if measured_on != current_main:
         return Decision("remeasure", f"measured on main {measured_on[:7]}, but main is now "
                         f"{current_main[:7]}: re-measure on the current main before it may merge")
@@ -68,22 +157,36 @@ def decide(*, candidate: list[float], crash: str | None, main: list[float], sigm
     value = statistics.fmean(candidate)
     base = statistics.fmean(main)
     delta = value - base
-    band = margin(sigma, len(candidate), len(main), config)
+    runs = f"{len(candidate)} run{'s' if len(candidate) > 1 else ''} against {len(main)} of main"
+    single = len(candidate) < 2
+    if delta >= 0:
+        band = margin(noise, len(candidate), len(main), config) if noise else None
+        numbers = dict(val_bpb=value, delta=delta, margin=band)
+        if delta == 0:
+            return Decision("discard", f"val_bpb {value:.6f} ties main: main keeps the tie", **numbers)
+        return Decision("discard", f"val_bpb {value:.6f} is worse than main {base:.6f} by {delta:.6f}", **numbers)
+    if noise is None:
+        # No group has two runs yet: a gain of any size could be noise, so nothing may be kept.
+        numbers = dict(val_bpb=value, delta=delta, margin=None)
+        if single and config.confirm:
+            return Decision("confirm", f"val_bpb {value:.6f} improves on main {base:.6f} by {-delta:.6f}, but the "
+                            "noise is not known yet (no repeated runs): one confirmation run and one more "
+                            "run of main", extra_main_runs=max(1, config.confirm_main_runs), **numbers)
+        return Decision("discard", f"val_bpb {value:.6f} improves on main {base:.6f} by {-delta:.6f}, but the "
+                        f"noise is not known (no repeated runs), so no gain can be told from noise ({runs})",
+                        **numbers)
+    band = margin(noise, len(candidate), len(main), config)
     numbers = dict(val_bpb=value, delta=delta, margin=band)
-    runs = f"{len(candidate)} run{'s' if len(candidate) > 1 else ''}"
-    unknown_noise = sigma is None and band == 0.0
-    if delta < 0 and unknown_noise and len(candidate) < 2 and config.confirm:
-        return Decision("confirm", f"val_bpb {value:.6f} improves on main {base:.6f} by {-delta:.6f}, but the "
-                        "noise is not known yet (no repeated runs): one confirmation run", **numbers)
+    noise_words = f"sigma {noise.sigma:.6f} from {noise.dof} degree{'s' if noise.dof > 1 else ''} of freedom"
     if delta < -band:
-        return Decision("keep", f"val_bpb {value:.6f} beats main {base:.6f} by {-delta:.6f}, more than "
-                        f"the noise margin {band:.6f} ({runs})", **numbers)
-    if delta < 0 and len(candidate) < 2 and config.confirm:
-        return Decision("confirm", f"val_bpb {value:.6f} improves on main {base:.6f} by {-delta:.6f}, "
-                        f"inside the noise margin {band:.6f}: one confirmation run", **numbers)
-    if delta < 0:
-        return Decision("discard", f"val_bpb {value:.6f} improves on main {base:.6f} by only {-delta:.6f}, "
-                        f"inside the noise margin {band:.6f} ({runs}): not a measurable gain", **numbers)
-    if delta == 0:
-        return Decision("discard", f"val_bpb {value:.6f} ties main: main keeps the tie", **numbers)
-    return Decision("discard", f"val_bpb {value:.6f} is worse than main {base:.6f} by {delta:.6f}", **numbers)
+        return Decision("keep", f"val_bpb {value:.6f} beats main {base:.6f} by {-delta:.6f}, more than the noise "
+                        f"margin {band:.6f} ({runs}, {noise_words})", **numbers)
+    window = config.confirm_below * standard_error(noise, len(candidate), len(main))
+    if single and config.confirm and delta < -window:
+        extra = config.confirm_main_runs
+        main_words = f" and {extra} more run{'s' if extra > 1 else ''} of main" if extra else ""
+        return Decision("confirm", f"val_bpb {value:.6f} improves on main {base:.6f} by {-delta:.6f}, inside the "
+                        f"noise margin {band:.6f} but more than {config.confirm_below:g} standard errors "
+                        f"({window:.6f}): one confirmation run{main_words}", extra_main_runs=extra, **numbers)
+    return Decision("discard", f"val_bpb {value:.6f} improves on main {base:.6f} by only {-delta:.6f}, inside the "
+                    f"noise margin {band:.6f} ({runs}, {noise_words}): not a measurable gain", **numbers)

@@ -8,8 +8,8 @@ program.md may start with a YAML block between two `---` lines holding an `autor
       target_val_bpb: 0.95     # stop once main reaches this val_bpb or lower
       first_baseline_runs: 6   # measurements of the first main: the noise estimate starts here
       baseline_runs: 2         # measurements of every later main (after a keep)
-      noise_sigmas: 2.25       # a single run must beat main by this many standard errors (Student-t)
-      confirm_sigmas: 2.0      # ... or, after a confirmation run, by this many
+      noise_sigmas: 2.5        # a single run must beat main by this many standard errors (Student-t)
+      confirm_sigmas: 2.1      # ... or, after a confirmation run, by this many
       confirm_below: 1.25      # a single run this many standard errors better gets a confirmation
       min_margin: 0.0          # absolute floor on the margin, in val_bpb
       confirm: true            # borderline improvements get one confirmation run
@@ -37,8 +37,8 @@ class LoopSettings(BaseModel):
     target_val_bpb: float | None = Field(None, gt=0)
     first_baseline_runs: int = Field(6, ge=1, le=50)
     baseline_runs: int = Field(2, ge=1, le=20)
-    noise_sigmas: float = Field(2.25, ge=0)
-    confirm_sigmas: float = Field(2.0, ge=0)
+    noise_sigmas: float = Field(2.5, ge=0)
+    confirm_sigmas: float = Field(2.1, ge=0)
     confirm_below: float = Field(1.25, ge=0)
     min_margin: float = Field(0.0, ge=0)
     confirm: bool = True

@@ -10,8 +10,8 @@ from bot.settings import LoopSettings, Program, SettingsError, parse_program
 
 PROGRAM_MD = Path(__file__).resolve().parents[2] / "program.md"
 
-DEFAULTS = dict(max_experiments=0, target_val_bpb=None, first_baseline_runs=6, baseline_runs=2, noise_sigmas=2.25,
-                confirm_sigmas=2.0, confirm_below=1.25, min_margin=0.0, confirm=True, paused=False)
+DEFAULTS = dict(max_experiments=0, target_val_bpb=None, first_baseline_runs=6, baseline_runs=2, noise_sigmas=2.5,
+                confirm_sigmas=2.1, confirm_below=1.25, min_margin=0.0, confirm=True, paused=False)
 
 
 def front(block: str, body: str = "# Program\n\nLower val_bpb.\n") -> str:
