@@ -19,7 +19,6 @@ numbers alone.
 
 from __future__ import annotations
 
-import json
 import logging
 import statistics
 import time
@@ -28,13 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bot import results
+from bot import measurement, results
 from bot.agent import Agent, AgentError
 from bot.agent.worker import AgentWorker
 from bot.events import apply_inbox
 from bot.forge import Forge, MainMoved, MergeConflict
 from bot.judge import JudgeConfig, Noise, decide, main_runs_wanted, pooled_noise
-from bot.records import HistoryEntry, Job, Proposal, ProposalContext, RunResult, asset_sha256, code_hash
+from bot.records import HistoryEntry, Job, Proposal, ProposalContext, RunResult, code_hash
 from bot.runners import Runner
 from bot.settings import LoopSettings, SettingsError, parse_program
 from bot.states import RunState, State, Status
@@ -48,10 +47,6 @@ PROGRAM = "program.md"
 RUN_PRIORITY = {"baseline": 0, "remeasure": 1, "confirm": 2, "candidate": 3}
 MAX_BASELINE_CRASHES = 2  # crashes of main's own train.py before the loop asks for a human
 MAX_REFUSED_RESULTS = 3  # results of one code refused (wrong identity) before giving up on it
-IDENTITY_KEYS = ("profile", "harness_hash", "data_fingerprint")
-# On a CPU-clock profile the budget is CPU time per allotted thread, so the thread count is part of
-# what makes two runs comparable; it is pinned too when the identity carries it.
-OPTIONAL_IDENTITY_KEYS = ("threads",)
 
 
 class ConductorError(RuntimeError):
@@ -101,8 +96,8 @@ class _Pending:
     """The proposal being prepared, and what the conductor told the agent about refusals."""
 
     exp_id: int
-    notes: list[str] = field(default_factory=list)
-    seen: set[str] = field(default_factory=set)
+    notes: list[str] = field(default_factory=list)  # why earlier answers were refused, for the agent
+    seen: set[str] = field(default_factory=set)  # code of the refused answers
 
 
 class Conductor:
@@ -132,7 +127,8 @@ class Conductor:
     # --- the tick --------------------------------------------------------------------------------
     def start(self) -> None:
         """Pin the measurement identity; called once, before the first tick."""
-        self._pin_identity()
+        for message in measurement.pin(self.store, self.config.identity):
+            log.warning("%s", message)
         self._started = True
 
     def tick(self) -> None:
@@ -232,7 +228,7 @@ class Conductor:
             ident = self.config.identity
             self._values = self.store.measured_values(profile=ident["profile"], harness_hash=ident["harness_hash"],
                                                       data_fingerprint=ident["data_fingerprint"],
-                                                      threads=_int_or_none(ident.get("threads")))
+                                                      threads=measurement.pinned_threads(ident))
         return self._values
 
     def main_values(self, code: str) -> list[float]:
@@ -342,12 +338,11 @@ class Conductor:
             self._pending = None
             self._advance_safely(exp, main)
             return
-        refusals = exp.failures + 1
-        self.store.update_experiment(exp.id, failures=refusals)
         self.store.event(None, "refused", f"proposal {answer.title!r} refused: {problem}")
         log.warning("proposal %r refused: %s", answer.title, problem)
         pending.seen.add(code_hash(answer.train_py))
         pending.notes.append(f"(conductor) your proposal {answer.title!r} was refused: {problem}")
+        refusals = len(pending.notes)
         if refusals >= self.config.max_refusals:
             reason = f"the agent's last {refusals} proposals were all refused"
             self.store.withdraw_proposing(exp.id, reason)
@@ -450,7 +445,7 @@ class Conductor:
             return None
         counted = [r for r in runs if r.state == RunState.DONE]
         crash = next((r for r in counted if r.status == "crash"), None)
-        candidate = [r.val_bpb for r in counted if r.status == "ok" and r.val_bpb is not None and self._counts(r)]
+        candidate = [r.val_bpb for r in counted if r.status == "ok" and r.val_bpb is not None and measurement.counts(r, self.config.identity)]
         if not candidate and crash is None and exp.base_sha == main.sha:
             self._requeue(exp, "candidate", "no run under the pinned harness and data")
             return None
@@ -571,7 +566,7 @@ class Conductor:
 
     def _record(self, run: Run, result: RunResult) -> None:
         kept = dict(status=result.status, val_bpb=result.val_bpb, metrics=result.metrics, log_tail=result.log_tail)
-        problem = self.check_result(run, result)
+        problem = measurement.refusal(run, result, self.config.identity)
         if problem is not None:
             refused = [r for r in self.store.runs(code_hash=run.code_hash) if r.state == RunState.REFUSED]
             again = len(refused) + 1 < MAX_REFUSED_RESULTS
@@ -580,7 +575,8 @@ class Conductor:
             if not again:
                 self._give_up_on(run, f"{MAX_REFUSED_RESULTS} results for it were refused; the last: {problem}")
             return
-        disturbed = self.disturbed(run, result)
+        disturbed = measurement.disturbance(run, result, self.store.latest_ok_runs("baseline", 6),
+                                            self.config.disturbed_share)
         if disturbed is not None:
             self.store.set_aside_run(run.id, RunState.DISTURBED, disturbed, result=kept)
             log.warning("run %s: %s; running it again", run.id, disturbed)
@@ -592,47 +588,6 @@ class Conductor:
         self._values = None
         if run.experiment_id is None:
             self._note_remeasured_delta(run.code_hash)
-
-    def check_result(self, run: Run, result: RunResult) -> str | None:
-        """Why a result may not count for `run`, or None: it must answer this job, with this code,
-        measured under the pinned identity."""
-        if result.run_id != run.id:
-            return f"it answers run {result.run_id}, not run {run.id}"
-        reported = result.metrics.get("asset_sha256")
-        if reported and reported != asset_sha256(run.asset):
-            return "it measured another train.py than the one queued (asset sha256 differs)"
-        if result.status != "ok":
-            return None  # a crash carries no measurement to compare
-        if not reported:
-            return "it does not say which train.py it measured (no asset_sha256)"
-        for key in IDENTITY_KEYS:
-            if result.metrics.get(key) != self.config.identity[key]:
-                return (f"its {key} is {result.metrics.get(key)!r} but this work directory measures under "
-                        f"{self.config.identity[key]!r}")
-        threads = _int_or_none(self.config.identity.get("threads"))
-        if threads is not None and result.metrics.get("clock") == "cpu" and result.metrics.get("threads") != threads:
-            return (f"it ran on {result.metrics.get('threads')} CPU threads but this work directory measures with "
-                    f"{threads} (its budget is CPU time per thread)")
-        return None
-
-    def disturbed(self, run: Run, result: RunResult) -> str | None:
-        """Why this run's number says more about a busy machine than about its train.py, or None.
-        A CPU run's budget is CPU time, but a neighbour still slows it; one that got far less of its
-        cores than main's recent runs did is run again once (the re-run counts whatever it gets)."""
-        share = result.metrics.get("cpu_share")
-        if result.status != "ok" or run.rerun_of is not None or result.metrics.get("clock") != "cpu" or not share:
-            return None
-        shares = [s for s in (r.metrics.get("cpu_share") for r in self._recent_main_runs()) if s]
-        if not shares:
-            return None
-        usual = statistics.median(shares)
-        if share < self.config.disturbed_share * usual:
-            return (f"disturbed: it got {share:.0%} of its CPU cores against {usual:.0%} for main's recent runs "
-                    "(another process was busy on this machine)")
-        return None
-
-    def _recent_main_runs(self, limit: int = 6) -> list[Run]:
-        return self.store.latest_ok_runs("baseline", limit)
 
     def _give_up_on(self, run: Run, why: str) -> None:
         if run.experiment_id is None:
@@ -666,39 +621,6 @@ class Conductor:
             self.store.event(None, "blocked", message)
             log.error("%s", message)
 
-    # --- identity --------------------------------------------------------------------------------
-    def _pin_identity(self) -> None:
-        """Fix what makes runs comparable for this work directory. Another profile is refused; a
-        changed harness or data starts a new baseline, said in an event."""
-        current = {k: self.config.identity[k] for k in IDENTITY_KEYS}
-        current.update({k: str(self.config.identity[k]) for k in OPTIONAL_IDENTITY_KEYS if k in self.config.identity})
-        stored_text = self.store.get_setting("identity")
-        if stored_text is None:
-            self.store.set_setting("identity", json.dumps(current))
-            self.store.event(None, "identity", f"measuring under profile {current['profile']}, harness "
-                             f"{current['harness_hash']}, data {current['data_fingerprint']}")
-            return
-        stored = json.loads(stored_text)
-        if stored.get("profile") != current["profile"]:
-            raise ConductorError(
-                f"this work directory measures with profile {stored.get('profile')!r}, not {current['profile']!r}: "
-                f"their numbers do not compare. Use --profile {stored.get('profile')} here, or another --workdir "
-                f"for {current['profile']!r}.")
-        changed = [f"{k} {stored.get(k)} -> {current[k]}" for k in (*IDENTITY_KEYS[1:], *OPTIONAL_IDENTITY_KEYS)
-                   if k in current and stored.get(k) != current[k]]
-        if changed:
-            self.store.set_setting("identity", json.dumps(current))
-            self.store.event(None, "identity", f"the measurement changed ({'; '.join(changed)}): earlier runs no "
-                             "longer count, main is measured afresh and open experiments are measured again")
-            log.warning("measurement identity changed: %s", "; ".join(changed))
-
-    def _counts(self, run: Run) -> bool:
-        ident = self.config.identity
-        threads = _int_or_none(ident.get("threads"))
-        return (run.profile == ident["profile"] and run.harness_hash == ident["harness_hash"]
-                and run.data_fingerprint == ident["data_fingerprint"]
-                and (threads is None or run.metrics.get("clock") != "cpu" or run.metrics.get("threads") == threads))
-
     # --- reporting -------------------------------------------------------------------------------
     def in_flight(self) -> list[dict[str, Any]]:
         """The runs now running, with their latest progress, for a live display."""
@@ -718,10 +640,6 @@ class Conductor:
                        failed=counts.get(Status.FAILED, 0), baseline_val_bpb=results.baseline_val_bpb(self.store),
                        best_val_bpb=statistics.fmean(values) if values else None, results_tsv=self.results_tsv,
                        stop_reason=self.blocked or self.stop_reason)
-
-
-def _int_or_none(value: Any) -> int | None:
-    return None if value is None else int(value)
 
 
 def _error_tail(run: Run, lines: int = 20) -> str:

@@ -32,9 +32,10 @@ from rich.text import Text
 
 from bot import results
 from bot.agent.explorer import OfflineExplorer
-from bot.conductor import Conductor, ConductorConfig, ConductorError, Summary
+from bot.conductor import Conductor, ConductorConfig, Summary
 from bot.driver import Driver
 from bot.forge.local import init_research_repo
+from bot.measurement import WrongProfile
 from bot.runners.local import LocalRunner
 from bot.store import Store
 from runner.identity import measurement_identity
@@ -119,7 +120,7 @@ def check_profile(workdir: Path, profile: str) -> None:
     finally:
         store.close()
     if pinned and pinned != profile:
-        raise ConductorError(f"this work directory measures with profile {pinned!r}, not {profile!r}: their numbers "
+        raise WrongProfile(f"this work directory measures with profile {pinned!r}, not {profile!r}: their numbers "
                              f"do not compare. Use --profile {pinned} here, or another --workdir for {profile!r}.")
 
 

@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from bot.agent.scripted import ScriptedAgent
-from bot.conductor import Conductor, ConductorConfig, ConductorError
+from bot.conductor import Conductor, ConductorConfig
 from bot.events import submit
 from bot.forge import ForgeError
 from bot.forge.local import LocalForge, init_research_repo
+from bot.measurement import WrongProfile
 from bot.records import Proposal, RunResult, code_hash
 from bot.store import Store
 from fakes import IDENTITY, FailingAgent, FakeRunner, SlowAgent, result_for, with_effect
@@ -385,8 +386,7 @@ def test_submitting_the_same_run_twice_starts_one_run(tmp_path: Path) -> None:
 def test_another_profile_in_the_same_work_directory_is_refused(tmp_path: Path) -> None:
     make(tmp_path, ScriptedAgent([])).start()
     other = make(tmp_path, ScriptedAgent([]), identity=dict(IDENTITY, profile="cpu"))
-    other.profile = other.profile  # the profile check happens at start, before anything runs
-    with pytest.raises(ConductorError, match="measures with profile 'smoke', not 'cpu'"):
+    with pytest.raises(WrongProfile, match="measures with profile 'smoke', not 'cpu'"):
         other.start()
 
 
