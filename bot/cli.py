@@ -70,7 +70,8 @@ def train(profile: str = typer.Option("cpu", help="h100, cpu or smoke"),
 
 @app.command()
 def demo(workdir: Path = typer.Option(DEFAULT_WORKDIR, help="where the research repo, store and runs live"),
-         experiments: int = typer.Option(6, min=0, help="total experiments for this work directory"),
+         experiments: int = typer.Option(6, min=0, help="total experiments for this work directory (0: "
+                                                        "program.md's max_experiments, where 0 means no limit)"),
          profile: str = typer.Option("cpu", help="cpu (about 40 s a run) or smoke (a few seconds)"),
          slots: int = typer.Option(1, min=1, help="runs in parallel"),
          seed: int = typer.Option(0, help="seed of the offline explorer"),
@@ -180,6 +181,9 @@ def results(workdir: Path = typer.Option(DEFAULT_WORKDIR, help="the work directo
 
     if sum((as_json, as_tsv)) > 1:
         console.print("[red]error:[/] choose one of --json and --tsv")
+        raise typer.Exit(2)
+    if as_tsv and runs:
+        console.print("[red]error:[/] results.tsv has one row per experiment; for the runs use --runs or --runs --json")
         raise typer.Exit(2)
     store = _open_store(workdir)
     try:

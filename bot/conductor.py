@@ -46,6 +46,7 @@ ASSET = "train.py"
 PROGRAM = "program.md"
 RUN_PRIORITY = {"baseline": 0, "remeasure": 1, "confirm": 2, "candidate": 3}
 MAX_BASELINE_CRASHES = 2  # crashes of main's own train.py before the loop asks for a human
+PAUSED_BY_INBOX = "paused (autoresearch pause)"
 MAX_REFUSED_RESULTS = 3  # results of one code refused (wrong identity) before giving up on it
 
 
@@ -130,6 +131,9 @@ class Conductor:
         for message in measurement.pin(self.store, self.config.identity):
             log.warning("%s", message)
         self._started = True
+        for exp in self.store.experiments(state=State.DONE):  # a kill may have come between a run and this
+            if exp.status == Status.KEEP and exp.remeasured_delta is None and exp.code_hash:
+                self._note_remeasured_delta(exp.code_hash)
 
     def tick(self) -> None:
         """One pass over everything; safe to call at any time, as often as wanted. A phase that
@@ -146,7 +150,11 @@ class Conductor:
         self._guard("advancing experiments", self._advance_all, main)
         if self._merged:  # our own merge moved main: the rest of the tick works on the new one
             self._merged = False
-            main = self.read_main()
+            try:
+                main = self.read_main()
+            except Exception as error:  # noqa: BLE001
+                self._tick_error("reading main after a merge", error)
+                return
         self._guard("measuring main", self.schedule_baseline, main)
         self.stop_reason = self._why_stop(main)
         self._guard("proposing", self.propose, main)
@@ -175,8 +183,11 @@ class Conductor:
                 log.exception("could not record the error in the store")
 
     def finished(self) -> bool:
-        """Nothing more will happen without a new input: stopped, and nothing in flight."""
-        if not (self.stop_reason or self.blocked):
+        """Nothing more will happen without a new input: stopped (or blocked on main), nothing in
+        flight. A pause from the inbox is not an end: `autoresearch resume` must reach the loop."""
+        if self.blocked:
+            return not self.store.count_runs(RunState.RUNNING)  # queued runs wait for a fixed main
+        if not self.stop_reason or self.stop_reason.startswith(PAUSED_BY_INBOX):
             return False
         busy = [e for e in self.store.experiments(active=True) if e.state != State.PROPOSING]
         return not busy and not self.store.count_runs(RunState.QUEUED, RunState.RUNNING)
@@ -249,9 +260,11 @@ class Conductor:
                 return  # main needs a human; a new train.py on main clears it
             self.blocked = ""
         runs = [r for r in self.store.runs(code_hash=main.code) if r.purpose == "baseline"]
-        crashed = [r for r in runs if r.state == RunState.DONE and r.status == "crash"]
+        crashed = []  # main's crashes since its last good run: one may be bad luck (an OOM, a NaN)
+        for run in (r for r in runs if r.state == RunState.DONE):
+            crashed = crashed + [run] if run.status == "crash" else []
         if len(crashed) >= MAX_BASELINE_CRASHES:
-            self._block(main, f"train.py on main ({main.sha[:7]}) crashed in {len(crashed)} baseline runs, so "
+            self._block(main, f"train.py on main ({main.sha[:7]}) crashed in {len(crashed)} baseline runs in a row, so "
                         "nothing can be judged against it. Commit a fixed train.py to main in the research "
                         "repository (a new main gets a new baseline), then run the same command again. The last "
                         f"run said:\n{crashed[-1].error}")
@@ -281,7 +294,7 @@ class Conductor:
         if settings.paused:
             return "paused in program.md"
         if self.store.get_setting("paused") == "1":
-            return "paused (autoresearch pause); `autoresearch resume` lets it go on"
+            return f"{PAUSED_BY_INBOX}: waiting for `autoresearch resume`"
         return ""
 
     def room_for_proposal(self, main: Main) -> bool:
@@ -393,6 +406,12 @@ class Conductor:
             exp = self.store.experiment(exp.id)
             failures = exp.failures + 1
             what = f"{type(error).__name__}: {error}"
+            if failures >= self.config.step_retries and exp.merged_sha:  # main holds it: it stays kept
+                self.store.update_experiment(exp.id, state=State.DONE, failures=failures,
+                                             reason=f"{exp.reason} (closing its branch failed: {what})",
+                                             event=f"keep: merged, but closing its branch failed {failures} times "
+                                                   f"({what})")
+                return
             if failures >= self.config.step_retries:
                 self._cancel_runs(exp, "its experiment failed")
                 self.store.update_experiment(exp.id, state=State.DONE, status=Status.FAILED, failures=failures,
@@ -535,11 +554,15 @@ class Conductor:
     def dispatch(self, main: Main) -> None:
         """Start queued runs on free slots: baselines first, then re-measures, confirmations, candidates."""
         free = self.runner.slots - self.store.count_runs(RunState.RUNNING)
-        if free <= 0:
+        if free <= 0 or self.blocked:  # nothing can be judged until main is fixed: spend no runs
             return
         queued = sorted(self.store.runs(state=RunState.QUEUED), key=lambda r: (RUN_PRIORITY[r.purpose], r.id))
         for run in queued[:free]:
-            handle = self.runner.submit(self._job(run))  # idempotent by run id: safe before the write
+            try:
+                handle = self.runner.submit(self._job(run))  # idempotent by run id: safe before the write
+            except Exception as error:  # noqa: BLE001 - one run the runner refuses must not hold up the rest
+                self._tick_error(f"starting run {run.id}", error)
+                continue
             self.store.mark_run_started(run.id, handle)
             log.info("run %s (%s) started", run.id, run.purpose)
 
@@ -549,7 +572,11 @@ class Conductor:
     def collect(self) -> None:
         """Ask the runner about every running run; record what finished, re-run what was lost."""
         for run in self.store.runs(state=RunState.RUNNING):
-            status = self.runner.lookup(run.id)
+            try:
+                status = self.runner.lookup(run.id)
+            except Exception as error:  # noqa: BLE001 - one run the runner cannot answer for holds up no other
+                self._tick_error(f"asking about run {run.id}", error)
+                continue
             if status.state in ("queued", "running"):
                 self.progress[run.id] = status.progress or self.progress.get(run.id, {})
                 continue
@@ -591,8 +618,9 @@ class Conductor:
 
     def _give_up_on(self, run: Run, why: str) -> None:
         if run.experiment_id is None:
-            self._block(self.read_main(), f"main's runs cannot be measured: {why}. Check that the runner runs "
-                        "this harness and data.")
+            self._block(self.read_main(), f"main's runs cannot be measured: {why}. The runner must run the "
+                        "harness and data this conductor pinned when it started: update or re-prepare the runner, or "
+                        "restart the conductor to pin what the runner has.")
             return
         exp = self.store.experiment(run.experiment_id)
         if exp.state != State.DONE:
@@ -632,12 +660,17 @@ class Conductor:
         return rows
 
     def summary(self) -> Summary:
+        """Counts and main's numbers, from cached values: cheap enough for a live display."""
         counts = self.store.counts_by_status()
         main = self.read_main()
         values = self.main_values(main.code)
+        counted = self._counted_values()
+        first = next((code for code, _, purpose, _ in counted if purpose == "baseline"), None)
+        baseline = [v for code, _, purpose, v in counted if code == first and purpose == "baseline"]
         return Summary(experiments=sum(counts.values()), kept=counts.get(Status.KEEP, 0),
                        discarded=counts.get(Status.DISCARD, 0), crashed=counts.get(Status.CRASH, 0),
-                       failed=counts.get(Status.FAILED, 0), baseline_val_bpb=results.baseline_val_bpb(self.store),
+                       failed=counts.get(Status.FAILED, 0),
+                       baseline_val_bpb=statistics.fmean(baseline) if baseline else None,
                        best_val_bpb=statistics.fmean(values) if values else None, results_tsv=self.results_tsv,
                        stop_reason=self.blocked or self.stop_reason)
 

@@ -166,9 +166,6 @@ def _run_locked(options: DemoOptions, console: Console) -> Summary:
 class EventPrinter:
     """Prints each new event of the store once, as one line."""
 
-    KINDS = ("proposed", "queued", "disturbed", "lost", "refused", "done", "failed", "blocked", "error",
-             "identity", "settings_error", "inbox", "agent", "re-measured")
-
     def __init__(self, store: Store, console: Console) -> None:
         self.store = store
         self.console = console

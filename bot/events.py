@@ -52,10 +52,12 @@ def apply_inbox(store: Store) -> int:
             with store.transaction():
                 if handler is None:
                     raise RejectedInput(f"unknown input {entry.kind!r}")
+                if not isinstance(entry.payload, dict):
+                    raise RejectedInput(f"its payload must be a JSON object, not {type(entry.payload).__name__}")
                 outcome = handler(store, entry)
                 store.mark_processed(entry.id, outcome)
                 store.event(None, "inbox", f"{entry.kind} from {entry.author}: {outcome}")
-        except RejectedInput as error:
+        except Exception as error:  # noqa: BLE001 - one bad entry must never block the ones after it
             store.mark_processed(entry.id, f"rejected: {error}")
             store.event(None, "inbox", f"{entry.kind} from {entry.author} rejected: {error}")
             log.warning("inbox entry %s (%s) rejected: %s", entry.id, entry.kind, error)

@@ -73,11 +73,13 @@ def refusal(run: Run, result: RunResult, identity: dict[str, Any]) -> str | None
     measured under the pinned identity."""
     if result.run_id != run.id:
         return f"it answers run {result.run_id}, not run {run.id}"
+    if "seed" in result.metrics and result.metrics["seed"] != run.seed:
+        return f"it ran with seed {result.metrics['seed']}, not run {run.id}'s seed {run.seed}"
     reported = result.metrics.get("asset_sha256")
     if reported and reported != asset_sha256(run.asset):
         return "it measured another train.py than the one queued (asset sha256 differs)"
     if result.status != "ok":
-        return None  # a crash carries no measurement to compare
+        return None  # a crash carries no identity to compare: it counts as this train.py's crash
     if not reported:
         return "it does not say which train.py it measured (no asset_sha256)"
     for key in IDENTITY_KEYS:

@@ -14,6 +14,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from bot import measurement
 from bot.store import Run, Store
 from runner import files
 
@@ -21,9 +22,13 @@ TSV_COLUMNS = ["commit", "val_bpb", "memory_gb", "status", "description"]
 
 
 def _first_main_runs(store: Store) -> list[Run]:
-    """The baseline runs of the first main measured (all of them, whatever their status)."""
-    baseline = [r for r in store.runs() if r.purpose == "baseline" and r.state == "done"]
-    return [r for r in baseline if r.code_hash == baseline[0].code_hash] if baseline else []
+    """The finished baseline runs of the first main measured under the work directory's pinned
+    identity (crashes included): after a harness or data change, the baseline starts afresh."""
+    identity = store.identity()
+    baseline = [r for r in store.runs(state="done") if r.purpose == "baseline"
+                and (not identity or r.status != "ok" or measurement.counts(r, identity))]
+    first = next((r.code_hash for r in baseline if r.status == "ok"), None)
+    return [r for r in baseline if r.code_hash == first] if first else []
 
 
 def baseline_val_bpb(store: Store) -> float | None:

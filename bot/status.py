@@ -3,7 +3,6 @@ conductor is running there or not): what runs and waits, main's val_bpb, the age
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from pathlib import Path
@@ -12,6 +11,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from bot import measurement
 from bot.runners.local import last_progress
 from bot.states import RunState, State
 from bot.store import Store
@@ -19,7 +19,7 @@ from bot.store import Store
 
 def render_status(store: Store, events: int = 8) -> Group:
     parts: list = []
-    identity = json.loads(store.get_setting("identity") or "{}")
+    identity = store.identity()
     counts = store.counts_by_status()
     parts.append(Text(f"profile {identity.get('profile', '?')}  harness {identity.get('harness_hash', '?')}  "
                       f"data {identity.get('data_fingerprint', '?')}"))
@@ -52,11 +52,13 @@ def render_status(store: Store, events: int = 8) -> Group:
 
 
 def _main_line(store: Store) -> str | None:
-    latest = store.latest_ok_runs("baseline", 1)
+    identity = store.identity()
+    latest = [r for r in store.latest_ok_runs("baseline", 20) if not identity or measurement.counts(r, identity)]
     if not latest:
         return None
     values = [r.val_bpb for r in store.runs(code_hash=latest[0].code_hash)
-              if r.purpose == "baseline" and r.state == RunState.DONE and r.status == "ok" and r.val_bpb is not None]
+              if r.purpose == "baseline" and r.state == RunState.DONE and r.status == "ok" and r.val_bpb is not None
+              and (not identity or measurement.counts(r, identity))]
     mean = statistics.fmean(values)
     return f"main {latest[0].commit_sha[:7]}: val_bpb {mean:.6f} (mean of {len(values)} run(s))"
 

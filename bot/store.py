@@ -155,6 +155,10 @@ class Store:
         self.db.execute("INSERT INTO settings(key, value) VALUES (?, ?) "
                         "ON CONFLICT(key) DO UPDATE SET value = excluded.value", (key, value))
 
+    def identity(self) -> dict[str, Any]:
+        """The measurement identity pinned for this work directory (empty before the first start)."""
+        return json.loads(self.get_setting("identity") or "{}")
+
     # --- the inbox -----------------------------------------------------------------------------
     def add_inbox(self, *, key: str, kind: str, payload: dict[str, Any], author: str) -> bool:
         """Record an external input once; False if an entry with this key is already there."""
@@ -292,11 +296,20 @@ class Store:
     def finish_run(self, run_id: int, *, status: str, val_bpb: float | None, metrics: dict[str, Any],
                    error: str | None, log_tail: str | None) -> Run:
         with self.transaction() as db:
-            db.execute(
+            cursor = db.execute(
                 "UPDATE runs SET state = 'done', status = ?, val_bpb = ?, metrics = ?, harness_hash = ?,"
                 " data_fingerprint = ?, error = ?, log_tail = ?, finished_at = ? WHERE id = ? AND state != 'done'",
                 (status, val_bpb, json.dumps(metrics), metrics.get("harness_hash"),
                  metrics.get("data_fingerprint"), error, log_tail, time.time(), run_id))
+            if cursor.rowcount:
+                row = db.execute("SELECT experiment_id, purpose FROM runs WHERE id = ?", (run_id,)).fetchone()
+                steps = metrics.get("num_steps")
+                if status != "ok":
+                    what = f"crashed: {error.strip().splitlines()[-1][:200] if (error or '').strip() else 'no error'}"
+                else:
+                    what = (f"val_bpb {val_bpb:.6f}" if val_bpb is not None else "no val_bpb") + (
+                        f" in {steps} steps" if steps else "")
+                self._event(db, row["experiment_id"], "run", f"run {run_id} ({row['purpose']}) {what}")
         self._failpoint("run_done")
         return self.run(run_id)
 

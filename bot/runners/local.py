@@ -104,12 +104,11 @@ class LocalRunner:
             launch.kill_group(pid)
         if proc is not None:
             proc.wait()
-        self._slot_of.pop(run_id, None)
-        if job and not (out / "outcome.json").exists():
-            files.write_text(out / "outcome.json", json.dumps({"status": "crash", "error": "cancelled"}))
+        self._slot_of.pop(run_id, None)  # no outcome is written: a later lookup finds it lost, never a crash
 
     def shutdown(self) -> None:
-        """Stop every job this process started (the end of a demo, Ctrl-C)."""
+        """Stop every job this process started (the end of a demo, Ctrl-C); a restarted conductor
+        finds them lost and runs them again."""
         for run_id in list(self._procs):
             self.cancel(run_id)
 

@@ -202,5 +202,10 @@ def test_ctrl_c_says_it_stopped_and_that_the_same_command_resumes(tmp_path: Path
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, out
     assert "stopped. Nothing was lost: run the same command again to resume" in " ".join(out.split())
-    pid = int(next((work / "runs").glob("*/pid")).read_text())
+    run_dir = next((work / "runs").glob("*/pid")).parent
+    pid = int((run_dir / "pid").read_text())
     assert not Path(f"/proc/{pid}/cmdline").exists() or b"runner.execute" not in Path(f"/proc/{pid}/cmdline").read_bytes()
+    # the interrupted run is lost, to be run again on resume: never counted as a crash of train.py
+    from bot.runners.local import LocalRunner
+
+    assert LocalRunner(work / "runs").lookup(int(run_dir.name)).state == "lost"

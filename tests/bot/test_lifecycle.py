@@ -411,7 +411,9 @@ def test_inbox_entries_apply_exactly_once_and_pause_resume_work(tmp_path: Path) 
     assert submit(loop.store, "pause", author="alice", key="delivery-1")
     assert not submit(loop.store, "pause", author="alice", key="delivery-1")  # a redelivery
     assert submit(loop.store, "steer", {"text": "try a deeper model"}, author="bob")
-    run_to_end(loop)
+    tick_until(loop, lambda: len([r for r in loop.store.runs() if r.state == "done"]) == 2)
+    for _ in range(10):
+        loop.tick()
     assert loop.store.experiments() == [] and "paused" in loop.stop_reason
     assert loop.store.recent_feedback() == ["try a deeper model"]
     assert all(entry.processed_at for entry in loop.store.inbox())
@@ -439,3 +441,154 @@ def test_on_a_cpu_clock_a_run_with_another_thread_count_is_refused(tmp_path: Pat
     run_to_end(loop)
     assert loop.store.run(1).state == "refused" and "1 CPU threads" in loop.store.run(1).note
     assert len(loop.main_values(code_hash(MAIN))) == 2
+
+
+# --- what a review found --------------------------------------------------------------------------------
+
+def test_agent_failures_and_refusals_are_counted_apart(tmp_path: Path) -> None:
+    class DownThenStubborn:
+        calls = 0
+
+        def propose(self, ctx):
+            self.calls += 1
+            if self.calls <= 4:
+                raise ConnectionError("529 overloaded")
+            if self.calls == 5:
+                return Proposal("same as main", "h", ctx.train_py)
+            return proposal(-0.1, "good")
+
+    loop = make(tmp_path, DownThenStubborn(), experiments=1)
+    run_to_end(loop)
+    assert statuses(loop) == [("good", "keep")]  # 4 outages and 1 refusal did not stop the agent
+
+
+def test_an_agent_that_returns_no_proposal_is_retried_with_backoff(tmp_path: Path) -> None:
+    class Confused:
+        calls = 0
+
+        def propose(self, ctx):
+            self.calls += 1
+            return None if self.calls == 1 else proposal(-0.1, "good")
+
+    clock = Clock()
+    agent = Confused()
+    loop = make(tmp_path, agent, experiments=1, clock=clock)
+    loop.config.retry_base_s = 30.0
+    tick_until(loop, lambda: loop.store.experiments(state="proposing")
+               and loop.store.experiments(state="proposing")[0].failures == 1)
+    for _ in range(20):
+        loop.tick()
+    assert agent.calls == 1  # no tight loop
+    assert any("returned NoneType, not a Proposal" in e["message"] for e in loop.store.events())
+    clock.now += 30.0
+    run_to_end(loop)
+    assert statuses(loop) == [("good", "keep")]
+
+
+def test_a_timed_out_agent_is_never_asked_twice_at_once(tmp_path: Path) -> None:
+    import threading
+
+    class Hangs:
+        def __init__(self) -> None:
+            self.active = 0
+            self.most = 0
+            self.release = threading.Event()
+
+        def propose(self, ctx):
+            self.active += 1
+            self.most = max(self.most, self.active)
+            self.release.wait(5)
+            self.active -= 1
+            return proposal(-0.1, "late")
+
+    agent = Hangs()
+    clock = Clock()
+    loop = make(tmp_path, agent, experiments=1, clock=clock, agent_timeout_s=10.0)
+    tick_until(loop, lambda: agent.active == 1)
+    clock.now += 11.0  # past the time limit: the question is abandoned
+    for _ in range(5):
+        clock.now += 1000.0
+        loop.tick()
+    assert agent.most == 1
+    assert any("no proposal after 10s" in e["message"] for e in loop.store.events())
+    agent.release.set()
+    clock.now += 1000.0
+    run_to_end(loop)
+    assert agent.most == 1 and statuses(loop) == [("late", "keep")]
+
+
+def test_main_crashing_once_is_bad_luck_twice_in_a_row_blocks(tmp_path: Path) -> None:
+    def first_crashes(job):
+        return result_for(job, crash="CUDA out of memory" if job.run_id == 1 else None)
+
+    loop = make(tmp_path, ScriptedAgent([]), runner=FakeRunner(outcome=first_crashes))
+    run_to_end(loop)
+    assert not loop.blocked and len(loop.main_values(code_hash(MAIN))) == 2
+
+
+def test_a_blocked_main_ends_the_loop_and_spends_no_runs(tmp_path: Path) -> None:
+    forge = init_research_repo(tmp_path / "repo", {"train.py": MAIN + "\n# fake: crash\n",
+                                                   "program.md": program(first_baseline_runs=4, baseline_runs=2)})
+    runner = FakeRunner(slots=2)
+    loop = make(tmp_path, ScriptedAgent([proposal(-0.1, "x")]), forge=forge, runner=runner)
+    run_to_end(loop)
+    assert loop.blocked and loop.finished()
+    assert len(runner.jobs) == 2  # the two crashes; the queued runs of main wait for a fixed main
+
+
+def test_a_merged_experiment_whose_branch_cannot_be_closed_stays_kept(tmp_path: Path) -> None:
+    class CannotClose(LocalForge):
+        def close(self, branch, label):
+            raise ForgeError("the branch is protected")
+
+    init_research_repo(tmp_path / "repo", {"train.py": MAIN, "program.md": program(**FAST)})
+    loop = make(tmp_path, ScriptedAgent([proposal(-0.1, "better")]), forge=CannotClose(tmp_path / "repo"),
+                experiments=1)
+    run_to_end(loop)
+    exp = loop.store.experiments()[0]
+    assert exp.status == "keep" and loop.forge.main_sha() == exp.merged_sha
+    assert "closing its branch failed" in exp.reason
+
+
+def test_a_pause_from_the_inbox_keeps_the_loop_alive_for_resume(tmp_path: Path) -> None:
+    loop = make(tmp_path, ScriptedAgent([proposal(+0.1, "a")]), experiments=1)
+    submit(loop.store, "pause", author="alice")
+    for _ in range(30):
+        loop.tick()
+    assert not loop.finished() and "waiting for `autoresearch resume`" in loop.stop_reason
+    assert loop.store.experiments() == []
+    submit(loop.store, "resume", author="alice")
+    run_to_end(loop)
+    assert statuses(loop) == [("a", "discard")]
+
+
+def test_a_malformed_inbox_payload_is_rejected_and_blocks_nothing(tmp_path: Path) -> None:
+    loop = make(tmp_path, ScriptedAgent([]))
+    loop.store.add_inbox(key="x", kind="steer", payload=["not", "an", "object"], author="webhook")  # type: ignore[arg-type]
+    submit(loop.store, "pause", author="alice")
+    loop.tick()
+    outcomes = [e.outcome for e in loop.store.inbox()]
+    assert outcomes[0].startswith("rejected: its payload must be a JSON object") and outcomes[1].startswith("paused")
+
+
+def test_a_result_with_another_seed_is_refused(tmp_path: Path) -> None:
+    loop = make(tmp_path, ScriptedAgent([]), runner=FakeRunner(
+        outcome=lambda job: result_for(job, seed=job.seed + 1 if job.run_id == 1 else job.seed)))
+    run_to_end(loop)
+    assert loop.store.run(1).state == "refused" and "seed" in loop.store.run(1).note
+
+
+def test_the_baseline_shown_is_measured_under_the_pinned_identity(tmp_path: Path) -> None:
+    from bot import results
+
+    first = make(tmp_path, ScriptedAgent([]))
+    run_to_end(first)
+    old = results.baseline_val_bpb(first.store)
+    first.store.close()
+    new = dict(IDENTITY, harness_hash="harness-2")
+    second = make(tmp_path, ScriptedAgent([]), identity=new,
+                  runner=FakeRunner(outcome=lambda job: result_for(job, identity=new, val_bpb=3.0)))
+    run_to_end(second)
+    assert old == pytest.approx(2.0, abs=0.001)
+    assert results.baseline_val_bpb(second.store) == pytest.approx(3.0)  # not a mean over both harnesses
+    assert second.summary().baseline_val_bpb == pytest.approx(3.0)

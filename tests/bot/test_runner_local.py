@@ -79,6 +79,8 @@ def test_cancel_stops_the_job(tmp_path: Path, smoke_prepared) -> None:
     time.sleep(0.3)
     assert not Path(f"/proc/{pid}").exists() or "State:\tZ" in Path(f"/proc/{pid}/status").read_text()
     assert not (tmp_path / "2" / "result.json").exists()
+    # a cancelled (or Ctrl-C'd) run is lost to whoever asks later, never train.py's crash
+    assert LocalRunner(tmp_path).lookup(2).state == "lost"
 
 
 def test_a_restarted_runner_finds_its_jobs_from_the_files(tmp_path: Path, smoke_prepared) -> None:
