@@ -191,9 +191,11 @@ def test_ctrl_c_says_it_stopped_and_that_the_same_command_resumes(tmp_path: Path
 
     work = tmp_path / "demo"
     seeded_workdir(work, first_baseline_runs=2, baseline_runs=2)
+    # a shell that starts a job in the background makes it ignore SIGINT, and Python then keeps
+    # ignoring it; restore the default so the test does not depend on how pytest was started
     proc = subprocess.Popen([sys.executable, "-m", "bot.cli", "demo", "--workdir", str(work), "--profile", "smoke",
                              "--experiments", "1"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 120
     while not list((work / "runs").glob("*/pid")):  # a training run has started
         assert time.time() < deadline and proc.poll() is None, proc.stdout.read()
