@@ -69,4 +69,4 @@ def _agent_state(store: Store) -> str:
     proposing = store.experiments(state=State.PROPOSING)
     if proposing:
         return f"thinking about experiment {proposing[0].id}"
-    return "waiting for a free slot"
+    return "idle: no proposal in progress"
