@@ -39,8 +39,10 @@ class AgentWorker:
 
     def ask(self, exp_id: int, context: ProposalContext) -> None:
         """Start thinking about `exp_id` (nothing happens while an abandoned question still runs)."""
-        if self._thread is not None and self._thread.is_alive():
-            return
+        if self._thread is not None:
+            self._thread.join(timeout=0.05)  # a thread that just answered is about to end
+            if self._thread.is_alive():
+                return
         with self._lock:
             self._questions += 1
             number = self._questions
