@@ -17,7 +17,6 @@ runs, through the store's inbox.
 from __future__ import annotations
 
 import fcntl
-import json
 import logging
 import os
 import time
@@ -35,7 +34,7 @@ from bot.agent.explorer import OfflineExplorer
 from bot.conductor import Conductor, ConductorConfig, Summary
 from bot.driver import Driver
 from bot.forge.local import init_research_repo
-from bot.measurement import WrongProfile
+from bot import measurement
 from bot.runners.local import LocalRunner
 from bot.store import Store
 from runner.identity import measurement_identity
@@ -116,12 +115,10 @@ def check_profile(workdir: Path, profile: str) -> None:
         return
     store = Store(db)
     try:
-        pinned = json.loads(store.get_setting("identity") or "{}").get("profile")
+        pinned = store.identity().get("profile")
     finally:
         store.close()
-    if pinned and pinned != profile:
-        raise WrongProfile(f"this work directory measures with profile {pinned!r}, not {profile!r}: their numbers "
-                             f"do not compare. Use --profile {pinned} here, or another --workdir for {profile!r}.")
+    measurement.refuse_other_profile(pinned, profile)
 
 
 def run_demo(options: DemoOptions, console: Console | None = None) -> Summary:

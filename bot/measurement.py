@@ -31,6 +31,13 @@ def pinned_threads(identity: dict[str, Any]) -> int | None:
     return None if value is None else int(value)
 
 
+def refuse_other_profile(pinned: str | None, profile: str) -> None:
+    """Raise WrongProfile when a work directory pinned to `pinned` is asked to measure `profile`."""
+    if pinned and pinned != profile:
+        raise WrongProfile(f"this work directory measures with profile {pinned!r}, not {profile!r}: their numbers "
+                           f"do not compare. Use --profile {pinned} here, or another --workdir for {profile!r}.")
+
+
 def pin(store: Store, identity: dict[str, Any]) -> list[str]:
     """Fix `identity` for the work directory of `store`; returns what changed, in words (also
     recorded as events). Another profile is refused: its numbers never compare. A changed harness,
@@ -44,11 +51,7 @@ def pin(store: Store, identity: dict[str, Any]) -> list[str]:
         store.event(None, "identity", "measuring under " + ", ".join(f"{k} {v}" for k, v in current.items()))
         return []
     stored = json.loads(stored_text)
-    if stored.get("profile") != current["profile"]:
-        raise WrongProfile(
-            f"this work directory measures with profile {stored.get('profile')!r}, not {current['profile']!r}: "
-            f"their numbers do not compare. Use --profile {stored.get('profile')} here, or another --workdir "
-            f"for {current['profile']!r}.")
+    refuse_other_profile(stored.get("profile") or "?", current["profile"])
     changed = [f"{k} {stored.get(k)} -> {current[k]}" for k in (*IDENTITY_KEYS[1:], *OPTIONAL_KEYS)
                if k in current and stored.get(k) != current[k]]
     if not changed:
