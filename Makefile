@@ -18,7 +18,7 @@ $(STAMP):
 	$(VENV)/bin/python -m pip install --quiet --upgrade pip
 	# torch first and alone, pinned, so that pip never resolves a different build for it
 	$(VENV)/bin/python -m pip install --quiet torch==2.13.0
-	$(VENV)/bin/python -m pip install --quiet -e '.[dev]'
+	$(VENV)/bin/python -m pip install --quiet -e '.[train,dev]'
 	rm -f $(VENV)/.installed-*
 	touch $@
 
