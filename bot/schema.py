@@ -92,7 +92,29 @@ CREATE TABLE inbox (
 CREATE INDEX inbox_pending ON inbox(id) WHERE processed_at IS NULL;
 """
 
-MIGRATIONS: list[str] = [V1, V2]
+# Version 3: GitHub. A person can ask for something on an experiment (close its pull request,
+# reopen it, /rerun, /keep, /discard); the request waits on the experiment until the conductor acts
+# on it. What the bot has shown on GitHub for each experiment (its pull request, check runs,
+# comments, label) is recorded apart from the lifecycle, so publishing never changes a decision.
+V3 = """
+ALTER TABLE experiments ADD COLUMN request TEXT;     -- cancel | reopen | rerun | keep | discard, until acted on
+ALTER TABLE experiments ADD COLUMN request_by TEXT;  -- who asked
+CREATE TABLE published (
+    experiment_id INTEGER NOT NULL,
+    key TEXT NOT NULL,              -- pr | check:<head sha> | comment:<marker> | label | final
+    value TEXT NOT NULL,
+    PRIMARY KEY (experiment_id, key)
+);
+CREATE TABLE replies (              -- answers to people's /commands, posted by the publisher
+    comment_id INTEGER PRIMARY KEY, -- the comment that holds the command (its reply's idempotency key)
+    number INTEGER NOT NULL,        -- the issue or pull request it was made on
+    body TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    posted_at REAL                  -- NULL until the reaction and the reply are on GitHub
+);
+"""
+
+MIGRATIONS: list[str] = [V1, V2, V3]
 VERSION = len(MIGRATIONS)
 
 

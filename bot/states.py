@@ -10,6 +10,8 @@ a clear error at the transition instead of as a strange row later.
     merging   --move main to the measured commit (expected sha)-->  closing | rebasing (main moved)
     closing   --mark the branch closed-->  done
     any active state --the same step failed too often-->  done (status failed)
+    any active state --a person closed its pull request or said /discard-->  closing (cancelled, discard)
+    done      --a person reopened its pull request or said /rerun-->  branched (measured afresh)
 """
 
 from __future__ import annotations
@@ -33,17 +35,28 @@ class Status(StrEnum):
     DISCARD = "discard"
     CRASH = "crash"
     FAILED = "failed"
+    CANCELLED = "cancelled"  # a person closed its pull request
+
+
+class Request(StrEnum):
+    """What a person asked for on one experiment; the conductor acts on it at its next tick."""
+
+    CANCEL = "cancel"  # its pull request was closed by a person: stop its runs, end it as cancelled
+    REOPEN = "reopen"  # its pull request was reopened: measure it again
+    RERUN = "rerun"  # /rerun or the Re-run button: one more run (a finished one is measured afresh)
+    KEEP = "keep"  # /keep or Keep anyway: merge it once measured on the current main, whatever the judge says
+    DISCARD = "discard"  # /discard or Discard: stop its runs, end it as discarded
 
 
 TRANSITIONS: dict[State, set[State]] = {
     State.PROPOSING: {State.PROPOSED},
     State.PROPOSED: {State.BRANCHED},
-    State.BRANCHED: {State.MEASURING},
+    State.BRANCHED: {State.MEASURING, State.CLOSING},
     State.MEASURING: {State.MEASURING, State.REBASING, State.MERGING, State.CLOSING},
     State.REBASING: {State.MEASURING, State.CLOSING},
     State.MERGING: {State.CLOSING, State.REBASING},
     State.CLOSING: {State.DONE},
-    State.DONE: set(),
+    State.DONE: {State.BRANCHED},  # reopened by a person
 }
 for _state in State:  # any step that keeps failing ends its experiment as failed
     if _state is not State.DONE:

@@ -52,6 +52,8 @@ class Experiment:
     retry_at: float | None
     created_at: float
     updated_at: float
+    request: str | None = None  # a person's pending request (bot.states.Request), until acted on
+    request_by: str | None = None
 
 
 @dataclass
@@ -261,6 +263,50 @@ class Store:
         row = self.db.execute("SELECT * FROM experiments WHERE code_hash = ? ORDER BY id LIMIT 1",
                               (code_hash,)).fetchone()
         return _experiment(row) if row else None
+
+    def experiment_by_branch(self, branch: str) -> Experiment | None:
+        row = self.db.execute("SELECT * FROM experiments WHERE branch = ?", (branch,)).fetchone()
+        return _experiment(row) if row else None
+
+    def requested(self) -> list[Experiment]:
+        """Experiments with a person's request waiting."""
+        rows = self.db.execute("SELECT * FROM experiments WHERE request IS NOT NULL ORDER BY id")
+        return [_experiment(r) for r in rows]
+
+    def request(self, exp_id: int, request: str, by: str) -> Experiment:
+        """Record a person's request on an experiment (the latest one wins) for the conductor."""
+        return self.update_experiment(exp_id, request=request, request_by=by,
+                                      event=f"{by} asked for {request}")
+
+    # --- what GitHub shows of each experiment (bot.github.publisher) -----------------------------
+    def published(self, exp_id: int) -> dict[str, str]:
+        rows = self.db.execute("SELECT key, value FROM published WHERE experiment_id = ?", (exp_id,))
+        return {key: value for key, value in rows}
+
+    def set_published(self, exp_id: int, key: str, value: str) -> None:
+        self.db.execute("INSERT INTO published(experiment_id, key, value) VALUES (?, ?, ?) "
+                        "ON CONFLICT(experiment_id, key) DO UPDATE SET value = excluded.value", (exp_id, key, value))
+
+    def unpublished(self) -> list[Experiment]:
+        """Experiments GitHub may not show as they are: the active ones with a branch, and the
+        finished ones whose final state (`final` = their status) is not published yet."""
+        rows = self.db.execute(
+            "SELECT e.* FROM experiments e LEFT JOIN published p ON p.experiment_id = e.id AND p.key = 'final' "
+            "WHERE e.branch IS NOT NULL AND e.head_sha IS NOT NULL "
+            "AND (e.state != 'done' OR p.value IS NULL OR p.value != e.status) ORDER BY e.id")
+        return [_experiment(r) for r in rows]
+
+    def add_reply(self, comment_id: int, number: int, body: str) -> None:
+        """Queue the answer to a person's command (once per comment)."""
+        self.db.execute("INSERT OR IGNORE INTO replies(comment_id, number, body, created_at) VALUES (?, ?, ?, ?)",
+                        (comment_id, number, body, time.time()))
+
+    def pending_replies(self) -> list[tuple[int, int, str]]:
+        rows = self.db.execute("SELECT comment_id, number, body FROM replies WHERE posted_at IS NULL ORDER BY created_at")
+        return [(r[0], r[1], r[2]) for r in rows]
+
+    def mark_replied(self, comment_id: int) -> None:
+        self.db.execute("UPDATE replies SET posted_at = ? WHERE comment_id = ?", (time.time(), comment_id))
 
     def seen_code_hashes(self) -> set[str]:
         hashes = {r[0] for r in self.db.execute("SELECT code_hash FROM experiments WHERE code_hash IS NOT NULL")}

@@ -473,7 +473,7 @@ def test_update_experiment_with_unknown_column_writes_nothing(store: Store):
     (State.PROPOSED, State.MERGING),
     (State.PROPOSING, State.BRANCHED),
     (State.PROPOSED, State.MEASURING),
-    (State.BRANCHED, State.CLOSING),
+    (State.BRANCHED, State.REBASING),
     (State.CLOSING, State.MEASURING),
     (State.DONE, State.MEASURING),
     (State.DONE, State.DONE),
