@@ -21,7 +21,8 @@ import git
 from git.exc import GitCommandError
 from gitdb.base import IStream
 
-from bot.forge import ForgeError, MainMoved, MergeConflict
+from bot.forge import ForgeError, MainMoved
+from bot.forge.merge import merge_text
 
 __all__ = ["LocalForge", "init_research_repo", "BOT_NAME", "BOT_EMAIL", "CLOSED_TAG_PREFIX"]
 
@@ -225,7 +226,7 @@ class LocalForge:
         base_text = self._read_or_empty(parent, path)
         ours_text = self._read_or_empty(onto, path)
         theirs_text = self._read_or_empty(head, path)
-        merged = self._merge_text(base_text, ours_text, theirs_text, path, branch)
+        merged = merge_text(base_text, ours_text, theirs_text, path=path, branch=branch)
         tree = self._tree_with(onto, {path: merged})
         new = self._commit_tree(tree, onto.hexsha, head.message.rstrip("\n"), author=head.author,
                                 author_date=f"{head.authored_date} {_tz_offset(head.author_tz_offset)}")
@@ -234,24 +235,6 @@ class LocalForge:
         except GitCommandError as exc:
             raise ForgeError(f"{branch} changed while it was being rebased: {exc.stderr}") from exc
         return new
-
-    def _merge_text(self, base: str, ours: str, theirs: str, path: str, branch: str) -> str:
-        """`git merge-file -p` of three texts; MergeConflict if it conflicts."""
-        with tempfile.TemporaryDirectory(prefix="autoresearch-merge-") as tmp:
-            names = {}
-            for label, text in (("ours", ours), ("base", base), ("theirs", theirs)):
-                names[label] = Path(tmp) / label
-                names[label].write_bytes(text.encode("utf-8"))
-            status, out, err = self.repo.git.merge_file(
-                "-p", "-L", "main", "-L", "base", "-L", branch,
-                str(names["ours"]), str(names["base"]), str(names["theirs"]),
-                with_exceptions=False, with_extended_output=True, strip_newline_in_stdout=False,
-            )
-        if status == 0:
-            return out
-        if 0 < status < 128:
-            raise MergeConflict(f"{path} of {branch} conflicts with main ({status} conflict(s))")
-        raise ForgeError(f"git merge-file failed on {path} of {branch}: {err}")
 
     # -- main ------------------------------------------------------------------------------------
 
