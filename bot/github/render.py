@@ -1,0 +1,511 @@
+"""Everything the bot shows on GitHub, as text: pull request titles and bodies, check run titles,
+summaries and logs, commit status descriptions, comments, labels, and the hidden markers the bot
+finds its own content by.
+
+Pure functions of the store's records (no I/O, no GitHub calls), so every limit GitHub enforces is
+kept here and tested here: a PR body of at most 65,536 characters, check run fields of at most
+65,535, a status description of at most 140. Text that comes from outside the bot (the agent's
+hypothesis, a training log, a person's comment) is never trusted to be short, single-line or free
+of markers: it is clipped with a visible note and a marker inside it is broken, so `find_marker`
+only ever finds the one the bot wrote. Limits are kept in characters and in UTF-8 bytes alike,
+since a character can be four bytes and we do not rely on which of the two GitHub counts.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import statistics
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from bot.store import Experiment, Run
+
+PR_TITLE_LIMIT = 256
+PR_BODY_LIMIT = 65_536  # also an issue comment's
+CHECK_TITLE_LIMIT = 1_000
+CHECK_FIELD_LIMIT = 65_535  # a check run's summary and text
+STATUS_DESCRIPTION_LIMIT = 140
+HISTORY_SHOWN = 5  # finished experiments listed in a PR body
+RUNS_SHOWN = 50  # runs listed one by one in a check summary
+ERROR_LINES_SHOWN = 40  # traceback lines quoted in a crash comment
+
+# --- markers: the idempotency keys of everything the bot posts ------------------------------------
+
+_MARKER = re.compile(r"<!-- autoresearch:(?P<kind>[a-z][a-z0-9_-]*):(?P<id>\d+)(?::(?P<extra>[A-Za-z0-9_.-]+))? -->")
+_KIND = re.compile(r"[a-z][a-z0-9_-]*")
+_EXTRA = re.compile(r"[A-Za-z0-9_.-]*")
+
+
+def marker(kind: str, exp_id: int, extra: str = "") -> str:
+    """A hidden HTML comment naming what a body or comment is: `<!-- autoresearch:pr:12 -->`,
+    `<!-- autoresearch:decision:12:keep -->`, `<!-- autoresearch:ack:<comment id> -->`."""
+    if not _KIND.fullmatch(kind) or not _EXTRA.fullmatch(extra) or exp_id < 0:
+        raise ValueError(f"a marker needs a lowercase kind, an id >= 0 and an extra of letters, digits, '_.-': "
+                         f"got {kind!r}, {exp_id!r}, {extra!r}")
+    return f"<!-- autoresearch:{kind}:{exp_id}{':' + extra if extra else ''} -->"
+
+
+def find_marker(text: str | None) -> tuple[str, int, str] | None:
+    """(kind, id, extra) of the first marker in `text`, or None."""
+    found = _MARKER.search(text or "")
+    return (found["kind"], int(found["id"]), found["extra"] or "") if found else None
+
+
+def _defang(text: str) -> str:
+    """Break every HTML comment opener in text the bot did not write (a zero-width space keeps it
+    looking the same), so no hypothesis, log or comment can carry a marker of its own."""
+    return text.replace("<!--", "<!\u200b--")
+
+
+# --- limits ---------------------------------------------------------------------------------------
+
+def _clean(text: str) -> str:
+    """Text GitHub's API accepts: no NUL, no lone surrogate (a log decoded with surrogateescape)."""
+    return text.replace("\x00", "").encode("utf-8", "replace").decode("utf-8")
+
+
+def _fits(text: str, limit: int) -> bool:
+    return len(text.encode()) <= limit  # bytes >= characters, so characters fit too
+
+
+def _head(text: str, limit: int) -> str:
+    """The longest start of `text` within `limit` UTF-8 bytes, cut between characters."""
+    return text.encode()[:max(0, limit)].decode("utf-8", "ignore")
+
+
+def _tail(text: str, limit: int) -> str:
+    """The longest end of `text` within `limit` UTF-8 bytes, cut between characters."""
+    data = text.encode()
+    return data[len(data) - max(0, limit):].decode("utf-8", "ignore") if limit > 0 else ""
+
+
+def _limit(text: str, limit: int) -> str:
+    """`text` cut to `limit` (characters and bytes) at its end, saying so where it was cut."""
+    text = _clean(text)
+    if _fits(text, limit):
+        return text
+    note = f"\n\n*… cut here: GitHub shows at most {limit:,} characters.*"
+    return _head(text, limit - len(note.encode())).rstrip() + note
+
+
+def _one_line(text: str | None, limit: int) -> str:
+    """Whitespace collapsed to single spaces, clipped to `limit` characters with an ellipsis."""
+    words = " ".join((text or "").split())
+    return words if len(words) <= limit else words[:limit - 1].rstrip() + "…"
+
+
+# --- numbers --------------------------------------------------------------------------------------
+
+def _bpb(value: float | None, places: int = 6) -> str:
+    return "—" if value is None else f"{value:.{places}f}"
+
+
+def _signed(value: float | None, places: int = 6) -> str:
+    return "—" if value is None else f"{value:+.{places}f}"
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "—"
+    total = max(0, round(seconds))
+    hours, rest = divmod(total, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def _delta(exp: Experiment, val_bpb: float | None, main_val_bpb: float | None) -> float | None:
+    if exp.delta is not None:
+        return exp.delta
+    return val_bpb - main_val_bpb if val_bpb is not None and main_val_bpb is not None else None
+
+
+def _main_value(exp: Experiment, main_val_bpb: float | None) -> float | None:
+    """main's val_bpb as given, else as the decision saw it (the candidate's value minus its delta)."""
+    if main_val_bpb is not None:
+        return main_val_bpb
+    if isinstance(exp.meta.get("main_val_bpb"), (int, float)):
+        return float(exp.meta["main_val_bpb"])
+    return exp.val_bpb - exp.delta if exp.val_bpb is not None and exp.delta is not None else None
+
+
+def _counted(runs: Iterable[Run]) -> list[Run]:
+    """The runs whose val_bpb counts: finished, ok, with a value."""
+    return [r for r in runs if r.state == "done" and r.status == "ok" and r.val_bpb is not None]
+
+
+def _cell(text: str) -> str:
+    """Text safe inside one Markdown table cell."""
+    return _defang(" ".join(text.split()).replace("|", "\\|"))
+
+
+def _fenced(text: str, info: str = "") -> str:
+    """`text` in a code fence no line of it can close: backticks or tildes, whichever the text has
+    shorter runs of, one more than its longest run."""
+    fences = []
+    for char in "`~":
+        longest = max((len(run) for run in re.findall(re.escape(char) + "+", text)), default=0)
+        fences.append(char * max(3, longest + 1))
+    fence = min(fences, key=len)
+    return f"{fence}{info}\n{text}\n{fence}"
+
+
+def _last_error_line(exp: Experiment) -> str:
+    for source in (exp.error_tail, exp.reason):
+        lines = [line.strip() for line in (source or "").splitlines() if line.strip()]
+        if lines:
+            return lines[-1].removeprefix("the run crashed: ")
+    return "no error output"
+
+
+# --- labels and conclusions -----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Label:
+    name: str
+    color: str  # six hex digits, no '#'
+    description: str  # at most 100 characters
+
+
+LABELS: dict[str, Label] = {
+    "running": Label("autoresearch: running", "fbca04", "Being measured: training runs are queued or running"),
+    "keep": Label("autoresearch: kept", "0e8a16", "Beat main by more than the noise margin and was merged"),
+    "discard": Label("autoresearch: discarded", "cfd3d7", "Not a measurable gain over main; kept as a record"),
+    "crash": Label("autoresearch: crashed", "d73a4a", "Its training run crashed; the traceback goes to the agent"),
+    "cancelled": Label("autoresearch: cancelled", "6a737d", "Stopped by a person before a decision"),
+    "failed": Label("autoresearch: failed", "b60205", "The bot could not finish it (a step kept failing)"),
+}
+
+_CONCLUSIONS = {"keep": "success", "discard": "neutral", "crash": "failure", "failed": "failure",
+                "cancelled": "cancelled"}
+_OUTCOME_WORDS = {"keep": "kept", "discard": "discarded", "crash": "crashed", "failed": "failed",
+                  "cancelled": "cancelled"}
+
+
+def conclusion(status: str) -> str:
+    """The check run conclusion of a finished experiment's status."""
+    try:
+        return _CONCLUSIONS[status]
+    except KeyError:
+        raise ValueError(f"no check conclusion for status {status!r}: one of {', '.join(_CONCLUSIONS)}") from None
+
+
+# --- the pull request -----------------------------------------------------------------------------
+
+def pr_title(exp: Experiment) -> str:
+    """`[autoresearch #12] Raise MATRIX_LR 0.04 -> 0.05`, on one line, at most 256 characters."""
+    prefix = f"[autoresearch #{exp.id}] "
+    return prefix + _one_line(exp.title or f"experiment {exp.id}", PR_TITLE_LIMIT - len(prefix))
+
+
+def diff_size(before: str, after: str) -> tuple[int, int]:
+    """(lines added, lines removed) from `before` to `after`, as a line diff counts them."""
+    a, b = before.splitlines(), after.splitlines()
+    added = removed = 0
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
+        if tag != "equal":
+            removed += i2 - i1
+            added += j2 - j1
+    return added, removed
+
+
+def _expected(meta: dict[str, Any]) -> str:
+    for key in ("expected", "expected_effect", "expected_delta"):
+        value = meta.get(key)
+        if _number(value) is not None:
+            return f"val_bpb {value:+.5f} vs main."
+        if isinstance(value, str) and value.strip():
+            return _defang(value.strip()[:4_000])
+    return "Not stated by the agent."
+
+
+def _changes(meta: dict[str, Any]) -> list[str]:
+    """The explorer's named edits (`meta["changes"]`), one bullet each."""
+    changes = meta.get("changes")
+    if not isinstance(changes, list):
+        return []
+    lines = []
+    for change in changes[:20]:
+        if isinstance(change, dict) and "name" in change:
+            lines.append(_defang(_one_line(f"- `{change['name']}`: {change.get('old')} → {change.get('new')}", 300)))
+    return lines
+
+
+STEERING = """\
+## Steering
+
+Comments from people with write access to this repository reach the agent. A comment that starts \
+with one of these commands acts on this experiment:
+
+| Command | What it does |
+| --- | --- |
+| `/rerun` | one more run of this train.py (a finished experiment is measured afresh) |
+| `/keep` | merge it once measured on the current main, whatever the judge says |
+| `/discard` | stop its runs and close it as discarded |
+| `/pause` | stop proposing new experiments (runs already started finish) |
+| `/resume` | start proposing again |
+| `/try <idea>` | an idea for the agent's next proposals |"""
+
+
+def _history(exp: Experiment, history: list[Experiment]) -> str:
+    done = sorted((e for e in history if e.status and e.id != exp.id), key=lambda e: e.id)[-HISTORY_SHOWN:]
+    if not done:
+        return "No experiment has finished yet."
+    rows = ["| Experiment | Status | val_bpb | Δ vs main |", "| --- | --- | --- | --- |"]
+    for e in reversed(done):
+        crashed = e.status in ("crash", "failed")
+        rows.append(f"| #{e.id} {_cell(_one_line(e.title, 80))} | {_OUTCOME_WORDS.get(e.status, e.status)} "
+                    f"| {'—' if crashed else _bpb(e.val_bpb)} | {'—' if crashed else _signed(e.delta)} |")
+    return "\n".join(rows)
+
+
+def pr_body(exp: Experiment, *, main_sha: str, main_val_bpb: float | None, base_train_py: str,
+            history: list[Experiment]) -> str:
+    """The PR description: hypothesis, expected effect, diff size, what it builds on, how to steer."""
+    if exp.train_py is None:
+        size = "The proposed train.py is not recorded yet."
+    else:
+        added, removed = diff_size(base_train_py, exp.train_py)
+        size = f"`train.py`: **+{added} −{removed}** lines against main `{main_sha[:7]}`."
+    changes = _changes(exp.meta)
+    main_words = (f"val_bpb **{_bpb(main_val_bpb)}**" if main_val_bpb is not None
+                  else "val_bpb not measured yet")
+    rest = "\n\n".join([
+        "## Expected effect", _expected(exp.meta),
+        "## The change", "\n".join([size, *changes]),
+        "## What it builds on",
+        f"Main `{main_sha[:7]}` (this branch's base): {main_words}. The last finished experiments:",
+        _history(exp, history),
+        STEERING,
+    ])
+    head = f"{marker('pr', exp.id)}\n## Hypothesis\n\n"
+    hypothesis = _clean(_defang(exp.hypothesis.strip() or "Not stated by the agent."))
+    rest = _clean(rest)
+    room = PR_BODY_LIMIT - len(f"{head}\n\n{rest}".encode())
+    if not _fits(hypothesis, room):
+        note = "\n\n*… the hypothesis is cut here: the full text is in the branch's commit message.*"
+        hypothesis = _head(hypothesis, room - len(note.encode())).rstrip() + note
+    return _limit(f"{head}{hypothesis}\n\n{rest}", PR_BODY_LIMIT)
+
+
+# --- check runs and commit statuses ---------------------------------------------------------------
+
+def _numbers(val_bpb: float | None, delta: float | None, margin: float | None) -> str:
+    """`val_bpb 0.97120 (-0.00610 vs main, noise margin 0.00200)`, 5 decimals."""
+    if val_bpb is None:
+        return ""
+    parts = [f"{delta:+.5f} vs main" if delta is not None else "no main baseline yet"]
+    if margin is not None:
+        parts.append(f"noise margin {margin:.5f}")
+    return f"val_bpb {val_bpb:.5f} ({', '.join(parts)})"
+
+
+def check_title(exp: Experiment, *, status: str, val_bpb: float | None = None, delta: float | None = None,
+                margin: float | None = None, ahead: int | None = None, progress: dict[str, Any] | None = None) -> str:
+    """One line for a check run: a finished status (keep, discard, crash, failed, cancelled) with
+    its numbers (the experiment's own when not given), `queued` with the runs ahead of it, or
+    `running` with the latest progress line."""
+    if status == "queued":
+        title = "queued" if ahead is None else (
+            "queued (next to run)" if ahead == 0 else f"queued ({_plural(ahead, 'run')} ahead)")
+    elif status in ("running", "in_progress"):
+        title = _training(progress or {})
+    elif status == "crash":
+        title = f"crashed: {_last_error_line(exp)}"
+    elif status in _OUTCOME_WORDS:
+        numbers = _numbers(val_bpb if val_bpb is not None else exp.val_bpb,
+                           delta if delta is not None else exp.delta, margin if margin is not None else exp.margin)
+        word = _OUTCOME_WORDS[status]
+        title = f"{numbers}: {word}" if numbers else f"{word}: {exp.reason}" if exp.reason else word
+    else:
+        raise ValueError(f"no check title for status {status!r}: one of queued, running, {', '.join(_OUTCOME_WORDS)}")
+    return _one_line(_clean(title), CHECK_TITLE_LIMIT)
+
+
+def _training(progress: dict[str, Any]) -> str:
+    parts = []
+    if isinstance(progress.get("step"), int):
+        parts.append(f"step {progress['step']}")
+    if isinstance(progress.get("loss"), (int, float)):
+        parts.append(f"loss {progress['loss']:.3f}")
+    if isinstance(progress.get("remaining_seconds"), (int, float)):
+        parts.append(f"{_duration(progress['remaining_seconds'])} left")
+    return f"training: {', '.join(parts)}" if parts else "training: starting"
+
+
+def status_description(exp: Experiment, *, status: str, val_bpb: float | None = None, delta: float | None = None,
+                       margin: float | None = None, ahead: int | None = None,
+                       progress: dict[str, Any] | None = None) -> str:
+    """The commit status fallback (no App): the check title, at most 140 characters."""
+    title = check_title(exp, status=status, val_bpb=val_bpb, delta=delta, margin=margin, ahead=ahead,
+                        progress=progress)
+    return _one_line(title, STATUS_DESCRIPTION_LIMIT)
+
+
+# (label, result.json key, how the values of several runs combine, how one value reads)
+_METRICS: list[tuple[str, str, Callable[[list[float]], float], Callable[[float], str]]] = [
+    ("Peak memory", "peak_vram_mb", max, lambda v: f"{v / 1024:.2f} GB"),
+    ("MFU", "mfu_percent", statistics.fmean, lambda v: f"{v:.2f}%"),
+    ("Tokens", "total_tokens_M", statistics.fmean, lambda v: f"{v:.1f}M"),
+    ("Steps", "num_steps", statistics.fmean, lambda v: f"{v:,.0f}"),
+    ("Parameters", "num_params_M", statistics.fmean, lambda v: f"{v:.1f}M"),
+    ("Training seconds", "training_seconds", statistics.fmean, lambda v: f"{v:.1f}"),
+    ("Total seconds", "total_seconds", statistics.fmean, lambda v: f"{v:.1f}"),
+]
+
+
+def _metric(runs: list[Run], key: str) -> list[float]:
+    return [value for r in runs if (value := _number(r.metrics.get(key))) is not None]
+
+
+def check_summary(exp: Experiment, runs: list[Run], *, main_val_bpb: float | None,
+                  noise_margin: float | None) -> str:
+    """The check run summary: the numbers of the experiment and of each of its runs, and the decision."""
+    counted = _counted(runs)
+    value = exp.val_bpb if exp.val_bpb is not None else (
+        statistics.fmean(r.val_bpb for r in counted) if counted else None)
+    margin = noise_margin if noise_margin is not None else exp.margin
+    values = ", ".join(_bpb(r.val_bpb) for r in counted)
+    rows = ["| | |", "| --- | --- |",
+            f"| val_bpb | {_bpb(value)}{f' (mean of {len(counted)})' if len(counted) > 1 else ''} |",
+            f"| main | {_bpb(main_val_bpb) if main_val_bpb is not None else 'not measured yet'} |",
+            f"| Δ vs main | {_signed(_delta(exp, value, main_val_bpb))} |",
+            f"| Noise margin | {_bpb(margin) if margin is not None else 'not known yet'} |",
+            f"| Runs | {len(counted)}{': ' + values if values else ''} |"]
+    for label, key, combine, show in _METRICS:
+        found = _metric(counted, key)
+        rows.append(f"| {label} | {show(combine(found)) if found else '—'} |")
+    decision = _defang(exp.reason) if exp.reason else "No decision yet."
+    parts = ["\n".join(rows), f"**Decision:** {decision}"]
+    if runs:
+        listed = ["| Run | Purpose | State | val_bpb | Steps | Seconds | Note |",
+                  "| --- | --- | --- | --- | --- | --- | --- |"]
+        for r in runs[-RUNS_SHOWN:]:
+            state = r.state if r.state != "done" else (r.status or "done")
+            steps, seconds = r.metrics.get("num_steps"), r.metrics.get("total_seconds")
+            note = _one_line(r.note or _last_line(r.error), 120)
+            listed.append(f"| {r.id} | {r.purpose} | {state} | {_bpb(r.val_bpb)} | {steps if steps is not None else '—'} "
+                          f"| {f'{seconds:.1f}' if isinstance(seconds, (int, float)) else '—'} | {_cell(note)} |")
+        if len(runs) > RUNS_SHOWN:
+            listed.append(f"\n*{len(runs) - RUNS_SHOWN} earlier runs are not listed.*")
+        parts.append("\n".join(listed))
+    return _limit("\n\n".join(parts), CHECK_FIELD_LIMIT)
+
+
+def _last_line(text: str | None) -> str:
+    lines = [line for line in (text or "").splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def check_text(log_tail: str | None) -> str:
+    """The training log in a code block; when it is too long for GitHub, its end (the part that
+    says what went wrong) is kept, from a line start, under a note saying how much was cut."""
+    lines = [line.split("\r")[-1] for line in _ANSI.sub("", _clean(log_tail or "")).split("\n")]
+    log = _defang("\n".join(lines).strip("\n"))
+    if not log.strip():
+        return "No log output was captured."
+    budget = CHECK_FIELD_LIMIT - 200  # room for the note
+    while True:
+        kept = log
+        if not _fits(log, budget):
+            kept = _tail(log, budget)
+            if "\n" in kept:
+                kept = kept[kept.index("\n") + 1:]  # start at a whole line
+        note = ""
+        if kept != log:
+            cut = log[:len(log) - len(kept)]
+            note = (f"*The log is longer than GitHub shows: its first {len(cut):,} characters "
+                    f"({cut.count(chr(10)):,} lines) are cut; its end follows.*\n\n")
+        text = note + _fenced(kept, "text")
+        if _fits(text, CHECK_FIELD_LIMIT):
+            return text
+        budget -= len(text.encode()) - CHECK_FIELD_LIMIT + 16  # a longer fence than expected
+
+
+def progress_summary(progress: dict[str, Any] | None, budget_s: float | None) -> str:
+    """An in-progress check's summary: step, loss, time used and left, percent of the budget (the
+    progress line's own fields, see runner.harness; the budget from them when not given)."""
+    if not progress:
+        return "Training has started; no progress reported yet."
+    elapsed, left, loss, done = (_number(progress.get(key)) for key in
+                                 ("training_seconds", "remaining_seconds", "loss", "progress"))
+    if budget_s is None and elapsed is not None and left is not None:
+        budget_s = elapsed + left
+    if elapsed is not None and budget_s:
+        done = done if done is not None else min(1.0, elapsed / budget_s)
+        left = left if left is not None else max(0.0, budget_s - elapsed)
+    rows = ["| | |", "| --- | --- |",
+            f"| Step | {_cell(str(progress.get('step', '—')))} |",
+            f"| Loss | {_bpb(loss, 4)} |",
+            f"| Elapsed | {_duration(elapsed)}{f' of {_duration(budget_s)}' if budget_s else ''} |",
+            f"| Left | {_duration(left)} |",
+            f"| Done | {f'{100 * done:.1f}%' if done is not None else '—'} |"]
+    return _limit("\n".join(rows), CHECK_FIELD_LIMIT)
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+# --- comments -------------------------------------------------------------------------------------
+
+def _next_step(exp: Experiment) -> str:
+    if exp.status == "keep":
+        where = f"as `{exp.merged_sha[:7]}`" if exp.merged_sha else "(the merge is under way)"
+        return (f"Merged into main {where}. The new main is measured afresh, and that re-measured delta "
+                f"is the one to quote; the next proposals build on it.")
+    branch = f"The branch `{exp.branch}`" if exp.branch else "The branch"
+    if exp.status == "discard":
+        return f"{branch} is kept as a record, not merged. The agent sees this result in its history."
+    if exp.status == "crash":
+        return f"{branch} is kept as a record. The traceback below is given to the next proposal."
+    if exp.status == "cancelled":
+        return f"Nothing was merged; {branch[0].lower()}{branch[1:]} is kept as a record. `/rerun` measures it again."
+    if exp.status == "failed":
+        return (f"The bot gave up after {_plural(exp.failures, 'failed attempt')}; nothing was merged. "
+                f"`/rerun` tries it again.")
+    return "No decision yet."
+
+
+def decision_comment(exp: Experiment, *, main_val_bpb: float | None, runs: list[Run]) -> str:
+    """Why the experiment ended as it did, in numbers, and what happens next."""
+    status = exp.status or "undecided"
+    word = _OUTCOME_WORDS.get(status, status)
+    counted = _counted(runs)
+    main = _main_value(exp, main_val_bpb)
+    lines = [marker("decision", exp.id, status if re.fullmatch(r"[a-z]+", status) else ""),
+             f"### {word.capitalize()}: {_defang(_one_line(exp.title, 200))}", "",
+             f"**Why:** {_defang(exp.reason) if exp.reason else 'no reason recorded.'}", ""]
+    if status not in ("crash", "failed") and (exp.val_bpb is not None or counted):
+        values = ", ".join(_bpb(r.val_bpb) for r in counted) or "—"
+        lines += ["| | |", "| --- | --- |",
+                  f"| val_bpb | {_bpb(exp.val_bpb)} |",
+                  f"| main | {_bpb(main) if main is not None else 'not measured yet'} |",
+                  f"| Δ vs main | {_signed(_delta(exp, exp.val_bpb, main))} |",
+                  f"| Noise margin | {_bpb(exp.margin) if exp.margin is not None else 'not known yet'} |",
+                  f"| Runs | {len(counted)}: {values} |"]
+        if exp.remeasured_delta is not None:
+            lines.append(f"| Δ re-measured on the new main | {_signed(exp.remeasured_delta)} |")
+        lines.append("")
+    lines.append(f"**Next:** {_next_step(exp)}")
+    if status == "crash":
+        error = "\n".join((exp.error_tail or _last_error_line(exp)).strip().splitlines()[-ERROR_LINES_SHOWN:])
+        lines += ["", _fenced(_defang(_head(_clean(error), 20_000)), "text")]
+    return _limit("\n".join(lines), PR_BODY_LIMIT)
+
+
+def ack_comment(command: str, argument: str, outcome: str, comment_id: int) -> str:
+    """The reply to a person's `/command`: what was asked (quoted) and what the bot did about it."""
+    asked = _head(_clean(f"/{command.lstrip('/')} {argument}".strip()), 2_000)
+    quoted = "\n".join(f"> {line}" for line in _defang(asked).splitlines())
+    return _limit(f"{marker('ack', comment_id)}\n{quoted}\n\n{_defang(outcome)}", PR_BODY_LIMIT)
