@@ -1,0 +1,245 @@
+"""The webhook server: verify the signature, store the delivery in the inbox, answer. Nothing else.
+
+GitHub waits 10 seconds for an answer and shows a delivery that got none, or an error, as failed
+(it can be redelivered from the App's settings). So this process never calls GitHub, a runner or an
+agent: it writes one inbox row (key `github:<X-GitHub-Delivery>`, so a redelivery is stored once),
+calls `wake()` so the conductor looks at the inbox now rather than at its next tick, and answers.
+The conductor applies the entry later through bot.events.
+
+Answers, in the order they are decided:
+
+- 413: a body over 25 MB (GitHub caps payloads there, so it is not GitHub);
+- 401: `X-Hub-Signature-256` missing or wrong; nothing else is read from an unsigned request, and
+  the answer says nothing more;
+- 400: X-GitHub-Event or X-GitHub-Delivery missing, a body that is not a JSON object (the App must
+  send `application/json`; the Content-Type header itself is not trusted or needed), or a payload
+  that lacks a field the bot needs (bot.github.webhooks.MalformedPayload says which);
+- 200 with GitHub's zen for a ping; 202 for an event the bot does not act on (logged, not stored);
+- 202 once the delivery is stored, 200 when that delivery id was already stored;
+- 503 when the store cannot be written: GitHub shows the delivery as failed, and redelivering it
+  later stores it;
+- 500, as JSON and without a traceback, for anything else (a bug: the traceback goes to the log).
+
+The store is SQLite in WAL mode. FastAPI runs the handlers in a thread pool, and each worker thread
+opens its own connection (a connection is never shared between threads). `wake` is called from
+those threads, so it must be thread-safe (setting a threading.Event is). The secret is never logged.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sqlite3
+import threading
+import weakref
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
+
+from bot.github.webhooks import MalformedPayload, normalize, verify_signature
+from bot.schema import SchemaTooNew
+from bot.store import Store
+
+log = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 25 * 1024 * 1024  # GitHub caps webhook payloads at 25 MB
+STORE_FAILED = "could not store the delivery; GitHub will show it as failed and it can be redelivered"
+UNEXPECTED = "unexpected error; the delivery was not acted on and can be redelivered"
+_EVENT_NAME = re.compile(r"[a-z_]{1,64}")
+_DELIVERY = re.compile(r"[A-Za-z0-9._:-]{1,128}")  # GitHub sends a GUID
+_LENGTH = re.compile(r"[0-9]{1,20}")
+# what opening or writing the store raises when it cannot (a full disk, a lock held too long, a file
+# replaced or upgraded by a newer release): the delivery is refused with 503 and can be redelivered
+STORE_ERRORS = (sqlite3.Error, OSError, SchemaTooNew)
+
+
+class _Refused(Exception):
+    """An answer with an error status, decided before the handler runs (the body's size)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+class _ThreadStores:
+    """One Store (one SQLite connection) per worker thread. A thread's connection closes when the
+    thread ends (the pool retires idle threads), when it failed, or when the app shuts down."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.local = threading.local()
+        self.opened: weakref.WeakSet[Store] = weakref.WeakSet()
+        self.lock = threading.Lock()
+
+    def get(self) -> Store:
+        store = getattr(self.local, "store", None)
+        if store is None:
+            store = Store(self.path)
+            self.local.store = store
+            with self.lock:
+                self.opened.add(store)
+        return store
+
+    def discard(self) -> None:
+        """Drop this thread's connection after an error; the next request opens a fresh one."""
+        store = getattr(self.local, "store", None)
+        self.local.store = None
+        if store is not None:
+            try:
+                store.close()
+            except sqlite3.Error:
+                pass
+
+    def close_all(self) -> None:
+        with self.lock:
+            stores = list(self.opened)
+        for store in stores:
+            try:
+                store.close()
+            except sqlite3.Error:
+                pass
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+async def _raw_body(request: Request) -> bytes:
+    """The body as sent (the signature covers these exact bytes), refused past MAX_BODY_BYTES
+    before it is all read."""
+    length = request.headers.get("content-length")
+    if length is not None:
+        if not _LENGTH.fullmatch(length):
+            raise _Refused(400, "Content-Length must be a number of bytes")
+        if int(length) > MAX_BODY_BYTES:
+            raise _Refused(413, f"the body is over {MAX_BODY_BYTES // (1024 * 1024)} MB")
+    chunks, size = [], 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_BODY_BYTES:
+                raise _Refused(413, f"the body is over {MAX_BODY_BYTES // (1024 * 1024)} MB")
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise _Refused(400, "the request ended before its body did") from None
+    return b"".join(chunks)
+
+
+def create_app(*, store_path: Path, secret: str, wake: Callable[[], None] = lambda: None,
+               health: Callable[[], dict] = dict) -> FastAPI:
+    """The webhook app over the store at `store_path` (created or migrated here, so a path that
+    cannot hold a store stops the server at start rather than at the first delivery).
+
+    `secret` is the App's webhook secret; `wake()` is called after each new delivery is stored;
+    `health()` adds what GET /healthz reports beside the store (the conductor's last tick, the last
+    contact with GitHub).
+    """
+    if not secret:
+        raise ValueError("a webhook secret is required: set the same one in the GitHub App's settings "
+                         "(without it anyone could post deliveries)")
+    key = secret.encode("utf-8")
+    Store(store_path).close()  # schema created or migrated once, before any worker opens its own
+    stores = _ThreadStores(store_path)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        stores.close_all()
+
+    # no /docs or /openapi.json: this server answers GitHub, not people
+    app = FastAPI(title="autoresearch-bot webhooks", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+
+    @app.exception_handler(_Refused)
+    async def refused(request: Request, error: _Refused) -> JSONResponse:
+        return _error(error.status, error.message)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse({"error": str(error.detail)}, status_code=error.status_code, headers=error.headers)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, error: Exception) -> JSONResponse:
+        log.error("unexpected error answering %s %s", request.method, request.url.path, exc_info=error)
+        return _error(500, UNEXPECTED)
+
+    @app.post("/webhook")
+    def webhook(request: Request, body: bytes = Depends(_raw_body)) -> JSONResponse:
+        try:
+            return _deliver(request, body)
+        except Exception:  # a bug must answer JSON, never a traceback
+            log.exception("unexpected error handling a webhook delivery")
+            return _error(500, UNEXPECTED)
+
+    def _deliver(request: Request, body: bytes) -> JSONResponse:
+        headers = request.headers
+        if not verify_signature(key, body, headers.get("x-hub-signature-256")):
+            log.warning("webhook refused from %s: signature missing or wrong (if it came from GitHub, the "
+                        "secret here differs from the App's)", request.client.host if request.client else "?")
+            return _error(401, "signature missing or wrong")
+        name, delivery = headers.get("x-github-event"), headers.get("x-github-delivery")
+        if name is None or not _EVENT_NAME.fullmatch(name):
+            return _error(400, "X-GitHub-Event is missing or not an event name")
+        if delivery is None or not _DELIVERY.fullmatch(delivery):
+            return _error(400, "X-GitHub-Delivery is missing or not a delivery id")
+        try:
+            payload = json.loads(body)
+        except (ValueError, RecursionError):  # not JSON, not UTF-8, nested too deep
+            hint = " (set the webhook's content type to application/json)" if body.startswith(b"payload=") else ""
+            return _error(400, f"the body is not JSON{hint}")
+        if not isinstance(payload, dict):
+            return _error(400, "the body must be a JSON object")
+        try:
+            event = normalize(name, delivery, payload)
+        except MalformedPayload as error:
+            return _error(400, str(error)[:500])
+        if event.kind == "ping":
+            zen = payload.get("zen")
+            return JSONResponse({"ok": True, "zen": zen if isinstance(zen, str) else None})
+        if event.kind == "ignored":
+            log.info("ignored %s.%s delivery %s", name, event.action or "-", delivery)
+            return JSONResponse({"ok": True, "ignored": f"{name}.{event.action or '-'}"}, status_code=202)
+        inbox_key = f"github:{delivery}"
+        try:
+            stored = stores.get().add_inbox(key=inbox_key, kind="github", payload=event.to_payload(),
+                                            author=event.sender or "github")
+        except STORE_ERRORS:
+            log.exception("could not store delivery %s (%s)", delivery, name)
+            stores.discard()
+            return _error(503, STORE_FAILED)
+        if not stored:
+            log.info("delivery %s (%s) was already stored", delivery, name)
+            return JSONResponse({"ok": True, "detail": "duplicate delivery, already stored"})
+        log.info("stored %s.%s delivery %s as %s", name, event.action or "-", delivery, event.kind)
+        try:
+            wake()
+        except Exception:  # the delivery is stored: the conductor finds it on its next tick
+            log.exception("delivery %s stored, but waking the conductor failed", delivery)
+        return JSONResponse({"ok": True, "stored": inbox_key, "kind": event.kind}, status_code=202)
+
+    @app.get("/healthz")
+    def healthz() -> JSONResponse:
+        """200 when the store answers (and health() reported), 503 otherwise, with what failed."""
+        healthy = True
+        try:
+            stores.get().last_inbox_id()
+            store = "ok"
+        except STORE_ERRORS as error:
+            stores.discard()
+            store, healthy = f"cannot read the store: {error}", False
+        try:
+            info: dict[str, Any] = jsonable_encoder(dict(health()))
+        except Exception as error:  # a health report must not fail with a traceback
+            log.exception("health() failed")
+            info, healthy = {"health": f"could not collect: {error}"}, False
+        return JSONResponse({**info, "store": store}, status_code=200 if healthy else 503)
+
+    return app

@@ -1,0 +1,435 @@
+"""The webhook server: a signed delivery is stored in the inbox exactly once and wakes the
+conductor; anything else is refused with a short JSON reason (401, 400, 413, 503), never a 500 or a
+traceback; and fifty deliveries at once through a real uvicorn server are each stored once."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import socket
+import sqlite3
+import threading
+import time
+import uuid
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from fastapi.testclient import TestClient
+
+import bot.web
+from bot.github.webhooks import normalize
+from bot.store import Store
+from bot.web import STORE_FAILED, create_app
+
+SECRET = "s3cret-for-the-tests"
+EXAMPLES = Path(__file__).parent / "github" / "webhook_examples"
+HEALTH = {"conductor_last_tick": 1_700_000_000.5, "github_last_contact": None}
+
+
+def vendored(event: str, action: str | None = None) -> dict[str, Any]:
+    for payload in json.loads((EXAMPLES / f"{event}.json").read_text()):
+        if payload.get("action") == action:
+            return payload
+    raise LookupError(f"no vendored {event}.{action}")
+
+
+def sign(body: bytes, secret: str = SECRET) -> str:
+    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+
+
+def headers_for(event: str, body: bytes, *, delivery: str | None = None, signed: bool = True,
+                **extra: Any) -> dict[str, Any]:
+    headers: dict[str, Any] = {"Content-Type": "application/json", "X-GitHub-Event": event,
+                               "X-GitHub-Delivery": delivery or str(uuid.uuid4())}
+    if signed:
+        headers["X-Hub-Signature-256"] = sign(body)
+    headers.update(extra)
+    return headers
+
+
+class Wakes:
+    """wake() as the conductor gives it: thread-safe, counts its calls."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.lock = threading.Lock()
+
+    def __call__(self) -> None:
+        with self.lock:
+            self.count += 1
+
+
+@pytest.fixture
+def store_path(tmp_path: Path) -> Path:
+    return tmp_path / "state" / "autoresearch.db"
+
+
+@pytest.fixture
+def wakes() -> Wakes:
+    return Wakes()
+
+
+@pytest.fixture
+def client(store_path: Path, wakes: Wakes):
+    app = create_app(store_path=store_path, secret=SECRET, wake=wakes, health=lambda: dict(HEALTH))
+    with TestClient(app, raise_server_exceptions=False) as c:
+        yield c
+
+
+def deliver(client: TestClient, event: str, payload: Any = None, *, body: bytes | None = None,
+            delivery: str | None = None, signed: bool = True, **extra: Any) -> httpx.Response:
+    body = json.dumps(payload).encode() if body is None else body
+    return client.post("/webhook", content=body, headers=headers_for(event, body, delivery=delivery, signed=signed,
+                                                                     **extra))
+
+
+def inbox(store_path: Path):
+    store = Store(store_path)
+    try:
+        return store.inbox()
+    finally:
+        store.close()
+
+
+def assert_clean_error(response: httpx.Response, status: int) -> None:
+    """A short JSON error: the status given, no traceback, no secret."""
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == "application/json"
+    assert set(response.json()) == {"error"}
+    assert "Traceback" not in response.text and 'File "' not in response.text and SECRET not in response.text
+
+
+# --- storing --------------------------------------------------------------------------------------
+
+def test_a_signed_delivery_is_stored_once_and_wakes_the_conductor(client: TestClient, store_path: Path,
+                                                                  wakes: Wakes) -> None:
+    payload = vendored("pull_request", "closed")
+    response = deliver(client, "pull_request", payload, delivery="72d3162e-cc78-11e3-81ab-4c9367dc0958")
+    assert response.status_code == 202
+    assert response.json() == {"ok": True, "stored": "github:72d3162e-cc78-11e3-81ab-4c9367dc0958",
+                               "kind": "pr_closed"}
+    [entry] = inbox(store_path)
+    assert (entry.key, entry.kind, entry.author, entry.processed_at) == (
+        "github:72d3162e-cc78-11e3-81ab-4c9367dc0958", "github", "Codertocat", None)
+    assert entry.payload == normalize("pull_request", "72d3162e-cc78-11e3-81ab-4c9367dc0958", payload).to_payload()
+    assert wakes.count == 1
+
+
+def test_a_redelivery_is_answered_but_stored_and_woken_for_once(client: TestClient, store_path: Path,
+                                                                wakes: Wakes) -> None:
+    payload = vendored("check_run", "rerequested")
+    first = deliver(client, "check_run", payload, delivery="same-delivery")
+    again = deliver(client, "check_run", payload, delivery="same-delivery")
+    assert (first.status_code, again.status_code) == (202, 200)
+    assert again.json() == {"ok": True, "detail": "duplicate delivery, already stored"}
+    assert len(inbox(store_path)) == 1
+    assert wakes.count == 1
+
+
+def test_every_handled_vendored_example_is_stored_as_its_normalized_event(client: TestClient,
+                                                                          store_path: Path) -> None:
+    expected = {}
+    for path in sorted(EXAMPLES.glob("*.json")):
+        for i, payload in enumerate(json.loads(path.read_text())):
+            delivery = f"{path.stem}-{i}"
+            event = normalize(path.stem, delivery, payload)
+            response = deliver(client, path.stem, payload, delivery=delivery)
+            status = {"ping": 200, "ignored": 202}.get(event.kind, 202)
+            assert response.status_code == status, (delivery, response.text)
+            if event.kind not in ("ping", "ignored"):
+                expected[f"github:{delivery}"] = event.to_payload()
+    stored = {entry.key: entry.payload for entry in inbox(store_path)}
+    assert stored == expected and len(stored) > 20
+
+
+def test_a_failing_wake_still_answers_202_since_the_delivery_is_stored(store_path: Path) -> None:
+    def wake() -> None:
+        raise RuntimeError("the conductor's event is gone")
+    with TestClient(create_app(store_path=store_path, secret=SECRET, wake=wake), raise_server_exceptions=False) as c:
+        response = deliver(c, "pull_request", vendored("pull_request", "reopened"))
+    assert response.status_code == 202
+    assert len(inbox(store_path)) == 1
+
+
+# --- refusing -------------------------------------------------------------------------------------
+
+def test_a_missing_or_wrong_signature_is_401_and_stores_nothing(client: TestClient, store_path: Path,
+                                                                wakes: Wakes) -> None:
+    body = json.dumps(vendored("pull_request", "closed")).encode()
+    cases = [
+        {},                                                         # no signature header
+        {"X-Hub-Signature-256": sign(body, "another secret")},
+        {"X-Hub-Signature-256": sign(body + b" ")},                 # the body changed after signing
+        {"X-Hub-Signature-256": sign(body).removeprefix("sha256=")},
+        {"X-Hub-Signature-256": "sha256="},
+        {"X-Hub-Signature": "sha1=" + hmac.new(SECRET.encode(), body, hashlib.sha1).hexdigest()},
+    ]
+    answers = []
+    for extra in cases:
+        response = client.post("/webhook", content=body, headers=headers_for("pull_request", body, signed=False,
+                                                                             **extra))
+        assert_clean_error(response, 401)
+        answers.append(response.json())
+    assert all(answer == {"error": "signature missing or wrong"} for answer in answers)  # nothing to tell apart
+    assert inbox(store_path) == [] and wakes.count == 0
+
+
+def test_a_signed_request_without_the_github_headers_is_400(client: TestClient, store_path: Path) -> None:
+    body = json.dumps(vendored("pull_request", "closed")).encode()
+    for missing in ("X-GitHub-Event", "X-GitHub-Delivery"):
+        headers = headers_for("pull_request", body)
+        del headers[missing]
+        response = client.post("/webhook", content=body, headers=headers)
+        assert_clean_error(response, 400)
+        assert missing in response.json()["error"]
+    assert inbox(store_path) == []
+
+
+def test_a_malformed_payload_is_400_with_the_reason(client: TestClient, store_path: Path) -> None:
+    payload = vendored("pull_request", "closed")
+    payload = {**payload, "pull_request": {**payload["pull_request"], "number": "2"}}
+    response = deliver(client, "pull_request", payload)
+    assert_clean_error(response, 400)
+    assert response.json()["error"] == "pull_request.closed: pull_request.number must be an integer, not a string"
+    assert inbox(store_path) == []
+
+
+def test_an_ignored_event_is_accepted_logged_once_and_not_stored(client: TestClient, store_path: Path, wakes: Wakes,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="bot.web"):
+        response = deliver(client, "star", vendored("star", "created"), delivery="star-delivery-1")
+    assert response.status_code == 202
+    assert response.json() == {"ok": True, "ignored": "star.created"}
+    lines = [r.getMessage() for r in caplog.records if r.name == "bot.web"]
+    assert lines == ["ignored star.created delivery star-delivery-1"]
+    assert inbox(store_path) == [] and wakes.count == 0
+
+
+def test_ping_answers_with_its_zen_and_stores_nothing(client: TestClient, store_path: Path, wakes: Wakes) -> None:
+    response = deliver(client, "ping", vendored("ping"))
+    assert response.status_code == 200
+    assert response.json() == {"ok": True, "zen": "Anything added dilutes everything else."}
+    assert inbox(store_path) == [] and wakes.count == 0
+
+
+def test_a_body_over_25_mb_is_413_before_it_is_read(client: TestClient) -> None:
+    body = b" " * (25 * 1024 * 1024 + 1)
+    response = client.post("/webhook", content=body, headers=headers_for("push", b"", signed=False))
+    assert_clean_error(response, 413)
+
+
+def test_a_streamed_body_past_the_limit_is_413(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bot.web, "MAX_BODY_BYTES", 1000)
+    chunks = (b"x" * 300 for _ in range(4))  # no Content-Length: chunked
+    response = client.post("/webhook", content=chunks, headers=headers_for("push", b""))
+    assert_clean_error(response, 413)
+
+
+# --- failures of the store and of the app ---------------------------------------------------------
+
+def test_a_store_failure_is_503_without_a_traceback_and_a_redelivery_then_stores_it(
+        client: TestClient, store_path: Path, wakes: Wakes, monkeypatch: pytest.MonkeyPatch) -> None:
+    def full_disk(self: Store, **kwargs: Any) -> bool:
+        raise sqlite3.OperationalError("database or disk is full")
+    payload = vendored("pull_request", "closed")
+    with monkeypatch.context() as patch:
+        patch.setattr(Store, "add_inbox", full_disk)
+        response = deliver(client, "pull_request", payload, delivery="retry-me")
+    assert_clean_error(response, 503)
+    assert response.json() == {"error": STORE_FAILED}
+    assert inbox(store_path) == [] and wakes.count == 0
+    assert deliver(client, "pull_request", payload, delivery="retry-me").status_code == 202  # redelivered
+    assert [e.key for e in inbox(store_path)] == ["github:retry-me"]
+
+
+def test_a_store_that_cannot_be_opened_any_more_is_503_for_deliveries_and_health(
+        store_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    app = create_app(store_path=store_path, secret=SECRET)
+    for leftover in store_path.parent.iterdir():  # the database replaced by a directory
+        leftover.unlink()
+    store_path.mkdir()
+    with TestClient(app, raise_server_exceptions=False) as c:
+        assert_clean_error(deliver(c, "pull_request", vendored("pull_request", "closed")), 503)
+        health = c.get("/healthz")
+    assert health.status_code == 503
+    assert health.json()["store"].startswith("cannot read the store: ")
+
+
+def test_create_app_refuses_an_empty_secret_and_a_path_that_cannot_hold_a_store(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="webhook secret is required"):
+        create_app(store_path=tmp_path / "a.db", secret="")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(NotADirectoryError):
+        create_app(store_path=tmp_path / "file" / "a.db", secret=SECRET)
+
+
+def test_an_unexpected_error_is_a_json_500_without_a_traceback(
+        client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*args: Any) -> Any:
+        raise KeyError("a bug")
+    monkeypatch.setattr(bot.web, "normalize", broken)
+    response = deliver(client, "pull_request", vendored("pull_request", "closed"))
+    assert_clean_error(response, 500)
+
+
+# --- health ---------------------------------------------------------------------------------------
+
+def test_healthz_reports_the_store_and_what_the_conductor_said(client: TestClient) -> None:
+    response = client.get("/healthz")
+    assert response.status_code == 200
+    assert response.json() == {"store": "ok", **HEALTH}
+
+
+def test_healthz_is_503_when_the_store_cannot_be_read(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    def unreadable(self: Store) -> int:
+        raise sqlite3.DatabaseError("file is not a database")
+    monkeypatch.setattr(Store, "last_inbox_id", unreadable)
+    response = client.get("/healthz")
+    assert response.status_code == 503
+    assert response.json() == {"store": "cannot read the store: file is not a database", **HEALTH}
+
+
+def test_healthz_is_503_when_health_itself_fails(store_path: Path) -> None:
+    def health() -> dict:
+        raise RuntimeError("no tick yet")
+    with TestClient(create_app(store_path=store_path, secret=SECRET, health=health),
+                    raise_server_exceptions=False) as c:
+        response = c.get("/healthz")
+    assert response.status_code == 503
+    assert response.json() == {"store": "ok", "health": "could not collect: no tick yet"}
+
+
+def test_the_secret_never_reaches_the_log(client: TestClient, caplog: pytest.LogCaptureFixture,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    with caplog.at_level(logging.DEBUG):
+        deliver(client, "pull_request", vendored("pull_request", "closed"))
+        deliver(client, "pull_request", vendored("pull_request", "closed"), signed=False)
+        deliver(client, "star", vendored("star", "created"))
+        monkeypatch.setattr(Store, "add_inbox", lambda self, **kw: (_ for _ in ()).throw(sqlite3.OperationalError()))
+        deliver(client, "pull_request", vendored("pull_request", "reopened"))
+    assert caplog.records and SECRET not in caplog.text
+
+
+# --- bad inputs, table ----------------------------------------------------------------------------
+
+PUSH = json.dumps(vendored("push", None)).encode()
+PR_COMMENT = {**vendored("issue_comment", "created"), "comment": {
+    **vendored("issue_comment", "created")["comment"], "body": "half an emoji \ud83d and a NUL \u0000"}}
+PR_COMMENT["issue"] = {**PR_COMMENT["issue"], "pull_request": {"url": "https://example.invalid/pulls/1"}}
+DEEP = b"[" * 100_000 + b"]" * 100_000
+
+
+def _case(event: Any, body: bytes, status: int, *, id: str, signed: bool = True, **headers: Any):
+    return pytest.param(event, body, status, signed, headers, id=id)
+
+
+BAD_INPUTS = [
+    _case("push", b"\x00\xffgarbage", 401, signed=False, id="unsigned garbage"),
+    _case("push", b"\x00\xffgarbage", 400, id="signed garbage"),
+    _case("push", b"", 400, id="empty body"),
+    _case("push", b'{"ref": "\xff\xfe"}', 400, id="not utf-8"),
+    _case("push", b"null", 400, id="json null"),
+    _case("push", b"[]", 400, id="json array"),
+    _case("push", b'[{"ref": "refs/heads/main"}]', 400, id="array of objects"),
+    _case("push", b'"refs/heads/main"', 400, id="json string"),
+    _case("push", b"3", 400, id="json number"),
+    _case("push", DEEP, 400, id="nested 100000 deep"),
+    _case("push", b'{"a":' * 50_000 + b"1" + b"}" * 50_000, 400, id="objects nested 50000 deep"),
+    _case("push", b'{"n": ' + b"9" * 10_000 + b"}", 400, id="10000-digit number"),
+    _case("push", b'{"ref": null, "repository": null, "commits": [null], "sender": null}', 400, id="nested nulls"),
+    _case("push", b'{"ref": "refs/heads/main", "before": "a", "after": "b", "repository": {"full_name": null}}',
+          400, id="null full_name"),
+    _case("pull_request", b'{"action": "closed", "pull_request": null, "repository": {}}', 400, id="null pr"),
+    _case("pull_request", b'{"action": ["closed"]}', 400, id="action of the wrong type"),
+    _case("issue_comment", b'{"action": "created", "issue": null, "comment": {"body": null}}', 400,
+          id="comment without issue"),
+    _case("ping", b'{"zen": NaN, "hook_id": Infinity}', 200, id="NaN in a ping"),
+    _case("issue_comment", json.dumps(PR_COMMENT).encode(), 202, id="lone surrogate and NUL in a comment"),
+    _case("push", PUSH, 202, **{"Content-Type": "text/plain"}, id="wrong content type, signed"),
+    _case("push", PUSH, 401, signed=False, **{"Content-Type": "application/x-www-form-urlencoded"},
+          id="wrong content type, unsigned"),
+    _case("push", b"payload=%7B%7D", 400, **{"Content-Type": "application/x-www-form-urlencoded"},
+          id="form-encoded delivery"),
+    _case("a" * 100_000, PUSH, 400, id="huge event header"),
+    _case("push", PUSH, 400, **{"X-GitHub-Delivery": "d" * 100_000}, id="huge delivery header"),
+    _case("push", PUSH, 400, **{"X-GitHub-Delivery": b"\xff\xfe\x80"}, id="non-ascii delivery header"),
+    _case(b"p\xffush", PUSH, 400, id="non-ascii event header"),
+    _case("push", PUSH, 400, **{"X-GitHub-Delivery": "../../etc/passwd"}, id="path in delivery header"),
+    _case("push", PUSH, 400, **{"X-GitHub-Delivery": ""}, id="empty delivery header"),
+    _case("PUSH", PUSH, 400, id="event name in capitals"),
+    _case("push", PUSH, 401, signed=False, **{"X-Hub-Signature-256": b"sha256=\xff\xfe"},
+          id="non-ascii signature"),
+    _case("push", PUSH, 401, signed=False, **{"X-Hub-Signature-256": "sha256=" + "a" * 100_000},
+          id="huge signature"),
+    _case("push", PUSH, 401, signed=False, **{"X-Hub-Signature-256": "sha256=" + sign(PUSH)}, id="sign twice"),
+]
+
+
+@pytest.mark.parametrize(("event", "body", "status", "signed", "headers"), BAD_INPUTS)
+def test_bad_inputs_are_refused_with_a_json_reason_never_a_500_or_a_traceback(
+        client: TestClient, event: Any, body: bytes, status: int, signed: bool, headers: dict[str, Any]) -> None:
+    request_headers = {"Content-Type": "application/json", "X-GitHub-Event": event,
+                       "X-GitHub-Delivery": str(uuid.uuid4())}
+    if signed:
+        request_headers["X-Hub-Signature-256"] = sign(body)
+    request_headers.update(headers)
+    response = client.post("/webhook", content=body, headers=request_headers)
+    if status >= 400:
+        assert_clean_error(response, status)
+    else:
+        assert response.status_code == status, response.text
+        assert response.json()["ok"] is True
+
+
+def test_other_paths_and_methods_answer_json_errors(client: TestClient) -> None:
+    assert_clean_error(client.get("/webhook"), 405)
+    assert_clean_error(client.get("/docs"), 404)
+    assert_clean_error(client.post("/elsewhere", content=b"{}"), 404)
+
+
+# --- a real server under load ---------------------------------------------------------------------
+
+def test_fifty_concurrent_deliveries_through_uvicorn_are_each_stored_once(store_path: Path, wakes: Wakes) -> None:
+    """50 deliveries, each sent twice at the same moment (100 requests in flight): 50 rows."""
+    app = create_app(store_path=store_path, secret=SECRET, wake=wakes)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}/webhook"
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    body = json.dumps(vendored("pull_request", "closed")).encode()
+    start = threading.Barrier(100, timeout=20)
+
+    # one client (httpx's is thread-safe) with a connection per request in flight
+    http = httpx.Client(timeout=20, limits=httpx.Limits(max_connections=100, max_keepalive_connections=100))
+
+    def send(i: int) -> tuple[int, float]:
+        headers = headers_for("pull_request", body, delivery=f"load-{i % 50}")
+        start.wait()
+        began = time.monotonic()
+        response = http.post(url, content=body, headers=headers)
+        return response.status_code, time.monotonic() - began
+
+    try:
+        deadline = time.monotonic() + 10
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert server.started
+        with ThreadPoolExecutor(max_workers=100) as pool:
+            results = list(pool.map(send, range(100)))
+    finally:
+        http.close()
+        server.should_exit = True
+        thread.join(timeout=10)
+    assert Counter(status for status, _ in results) == {202: 50, 200: 50}
+    assert sorted(e.key for e in inbox(store_path)) == sorted(f"github:load-{i}" for i in range(50))
+    assert wakes.count == 50
+    assert max(seconds for _, seconds in results) < 5  # GitHub gives up at 10 s; locally it is milliseconds
