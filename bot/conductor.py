@@ -23,7 +23,7 @@ import logging
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,11 +32,11 @@ from bot.agent import Agent, AgentError
 from bot.agent.worker import AgentWorker
 from bot.events import apply_inbox
 from bot.forge import Forge, MainMoved, MergeConflict
-from bot.judge import JudgeConfig, Noise, decide, main_runs_wanted, pooled_noise
+from bot.judge import JudgeConfig, Noise, decide, main_runs_wanted, margin, pooled_noise
 from bot.records import HistoryEntry, Job, Proposal, ProposalContext, RunResult, code_hash
 from bot.runners import Runner
 from bot.settings import LoopSettings, SettingsError, parse_program
-from bot.states import RunState, State, Status
+from bot.states import Request, RunState, State, Status
 from bot.store import Experiment, Run, Store
 from runner.profiles import get_profile
 
@@ -101,10 +101,31 @@ class _Pending:
     seen: set[str] = field(default_factory=set)  # code of the refused answers
 
 
+@dataclass(frozen=True)
+class Snapshot:
+    """What a publisher shows beside the store's rows: main's numbers and the live progress."""
+
+    main_sha: str
+    main_val_bpb: float | None
+    margin: float | None  # the noise margin a change must beat now
+    progress: dict[int, dict[str, Any]]  # run id -> its latest progress line
+    budget_s: float  # the profile's training budget
+
+
+class Publisher:
+    """Shows the store's experiments to people (GitHub: pull requests, checks, comments). The
+    default shows nothing: the local loop's record is the repository and results.tsv."""
+
+    def publish(self, snapshot: Snapshot) -> None:
+        return None
+
+
 class Conductor:
     def __init__(self, store: Store, forge: Forge, runner: Runner, agent: Agent, config: ConductorConfig,
-                 *, results_tsv: Path, clock: Callable[[], float] = time.time) -> None:
+                 *, results_tsv: Path, clock: Callable[[], float] = time.time,
+                 publisher: Publisher | None = None) -> None:
         self.store = store
+        self.publisher = publisher or Publisher()
         self.forge = forge
         self.runner = runner
         self.config = config
@@ -159,6 +180,14 @@ class Conductor:
         self.stop_reason = self._why_stop(main)
         self._guard("proposing", self.propose, main)
         self._guard("dispatching runs", self.dispatch, main)
+        self._guard("publishing", self.publisher.publish, self.snapshot(main))
+
+    def snapshot(self, main: Main) -> Snapshot:
+        values = self.main_values(main.code)
+        noise = self.noise()
+        band = margin(noise, 1, len(values), self._judge_config(main.settings)) if noise and values else None
+        return Snapshot(main_sha=main.sha, main_val_bpb=statistics.fmean(values) if values else None,
+                        margin=band, progress=dict(self.progress), budget_s=float(self.profile.time_budget_s))
 
     def _guard(self, phase: str, step: Callable[..., Any], *args: Any) -> None:
         """Run one phase of the tick; a failure is logged and recorded, and the others go on."""
@@ -168,9 +197,35 @@ class Conductor:
             self._tick_error(phase, error)
 
     def _advance_all(self, main: Main) -> None:
+        for exp in self.store.requested():
+            self._act_on_request(exp, main)
         for exp in self.store.experiments(active=True):
             if exp.state != State.PROPOSING:
                 self._advance_safely(exp, main)
+
+    # --- what people asked for (bot.states.Request), acted on before the lifecycle moves ---------
+    def _act_on_request(self, exp: Experiment, main: Main) -> None:
+        request, who = Request(exp.request), exp.request_by or "someone"
+        done = exp.state == State.DONE
+        if request in (Request.CANCEL, Request.DISCARD) and not done and exp.state not in (State.CLOSING,):
+            status = Status.CANCELLED if request == Request.CANCEL else Status.DISCARD
+            why = f"its pull request was closed by {who}" if request == Request.CANCEL else f"discarded by {who}"
+            self._cancel_runs(exp, why)
+            self.store.update_experiment(exp.id, state=State.CLOSING, status=status, reason=why, request=None,
+                                         event=why)
+            return
+        if request in (Request.REOPEN, Request.RERUN, Request.KEEP) and done and exp.status != Status.KEEP:
+            meta = dict(exp.meta, keep_anyway=who) if request == Request.KEEP else exp.meta
+            self.store.update_experiment(exp.id, state=State.BRANCHED, status=None, reason=None, val_bpb=None,
+                                         delta=None, margin=None, failures=0, retry_at=None, request=None,
+                                         meta=meta, event=f"{request} by {who}: measured again")
+            return
+        if request == Request.RERUN and exp.state == State.MEASURING:
+            self._requeue(exp, "confirm", f"/rerun by {who}")
+        if request == Request.KEEP and not done:
+            self.store.update_experiment(exp.id, meta=dict(exp.meta, keep_anyway=who))
+        self.store.update_experiment(exp.id, request=None, event=f"{request} by {who}: "
+                                     f"{'done' if not done else 'nothing to do, it is ' + str(exp.status)}")
 
     def _tick_error(self, phase: str, error: Exception) -> None:
         message = f"{phase} failed: {type(error).__name__}: {error}; trying again on the next tick"
@@ -473,6 +528,10 @@ class Conductor:
                           current_main=main.sha, config=self._judge_config(main.settings))
         if decision.action == "wait":
             return None
+        who = exp.meta.get("keep_anyway")
+        if who and decision.action in ("confirm", "discard") and decision.val_bpb is not None:
+            decision = replace(decision, action="keep", reason=f"kept by {who} over the judge, who said: "
+                                                               f"{decision.reason}")
         if decision.action == "confirm":
             self._requeue(exp, "confirm", decision.reason)
             for _ in range(decision.extra_main_runs):

@@ -35,32 +35,35 @@ class Driver:
         """Tick as soon as possible; safe from any thread."""
         self._wake.set()
 
-    def run(self) -> Summary:
-        """Tick until the conductor has nothing more to do; raise ConductorError if main needs a human."""
+    def run(self, *, forever: bool = False, stop: threading.Event | None = None) -> Summary:
+        """Tick until the conductor has nothing more to do; raise ConductorError if main needs a human.
+
+        `forever` (the service): keep ticking after that, since a person can always ask for more
+        (a /rerun, a reopened pull request, a fixed main), until `stop` is set."""
         conductor = self.conductor
         conductor.start()
         cpu, wall = time.process_time(), time.monotonic()
         try:
-            return self._loop()
+            return self._loop(forever, stop or threading.Event())
         finally:  # the conductor process's own CPU (agent thread included, training children not)
             conductor.store.set_setting("driver.last_run", json.dumps({
                 "ticks": self.ticks, "cpu_seconds": round(time.process_time() - cpu, 3),
                 "wall_seconds": round(time.monotonic() - wall, 3)}))
 
-    def _loop(self) -> Summary:
+    def _loop(self, forever: bool, stop: threading.Event) -> Summary:
         conductor = self.conductor
-        while True:
+        while not stop.is_set():
             seen_inbox = conductor.store.last_inbox_id()
             self._wake.clear()
             conductor.tick()
             self.ticks += 1
             if self.on_pass:
                 self.on_pass(conductor)
-            if conductor.finished():
+            if conductor.finished() and not forever:
                 break
             self._wait(seen_inbox)
         results.export_tsv(conductor.store, conductor.results_tsv)
-        if conductor.blocked:
+        if conductor.blocked and not forever:
             raise ConductorError(conductor.blocked)
         return conductor.summary()
 

@@ -268,6 +268,11 @@ class Store:
         row = self.db.execute("SELECT * FROM experiments WHERE branch = ?", (branch,)).fetchone()
         return _experiment(row) if row else None
 
+    def experiment_by_pull(self, number: int) -> Experiment | None:
+        row = self.db.execute("SELECT e.* FROM experiments e JOIN published p ON p.experiment_id = e.id "
+                              "WHERE p.key = 'pr' AND p.value = ?", (str(number),)).fetchone()
+        return _experiment(row) if row else None
+
     def requested(self) -> list[Experiment]:
         """Experiments with a person's request waiting."""
         rows = self.db.execute("SELECT * FROM experiments WHERE request IS NOT NULL ORDER BY id")

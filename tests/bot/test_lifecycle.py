@@ -597,3 +597,72 @@ def test_the_baseline_shown_is_measured_under_the_pinned_identity(tmp_path: Path
     assert old == pytest.approx(2.0, abs=0.001)
     assert results.baseline_val_bpb(second.store) == pytest.approx(3.0)  # not a mean over both harnesses
     assert second.summary().baseline_val_bpb == pytest.approx(3.0)
+
+
+# --- what people ask for on an experiment (pull request closed or reopened, /rerun, /keep, /discard) ---
+
+def test_a_pull_request_closed_by_a_person_cancels_its_runs_and_ends_it_cancelled(tmp_path: Path) -> None:
+    runner = FakeRunner(auto=False)
+    loop = make(tmp_path, ScriptedAgent([proposal(-0.1, "x")]), runner=runner, experiments=1)
+    until_candidate_runs(loop, runner)
+    exp = loop.store.experiments()[0]
+    loop.store.request(exp.id, "cancel", "alice")
+    loop.tick()
+    exp = loop.store.experiment(exp.id)
+    assert (exp.state, exp.status, exp.request) == ("done", "cancelled", None)
+    assert "closed by alice" in exp.reason
+    assert runner.cancelled and [r.state for r in loop.store.runs(experiment_id=exp.id)] == ["cancelled"]
+
+
+def test_discard_stops_a_running_experiment_as_discarded(tmp_path: Path) -> None:
+    runner = FakeRunner(auto=False)
+    loop = make(tmp_path, ScriptedAgent([proposal(-0.1, "x")]), runner=runner, experiments=1)
+    until_candidate_runs(loop, runner)
+    exp = loop.store.experiments()[0]
+    loop.store.request(exp.id, "discard", "bob")
+    loop.tick()
+    assert statuses(loop) == [("x", "discard")]
+    assert loop.store.experiment(exp.id).reason == "discarded by bob"
+
+
+def test_a_reopened_experiment_is_measured_again_on_main_and_judged_afresh(tmp_path: Path) -> None:
+    loop = make(tmp_path, ScriptedAgent([proposal(+0.1, "worse")]), experiments=1)
+    run_to_end(loop)
+    exp = loop.store.experiments()[0]
+    assert exp.status == "discard"
+    loop.store.request(exp.id, "reopen", "carol")
+    tick_until(loop, lambda: loop.store.experiment(exp.id).state == "done")
+    candidates = [r for r in loop.store.runs(experiment_id=exp.id) if r.state == "done"]
+    assert len(candidates) == 2 and loop.store.experiment(exp.id).status == "discard"
+
+
+def test_keep_anyway_merges_a_change_the_judge_would_discard(tmp_path: Path) -> None:
+    loop = make(tmp_path, ScriptedAgent([proposal(+0.1, "worse")]), experiments=1)
+    run_to_end(loop)
+    exp = loop.store.experiments()[0]
+    loop.store.request(exp.id, "keep", "dora")
+    tick_until(loop, lambda: loop.store.experiment(exp.id).state == "done")
+    exp = loop.store.experiment(exp.id)
+    assert exp.status == "keep" and loop.forge.main_sha() == exp.merged_sha
+    assert exp.reason.startswith("kept by dora over the judge")
+
+
+def test_rerun_of_a_measuring_experiment_queues_one_more_run(tmp_path: Path) -> None:
+    runner = FakeRunner(auto=False)
+    loop = make(tmp_path, ScriptedAgent([proposal(-0.1, "x")]), runner=runner, experiments=1)
+    until_candidate_runs(loop, runner)
+    exp = loop.store.experiments()[0]
+    loop.store.request(exp.id, "rerun", "erin")
+    loop.tick()
+    purposes = sorted(r.purpose for r in loop.store.runs(experiment_id=exp.id))
+    assert purposes == ["candidate", "confirm"] and loop.store.experiment(exp.id).request is None
+
+
+def test_a_request_on_a_kept_experiment_changes_nothing(tmp_path: Path) -> None:
+    loop = make(tmp_path, ScriptedAgent([proposal(-0.1, "better")]), experiments=1)
+    run_to_end(loop)
+    exp = loop.store.experiments()[0]
+    loop.store.request(exp.id, "reopen", "frank")
+    loop.tick()
+    after = loop.store.experiment(exp.id)
+    assert (after.state, after.status, after.request) == ("done", "keep", None)
