@@ -1,0 +1,229 @@
+"""The service's settings: where they come from (environment, .env file, overrides), every problem
+named in one message by its environment variable, and secrets that never show."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+
+from bot.config import ConfigError, ServiceSettings, load_service_settings
+
+TOKEN = "ghp_do_not_print_me"
+SECRET = "webhook-secret-do-not-print"
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No AUTORESEARCH_* variable and no .env file from the machine running the tests."""
+    for name in list(os.environ):
+        if name.startswith("AUTORESEARCH_"):
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def pem() -> str:
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL,
+                             serialization.NoEncryption()).decode()
+
+
+def problem_lines(error: ConfigError) -> list[str]:
+    return [line.strip() for line in str(error).splitlines()[1:]]
+
+
+def test_settings_come_from_autoresearch_environment_variables(monkeypatch):
+    monkeypatch.setenv("AUTORESEARCH_REPOSITORY", "karpathy/nanochat")
+    monkeypatch.setenv("AUTORESEARCH_GITHUB_TOKEN", TOKEN)
+    monkeypatch.setenv("AUTORESEARCH_WEBHOOK_SECRET", SECRET)
+    monkeypatch.setenv("AUTORESEARCH_PORT", "9000")
+    monkeypatch.setenv("AUTORESEARCH_SLOTS", "2")
+    monkeypatch.setenv("AUTORESEARCH_GITHUB_API_URL", "https://github.example.com/api/v3/")
+
+    settings = load_service_settings()
+
+    assert settings.repository == "karpathy/nanochat" and settings.port == 9000 and settings.slots == 2
+    assert settings.github_token.get_secret_value() == TOKEN and not settings.uses_app
+    assert settings.github_api_url == "https://github.example.com/api/v3"  # trailing slash dropped
+    assert (settings.main_branch, settings.profile, settings.runner, settings.agent) == \
+           ("main", "cpu", "local", "explorer")
+    assert settings.state_dir == Path("autoresearch-state") and settings.poll is False
+    assert (settings.poll_interval_s, settings.request_timeout_s, settings.trusted_cache_s) == (60, 15, 600)
+
+
+def test_a_dotenv_file_is_read_and_the_environment_wins_over_it(monkeypatch, tmp_path):
+    env_file = tmp_path / "service.env"
+    env_file.write_text(f"AUTORESEARCH_REPOSITORY=o/r\nAUTORESEARCH_GITHUB_TOKEN={TOKEN}\n"
+                        "AUTORESEARCH_POLL=true\nAUTORESEARCH_PORT=9000\nUNRELATED=1\n")
+    monkeypatch.setenv("AUTORESEARCH_PORT", "9100")
+
+    settings = load_service_settings(env_file)
+
+    assert settings.repository == "o/r" and settings.poll and settings.port == 9100
+
+
+def test_dotenv_in_the_working_directory_is_read_by_default(tmp_path):
+    (tmp_path / ".env").write_text(f"AUTORESEARCH_REPOSITORY=o/r\nAUTORESEARCH_GITHUB_TOKEN={TOKEN}\n"
+                                   f"AUTORESEARCH_WEBHOOK_SECRET={SECRET}\n")
+
+    assert load_service_settings().repository == "o/r"
+
+
+def test_an_env_file_that_does_not_exist_is_named(tmp_path):
+    with pytest.raises(ConfigError, match="missing.env does not exist"):
+        load_service_settings(tmp_path / "missing.env")
+
+
+def test_overrides_win_and_none_means_not_given(monkeypatch):
+    monkeypatch.setenv("AUTORESEARCH_REPOSITORY", "o/r")
+    monkeypatch.setenv("AUTORESEARCH_GITHUB_TOKEN", TOKEN)
+    monkeypatch.setenv("AUTORESEARCH_PORT", "9000")
+
+    settings = load_service_settings(poll=True, port=None, host="0.0.0.0")
+
+    assert settings.poll and settings.port == 9000 and settings.host == "0.0.0.0"
+    with pytest.raises(TypeError, match="prot"):
+        load_service_settings(prot=1)
+
+
+def test_every_missing_setting_is_named_in_one_message():
+    with pytest.raises(ConfigError) as raised:
+        load_service_settings()
+
+    lines = problem_lines(raised.value)
+    assert [line.split(":")[0] for line in lines] == [
+        "AUTORESEARCH_REPOSITORY", "AUTORESEARCH_GITHUB_TOKEN", "AUTORESEARCH_WEBHOOK_SECRET"]
+    assert all("missing" in line for line in lines)
+    assert "AUTORESEARCH_GITHUB_APP_ID" in lines[1]  # the other way to sign in is offered
+    assert "AUTORESEARCH_POLL=true" in lines[2]
+
+
+def test_every_invalid_setting_is_named_with_what_was_given(monkeypatch):
+    for name, value in dict(REPOSITORY="not a repository", PORT="eighty", SLOTS="0", RUNNER="modal",
+                            AGENT="claude", PROFILE="tpu", POLL_INTERVAL_S="5", REQUEST_TIMEOUT_S="-1",
+                            GITHUB_API_URL="ftp://github.com", MAIN_BRANCH="-main", GITHUB_TOKEN=TOKEN,
+                            WEBHOOK_SECRET=SECRET).items():
+        monkeypatch.setenv(f"AUTORESEARCH_{name}", value)
+
+    with pytest.raises(ConfigError) as raised:
+        load_service_settings()
+
+    named = {line.split(":")[0]: line for line in problem_lines(raised.value)}
+    assert set(named) == {f"AUTORESEARCH_{name}" for name in (
+        "REPOSITORY", "PORT", "SLOTS", "RUNNER", "AGENT", "PROFILE", "POLL_INTERVAL_S", "REQUEST_TIMEOUT_S",
+        "GITHUB_API_URL", "MAIN_BRANCH")}
+    assert "'not a repository'" in named["AUTORESEARCH_REPOSITORY"] and "owner/name" in named["AUTORESEARCH_REPOSITORY"]
+    assert "choose one of local" in named["AUTORESEARCH_RUNNER"]
+    assert "explorer, scripted" in named["AUTORESEARCH_AGENT"]
+    assert "cpu, h100, smoke" in named["AUTORESEARCH_PROFILE"]
+    assert "10" in named["AUTORESEARCH_POLL_INTERVAL_S"]
+    assert "api/v3" in named["AUTORESEARCH_GITHUB_API_URL"]
+
+
+def test_field_errors_and_combination_errors_are_reported_together(monkeypatch):
+    monkeypatch.setenv("AUTORESEARCH_PORT", "eighty")  # a field error stops pydantic's after-validators
+
+    with pytest.raises(ConfigError) as raised:
+        load_service_settings()
+
+    named = [line.split(":")[0] for line in problem_lines(raised.value)]
+    assert {"AUTORESEARCH_PORT", "AUTORESEARCH_GITHUB_TOKEN", "AUTORESEARCH_WEBHOOK_SECRET"} <= set(named)
+
+
+def test_a_webhook_secret_is_not_needed_when_polling():
+    settings = load_service_settings(repository="o/r", github_token=TOKEN, poll=True)
+    assert settings.webhook_secret is None
+
+
+# --- signing in: exactly one way ------------------------------------------------------------------
+
+def test_a_token_and_an_app_together_are_refused(tmp_path, pem):
+    key = tmp_path / "app.pem"
+    key.write_text(pem)
+    with pytest.raises(ConfigError, match="AUTORESEARCH_GITHUB_TOKEN: set together with a GitHub App"):
+        load_service_settings(repository="o/r", poll=True, github_token=TOKEN, github_app_id=1,
+                              github_private_key_path=key)
+
+
+def test_an_app_signs_in_with_its_id_and_key_file(tmp_path, pem):
+    key = tmp_path / "app.pem"
+    key.write_text(pem)
+
+    settings = load_service_settings(repository="o/r", poll=True, github_app_id=123, github_private_key_path=key)
+
+    assert settings.uses_app and settings.private_key() == pem
+    assert settings.github_installation_id is None  # found from the repository
+
+
+def test_an_inline_key_with_escaped_newlines_is_accepted(monkeypatch, pem):
+    monkeypatch.setenv("AUTORESEARCH_GITHUB_PRIVATE_KEY", pem.strip().replace("\n", "\\n"))
+
+    settings = load_service_settings(repository="o/r", poll=True, github_app_id=123)
+
+    assert settings.private_key() == pem
+
+
+def test_an_app_id_without_a_key_and_a_key_without_an_app_id_are_named(tmp_path, pem):
+    with pytest.raises(ConfigError, match="AUTORESEARCH_GITHUB_PRIVATE_KEY_PATH: missing"):
+        load_service_settings(repository="o/r", poll=True, github_app_id=123)
+    key = tmp_path / "app.pem"
+    key.write_text(pem)
+    with pytest.raises(ConfigError, match="AUTORESEARCH_GITHUB_APP_ID: missing"):
+        load_service_settings(repository="o/r", poll=True, github_private_key_path=key)
+
+
+def test_a_key_path_that_does_not_exist_is_named_with_its_full_path(tmp_path):
+    with pytest.raises(ConfigError) as raised:
+        load_service_settings(repository="o/r", poll=True, github_app_id=123, github_private_key_path="gone.pem")
+
+    lines = problem_lines(raised.value)
+    assert len(lines) == 1 and lines[0].startswith("AUTORESEARCH_GITHUB_PRIVATE_KEY_PATH: no file at")
+    assert str(tmp_path / "gone.pem") in lines[0]
+
+
+def test_a_key_file_that_is_not_a_pem_private_key_is_named(tmp_path):
+    key = tmp_path / "app.pem"
+    key.write_text("ssh-rsa AAAA... not a PEM\n")
+    with pytest.raises(ConfigError, match="AUTORESEARCH_GITHUB_PRIVATE_KEY_PATH: .* does not hold a PEM"):
+        load_service_settings(repository="o/r", poll=True, github_app_id=123, github_private_key_path=key)
+    key.write_text("-----BEGIN RSA PRIVATE KEY-----\nbm90IGEga2V5\n-----END RSA PRIVATE KEY-----\n")
+    with pytest.raises(ConfigError, match="not a usable private key"):
+        load_service_settings(repository="o/r", poll=True, github_app_id=123, github_private_key_path=key)
+
+
+def test_private_key_with_a_token_says_how_to_become_an_app():
+    settings = load_service_settings(repository="o/r", poll=True, github_token=TOKEN)
+    with pytest.raises(ConfigError, match="AUTORESEARCH_GITHUB_APP_ID"):
+        settings.private_key()
+
+
+# --- secrets --------------------------------------------------------------------------------------
+
+def test_secrets_never_show_in_repr_describe_or_errors(monkeypatch, pem):
+    monkeypatch.setenv("AUTORESEARCH_GITHUB_TOKEN", TOKEN)
+    monkeypatch.setenv("AUTORESEARCH_WEBHOOK_SECRET", SECRET)
+    settings = load_service_settings(repository="o/r")
+
+    described = settings.describe()
+    assert described["github_token"] == "set" and described["webhook_secret"] == "set"
+    assert described["github_private_key"] == "missing" and described["auth"] == "token"
+    assert described["repository"] == "o/r" and described["state_dir"] == "autoresearch-state"
+    for shown in (repr(settings), str(settings), str(described)):
+        assert TOKEN not in shown and SECRET not in shown
+
+    monkeypatch.setenv("AUTORESEARCH_GITHUB_PRIVATE_KEY", pem)
+    monkeypatch.setenv("AUTORESEARCH_PORT", "eighty")
+    with pytest.raises(ConfigError) as raised:
+        load_service_settings()  # no repository, a token and an App key, a bad port
+    message = str(raised.value)
+    assert TOKEN not in message and SECRET not in message and "PRIVATE KEY-----" not in message
+    assert raised.value.__cause__ is None and raised.value.__suppress_context__
+
+
+def test_settings_built_directly_validate_the_same_way():
+    with pytest.raises(ValueError):
+        ServiceSettings(_env_file=None, repository="o/r", github_token=TOKEN)  # no webhook secret, no poll
