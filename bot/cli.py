@@ -1,4 +1,4 @@
-"""The `autoresearch` command: prepare, train, demo; steer, pause, resume, status, results."""
+"""The `autoresearch` command: prepare, train, demo, serve; steer, pause, resume, status, results."""
 
 from __future__ import annotations
 
@@ -134,6 +134,29 @@ def _send(workdir: Path, kind: str, payload: dict | None = None) -> None:
         store.close()
     console.print(f"{kind}: sent to {workdir}; a running loop applies it within a second, a stopped one when it "
                   "next starts")
+
+
+@app.command()
+def serve(host: str = typer.Option(None, help="address to listen on (default: AUTORESEARCH_HOST or 127.0.0.1)"),
+          port: int = typer.Option(None, help="port (default: AUTORESEARCH_PORT or 8080)"),
+          poll: bool = typer.Option(None, "--poll/--webhooks",
+                                    help="read events from the API instead of receiving webhooks (no public URL)"),
+          env_file: Path = typer.Option(None, help="a .env file of AUTORESEARCH_* settings (default: ./.env)")) -> None:
+    """Run the bot on a GitHub repository: webhook server and conductor in one process."""
+    import logging
+
+    from bot.config import ConfigError, load_service_settings
+    from bot.serve import serve as run_service
+
+    try:
+        settings = load_service_settings(env_file, host=host, port=port, poll=poll)
+    except ConfigError as error:
+        console.print(f"[red]error:[/] {error}")
+        raise typer.Exit(2) from None
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    console.print(f"autoresearch serve: {settings.repository} on http://{settings.host}:{settings.port} "
+                  f"({'polling the API' if settings.poll else 'webhooks at /webhook'}), state in {settings.state_dir}")
+    run_service(settings)
 
 
 @app.command()

@@ -1,0 +1,169 @@
+"""`autoresearch serve`: the long-running service on a real GitHub repository.
+
+One process holds the webhook server (bot.web, on uvicorn, in the main thread) and the conductor
+(bot.driver, on its own thread). A delivery is stored in the inbox and wakes the driver; the
+conductor does the work. Without a public URL (`--poll`), a poller (bot.github.poller) reads the
+same events from the API on a timer and feeds the same inbox.
+
+The server answers webhooks from its first second, even while GitHub is unreachable: the
+conductor thread connects when it can (backing off), reconciles the store with GitHub by its
+markers, and then works through what waited in the store.
+
+    <state_dir>/state.db     the store (the inbox, experiments, runs, what GitHub shows)
+    <state_dir>/runs/<id>/   one directory per training run (the local runner)
+    <state_dir>/results.tsv  the reference's results table
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bot.agent import Agent
+from bot.conductor import Conductor, ConductorConfig
+from bot.config import ServiceSettings
+from bot.driver import Driver
+from bot.github import handlers  # noqa: F401 - registers the inbox handler of GitHub events
+from bot.github.client import GitHubClient
+from bot.github.forge import GitHubForge
+from bot.github.publisher import GitHubPublisher
+from bot.runners import Runner
+from bot.store import Store
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Parts:
+    """What the conductor runs with, besides GitHub: a runner, an agent, the pinned identity."""
+
+    runner: Runner
+    agent: Agent
+    identity: dict[str, str]
+
+
+def local_parts(settings: ServiceSettings) -> Parts:
+    """The local runner on this machine (its data prepared here) and the configured agent."""
+    from bot.agent.explorer import OfflineExplorer  # the harness (and torch) only where runs happen here
+    from bot.runners.local import LocalRunner
+    from runner.identity import measurement_identity
+    from runner.prepare import prepare
+    from runner.profiles import get_profile
+
+    prepare(settings.profile, None, progress=False)
+    runner = LocalRunner(settings.state_dir / "runs", slots=settings.slots)
+    identity = measurement_identity(settings.profile, None)
+    if get_profile(settings.profile).clock == "cpu":
+        identity["threads"] = str(runner.threads)
+    return Parts(runner=runner, agent=OfflineExplorer(seed=0), identity=identity)
+
+
+@dataclass
+class Service:
+    settings: ServiceSettings
+    make_parts: Callable[[ServiceSettings], Parts] = local_parts
+    timer_s: float = 30.0
+    connect_backoff_s: tuple[float, float] = (2.0, 120.0)
+    driver: Driver | None = None
+    conductor: Conductor | None = None
+    client: GitHubClient | None = None
+    status: str = "starting"
+    last_tick: float | None = None
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    @property
+    def store_path(self) -> Path:
+        return self.settings.state_dir / "state.db"
+
+    # --- the web side --------------------------------------------------------------------------------
+    def wake(self) -> None:
+        if self.driver is not None:
+            self.driver.wake()
+
+    def health(self) -> dict[str, Any]:
+        report: dict[str, Any] = {"conductor": self.status, "last_tick": self.last_tick}
+        if self.client is not None:
+            report.update(self.client.health())
+        return report
+
+    def app(self):  # -> FastAPI
+        from bot.web import create_app
+        secret = self.settings.webhook_secret.get_secret_value() if self.settings.webhook_secret else ""
+        return create_app(store_path=self.store_path, secret=secret, wake=self.wake, health=self.health)
+
+    # --- the conductor side --------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the conductor thread (returns at once)."""
+        self.settings.state_dir.mkdir(parents=True, exist_ok=True)
+        Store(self.store_path).close()  # create and migrate before the web side opens it
+        self._thread = threading.Thread(target=self._conduct, name="conductor", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self._stop.set()
+        self.wake()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _conduct(self) -> None:
+        try:
+            conductor = self._connect()
+            if conductor is None:
+                return
+            self.driver = Driver(conductor, timer_s=self.timer_s, on_pass=self._ticked)
+            self.status = "running"
+            self.driver.run(forever=True, stop=self._stop)
+            self.status = "stopped"
+        except Exception as error:  # noqa: BLE001 - the web side stays up and says what happened
+            self.status = f"stopped by an error: {type(error).__name__}: {error}"
+            log.exception("the conductor stopped")
+
+    def _ticked(self, conductor: Conductor) -> None:
+        self.last_tick = time.time()
+
+    def _connect(self) -> Conductor | None:
+        """Reach GitHub (backing off while it is unreachable), then build the conductor."""
+        settings = self.settings
+        self.client = GitHubClient(settings)
+        wait = self.connect_backoff_s[0]
+        while not self._stop.is_set():
+            try:
+                repo = self.client.repo()
+                login = self.client.bot_login
+                break
+            except Exception as error:  # noqa: BLE001 - GitHub down, a bad token: say so, try again
+                self.status = f"waiting for GitHub ({type(error).__name__}: {error}); next try in {wait:.0f}s"
+                log.warning("%s", self.status)
+                self._stop.wait(wait)
+                wait = min(self.connect_backoff_s[1], wait * 2)
+        else:
+            return None
+        store = Store(self.store_path)
+        store.set_setting(handlers.BOT_LOGIN, login)
+        parts = self.make_parts(settings)
+        forge = GitHubForge(repo, main_branch=settings.main_branch, pace_write=self.client.pace_write)
+        publisher = GitHubPublisher(store, repo, read_file=forge.read_file, uses_app=self.client.uses_app,
+                                    main_branch=settings.main_branch, pace_write=self.client.pace_write)
+        config = ConductorConfig(profile=settings.profile, identity=parts.identity)
+        self.conductor = Conductor(store, forge, parts.runner, parts.agent, config,
+                                   results_tsv=settings.state_dir / "results.tsv", publisher=publisher)
+        log.info("connected to %s as %s (%s)", repo.full_name, login, "App" if self.client.uses_app else "token")
+        return self.conductor
+
+
+def serve(settings: ServiceSettings, *, make_parts: Callable[[ServiceSettings], Parts] = local_parts) -> None:
+    """Run the service until interrupted (Ctrl-C or SIGTERM)."""
+    import uvicorn
+
+    service = Service(settings, make_parts=make_parts)
+    service.start()
+    try:
+        uvicorn.run(service.app(), host=settings.host, port=settings.port, log_level="info")
+    finally:
+        service.stop()
