@@ -508,9 +508,7 @@ class Conductor:
         waiting = [r for r in runs if r.state in (RunState.QUEUED, RunState.RUNNING)]
         if exp.base_sha != main.sha:
             if self.code_at(exp.base_sha) == main.code:  # main moved, its train.py did not (program.md)
-                head = self.forge.rebase_branch(exp.branch, main.sha, ASSET)
-                return self.store.update_experiment(exp.id, base_sha=main.sha, head_sha=head,
-                                                    event=f"followed main to {main.sha[:7]} (train.py unchanged)")
+                return self._follow_main(exp, main)
             if any(r.state == RunState.RUNNING for r in waiting):
                 return None  # let it finish: the judge sends it to a re-measure
             self._cancel_runs(exp, f"main moved to {main.sha[:7]} before it ran")
@@ -550,7 +548,16 @@ class Conductor:
         return self.store.update_experiment(exp.id, state=State.CLOSING, status=status, error_tail=error_tail,
                                             event=decision.reason, **numbers)
 
+    def _follow_main(self, exp: Experiment, main: Main) -> Experiment:
+        """Move the branch onto a main whose train.py is the one it was measured against: its runs
+        still count, since the judge compares train.py, not the commit around it."""
+        head = self.forge.rebase_branch(exp.branch, main.sha, ASSET)
+        return self.store.update_experiment(exp.id, base_sha=main.sha, head_sha=head,
+                                            event=f"followed main to {main.sha[:7]} (train.py unchanged)")
+
     def _step_rebasing(self, exp: Experiment, main: Main) -> Experiment:
+        if self.code_at(exp.base_sha) == main.code:
+            return self.store.update_experiment(self._follow_main(exp, main).id, state=State.MEASURING)
         try:
             head = self.forge.rebase_branch(exp.branch, main.sha, ASSET)
         except MergeConflict as error:
@@ -569,7 +576,7 @@ class Conductor:
                                               "train_py": text, "code_hash": code_hash(text)})
         return self.store.experiment(exp.id)
 
-    def _step_merging(self, exp: Experiment, main: Main) -> Experiment:
+    def _step_merging(self, exp: Experiment, main: Main) -> Experiment | None:
         runs = exp.meta.get("runs", 1)
         message = (f"{exp.title} (val_bpb {exp.val_bpb:.6f}, {exp.delta:+.6f} vs main)\n\n{exp.hypothesis}\n\n"
                    f"{exp.reason}\n\nval_bpb is the mean of its {runs} run{'s' if runs != 1 else ''}; the new main "
@@ -577,9 +584,13 @@ class Conductor:
                    f"autoresearch-experiment: {exp.id}\nautoresearch-val-bpb: {exp.val_bpb:.6f}")
         try:
             merged = self.forge.merge(exp.branch, exp.base_sha, message)
-        except MainMoved as error:
-            return self.store.update_experiment(exp.id, state=State.REBASING,
-                                                event=f"main moved before the merge: {error}")
+        except MainMoved as error:  # the tick's main is stale now: the next tick goes on with the new one
+            now = self.read_main()
+            if now.sha != exp.base_sha and self.code_at(exp.base_sha) == now.code:
+                self._follow_main(exp, now)  # only program.md or the like moved: no re-measure
+                return None
+            self.store.update_experiment(exp.id, state=State.REBASING, event=f"main moved before the merge: {error}")
+            return None
         self._merged = True
         return self.store.update_experiment(exp.id, state=State.CLOSING, status=Status.KEEP, merged_sha=merged,
                                             event=f"merged into main as {merged[:7]}")

@@ -218,6 +218,26 @@ def test_main_moving_at_the_merge_rebases_and_remeasures(tmp_path: Path) -> None
     assert "WARMDOWN_RATIO = 0.45" in loop.forge.read_file(exp.merged_sha, "train.py")
 
 
+def test_main_moving_at_the_merge_without_touching_train_py_merges_without_a_remeasure(tmp_path: Path) -> None:
+    class CommitsProgramAtMerge(LocalForge):
+        moved = False
+
+        def merge(self, branch: str, expected_main: str, message: str) -> str:
+            if not self.moved and branch.startswith("autoresearch/"):
+                self.moved = True
+                commit_to_main(self, {"program.md": program(**FAST) + "\nA human note.\n"})
+            return super().merge(branch, expected_main, message)
+
+    init_research_repo(tmp_path / "repo", {"train.py": MAIN, "program.md": program(**FAST)})
+    forge = CommitsProgramAtMerge(tmp_path / "repo")
+    loop = make(tmp_path, ScriptedAgent([proposal(-0.1, "better")]), forge=forge, experiments=1)
+    run_to_end(loop)
+    exp = loop.store.experiments()[0]
+    assert exp.status == "keep"
+    assert not [r for r in loop.store.runs() if r.purpose == "remeasure"]
+    assert "A human note." in loop.forge.read_file(exp.merged_sha, "program.md")
+
+
 def test_a_merge_conflict_discards_with_the_reason(tmp_path: Path) -> None:
     runner = FakeRunner(auto=False)
     changed = with_effect(MAIN.replace("MATRIX_LR = 0.04", "MATRIX_LR = 0.05"), -0.1, "lr")
