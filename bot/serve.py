@@ -117,12 +117,22 @@ class Service:
             if conductor is None:
                 return
             self.driver = Driver(conductor, timer_s=self.timer_s, on_pass=self._ticked)
+            if self.settings.poll:
+                self._start_poller()
             self.status = "running"
             self.driver.run(forever=True, stop=self._stop)
             self.status = "stopped"
         except Exception as error:  # noqa: BLE001 - the web side stays up and says what happened
             self.status = f"stopped by an error: {type(error).__name__}: {error}"
             log.exception("the conductor stopped")
+
+    def _start_poller(self) -> None:
+        from bot.github.poller import Poller
+
+        assert self.client is not None
+        poller = Poller(self.client, Store(self.store_path), wake=self.wake)
+        threading.Thread(target=poller.run, args=(self._stop,), name="poller", daemon=True).start()
+        log.info("polling GitHub every %.0fs (no webhooks)", self.settings.poll_interval_s)
 
     def _ticked(self, conductor: Conductor) -> None:
         self.last_tick = time.time()
