@@ -167,11 +167,12 @@ class Service:
         return self.conductor
 
 
-def serve(settings: ServiceSettings, *, make_parts: Callable[[ServiceSettings], Parts] = local_parts) -> None:
+def serve(settings: ServiceSettings, *, make_parts: Callable[[ServiceSettings], Parts] = local_parts,
+          timer_s: float = 30.0) -> None:
     """Run the service until interrupted (Ctrl-C or SIGTERM)."""
     import uvicorn
 
-    service = Service(settings, make_parts=make_parts)
+    service = Service(settings, make_parts=make_parts, timer_s=timer_s)
     service.start()
     try:
         uvicorn.run(service.app(), host=settings.host, port=settings.port, log_level="info")

@@ -26,7 +26,7 @@ from github.Repository import Repository
 from bot.conductor import Publisher, Snapshot
 from bot.github import render
 from bot.states import RunState, State
-from bot.store import Experiment, Store
+from bot.store import Experiment, Store, failpoint
 
 __all__ = ["GitHubPublisher", "CHECK_NAME"]
 
@@ -116,6 +116,7 @@ class GitHubPublisher(Publisher):
             self.pace_write()
             number = self.repo.create_pull(base=self.main_branch, head=exp.branch or "", title=render.pr_title(exp),
                                            body=body).number
+            failpoint("pull_request_created")  # the crash tests: created on GitHub, not yet in the store
             log.info("experiment %s: opened pull request #%s", exp.id, number)
         self.store.set_published(exp.id, "pr", str(number))
         published["pr"] = str(number)
@@ -175,6 +176,7 @@ class GitHubPublisher(Publisher):
         if found is None:
             self.pace_write()
             found = issue.create_comment(body)
+            failpoint("comment_posted")
         self.store.set_published(exp.id, key, str(found.id))
 
     def _close(self, exp: Experiment, number: int) -> None:
@@ -219,6 +221,7 @@ class GitHubPublisher(Publisher):
                 self.pace_write()
                 check = self.repo.create_check_run(CHECK_NAME, head, external_id=f"autoresearch:{exp.id}:{round_}",
                                                    **fields)
+                failpoint("check_run_created")
                 log.info("experiment %s: check run %s on %s (%s)", exp.id, check.id, head[:7], phase)
             self._checks[check.id] = check
             self.store.set_published(exp.id, key, str(check.id))

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -226,3 +229,65 @@ def test_four_experiments_as_pull_requests_steered_by_people(world: World) -> No
     assert [r.status for r in gh.calls("POST", r"/check-runs$") if r.fault] == [403]
     assert [r.status for r in gh.calls("POST", r"/issues/\d+/comments$") if r.fault] == [502]
     assert gh.violations == []
+
+
+# --- killed with SIGKILL and started again: nothing twice, and the result lands ---------------------
+
+CHILD = Path(__file__).with_name("serve_child.py")
+
+
+def start_child(config: Path, log: Path, failpoint: str | None = None) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AUTORESEARCH_")}
+    if failpoint:
+        env["AUTORESEARCH_FAILPOINT"] = failpoint
+    return subprocess.Popen([sys.executable, str(CHILD), str(config)], cwd=config.parent, env=env,
+                            stdout=log.open("ab"), stderr=subprocess.STDOUT)
+
+
+@pytest.mark.parametrize("kill_at", ["pull_request_created", "check_run_created", "comment_posted", "mid-run"])
+def test_a_server_killed_anywhere_restarts_without_duplicates_and_the_result_lands(tmp_path: Path,
+                                                                                  kill_at: str) -> None:
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption()).decode()
+    one = dict(SETTINGS, max_experiments=1)
+    front = "\n".join(f"  {k}: {json.dumps(v)}" for k, v in one.items())
+    files = {"train.py": MAIN, "program.md": f"---\nautoresearch:\n{front}\n---\n\nLower val_bpb.\n"}
+    with GitHubStandIn(tmp_path / "github", files=files, app_public_key=key.public_key()) as gh:
+        port = free_port()
+        config = tmp_path / "config.json"
+        config.write_text(json.dumps({
+            "pem": pem, "api_url": gh.api_url, "secret": SECRET, "state_dir": str(tmp_path / "state"),
+            "port": port, "runs_dir": str(tmp_path / "runs"), "run_seconds": 1.5,
+            "proposals": [{"title": "better", "hypothesis": "h", "train_py": with_effect(MAIN, -0.1, "better")}]}))
+        gh.hook(f"http://127.0.0.1:{port}/webhook", SECRET)
+        log = tmp_path / "serve.log"
+        child = start_child(config, log, None if kill_at == "mid-run" else kill_at)
+        try:
+            if kill_at == "mid-run":
+                deadline = time.monotonic() + 60
+                while not any(c["status"] == "in_progress" for c in gh.check_runs()):
+                    assert time.monotonic() < deadline, log.read_text()[-3000:]
+                    time.sleep(0.05)
+                child.send_signal(signal.SIGKILL)
+            assert child.wait(60) == -signal.SIGKILL, log.read_text()[-3000:]
+            child = start_child(config, log)
+            store = Store(tmp_path / "state" / "state.db")
+            deadline = time.monotonic() + 90
+            while True:
+                exps = store.experiments()
+                if exps and exps[0].state == "done" and store.published(exps[0].id).get("final") == exps[0].status:
+                    break
+                assert time.monotonic() < deadline, log.read_text()[-3000:]
+                time.sleep(0.1)
+        finally:
+            child.kill()
+            child.wait(10)
+        exp = store.experiments()[0]
+        assert exp.status == "keep" and gh.ref("heads/main") == exp.merged_sha
+        assert len(gh.pulls()) == 1 and gh.pulls()[0]["merged"] is True
+        checks = [c for c in gh.check_runs() if c["name"] == CHECK_NAME]
+        assert len(checks) == 1 and checks[0]["conclusion"] == "success"
+        decisions = [c for c in gh.comments(gh.pulls()[0]["number"]) if (find_marker(c["body"]) or ("",))[0] == "decision"]
+        assert len(decisions) == 1
+        assert gh.violations == []
