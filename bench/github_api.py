@@ -1,0 +1,128 @@
+"""Benchmark: GitHub API calls per experiment, by endpoint, and how many of them create content.
+
+Runs the real service (bot.serve.Service: conductor, GitHub forge, publisher, webhook server) on
+the GitHub stand-in of the tests, with a runner whose results are chosen (no training) and a
+scripted agent: N experiments, a third kept, a third discarded, a third crashed. Every request
+the bot makes is recorded by the stand-in. The counts depend on the code, not on speed, except
+two that follow the clock: main's head is read once per tick (GET git/ref, so about one a
+tick: the driver ticks on every event and every 30 s when idle; here every 0.1 s), and a run in
+progress updates its check at most once per 30 s (none here: the fake runs finish at once). The
+service runs in poll mode (no webhook server needed), so the poller's reads are counted too.
+
+    .venv/bin/python bench/github_api.py [--experiments 6] [--token]
+
+--token: a personal access token instead of an App (commit statuses instead of check runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[0] = str(ROOT)  # the project first: tests/bot (a directory, no package) must not shadow bot/
+sys.path.append(str(ROOT / "tests"))
+
+from cryptography.hazmat.primitives import serialization  # noqa: E402
+from cryptography.hazmat.primitives.asymmetric import rsa  # noqa: E402
+from fakes import CRASH_MARK, IDENTITY, FakeRunner, with_effect  # noqa: E402
+from github_standin import GitHubStandIn  # noqa: E402
+
+from bot.agent.scripted import ScriptedAgent  # noqa: E402
+from bot.config import load_service_settings  # noqa: E402
+from bot.records import Proposal  # noqa: E402
+from bot.serve import Parts, Service  # noqa: E402
+from bot.store import Store  # noqa: E402
+
+MAIN = with_effect((ROOT / "train.py").read_text(), 0.0, "main")
+
+
+def proposals(n: int) -> list[Proposal]:
+    out = []
+    for i in range(n):
+        kind = ("keep", "discard", "crash")[i % 3]
+        effect = {"keep": -0.05 * (i + 1), "discard": 0.1, "crash": 0.0}[kind]
+        text = with_effect(MAIN, effect, f"p{i}") + (CRASH_MARK if kind == "crash" else "")
+        out.append(Proposal(f"{kind} {i}", f"hypothesis {i}", text))
+    return out
+
+
+def program(n: int) -> str:
+    return (f"---\nautoresearch:\n  first_baseline_runs: 2\n  baseline_runs: 2\n  max_experiments: {n}\n---\n\n"
+            "Lower val_bpb.\n")
+
+
+def endpoint(method: str, path: str) -> str:
+    """The path with its numbers, shas and ref names replaced, as GitHub's docs name it."""
+    path = re.sub(r"/repos/[^/]+/[^/]+", "/repos/{o}/{r}", path)
+    path = re.sub(r"/[0-9a-f]{40}", "/{sha}", path)
+    path = re.sub(r"/\d+", "/{n}", path)
+    path = re.sub(r"/git/(ref|refs|matching-refs)/.*", r"/git/\1/{ref}", path)
+    path = re.sub(r"/contents/.*", "/contents/{path}", path)
+    path = re.sub(r"/labels/[^/]+$", "/labels/{name}", path)
+    return f"{method} {path}"
+
+
+def run(n: int, token: bool) -> dict:
+    for name in [k for k in os.environ if k.startswith("AUTORESEARCH_")]:
+        del os.environ[name]
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption()).decode()
+    with tempfile.TemporaryDirectory() as tmp, \
+            GitHubStandIn(Path(tmp) / "github", files={"train.py": MAIN, "program.md": program(n)},
+                          token_users={"tok-bot": "researcher"} if token else None,
+                          collaborators={"researcher": "admin"},
+                          app_public_key=key.public_key()) as gh:
+        auth = dict(github_token="tok-bot") if token else dict(github_app_id=1, github_private_key=pem)
+        settings = load_service_settings(repository="octo-org/research", github_api_url=gh.api_url, poll=True,
+                                         state_dir=Path(tmp) / "state", profile="smoke", **auth)
+        service = Service(settings, make_parts=lambda s: Parts(FakeRunner(), ScriptedAgent(proposals(n)),
+                                                                dict(IDENTITY)), timer_s=0.1)
+        started = time.monotonic()
+        service.start()
+        store = Store(settings.state_dir / "state.db")
+        while True:
+            exps = store.experiments()
+            if len(exps) == n and all(e.state == "done" and store.published(e.id).get("final") == e.status
+                                      for e in exps):
+                break
+            if time.monotonic() - started > 300:
+                raise SystemExit(f"timed out; conductor: {service.status}")
+            time.sleep(0.1)
+        service.stop()
+        calls = collections.Counter(endpoint(r.method, r.path) for r in gh.requests)
+        creating = collections.Counter(endpoint(r.method, r.path) for r in gh.requests if r.created)
+        statuses = collections.Counter(e.status for e in exps)
+        assert not gh.violations, gh.violations
+    return {"experiments": n, "statuses": dict(statuses), "auth": "token" if token else "app",
+            "requests": sum(calls.values()), "creating": sum(creating.values()),
+            "by_endpoint": {k: [v, creating.get(k, 0)] for k, v in sorted(calls.items(), key=lambda kv: -kv[1])},
+            "seconds": round(time.monotonic() - started, 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--experiments", type=int, default=6)
+    parser.add_argument("--token", action="store_true")
+    args = parser.parse_args()
+    report = run(args.experiments, args.token)
+    n = report["experiments"]
+    print(f"{n} experiments {report['statuses']} ({report['auth']}): {report['requests']} requests "
+          f"({report['requests'] / n:.1f} per experiment), {report['creating']} created content "
+          f"({report['creating'] / n:.1f} per experiment), in {report['seconds']} s")
+    print(f"{'endpoint':64} {'calls':>6} {'/exp':>6} {'creating':>8}")
+    for name, (count, made) in report["by_endpoint"].items():
+        print(f"{name:64} {count:6d} {count / n:6.2f} {made:8d}")
+    print(json.dumps({k: v for k, v in report.items() if k != "by_endpoint"}))
+
+
+if __name__ == "__main__":
+    main()
