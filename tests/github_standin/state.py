@@ -1,0 +1,409 @@
+"""The stand-in's world and GitHub's rules over it: refs (through the bare repository), pull
+requests, comments, reactions, labels, reviews, check runs and statuses.
+
+Every change goes through a method here, under one lock, and announces itself the way GitHub
+would (a webhook body handed to `sink`). The rule that matters most to the bot lives in
+`_refs_changed`: a pull request whose head becomes reachable from its base branch is merged,
+whoever moved the branch and however (API ref update or git push).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from . import checks, events
+from .errors import ApiError, invalid, not_found, unprocessable
+from .gitrepo import ZERO, BareRepo, Person
+from .model import CheckRun, Comment, Label, Pull, Reaction, Review, Status
+
+STATUS_DESCRIPTION_LIMIT = 140
+COMMENT_LIMIT = 65536
+REVIEW_STATES = ("APPROVED", "CHANGES_REQUESTED", "COMMENTED")
+
+
+class Clock:
+    """Wall time plus an offset the tests can advance (token expiry, rate-limit windows)."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def __call__(self) -> float:
+        return time.time() + self.offset
+
+
+class State:
+    def __init__(self, root: Path, owner: str, name: str, files: dict[str, str | bytes], *,
+                 collaborators: dict[str, str], members: set[str], private: bool, owner_type: str):
+        self.lock = threading.RLock()
+        self.clock = Clock()
+        self.owner, self.name, self.default_branch = owner, name, "main"
+        self.collaborators, self.members, self.private, self.owner_type = collaborators, members, private, owner_type
+        self.git_root = root / "git"
+        self.repo = BareRepo.create(self.git_root / owner / f"{name}.git", files, "main",
+                                    Person(owner, f"{owner}@users.noreply.github.com", int(self.clock())))
+        self.created_at = self.pushed_at = self.clock()
+        self.repo_id = 424_242
+        self.base_url = ""  # http://127.0.0.1:PORT, known once the server listens
+        self.app: dict[str, Any] | None = None  # the GitHub App (slug, id, installation_id), when configured
+        self.sink: Callable[[str, dict[str, Any]], None] = lambda event, body: None
+        self.pulls: dict[int, Pull] = {}
+        self.comments: dict[int, Comment] = {}
+        self.reactions: dict[int, Reaction] = {}
+        self.reviews: dict[int, Review] = {}
+        self.labels: dict[str, Label] = {}  # by lower-cased name: GitHub's names are case-insensitive
+        self.check_runs: dict[int, CheckRun] = {}
+        self.suites: dict[str, int] = {}  # head_sha -> check suite id
+        self.statuses: list[Status] = []
+        self._user_ids: dict[str, int] = {owner: 9000}
+        self._ids = {kind: itertools.count(start) for kind, start in
+                     [("pull", 5_000_001), ("comment", 7_000_001), ("reaction", 3_000_001),
+                      ("review", 8_000_001), ("label", 4_000_001), ("check", 6_000_001),
+                      ("suite", 2_000_001), ("status", 1_000_001), ("user", 100)]}
+        self._numbers = itertools.count(1)
+
+    # people ---------------------------------------------------------------------------------
+
+    def user_id(self, login: str) -> int:
+        with self.lock:
+            if login not in self._user_ids:
+                self._user_ids[login] = next(self._ids["user"])
+            return self._user_ids[login]
+
+    def user_type(self, login: str) -> str:
+        if login.endswith("[bot]"):
+            return "Bot"
+        return self.owner_type if login == self.owner else "User"
+
+    def permission(self, login: str) -> str:
+        """The role GitHub reports for `login` (admin, maintain, write, triage, read or none)."""
+        if login == self.owner:
+            return "admin"
+        return self.collaborators.get(login, "read" if not self.private or login in self.members else "none")
+
+    def association(self, login: str) -> str:
+        if login == self.owner:
+            return "OWNER"
+        if login in self.members:
+            return "MEMBER"
+        if login in self.collaborators:
+            return "COLLABORATOR"
+        if any(p.merged and p.user == login for p in self.pulls.values()):
+            return "CONTRIBUTOR"
+        return "NONE"
+
+    def _emit(self, event: str, body: dict[str, Any]) -> None:
+        self.sink(event, body)
+
+    def _next(self, kind: str) -> int:
+        return next(self._ids[kind])
+
+    # refs -----------------------------------------------------------------------------------
+
+    def refs(self) -> dict[str, str]:
+        with self.lock:
+            return self.repo.refs()
+
+    def create_ref(self, ref: str, sha: str, actor: str) -> None:
+        with self.lock:
+            if not ref.startswith("refs/") or ref.count("/") < 2:
+                raise unprocessable("Reference name must start with 'refs/' and have at least two slashes.")
+            self._require_target(ref, sha)
+            if ref in self.repo.refs():
+                raise unprocessable("Reference already exists")
+            self.repo.set_ref(ref, sha, ZERO)
+            self._refs_changed([(ref, ZERO, sha)], actor)
+
+    def update_ref(self, ref: str, sha: str, force: bool, actor: str) -> None:
+        with self.lock:
+            old = self.repo.refs().get(ref)
+            if old is None:
+                raise unprocessable("Reference does not exist")
+            self._require_target(ref, sha)
+            if not force and not self.repo.is_ancestor(old, sha):
+                raise unprocessable("Update is not a fast forward")
+            if sha == old:
+                return  # nothing moved, nothing to announce
+            self.repo.set_ref(ref, sha, old)
+            self._refs_changed([(ref, old, sha)], actor)
+
+    def delete_ref(self, ref: str, actor: str) -> None:
+        with self.lock:
+            old = self.repo.refs().get(ref)
+            if old is None:
+                raise unprocessable("Reference does not exist")
+            self.repo.delete_ref(ref, old)
+            self._refs_changed([(ref, old, ZERO)], actor)
+
+    def _require_target(self, ref: str, sha: str) -> None:
+        kind = self.repo.object_type(sha) if len(sha) == 40 else None
+        if kind is None:
+            raise unprocessable("Object does not exist")
+        if ref.startswith("refs/heads/") and kind != "commit":
+            raise unprocessable("Object is not a commit")
+
+    def pushed(self, before: dict[str, str], actor: str) -> None:
+        """Refs moved by `git push` (git-http-backend already wrote them): announce like the API."""
+        with self.lock:
+            after = self.repo.refs()
+            changes = [(r, before.get(r, ZERO), after.get(r, ZERO)) for r in sorted(set(before) | set(after))
+                       if before.get(r) != after.get(r)]
+            self._refs_changed(changes, actor)
+
+    def _refs_changed(self, changes: list[tuple[str, str, str]], actor: str) -> None:
+        """After refs moved: a push event per ref, then for each open pull request a deleted head
+        closes it, a moved head synchronizes it, and a head reachable from its base branch (the
+        base fast-forwarded, or the head moved onto it) marks it merged by whoever moved the ref."""
+        now = self.clock()
+        self.pushed_at = now
+        moved = {}
+        for ref, old, new in changes:
+            self._emit("push", events.push(self, ref, old, new, actor))
+            if ref.startswith("refs/heads/"):
+                moved[ref.removeprefix("refs/heads/")] = new
+        tips = {name.removeprefix("refs/heads/"): sha for name, sha in self.repo.refs().items()}
+        for pull in [p for p in self.pulls.values() if p.state == "open"]:
+            if pull.head not in moved and pull.base not in moved:
+                continue
+            if moved.get(pull.head) == ZERO:
+                pull.state, pull.closed_at, pull.updated_at = "closed", now, now
+                self._emit("pull_request", events.pull_request(self, "closed", pull, actor))
+                continue
+            if pull.head in moved:
+                before, pull.head_sha, pull.updated_at = pull.head_sha, moved[pull.head], now
+                self._emit("pull_request", events.pull_request(self, "synchronize", pull, actor,
+                                                               before=before, after=pull.head_sha))
+            base_tip = tips.get(pull.base)
+            if base_tip and self.repo.is_ancestor(pull.head_sha, base_tip):
+                pull.state, pull.merged, pull.merged_by = "closed", True, actor
+                pull.merged_at = pull.closed_at = pull.updated_at = now
+                pull.merge_commit_sha = pull.head_sha
+                self._emit("pull_request", events.pull_request(self, "closed", pull, actor))
+            elif base_tip:
+                pull.base_sha = base_tip
+
+    # pull requests --------------------------------------------------------------------------
+
+    def pull(self, number: int) -> Pull:
+        if number not in self.pulls:
+            raise not_found()
+        return self.pulls[number]
+
+    def open_pull(self, actor: str, title: str, head: str, base: str, body: str | None, draft: bool) -> Pull:
+        with self.lock:
+            owner, _, branch = head.rpartition(":")
+            refs = self.repo.refs()
+            head_sha, base_sha = refs.get(f"refs/heads/{branch}"), refs.get(f"refs/heads/{base}")
+            if owner not in ("", self.owner) or head_sha is None:
+                raise invalid("PullRequest", "head")
+            if base_sha is None:
+                raise invalid("PullRequest", "base")
+            if not self.repo.rev_list(f"{base_sha}..{head_sha}"):
+                raise invalid("PullRequest", "head", "custom", f"No commits between {base} and {branch}")
+            if any(p.state == "open" and p.head == branch and p.base == base for p in self.pulls.values()):
+                raise invalid("PullRequest", "head", "custom",
+                              f"A pull request already exists for {self.owner}:{branch}.")
+            now = self.clock()
+            pull = Pull(next(self._numbers), self._next("pull"), actor, title, body, branch, base, head_sha,
+                        base_sha, now, now, draft)
+            self.pulls[pull.number] = pull
+            self._emit("pull_request", events.pull_request(self, "opened", pull, actor))
+            return pull
+
+    def edit_pull(self, number: int, actor: str, changes: dict[str, Any]) -> Pull:
+        with self.lock:
+            pull = self.pull(number)
+            new_base = changes.get("base", pull.base)
+            base_sha = self.repo.refs().get(f"refs/heads/{new_base}")
+            if base_sha is None:
+                raise invalid("PullRequest", "base")
+            edited = {k: {"from": getattr(pull, k)} for k in ("title", "body")
+                      if k in changes and changes[k] != getattr(pull, k)}
+            for key in edited:
+                setattr(pull, key, changes[key])
+            if new_base != pull.base:
+                edited["base"] = {"ref": {"from": pull.base}, "sha": {"from": pull.base_sha}}
+                pull.base, pull.base_sha = new_base, base_sha
+            if edited:
+                pull.updated_at = self.clock()
+                self._emit("pull_request", events.pull_request(self, "edited", pull, actor, changes=edited))
+            if changes.get("state") == "closed" and pull.state == "open":
+                self.close_pull(number, actor)
+            elif changes.get("state") == "open" and pull.state == "closed":
+                self.reopen_pull(number, actor)
+            return pull
+
+    def close_pull(self, number: int, actor: str) -> None:
+        with self.lock:
+            pull = self.pull(number)
+            if pull.state == "closed":
+                return
+            pull.state, pull.closed_at, pull.updated_at = "closed", self.clock(), self.clock()
+            self._emit("pull_request", events.pull_request(self, "closed", pull, actor))
+
+    def reopen_pull(self, number: int, actor: str) -> None:
+        with self.lock:
+            pull = self.pull(number)
+            head = self.repo.refs().get(f"refs/heads/{pull.head}")
+            if pull.state == "open":
+                return
+            if pull.merged:
+                raise unprocessable("state cannot be changed. The pull request has already been merged.")
+            if head is None:
+                raise unprocessable(f"state cannot be changed. The {pull.head} branch has been deleted.")
+            pull.state, pull.closed_at, pull.updated_at, pull.head_sha = "open", None, self.clock(), head
+            self._emit("pull_request", events.pull_request(self, "reopened", pull, actor))
+
+    def add_review(self, number: int, user: str, body: str, state: str) -> Review:
+        with self.lock:
+            pull = self.pull(number)
+            if state.upper() not in REVIEW_STATES:
+                raise ValueError(f"a review is one of {', '.join(s.lower() for s in REVIEW_STATES)}, not {state!r}")
+            review = Review(self._next("review"), number, user, body, state.upper(), pull.head_sha, self.clock())
+            self.reviews[review.id] = review
+            self._emit("pull_request_review", events.review(self, review, pull))
+            return review
+
+    # comments, reactions, labels ------------------------------------------------------------
+
+    def comment(self, comment_id: int) -> Comment:
+        if comment_id not in self.comments:
+            raise not_found()
+        return self.comments[comment_id]
+
+    def add_comment(self, number: int, user: str, body: str, via_app: bool = False) -> Comment:
+        with self.lock:
+            pull = self.pull(number)
+            _check_comment(body)
+            now = self.clock()
+            comment = Comment(self._next("comment"), number, user, body, now, now, via_app)
+            self.comments[comment.id] = comment
+            self._emit("issue_comment", events.issue_comment(self, "created", comment, pull, user))
+            return comment
+
+    def edit_comment(self, comment_id: int, body: str, actor: str) -> Comment:
+        with self.lock:
+            comment = self.comment(comment_id)
+            _check_comment(body)
+            before, comment.body, comment.updated_at = comment.body, body, self.clock()
+            self._emit("issue_comment", events.issue_comment(self, "edited", comment, self.pull(comment.number),
+                                                             actor, changes={"body": {"from": before}}))
+            return comment
+
+    def delete_comment(self, comment_id: int, actor: str) -> None:
+        with self.lock:
+            comment = self.comment(comment_id)
+            del self.comments[comment_id]
+            pull = self.pull(comment.number)
+            self._emit("issue_comment", events.issue_comment(self, "deleted", comment, pull, actor))
+
+    def react(self, comment_id: int, user: str, content: str) -> tuple[Reaction, bool]:
+        """The reaction and whether it is new (GitHub answers 201 then, 200 for a repeat)."""
+        with self.lock:
+            self.comment(comment_id)
+            for r in self.reactions.values():
+                if (r.comment_id, r.user, r.content) == (comment_id, user, content):
+                    return r, False
+            reaction = Reaction(self._next("reaction"), comment_id, user, content, self.clock())
+            self.reactions[reaction.id] = reaction
+            return reaction, True
+
+    def create_label(self, name: str, color: str, description: str | None) -> Label:
+        with self.lock:
+            if name.lower() in self.labels:
+                raise invalid("Label", "name", "already_exists")
+            label = Label(self._next("label"), name, color.lstrip("#").lower(), description)
+            self.labels[name.lower()] = label
+            return label
+
+    def label(self, name: str) -> Label:
+        if name.lower() not in self.labels:
+            raise not_found()
+        return self.labels[name.lower()]
+
+    def add_labels(self, number: int, names: list[str], actor: str) -> None:
+        with self.lock:
+            pull = self.pull(number)
+            for name in names:
+                label = self.labels.get(name.lower()) or self.create_label(name, "ededed", None)
+                if label.name not in pull.labels:
+                    pull.labels.append(label.name)
+                    pull.updated_at = self.clock()
+                    self._emit("pull_request", events.pull_request(self, "labeled", pull, actor, label=label))
+
+    def remove_label(self, number: int, name: str, actor: str) -> None:
+        with self.lock:
+            pull = self.pull(number)
+            match = [n for n in pull.labels if n.lower() == name.lower()]
+            if not match:
+                raise ApiError(404, "Label does not exist")
+            pull.labels.remove(match[0])
+            pull.updated_at = self.clock()
+            self._emit("pull_request", events.pull_request(self, "unlabeled", pull, actor, label=self.label(match[0])))
+
+    # checks and statuses --------------------------------------------------------------------
+
+    def check_run(self, run_id: int) -> CheckRun:
+        if run_id not in self.check_runs:
+            raise not_found()
+        return self.check_runs[run_id]
+
+    def create_check_run(self, actor: str, fields: dict[str, Any]) -> CheckRun:
+        with self.lock:
+            sha = fields["head_sha"]
+            if len(sha) != 40 or self.repo.object_type(sha) != "commit":
+                raise unprocessable(f"No commit found for SHA: {sha}")
+            now = self.clock()
+            run = CheckRun(self._next("check"), self.suites.setdefault(sha, self._next("suite")), fields["name"],
+                           sha, "queued", None, now, None, "", None, {}, [], actor)
+            checks.apply(run, fields, self.clock())
+            self.check_runs[run.id] = run
+            self._emit("check_run", events.check_run(self, "created", run, actor))
+            if run.status == "completed":
+                self._emit("check_run", events.check_run(self, "completed", run, actor))
+            return run
+
+    def update_check_run(self, run_id: int, actor: str, fields: dict[str, Any]) -> CheckRun:
+        with self.lock:
+            run = self.check_run(run_id)
+            if run.creator != actor:
+                raise ApiError(403, "Resource not accessible by integration")
+            was = (run.status, run.conclusion)
+            checks.apply(run, fields, self.clock())
+            if run.status == "completed" and (run.status, run.conclusion) != was:
+                self._emit("check_run", events.check_run(self, "completed", run, actor))
+            return run
+
+    def rerequest_check(self, run_id: int, user: str) -> None:
+        with self.lock:
+            self._emit("check_run", events.check_run(self, "rerequested", self.check_run(run_id), user))
+
+    def request_action(self, run_id: int, identifier: str, user: str) -> None:
+        with self.lock:
+            run = self.check_run(run_id)
+            if identifier not in [a["identifier"] for a in run.actions]:
+                raise ValueError(f"check run {run_id} offers no action {identifier!r}")
+            self._emit("check_run", events.check_run(self, "requested_action", run, user,
+                                                     requested_action={"identifier": identifier}))
+
+    def create_status(self, sha: str, actor: str, fields: dict[str, Any]) -> Status:
+        with self.lock:
+            if len(sha) != 40 or self.repo.object_type(sha) != "commit":
+                raise unprocessable(f"No commit found for SHA: {sha}")
+            description = fields.get("description")
+            if description and len(description) > STATUS_DESCRIPTION_LIMIT:
+                raise invalid("Status", "description", "custom",
+                              f"description is too long (maximum is {STATUS_DESCRIPTION_LIMIT} characters)")
+            status = Status(self._next("status"), sha, fields["state"], fields.get("target_url"), description,
+                            fields.get("context") or "default", actor, self.clock())
+            self.statuses.append(status)
+            return status
+
+
+def _check_comment(body: str) -> None:
+    if len(body) > COMMENT_LIMIT:
+        raise invalid("IssueComment", "data", "custom", f"Body is too long (maximum is {COMMENT_LIMIT} characters)")
