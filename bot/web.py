@@ -148,6 +148,7 @@ def create_app(*, store_path: Path, secret: str, wake: Callable[[], None] = lamb
     key = secret.encode("utf-8")
     Store(store_path).close()  # schema created or migrated once, before any worker opens its own
     stores = _ThreadStores(store_path)
+    writing = threading.Lock()  # the inbox writes of all request threads, in turn
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -209,8 +210,9 @@ def create_app(*, store_path: Path, secret: str, wake: Callable[[], None] = lamb
             return JSONResponse({"ok": True, "ignored": f"{name}.{event.action or '-'}"}, status_code=202)
         inbox_key = f"github:{delivery}"
         try:
-            stored = stores.get().add_inbox(key=inbox_key, kind="github", payload=event.to_payload(),
-                                            author=event.sender or "github")
+            with writing:  # one writer at a time: SQLite's own busy wait sleeps up to 100 ms per try
+                stored = stores.get().add_inbox(key=inbox_key, kind="github", payload=event.to_payload(),
+                                                author=event.sender or "github")
         except STORE_ERRORS:
             log.exception("could not store delivery %s (%s)", delivery, name)
             stores.discard()

@@ -85,6 +85,9 @@ class GitHubPublisher(Publisher):
         if self._shown.get(exp.id) == shown and not due:
             return
         published = self.store.published(exp.id)
+        if exp.id not in self._shown and exp.state != State.DONE and "pr" in published:
+            if self._closed_while_away(exp, int(published["pr"])):
+                return
         if exp.state != State.DONE and published.get("final"):  # reopened: a new round of checks and comments
             round_ = str(int(published.get("round", "0")) + 1)
             self.store.set_published(exp.id, "round", round_)
@@ -121,6 +124,17 @@ class GitHubPublisher(Publisher):
         self.store.set_published(exp.id, "pr", str(number))
         published["pr"] = str(number)
         return number
+
+    def _closed_while_away(self, exp: Experiment, number: int) -> bool:
+        """Reconcile after a start: a pull request a person closed while the bot was not listening
+        (a webhook GitHub could not deliver) cancels its experiment as the webhook would have."""
+        pull = self.repo.get_pull(number)
+        if pull.state != "closed" or pull.merged or exp.request:
+            return False
+        closer = pull.as_issue().closed_by
+        self.store.request(exp.id, "cancel", closer.login if closer else "someone (while the bot was away)")
+        log.info("experiment %s: its pull request #%s was closed while the bot was away", exp.id, number)
+        return True
 
     def _base_text(self, exp: Experiment) -> str:
         try:
