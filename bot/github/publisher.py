@@ -89,6 +89,7 @@ class GitHubPublisher(Publisher):
             if self._closed_while_away(exp, int(published["pr"])):
                 return
         if exp.state != State.DONE and published.get("final"):  # reopened: a new round of checks and comments
+            self._reopen(exp, int(published["pr"]))
             round_ = str(int(published.get("round", "0")) + 1)
             self.store.set_published(exp.id, "round", round_)
             self.store.set_published(exp.id, "final", "")
@@ -124,6 +125,14 @@ class GitHubPublisher(Publisher):
         self.store.set_published(exp.id, "pr", str(number))
         published["pr"] = str(number)
         return number
+
+    def _reopen(self, exp: Experiment, number: int) -> None:
+        """A finished experiment measured again (/rerun, Keep anyway) gets its pull request back open."""
+        pull = self.repo.get_pull(number)
+        if pull.state == "closed" and not pull.merged:
+            self.pace_write()
+            pull.edit(state="open")
+            log.info("experiment %s: reopened pull request #%s", exp.id, number)
 
     def _closed_while_away(self, exp: Experiment, number: int) -> bool:
         """Reconcile after a start: a pull request a person closed while the bot was not listening

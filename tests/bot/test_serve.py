@@ -230,6 +230,20 @@ def test_four_experiments_as_pull_requests_steered_by_people(world: World) -> No
     assert len(replies) == 1 and "a deeper model" in replies[0]["body"]
     assert "alice" in cancelled.reason
 
+    # Keep anyway, pressed on the cancelled experiment's check: measured again on the current main
+    # (its base), kept, its pull request reopened and shown merged.
+    world.runner.release("cancel-me")
+    [check] = [c for c in gh.check_runs(cancelled.head_sha) if c["name"] == CHECK_NAME]
+    gh.request_action(check["id"], "keep", "alice")
+    world.until("the cancelled experiment kept on request",
+                lambda: store.experiment(cancelled.id).status == "keep"
+                and store.published(cancelled.id).get("final") == "keep")
+    again = store.experiment(cancelled.id)
+    assert gh.ref("heads/main") == again.merged_sha and world.pull(again.id)["merged"] is True
+    assert gh.labels(world.pull(again.id)["number"]) == ["autoresearch: kept"]
+    rounds = sorted(c["external_id"] for c in gh.check_runs() if c["external_id"].startswith(f"autoresearch:{again.id}:"))
+    assert rounds == [f"autoresearch:{again.id}:0", f"autoresearch:{again.id}:1"]
+
     # The faults did happen, and were answered without duplicates (counted above).
     assert [r.status for r in gh.calls("POST", r"/pulls$") if r.fault] == [502]
     assert [r.status for r in gh.calls("POST", r"/check-runs$") if r.fault] == [403]
