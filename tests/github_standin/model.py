@@ -31,6 +31,7 @@ class Pull:
     merged_by: str | None = None
     merge_commit_sha: str | None = None
     closed_at: float | None = None
+    closed_by: str | None = None  # who closed it (the closed_by)
     labels: list[str] = field(default_factory=list)
 
 

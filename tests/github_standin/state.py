@@ -170,7 +170,7 @@ class State:
             if pull.head not in moved and pull.base not in moved:
                 continue
             if moved.get(pull.head) == ZERO:
-                pull.state, pull.closed_at, pull.updated_at = "closed", now, now
+                pull.state, pull.closed_at, pull.updated_at, pull.closed_by = "closed", now, now, actor
                 self._emit("pull_request", events.pull_request(self, "closed", pull, actor))
                 continue
             if pull.head in moved:
@@ -179,7 +179,7 @@ class State:
                                                                before=before, after=pull.head_sha))
             base_tip = tips.get(pull.base)
             if base_tip and self.repo.is_ancestor(pull.head_sha, base_tip):
-                pull.state, pull.merged, pull.merged_by = "closed", True, actor
+                pull.state, pull.merged, pull.merged_by, pull.closed_by = "closed", True, actor, actor
                 pull.merged_at = pull.closed_at = pull.updated_at = now
                 pull.merge_commit_sha = pull.head_sha
                 self._emit("pull_request", events.pull_request(self, "closed", pull, actor))
@@ -243,6 +243,7 @@ class State:
             if pull.state == "closed":
                 return
             pull.state, pull.closed_at, pull.updated_at = "closed", self.clock(), self.clock()
+            pull.closed_by = actor
             self._emit("pull_request", events.pull_request(self, "closed", pull, actor))
 
     def reopen_pull(self, number: int, actor: str) -> None:
@@ -256,6 +257,7 @@ class State:
             if head is None:
                 raise unprocessable(f"state cannot be changed. The {pull.head} branch has been deleted.")
             pull.state, pull.closed_at, pull.updated_at, pull.head_sha = "open", None, self.clock(), head
+            pull.closed_by = None
             self._emit("pull_request", events.pull_request(self, "reopened", pull, actor))
 
     def add_review(self, number: int, user: str, body: str, state: str) -> Review:

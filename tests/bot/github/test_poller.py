@@ -153,8 +153,6 @@ def test_a_person_closing_the_pull_request_yields_pr_closed_and_reopening_pr_reo
     assert reopened.delivery.startswith(f"poll-pr-{world.number}-open-")
 
 
-@pytest.mark.xfail(strict=True, reason="the stand-in's issue payload always has closed_by: null "
-                                       "(tests/github_standin/payloads.py issue()); GitHub names who closed it")
 def test_the_person_who_closed_the_pull_request_is_the_sender(world: World) -> None:
     world.standin.close_pr(world.number, "alice")
 
