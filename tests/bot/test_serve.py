@@ -286,7 +286,8 @@ def app_key() -> tuple[object, str]:
 def wait_for(what: str, done: Callable[[], bool], log: Path, timeout: float = 90.0) -> None:
     deadline = time.monotonic() + timeout
     while not done():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}:\n{log.read_text()[-3000:]}"
+        said = log.read_text()[-3000:] if log.exists() else ""
+        assert time.monotonic() < deadline, f"timed out waiting for {what}:\n{said}"
         time.sleep(0.05)
 
 
@@ -354,3 +355,43 @@ def test_a_pull_request_closed_while_the_server_was_down_cancels_its_experiment(
         assert exp.status == "cancelled" and gh.labels(gh.pulls()[0]["number"]) == ["autoresearch: cancelled"]
         assert [c["conclusion"] for c in gh.check_runs() if c["name"] == CHECK_NAME] == ["cancelled"]
         assert gh.violations == []
+
+
+# --- the real thing on the CPU: local runner, real training, the offline explorer ----------------
+
+@pytest.mark.slow
+def test_serve_with_the_local_runner_trains_and_reports_on_github(tmp_path: Path, smoke_prepared,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Real runs decide this experiment, so only what is sure is asserted: it ends, GitHub shows
+    the verdict it reached, and nothing is shown twice."""
+    from bot.serve import local_parts
+
+    for name in [n for n in os.environ if n.startswith("AUTORESEARCH_") and n != "AUTORESEARCH_CACHE"]:
+        monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+    key, pem = app_key()
+    train_py = (ROOT / "train.py").read_text()
+    with GitHubStandIn(tmp_path / "github", files={"train.py": train_py, "program.md": one_experiment_program()},
+                       app_public_key=key.public_key()) as gh:
+        settings = load_service_settings(repository="octo-org/research", github_app_id=1, github_private_key=pem,
+                                         github_api_url=gh.api_url, poll=True, state_dir=tmp_path / "state",
+                                         profile="smoke")
+        service = Service(settings, make_parts=local_parts, timer_s=0.5)
+        service.start()
+        store = Store(settings.state_dir / "state.db")
+        try:
+            wait_for("the experiment decided and shown", lambda: final(store), tmp_path / "no-log", timeout=400)
+        except AssertionError:
+            raise AssertionError(f"conductor: {service.status}; events: {[e['message'] for e in store.events()][-10:]}")
+        finally:
+            service.stop()
+    exp = store.experiments()[0]
+    assert exp.status in ("keep", "discard", "crash")
+    [pull] = gh.pulls()
+    [check] = [c for c in gh.check_runs(exp.head_sha) if c["name"] == CHECK_NAME]
+    assert check["conclusion"] == {"keep": "success", "discard": "neutral", "crash": "failure"}[exp.status]
+    assert pull["merged"] is (exp.status == "keep")
+    if exp.status == "keep":
+        assert gh.ref("heads/main") == exp.merged_sha
+    assert all(r.metrics.get("profile") == "smoke" for r in store.runs() if r.status == "ok")
+    assert gh.violations == []
