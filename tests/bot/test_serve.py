@@ -395,3 +395,42 @@ def test_serve_with_the_local_runner_trains_and_reports_on_github(tmp_path: Path
         assert gh.ref("heads/main") == exp.merged_sha
     assert all(r.metrics.get("profile") == "smoke" for r in store.runs() if r.status == "ok")
     assert gh.violations == []
+
+
+def test_the_server_takes_webhooks_while_github_is_unreachable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import hashlib
+    import hmac
+
+    from fastapi.testclient import TestClient
+
+    for name in [n for n in os.environ if n.startswith("AUTORESEARCH_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+    settings = load_service_settings(repository="octo-org/research", github_token="tok",
+                                     github_api_url=f"http://127.0.0.1:{free_port()}", webhook_secret=SECRET,
+                                     state_dir=tmp_path / "state", request_timeout_s=1)
+    service = Service(settings, make_parts=lambda s: Parts(FakeRunner(), RecordingAgent([]), dict(IDENTITY)),
+                      connect_backoff_s=(0.05, 0.2))
+    service.start()
+    try:
+        body = json.dumps({"action": "created", "repository": {"full_name": "octo-org/research", "name": "research",
+                                                               "owner": {"login": "octo-org"}},
+                           "sender": {"login": "alice", "type": "User"},
+                           "issue": {"number": 3, "pull_request": {"url": "x"}},
+                           "comment": {"id": 9, "body": "/pause", "user": {"login": "alice", "type": "User"},
+                                       "author_association": "OWNER"}}).encode()
+        signature = "sha256=" + hmac.new(SECRET.encode(), body, hashlib.sha256).hexdigest()
+        with TestClient(service.app()) as client:
+            answer = client.post("/webhook", content=body, headers={
+                "X-GitHub-Event": "issue_comment", "X-GitHub-Delivery": "d-1", "X-Hub-Signature-256": signature,
+                "Content-Type": "application/json"})
+            assert answer.status_code == 202
+            deadline = time.monotonic() + 30
+            while not service.status.startswith("waiting for GitHub"):
+                assert time.monotonic() < deadline, service.status
+                time.sleep(0.05)
+            health = client.get("/healthz").json()
+        assert health["conductor"].startswith("waiting for GitHub") and health["store"] == "ok"
+        assert [e.kind for e in Store(settings.state_dir / "state.db").inbox()] == ["github"]  # the work waits
+    finally:
+        service.stop(timeout=2)  # the thread ends after the client's current round of retries
