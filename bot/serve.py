@@ -102,6 +102,7 @@ class Service:
         """Start the conductor thread (returns at once)."""
         self.settings.state_dir.mkdir(parents=True, exist_ok=True)
         Store(self.store_path).close()  # create and migrate before the web side opens it
+        self.status = f"connecting to GitHub at {self.settings.github_api_url}"
         self._thread = threading.Thread(target=self._conduct, name="conductor", daemon=True)
         self._thread.start()
 
