@@ -1,0 +1,145 @@
+"""The publisher against the stand-in: what GitHub shows of one experiment as its state changes,
+progress paced to one update per 30 s, commit statuses when the bot has a token and not an App,
+and nothing shown twice however often it runs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import github
+import pytest
+from github_standin import GitHubStandIn
+
+from bot.conductor import Snapshot
+from bot.github.forge import GitHubForge
+from bot.github.publisher import CHECK_NAME, GitHubPublisher
+from bot.states import State
+from bot.store import Store
+
+TRAIN = "lr = 0.01\n"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class World:
+    standin: GitHubStandIn
+    store: Store
+    publisher: GitHubPublisher
+    clock: Clock
+    exp_id: int
+    run_id: int
+
+    def publish(self, **progress: object) -> None:
+        self.publisher.publish(Snapshot(main_sha="", main_val_bpb=2.0, margin=0.01,
+                                        progress={self.run_id: dict(progress)} if progress else {}, budget_s=300.0))
+
+
+def world_for(tmp_path: Path, token_user: str) -> Iterator[World]:
+    with GitHubStandIn(tmp_path / "github", files={"train.py": TRAIN}, token_users={"tok": token_user},
+                       collaborators={"researcher": "admin"}) as gh:
+        repo = github.Github(auth=github.Auth.Token("tok"), base_url=gh.api_url, retry=None,
+                             seconds_between_requests=None, seconds_between_writes=None).get_repo("octo-org/research")
+        forge = GitHubForge(repo)
+        main = forge.main_sha()
+        store = Store(tmp_path / "state.db")
+        exp = store.start_proposing(main)
+        store.fill_proposal(exp.id, title="higher lr", hypothesis="faster", slug="higher-lr", code_hash="c1",
+                            train_py="lr = 0.02\n", meta={})
+        head = forge.create_branch("autoresearch/1-higher-lr", main, {"train.py": "lr = 0.02\n"}, "higher lr")
+        store.update_experiment(exp.id, state=State.BRANCHED, head_sha=head)
+        run = store.add_run(experiment_id=exp.id, purpose="candidate", code_hash="c1", commit_sha=head,
+                            base_sha=main, asset="lr = 0.02\n", profile="smoke",
+                            experiment_fields={"state": State.MEASURING})
+        clock = Clock()
+        publisher = GitHubPublisher(store, repo, read_file=forge.read_file, uses_app=token_user.endswith("[bot]"),
+                                    clock=clock)
+        yield World(gh, store, publisher, clock, exp.id, run.id)
+        assert gh.violations == []
+
+
+@pytest.fixture
+def app_world(tmp_path: Path) -> Iterator[World]:
+    yield from world_for(tmp_path, "autoresearch-bot[bot]")
+
+
+@pytest.fixture
+def token_world(tmp_path: Path) -> Iterator[World]:
+    yield from world_for(tmp_path, "researcher")
+
+
+def finish(world: World, status: str, val_bpb: float) -> None:
+    store = world.store
+    store.finish_run(world.run_id, status="ok", val_bpb=val_bpb, metrics={"num_steps": 100}, error=None,
+                     log_tail="step 100 loss 3.2")
+    store.update_experiment(world.exp_id, state=State.CLOSING, status=status, val_bpb=val_bpb, delta=val_bpb - 2.0,
+                            margin=0.01, reason=f"{status}: numbers")
+    store.update_experiment(world.exp_id, state=State.DONE)
+
+
+def test_progress_updates_the_check_at_most_every_30_seconds(app_world: World) -> None:
+    gh, world = app_world.standin, app_world
+    world.publish()
+    world.store.mark_run_started(world.run_id, "fake://1")
+    world.publish(step=10, loss=4.1, progress=0.1)
+    patches = len(gh.calls("PATCH", r"/check-runs/\d+$"))
+    world.clock.now += 10
+    world.publish(step=20, loss=3.9, progress=0.2)
+    assert len(gh.calls("PATCH", r"/check-runs/\d+$")) == patches  # too soon
+    world.clock.now += 25
+    world.publish(step=40, loss=3.7, progress=0.4)
+    assert len(gh.calls("PATCH", r"/check-runs/\d+$")) == patches + 1
+    [check] = gh.check_runs()
+    assert check["status"] == "in_progress" and "40" in check["output"]["title"]
+
+
+def test_a_finished_experiment_is_shown_once_however_often_it_is_published(app_world: World) -> None:
+    gh, world = app_world.standin, app_world
+    world.publish()
+    finish(world, "discard", 2.1)
+    for _ in range(3):
+        world.publish()
+    [pull] = gh.pulls()
+    assert pull["state"] == "closed" and gh.labels(pull["number"]) == ["autoresearch: discarded"]
+    [check] = [c for c in gh.check_runs() if c["name"] == CHECK_NAME]
+    assert check["conclusion"] == "neutral" and check["output"]["title"].startswith("val_bpb 2.10000")
+    assert len(gh.comments(pull["number"])) == 1
+    assert world.store.unpublished() == []
+
+
+def test_a_lost_answer_creates_nothing_twice(app_world: World) -> None:
+    gh, world = app_world.standin, app_world
+    gh.inject("POST", r"/pulls$", "502", apply_first=True)
+    with pytest.raises(RuntimeError):
+        world.publish()
+    world.publish()
+    finish(world, "keep", 1.9)
+    gh.inject("POST", r"/issues/\d+/comments$", "502", apply_first=True)
+    gh.inject("POST", r"/check-runs$", "502", apply_first=True)
+    with pytest.raises(RuntimeError):
+        world.publish()
+    world.publish()
+    world.publish()
+    [pull] = gh.pulls()
+    assert len(gh.comments(pull["number"])) == 1
+    assert len([c for c in gh.check_runs() if c["name"] == CHECK_NAME]) == 1
+
+
+def test_with_a_token_the_verdict_is_a_commit_status(token_world: World) -> None:
+    gh, world = token_world.standin, token_world
+    world.publish()
+    finish(world, "keep", 1.9)
+    world.publish()
+    head = world.store.experiment(world.exp_id).head_sha
+    statuses = gh.statuses(head)  # oldest first
+    assert [s["state"] for s in statuses] == ["pending", "success"] and statuses[-1]["context"] == CHECK_NAME
+    assert all(len(s["description"]) <= 140 for s in statuses)
+    assert gh.check_runs() == []
