@@ -85,7 +85,8 @@ class ServiceSettings(BaseSettings):
     poll: bool = Field(False, description="true: ask GitHub for news every poll_interval_s instead of webhooks")
     poll_interval_s: float = Field(60.0, ge=10, description="seconds between two polls (at least 10)")
     request_timeout_s: float = Field(15.0, gt=0, le=300, description="seconds to wait for one GitHub answer")
-    trusted_cache_s: float = Field(600.0, ge=0, description="seconds a user's permission lookup is reused")
+    agent_script: Path | None = Field(None, description=(
+        "the proposals of the scripted agent: a JSON-lines file of {\"title\", \"hypothesis\", \"train_py\"}"))
 
     # --- one field at a time ----------------------------------------------------------------------
 
@@ -281,6 +282,8 @@ def _combination_problems(data: Mapping[str, Any]) -> list[tuple[str, str]]:
         poll = TypeAdapter(bool).validate_python(data.get("poll", False))
     except ValidationError:
         poll = True  # AUTORESEARCH_POLL itself is reported; do not guess what it meant
+    if data.get("agent") == "scripted" and not _given(data, "agent_script"):
+        problems.append(("agent_script", "missing: the scripted agent replays the proposals in this JSON-lines file"))
     if not poll and not _given(data, "webhook_secret"):
         problems.append(("webhook_secret", "missing: " + ServiceSettings.model_fields["webhook_secret"].description))
     return problems

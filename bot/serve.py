@@ -49,8 +49,7 @@ class Parts:
 
 def local_parts(settings: ServiceSettings) -> Parts:
     """The local runner on this machine (its data prepared here) and the configured agent."""
-    from bot.agent.explorer import OfflineExplorer  # the harness (and torch) only where runs happen here
-    from bot.runners.local import LocalRunner
+    from bot.runners.local import LocalRunner  # the harness (and torch) only where runs happen here
     from runner.identity import measurement_identity
     from runner.prepare import prepare
     from runner.profiles import get_profile
@@ -60,7 +59,19 @@ def local_parts(settings: ServiceSettings) -> Parts:
     identity = measurement_identity(settings.profile, None)
     if get_profile(settings.profile).clock == "cpu":
         identity["threads"] = str(runner.threads)
-    return Parts(runner=runner, agent=OfflineExplorer(seed=0), identity=identity)
+    return Parts(runner=runner, agent=make_agent(settings), identity=identity)
+
+
+def make_agent(settings: ServiceSettings) -> Agent:
+    """The configured agent: the offline explorer, or the scripted one replaying a file."""
+    if settings.agent == "scripted":
+        from bot.agent.scripted import ScriptedAgent
+
+        assert settings.agent_script is not None  # the settings refuse scripted without a file
+        return ScriptedAgent.from_jsonl(settings.agent_script)
+    from bot.agent.explorer import OfflineExplorer
+
+    return OfflineExplorer(seed=0)
 
 
 @dataclass

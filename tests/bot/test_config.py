@@ -52,7 +52,7 @@ def test_settings_come_from_autoresearch_environment_variables(monkeypatch):
     assert (settings.main_branch, settings.profile, settings.runner, settings.agent) == \
            ("main", "cpu", "local", "explorer")
     assert settings.state_dir == Path("autoresearch-state") and settings.poll is False
-    assert (settings.poll_interval_s, settings.request_timeout_s, settings.trusted_cache_s) == (60, 15, 600)
+    assert (settings.poll_interval_s, settings.request_timeout_s, settings.agent_script) == (60, 15, None)
 
 
 def test_a_dotenv_file_is_read_and_the_environment_wins_over_it(monkeypatch, tmp_path):
@@ -227,3 +227,11 @@ def test_secrets_never_show_in_repr_describe_or_errors(monkeypatch, pem):
 def test_settings_built_directly_validate_the_same_way():
     with pytest.raises(ValueError):
         ServiceSettings(_env_file=None, repository="o/r", github_token=TOKEN)  # no webhook secret, no poll
+
+
+def test_the_scripted_agent_needs_its_file(monkeypatch, tmp_path) -> None:
+    monkeypatch.chdir(tmp_path)
+    for name in [n for n in os.environ if n.startswith("AUTORESEARCH_")]:
+        monkeypatch.delenv(name)
+    with pytest.raises(ConfigError, match="AUTORESEARCH_AGENT_SCRIPT: missing"):
+        load_service_settings(repository="o/r", github_token="t", poll=True, agent="scripted")
