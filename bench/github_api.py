@@ -100,11 +100,13 @@ def run(n: int, token: bool) -> dict:
         service.stop()
         calls = collections.Counter(endpoint(r.method, r.path) for r in gh.requests)
         creating = collections.Counter(endpoint(r.method, r.path) for r in gh.requests if r.created)
+        free = collections.Counter(endpoint(r.method, r.path) for r in gh.requests if r.status == 304)
         statuses = collections.Counter(e.status for e in exps)
         assert not gh.violations, gh.violations
     return {"experiments": n, "statuses": dict(statuses), "auth": "token" if token else "app",
-            "requests": sum(calls.values()), "creating": sum(creating.values()),
-            "by_endpoint": {k: [v, creating.get(k, 0)] for k, v in sorted(calls.items(), key=lambda kv: -kv[1])},
+            "requests": sum(calls.values()), "creating": sum(creating.values()), "not_modified": sum(free.values()),
+            "by_endpoint": {k: [v, creating.get(k, 0), free.get(k, 0)]
+                            for k, v in sorted(calls.items(), key=lambda kv: -kv[1])},
             "seconds": round(time.monotonic() - started, 1)}
 
 
@@ -117,10 +119,11 @@ def main() -> None:
     n = report["experiments"]
     print(f"{n} experiments {report['statuses']} ({report['auth']}): {report['requests']} requests "
           f"({report['requests'] / n:.1f} per experiment), {report['creating']} created content "
-          f"({report['creating'] / n:.1f} per experiment), in {report['seconds']} s")
-    print(f"{'endpoint':64} {'calls':>6} {'/exp':>6} {'creating':>8}")
-    for name, (count, made) in report["by_endpoint"].items():
-        print(f"{name:64} {count:6d} {count / n:6.2f} {made:8d}")
+          f"({report['creating'] / n:.1f} per experiment), {report['not_modified']} answered 304 (free), "
+          f"in {report['seconds']} s")
+    print(f"{'endpoint':64} {'calls':>6} {'/exp':>6} {'creating':>8} {'304':>5}")
+    for name, (count, made, unchanged) in report["by_endpoint"].items():
+        print(f"{name:64} {count:6d} {count / n:6.2f} {made:8d} {unchanged:5d}")
     print(json.dumps({k: v for k, v in report.items() if k != "by_endpoint"}))
 
 

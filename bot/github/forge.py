@@ -14,8 +14,10 @@ merge that happened.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
+from urllib.parse import quote
 
 from github import GithubException, InputGitTreeElement
 from github.Repository import Repository
@@ -43,13 +45,25 @@ class GitHubForge:
         self.main_branch = main_branch
         self.pace_write = pace_write  # called before each request that creates content
         self._files: dict[tuple[str, str], str | None] = {}  # (commit sha, path) -> text; commits never change
+        self._main = ""  # main's head as last read, and the ETag of that answer
+        self._main_etag: str | None = None
 
     # -- reading ---------------------------------------------------------------------------------
     def main_sha(self) -> str:
-        sha = self.branch_head(self.main_branch)
-        if sha is None:
+        """Main's head, read with a conditional request: the conductor asks at every tick, and an
+        unchanged answer (304) costs nothing against the rate limit."""
+        url = f"{self.repo.url}/git/ref/heads/{quote(self.main_branch)}"
+        headers = {"If-None-Match": self._main_etag} if self._main_etag else {}
+        status, answer_headers, body = self.repo.requester.requestJson("GET", url, headers=headers)
+        if status == 304 and self._main:
+            return self._main
+        if status == 404:
             raise ForgeError(f"the repository {self.repo.full_name} has no {self.main_branch!r} branch")
-        return sha
+        if status != 200:
+            raise GithubException(status, body, answer_headers)
+        self._main = json.loads(body)["object"]["sha"]
+        self._main_etag = answer_headers.get("etag")
+        return self._main
 
     def read_file(self, ref: str, path: str) -> str:
         key = (ref, path)

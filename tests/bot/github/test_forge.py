@@ -101,3 +101,12 @@ def test_a_missing_file_or_branch_is_reported_as_such(forge: GitHubForge) -> Non
     with pytest.raises(FileNotFoundError):
         forge.read_file(forge.main_sha(), "no-such-file.py")
     assert forge.branch_head("autoresearch/none") is None
+
+
+def test_main_is_read_with_a_conditional_request(forge: GitHubForge, standin: GitHubStandIn) -> None:
+    first = forge.main_sha()
+    assert forge.main_sha() == first and forge.main_sha() == first
+    reads = [r.status for r in standin.calls("GET", r"/git/ref/heads/main$")]
+    assert reads[-2:] == [304, 304]
+    moved = standin.push_file("program.md", "# edited\n", user="alice", message="edit")
+    assert forge.main_sha() == moved
