@@ -122,7 +122,8 @@ def command(store: Store, event: GitHubEvent) -> str:
         return f"ignored: {event.sender} ({event.association}) has no write access"
     name, argument, who = event.command or "", event.argument, event.sender or "someone"
     outcome = _command(store, event, name, argument, who)
-    if event.comment_id is not None and event.number is not None:
+    if event.event == "issue_comment" and event.comment_id is not None and event.number is not None:
+        # a review's id is not a comment's: reviews get no reaction and no reply
         store.add_reply(event.comment_id, event.number, render.ack_comment(name, argument, outcome, event.comment_id))
     return outcome
 

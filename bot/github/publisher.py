@@ -288,7 +288,14 @@ class GitHubPublisher(Publisher):
     def _post_replies(self) -> None:
         for comment_id, number, body in self.store.pending_replies():
             issue = self.repo.get_issue(number)
-            comment = issue.get_comment(comment_id)
+            try:
+                comment = issue.get_comment(comment_id)
+            except GithubException as error:
+                if error.status != 404:
+                    raise
+                log.info("command comment %s on #%s is gone: no reply", comment_id, number)
+                self.store.mark_replied(comment_id)
+                continue
             self.pace_write()
             comment.create_reaction("+1")  # GitHub answers 200 with the same reaction when it exists
             wanted = render.find_marker(body)

@@ -32,7 +32,7 @@ def experiment(store: Store, *, state: str = "measuring", status: str | None = N
 
 def deliver(store: Store, kind: str, **fields: object) -> str:
     count = store.db.execute("SELECT COUNT(*) FROM inbox").fetchone()[0]
-    base = dict(delivery=f"delivery-{count}", event="x", action=None, kind=kind,
+    base = dict(delivery=f"delivery-{count}", event="issue_comment", action=None, kind=kind,
                 repository="octo/research", sender="alice", sender_type="User", association="COLLABORATOR",
                 number=7, branch=None, head_sha=None, ref=None, before=None, after=None)
     base.update(fields)
@@ -127,3 +127,9 @@ def test_a_stored_entry_that_is_not_an_event_is_rejected_with_its_reason(store: 
     apply_inbox(store)
     outcome = store.db.execute("SELECT outcome FROM inbox WHERE key = 'github:bad'").fetchone()[0]
     assert outcome.startswith("rejected: not a GitHub event")
+
+
+def test_a_command_in_a_review_gets_no_reply_queued(store: Store) -> None:
+    exp_id = experiment(store)
+    deliver(store, "command", command="rerun", comment_id=77, event="pull_request_review")
+    assert store.experiment(exp_id).request == "rerun" and store.pending_replies() == []
