@@ -53,6 +53,8 @@ class HistoryEntry:
     code_hash: str
     meta: dict[str, Any] = field(default_factory=dict)
     error_tail: str | None = None
+    margin: float | None = None  # the noise margin it was judged with
+    lesson: str = ""  # one line: why it was kept, discarded or crashed
 
 
 @dataclass
@@ -69,6 +71,8 @@ class ProposalContext:
     profile: str = "cpu"
     device_kind: str = "cpu"  # "cpu" or "cuda": which size constants of train.py are live
     main_sha: str = ""  # the main commit train_py was read from: the experiment's base
+    last_crash_id: int | None = None  # the experiment whose traceback last_crash is
+    spent_usd: float = 0.0  # what proposals have cost so far (an LLM agent's budget counts it)
 
 
 def asset_sha256(text: str) -> str:
