@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from bot import measurement, results
+from bot import measurement, results, validation
 from bot.agent import Agent, AgentError
 from bot.agent.worker import AgentWorker
 from bot.events import apply_inbox
@@ -145,6 +145,7 @@ class Conductor:
         self._last_error = ""
         self._merged = False
         self._blocked_code = ""
+        self._normal: dict[str, str | None] = {}  # code_hash -> validation.normal_hash
 
     # --- the tick --------------------------------------------------------------------------------
     def start(self) -> None:
@@ -420,19 +421,19 @@ class Conductor:
             self._ask(self.store.experiment(exp.id), main)
 
     def validate(self, proposal: Proposal, main: Main, seen: set[str]) -> str | None:
-        if not proposal.title.strip():
-            return "it has no title"
-        try:
-            compile(proposal.train_py, ASSET, "exec")
-        except SyntaxError as error:
-            return f"train.py does not compile: {error.msg} (line {error.lineno})"
         digest = code_hash(proposal.train_py)
-        if digest == main.code:
-            return "train.py is identical to main's"
-        if digest in seen or digest in self.store.seen_code_hashes():
+        if digest in seen or (digest != main.code and digest in self.store.seen_code_hashes()):
             earlier = self.store.experiment_by_code(digest)
             return f"it repeats experiment {earlier.id} ({earlier.title!r})" if earlier else "it repeats an earlier run"
-        return None
+        earlier = [(e.id, e.title, self._normal_hash(e.code_hash, e.train_py)) for e in self.store.experiments()
+                   if e.train_py]
+        return validation.problem(proposal.title, proposal.train_py, main_train_py=main.train_py, earlier=earlier)
+
+    def _normal_hash(self, code: str | None, text: str | None) -> str | None:
+        """validation.normal_hash, remembered per code (a history of a thousand is parsed once)."""
+        if code not in self._normal:
+            self._normal[code or ""] = validation.normal_hash(text or "")
+        return self._normal[code or ""]
 
     def context(self, main: Main) -> ProposalContext:
         values = self.main_values(main.code)

@@ -24,15 +24,16 @@ from typing import Any
 from bot.records import Job, Proposal, ProposalContext, RunResult, RunStatus
 
 IDENTITY = {"profile": "smoke", "harness_hash": "harness-1", "data_fingerprint": "data-1"}
-EFFECT = re.compile(r"^# effect: ([-+0-9.e]+)$", re.M)
+EFFECT = re.compile(r'^_fake_effect = \(([-+0-9.e]+), ".*"\)$', re.M)
 BASE_VAL_BPB = 2.0
-CRASH_MARK = "\n# fake: crash\n"  # a train.py holding this line crashes in the fake runners
+CRASH_MARK = '\n_fake_crash = "boom"\n'  # a train.py holding this line crashes in the fake runners
 
 
 def with_effect(text: str, effect: float, tag: str = "") -> str:
-    """A train.py whose fake val_bpb is main's plus `effect` (the fakes read the marker line)."""
+    """A train.py whose fake val_bpb is main's plus `effect` (the fakes read the marker line). The
+    marker is code, not a comment: a change to comments alone is no experiment (bot.validation)."""
     text = EFFECT.sub("", text).rstrip("\n")
-    return f"{text}\n# effect: {effect}\n# {tag}\n"
+    return f"{text}\n_fake_effect = ({effect}, {json.dumps(tag)})\n"
 
 
 def fake_value(asset: str, seed: int) -> float:

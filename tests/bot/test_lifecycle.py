@@ -18,7 +18,7 @@ from bot.forge.local import LocalForge, init_research_repo
 from bot.measurement import WrongProfile
 from bot.records import Proposal, RunResult, code_hash
 from bot.store import Store
-from fakes import IDENTITY, FailingAgent, FakeRunner, SlowAgent, result_for, with_effect
+from fakes import CRASH_MARK, IDENTITY, FailingAgent, FakeRunner, SlowAgent, result_for, with_effect
 
 ROOT = Path(__file__).resolve().parents[2]
 MAIN = with_effect((ROOT / "train.py").read_text(), 0.0, "main")
@@ -110,7 +110,7 @@ def test_a_clear_gain_is_kept_and_main_measured_afresh(tmp_path: Path) -> None:
 
 
 def test_a_crash_is_recorded_with_its_traceback_and_the_loop_goes_on(tmp_path: Path) -> None:
-    crash = Proposal("crash", "crashes", MAIN + "\n# fake: crash\n")
+    crash = Proposal("crash", "crashes", MAIN + CRASH_MARK)
     loop = make(tmp_path, ScriptedAgent([crash, proposal(+0.1, "worse")]), experiments=2)
     run_to_end(loop)
     assert statuses(loop) == [("crash", "crash"), ("worse", "discard")]
@@ -281,7 +281,7 @@ def test_an_invalid_program_md_keeps_the_last_valid_settings_and_says_so(tmp_pat
 
 
 def test_a_crashing_main_blocks_with_a_clear_message(tmp_path: Path) -> None:
-    forge = init_research_repo(tmp_path / "repo", {"train.py": MAIN + "\n# fake: crash\n",
+    forge = init_research_repo(tmp_path / "repo", {"train.py": MAIN + CRASH_MARK,
                                                    "program.md": program(**FAST)})
     loop = make(tmp_path, ScriptedAgent([proposal(-0.1, "x")]), forge=forge)
     run_to_end(loop)
@@ -552,7 +552,7 @@ def test_main_crashing_once_is_bad_luck_twice_in_a_row_blocks(tmp_path: Path) ->
 
 
 def test_a_blocked_main_ends_the_loop_and_spends_no_runs(tmp_path: Path) -> None:
-    forge = init_research_repo(tmp_path / "repo", {"train.py": MAIN + "\n# fake: crash\n",
+    forge = init_research_repo(tmp_path / "repo", {"train.py": MAIN + CRASH_MARK,
                                                    "program.md": program(first_baseline_runs=4, baseline_runs=2)})
     runner = FakeRunner(slots=2)
     loop = make(tmp_path, ScriptedAgent([proposal(-0.1, "x")]), forge=forge, runner=runner)
