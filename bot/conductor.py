@@ -66,6 +66,7 @@ class ConductorConfig:
     retry_base_s: float = 2.0  # backoff after the n-th failure: base * 2**(n-1), at most retry_max_s
     retry_max_s: float = 300.0
     disturbed_share: float = 0.75  # a CPU run that got less than this share of main's CPU is re-run
+    agent_budget_usd: float | None = None  # proposals stop once the agent's answers cost this much
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,7 @@ class _Pending:
     exp_id: int
     notes: list[str] = field(default_factory=list)  # why earlier answers were refused, for the agent
     seen: set[str] = field(default_factory=set)  # code of the refused answers
+    cost_usd: float = 0.0  # what the refused or skipped answers cost, charged to the experiment
 
 
 @dataclass(frozen=True)
@@ -380,6 +382,14 @@ class Conductor:
             self._ask(exp, main)
 
     def _ask(self, exp: Experiment, main: Main) -> None:
+        budget, spent = self.config.agent_budget_usd, self.spent_usd()
+        if budget is not None and spent >= budget:
+            reason = (f"the agent's budget of ${budget:.2f} is spent (${spent:.2f} so far); raise "
+                      "AUTORESEARCH_ANTHROPIC_BUDGET_USD (or --budget) to let it propose again")
+            self.store.withdraw_proposing(exp.id, reason)
+            self._agent_stop = reason
+            log.warning("%s", reason)
+            return
         if exp.base_sha != main.sha:
             exp = self.store.update_experiment(exp.id, base_sha=main.sha)
         self.worker.ask(exp.id, self.context(main))
@@ -391,6 +401,7 @@ class Conductor:
             self._agent_stop = f"the agent has nothing more to propose ({answer})"
             return
         if isinstance(answer, BaseException):
+            pending.cost_usd += self._spend(getattr(answer, "meta", None))  # a skipped proposal was paid for
             failures = exp.failures + 1
             wait = self._backoff(failures)
             self.store.update_experiment(exp.id, failures=failures, retry_at=self.clock() + wait,
@@ -398,15 +409,21 @@ class Conductor:
                                                f"asking again in {wait:.0f}s (failure {failures})")
             log.warning("agent failed (%s: %s); retrying in %.0fs", type(answer).__name__, answer, wait)
             return
+        cost = self._spend(answer.meta)
         problem = self.validate(answer, main, pending.seen)
         if problem is None:
+            meta = dict(answer.meta, cost_usd=round(cost + pending.cost_usd, 6)) if cost or pending.cost_usd \
+                else answer.meta
             exp = self.store.fill_proposal(exp.id, title=answer.title, hypothesis=answer.hypothesis,
                                            slug=answer.slug, code_hash=code_hash(answer.train_py),
-                                           train_py=answer.train_py, meta=answer.meta)
+                                           train_py=answer.train_py, meta=meta)
+            if meta.get("fixes"):
+                self.store.event(exp.id, "fix", f"proposed as a fix of the crash of experiment {meta['fixes']}")
             log.info("experiment %s proposed: %s", exp.id, exp.title)
             self._pending = None
             self._advance_safely(exp, main)
             return
+        pending.cost_usd += cost
         self.store.event(None, "refused", f"proposal {answer.title!r} refused: {problem}")
         log.warning("proposal %r refused: %s", answer.title, problem)
         pending.seen.add(code_hash(answer.train_py))
@@ -440,16 +457,37 @@ class Conductor:
         done = self.store.experiments()
         history = [HistoryEntry(id=e.id, title=e.title, hypothesis=e.hypothesis,
                                 status=e.status or "running", val_bpb=e.val_bpb, delta=e.delta,
-                                code_hash=e.code_hash or "", meta=e.meta, error_tail=e.error_tail) for e in done]
-        finished = [e for e in done if e.state == State.DONE]
-        last_crash = finished[-1].error_tail if finished and finished[-1].status == Status.CRASH else None
+                                code_hash=e.code_hash or "", meta=e.meta, error_tail=e.error_tail,
+                                margin=e.margin, lesson=_lesson(e.reason)) for e in done]
+        crash = self._unfixed_crash(done)
         notes = self._pending.notes if self._pending else []
         seen = self._pending.seen if self._pending else set()
         return ProposalContext(program_md=main.instructions, train_py=main.train_py, main_sha=main.sha,
                                main_val_bpb=statistics.fmean(values) if values else None, history=history,
-                               feedback=self.store.recent_feedback() + notes, last_crash=last_crash,
+                               feedback=self.store.recent_feedback() + notes,
+                               last_crash=crash.error_tail if crash else None, last_crash_id=crash.id if crash else None,
                                seen_hashes=self.store.seen_code_hashes() | seen | {main.code},
-                               profile=self.profile.name, device_kind=self.profile.device)
+                               profile=self.profile.name, device_kind=self.profile.device, spent_usd=self.spent_usd())
+
+    @staticmethod
+    def _unfixed_crash(done: list[Experiment]) -> Experiment | None:
+        """The latest finished experiment if it crashed and no experiment yet claims to fix it: its
+        traceback goes to the agent, so that one fix is tried, once."""
+        finished = [e for e in done if e.state == State.DONE]
+        if not finished or finished[-1].status != Status.CRASH:
+            return None
+        crash = finished[-1]
+        return None if any(e.meta.get("fixes") == crash.id for e in done) else crash
+
+    # --- what proposals cost (an LLM agent reports it in Proposal.meta["cost_usd"]) ----------------
+    def spent_usd(self) -> float:
+        return float(self.store.get_setting("agent.spent_usd") or 0.0)
+
+    def _spend(self, meta: dict[str, Any] | None) -> float:
+        cost = float((meta or {}).get("cost_usd") or 0.0)
+        if cost:
+            self.store.set_setting("agent.spent_usd", repr(self.spent_usd() + cost))
+        return cost
 
     # --- the state machine -----------------------------------------------------------------------
     def _advance_safely(self, exp: Experiment, main: Main) -> None:
@@ -744,6 +782,12 @@ class Conductor:
                        baseline_val_bpb=statistics.fmean(baseline) if baseline else None,
                        best_val_bpb=statistics.fmean(values) if values else None, results_tsv=self.results_tsv,
                        stop_reason=self.blocked or self.stop_reason)
+
+
+def _lesson(reason: str | None, limit: int = 160) -> str:
+    """One line of why an experiment ended as it did: the first sentence of its reason."""
+    line = (reason or "").strip().splitlines()[0] if (reason or "").strip() else ""
+    return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 def _error_tail(run: Run, lines: int = 20) -> str:

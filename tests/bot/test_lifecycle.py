@@ -686,3 +686,44 @@ def test_a_request_on_a_kept_experiment_changes_nothing(tmp_path: Path) -> None:
     loop.tick()
     after = loop.store.experiment(exp.id)
     assert (after.state, after.status, after.request) == ("done", "keep", None)
+
+
+# --- what proposals cost, and the one fix after a crash ------------------------------------------
+
+class Priced:
+    """Proposes from a list, each answer costing `usd`; a BaseException in the list is raised (with
+    its cost attached, as an LLM agent's skipped proposal carries it)."""
+
+    def __init__(self, answers: list, usd: float) -> None:
+        self.answers, self.usd, self.contexts = list(answers), usd, []
+
+    def propose(self, ctx):
+        self.contexts.append(ctx)
+        answer = self.answers.pop(0)
+        if isinstance(answer, BaseException):
+            answer.meta = {"cost_usd": self.usd}
+            raise answer
+        return Proposal(answer.title, answer.hypothesis, answer.train_py, meta={"cost_usd": self.usd, **answer.meta})
+
+
+def test_every_answer_is_charged_and_the_budget_stops_proposing(tmp_path: Path) -> None:
+    answers = [RuntimeError("skipped: the model refused"), proposal(+0.1, "a"), proposal(+0.2, "b"), proposal(+0.3, "c")]
+    loop = make(tmp_path, Priced(answers, usd=0.40), experiments=5, agent_budget_usd=1.0)
+    run_to_end(loop)
+    exps = loop.store.experiments()
+    assert [e.title for e in exps] == ["a", "b"]
+    assert exps[0].meta["cost_usd"] == pytest.approx(0.80)  # the skipped answer is charged to it
+    assert loop.spent_usd() == pytest.approx(1.20)
+    assert "budget of $1.00 is spent ($1.20 so far)" in loop.stop_reason
+
+
+def test_a_crash_traceback_is_given_until_one_fix_is_proposed(tmp_path: Path) -> None:
+    crash = Proposal("crash", "crashes", with_effect(MAIN, 0.0, "crash") + CRASH_MARK)
+    fix = Proposal("fix", "fixes it", with_effect(MAIN, 0.01, "fix"))
+    agent = Priced([crash, fix, proposal(+0.1, "next")], usd=0.0)
+    loop = make(tmp_path, agent, experiments=3, lookahead=0)
+    fix.meta["fixes"] = 1
+    run_to_end(loop)
+    shown = [(c.last_crash_id, bool(c.last_crash)) for c in agent.contexts]
+    assert shown == [(None, False), (1, True), (None, False)]
+    assert loop.store.experiments()[1].meta["fixes"] == 1
