@@ -22,7 +22,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))  # the fake runner of the tests: a run that never ends
+sys.path[0] = str(ROOT)  # the project first: tests/bot/... (directories, no packages) must not shadow bot/...
+sys.path.append(str(ROOT / "tests"))  # the fake runner of the tests: a run that never ends
 
 from fakes import IDENTITY, FakeRunner, result_for, with_effect  # noqa: E402
 

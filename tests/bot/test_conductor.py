@@ -134,7 +134,8 @@ def test_the_loop_end_to_end_with_the_real_explorer(tmp_path: Path) -> None:
 KILL_SCRIPT = """
 import json, sys
 from pathlib import Path
-sys.path.insert(0, sys.argv[2])
+sys.path.insert(0, str(Path.cwd()))  # the project first (cwd): tests/bot/... must not shadow bot/...
+sys.path.append(sys.argv[2])  # tests/, for fakes
 from fakes import IDENTITY, FileRunner
 from bot.agent.scripted import ScriptedAgent
 from bot.conductor import Conductor, ConductorConfig
