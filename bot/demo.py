@@ -215,14 +215,19 @@ def render_summary(summary: Summary, wall_s: float) -> Table:
 
 def results_table(store: Store) -> Table:
     table = Table(title="experiments")
+    rows = results.rows(store)
+    priced = any(row["cost_usd"] is not None for row in rows)  # an LLM agent: its cost per proposal
     for column in ("#", "val_bpb", "delta", "margin", "re-measured", "steps", "tok/s", "runs", "status"):
         table.add_column(column, no_wrap=True)
+    if priced:
+        table.add_column("cost", no_wrap=True)
     table.add_column("description", ratio=1)
-    colours = {"keep": "green", "discard": "yellow", "crash": "red", "failed": "red"}
-    for row in results.rows(store):
+    colours = {"keep": "green", "discard": "yellow", "crash": "red", "failed": "red", "cancelled": "yellow"}
+    for row in rows:
+        cost = [] if not priced else ["-" if row["cost_usd"] is None else f"${row['cost_usd']:.3f}"]
         table.add_row(str(row["id"]), _fmt(row["val_bpb"]), _signed(row["delta"]), _fmt(row["margin"]),
                       _signed(row["remeasured_delta"]), _whole(row["steps"]), _whole(row["tokens_per_second"]),
-                      str(row["runs"]), f"[{colours.get(row['status'], 'white')}]{row['status']}[/]",
+                      str(row["runs"]), f"[{colours.get(row['status'], 'white')}]{row['status']}[/]", *cost,
                       row["description"])
     return table
 

@@ -47,7 +47,7 @@ def rows(store: Store) -> list[dict[str, Any]]:
                     "delta": None, "margin": None, "remeasured_delta": None, "memory_gb": _memory_gb(same),
                     "status": "keep", "runs": len(same), "steps": _mean_metric(same, "num_steps"),
                     "tokens_per_second": _mean_metric(same, "tokens_per_second"),
-                    "description": "baseline", "reason": "main as it was before any experiment"})
+                    "description": "baseline", "reason": "main as it was before any experiment", "cost_usd": None})
     for exp in store.experiments(active=False):
         runs = [r for r in store.runs(experiment_id=exp.id) if r.state == "done"]
         crashed = exp.status in ("crash", "failed")
@@ -58,7 +58,7 @@ def rows(store: Store) -> list[dict[str, Any]]:
                     "memory_gb": 0.0 if crashed else _memory_gb(runs), "status": exp.status,
                     "runs": len(runs), "steps": _mean_metric(ok, "num_steps"),
                     "tokens_per_second": _mean_metric(ok, "tokens_per_second"),
-                    "description": exp.title, "reason": exp.reason})
+                    "description": exp.title, "reason": exp.reason, "cost_usd": exp.meta.get("cost_usd")})
     return out
 
 

@@ -226,6 +226,19 @@ def _expected(meta: dict[str, Any]) -> str:
     return "Not stated by the agent."
 
 
+def agent_cost(meta: dict[str, Any]) -> str:
+    """What proposing this experiment cost (an LLM agent's answer, skipped attempts included), or ""."""
+    cost = _number(meta.get("cost_usd"))
+    if cost is None:
+        return ""
+    usage = meta.get("usage") if isinstance(meta.get("usage"), dict) else {}
+    parts = [f"{int(usage[k]):,} {label}" for k, label in (
+        ("input_tokens", "input"), ("cache_read_input_tokens", "cache read"),
+        ("cache_creation_input_tokens", "cache write"), ("output_tokens", "output")) if _number(usage.get(k))]
+    model = f" ({_one_line(str(meta['model']), 80)})" if meta.get("model") else ""
+    return f"${cost:.4f}{model}" + (f": {', '.join(parts)} tokens" if parts else "")
+
+
 def _changes(meta: dict[str, Any]) -> list[str]:
     """The explorer's named edits (`meta["changes"]`), one bullet each."""
     changes = meta.get("changes")
@@ -277,12 +290,15 @@ def pr_body(exp: Experiment, *, main_sha: str, main_val_bpb: float | None, base_
     changes = _changes(exp.meta)
     main_words = (f"val_bpb **{_bpb(main_val_bpb)}**" if main_val_bpb is not None
                   else "val_bpb not measured yet")
+    cost = agent_cost(exp.meta)
+    risk = exp.meta.get("risk") if isinstance(exp.meta.get("risk"), str) else ""
     rest = "\n\n".join([
-        "## Expected effect", _expected(exp.meta),
+        "## Expected effect", _expected(exp.meta) + (f"\n\nRisk: {_defang(risk.strip()[:2_000])}" if risk.strip() else ""),
         "## The change", "\n".join([size, *changes]),
         "## What it builds on",
         f"Main `{main_sha[:7]}` (this branch's base): {main_words}. The last finished experiments:",
         _history(exp, history),
+        *([f"Proposing it cost {cost}."] if cost else []),
         STEERING,
     ])
     head = f"{marker('pr', exp.id)}\n## Hypothesis\n\n"
@@ -382,6 +398,8 @@ def check_summary(exp: Experiment, runs: list[Run], *, main_val_bpb: float | Non
     for label, key, combine, show in _METRICS:
         found = _metric(counted, key)
         rows.append(f"| {label} | {show(combine(found)) if found else '—'} |")
+    if agent_cost(exp.meta):
+        rows.append(f"| Agent cost | {_cell(agent_cost(exp.meta))} |")
     decision = _defang(exp.reason) if exp.reason else "No decision yet."
     parts = ["\n".join(rows), f"**Decision:** {decision}"]
     if runs:

@@ -129,7 +129,7 @@ def test_rows_baseline_first_then_finished_experiments_in_id_order(history: Stor
     assert baseline["delta"] is None and baseline["margin"] is None and baseline["remeasured_delta"] is None
     assert baseline["steps"] is None and baseline["tokens_per_second"] is None  # not reported by these runs
     assert set(baseline) == {"id", "commit", "val_bpb", "delta", "margin", "remeasured_delta", "memory_gb",
-                             "status", "runs", "steps", "tokens_per_second", "description", "reason"}
+                             "status", "runs", "steps", "tokens_per_second", "description", "reason", "cost_usd"}
     assert all(set(row) == set(baseline) for row in rows)
 
     keep = rows[1]

@@ -315,3 +315,13 @@ def test_a_numeric_expected_effect_reads_as_a_signed_val_bpb_change() -> None:
     exp = experiment(meta={"expected_delta": -0.004})
     body = render.pr_body(exp, main_sha=MAIN, main_val_bpb=None, base_train_py=BASE_TRAIN_PY, history=[])
     assert "## Expected effect\n\nval_bpb -0.00400 vs main." in body
+
+
+def test_the_agents_cost_is_shown_in_the_pull_request_and_the_check() -> None:
+    exp = experiment(meta={"cost_usd": 0.0421, "model": "claude-sonnet-4-5", "risk": "may diverge",
+                         "usage": {"input_tokens": 1200, "cache_read_input_tokens": 30000, "output_tokens": 900}})
+    body = render.pr_body(exp, main_sha="a" * 40, main_val_bpb=1.0, base_train_py="", history=[])
+    assert "Proposing it cost $0.0421 (claude-sonnet-4-5): 1,200 input, 30,000 cache read, 900 output tokens" in body
+    assert "Risk: may diverge" in body
+    assert "| Agent cost | $0.0421" in render.check_summary(exp, [], main_val_bpb=1.0, noise_margin=0.01)
+    assert render.agent_cost({}) == ""
