@@ -1,0 +1,332 @@
+"""The Claude agent's tools: a text editor over an in-memory workspace, and `submit`.
+
+The workspace holds three files under /repo: train.py (the only writable one: the experiment),
+program.md (the human's research program) and harness.md (the interface train.py must keep using).
+Nothing touches the disk or a git checkout: the agent's result is the final text of train.py.
+
+Every call gets an answer. A bad one gets a `ToolResult` with `error` set to the kind of failure:
+the Claude agent returns the message to the model once and gives up on the second failure of the
+same kind in a row (bot.agent.claude).
+
+The tool definitions follow Anthropic's text editor tool (commands view, str_replace, insert,
+create and undo_edit); `submit` is our own. `check_train_py` is what a submitted train.py must pass.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from bot.records import code_hash
+
+ROOT = "/repo"
+TRAIN_PY = "train.py"
+PROGRAM_MD = "program.md"
+HARNESS_MD = "harness.md"
+
+# Kinds of failure, named for the error message the skip records.
+BAD_CALL = "malformed tool call"
+NOT_APPLIED = "edit that does not apply"
+READ_ONLY = "write to a file other than train.py"
+
+# What train.py may use of runner/harness.py: the model reads it as /repo/harness.md. It names only
+# what exists there (tests/bot/agent/test_editor.py checks that against runner/harness.py).
+HARNESS_SUMMARY = """\
+# The harness interface (runner/harness.py, read-only)
+
+train.py is run by a fixed harness that owns the data, the tokenizer, the time budget and the
+evaluation. train.py must keep using it exactly like this:
+
+```python
+from runner import harness
+
+h = harness.session()          # the run's session: profile, device, data, clock
+h.profile                      # the profile: .name, .seq_len, .vocab_size, .time_budget_s, .clock ("wall"/"cpu")
+h.device                       # torch.device to train on ("cuda" on GPU profiles, "cpu" otherwise)
+h.seq_len                      # tokens per training row
+h.vocab_size                   # tokenizer size
+batches = h.train_batches(batch_size)   # endless (x, y) LongTensor pairs of [batch_size, seq_len] on h.device
+while not h.time_up():         # train until the harness's clock says the budget is spent
+    ...                        # forward, backward, optimizer step
+    h.step_done(loss)          # once per optimizer step; a NaN or infinite loss ends the run
+    h.progress()               # fraction of the budget used, in [0, 1]: use it for LR schedules
+    h.step                     # optimizer steps reported so far
+h.finish(model)                # the harness evaluates val_bpb itself; optional flops_per_token=, extra={}
+```
+
+Rules the harness enforces:
+- `model(x)` must return logits of shape [batch, sequence, vocabulary]; `h.finish` scores them on
+  validation data train.py never sees. What train.py prints is never read.
+- The budget is counted by the harness's clock, not train.py's: on GPU profiles the wall time of each
+  step after the first warm-up steps, on CPU profiles the process's CPU time divided by the allotted
+  threads. Changing torch's thread count on a CPU profile ends the run.
+- Only PyTorch, NumPy and the standard library are installed. No network, no subprocesses.
+"""
+
+# Names train.py must still use: the session, batches, step reports, the clock, and the hand-over.
+HARNESS_USES = ("session", "train_batches", "step_done", "time_up", "finish")
+
+EDITOR_DESCRIPTION_FILES = (f"{ROOT}/{TRAIN_PY} (writable), {ROOT}/{PROGRAM_MD} and {ROOT}/{HARNESS_MD} "
+                            "(read-only)")
+
+
+def editor_tool(model: str) -> dict[str, Any]:
+    """Anthropic's text editor tool in the version `model` understands (Claude 4 and later:
+    text_editor_20250728; Claude 3.x: text_editor_20250124)."""
+    if model.startswith("claude-3"):
+        return {"type": "text_editor_20250124", "name": "str_replace_editor"}
+    return {"type": "text_editor_20250728", "name": "str_replace_based_edit_tool"}
+
+
+EDITOR_NAMES = frozenset({"str_replace_based_edit_tool", "str_replace_editor"})
+
+SUBMIT_TOOL: dict[str, Any] = {
+    "name": "submit",
+    "description": (
+        "Finish this proposal: train.py as it now stands in /repo becomes the experiment. Call it once "
+        "your edits are complete. It fails (and tells you why) when train.py is unchanged, does not "
+        "compile, is too large, no longer uses the harness interface, or repeats an earlier experiment."),
+    "input_schema": {
+        "type": "object",
+        "properties": {
+            "title": {"type": "string", "maxLength": 80,
+                      "description": "A short imperative title, under 60 characters (e.g. 'Raise MATRIX_LR to 0.05')."},
+            "hypothesis": {"type": "string",
+                           "description": "What you changed and why it should lower val_bpb, in 2-5 plain sentences."},
+            "expected_effect": {"type": "string",
+                                "description": "The val_bpb change you expect and how (e.g. '-0.005: more steps in "
+                                               "the same budget')."},
+            "risk": {"type": "string",
+                     "description": "What could go wrong: a crash, running out of memory, a slower step, divergence."},
+            "fixes_crash": {"type": "boolean",
+                            "description": "true when this change fixes the crash shown in the context."},
+        },
+        "required": ["title", "hypothesis", "expected_effect", "risk"],
+    },
+}
+
+TITLE_MAX = 80
+
+
+@dataclass
+class ToolResult:
+    """The answer to one tool call: its text, and the kind of failure when it failed."""
+
+    text: str
+    error: str | None = None
+
+    @property
+    def is_error(self) -> bool:
+        return self.error is not None
+
+
+@dataclass
+class Submission:
+    title: str
+    hypothesis: str
+    expected_effect: str
+    risk: str
+    fixes_crash: bool = False
+
+
+def parse_submit(arguments: Mapping[str, Any]) -> Submission | ToolResult:
+    """The submit call's fields, or a BAD_CALL result naming what is missing or mistyped."""
+    if not isinstance(arguments, Mapping):
+        return ToolResult("submit needs an object with title, hypothesis, expected_effect and risk.", BAD_CALL)
+    fields: dict[str, str] = {}
+    problems = []
+    for name in ("title", "hypothesis", "expected_effect", "risk"):
+        value = arguments.get(name)
+        if not isinstance(value, str) or not value.strip():
+            problems.append(f"{name} must be a non-empty string")
+        else:
+            fields[name] = value.strip()
+    fixes = arguments.get("fixes_crash", False)
+    if not isinstance(fixes, bool):
+        problems.append("fixes_crash must be true or false")
+    if problems:
+        return ToolResult("submit was not accepted: " + "; ".join(problems) + ". Call submit again.", BAD_CALL)
+    title = " ".join(fields["title"].split())
+    if len(title) > TITLE_MAX:
+        title = title[:TITLE_MAX].rsplit(" ", 1)[0].rstrip(" ,;:-") or title[:TITLE_MAX]
+    return Submission(title=title, hypothesis=fields["hypothesis"], expected_effect=fields["expected_effect"],
+                      risk=fields["risk"], fixes_crash=fixes)
+
+
+def missing_harness_uses(text: str) -> list[str]:
+    """What of the harness interface a (compiling) train.py no longer uses: the import of
+    runner.harness and each of HARNESS_USES, as an attribute (h.step_done) or an imported name."""
+    tree = ast.parse(text)
+    imported = False
+    used: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "runner":
+            imported |= any(a.name == "harness" for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module == "runner.harness":
+            imported = True
+            used.update(a.name for a in node.names)
+        elif isinstance(node, ast.Import):
+            imported |= any(a.name == "runner.harness" for a in node.names)
+        elif isinstance(node, ast.Attribute):
+            used.add(node.attr)
+    missing = [] if imported else ["the import of runner.harness"]
+    return missing + [f"h.{name}" for name in HARNESS_USES if name not in used]
+
+
+def check_train_py(text: str, *, main_train_py: str, max_bytes: int) -> tuple[str, str] | None:
+    """Why a submitted train.py cannot be an experiment, as (kind, message for the model); None if it can."""
+    if code_hash(text) == code_hash(main_train_py):
+        return ("unchanged", "train.py is identical to main's: there is nothing to measure. Edit it, then submit.")
+    size = len(text.encode("utf-8"))
+    if size > max_bytes:
+        return ("too large", (f"train.py is {size} bytes, over the limit of {max_bytes}. Make it smaller, "
+                              "then submit."))
+    try:
+        compile(text, "train.py", "exec")
+    except SyntaxError as error:
+        return ("does not compile", (f"train.py does not compile: {error.msg} (line {error.lineno}). Fix it, "
+                                     "then submit."))
+    missing = missing_harness_uses(text)
+    if missing:
+        return ("harness interface", "train.py no longer uses the harness interface: " + ", ".join(missing)
+                + " missing. Read /repo/harness.md, restore them, then submit.")
+    return None
+
+
+class Workspace:
+    """train.py, program.md and harness.md in memory; only train.py can change."""
+
+    def __init__(self, train_py: str, program_md: str, harness_md: str = HARNESS_SUMMARY) -> None:
+        self.files = {TRAIN_PY: train_py, PROGRAM_MD: program_md, HARNESS_MD: harness_md}
+        self._undo: list[str] = []
+
+    @property
+    def train_py(self) -> str:
+        return self.files[TRAIN_PY]
+
+    def run(self, arguments: Any) -> ToolResult:
+        """Carry out one text editor call."""
+        if not isinstance(arguments, Mapping):
+            return ToolResult("The editor needs an object with a command and a path.", BAD_CALL)
+        command = arguments.get("command")
+        handlers = {"view": self._view, "str_replace": self._str_replace, "insert": self._insert,
+                    "create": self._create, "undo_edit": self._undo_edit}
+        if command not in handlers:
+            return ToolResult(f"Unknown command {command!r}: use one of {', '.join(handlers)}.", BAD_CALL)
+        path = arguments.get("path")
+        if not isinstance(path, str):
+            return ToolResult(f"{command} needs a path, such as {ROOT}/{TRAIN_PY}.", BAD_CALL)
+        name = self._resolve(path)
+        if name is None and command == "view":
+            return ToolResult(f"No such file: {path}. The workspace holds {EDITOR_DESCRIPTION_FILES}.", BAD_CALL)
+        if name is None:
+            return ToolResult(f"Refused: only {ROOT}/{TRAIN_PY} may be written, and {path} is not it. Nothing was "
+                              f"written. The workspace holds {EDITOR_DESCRIPTION_FILES}.", READ_ONLY)
+        if command != "view" and name != TRAIN_PY:
+            return ToolResult(f"{path} is read-only: only {ROOT}/{TRAIN_PY} may be changed. Nothing was written.",
+                              READ_ONLY)
+        return handlers[command](name, arguments)
+
+    # --- commands ----------------------------------------------------------------------------------
+    def _view(self, name: str, arguments: Mapping[str, Any]) -> ToolResult:
+        if name == "":
+            listing = "\n".join(f"{ROOT}/{n}{'' if n == TRAIN_PY else '  (read-only)'}" for n in self.files)
+            return ToolResult(f"Files in {ROOT}:\n{listing}")
+        lines = self.files[name].splitlines()
+        start, end = 1, len(lines)
+        view_range = arguments.get("view_range")
+        if view_range is not None:
+            if (not isinstance(view_range, list) or len(view_range) != 2
+                    or not all(isinstance(v, int) and not isinstance(v, bool) for v in view_range)):
+                return ToolResult("view_range must be two line numbers [start, end] (end -1: to the end).",
+                                  BAD_CALL)
+            start, end = view_range[0], (len(lines) if view_range[1] == -1 else view_range[1])
+            if not 1 <= start <= max(1, len(lines)) or end < start:
+                return ToolResult(f"view_range {view_range} is outside {ROOT}/{name}, which has {len(lines)} "
+                                  "lines.", BAD_CALL)
+        return ToolResult(_numbered(lines, start, min(end, len(lines))))
+
+    def _str_replace(self, name: str, arguments: Mapping[str, Any]) -> ToolResult:
+        old, new = arguments.get("old_str"), arguments.get("new_str", "")
+        if not isinstance(old, str) or not old or not isinstance(new, str):
+            return ToolResult("str_replace needs old_str (non-empty text to find) and new_str (its replacement).",
+                              BAD_CALL)
+        text = self.files[name]
+        count = text.count(old)
+        if count == 0:
+            return ToolResult(f"No replacement was performed: old_str does not occur verbatim in {ROOT}/{name}. "
+                              "View the file and copy the exact text, whitespace included.", NOT_APPLIED)
+        if count > 1:
+            lines = [text[: m].count("\n") + 1 for m in _find_all(text, old)]
+            return ToolResult(f"No replacement was performed: old_str occurs {count} times in {ROOT}/{name} "
+                              f"(lines {', '.join(map(str, lines))}). Include more context to make it unique.",
+                              NOT_APPLIED)
+        at = text.index(old)
+        self._write(name, text.replace(old, new, 1))
+        first = text[:at].count("\n") + 1
+        return ToolResult(f"The file {ROOT}/{name} has been edited. The result around the change:\n"
+                          + self._snippet(name, first, first + new.count("\n")))
+
+    def _insert(self, name: str, arguments: Mapping[str, Any]) -> ToolResult:
+        line = arguments.get("insert_line")
+        new = arguments.get("insert_text", arguments.get("new_str"))
+        if not isinstance(line, int) or isinstance(line, bool) or not isinstance(new, str):
+            return ToolResult("insert needs insert_line (a line number, 0 for the top) and insert_text.", BAD_CALL)
+        lines = self.files[name].splitlines(keepends=True)
+        if not 0 <= line <= len(lines):
+            return ToolResult(f"insert_line {line} is outside {ROOT}/{name}, which has {len(lines)} lines "
+                              f"(use 0 to {len(lines)}).", NOT_APPLIED)
+        if lines and not lines[-1].endswith("\n"):
+            lines[-1] += "\n"
+        block = new if new.endswith("\n") else new + "\n"
+        self._write(name, "".join(lines[:line]) + block + "".join(lines[line:]))
+        return ToolResult(f"The file {ROOT}/{name} has been edited. The result around the insertion:\n"
+                          + self._snippet(name, line + 1, line + block.count("\n")))
+
+    def _create(self, name: str, arguments: Mapping[str, Any]) -> ToolResult:
+        text = arguments.get("file_text")
+        if not isinstance(text, str):
+            return ToolResult("create needs file_text: the whole new content of train.py.", BAD_CALL)
+        self._write(name, text)
+        return ToolResult(f"{ROOT}/{name} now holds the given text ({len(text.splitlines())} lines).")
+
+    def _undo_edit(self, name: str, arguments: Mapping[str, Any]) -> ToolResult:
+        if not self._undo:
+            return ToolResult(f"There is no edit of {ROOT}/{name} to undo.", NOT_APPLIED)
+        self.files[name] = self._undo.pop()
+        return ToolResult(f"The last edit of {ROOT}/{name} was undone.")
+
+    # --- helpers -----------------------------------------------------------------------------------
+    def _write(self, name: str, text: str) -> None:
+        self._undo.append(self.files[name])
+        self.files[name] = text
+
+    def _resolve(self, path: str) -> str | None:
+        """The file a path names ('' for the workspace itself), or None: accepts /repo/train.py,
+        train.py, ./train.py and /train.py."""
+        p = path.strip()
+        if p in ("", ".", "/", ROOT, ROOT + "/"):
+            return ""
+        for prefix in (ROOT + "/", "./", "/"):
+            if p.startswith(prefix):
+                p = p[len(prefix):]
+                break
+        return p if p in self.files else None
+
+    def _snippet(self, name: str, first: int, last: int, context: int = 4) -> str:
+        lines = self.files[name].splitlines()
+        return _numbered(lines, max(1, first - context), min(len(lines), last + context))
+
+
+def _numbered(lines: list[str], start: int, end: int) -> str:
+    return "\n".join(f"{i:6}\t{lines[i - 1]}" for i in range(start, end + 1))
+
+
+def _find_all(text: str, part: str) -> list[int]:
+    found, at = [], text.find(part)
+    while at != -1:
+        found.append(at)
+        at = text.find(part, at + 1)
+    return found
