@@ -75,8 +75,12 @@ def demo(workdir: Path = typer.Option(DEFAULT_WORKDIR, help="where the research 
          profile: str = typer.Option("cpu", help="cpu (about 40 s a run) or smoke (a few seconds)"),
          slots: int = typer.Option(1, min=1, help="runs in parallel"),
          seed: int = typer.Option(0, help="seed of the offline explorer"),
-         data: str = typer.Option(None, help="data source (default: the profile's)")) -> None:
-    """Run the research loop locally: a git repo on disk, the CPU, the offline explorer."""
+         data: str = typer.Option(None, help="data source (default: the profile's)"),
+         agent: str = typer.Option("explorer", help="explorer (offline), claude (ANTHROPIC_API_KEY) or scripted"),
+         agent_script: Path = typer.Option(None, help="the scripted agent's proposals (JSON lines)"),
+         budget: float = typer.Option(None, min=0.0, help="stop proposing once the agent's answers cost this many "
+                                                          "dollars (default: AUTORESEARCH_ANTHROPIC_BUDGET_USD)")) -> None:
+    """Run the research loop locally: a git repo on disk, the CPU, the offline explorer by default."""
     import git
 
     from bot.agent import AgentError
@@ -89,15 +93,19 @@ def demo(workdir: Path = typer.Option(DEFAULT_WORKDIR, help="where the research 
     from runner.download import DownloadError
     from runner.profiles import get_profile
 
+    from bot.agent.choice import make_agent
+
     try:  # mistakes in the arguments are reported before anything is created
         get_profile(profile)
         check_workdir(workdir)
-    except (ValueError, OSError) as error:
+        make_agent(agent, script=agent_script, seed=seed)  # a missing key or file, say
+    except (ValueError, OSError, AgentError) as error:
         console.print(f"[red]error:[/] {error}")
         raise typer.Exit(2) from None
     try:
-        run_demo(DemoOptions(workdir=workdir, profile=profile, experiments=experiments, slots=slots,
-                             seed=seed, data=data, live=sys.stdout.isatty()), console)
+        run_demo(DemoOptions(workdir=workdir, profile=profile, experiments=experiments, slots=slots, seed=seed,
+                             data=data, live=sys.stdout.isatty(), agent=agent, agent_script=agent_script,
+                             budget_usd=budget), console)
     except (WorkdirBusy, SchemaTooNew) as error:
         console.print(f"[red]error:[/] {error}")
         raise typer.Exit(1) from None

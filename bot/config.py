@@ -36,7 +36,7 @@ from runner.profiles import PROFILES
 ENV_PREFIX = "AUTORESEARCH_"
 DEFAULT_ENV_FILE = Path(".env")
 RUNNERS = frozenset({"local"})  # where runs execute; remote GPUs come later
-AGENTS = frozenset({"explorer", "scripted"})  # who proposes experiments; Claude comes later
+AGENTS = frozenset({"explorer", "claude", "scripted"})  # who proposes experiments (bot.agent.choice)
 SECRET_FIELDS = frozenset({"webhook_secret", "github_token", "github_private_key"})
 
 _OWNER = r"[A-Za-z0-9](?:[A-Za-z0-9]|-(?=[A-Za-z0-9])){0,38}"  # GitHub logins: no leading, trailing or double '-'

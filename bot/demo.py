@@ -30,7 +30,7 @@ from rich.table import Table
 from rich.text import Text
 
 from bot import results
-from bot.agent.explorer import OfflineExplorer
+from bot.agent.choice import make_agent
 from bot.conductor import Conductor, ConductorConfig, Summary
 from bot.driver import Driver
 from bot.forge.local import init_research_repo
@@ -54,6 +54,9 @@ class DemoOptions:
     seed: int = 0
     data: str | None = None
     live: bool = True
+    agent: str = "explorer"  # explorer | claude | scripted (bot.agent.choice)
+    agent_script: Path | None = None
+    budget_usd: float | None = None  # overrides AUTORESEARCH_ANTHROPIC_BUDGET_USD
 
 
 def seed_files() -> dict[str, str]:
@@ -102,8 +105,10 @@ def build_conductor(options: DemoOptions, console: Console | None = None) -> tup
     identity = measurement_identity(options.profile, options.data)
     if get_profile(options.profile).clock == "cpu":  # a CPU budget is CPU time per allotted thread
         identity["threads"] = str(runner.threads)
-    config = ConductorConfig(profile=options.profile, identity=identity, max_experiments=options.experiments)
-    conductor = Conductor(store, forge, runner, OfflineExplorer(seed=options.seed), config,
+    agent, budget = make_agent(options.agent, script=options.agent_script, seed=options.seed)
+    config = ConductorConfig(profile=options.profile, identity=identity, max_experiments=options.experiments,
+                             agent_budget_usd=options.budget_usd if options.budget_usd is not None else budget)
+    conductor = Conductor(store, forge, runner, agent, config,
                           results_tsv=workdir / "results.tsv")
     return conductor, store, runner
 

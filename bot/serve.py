@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from bot.agent import Agent
+from bot.agent.choice import make_agent
 from bot.conductor import Conductor, ConductorConfig
 from bot.config import ServiceSettings
 from bot.driver import Driver
@@ -45,6 +46,7 @@ class Parts:
     runner: Runner
     agent: Agent
     identity: dict[str, str]
+    budget_usd: float | None = None  # what the agent's answers may cost in all (None: no limit)
 
 
 def local_parts(settings: ServiceSettings) -> Parts:
@@ -59,19 +61,8 @@ def local_parts(settings: ServiceSettings) -> Parts:
     identity = measurement_identity(settings.profile, None)
     if get_profile(settings.profile).clock == "cpu":
         identity["threads"] = str(runner.threads)
-    return Parts(runner=runner, agent=make_agent(settings), identity=identity)
-
-
-def make_agent(settings: ServiceSettings) -> Agent:
-    """The configured agent: the offline explorer, or the scripted one replaying a file."""
-    if settings.agent == "scripted":
-        from bot.agent.scripted import ScriptedAgent
-
-        assert settings.agent_script is not None  # the settings refuse scripted without a file
-        return ScriptedAgent.from_jsonl(settings.agent_script)
-    from bot.agent.explorer import OfflineExplorer
-
-    return OfflineExplorer(seed=0)
+    agent, budget = make_agent(settings.agent, script=settings.agent_script)
+    return Parts(runner=runner, agent=agent, identity=identity, budget_usd=budget)
 
 
 @dataclass
@@ -172,7 +163,7 @@ class Service:
         forge = GitHubForge(repo, main_branch=settings.main_branch, pace_write=self.client.pace_write)
         publisher = GitHubPublisher(store, repo, read_file=forge.read_file, uses_app=self.client.uses_app,
                                     main_branch=settings.main_branch, pace_write=self.client.pace_write)
-        config = ConductorConfig(profile=settings.profile, identity=parts.identity)
+        config = ConductorConfig(profile=settings.profile, identity=parts.identity, agent_budget_usd=parts.budget_usd)
         self.conductor = Conductor(store, forge, parts.runner, parts.agent, config,
                                    results_tsv=settings.state_dir / "results.tsv", publisher=publisher)
         log.info("connected to %s as %s (%s)", repo.full_name, login, "App" if self.client.uses_app else "token")

@@ -104,7 +104,7 @@ def test_every_missing_setting_is_named_in_one_message():
 
 def test_every_invalid_setting_is_named_with_what_was_given(monkeypatch):
     for name, value in dict(REPOSITORY="not a repository", PORT="eighty", SLOTS="0", RUNNER="modal",
-                            AGENT="claude", PROFILE="tpu", POLL_INTERVAL_S="5", REQUEST_TIMEOUT_S="-1",
+                            AGENT="gpt", PROFILE="tpu", POLL_INTERVAL_S="5", REQUEST_TIMEOUT_S="-1",
                             GITHUB_API_URL="ftp://github.com", MAIN_BRANCH="-main", GITHUB_TOKEN=TOKEN,
                             WEBHOOK_SECRET=SECRET).items():
         monkeypatch.setenv(f"AUTORESEARCH_{name}", value)
@@ -118,7 +118,7 @@ def test_every_invalid_setting_is_named_with_what_was_given(monkeypatch):
         "GITHUB_API_URL", "MAIN_BRANCH")}
     assert "'not a repository'" in named["AUTORESEARCH_REPOSITORY"] and "owner/name" in named["AUTORESEARCH_REPOSITORY"]
     assert "choose one of local" in named["AUTORESEARCH_RUNNER"]
-    assert "explorer, scripted" in named["AUTORESEARCH_AGENT"]
+    assert "claude, explorer, scripted" in named["AUTORESEARCH_AGENT"]
     assert "cpu, h100, smoke" in named["AUTORESEARCH_PROFILE"]
     assert "10" in named["AUTORESEARCH_POLL_INTERVAL_S"]
     assert "api/v3" in named["AUTORESEARCH_GITHUB_API_URL"]
