@@ -60,7 +60,8 @@ class ConductorConfig:
     identity: dict[str, str]  # pinned measurement identity: profile, harness_hash, data_fingerprint[, threads]
     max_experiments: int = 0  # 0: take program.md's setting (whose 0 means no limit)
     max_refusals: int = 5  # invalid proposals in a row before the agent is given up on
-    lookahead: int = 1  # proposals prepared beyond the free slots, so a slot never waits for the agent
+    lookahead: int | None = None  # proposals prepared beyond the free slots (None: one per slot), so a slot
+    # that frees never waits for the agent
     agent_timeout_s: float = 900.0  # one proposal; then it is abandoned and asked again
     step_retries: int = 3  # failed attempts at one step before its experiment ends as failed
     retry_base_s: float = 2.0  # backoff after the n-th failure: base * 2**(n-1), at most retry_max_s
@@ -361,7 +362,8 @@ class Conductor:
             return False
         waiting = self.store.count_runs(RunState.QUEUED, RunState.RUNNING)
         unqueued = sum(len(self.store.experiments(state=s)) for s in (State.PROPOSED, State.BRANCHED))
-        return self.runner.slots + self.config.lookahead - waiting - unqueued > 0
+        lookahead = self.runner.slots if self.config.lookahead is None else self.config.lookahead
+        return self.runner.slots + lookahead - waiting - unqueued > 0
 
     def propose(self, main: Main) -> None:
         """Collect the agent's answer if there is one; ask again or afresh when there is room."""
