@@ -288,6 +288,8 @@ def pr_body(exp: Experiment, *, main_sha: str, main_val_bpb: float | None, base_
         added, removed = diff_size(base_train_py, exp.train_py)
         size = f"`train.py`: **+{added} −{removed}** lines against main `{main_sha[:7]}`."
     changes = _changes(exp.meta)
+    if isinstance(exp.meta.get("fixes"), int):
+        changes.append(f"It is proposed as the fix of experiment {exp.meta['fixes']}, which crashed.")
     main_words = (f"val_bpb **{_bpb(main_val_bpb)}**" if main_val_bpb is not None
                   else "val_bpb not measured yet")
     cost = agent_cost(exp.meta)

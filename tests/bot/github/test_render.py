@@ -325,3 +325,6 @@ def test_the_agents_cost_is_shown_in_the_pull_request_and_the_check() -> None:
     assert "Risk: may diverge" in body
     assert "| Agent cost | $0.0421" in render.check_summary(exp, [], main_val_bpb=1.0, noise_margin=0.01)
     assert render.agent_cost({}) == ""
+    fix = experiment(meta={"fixes": 7})
+    assert "the fix of experiment 7" in render.pr_body(fix, main_sha="a" * 40, main_val_bpb=1.0, base_train_py="",
+                                                        history=[])
