@@ -20,12 +20,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-# The training child gets only what running Python and PyTorch needs (an allow-list), and even
-# then nothing whose name looks like a credential.
+# The training child gets only what running Python and PyTorch needs (an allow-list: of the
+# project's own variables only the harness's, none of the service's), and even then nothing
+# whose name looks like a credential.
 ALLOWED_NAME = re.compile(
     r"^(PATH|HOME|USER|LOGNAME|SHELL|TERM|LANG|LANGUAGE|TZ|TMPDIR|PWD|VIRTUAL_ENV|LD_LIBRARY_PATH|"
-    r"LC_\w+|PYTHON\w*|AUTORESEARCH_\w+|CUDA_\w+|NVIDIA_\w+|NCCL_\w+|TORCH\w*|PYTORCH_\w+|TRITON_\w+|"
-    r"OMP_\w+|MKL_\w+|OPENBLAS_\w+|KMP_\w+|HF_HOME|XDG_CACHE_HOME)$")
+    r"LC_\w+|PYTHON\w*|AUTORESEARCH_(CACHE|PROFILE|OUT|DATA)|CUDA_\w+|NVIDIA_\w+|NCCL_\w+|TORCH\w*|"
+    r"PYTORCH_\w+|TRITON_\w+|OMP_\w+|MKL_\w+|OPENBLAS_\w+|KMP_\w+|HF_HOME|XDG_CACHE_HOME)$")
 SECRET_NAME = re.compile(r"(^|_)TOKEN($|_)|SECRET|PASSWORD|PASSWD|API_?KEY|PRIVATE_KEY|CREDENTIAL|"
                          r"^GITHUB_|^ANTHROPIC_|^MODAL_|^AWS_|^GH_", re.IGNORECASE)
 LOG_TAIL_LINES = 60
