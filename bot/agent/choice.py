@@ -23,7 +23,7 @@ class ClaudeSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="AUTORESEARCH_ANTHROPIC_", env_file=".env", extra="ignore")
 
-    model: str = Field("claude-sonnet-4-5", min_length=1, description="the Claude model that proposes")
+    model: str = Field("claude-sonnet-4-6", min_length=1, description="the Claude model that proposes")
     max_tokens: int = Field(8192, ge=256, le=128_000, description="tokens per answer")
     max_turns: int = Field(12, ge=1, le=100, description="model calls per proposal")
     max_input_tokens: int = Field(400_000, ge=1_000, description="input tokens per proposal, all turns")

@@ -50,7 +50,7 @@ CHARS_PER_TOKEN = 3.0  # a cautious estimate of a request's size before it is se
 
 @dataclass
 class ClaudeConfig:
-    model: str = "claude-sonnet-4-5"
+    model: str = "claude-sonnet-4-6"
     max_tokens: int = 8192  # per response
     max_turns: int = 12  # model calls per proposal
     max_input_tokens: int = 400_000  # per proposal, all turns together (uncached + cache reads + cache writes)

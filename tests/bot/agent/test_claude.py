@@ -56,7 +56,7 @@ def submit(**changes) -> Reply:
     return Reply.tool_use("submit", {**fields, **changes})
 
 
-# claude-sonnet-4-5, the default, is deprecated in this SDK's model list; the warning is not under test
+# older models (claude-sonnet-4-5 in some tests) are deprecated in this SDK; the warning is not under test
 pytestmark = pytest.mark.filterwarnings("ignore:The model .* is deprecated:DeprecationWarning")
 RAISE_LR = edit("MATRIX_LR = 0.04", "MATRIX_LR = 0.05")
 
@@ -95,7 +95,7 @@ def test_an_edit_session_returns_the_edited_train_py(api):
     assert proposal.hypothesis.startswith("Muon tolerates")
     meta = proposal.meta
     assert meta["expected"] == "-0.003 val_bpb" and meta["risk"] == "divergence late in the run"
-    assert meta["model"] == "claude-sonnet-4-5" and meta["turns"] == 3 and "fixes" not in meta
+    assert meta["model"] == "claude-sonnet-4-6" and meta["turns"] == 3 and "fixes" not in meta
     assert set(meta["usage"]) == {"input_tokens", "output_tokens", "cache_creation_input_tokens",
                                   "cache_read_input_tokens"}
     assert "MATRIX_LR = 0.04" in results(api, 2)[0]["content"]  # the view's answer
