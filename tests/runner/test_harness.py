@@ -310,7 +310,7 @@ def test_training_child_gets_no_secrets(smoke_prepared, tmp_path, monkeypatch):
                "AWS_SECRET_ACCESS_KEY", "OPENAI_API_KEY", "DB_PASSWORD"]
     for name in secrets:
         monkeypatch.setenv(name, "do-not-leak")
-    monkeypatch.setenv("AUTORESEARCH_HARMLESS_SETTING", "kept")
+    monkeypatch.setenv("AUTORESEARCH_REPOSITORY", "octo-org/research")  # the service's, not the harness's
     seen = tmp_path / "environ.json"
     asset = write_asset(tmp_path / "asset", (
         "import json, os\n"
@@ -323,7 +323,7 @@ def test_training_child_gets_no_secrets(smoke_prepared, tmp_path, monkeypatch):
     environ = json.loads(seen.read_text())
     assert not set(secrets) & set(environ)
     assert "do-not-leak" not in environ.values()
-    assert environ["AUTORESEARCH_HARMLESS_SETTING"] == "kept"
+    assert "AUTORESEARCH_REPOSITORY" not in environ
     assert environ["AUTORESEARCH_CACHE"] == os.environ["AUTORESEARCH_CACHE"]
     assert environ["PYTHONUNBUFFERED"] == "1"
 
