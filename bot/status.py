@@ -28,7 +28,8 @@ def render_status(store: Store, events: int = 8) -> Group:
     main = _main_line(store)
     if main:
         parts.append(Text(main))
-    parts.append(Text(f"agent: {_agent_state(store)}"))
+    spent = float(store.get_setting("agent.spent_usd") or 0.0)
+    parts.append(Text(f"agent: {_agent_state(store)}" + (f"; its answers have cost ${spent:.2f}" if spent else "")))
 
     table = Table(title="runs in flight and queued", box=None, padding=(0, 2))
     for column in ("run", "for", "purpose", "state", "step", "loss", "left"):
