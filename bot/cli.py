@@ -1,4 +1,4 @@
-"""The `autoresearch` command: prepare, train, demo, serve; steer, pause, resume, status, results."""
+"""The `autoresearch` command: prepare, train, demo, serve; steer, pause, resume, status, results, plot."""
 
 from __future__ import annotations
 
@@ -228,6 +228,25 @@ def results(workdir: Path = typer.Option(DEFAULT_WORKDIR, help="the work directo
     finally:
         store.close()
 
+
+
+@app.command()
+def plot(workdir: Path = typer.Option(DEFAULT_WORKDIR, help="the work directory (a demo's, or serve's state dir)"),
+         out: Path = typer.Option(None, help="the chart to write, .png or .svg (default: WORKDIR/progress.png)")) -> None:
+    """Write the progress chart: val_bpb over experiments, kept ones marked, main's best as a step line."""
+    from bot.plot import write_chart
+
+    target = out or workdir / "progress.png"
+    store = _open_store(workdir)
+    try:
+        data = write_chart(store, target)
+    except (ValueError, OSError) as error:
+        console.print(f"[red]error:[/] {error}")
+        raise typer.Exit(2) from None
+    finally:
+        store.close()
+    best = f", best val_bpb {data.best:.6f}" if data.best is not None else ""
+    console.print(f"wrote {target}: {len(data.points)} points, {data.kept} kept, {data.crashed} crashed{best}")
 
 if __name__ == "__main__":
     app()

@@ -211,3 +211,16 @@ def test_ctrl_c_says_it_stopped_and_that_the_same_command_resumes(tmp_path: Path
     from bot.runners.local import LocalRunner
 
     assert LocalRunner(work / "runs").lookup(int(run_dir.name)).state == "lost"
+
+
+def test_plot_writes_the_chart_of_a_work_directory(tmp_path: Path) -> None:
+    from bot.store import Store
+
+    Store(tmp_path / "state.db").close()  # an empty work directory: a chart that says so
+    done = cli.invoke(app, ["plot", "--workdir", str(tmp_path), "--out", str(tmp_path / "chart.svg")])
+    assert done.exit_code == 0, said(done)
+    assert (tmp_path / "chart.svg").read_text().startswith("<?xml") and "0 points" in said(done)
+    bad = cli.invoke(app, ["plot", "--workdir", str(tmp_path), "--out", str(tmp_path / "chart.gif")])
+    assert bad.exit_code == 2 and ".png or .svg" in said(bad)
+    missing = cli.invoke(app, ["plot", "--workdir", str(tmp_path / "nowhere")])
+    assert missing.exit_code == 2 and "no state.db" in said(missing)
