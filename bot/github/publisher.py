@@ -25,6 +25,7 @@ from github.Repository import Repository
 
 from bot.conductor import Publisher, Snapshot
 from bot.github import render
+from bot.github.research_log import ResearchLog
 from bot.states import RunState, State
 from bot.store import Experiment, Store, failpoint
 
@@ -58,6 +59,7 @@ class GitHubPublisher(Publisher):
         self._progress_at: dict[int, float] = {}  # experiment -> when its progress was last shown
         self._labels_ready: set[str] = set()
         self._checks: dict[int, Any] = {}  # check run id -> CheckRun object, to update it without a read
+        self.research_log = ResearchLog(store, repo, pace_write=pace_write, clock=clock)
 
     # --- the phase ---------------------------------------------------------------------------------
     def publish(self, snapshot: Snapshot) -> None:
@@ -72,6 +74,10 @@ class GitHubPublisher(Publisher):
             except Exception as error:  # noqa: BLE001 - one experiment's trouble must not hold up the others
                 self._shown.pop(exp.id, None)
                 failures.append(f"experiment {exp.id}: {type(error).__name__}: {error}")
+        try:
+            self.research_log.update()
+        except Exception as error:  # noqa: BLE001 - the log catches up at the next tick
+            failures.append(f"research log: {type(error).__name__}: {error}")
         if failures:
             raise RuntimeError("; ".join(failures))
 

@@ -244,6 +244,10 @@ def test_four_experiments_as_pull_requests_steered_by_people(world: World) -> No
     rounds = sorted(c["external_id"] for c in gh.check_runs() if c["external_id"].startswith(f"autoresearch:{again.id}:"))
     assert rounds == [f"autoresearch:{again.id}:0", f"autoresearch:{again.id}:1"]
 
+    # One research-log issue, edited in place: it names the kept experiments.
+    logs = [i for i in gh.issues() if (find_marker(i.get("body")) or ("",))[0] == "log"]
+    assert len(logs) == 1 and "better" in logs[0]["body"]
+
     # The faults did happen, and were answered without duplicates (counted above).
     assert [r.status for r in gh.calls("POST", r"/pulls$") if r.fault] == [502]
     assert [r.status for r in gh.calls("POST", r"/check-runs$") if r.fault] == [403]

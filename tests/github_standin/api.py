@@ -2,7 +2,8 @@
 git smart HTTP under /_git/, and a catch-all that reports any path the stand-in does not serve.
 
 Route order matters where GitHub's paths nest: /commits/{ref}/check-runs must be tried before
-/commits/{ref}, whose {ref} may itself contain slashes.
+/commits/{ref}, whose {ref} may itself contain slashes, and /issues/comments (routes_pulls)
+before /issues/{issue_number} (routes_issues), which would take "comments" for a number.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from fastapi import FastAPI, Request
 from starlette.responses import Response
 
-from . import git_http, routes_checks, routes_git, routes_meta, routes_pulls
+from . import git_http, routes_checks, routes_git, routes_issues, routes_meta, routes_pulls
 from .auth import Auth
 from .gateway import Gateway
 from .state import State
@@ -24,6 +25,7 @@ def build(st: State, auth: Auth, gateway: Gateway) -> FastAPI:
     app.include_router(routes_checks.router(st))
     app.include_router(routes_git.router(st))
     app.include_router(routes_pulls.router(st))
+    app.include_router(routes_issues.router(st))
 
     @app.api_route("/{rest:path}", methods=["GET", "POST", "PATCH", "PUT", "DELETE"])
     def unserved(request: Request) -> Response:

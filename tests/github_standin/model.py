@@ -36,6 +36,25 @@ class Pull:
 
 
 @dataclass
+class Issue:
+    """An issue that is not a pull request (pull requests are issues too: see Pull)."""
+
+    number: int
+    id: int
+    user: str
+    title: str
+    body: str | None
+    created_at: float
+    updated_at: float
+    state: str = "open"  # open -> closed (completed or not_planned) -> open again (reopened)
+    state_reason: str | None = None
+    closed_at: float | None = None
+    closed_by: str | None = None
+    labels: list[str] = field(default_factory=list)
+    via_app: bool = False  # opened with an installation token: performed_via_github_app
+
+
+@dataclass
 class Comment:
     id: int
     number: int

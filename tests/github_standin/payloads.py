@@ -1,6 +1,6 @@
 """GitHub's JSON for the stand-in's records: users, the repository, pull requests and their issue
-side, comments, reactions, labels, reviews, check runs, statuses and the App (git data is in
-payloads_git.py).
+side, issues, comments, reactions, labels, reviews, check runs, statuses and the App (git data is
+in payloads_git.py).
 
 The same objects serve REST answers and webhook bodies, as on GitHub. Every URL points back at the
 stand-in (PyGithub follows `url` fields), and the shapes satisfy the vendored OpenAPI schemas,
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 if TYPE_CHECKING:
-    from .model import CheckRun, Comment, Label, Pull, Reaction, Review, Status
+    from .model import CheckRun, Comment, Issue, Label, Pull, Reaction, Review, Status
     from .state import State
 
 REACTIONS = ["+1", "-1", "laugh", "confused", "heart", "hooray", "eyes", "rocket"]
@@ -135,7 +135,8 @@ def repository(st: State, push_event: bool = False) -> dict[str, Any]:
         "homepage": None, "size": 1, "stargazers_count": 0, "watchers_count": 0, "language": "Python",
         "has_issues": True, "has_projects": False, "has_downloads": True, "has_wiki": False, "has_pages": False,
         "has_discussions": False, "forks_count": 0, "mirror_url": None, "archived": False, "disabled": False,
-        "open_issues_count": sum(p.state == "open" for p in st.pulls.values()), "license": None,
+        "open_issues_count": sum(i.state == "open" for i in [*st.pulls.values(), *st.issues.values()]),
+        "license": None,
         "allow_forking": True, "is_template": False, "web_commit_signoff_required": False, "topics": [],
         "visibility": "private" if st.private else "public", "forks": 0, "watchers": 0,
         "default_branch": st.default_branch, "network_count": 0, "subscribers_count": 0,
@@ -165,8 +166,8 @@ def label(st: State, lbl: Label) -> dict[str, Any]:
             "name": lbl.name, "color": lbl.color, "default": lbl.default, "description": lbl.description}
 
 
-def _labels(st: State, pull: Pull) -> list[dict[str, Any]]:
-    return [label(st, st.label(name)) for name in pull.labels]
+def _labels(st: State, item: Pull | Issue) -> list[dict[str, Any]]:
+    return [label(st, st.label(name)) for name in item.labels]
 
 
 def reactions(st: State, comment_id: int) -> dict[str, Any]:
@@ -193,11 +194,26 @@ def comment(st: State, c: Comment) -> dict[str, Any]:
     }
 
 
-def _issue_links(st: State, n: int) -> dict[str, str]:
+def _issue_links(st: State, n: int, page: str = "pull") -> dict[str, str]:
     return {"url": repo_url(st, f"/issues/{n}"), "repository_url": repo_url(st),
             "labels_url": repo_url(st, f"/issues/{n}/labels{{/name}}"),
             "comments_url": repo_url(st, f"/issues/{n}/comments"), "events_url": repo_url(st, f"/issues/{n}/events"),
-            "html_url": html_url(st, f"/pull/{n}"), "timeline_url": repo_url(st, f"/issues/{n}/timeline")}
+            "html_url": html_url(st, f"/{page}/{n}"), "timeline_url": repo_url(st, f"/issues/{n}/timeline")}
+
+
+def plain_issue(st: State, issue: Issue) -> dict[str, Any]:
+    """An issue that is not a pull request: no `pull_request` key, its page under /issues/."""
+    n = issue.number
+    return {
+        **_issue_links(st, n, "issues"), "id": issue.id, "node_id": node("I", issue.id), "number": n,
+        "title": issue.title, "user": user(st, issue.user), "labels": _labels(st, issue), "state": issue.state,
+        "state_reason": issue.state_reason, "locked": False, "assignee": None, "assignees": [], "milestone": None,
+        "comments": 0, "created_at": iso(issue.created_at), "updated_at": iso(issue.updated_at),
+        "closed_at": iso(issue.closed_at), "closed_by": user(st, issue.closed_by) if issue.closed_by else None,
+        "author_association": st.association(issue.user), "active_lock_reason": None, "body": issue.body,
+        "performed_via_github_app": integration(st) if issue.via_app else None,
+        "reactions": {**reactions(st, 0), "url": repo_url(st, f"/issues/{n}/reactions")},
+    }
 
 
 def issue(st: State, pull: Pull) -> dict[str, Any]:

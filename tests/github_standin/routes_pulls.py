@@ -1,5 +1,5 @@
 """REST routes for pull requests and their issue side: pulls (list, open, read, edit), reviews,
-the issue view of a pull request, comments, reactions to comments, and labels."""
+comments, reactions to comments, and labels. The issue view itself is in routes_issues."""
 
 from __future__ import annotations
 
@@ -104,10 +104,6 @@ def router(st: State) -> APIRouter:
         comment = st.add_comment(issue_number, caller.login, body(request)["body"],
                                  via_app=caller.kind == "installation")
         return reply(P.comment(st, comment), 201)
-
-    @r.get("/repos/{owner}/{repo}/issues/{issue_number}")
-    def get_issue(issue_number: int) -> Response:
-        return reply(P.issue(st, st.pull(issue_number)))
 
     # labels ---------------------------------------------------------------------------------
 

@@ -3,7 +3,8 @@
 It owns the lifecycle (uvicorn in a background thread on a free port), the knobs a test turns
 (webhook target, faults, the clock), what a test reads back (requests, deliveries, OpenAPI
 violations, the state as GitHub's JSON), and the things people do on github.com (comment, review,
-close, reopen, push a file with git, re-run a check, press a check-run button).
+close, reopen, open and close an issue, push a file with git, re-run a check, press a check-run
+button).
 
     with GitHubStandIn(tmp_path, files={"train.py": "..."}) as gh:
         g = github.Github(auth=github.Auth.Token("tok-bot"), base_url=gh.api_url)
@@ -174,6 +175,20 @@ class GitHubStandIn:
     def reopen_pr(self, number: int, user: str) -> None:
         self.state.reopen_pull(number, user)
 
+    def open_issue(self, user: str, title: str, body: str | None = None, labels: list[str] | None = None) -> int:
+        """A person opens an issue (labels only stick with push access, as on GitHub); its number."""
+        return self.state.open_issue(user, title, body, list(labels or [])).number
+
+    def close_issue(self, number: int, user: str, reason: str = "completed") -> None:
+        self.state.close_issue(number, user, reason)
+
+    def reopen_issue(self, number: int, user: str) -> None:
+        self.state.reopen_issue(number, user)
+
+    def delete_issue(self, number: int) -> None:
+        """An admin deletes the issue: GitHub answers 410 Gone for it from then on."""
+        self.state.delete_issue(number)
+
     def rerequest_check(self, check_run_id: int, user: str) -> None:
         self.state.rerequest_check(check_run_id, user)
 
@@ -216,6 +231,11 @@ class GitHubStandIn:
         with self.state.lock:
             return [P.pull_request(self.state, p) for p in self.state.pulls.values()]
 
+    def issues(self) -> list[dict[str, Any]]:
+        """The issues that are not pull requests, oldest first."""
+        with self.state.lock:
+            return [P.plain_issue(self.state, i) for i in self.state.issues.values()]
+
     def comments(self, number: int) -> list[dict[str, Any]]:
         with self.state.lock:
             return [P.comment(self.state, c) for c in self.state.comments.values() if c.number == number]
@@ -229,8 +249,10 @@ class GitHubStandIn:
             return [P.status(self.state, s) for s in self.state.statuses if s.sha == sha]
 
     def labels(self, number: int) -> list[str]:
+        """The label names of a pull request or an issue."""
         with self.state.lock:
-            return list(self.state.pull(number).labels)
+            item = self.state.issues.get(number) or self.state.pull(number)
+            return list(item.labels)
 
     def reactions(self, comment_id: int) -> list[dict[str, Any]]:
         with self.state.lock:

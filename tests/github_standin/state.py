@@ -1,10 +1,14 @@
 """The stand-in's world and GitHub's rules over it: refs (through the bare repository), pull
-requests, comments, reactions, labels, reviews, check runs and statuses.
+requests, issues, comments, reactions, labels, reviews, check runs and statuses.
 
 Every change goes through a method here, under one lock, and announces itself the way GitHub
 would (a webhook body handed to `sink`). The rule that matters most to the bot lives in
 `_refs_changed`: a pull request whose head becomes reachable from its base branch is merged,
 whoever moved the branch and however (API ref update or git push).
+
+Issues that are not pull requests share the pull requests' numbers, as on GitHub. They announce
+nothing: the App is not subscribed to `issues` events (server.APP_EVENTS), and comments, labels
+and reviews on them are not served yet (those routes take pull request numbers only).
 """
 
 from __future__ import annotations
@@ -19,10 +23,12 @@ from typing import Any
 from . import checks, events
 from .errors import ApiError, invalid, not_found, unprocessable
 from .gitrepo import ZERO, BareRepo, Person
-from .model import CheckRun, Comment, Label, Pull, Reaction, Review, Status
+from .model import CheckRun, Comment, Issue, Label, Pull, Reaction, Review, Status
 
 STATUS_DESCRIPTION_LIMIT = 140
 COMMENT_LIMIT = 65536
+ISSUE_BODY_LIMIT = 65536
+PUSH_ROLES = ("admin", "maintain", "write")
 REVIEW_STATES = ("APPROVED", "CHANGES_REQUESTED", "COMMENTED")
 
 
@@ -52,6 +58,8 @@ class State:
         self.app: dict[str, Any] | None = None  # the GitHub App (slug, id, installation_id), when configured
         self.sink: Callable[[str, dict[str, Any]], None] = lambda event, body: None
         self.pulls: dict[int, Pull] = {}
+        self.issues: dict[int, Issue] = {}  # issues that are not pull requests, by number
+        self.deleted_issues: set[int] = set()  # GitHub answers 410 Gone for these
         self.comments: dict[int, Comment] = {}
         self.reactions: dict[int, Reaction] = {}
         self.reviews: dict[int, Review] = {}
@@ -63,7 +71,8 @@ class State:
         self._ids = {kind: itertools.count(start) for kind, start in
                      [("pull", 5_000_001), ("comment", 7_000_001), ("reaction", 3_000_001),
                       ("review", 8_000_001), ("label", 4_000_001), ("check", 6_000_001),
-                      ("suite", 2_000_001), ("status", 1_000_001), ("user", 100)]}
+                      ("suite", 2_000_001), ("status", 1_000_001), ("user", 100),
+                      ("issue", 97_000_001)]}
         self._numbers = itertools.count(1)
 
     # people ---------------------------------------------------------------------------------
@@ -260,6 +269,86 @@ class State:
             pull.closed_by = None
             self._emit("pull_request", events.pull_request(self, "reopened", pull, actor))
 
+    # issues ---------------------------------------------------------------------------------
+
+    def issue(self, number: int) -> Issue:
+        """An issue that is not a pull request (404 for a pull request's number or an unknown one,
+        410 for a deleted one)."""
+        if number in self.deleted_issues:
+            raise ApiError(410, "This issue was deleted")
+        if number not in self.issues:
+            raise not_found()
+        return self.issues[number]
+
+    def open_issue(self, actor: str, title: str, body: str | None, labels: list[str], via_app: bool = False) -> Issue:
+        """GitHub sets labels only for callers with push access (an App with issues: write has it)
+        and silently drops them for others; a label that does not exist yet is created."""
+        with self.lock:
+            if not title.strip():
+                raise invalid("Issue", "title", "missing_field")
+            _check_issue_body(body)
+            now = self.clock()
+            issue = Issue(next(self._numbers), self._next("issue"), actor, title, body, now, now, via_app=via_app)
+            if self._can_push(actor):
+                issue.labels = self._label_names(labels)
+            self.issues[issue.number] = issue
+            return issue
+
+    def edit_issue(self, number: int, actor: str, changes: dict[str, Any]) -> Issue:
+        """PATCH an issue: title, body, labels (replacing them), state and state_reason."""
+        with self.lock:
+            issue = self.issue(number)
+            if "body" in changes:
+                _check_issue_body(changes["body"])
+            for key in ("title", "body"):
+                if key in changes and changes[key] is not None:
+                    setattr(issue, key, str(changes[key]) if key == "title" else changes[key])
+            if "labels" in changes and self._can_push(actor):
+                issue.labels = self._label_names([x if isinstance(x, str) else x["name"] for x in changes["labels"]])
+            reason = changes.get("state_reason")
+            if changes.get("state") == "closed" and issue.state == "open":
+                self.close_issue(number, actor, reason if reason in ("completed", "not_planned", "duplicate")
+                                 else "completed")
+            elif changes.get("state") == "open" and issue.state == "closed":
+                self.reopen_issue(number, actor)
+            issue.updated_at = self.clock()
+            return issue
+
+    def close_issue(self, number: int, actor: str, reason: str = "completed") -> None:
+        with self.lock:
+            issue = self.issue(number)
+            if issue.state == "closed":
+                return
+            now = self.clock()
+            issue.state, issue.state_reason, issue.closed_at, issue.closed_by, issue.updated_at = (
+                "closed", reason, now, actor, now)
+
+    def reopen_issue(self, number: int, actor: str) -> None:
+        with self.lock:
+            issue = self.issue(number)
+            if issue.state == "open":
+                return
+            issue.state, issue.state_reason, issue.closed_at, issue.closed_by = "open", "reopened", None, None
+            issue.updated_at = self.clock()
+
+    def delete_issue(self, number: int) -> None:
+        """An admin deletes an issue (github.com or GraphQL only: REST has no DELETE for issues)."""
+        with self.lock:
+            self.issue(number)
+            del self.issues[number]
+            self.deleted_issues.add(number)
+
+    def _can_push(self, login: str) -> bool:
+        return login.endswith("[bot]") or self.permission(login) in PUSH_ROLES
+
+    def _label_names(self, names: list[str]) -> list[str]:
+        out: list[str] = []
+        for name in names:
+            label = self.labels.get(name.lower()) or self.create_label(name, "ededed", None)
+            if label.name not in out:
+                out.append(label.name)
+        return out
+
     def add_review(self, number: int, user: str, body: str, state: str) -> Review:
         with self.lock:
             pull = self.pull(number)
@@ -404,6 +493,11 @@ class State:
                             fields.get("context") or "default", actor, self.clock())
             self.statuses.append(status)
             return status
+
+
+def _check_issue_body(body: str | None) -> None:
+    if body is not None and len(body) > ISSUE_BODY_LIMIT:
+        raise invalid("Issue", "body", "custom", f"body is too long (maximum is {ISSUE_BODY_LIMIT} characters)")
 
 
 def _check_comment(body: str) -> None:

@@ -235,6 +235,35 @@ def test_pull_listing_filters_and_pages_with_link_headers(gh: GitHubStandIn) -> 
     assert twice.value.status == 422
 
 
+def test_issues_share_numbers_with_pulls_and_list_with_them_filtered_by_labels(gh: GitHubStandIn) -> None:
+    repo = client(gh).get_repo(REPO)
+    branch_with(repo, "exp-1", "train.py", "lr = 1\n")
+    pull = repo.create_pull(title="exp 1", body="", head="exp-1", base="main")
+    pull.as_issue().add_to_labels("autoresearch: log")
+    log = repo.create_issue(title="research log", body="<!-- m -->", labels=["autoresearch: log", "notes"])
+    assert (pull.number, log.number) == (1, 2) and log.pull_request is None
+    assert log.performed_via_github_app is not None and gh.labels(2) == ["autoresearch: log", "notes"]
+    assert [i.number for i in repo.get_issues(state="all", labels=["autoresearch: log"])] == [2, 1]
+    assert [i.number for i in repo.get_issues(labels=["autoresearch: log", "notes"])] == [2]
+    mallory = client(gh, "tok-mallory").get_repo(REPO).create_issue(title="hi", labels=["autoresearch: log"])
+    assert gh.labels(mallory.number) == []  # no push access: labels silently dropped, as on GitHub
+    gh.close_issue(2, "alice", "not_planned")
+    assert [i.number for i in repo.get_issues(state="closed")] == [2]
+    issue = repo.get_issue(2)
+    issue.edit(body="edited")
+    again = repo.get_issue(2)
+    assert (again.state, again.state_reason, again.body, again.closed_by.login) == (
+        "closed", "not_planned", "edited", "alice")
+    with pytest.raises(GithubException) as long:
+        issue.edit(body="x" * 65_537)
+    assert long.value.status == 422
+    assert repo.get_issue(1).pull_request is not None
+    gh.delete_issue(2)
+    assert raw(gh, "GET", f"/repos/{REPO}/issues/2").status_code == 410
+    assert raw(gh, "GET", f"/repos/{REPO}/issues", params={"milestone": "1"}).status_code == 500
+    assert "does not filter issues by milestone" in gh.take_violations()[0]
+
+
 def test_comments_reactions_labels_and_reviews(gh: GitHubStandIn, receiver: Receiver) -> None:
     repo = client(gh).get_repo(REPO)
     branch_with(repo, "exp-5", "train.py", "lr = 0.5\n")
