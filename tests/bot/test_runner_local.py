@@ -4,6 +4,7 @@ directory alone (so a restarted conductor finds its jobs), cancel, and a GPU per
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -101,12 +102,18 @@ def test_a_restarted_runner_finds_its_jobs_from_the_files(tmp_path: Path, smoke_
 
 def test_each_slot_of_a_cuda_profile_sees_only_its_gpu(tmp_path: Path) -> None:
     runner = LocalRunner(tmp_path, slots=2, gpus=["3", "5"])
-    seen = []
+    seen, pids = [], []
     for run_id, profile in ((1, "h100"), (2, "h100"), (3, "smoke")):
         runner.submit(Job(run_id=run_id, asset="pass\n", profile=profile, seed=run_id))
         pid = int((tmp_path / str(run_id) / "pid").read_text())
+        # Held still, so that a child that fails fast (no GPU here) cannot end and free its slot before
+        # the next submit on a slow machine: the slots stay taken as on a GPU box.
+        os.kill(pid, signal.SIGSTOP)
+        pids.append(pid)
         environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")  # the child's real environment
         seen.append(next(v for v in environ if v.startswith(b"CUDA_VISIBLE_DEVICES=")).decode())
+    for pid in pids:
+        os.kill(pid, signal.SIGCONT)
     for run_id in (1, 2, 3):
         runner.cancel(run_id)
     assert seen == ["CUDA_VISIBLE_DEVICES=3", "CUDA_VISIBLE_DEVICES=5", "CUDA_VISIBLE_DEVICES="]
