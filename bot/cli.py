@@ -1,4 +1,4 @@
-"""The `autoresearch` command: prepare, train, demo, serve; steer, pause, resume, status, results, plot."""
+"""The `autoresearch` command: prepare, train, demo, serve; steer, pause, resume, status, results, plot, dashboard."""
 
 from __future__ import annotations
 
@@ -79,7 +79,10 @@ def demo(workdir: Path = typer.Option(DEFAULT_WORKDIR, help="where the research 
          agent: str = typer.Option("explorer", help="explorer (offline), claude (ANTHROPIC_API_KEY) or scripted"),
          agent_script: Path = typer.Option(None, help="the scripted agent's proposals (JSON lines)"),
          budget: float = typer.Option(None, min=0.0, help="stop proposing once the agent's answers cost this many "
-                                                          "dollars (default: AUTORESEARCH_ANTHROPIC_BUDGET_USD)")) -> None:
+                                                          "dollars (default: AUTORESEARCH_ANTHROPIC_BUDGET_USD)"),
+         dashboard_port: int = typer.Option(8090, min=0, max=65535, help="the live dashboard's port on 127.0.0.1 "
+                                                                        "(0: any free one)"),
+         no_dashboard: bool = typer.Option(False, "--no-dashboard", help="do not serve the dashboard")) -> None:
     """Run the research loop locally: a git repo on disk, the CPU, the offline explorer by default."""
     import git
 
@@ -105,7 +108,7 @@ def demo(workdir: Path = typer.Option(DEFAULT_WORKDIR, help="where the research 
     try:
         run_demo(DemoOptions(workdir=workdir, profile=profile, experiments=experiments, slots=slots, seed=seed,
                              data=data, live=sys.stdout.isatty(), agent=agent, agent_script=agent_script,
-                             budget_usd=budget), console)
+                             budget_usd=budget, dashboard_port=None if no_dashboard else dashboard_port), console)
     except (WorkdirBusy, SchemaTooNew) as error:
         console.print(f"[red]error:[/] {error}")
         raise typer.Exit(1) from None
@@ -229,6 +232,25 @@ def results(workdir: Path = typer.Option(DEFAULT_WORKDIR, help="the work directo
         store.close()
 
 
+
+@app.command()
+def dashboard(workdir: Path = typer.Option(DEFAULT_WORKDIR, help="the work directory (a demo's, or serve's state dir)"),
+              host: str = typer.Option("127.0.0.1", help="the address to listen on"),
+              port: int = typer.Option(8090, min=0, max=65535, help="the port (0: any free one)"),
+              token: str = typer.Option(None, envvar="AUTORESEARCH_DASHBOARD_TOKEN",
+                                        help="require ?token=... (or Authorization: Bearer)")) -> None:
+    """A read-only web page of a work directory, running or not: the chart, the experiments, the runs."""
+    import uvicorn
+
+    from bot.dashboard import dashboard_app
+
+    _open_store(workdir).close()  # a clear error for a work directory without a store
+    if token is None and host not in ("127.0.0.1", "localhost", "::1"):
+        console.print(f"[yellow]note:[/] anyone who reaches {host}:{port} can read it; --token (or "
+                      "AUTORESEARCH_DASHBOARD_TOKEN) asks for a token")
+    console.print(f"dashboard of {workdir} on http://{host}:{port}/" + ("?token=..." if token else ""))
+    uvicorn.run(dashboard_app(store_path=workdir.expanduser().resolve() / "state.db", token=token),
+                host=host, port=port, log_level="warning", timeout_graceful_shutdown=3)
 
 @app.command()
 def plot(workdir: Path = typer.Option(DEFAULT_WORKDIR, help="the work directory (a demo's, or serve's state dir)"),

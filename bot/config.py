@@ -37,7 +37,7 @@ ENV_PREFIX = "AUTORESEARCH_"
 DEFAULT_ENV_FILE = Path(".env")
 RUNNERS = frozenset({"local"})  # where runs execute; remote GPUs come later
 AGENTS = frozenset({"explorer", "claude", "scripted"})  # who proposes experiments (bot.agent.choice)
-SECRET_FIELDS = frozenset({"webhook_secret", "github_token", "github_private_key"})
+SECRET_FIELDS = frozenset({"webhook_secret", "github_token", "github_private_key", "dashboard_token"})
 
 _OWNER = r"[A-Za-z0-9](?:[A-Za-z0-9]|-(?=[A-Za-z0-9])){0,38}"  # GitHub logins: no leading, trailing or double '-'
 _REPOSITORY = re.compile(rf"^{_OWNER}/[A-Za-z0-9._-]{{1,100}}$")
@@ -85,6 +85,9 @@ class ServiceSettings(BaseSettings):
     poll: bool = Field(False, description="true: ask GitHub for news every poll_interval_s instead of webhooks")
     poll_interval_s: float = Field(60.0, ge=10, description="seconds between two polls (at least 10)")
     request_timeout_s: float = Field(15.0, gt=0, le=300, description="seconds to wait for one GitHub answer")
+    dashboard_token: SecretStr | None = Field(None, description=(
+        "a token the dashboard at / asks for (?token=... or Authorization: Bearer); unset, it is open to "
+        "whoever reaches the server"))
     agent_script: Path | None = Field(None, description=(
         "the proposals of the scripted agent: a JSON-lines file of {\"title\", \"hypothesis\", \"train_py\"}"))
 

@@ -57,6 +57,7 @@ class DemoOptions:
     agent: str = "explorer"  # explorer | claude | scripted (bot.agent.choice)
     agent_script: Path | None = None
     budget_usd: float | None = None  # overrides AUTORESEARCH_ANTHROPIC_BUDGET_USD
+    dashboard_port: int | None = 8090  # None: no dashboard; a taken port: any free one
 
 
 def seed_files() -> dict[str, str]:
@@ -147,6 +148,7 @@ def _run_locked(options: DemoOptions, console: Console) -> Summary:
                   f"{options.experiments} experiments, {options.slots} slot(s), work directory {options.workdir}")
     started = time.time()
     printer = EventPrinter(store, console)
+    dashboard = _start_dashboard(options, conductor, console)
     try:
         conductor.start()
         if options.live:
@@ -159,10 +161,28 @@ def _run_locked(options: DemoOptions, console: Console) -> Summary:
             summary = Driver(conductor, timer_s=2.0, on_pass=lambda c: printer.print_new()).run()
         printer.print_new()
     finally:
+        if dashboard is not None:
+            dashboard.stop()
         runner.shutdown()
         store.close()
     console.print(render_summary(summary, time.time() - started))
     return summary
+
+
+def _start_dashboard(options: DemoOptions, conductor: Conductor, console: Console):
+    """The read-only dashboard of this work directory on a local port, for as long as the demo runs."""
+    if options.dashboard_port is None:
+        return None
+    from bot.dashboard import conductor_live, dashboard_app, serve_in_thread
+
+    app = dashboard_app(store_path=options.workdir / "state.db",
+                        live=conductor_live(lambda: conductor, conductor.config.agent_budget_usd))
+    try:
+        server = serve_in_thread(app, port=options.dashboard_port)
+    except RuntimeError:
+        server = serve_in_thread(app, port=0)  # the port is taken: any free one
+    console.print(f"dashboard: {server.url}")
+    return server
 
 
 class EventPrinter:

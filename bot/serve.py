@@ -95,9 +95,22 @@ class Service:
         return report
 
     def app(self):  # -> FastAPI
+        """The webhook server (/webhook, /healthz) with the read-only dashboard at /."""
+        from bot.dashboard import conductor_live, create_dashboard, github_links
         from bot.web import create_app
-        secret = self.settings.webhook_secret.get_secret_value() if self.settings.webhook_secret else ""
-        return create_app(store_path=self.store_path, secret=secret, wake=self.wake, health=self.health)
+
+        settings = self.settings
+        secret = settings.webhook_secret.get_secret_value() if settings.webhook_secret else ""
+        app = create_app(store_path=self.store_path, secret=secret, wake=self.wake, health=self.health)
+        token = settings.dashboard_token.get_secret_value() if settings.dashboard_token else None
+        if token is None and settings.host not in ("127.0.0.1", "localhost", "::1"):
+            log.warning("the dashboard at / is readable by anyone who reaches %s:%s; set "
+                        "AUTORESEARCH_DASHBOARD_TOKEN to require a token", settings.host, settings.port)
+        budget = self.conductor.config.agent_budget_usd if self.conductor else None
+        app.include_router(create_dashboard(store_path=self.store_path, token=token,
+                                            live=conductor_live(lambda: self.conductor, budget),
+                                            links=github_links(settings.repository, settings.github_api_url)))
+        return app
 
     # --- the conductor side --------------------------------------------------------------------------
     def start(self) -> None:
@@ -178,6 +191,7 @@ def serve(settings: ServiceSettings, *, make_parts: Callable[[ServiceSettings], 
     service = Service(settings, make_parts=make_parts, timer_s=timer_s)
     service.start()
     try:
-        uvicorn.run(service.app(), host=settings.host, port=settings.port, log_level="info")
+        uvicorn.run(service.app(), host=settings.host, port=settings.port, log_level="info",
+                    timeout_graceful_shutdown=3)  # open dashboard streams must not hold up Ctrl-C
     finally:
         service.stop()

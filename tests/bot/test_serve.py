@@ -244,6 +244,13 @@ def test_four_experiments_as_pull_requests_steered_by_people(world: World) -> No
     rounds = sorted(c["external_id"] for c in gh.check_runs() if c["external_id"].startswith(f"autoresearch:{again.id}:"))
     assert rounds == [f"autoresearch:{again.id}:0", f"autoresearch:{again.id}:1"]
 
+    # The dashboard at / of the same server shows them.
+    import httpx
+
+    state = httpx.get(f"http://127.0.0.1:{world.service.settings.port}/api/state", timeout=10).json()
+    assert [e["id"] for e in state["experiments"]] == [e.id for e in world.experiments()]
+    assert "<html" in httpx.get(f"http://127.0.0.1:{world.service.settings.port}/", timeout=10).text.lower()
+
     # One research-log issue, edited in place: it names the kept experiments.
     logs = [i for i in gh.issues() if (find_marker(i.get("body")) or ("",))[0] == "log"]
     assert len(logs) == 1 and "better" in logs[0]["body"]

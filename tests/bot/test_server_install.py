@@ -15,7 +15,8 @@ class Block:
         if name.split('.')[0] in ('torch', 'tiktoken', 'rustbpe', 'pyarrow'):
             raise ImportError('the server must not import ' + name)
 sys.meta_path.insert(0, Block())
-import bot.cli, bot.serve, bot.web, bot.github.forge, bot.github.publisher, bot.github.handlers, bot.github.client
+import bot.cli, bot.serve, bot.web, bot.dashboard, bot.plot, bot.github.forge, bot.github.publisher, bot.github.handlers
+import bot.github.client, bot.github.research_log, bot.agent.claude, bot.agent.choice
 print('ok')
 """
 
