@@ -60,7 +60,8 @@ def main_history(forge: LocalForge) -> list[git.Commit]:
 
 
 class CrashThenRepeat:
-    """The real explorer, except that its 2nd proposal crashes and its 3rd repeats the 1st."""
+    """The real explorer, except that its 2nd proposal crashes and its 3rd repeats the 1st. Its own
+    proposals are marked clearly worse for the fake runner, so every verdict is chosen, none noise."""
 
     def __init__(self, seed: int) -> None:
         self.explorer = OfflineExplorer(seed=seed)
@@ -75,6 +76,8 @@ class CrashThenRepeat:
         if self.calls == 3 and self.first is not None:
             return self.first
         proposal = self.explorer.propose(ctx)
+        proposal = Proposal(proposal.title, proposal.hypothesis,
+                            with_effect(proposal.train_py, +0.1, proposal.title), proposal.meta)
         self.first = self.first or proposal
         return proposal
 
@@ -90,7 +93,7 @@ def test_the_loop_end_to_end_with_the_real_explorer(tmp_path: Path) -> None:
     experiments = store.experiments()
     assert len(experiments) == summary.experiments == 4
     assert all(e.state == "done" for e in experiments)
-    assert summary.kept + summary.discarded + summary.crashed == 4
+    assert [e.status for e in experiments] == ["discard", "crash", "discard", "discard"]
 
     # the deliberate crash is recorded with its traceback, and the loop went on after it
     crashed = [e for e in experiments if e.status == "crash"]
@@ -98,10 +101,9 @@ def test_the_loop_end_to_end_with_the_real_explorer(tmp_path: Path) -> None:
     assert "boom" in crashed[0].error_tail
     assert crashed[0].id < experiments[-1].id
 
-    # the repeated proposal was refused, not run (if experiment 1 was kept, main now holds its code)
+    # the repeated proposal was refused, not run
     refusals = [e["message"] for e in store.events() if e["kind"] == "refused"]
-    expected = "train.py is identical to main's" if experiments[0].status == "keep" else "repeats experiment 1"
-    assert any(experiments[0].title in m and expected in m for m in refusals), refusals
+    assert any(experiments[0].title in m and "repeats experiment 1" in m for m in refusals), refusals
     assert len({e.code_hash for e in experiments}) == 4
 
     # main advanced only through kept experiments, each commit naming its experiment
