@@ -31,7 +31,7 @@ sys.path[0] = str(ROOT)  # the project first: tests/bot/... (directories, no pac
 sys.path.append(str(ROOT / "tests"))
 
 import anthropic  # noqa: E402
-from anthropic_standin import AnthropicStandIn, Reply  # noqa: E402
+from anthropic_standin import AnthropicStandIn, edit_then_submit  # noqa: E402
 from fakes import IDENTITY, result_for  # noqa: E402
 
 from bot.agent import pricing  # noqa: E402
@@ -43,26 +43,13 @@ from bot.records import HistoryEntry, Job, ProposalContext, RunStatus, code_hash
 from bot.store import Store  # noqa: E402
 
 warnings.filterwarnings("ignore", message="The model .* is deprecated")
-EDITOR = "str_replace_based_edit_tool"
 MAIN = (ROOT / "train.py").read_text()
 PROGRAM = (ROOT / "program.md").read_text()
 
 
 def model(delay_s: float):
     """Turn 1: a unique edit; turn 2: submit."""
-    state = {"n": 0}
-
-    def reply(body: dict) -> Reply:
-        last = body["messages"][-1]["content"]
-        if not (isinstance(last, list) and any(b.get("type") == "tool_result" for b in last)):
-            state["n"] += 1
-            return Reply.tool_use(EDITOR, {"command": "str_replace", "path": "/repo/train.py",
-                                           "old_str": "h = harness.session()",
-                                           "new_str": f"h = harness.session()\n_variant = {state['n']}"},
-                                  delay_s=delay_s)
-        return Reply.tool_use("submit", {"title": f"variant {state['n']}", "hypothesis": "a change",
-                                         "expected_effect": "-0.001", "risk": "none"}, delay_s=delay_s)
-    return reply
+    return edit_then_submit(lambda n: f"_variant = {n}", delay_s=delay_s)
 
 
 def context(n_history: int) -> ProposalContext:

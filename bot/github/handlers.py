@@ -103,12 +103,19 @@ def pr_reopened(store: Store, event: GitHubEvent) -> str:
     return f"experiment {exp.id} will be measured again"
 
 
-@when("feedback")
-def feedback(store: Store, event: GitHubEvent) -> str:
+def _not_heard(store: Store, event: GitHubEvent) -> str | None:
+    """Why a comment or command is dropped (the bot's own, or from someone without write access)."""
     if _is_bot(store, event):
         return "the bot's own comment"
     if not _trusted(event):
         return f"ignored: {event.sender} ({event.association}) has no write access"
+    return None
+
+
+@when("feedback")
+def feedback(store: Store, event: GitHubEvent) -> str:
+    if (dropped := _not_heard(store, event)) is not None:
+        return dropped
     where = f" on #{event.number}" if event.number else ""
     store.add_feedback(event.sender or "someone", f"{event.sender}{where}: {event.body.strip()}")
     return "the agent will read it"
@@ -116,10 +123,8 @@ def feedback(store: Store, event: GitHubEvent) -> str:
 
 @when("command")
 def command(store: Store, event: GitHubEvent) -> str:
-    if _is_bot(store, event):
-        return "the bot's own comment"
-    if not _trusted(event):
-        return f"ignored: {event.sender} ({event.association}) has no write access"
+    if (dropped := _not_heard(store, event)) is not None:
+        return dropped
     name, argument, who = event.command or "", event.argument, event.sender or "someone"
     outcome = _command(store, event, name, argument, who)
     if event.event == "issue_comment" and event.comment_id is not None and event.number is not None:

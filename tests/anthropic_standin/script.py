@@ -147,3 +147,23 @@ class Script:
 def _check_entry(entry: object) -> None:
     if not isinstance(entry, Reply) and not callable(entry):
         raise TypeError(f"a script entry is a Reply or a callable(request_body) -> Reply, not {entry!r}")
+
+
+def edit_then_submit(new_line: Callable[[int], str], *, delay_s: float = 0.0,
+                     anchor: str = "h = harness.session()") -> Callable[[dict[str, Any]], Reply]:
+    """A model that proposes in two turns: first an edit of train.py adding `new_line(n)` after
+    `anchor` (n counts the proposals from 1, so each is new), then, once the edit's result is back,
+    `submit`. Every answer comes after `delay_s` (a slow model)."""
+    count = 0
+
+    def reply(body: dict[str, Any]) -> Reply:
+        nonlocal count
+        last = body["messages"][-1]["content"]
+        if not (isinstance(last, list) and any(b.get("type") == "tool_result" for b in last)):
+            count += 1
+            return Reply.tool_use("str_replace_based_edit_tool",
+                                  {"command": "str_replace", "path": "/repo/train.py", "old_str": anchor,
+                                   "new_str": f"{anchor}\n{new_line(count)}"}, delay_s=delay_s)
+        return Reply.tool_use("submit", {"title": f"proposal {count}", "hypothesis": "a change",
+                                         "expected_effect": "none", "risk": "none"}, delay_s=delay_s)
+    return reply

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import anthropic
 import pytest
-from anthropic_standin import AnthropicStandIn, Reply
+from anthropic_standin import AnthropicStandIn, edit_then_submit
 
 from bot.agent.claude import ClaudeAgent, ClaudeConfig
 from bot.conductor import Conductor, ConductorConfig
@@ -22,25 +22,9 @@ from fakes import IDENTITY, FakeRunner
 ROOT = Path(__file__).resolve().parents[2]
 MAIN = (ROOT / "train.py").read_text()
 PROGRAM = "---\nautoresearch:\n  first_baseline_runs: 2\n  baseline_runs: 2\n---\n\nLower val_bpb.\n"
-EDITOR = "str_replace_based_edit_tool"
 TURN_S = 0.3  # the model's think time per turn; a proposal is two turns
 
 pytestmark = pytest.mark.filterwarnings("ignore:The model .* is deprecated:DeprecationWarning")
-
-
-def slow_model(body: dict) -> Reply:
-    """Turn 1: an edit that makes this proposal unique; turn 2 (after the edit's result): submit."""
-    last = body["messages"][-1]["content"]
-    answered_edit = isinstance(last, list) and any(b.get("type") == "tool_result" for b in last)
-    if not answered_edit:
-        slow_model.count += 1
-        n = slow_model.count
-        return Reply.tool_use(EDITOR, {"command": "str_replace", "path": "/repo/train.py",
-                                       "old_str": "h = harness.session()",
-                                       "new_str": f"h = harness.session()\n_fake_effect = (0.01, {json.dumps(f'p{n}')})"},
-                              delay_s=TURN_S)
-    return Reply.tool_use("submit", {"title": f"proposal {slow_model.count}", "hypothesis": "h",
-                                     "expected_effect": "none", "risk": "none"}, delay_s=TURN_S)
 
 
 def conductor(tmp_path: Path, api: AnthropicStandIn, runner: FakeRunner, lookahead: int | None) -> Conductor:
@@ -70,8 +54,9 @@ def queued_candidates(loop: Conductor) -> int:
 
 def busy_after_each_finish(tmp_path: Path, lookahead: int | None, finishes: int) -> list[int]:
     """How many slots run right after each finished candidate run (one tick, no waiting)."""
-    slow_model.count = 0
     runner = FakeRunner(slots=2, auto=False)
+    # each proposal: an edit that makes it new (a marked effect for the fake runner), then submit
+    slow_model = edit_then_submit(lambda n: f"_fake_effect = (0.01, {json.dumps(f'p{n}')})", delay_s=TURN_S)
     with AnthropicStandIn([slow_model] * 40) as api:
         loop = conductor(tmp_path, api, runner, lookahead)
         loop.start()

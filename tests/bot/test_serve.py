@@ -275,11 +275,17 @@ def start_child(config: Path, log: Path, failpoint: str | None = None) -> subpro
                             stdout=log.open("ab"), stderr=subprocess.STDOUT)
 
 
-def child_world(tmp_path: Path, run_seconds: float) -> dict:
-    """The config for serve_child.py: one experiment expected to be kept."""
-    return {"secret": SECRET, "state_dir": str(tmp_path / "state"), "port": free_port(),
-            "runs_dir": str(tmp_path / "runs"), "run_seconds": run_seconds,
-            "proposals": [{"title": "better", "hypothesis": "h", "train_py": with_effect(MAIN, -0.1, "better")}]}
+def child_config(tmp_path: Path, gh: GitHubStandIn, pem: str, run_seconds: float) -> Path:
+    """The config of serve_child.py (one experiment, expected to be kept), with the stand-in's
+    webhooks pointed at the port it will listen on."""
+    port = free_port()
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({
+        "pem": pem, "api_url": gh.api_url, "secret": SECRET, "state_dir": str(tmp_path / "state"), "port": port,
+        "runs_dir": str(tmp_path / "runs"), "run_seconds": run_seconds,
+        "proposals": [{"title": "better", "hypothesis": "h", "train_py": with_effect(MAIN, -0.1, "better")}]}))
+    gh.hook(f"http://127.0.0.1:{port}/webhook", SECRET)
+    return config
 
 
 def one_experiment_program(**settings: int) -> str:
@@ -313,10 +319,7 @@ def test_a_server_killed_anywhere_restarts_without_duplicates_and_the_result_lan
     key, pem = app_key()
     with GitHubStandIn(tmp_path / "github", files={"train.py": MAIN, "program.md": one_experiment_program()},
                        app_public_key=key.public_key()) as gh:
-        config = tmp_path / "config.json"
-        settings = child_world(tmp_path, run_seconds=1.5)
-        config.write_text(json.dumps(dict(settings, pem=pem, api_url=gh.api_url)))
-        gh.hook(f"http://127.0.0.1:{settings['port']}/webhook", SECRET)
+        config = child_config(tmp_path, gh, pem, run_seconds=1.5)
         log = tmp_path / "serve.log"
         child = start_child(config, log, None if kill_at == "mid-run" else kill_at)
         try:
@@ -345,10 +348,7 @@ def test_a_pull_request_closed_while_the_server_was_down_cancels_its_experiment(
     program_md = one_experiment_program(first_baseline_runs=1, baseline_runs=1)  # proposed while main runs
     with GitHubStandIn(tmp_path / "github", files={"train.py": MAIN, "program.md": program_md},
                        app_public_key=key.public_key(), collaborators={"alice": "write"}) as gh:
-        config = tmp_path / "config.json"
-        settings = child_world(tmp_path, run_seconds=600)  # main's runs too: the experiment waits its turn
-        config.write_text(json.dumps(dict(settings, pem=pem, api_url=gh.api_url)))
-        gh.hook(f"http://127.0.0.1:{settings['port']}/webhook", SECRET)
+        config = child_config(tmp_path, gh, pem, run_seconds=600)  # main's runs too: the experiment waits its turn
         log = tmp_path / "serve.log"
         child = start_child(config, log)
         try:
