@@ -444,15 +444,15 @@ class Conductor:
         if digest in seen or (digest != main.code and digest in self.store.seen_code_hashes()):
             earlier = self.store.experiment_by_code(digest)
             return f"it repeats experiment {earlier.id} ({earlier.title!r})" if earlier else "it repeats an earlier run"
-        earlier = [(e.id, e.title, self._normal_hash(e.code_hash, e.train_py)) for e in self.store.experiments()
-                   if e.train_py]
+        earlier = [(exp_id, title, self._normal_hash(code, exp_id)) for exp_id, title, code in self.store.codes()]
         return validation.problem(proposal.title, proposal.train_py, main_train_py=main.train_py, earlier=earlier)
 
-    def _normal_hash(self, code: str | None, text: str | None) -> str | None:
-        """validation.normal_hash, remembered per code (a history of a thousand is parsed once)."""
+    def _normal_hash(self, code: str, exp_id: int) -> str | None:
+        """validation.normal_hash of an experiment's train.py, remembered per code: a history of a
+        thousand is read and parsed once, not at every proposal."""
         if code not in self._normal:
-            self._normal[code or ""] = validation.normal_hash(text or "")
-        return self._normal[code or ""]
+            self._normal[code] = validation.normal_hash(self.store.experiment(exp_id).train_py or "")
+        return self._normal[code]
 
     def context(self, main: Main) -> ProposalContext:
         values = self.main_values(main.code)

@@ -264,6 +264,12 @@ class Store:
                               (code_hash,)).fetchone()
         return _experiment(row) if row else None
 
+    def codes(self) -> list[tuple[int, str, str]]:
+        """(id, title, code_hash) of every experiment with a proposed train.py, without the texts."""
+        rows = self.db.execute("SELECT id, title, code_hash FROM experiments "
+                               "WHERE code_hash IS NOT NULL AND train_py IS NOT NULL ORDER BY id")
+        return [(r[0], r[1], r[2]) for r in rows]
+
     def experiment_by_branch(self, branch: str) -> Experiment | None:
         row = self.db.execute("SELECT * FROM experiments WHERE branch = ?", (branch,)).fetchone()
         return _experiment(row) if row else None
