@@ -290,14 +290,14 @@ def _selects(path: Path) -> tuple[int, float, dict]:
     return sum(s.lstrip().upper().startswith("SELECT") for s in statements), took, state
 
 
-def test_a_thousand_experiments_take_the_same_few_queries_and_little_time(tmp_path: Path):
+def test_a_thousand_experiments_take_the_same_few_queries(tmp_path: Path):
     _big_store(tmp_path / "small.db", 3)
     _big_store(tmp_path / "big.db", 1000)
     small, _, _ = _selects(tmp_path / "small.db")
-    big, took, state = _selects(tmp_path / "big.db")
+    big, _, state = _selects(tmp_path / "big.db")
     assert small == big <= 6  # no query per experiment
     assert len(state["experiments"]) == 1000 and len(state["chart"]["points"]) == 1 + 750
-    assert took < 0.5, f"building the state of 1000 experiments took {took:.3f}s"  # about 30 ms here
+    # its time is a benchmark's question (docs/benchmarks.md), not a test's: machines here are shared
 
 
 # --- the token, the static files ---------------------------------------------------------------------

@@ -432,4 +432,3 @@ def test_fifty_concurrent_deliveries_through_uvicorn_are_each_stored_once(store_
     assert Counter(status for status, _ in results) == {202: 50, 200: 50}
     assert sorted(e.key for e in inbox(store_path)) == sorted(f"github:load-{i}" for i in range(50))
     assert wakes.count == 50
-    assert max(seconds for _, seconds in results) < 5  # GitHub gives up at 10 s; locally it is milliseconds
