@@ -27,6 +27,13 @@ def wait_for(runner: LocalRunner, run_id: int, timeout: float = 120.0) -> RunSta
     raise AssertionError("no result in time")
 
 
+def wait_until_stopped(pid: int, timeout: float = 60.0) -> None:
+    deadline = time.time() + timeout
+    while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
+        assert time.time() < deadline, f"process {pid} never stopped itself"
+        time.sleep(0.01)
+
+
 def test_slots_share_the_cores(tmp_path: Path) -> None:
     runner = LocalRunner(tmp_path, slots=2)
     assert runner.slots == 2 and runner.threads == max(1, (os.cpu_count() or 1) // 2)
@@ -100,16 +107,22 @@ def test_a_restarted_runner_finds_its_jobs_from_the_files(tmp_path: Path, smoke_
     assert LocalRunner(tmp_path).lookup(9).state == "lost"
 
 
-def test_each_slot_of_a_cuda_profile_sees_only_its_gpu(tmp_path: Path) -> None:
-    runner = LocalRunner(tmp_path, slots=2, gpus=["3", "5"])
+def test_each_slot_of_a_cuda_profile_sees_only_its_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every child stops itself at interpreter start-up (a sitecustomize on its PYTHONPATH, which the
+    # scrubbed environment lets through), so it is alive when its environment is read and its slot
+    # stays taken however slow this machine is: a child that failed fast (no GPU here) would
+    # otherwise be a zombie, whose /proc environ reads empty, or would free its slot too soon.
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text("import os, signal\nos.kill(os.getpid(), signal.SIGSTOP)\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")])))
+    runner = LocalRunner(tmp_path / "runs", slots=2, gpus=["3", "5"])
     seen, pids = [], []
     for run_id, profile in ((1, "h100"), (2, "h100"), (3, "smoke")):
         runner.submit(Job(run_id=run_id, asset="pass\n", profile=profile, seed=run_id))
-        pid = int((tmp_path / str(run_id) / "pid").read_text())
-        # Held still, so that a child that fails fast (no GPU here) cannot end and free its slot before
-        # the next submit on a slow machine: the slots stay taken as on a GPU box.
-        os.kill(pid, signal.SIGSTOP)
+        pid = int((tmp_path / "runs" / str(run_id) / "pid").read_text())
         pids.append(pid)
+        wait_until_stopped(pid)
         environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")  # the child's real environment
         seen.append(next(v for v in environ if v.startswith(b"CUDA_VISIBLE_DEVICES=")).decode())
     for pid in pids:
