@@ -678,7 +678,8 @@ class Conductor:
             log.info("run %s (%s) started", run.id, run.purpose)
 
     def _job(self, run: Run) -> Job:
-        return Job(run_id=run.id, asset=run.asset, profile=run.profile, seed=run.seed, commit=run.commit_sha)
+        return Job(run_id=run.id, asset=run.asset, profile=run.profile, seed=run.seed, commit=run.commit_sha,
+                   experiment_id=run.experiment_id)
 
     def collect(self) -> None:
         """Ask the runner about every running run; record what finished, re-run what was lost."""

@@ -90,6 +90,7 @@ class Job:
     profile: str
     seed: int
     commit: str = ""  # the git commit the asset came from, for the record
+    experiment_id: int | None = None  # None for a baseline run of main
 
     @property
     def asset_sha256(self) -> str:
@@ -103,7 +104,7 @@ class RunResult:
     asset_sha256, steps, tokens/s, cpu_share...)."""
 
     run_id: int
-    status: str  # ok | crash
+    status: str  # ok | crash (a timed-out or rejected run is a crash; metrics["outcome"] says which)
     val_bpb: float | None = None
     metrics: dict[str, Any] = field(default_factory=dict)
     log_tail: str = ""

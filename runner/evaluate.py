@@ -1,7 +1,9 @@
 """Evaluation: bits per byte on the fixed validation documents.
 
 The harness calls the model for logits only and computes the loss itself, so train.py cannot
-change how it is scored. Per-token cross-entropy (nats) and the byte length of each target token
+change how it is scored. In the isolated path (runner.isolated) the model is a torch.export graph
+loaded by the scoring process (runner.score), exported for one batch shape: `fixed_batch` then
+pads a short last batch to that shape and scores only its real rows. Per-token cross-entropy (nats) and the byte length of each target token
 are summed over `eval_tokens` target tokens; tokens with no bytes (special tokens) are left out
 of both sums; val_bpb = nats / (ln 2 * bytes).
 """
@@ -31,12 +33,14 @@ class Evaluation:
 
 @torch.no_grad()
 def evaluate_bpb(model: torch.nn.Module, tokenizer: Tokenizer, dataset: Dataset, *, seq_len: int,
-                 eval_tokens: int, batch_size: int, device: torch.device) -> Evaluation:
+                 eval_tokens: int, batch_size: int, device: torch.device, fixed_batch: bool = False) -> Evaluation:
     rows_needed = max(1, eval_tokens // seq_len)
     token_bytes = tokenizer.token_bytes.to(device)
     autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext())
+    toggles_mode = not isinstance(model, torch.fx.GraphModule)  # an exported graph has no train mode
     was_training = model.training
-    model.eval()
+    if toggles_mode:
+        model.eval()
     nats = 0.0
     nbytes = 0
     scored = 0
@@ -53,7 +57,10 @@ def evaluate_bpb(model: torch.nn.Module, tokenizer: Tokenizer, dataset: Dataset,
             take = min(batch_size, rows_needed - rows_done)
             x, y = x[:take], y[:take]
             with autocast:
-                logits = model(x)
+                if fixed_batch and x.shape[0] < batch_size:
+                    logits = model(torch.cat([x, x.new_zeros(batch_size - x.shape[0], x.shape[1])]))[:x.shape[0]]
+                else:
+                    logits = model(x)
             if logits.shape[:2] != y.shape or logits.shape[-1] < tokenizer.vocab_size:
                 raise RuntimeError(f"model(x) must return logits [B, T, V>={tokenizer.vocab_size}], "
                                    f"got {tuple(logits.shape)}")
@@ -66,7 +73,8 @@ def evaluate_bpb(model: torch.nn.Module, tokenizer: Tokenizer, dataset: Dataset,
             scored += int(counted.sum().item())
             rows_done += take
     finally:
-        model.train(was_training)
+        if toggles_mode:
+            model.train(was_training)
     if not math.isfinite(nats):
         raise FloatingPointError("validation loss is not finite (NaN or inf)")
     return Evaluation(val_bpb=nats / (math.log(2) * nbytes), tokens=rows_done * seq_len,

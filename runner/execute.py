@@ -1,8 +1,10 @@
 """Run one train.py under the harness, in this process: `python -m runner.execute ...`.
 
 Opens the session (profile, prepared data, tokenizer), executes the asset as `__main__`, and makes
-sure result.json exists at the end: the harness's measurement when train.py called
-`h.finish(model)`, otherwise a crash record with the traceback tail. Exit code 0 only on success.
+sure a record exists at the end: the harness's measurement when train.py called `h.finish(model)`,
+otherwise a crash record with the traceback tail. Exit code 0 only on success. With `--export` it
+is the training process of an isolated run (runner.isolated, inside the sandbox): finish() exports
+the model and the record is claims.json, which only the supervisor reads, as train.py's claims.
 
 For a profile whose budget is CPU time it first fixes two things in the environment, before torch
 is loaded and long before train.py runs: no GPU is visible (one would do the work at almost no CPU
@@ -46,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="CPU threads allotted to the run, the CPU clock's divisor (0: torch's count)")
     parser.add_argument("--started-at", type=float, default=None,
                         help="launch time (epoch seconds) for start-up accounting")
+    parser.add_argument("--export", action="store_true",
+                        help="export the model for a separate scoring process (runner.isolated)")
     args = parser.parse_args(argv)
     try:  # a last resort that needs no parent: a hung run ends even if its conductor is gone
         signal.alarm(int(get_profile(args.profile).max_total_s) + 60)
@@ -70,9 +74,9 @@ def main(argv: list[str] | None = None) -> int:
         source = args.asset.read_text(encoding="utf-8")
         session = harness.open_session(
             args.profile, data=args.data, out_dir=args.out, seed=args.seed, started_at=started_at,
-            asset_sha256=hashlib.sha256(source.encode()).hexdigest(), threads=args.threads)
+            asset_sha256=hashlib.sha256(source.encode()).hexdigest(), threads=args.threads, export=args.export)
     except (DataMissing, ValueError, OSError, RuntimeError) as error:
-        return _crash(args.out, f"{type(error).__name__}: {error}", started_at)
+        return _crash(args.out, f"{type(error).__name__}: {error}", started_at, args.export)
 
     sys.argv = [str(args.asset)]
     try:
@@ -81,17 +85,17 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(error, SystemExit) and error.code in (0, None) and session.result is not None:
             return 0
         tail = "".join(traceback.format_exception(error)).splitlines()[-TRACEBACK_LINES:]
-        return _crash(args.out, "\n".join(tail), started_at)
+        return _crash(args.out, "\n".join(tail), started_at, args.export)
     if session.result is None:
         return _crash(args.out, "train.py ended without calling h.finish(model): the harness has "
-                      "nothing to measure. End train.py with `h.finish(model)`.", started_at)
+                      "nothing to measure. End train.py with `h.finish(model)`.", started_at, args.export)
     return 0
 
 
-def _crash(out: Path, error: str, started_at: float) -> int:
+def _crash(out: Path, error: str, started_at: float, export: bool = False) -> int:
     print(error, file=sys.stderr, flush=True)
-    files.write_text(out / "result.json", json.dumps({"status": "crash", "error": error,
-                                                      "total_seconds": time.time() - started_at}, indent=2))
+    files.write_text(out / ("claims.json" if export else "result.json"),
+                     json.dumps({"status": "crash", "error": error, "total_seconds": time.time() - started_at}, indent=2))
     return 1
 
 

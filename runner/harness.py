@@ -3,8 +3,16 @@
 train.py gets its session with `h = harness.session()` and from it the profile constants, the
 device, the tokenizer and the training batches. It calls `h.step_done(loss)` once per optimizer
 step and trains while `not h.time_up()`; `h.progress()` is the fraction of the budget used, for
-schedules. At the end it hands its model to `h.finish(model)`: the harness evaluates val_bpb
-itself and writes the machine-readable result (result.json). Nothing train.py prints is read.
+schedules. At the end it hands its model to `h.finish(model)`. Nothing train.py prints is read.
+
+What finish() does depends on how the run was started:
+- through the isolated path (`runner.isolated`: the bot's runners and `autoresearch train`), the
+  session exports the model as a torch.export graph and writes what train.py claims about its run
+  (steps, tokens, memory) to claims.json; a separate process that never ran train.py scores the
+  graph (runner.score), and the supervisor measures the training time from outside the sandbox.
+  Nothing in this process, which train.py can change at will, decides the number;
+- run directly (`python train.py`), it evaluates val_bpb in this process and writes result.json:
+  convenient for a person at their own machine, and never used to judge an experiment.
 
 The clock is the harness's: the first `profile.warmup_steps` steps (compilation, allocator
 warm-up) are not counted, as in the reference; the budget counts every later step in full. What a
@@ -40,6 +48,7 @@ import torch
 from runner import dataloader, files
 from runner.data import Dataset, load_dataset, verify_dataset
 from runner.evaluate import evaluate_bpb
+from runner.handoff import MODEL_FILE, export_model
 from runner.profiles import Profile, get_profile, harness_hash
 from runner.tokenizer import Tokenizer, load_tokenizer
 
@@ -87,9 +96,11 @@ class Result:
 
     def summary_block(self) -> str:
         """The reference's summary block."""
+        scored = (f"{self.val_bpb:.6f}" if self.status == "ok" else "scored in a separate process (see the "
+                  "run's result.json)")
         lines = [
             "---",
-            f"val_bpb:          {self.val_bpb:.6f}",
+            f"val_bpb:          {scored}",
             f"training_seconds: {self.training_seconds:.1f}",
             f"total_seconds:    {self.total_seconds:.1f}",
             f"peak_vram_mb:     {self.peak_vram_mb:.1f}",
@@ -108,17 +119,19 @@ class Session:
 
     def __init__(self, profile: Profile, dataset: Dataset, tokenizer: Tokenizer, *, out_dir: Path,
                  seed: int = 0, asset_sha256: str = "", started_at: float | None = None,
-                 device: torch.device | None = None, threads: int = 0,
+                 device: torch.device | None = None, threads: int = 0, export: bool = False,
                  wall_clock: Callable[[], float] = time.time,
                  cpu_clock: Callable[[], float] = time.process_time) -> None:
         """`threads`: the CPU threads the run was allotted (0: torch's thread count now). The
-        clocks are bound here, so that train.py replacing `time.process_time` changes nothing."""
+        clocks are bound here, so that train.py replacing `time.process_time` changes nothing.
+        `export`: finish() exports the model for the scoring process instead of evaluating it."""
         self.profile = profile
         self.dataset = dataset
         self.tokenizer = tokenizer
         self.out_dir = out_dir
         self.seed = seed
         self.asset_sha256 = asset_sha256
+        self.export = export
         self.device = device or pick_device(profile)
         self.threads = threads if threads > 0 else torch.get_num_threads()
         self._torch_threads = torch.get_num_threads()  # at open; a CPU-time run must keep it
@@ -197,19 +210,26 @@ class Session:
     # --- the measurement ------------------------------------------------------------------------
     def finish(self, model: torch.nn.Module, *, flops_per_token: float | None = None,
                extra: dict[str, Any] | None = None) -> Result:
-        """Evaluate the model on the fixed validation tokens and write result.json."""
+        """Evaluate the model on the fixed validation tokens and write result.json; or, in an
+        isolated run, export it for the scoring process and write claims.json."""
         if self.result is not None:
             raise RuntimeError("finish() was already called for this run")
         eval_started = self._wall_clock()
-        evaluation = evaluate_bpb(model, self.tokenizer, self.dataset, seq_len=self.seq_len,
-                                  eval_tokens=self.profile.eval_tokens,
-                                  batch_size=self.profile.eval_batch_size, device=self.device)
+        if self.export:
+            export_model(model, self.out_dir / MODEL_FILE, batch_size=self.profile.eval_batch_size,
+                         seq_len=self.seq_len, vocab_size=self.vocab_size, device=self.device)
+            val_bpb, scored = math.nan, {}
+        else:
+            evaluation = evaluate_bpb(model, self.tokenizer, self.dataset, seq_len=self.seq_len,
+                                      eval_tokens=self.profile.eval_tokens,
+                                      batch_size=self.profile.eval_batch_size, device=self.device)
+            val_bpb, scored = evaluation.val_bpb, {"eval_tokens": evaluation.tokens, "eval_bytes": evaluation.bytes}
         now = self._wall_clock()
         timed_tokens = self.tokens_served - self._untimed_tokens
         params = sum(p.numel() for p in model.parameters())
         self.result = Result(
-            status="ok",
-            val_bpb=evaluation.val_bpb,
+            status="exported" if self.export else "ok",
+            val_bpb=val_bpb,
             training_seconds=self.training_seconds,
             total_seconds=now - self.started_at,
             startup_seconds=(self.first_step_at or now) - self.started_at,
@@ -232,9 +252,9 @@ class Session:
             asset_sha256=self.asset_sha256,
             seed=self.seed,
             device=str(self.device),
-            extra=dict(extra or {}, eval_tokens=evaluation.tokens, eval_bytes=evaluation.bytes),
+            extra=dict(extra or {}, **scored),
         )
-        write_json(self.out_dir / "result.json", asdict(self.result))
+        write_json(self.out_dir / ("claims.json" if self.export else "result.json"), asdict(self.result))
         return self.result
 
     def cpu_share(self) -> float:
@@ -293,17 +313,21 @@ _current: Session | None = None
 
 
 def open_session(profile_name: str, *, data: str | None = None, out_dir: Path, seed: int = 0,
-                 asset_sha256: str = "", started_at: float | None = None, threads: int = 0) -> Session:
+                 asset_sha256: str = "", started_at: float | None = None, threads: int = 0,
+                 export: bool = False) -> Session:
     """Build the session for a run: loads prepared data (its fingerprint checked against the
-    files) and tokenizer, never prepares them. `threads`: the CPU threads allotted (0: torch's)."""
+    files) and tokenizer, never prepares them. `threads`: the CPU threads allotted (0: torch's).
+    `export`: an isolated run, whose sandbox holds the training split only: the supervisor has
+    checked the fingerprint, and finish() exports the model instead of evaluating it."""
     global _current
     profile = get_profile(profile_name)
     dataset = load_dataset(data or profile.data, profile.name)
-    verify_dataset(dataset, profile.name)
+    if not export:
+        verify_dataset(dataset, profile.name)
     tokenizer = load_tokenizer(dataset, profile.vocab_size, profile.name)
     torch.manual_seed(seed)
     _current = Session(profile, dataset, tokenizer, out_dir=out_dir, seed=seed,
-                       asset_sha256=asset_sha256, started_at=started_at, threads=threads)
+                       asset_sha256=asset_sha256, started_at=started_at, threads=threads, export=export)
     return _current
 
 

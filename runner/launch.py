@@ -1,9 +1,13 @@
-"""Launch one training job in a child process and collect its result.
+"""Child processes for runs: the isolated supervisor, and the bare training process.
 
-The child runs `python -m runner.execute` with an environment scrubbed of secrets, its output
-teed to `log.txt` in the run directory, and a hard wall-clock limit. Whatever happens (a crash, a
-kill, a timeout) the caller gets a result dict: the harness's result.json, or a crash record
-built from the exit status and the log tail.
+- `start_isolated` starts `python -m runner.isolated` for a job file: the path every runner takes
+  (sandboxed training, scoring in a separate process; see runner.isolated). The local runner
+  starts one per job, in its own session, with an environment scrubbed of secrets.
+- `start`/`run`/`collect` run `python -m runner.execute` alone, train.py and the in-process
+  evaluation together, unsandboxed: what `python train.py` does, used by the harness's own tests
+  and benches to look at the training process itself. No runner judges an experiment this way.
+Whatever happens (a crash, a kill, a timeout) `collect` gives a result dict: the harness's
+result.json, or a crash record built from the exit status and the log tail.
 """
 
 from __future__ import annotations
@@ -74,6 +78,23 @@ def start(asset: Path, profile: str, out: Path, *, seed: int = 0, data: str | No
     else:
         with open(out / "log.txt", "ab") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    (out / "pid").write_text(str(proc.pid))
+    return proc
+
+
+def start_isolated(job_file: Path, out: Path, *, data: str | None = None, threads: int = 0,
+                   gpu: str | None = None) -> subprocess.Popen:
+    """Start the supervisor of one isolated run (runner.isolated) in its own session; it writes
+    out/result.json. Its pid goes to out/pid."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "pid").unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "runner.isolated", "--job", str(job_file), "--out", str(out),
+           "--backend", "local", "--threads", str(threads)]
+    cmd += ["--data", data] if data else []
+    cmd += ["--gpu", gpu] if gpu else []
+    with open(out / "supervisor.log", "ab") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=training_env(),
+                                start_new_session=True)
     (out / "pid").write_text(str(proc.pid))
     return proc
 

@@ -31,6 +31,11 @@ class Profile:
     train_shards: int  # parquet shards to download when data is a URL
     tokenizer_chars: int  # characters of training text the tokenizer is trained on
     max_total_s: float  # hard wall-clock limit for the whole run, start-up and evaluation included
+    # What an isolated run's training process may spend beyond the budget, on the profile's clock,
+    # measured from outside its sandbox: imports, data, compilation, warm-up steps, the export. A
+    # training process that used more trained past its budget (a patched clock) and is rejected.
+    startup_allowance_s: float
+    score_limit_s: float  # wall-clock limit of the scoring process (load, causality probe, val_bpb)
 
     def __post_init__(self) -> None:
         if self.clock not in CLOCKS:
@@ -49,7 +54,8 @@ PROFILES: dict[str, Profile] = {
     "h100": Profile(
         name="h100", device="cuda", seq_len=2048, vocab_size=8192, time_budget_s=300.0, clock="wall",
         warmup_steps=10, eval_tokens=40 * 524288, eval_batch_size=64, data=REFERENCE_DATA_URL,
-        train_shards=10, tokenizer_chars=1_000_000_000, max_total_s=900.0,
+        train_shards=10, tokenizer_chars=1_000_000_000, max_total_s=900.0, startup_allowance_s=90.0,
+        score_limit_s=300.0,
     ),
     # 30 s of training on 2 CPU cores (60 CPU seconds) and a few seconds of evaluation. On a
     # machine busy with other work (cpu_share 0.31, about 3x slower) a run took 112 s in all; the
@@ -57,13 +63,15 @@ PROFILES: dict[str, Profile] = {
     "cpu": Profile(
         name="cpu", device="cpu", seq_len=256, vocab_size=4096, time_budget_s=30.0, clock="cpu",
         warmup_steps=1, eval_tokens=2**16, eval_batch_size=32, data="builtin",
-        train_shards=0, tokenizer_chars=5_000_000, max_total_s=240.0,
+        train_shards=0, tokenizer_chars=5_000_000, max_total_s=240.0, startup_allowance_s=20.0,
+        score_limit_s=120.0,
     ),
     # A few seconds in all, for tests (25 s in all at cpu_share 0.2; the limit is for hangs).
     "smoke": Profile(
         name="smoke", device="cpu", seq_len=128, vocab_size=1024, time_budget_s=3.0, clock="cpu",
         warmup_steps=1, eval_tokens=2**13, eval_batch_size=16, data="builtin",
-        train_shards=0, tokenizer_chars=5_000_000, max_total_s=120.0,
+        train_shards=0, tokenizer_chars=5_000_000, max_total_s=120.0, startup_allowance_s=20.0,
+        score_limit_s=120.0,
     ),
 }
 
@@ -78,7 +86,7 @@ def get_profile(name: str) -> Profile:
 
 # The harness files that decide a measurement; fixing a download or a launcher keeps baselines valid.
 MEASURING_FILES = ("profiles.py", "data.py", "tokenizer.py", "dataloader.py", "evaluate.py", "harness.py",
-                   "execute.py")
+                   "execute.py", "isolated.py", "handoff.py", "probe.py", "score.py")
 
 
 def harness_hash() -> str:

@@ -1,11 +1,11 @@
-"""The local runner: each job is a `python -m runner.execute` child process on this machine.
+"""The local runner: each job is an isolated run (`python -m runner.isolated`) on this machine.
 
 N slots. On the CPU each slot gets an equal share of the cores as torch threads and sees no GPU;
-on a CUDA profile each slot sees only its own GPU (`CUDA_VISIBLE_DEVICES`). Everything about a
-job lives in its run directory `<runs_dir>/<run_id>/` (job.json, train.py, pid, log.txt,
-progress.jsonl, result.json, and outcome.json once the runner has collected it), so lookup() can
-answer from the files alone: a restarted conductor finds the jobs that went on without it, and
-the results they left behind.
+on a CUDA profile each slot sees only its own GPU (its device node in the sandbox, and
+`CUDA_VISIBLE_DEVICES`). Everything about a job lives in its run directory `<runs_dir>/<run_id>/`
+(job.json, jobspec.json, pid, log.txt, scratch/progress.jsonl, result.json (a ResultSpec), and
+outcome.json once the runner has collected it), so lookup() can answer from the files alone: a
+restarted conductor finds the jobs that went on without it, and the results they left behind.
 """
 
 from __future__ import annotations
@@ -21,10 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from bot.records import Job, RunResult, RunStatus
+from bot.runners.protocol import ResultRefused, checked_result, job_spec
 from runner import files, launch
-from runner.profiles import get_profile
+from runner.isolated import read_regular
+from runner.profiles import get_profile, harness_hash
+from runner.protocol import JobSpec, ResultSpec
 
 log = logging.getLogger(__name__)
+SUPERVISOR_GRACE_S = 60.0  # beyond the training and scoring limits, before the supervisor itself is killed
 
 
 class LocalRunner:
@@ -52,15 +56,14 @@ class LocalRunner:
         out.mkdir(parents=True, exist_ok=True)
         profile = get_profile(job.profile)
         slot = self._free_slot()
-        asset = out / "train.py"
-        asset.write_text(job.asset, encoding="utf-8")
+        spec = job_spec(job)
+        files.write_text(out / "jobspec.json", spec.model_dump_json())
         record = {"run_id": job.run_id, "profile": job.profile, "seed": job.seed, "commit": job.commit,
                   "asset_sha256": job.asset_sha256, "slot": slot, "submitted_at": time.time(),
-                  "deadline": time.time() + profile.max_total_s}
+                  "deadline": time.time() + profile.max_total_s + profile.score_limit_s + SUPERVISOR_GRACE_S}
         files.write_text(out / "job.json", json.dumps(record))  # first: a second submit starts nothing
-        visible = self.gpus[slot % len(self.gpus)] if profile.device == "cuda" else ""
-        proc = launch.start(asset, job.profile, out, seed=job.seed, data=self.data, threads=self.threads,
-                            extra_env={"CUDA_VISIBLE_DEVICES": visible})
+        gpu = self.gpus[slot % len(self.gpus)] if profile.device == "cuda" else None
+        proc = launch.start_isolated(out / "jobspec.json", out, data=self.data, threads=self.threads, gpu=gpu)
         files.write_text(out / "job.json", json.dumps(dict(record, pid=proc.pid)))
         self._procs[job.run_id] = proc
         self._slot_of[job.run_id] = slot
@@ -76,7 +79,7 @@ class LocalRunner:
         job.setdefault("pid", _read_pid(out))  # launch.start writes it before job.json has it
         outcome = _read_json(out / "outcome.json")
         if outcome is not None:
-            return RunStatus("finished", result=_result(job, outcome))
+            return _finished(out, job, outcome)
         proc = self._procs.get(run_id)
         if proc is not None:
             code = proc.poll()
@@ -115,11 +118,11 @@ class LocalRunner:
     # --- internals -------------------------------------------------------------------------------
     def _finish(self, run_id: int, out: Path, job: dict[str, Any], code: int | None, *,
                 timed_out: bool = False) -> RunStatus:
-        outcome = launch.collect(out, code, timed_out=timed_out)
+        outcome = _read_json(out / "result.json") or _lost_supervisor(out, code, timed_out)
         files.write_text(out / "outcome.json", json.dumps(outcome))  # later lookups read this
         self._procs.pop(run_id, None)
         self._slot_of.pop(run_id, None)
-        return RunStatus("finished", result=_result(job, outcome))
+        return _finished(out, job, outcome)
 
     def _free_slot(self) -> int:
         taken = set(self._slot_of.values())
@@ -131,23 +134,45 @@ class LocalRunner:
             self._notify()
 
 
-def _result(job: dict[str, Any], outcome: dict[str, Any]) -> RunResult:
-    status = "ok" if outcome.get("status") == "ok" else "crash"
-    metrics = {k: v for k, v in outcome.items() if k not in ("status", "error", "log_tail")}
-    return RunResult(run_id=job["run_id"], status=status,
-                     val_bpb=outcome.get("val_bpb") if status == "ok" else None,
-                     metrics=metrics, log_tail=outcome.get("log_tail", ""), error=outcome.get("error"))
+def _finished(out: Path, job: dict[str, Any], outcome: dict[str, Any]) -> RunStatus:
+    """The supervisor's ResultSpec, checked against the job; or the crash record of a supervisor
+    that died before it wrote one."""
+    if "version" not in outcome:
+        return RunStatus("finished", result=RunResult(run_id=job["run_id"], status="crash", error=outcome["error"],
+                                                      log_tail=outcome.get("log_tail", ""), metrics={}))
+    try:
+        spec = JobSpec.model_validate_json((out / "jobspec.json").read_text())
+        return RunStatus("finished", result=checked_result(spec, ResultSpec.model_validate(outcome),
+                                                           harness=harness_hash()))
+    except (OSError, ValueError, ResultRefused) as error:
+        return RunStatus("lost", detail=f"result refused: {error}")
+
+
+def _lost_supervisor(out: Path, code: int | None, timed_out: bool) -> dict[str, Any]:
+    if timed_out:
+        why = "the run's supervisor outlived every limit and was killed"
+    elif code is not None and code < 0:
+        why = f"the run's supervisor was killed by signal {-code} before it wrote a result"
+    else:
+        why = f"the run's supervisor exited with code {code} without writing a result"
+    return {"status": "crash", "error": why, "log_tail": launch.log_tail(out / "supervisor.log")}
 
 
 def last_progress(out: Path) -> dict[str, Any] | None:
+    """The latest progress line of a running job, for display. The file is the sandbox's: read
+    without following a link it may have planted there."""
+    path = out / "scratch" / "progress.jsonl"
     try:
-        with open(out / "progress.jsonl", "rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            handle.seek(max(0, handle.tell() - 4096))
-            lines = handle.read().decode(errors="replace").strip().splitlines()
-        return json.loads(lines[-1]) if lines else None
-    except (FileNotFoundError, json.JSONDecodeError):
+        size = os.lstat(path).st_size
+    except OSError:
         return None
+    chunk = read_regular(path, 4096, offset=max(0, size - 4096))
+    lines = chunk.decode(errors="replace").strip().splitlines() if chunk else []
+    try:
+        line = json.loads(lines[-1]) if lines else None
+    except json.JSONDecodeError:
+        return None
+    return line if isinstance(line, dict) else None
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -174,4 +199,4 @@ def _is_our_child(pid: int | None) -> bool:
         status = Path(f"/proc/{pid}/status").read_text()
     except OSError:
         return False
-    return b"runner.execute" in cmdline and "State:\tZ" not in status
+    return b"runner.isolated" in cmdline and "State:\tZ" not in status

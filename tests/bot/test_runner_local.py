@@ -107,7 +107,7 @@ def test_a_restarted_runner_finds_its_jobs_from_the_files(tmp_path: Path, smoke_
     assert LocalRunner(tmp_path).lookup(9).state == "lost"
 
 
-def test_each_slot_of_a_cuda_profile_sees_only_its_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_each_slot_of_a_cuda_profile_gets_its_own_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Every child stops itself at interpreter start-up (a sitecustomize on its PYTHONPATH, which the
     # scrubbed environment lets through), so it is alive when its environment is read and its slot
     # stays taken however slow this machine is: a child that failed fast (no GPU here) would
@@ -123,10 +123,10 @@ def test_each_slot_of_a_cuda_profile_sees_only_its_gpu(tmp_path: Path, monkeypat
         pid = int((tmp_path / "runs" / str(run_id) / "pid").read_text())
         pids.append(pid)
         wait_until_stopped(pid)
-        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")  # the child's real environment
-        seen.append(next(v for v in environ if v.startswith(b"CUDA_VISIBLE_DEVICES=")).decode())
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")  # the supervisor's real command
+        seen.append(argv[argv.index("--gpu") + 1] if "--gpu" in argv else None)
     for pid in pids:
         os.kill(pid, signal.SIGCONT)
     for run_id in (1, 2, 3):
         runner.cancel(run_id)
-    assert seen == ["CUDA_VISIBLE_DEVICES=3", "CUDA_VISIBLE_DEVICES=5", "CUDA_VISIBLE_DEVICES="]
+    assert seen == ["3", "5", None]  # the supervisor shows the sandbox that device only (tests/runner/test_isolated.py)

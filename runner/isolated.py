@@ -1,0 +1,382 @@
+"""The isolated run: the one path every runner takes to turn a JobSpec into a ResultSpec.
+
+`run_job` (or `python -m runner.isolated --job JOB.json --out DIR`) is the supervisor. It never
+runs train.py's code itself. In order:
+1. checks the prepared data against its fingerprint, and writes train.py to DIR/asset/;
+2. starts the training process (runner.execute --export) in a sandbox (runner.sandbox) that sees
+   the training split, the tokenizer, train.py and a private scratch directory DIR/scratch, and
+   nothing else: not the validation split, not DIR/result.json, not a credential. Its output goes
+   to DIR/log.txt, capped; its progress lines (DIR/scratch/progress.jsonl) are for display only;
+3. measures that process from outside: wall time, and CPU time of the whole process tree from the
+   kernel (wait4). Past the profile's hard limit it is killed (`timeout`); having used more than
+   budget + start-up allowance on the profile's clock, its train.py trained past the budget and
+   the run is `rejected`;
+4. scores the exported model (DIR/scratch/model.pt2) in a second sandboxed process that never
+   ran train.py (runner.score): causality probe, then val_bpb on the validation split;
+5. writes DIR/result.json, which no process of the run can reach.
+What train.py says about itself (steps, tokens, memory, in scratch/claims.json) is kept as
+information; only the scorer's val_bpb and the supervisor's clocks decide anything.
+
+Without a usable bubblewrap the run goes on unsandboxed, with a loud warning in the log and
+`sandboxed: false` in the result: train.py can then read what the user running it can read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from runner import files, sandbox
+from runner.data import DataMissing, cache_dir, load_dataset, verify_dataset
+from runner.handoff import MODEL_FILE
+from runner.proctree import TreeCPU
+from runner.profiles import Profile, get_profile, harness_hash
+from runner.protocol import Hashes, JobSpec, ResultSpec, RunnerIdentity, Timings
+from runner.tokenizer import tokenizer_dir
+
+LOG_LIMIT_BYTES = 4 << 20  # the log keeps its first 4 MiB; a run printing more loses the rest, not the disk
+MODEL_LIMIT_BYTES = 8 << 30  # the exported model handed to the scorer
+FILE_LIMIT_BYTES = 16 << 30  # no single file written by a sandboxed process may be larger
+LOG_TAIL_LINES = 60
+CLAIMED_KEYS = ("num_steps", "total_tokens_M", "tokens_per_second", "tokens_per_wall_second", "peak_vram_mb",
+                "mfu_percent", "num_params_M", "startup_seconds", "training_seconds", "extra")
+
+
+class Supervisor:
+    """One isolated run in directory `out`. See the module docstring."""
+
+    def __init__(self, job: JobSpec, out: Path, *, backend: str = "local", data: str | None = None,
+                 threads: int = 0, gpu: str | None = None, detail: str = "", use_sandbox: bool | None = None,
+                 on_progress: Callable[[dict[str, Any]], None] | None = None,
+                 on_line: Callable[[str], None] | None = None) -> None:
+        self.job, self.out, self.data, self.gpu = job, out, data, gpu
+        self.threads = threads
+        self.on_progress, self.on_line = on_progress, on_line
+        self.started = time.time()
+        self.scratch = out / "scratch"
+        self.timings = Timings()
+        self.hashes = Hashes(asset=job.asset_sha256, harness=harness_hash(), data="")
+        ok, what = sandbox.available() if use_sandbox is not False else (False, "turned off")
+        self.sandboxed = ok
+        self.identity = RunnerIdentity(backend=backend, host=socket.gethostname(), device="cpu",
+                                       sandbox=what if ok else "none", detail=detail)
+        self.why_unsandboxed = "" if ok else what
+        self._log = None
+        self._log_bytes = 0
+        self._progress_at = 0
+
+    # --- the run ---------------------------------------------------------------------------------
+    def run(self) -> ResultSpec:
+        try:
+            profile = get_profile(self.job.profile)
+        except ValueError as error:
+            return self._result("crash", error=str(error))
+        self._prepare_dirs()
+        try:
+            dataset = load_dataset(self.data or profile.data, profile.name)
+            self.hashes = self.hashes.model_copy(update={"data": verify_dataset(dataset, profile.name)})
+        except DataMissing as error:
+            return self._result("crash", error=str(error), profile=profile)
+        tokens = tokenizer_dir(dataset, profile.vocab_size)
+        if not self.sandboxed:
+            self._say(f"WARNING: running train.py WITHOUT a sandbox: {self.why_unsandboxed}. It can read every "
+                      "file this user can and open network connections; the result is marked unsandboxed.")
+        train_view = [self.out / "asset", dataset.root / "manifest.json", *dataset.paths("train"), tokens]
+        code, cpu, wall, killed = self._run_training(profile, train_view)
+        self.timings.training_wall = wall
+        claims = self._read_claims()
+        if killed:
+            return self._result("timeout", profile=profile, claims=claims, cpu=cpu,
+                                error=f"the training process ran past the profile's hard limit of "
+                                      f"{profile.max_total_s:.0f} s and was killed with everything it started")
+        used = wall if profile.clock == "wall" else cpu / self._clock_threads()
+        self.timings.training = used
+        model = self.scratch / MODEL_FILE
+        if code != 0 or claims.get("status") != "exported" or not os.path.lexists(model):
+            error = str(claims.get("error") or "")[-4000:] or _exit_reason(code)
+            return self._result("crash", profile=profile, claims=claims, cpu=cpu, error=error)
+        limit = profile.time_budget_s + profile.startup_allowance_s
+        if used > limit:
+            return self._result("rejected", profile=profile, claims=claims, cpu=cpu, error=(
+                f"the training process used {used:.1f} s on the {profile.clock} clock, measured outside its "
+                f"sandbox, past the budget of {profile.time_budget_s:.0f} s plus {profile.startup_allowance_s:.0f} s "
+                "for start-up: train.py trained past its budget (the harness's clock was changed or ignored)"))
+        handoff = self.out / "handoff"
+        handoff.mkdir(exist_ok=True)
+        graph = read_regular(model, MODEL_LIMIT_BYTES)
+        if graph is None:
+            return self._result("rejected", profile=profile, claims=claims, cpu=cpu, error=(
+                f"{MODEL_FILE} is not a regular file under {MODEL_LIMIT_BYTES >> 30} GiB (a link, a pipe, or too large)"))
+        files.write_bytes(handoff / MODEL_FILE, graph)  # the scorer reads a copy no training process can reach
+        score = self._run_scoring(profile, handoff / MODEL_FILE,
+                                  [dataset.root / "manifest.json", *dataset.paths("val"), tokens])
+        self.timings.probe = float(score.get("probe_seconds") or 0.0)
+        if "rejected" in score:
+            return self._result("rejected", profile=profile, claims=claims, cpu=cpu, error=str(score["rejected"]))
+        if "val_bpb" not in score:
+            return self._result("crash", profile=profile, claims=claims, cpu=cpu,
+                                error=str(score.get("error") or "the scoring process gave no answer"))
+        self.identity = self.identity.model_copy(update={"device": str(score.get("device", "cpu"))})
+        return self._result("ok", profile=profile, claims=claims, cpu=cpu, score=score)
+
+    # --- the two processes ---------------------------------------------------------------------------
+    def _run_training(self, profile: Profile, view: list[Path]) -> tuple[int | None, float, float, bool]:
+        cmd = [sys.executable, "-m", "runner.execute", "--asset", str(self.out / "asset" / "train.py"),
+               "--profile", profile.name, "--out", str(self.scratch), "--seed", str(self.job.seed),
+               "--threads", str(self.threads), "--export", "--started-at", f"{time.time():.3f}"]
+        if self.data:
+            cmd += ["--data", self.data]
+        env = self._env(profile, home=self.scratch)
+        box = sandbox.Sandbox(read=view, write=[self.scratch], env=env, gpus=self._gpus(profile), cwd=self.scratch)
+        launched = time.time()
+        self.timings.sandbox_setup = launched - self.started
+        proc = self._start(cmd, box)
+        tree = TreeCPU(proc.pid)
+        deadline = launched + profile.max_total_s
+        killed = False
+        while True:
+            tree.sample()
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            self._relay_progress()
+            if time.time() > deadline:
+                _kill_group(proc.pid)
+                killed = True
+                pid, status, usage = os.wait4(proc.pid, 0)
+                break
+            time.sleep(0.1)
+        wall = time.time() - launched
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        _kill_group(proc.pid)  # unsandboxed: whatever it left in its session; sandboxed: already gone
+        self._pump.join(timeout=10)
+        self._relay_progress()
+        # The kernel's account of what was reaped, or what was seen running, whichever is more.
+        return proc.returncode, max(usage.ru_utime + usage.ru_stime, tree.total()), wall, killed
+
+    def _run_scoring(self, profile: Profile, model: Path, view: list[Path]) -> dict[str, Any]:
+        cmd = [sys.executable, "-m", "runner.score", "--model", str(model), "--profile", profile.name]
+        if self.data:
+            cmd += ["--data", self.data]
+        home = self.out / "handoff"
+        box = sandbox.Sandbox(read=[model, *view], env=self._env(profile, home=home), gpus=self._gpus(profile),
+                              cwd=home)
+        started = time.time()
+        argv = sandbox.wrap(cmd, box) if self.sandboxed else cmd
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, env=box.env, cwd=home,
+                                  timeout=profile.score_limit_s, start_new_session=True)
+        except subprocess.TimeoutExpired:
+            return {"error": f"scoring took longer than {profile.score_limit_s:.0f} s and was stopped"}
+        finally:
+            self.timings.evaluation = time.time() - started
+        lines = done.stdout.strip().splitlines()
+        try:
+            answer = json.loads(lines[-1]) if lines else {}
+        except ValueError:
+            answer = {}
+        if not isinstance(answer, dict) or not answer:
+            tail = "\n".join(done.stderr.strip().splitlines()[-20:])
+            return {"error": f"the scoring process failed (exit code {done.returncode}): {tail}"}
+        return answer
+
+    def _start(self, cmd: list[str], box: sandbox.Sandbox) -> subprocess.Popen[bytes]:
+        argv = sandbox.wrap(cmd, box) if self.sandboxed else cmd
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=box.env, cwd=box.cwd,
+                                start_new_session=True, preexec_fn=_limit_files)
+        self._pump = threading.Thread(target=self._pump_output, args=(proc,), daemon=True)
+        self._pump.start()
+        return proc
+
+    def _env(self, profile: Profile, *, home: Path) -> dict[str, str]:
+        """The whole environment of a sandboxed process: nothing inherited but the basics."""
+        env = {"PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin", "HOME": str(home),
+               "TMPDIR": "/tmp" if self.sandboxed else str(home), "LANG": "C.UTF-8", "PYTHONUNBUFFERED": "1",
+               "PYTHONDONTWRITEBYTECODE": "1", "AUTORESEARCH_CACHE": str(cache_dir()),
+               "CUDA_VISIBLE_DEVICES": (self.gpu or "0") if profile.device == "cuda" else ""}
+        if self.threads > 0:
+            env["OMP_NUM_THREADS"] = str(self.threads)
+        return env
+
+    def _gpus(self, profile: Profile) -> list[str]:
+        return [self.gpu or "0"] if profile.device == "cuda" else []
+
+    # --- output ----------------------------------------------------------------------------------------
+    def _prepare_dirs(self) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        for stale in ("scratch", "handoff", "asset"):  # a reused directory starts clean
+            shutil.rmtree(self.out / stale, ignore_errors=True)
+        (self.out / "result.json").unlink(missing_ok=True)
+        self.scratch.mkdir()
+        os.chmod(self.scratch, 0o777)  # the sandbox's user (nobody) writes here
+        (self.out / "asset").mkdir()
+        (self.out / "asset" / "train.py").write_text(self.job.asset, encoding="utf-8")
+        self._log = open(self.out / "log.txt", "wb")
+
+    def _say(self, line: str) -> None:
+        self._write_log((line + "\n").encode())
+        print(line, file=sys.stderr, flush=True)
+
+    def _pump_output(self, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            self._write_log(raw)
+            if self.on_line is not None:
+                self.on_line(raw.decode(errors="replace").rstrip("\n"))
+
+    def _write_log(self, data: bytes) -> None:
+        if self._log is None:
+            return
+        room = LOG_LIMIT_BYTES - self._log_bytes
+        if room > 0:
+            self._log.write(data[:room])
+            if len(data) > room:
+                self._log.write(f"\n[log cut at {LOG_LIMIT_BYTES} bytes: the rest of the output was dropped]\n".encode())
+            self._log.flush()
+        self._log_bytes += len(data)
+
+    def _relay_progress(self) -> None:
+        if self.on_progress is None:
+            return
+        chunk = read_regular(self.scratch / "progress.jsonl", 1 << 20, offset=self._progress_at)
+        if chunk is None:
+            return
+        complete = chunk[:chunk.rfind(b"\n") + 1]
+        self._progress_at += len(complete)
+        for line in complete.splitlines():
+            try:
+                self.on_progress(json.loads(line))
+            except ValueError:
+                continue
+
+    def _read_claims(self) -> dict[str, Any]:
+        try:
+            claims = json.loads(read_regular(self.scratch / "claims.json", 1 << 20) or b"{}")
+        except ValueError:
+            return {}
+        return claims if isinstance(claims, dict) else {}
+
+    def _clock_threads(self) -> int:
+        return self.threads if self.threads > 0 else len(os.sched_getaffinity(0))
+
+    def _result(self, status: str, *, error: str | None = None, profile: Profile | None = None,
+                claims: dict[str, Any] | None = None, cpu: float = 0.0, score: dict[str, Any] | None = None) -> ResultSpec:
+        claims = claims or {}
+        self.timings.startup = float(claims.get("startup_seconds") or 0.0)
+        self.timings.export = float(claims.get("eval_seconds") or 0.0)  # finish() exported, in the sandbox
+        self.timings.total = time.time() - self.started
+        if score:
+            self.timings.evaluation = float(score.get("load_seconds", 0)) + self.timings.probe + float(
+                score.get("eval_seconds", 0))
+        metrics: dict[str, Any] = {key: claims[key] for key in CLAIMED_KEYS if key in claims}
+        if "training_seconds" in metrics:
+            metrics["claimed_training_seconds"] = metrics.pop("training_seconds")
+        if profile is not None:
+            threads = self._clock_threads()
+            wall = self.timings.training_wall
+            metrics.update(clock=profile.clock, threads=threads, cpu_seconds=round(cpu, 3),
+                           training_seconds=round(self.timings.training, 3),
+                           cpu_share=round(cpu / (wall * threads), 4) if wall > 0 else 0.0)
+        if score:
+            metrics.update({k: score[k] for k in ("eval_tokens", "eval_bytes", "probe", "probe_max_change") if k in score})
+        result = ResultSpec(
+            run_id=self.job.run_id, experiment_id=self.job.experiment_id, status=status,  # type: ignore[arg-type]
+            val_bpb=float(score["val_bpb"]) if score else None, error=error, metrics=metrics,
+            log_tail=self._log_tail(), timings=self.timings, hashes=self.hashes, runner=self.identity,
+            sandboxed=self.sandboxed, profile=self.job.profile, seed=self.job.seed)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        self.out.mkdir(parents=True, exist_ok=True)
+        files.write_text(self.out / "result.json", result.model_dump_json(indent=2))
+        return result
+
+    def _log_tail(self) -> str:
+        try:
+            text = (self.out / "log.txt").read_bytes()[-65536:].decode(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-LOG_TAIL_LINES:])
+
+
+def read_regular(path: Path, limit: int, *, offset: int = 0) -> bytes | None:
+    """Up to `limit` bytes of a file a training process wrote, or None unless it is a regular file
+    within the limit. The process chose what lies at that path: a symbolic link to a secret
+    outside its sandbox is not followed, and a pipe or device that would block is not read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or (offset == 0 and info.st_size > limit):
+            return None
+        handle.seek(offset)
+        return handle.read(limit)
+
+
+def run_job(job: JobSpec, out: Path, **options: Any) -> ResultSpec:
+    """Run `job` through the isolated path in directory `out`; see Supervisor for the options."""
+    return Supervisor(job, out, **options).run()
+
+
+def _limit_files() -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_LIMIT_BYTES, FILE_LIMIT_BYTES))
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _exit_reason(code: int | None) -> str:
+    if code is not None and code < 0:
+        name = signal.Signals(-code).name
+        return f"the training process was killed by {name} (out of memory, or stopped from outside)"
+    return f"the training process exited with code {code} without handing over a model"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m runner.isolated", description=__doc__.splitlines()[0])
+    parser.add_argument("--job", type=Path, required=True, help="a JobSpec as JSON")
+    parser.add_argument("--out", type=Path, required=True, help="the run directory")
+    parser.add_argument("--backend", default="local")
+    parser.add_argument("--data", default=None, help="data source (default: the profile's)")
+    parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--gpu", default=None, help="the NVIDIA device index of this slot")
+    parser.add_argument("--detail", default="", help="the backend's reference for this run (a URL)")
+    parser.add_argument("--no-sandbox", action="store_true", help="run without bubblewrap (marked unsandboxed)")
+    parser.add_argument("--echo", action="store_true", help="copy the training output to stderr")
+    args = parser.parse_args(argv)
+    try:
+        job = JobSpec.model_validate_json(args.job.read_text())
+    except (OSError, ValueError) as error:
+        print(f"error: {args.job} is not a job: {error}", file=sys.stderr)
+        return 2
+    echo = (lambda line: print(line, file=sys.stderr, flush=True)) if args.echo else None
+    result = run_job(job, args.out, backend=args.backend, data=args.data, threads=args.threads, gpu=args.gpu,
+                     detail=args.detail, use_sandbox=False if args.no_sandbox else None, on_line=echo)
+    print(re.sub(r"\s+", " ", f"run {job.run_id}: {result.status} "
+                 f"{result.val_bpb if result.val_bpb is not None else result.error or ''}")[:300], file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""The causality probe: a language model's logits at position t may depend on tokens 0..t only.
+
+A model that peeks at later tokens (or at the other rows of its batch, which are the next
+stretches of the same text) would score a val_bpb it never learned. Before scoring, the harness
+calls the model on a real validation batch and on copies where
+- every token after position t, for a few t, is replaced by real text from another row, and
+- every row but the first is replaced by another row,
+and requires the logits that may not depend on the change to stay the same, up to the
+arithmetic's rounding (bf16 on a GPU). Real text, not random tokens, goes in the replaced places,
+so that a model cannot tell the probe from the evaluation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class ProbeResult:
+    causal: bool
+    detail: str  # where it failed, or what was checked
+    max_change: float  # the largest change seen in logits that had to stay the same
+
+
+def tolerance(reference: torch.Tensor, device: torch.device) -> float:
+    scale = 1.0 + float(reference.abs().max())
+    return (2e-2 if device.type == "cuda" else 1e-4) * scale
+
+
+def causality_probe(forward: Callable[[torch.Tensor], torch.Tensor], batch: torch.Tensor) -> ProbeResult:
+    """`forward(batch) -> logits [B, T, V]`; `batch` [B, T] of real tokens with B >= 2."""
+    rows, length = batch.shape
+    if rows < 2 or length < 4:
+        raise ValueError(f"the probe needs at least 2 rows of 4 tokens, got {tuple(batch.shape)}")
+    other = batch.roll(1, dims=0)  # each row's replacement text: another row
+    base = forward(batch).float()
+    limit = tolerance(base, batch.device)
+    worst = 0.0
+    for t in sorted({length // 4, length // 2, (3 * length) // 4, length - 2}):
+        changed = batch.clone()
+        changed[:, t + 1:] = other[:, t + 1:]
+        change = float((forward(changed).float()[:, :t + 1] - base[:, :t + 1]).abs().max())
+        worst = max(worst, change)
+        if change > limit:
+            return ProbeResult(False, f"the logits at positions 0..{t} changed by {change:.3g} (more than "
+                               f"{limit:.2g}) when only the tokens after position {t} changed: the model "
+                               "reads future tokens", worst)
+    changed = batch.clone()
+    changed[1:] = other[1:]
+    change = float((forward(changed).float()[0] - base[0]).abs().max())
+    worst = max(worst, change)
+    if change > limit:
+        return ProbeResult(False, f"the logits of one row changed by {change:.3g} (more than {limit:.2g}) when "
+                           "only the other rows of the batch changed: the model reads across the batch, "
+                           "where the other rows hold the text that follows", worst)
+    return ProbeResult(True, f"causal: logits unchanged (within {limit:.2g}) under changes to later tokens "
+                       "and to other rows", worst)
