@@ -44,28 +44,45 @@ def train(profile: str = typer.Option("cpu", help="h100, cpu or smoke"),
           asset: Path = typer.Option(Path("train.py"), help="the train.py to run"),
           data: str = typer.Option(None, help="data source (default: the profile's)"),
           out: Path = typer.Option(None, help="run directory (default: runs/<profile>-<time>)"),
-          seed: int = typer.Option(0)) -> None:
-    """Run one time-boxed training run and print its summary block."""
+          seed: int = typer.Option(0),
+          gpu: str = typer.Option(None, help="the NVIDIA device index to use (a CUDA profile; default 0)"),
+          as_json: bool = typer.Option(False, "--json", help="print the result as one JSON object on stdout "
+                                                             "(the training log goes to stderr)"),
+          no_sandbox: bool = typer.Option(False, "--no-sandbox", help="run without bubblewrap (marked unsandboxed)")
+          ) -> None:
+    """Run one time-boxed training run exactly as the bot's runners do: train.py in a sandbox, the
+    model scored by a separate process. Exit code 0 when it was measured, 1 otherwise."""
     import time
 
-    from runner import launch
+    from runner.isolated import run_job
     from runner.profiles import get_profile
+    from runner.protocol import JobSpec
 
     try:
         get_profile(profile)
     except ValueError as error:
         console.print(f"[red]error:[/] {error}")
         raise typer.Exit(2) from None
-    if not asset.exists():
+    if not asset.is_file():
         console.print(f"[red]error:[/] {asset} does not exist")
         raise typer.Exit(2)
-    out = out or Path("runs") / f"{profile}-{time.strftime('%Y%m%d-%H%M%S')}"
-    result = launch.run(asset.resolve(), profile, out, seed=seed, data=data,
-                        on_line=lambda line: print(line, flush=True))
-    if result.get("status") != "ok":
-        console.print(f"[red]run failed:[/] {result.get('error')}  (log: {out / 'log.txt'})")
+    out = (out or Path("runs") / f"{profile}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    job = JobSpec(run_id=0, asset=asset.read_text(encoding="utf-8"), profile=profile, seed=seed)
+    stream = sys.stderr if as_json else sys.stdout
+    result = run_job(job, out, backend="manual", data=data, gpu=gpu, use_sandbox=False if no_sandbox else None,
+                     on_line=lambda line: print(line, file=stream, flush=True))
+    if as_json:
+        print(result.model_dump_json(), flush=True)
+    elif result.status == "ok":
+        timings = result.timings
+        console.print(f"val_bpb {result.val_bpb:.6f}  (scored outside the sandbox: training {timings.training:.1f}s "
+                      f"on the {result.metrics.get('clock')} clock, evaluation {timings.evaluation:.1f}s; "
+                      f"{'sandboxed' if result.sandboxed else '[yellow]NOT sandboxed[/]'})")
+        console.print(f"result: {out / 'result.json'}")
+    else:
+        console.print(f"[red]{result.status}:[/] {result.error}  (log: {out / 'log.txt'})")
+    if result.status != "ok":
         raise typer.Exit(1)
-    console.print(f"result: {out / 'result.json'}")
 
 
 @app.command()

@@ -35,7 +35,7 @@ from runner.profiles import PROFILES
 
 ENV_PREFIX = "AUTORESEARCH_"
 DEFAULT_ENV_FILE = Path(".env")
-RUNNERS = frozenset({"local"})  # where runs execute; remote GPUs come later
+RUNNERS = frozenset({"local", "actions", "modal"})  # where runs execute: this machine, self-hosted Actions runners, Modal
 AGENTS = frozenset({"explorer", "claude", "scripted"})  # who proposes experiments (bot.agent.choice)
 SECRET_FIELDS = frozenset({"webhook_secret", "github_token", "github_private_key", "dashboard_token"})
 
@@ -78,7 +78,11 @@ class ServiceSettings(BaseSettings):
     state_dir: Path = Field(Path("autoresearch-state"), description="where the bot keeps its store and work trees")
     profile: str = Field("cpu", description=f"the measurement profile: one of {', '.join(sorted(PROFILES))}")
     runner: str = Field("local", description=f"where runs execute: one of {', '.join(sorted(RUNNERS))}")
-    slots: int = Field(1, ge=1, le=64, description="how many runs may execute at once (1 to 64)")
+    slots: int = Field(1, ge=1, le=64, description=(
+        "how many runs may execute at once on the local runner (1 to 64; Actions and Modal have their own)"))
+    data_fingerprint: str | None = Field(None, description=(
+        "with the actions or modal runner: the fingerprint of the data the GPU runners measure on, which "
+        "`autoresearch prepare --profile P` prints there; results on other data are refused"))
     agent: str = Field("explorer", description=f"who proposes experiments: one of {', '.join(sorted(AGENTS))}")
     host: str = Field("127.0.0.1", min_length=1, description="the address the webhook server listens on")
     port: int = Field(8080, ge=1, le=65535, description="the port the webhook server listens on (1 to 65535)")
@@ -287,6 +291,10 @@ def _combination_problems(data: Mapping[str, Any]) -> list[tuple[str, str]]:
         poll = True  # AUTORESEARCH_POLL itself is reported; do not guess what it meant
     if data.get("agent") == "scripted" and not _given(data, "agent_script"):
         problems.append(("agent_script", "missing: the scripted agent replays the proposals in this JSON-lines file"))
+    if data.get("runner") in ("actions", "modal") and not _given(data, "data_fingerprint"):
+        problems.append(("data_fingerprint", "missing: the bot does not hold the GPU runners' data, so it must be "
+                         "told which data their numbers come from: run `autoresearch prepare --profile P` on a "
+                         "runner and copy the fingerprint it prints"))
     if not poll and not _given(data, "webhook_secret"):
         problems.append(("webhook_secret", "missing: " + ServiceSettings.model_fields["webhook_secret"].description))
     return problems

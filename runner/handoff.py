@@ -8,8 +8,9 @@ and refuses anything but a pure function of its input:
 - every operator must be one of PyTorch's own (aten, prims) or a plain Python helper the
   exporter emits (getitem, arithmetic on sizes) or a higher-order op that only wraps such a graph
   (autocast, grad mode); a custom or unknown operator is refused;
-- the graph may not mutate its buffers or its input, so it cannot keep state between calls
-  (and so behave one way under the causality probe and another when scored).
+- the graph may not mutate its buffers or its input, nor call any in-place operator (an export
+  under no_grad keeps `buffer.add_(1)` as such), so it cannot keep state between calls and
+  behave one way under the causality probe and another when scored.
 The graph is exported for the shape the evaluation uses ([eval_batch_size, seq_len]); the scorer
 pads a short last batch to that shape.
 """
@@ -84,7 +85,12 @@ def check_program(program: torch.export.ExportedProgram) -> None:
     for module in program.graph_module.modules():
         graph = getattr(module, "graph", None)
         for node in graph.nodes if graph is not None else ():
-            if node.op == "call_function" and not _allowed(node.target):
+            if node.op != "call_function":
+                continue
+            if isinstance(node.target, torch._ops.OpOverload) and node.target._schema.is_mutable:
+                raise ModelRefused(f"the model changes a tensor in place ({node.target}) when called: a scored "
+                                   "model must be a pure function of its input (keep state out of forward())")
+            if not _allowed(node.target):
                 raise ModelRefused(f"the model calls {node.target!r}, which is not a PyTorch operator the "
                                    "scorer runs; use torch's own operations in forward()")
 

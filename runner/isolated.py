@@ -347,6 +347,8 @@ def _kill_group(pid: int) -> None:
 
 
 def _exit_reason(code: int | None) -> str:
+    if code is not None and code > 128 and code - 128 in signal.valid_signals():
+        code = 128 - code  # bubblewrap reports a command killed by signal N as exit code 128 + N
     if code is not None and code < 0:
         name = signal.Signals(-code).name
         return f"the training process was killed by {name} (out of memory, or stopped from outside)"
@@ -365,6 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-sandbox", action="store_true", help="run without bubblewrap (marked unsandboxed)")
     parser.add_argument("--echo", action="store_true", help="copy the training output to stderr")
     args = parser.parse_args(argv)
+    args.out = args.out.resolve()  # the sandbox binds absolute paths
     try:
         job = JobSpec.model_validate_json(args.job.read_text())
     except (OSError, ValueError) as error:

@@ -35,7 +35,9 @@ def causality_probe(forward: Callable[[torch.Tensor], torch.Tensor], batch: torc
     rows, length = batch.shape
     if rows < 2 or length < 4:
         raise ValueError(f"the probe needs at least 2 rows of 4 tokens, got {tuple(batch.shape)}")
-    other = batch.roll(1, dims=0)  # each row's replacement text: another row
+    # Each row's replacement text: another row's, shifted along the sequence too, so that a token
+    # sitting at the same place in both rows (each row's first token, say) still changes.
+    other = batch.roll(1, dims=0).roll(length // 3, dims=1)
     base = forward(batch).float()
     limit = tolerance(base, batch.device)
     worst = 0.0

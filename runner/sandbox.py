@@ -10,6 +10,7 @@
   state directory (an App key), no credential files;
 - exactly the files `read` names (read-only) and `write` names (read-write, a private scratch
   directory), a fresh /tmp of bounded size, a minimal /dev, and the GPU device nodes named;
+  nothing else is writable;
 - an environment built from nothing (`env`), no capabilities, uid 65534.
 
 Where bubblewrap is missing or cannot create namespaces (a laptop or container that forbids user
@@ -27,8 +28,6 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import runner
 
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/sys")
 # Files of /etc that programs read to start (the dynamic linker, user and group names, time zone);
@@ -51,7 +50,7 @@ class Sandbox:
 
 def python_dirs() -> list[Path]:
     """What running this Python needs: its installation, the virtual environment, the runner package."""
-    dirs = {Path(sys.base_prefix), Path(sys.prefix), Path(runner.__file__).resolve().parent}
+    dirs = {Path(sys.base_prefix), Path(sys.prefix), Path(__file__).resolve().parent}
     executable = Path(sys.executable)
     dirs.add(executable.resolve().parent.parent)
     return sorted(dirs)
@@ -86,6 +85,7 @@ def wrap(argv: list[str], sandbox: Sandbox, *, bwrap: str = "bwrap") -> list[str
         cmd += ["--setenv", name, value]
     if sandbox.cwd is not None:
         cmd += ["--chdir", str(sandbox.cwd)]
+    cmd += ["--remount-ro", "/"]  # the directories made to hold the mounts are not a place to write either
     return cmd + ["--", *argv]
 
 

@@ -32,18 +32,33 @@ def test_unknown_profile_is_a_clear_error() -> None:
 
 
 @pytest.mark.slow
-def test_train_prints_the_summary_and_fails_loudly(tmp_path: Path, smoke_prepared) -> None:
+def test_train_measures_like_the_runners_and_fails_loudly(tmp_path: Path, smoke_prepared) -> None:
     ok = cli.invoke(app, ["train", "--profile", "smoke", "--asset", str(ROOT / "train.py"),
                           "--out", str(tmp_path / "ok")])
     assert ok.exit_code == 0, ok.output
+    assert "val_bpb:          scored in a separate process" in ok.output  # train.py's own summary, streamed
+    assert "scored outside the sandbox" in said(ok)
     result = json.loads((tmp_path / "ok" / "result.json").read_text())
-    assert result["status"] == "ok"
+    assert result["status"] == "ok" and result["runner"]["backend"] == "manual" and result["val_bpb"] > 0
 
     broken = tmp_path / "broken.py"
     broken.write_text("raise SystemExit('this train.py is broken')\n")
     failed = cli.invoke(app, ["train", "--profile", "smoke", "--asset", str(broken), "--out", str(tmp_path / "bad")])
     assert failed.exit_code == 1
-    assert "run failed" in said(failed) and "broken" in said(failed)
+    assert "crash:" in said(failed) and "broken" in said(failed)
+
+
+def test_train_json_prints_only_the_result_on_stdout(tmp_path: Path, smoke_prepared) -> None:
+    from runner.protocol import ResultSpec
+
+    broken = tmp_path / "broken.py"
+    broken.write_text("print('training output', flush=True)\nraise SystemExit('this train.py is broken')\n")
+    failed = cli.invoke(app, ["train", "--profile", "smoke", "--asset", str(broken), "--out",
+                                 str(tmp_path / "bad"), "--json"])
+    assert failed.exit_code == 1
+    result = ResultSpec.model_validate_json(failed.stdout)  # the whole of stdout is the one object
+    assert result.status == "crash" and "broken" in result.error
+    assert failed.stderr.startswith("training output") and failed.stdout.count("\n") == 1
 
 
 def seeded_workdir(work: Path, **settings: object) -> None:

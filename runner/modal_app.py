@@ -1,0 +1,199 @@
+"""The Modal app: training runs on Modal GPUs, on demand.
+
+Deploy it once (and again after every change to the harness, whose hash results must match):
+
+    modal deploy -m runner.modal_app
+
+One class, `Trainer`, on one GPU per container. A container prepares the profile's data and
+tokenizer once (`@modal.enter`, cached on the Volume mounted at /cache with the torch compile
+caches), then runs jobs one at a time: `run(job_json)` runs `runner.isolated.run_job` in a fresh
+temporary directory and returns the ResultSpec as JSON, exactly as a local run would produce it.
+Containers stay warm for `scaledown_window` seconds between runs, so a queue of runs pays the
+start-up once. Progress lines go to a Modal Dict keyed by run id, for the bot's lookup(); a
+failure there never fails a run.
+
+Everything is read from the environment of whoever deploys, and handed to the containers:
+
+    AUTORESEARCH_MODAL_APP          the app's name (default autoresearch)
+    AUTORESEARCH_PROFILE            the profile it measures (default h100); its max_total_s sets the timeout
+    AUTORESEARCH_MODAL_GPU          the GPU type (default H100)
+    AUTORESEARCH_MODAL_GPUS         containers at once, at most (default 1: the bot's slots)
+    AUTORESEARCH_MODAL_VOLUME       the cache Volume (default autoresearch-cache)
+    AUTORESEARCH_MODAL_DICT_NAME    the progress Dict (default autoresearch-progress)
+    AUTORESEARCH_MODAL_SCALEDOWN_S  seconds a container waits idle for the next run (default 300)
+    AUTORESEARCH_MODAL_STARTUP_S    seconds a container may take to start, data preparation included
+                                    (default 3600: the h100 profile's first download and tokenizer)
+
+Importing this module (and so building the app) needs neither a Modal token nor a network.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+import modal
+
+from runner.profiles import get_profile
+
+log = logging.getLogger(__name__)
+
+CACHE = "/cache"
+# The training dependencies, as pinned in pyproject.toml (the `train` and `gpu` extras, and what the
+# harness itself imports); a test checks they agree.
+TRAIN_PACKAGES = ("torch==2.13.0", "tiktoken>=0.9", "rustbpe>=0.1.0", "pyarrow>=15", "numpy>=1.26",
+                  "pydantic>=2.6", "kernels>=0.4")
+PROGRESS_EVERY_S = 2.0  # at most one progress write a run per this many seconds
+
+
+def _env(name: str, default: str) -> str:
+    return os.environ.get(name) or default
+
+
+# Deploy-time settings; `DEPLOYED` hands the same values to the containers, which import this module too.
+DEPLOYED = {
+    "AUTORESEARCH_MODAL_APP": _env("AUTORESEARCH_MODAL_APP", "autoresearch"),
+    "AUTORESEARCH_PROFILE": _env("AUTORESEARCH_PROFILE", "h100"),
+    "AUTORESEARCH_MODAL_GPU": _env("AUTORESEARCH_MODAL_GPU", "H100"),
+    "AUTORESEARCH_MODAL_GPUS": _env("AUTORESEARCH_MODAL_GPUS", "1"),
+    "AUTORESEARCH_MODAL_VOLUME": _env("AUTORESEARCH_MODAL_VOLUME", "autoresearch-cache"),
+    "AUTORESEARCH_MODAL_DICT_NAME": _env("AUTORESEARCH_MODAL_DICT_NAME", "autoresearch-progress"),
+    "AUTORESEARCH_MODAL_SCALEDOWN_S": _env("AUTORESEARCH_MODAL_SCALEDOWN_S", "300"),
+    "AUTORESEARCH_MODAL_STARTUP_S": _env("AUTORESEARCH_MODAL_STARTUP_S", "3600"),
+}
+PROFILE = get_profile(DEPLOYED["AUTORESEARCH_PROFILE"])  # an unknown profile fails the deploy, with the choices
+TIMEOUT_S = int(PROFILE.max_total_s) + 120  # a run's own limit, and time to hand its result back
+
+
+def _skip_bytecode(path: Path) -> bool:
+    """The runner package goes up whole (its built-in corpus too), without compiled files."""
+    return path.suffix == ".pyc" or "__pycache__" in path.parts
+
+
+image = (
+    modal.Image.debian_slim(python_version="3.11")
+    .apt_install("bubblewrap")
+    .pip_install(*TRAIN_PACKAGES)
+    .env({"AUTORESEARCH_CACHE": CACHE, "TORCHINDUCTOR_CACHE_DIR": f"{CACHE}/inductor",
+          "TRITON_CACHE_DIR": f"{CACHE}/triton"})
+    .add_local_python_source("runner", ignore=_skip_bytecode)
+)
+cache_volume = modal.Volume.from_name(DEPLOYED["AUTORESEARCH_MODAL_VOLUME"], create_if_missing=True)
+app = modal.App(DEPLOYED["AUTORESEARCH_MODAL_APP"], image=image)
+
+
+class ProgressStore(Protocol):
+    def put(self, key: Any, value: Any) -> Any: ...
+
+
+class ProgressBoard:
+    """Writes a run's latest progress line to a shared store (a Modal Dict), at most every
+    PROGRESS_EVERY_S seconds; the first error switches it off for the run, which goes on."""
+
+    def __init__(self, store: ProgressStore | None, run_id: int, *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.store = store
+        self.key = str(run_id)
+        self.clock = clock
+        self._last: float | None = None
+
+    def push(self, line: dict[str, Any]) -> None:
+        now = self.clock()
+        if self.store is None or (self._last is not None and now - self._last < PROGRESS_EVERY_S):
+            return
+        self._last = now
+        try:
+            self.store.put(self.key, dict(line))
+        except Exception as error:  # noqa: BLE001 - progress is for display; the run must not fail for it
+            log.warning("run %s: progress cannot be shown (%s: %s); the run goes on", self.key,
+                        type(error).__name__, error)
+            self.store = None
+
+
+def _progress_store() -> ProgressStore | None:
+    """The progress Dict in a Modal container; nothing when run locally (`.local()`, tests)."""
+    if modal.is_local():
+        return None
+    return modal.Dict.from_name(DEPLOYED["AUTORESEARCH_MODAL_DICT_NAME"], create_if_missing=True)
+
+
+def _commit_cache() -> None:
+    """Make what this container wrote to /cache (data, tokenizer, compile caches) visible to the next."""
+    if modal.is_local():
+        return
+    try:
+        cache_volume.commit()
+    except Exception as error:  # noqa: BLE001 - a cold cache only costs time
+        log.warning("the cache volume could not be committed (%s: %s); later containers start colder",
+                    type(error).__name__, error)
+
+
+@app.cls(gpu=DEPLOYED["AUTORESEARCH_MODAL_GPU"], volumes={CACHE: cache_volume}, env=DEPLOYED,
+         timeout=TIMEOUT_S, startup_timeout=int(DEPLOYED["AUTORESEARCH_MODAL_STARTUP_S"]),
+         scaledown_window=int(DEPLOYED["AUTORESEARCH_MODAL_SCALEDOWN_S"]),
+         max_containers=int(DEPLOYED["AUTORESEARCH_MODAL_GPUS"]))
+class Trainer:
+    @modal.enter()
+    def load(self) -> None:
+        """Once per container: torch imported, the profile's data and tokenizer ready on /cache."""
+        import torch  # noqa: F401 - the first run should not pay for the import
+
+        from runner.prepare import prepare
+
+        self.profile = os.environ.get("AUTORESEARCH_PROFILE") or PROFILE.name
+        prepared = prepare(self.profile)
+        log.info("profile %s ready: data %s, tokenizer %s", self.profile, prepared.dataset.fingerprint[:12],
+                 "trained now" if prepared.trained_tokenizer else "cached")
+        _commit_cache()
+
+    @modal.method()
+    def run(self, job_json: str, spawned_at: float | None = None) -> str:
+        """One job: its ResultSpec as JSON. A job for another profile than the deployed one is an error."""
+        return run_one(job_json, self.profile, spawned_at=spawned_at, progress_store=_progress_store(),
+                       call_id=modal.current_function_call_id() or "")
+
+    @modal.method()
+    def identity(self) -> dict[str, str]:
+        """The measurement identity this deployment measures under (profile, harness, data), for the
+        bot to pin before it sends a job."""
+        from runner.identity import measurement_identity
+
+        return measurement_identity(self.profile)
+
+
+def run_one(job_json: str, profile: str, *, spawned_at: float | None = None,
+            progress_store: ProgressStore | None = None, call_id: str = "",
+            run_job: Callable[..., Any] | None = None) -> str:
+    """The body of `Trainer.run`: run the job in a fresh directory, return its ResultSpec JSON.
+
+    Only RuntimeError ever leaves it: Modal reads a builtin TimeoutError from a call as "still
+    running", so a harness failure must never look like one."""
+    from runner.protocol import JobSpec
+
+    started = time.time()
+    try:
+        job = JobSpec.model_validate_json(job_json)
+        if job.profile != profile:
+            raise ValueError(f"run {job.run_id} asks for profile {job.profile}, but this Modal app measures "
+                             f"{profile}: deploy it with AUTORESEARCH_PROFILE={job.profile} "
+                             "(modal deploy -m runner.modal_app), or run the bot with that profile")
+        if run_job is None:
+            from runner import isolated
+
+            run_job = isolated.run_job
+        board = ProgressBoard(progress_store, job.run_id)
+        with tempfile.TemporaryDirectory(prefix=f"run-{job.run_id}-") as tmp:
+            result = run_job(job, Path(tmp), backend="modal", detail=call_id, on_progress=board.push)
+    except Exception as error:  # see the docstring
+        raise RuntimeError(f"the harness failed on Modal ({type(error).__name__}: {error})") from error
+    finally:
+        _commit_cache()  # compile caches written during the run
+    if result.timings.queued is None and spawned_at is not None:
+        timings = result.timings.model_copy(update={"queued": round(max(0.0, started - spawned_at), 3)})
+        result = result.model_copy(update={"timings": timings})
+    return result.model_dump_json()

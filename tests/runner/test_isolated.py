@@ -1,0 +1,419 @@
+"""The isolated path against a hostile train.py: every attack ends rejected or crashed, or the
+number stays honest, and the runner serves the next job afterwards. Plus each way a run can fail.
+
+Runs go through `run_job` (the supervisor every runner uses) on the smoke profile, with a tiny
+model so that a run costs seconds. Where a test needs a shorter limit than the profile's, the
+supervisor's copy of the profile is changed (the supervisor enforces limits; the training
+process never sees them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+
+from runner import profiles, sandbox
+from runner.isolated import run_job
+from runner.protocol import JobSpec, ResultSpec
+
+pytestmark = pytest.mark.skipif(not sandbox.available()[0], reason=f"no sandbox here: {sandbox.available()[1]}")
+
+# A model that learns nothing on purpose: its val_bpb is near the uniform one (about 4 on the
+# smoke profile), far above anything a trained model or a fake could claim.
+HEADER = """
+import torch
+from runner import harness
+h = harness.session()
+
+class Tiny(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(h.vocab_size, 8)
+        self.out = torch.nn.Linear(8, h.vocab_size)
+    def forward(self, idx):
+        return self.out(self.embed(idx))
+
+model = Tiny()
+torch.nn.init.zeros_(model.out.weight)
+torch.nn.init.zeros_(model.out.bias)
+"""
+HONEST_FLOOR = 3.0  # val_bpb of the untrained Tiny is log2(1024) * tokens / bytes, about 4
+MARK = "autoresearch-attack-marker"
+
+
+def run(tmp_path: Path, body: str, name: str = "run", **options) -> ResultSpec:
+    job = JobSpec(run_id=1, asset=HEADER + body, profile="smoke", seed=0)
+    return run_job(job, tmp_path / name, threads=1, **options)
+
+
+def log(tmp_path: Path, name: str = "run") -> str:
+    return (tmp_path / name / "log.txt").read_text(errors="replace")
+
+
+def serves_next_job(tmp_path: Path) -> None:
+    """After an attack, the same path runs the next job to a real result."""
+    result = run(tmp_path, "h.finish(model)\n", name="next")
+    assert result.status == "ok" and result.val_bpb is not None and result.val_bpb > HONEST_FLOOR, result.error
+    assert not leftover_processes()
+
+
+def leftover_processes() -> list[str]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and MARK.encode() in (entry / "cmdline").read_bytes():
+                found.append(entry.name)
+        except OSError:
+            continue
+    return found
+
+
+@pytest.fixture
+def short_limits(monkeypatch: pytest.MonkeyPatch):
+    """Set the supervisor's limits for the smoke profile: (hard wall limit, start-up allowance)."""
+    def set_limits(max_total_s: float | None = None, allowance_s: float | None = None) -> None:
+        smoke = profiles.PROFILES["smoke"]
+        changed = dataclasses.replace(smoke, max_total_s=max_total_s or smoke.max_total_s,
+                                      startup_allowance_s=allowance_s or smoke.startup_allowance_s)
+        monkeypatch.setitem(profiles.PROFILES, "smoke", changed)
+    return set_limits
+
+
+# --- honest runs -----------------------------------------------------------------------------------
+
+def test_an_honest_run_is_scored_outside_the_sandbox(smoke_prepared, tmp_path: Path) -> None:
+    result = run(tmp_path, "h.finish(model)\n")
+    assert result.status == "ok" and result.sandboxed and result.runner.sandbox.startswith("bubblewrap")
+    assert result.val_bpb > HONEST_FLOOR
+    assert "causal" in result.metrics["probe"]
+    assert result.hashes.data == smoke_prepared.dataset.fingerprint
+    assert result.timings.evaluation > 0 and result.timings.training_wall > 0
+    stored = ResultSpec.model_validate_json((tmp_path / "run" / "result.json").read_text())
+    assert stored == result
+
+
+# --- attacks on the number ------------------------------------------------------------------------
+
+def test_a_fake_summary_block_is_not_read(smoke_prepared, tmp_path: Path) -> None:
+    result = run(tmp_path, "print('---\\nval_bpb:          0.100000\\n', flush=True)\nh.finish(model)\n")
+    assert "val_bpb:          0.100000" in log(tmp_path)
+    assert result.status == "ok" and result.val_bpb > HONEST_FLOOR
+    serves_next_job(tmp_path)
+
+
+def test_result_json_written_by_train_py_or_a_detached_child_is_not_read(smoke_prepared, tmp_path: Path) -> None:
+    fake = json.dumps({"status": "ok", "val_bpb": 0.1})
+    late = (f"import time, pathlib; time.sleep(3); "
+            f"pathlib.Path({str(tmp_path / 'run' / 'result.json')!r}).write_text({fake!r})")
+    body = f"""
+import os, subprocess, sys
+from pathlib import Path
+fake = {fake!r}
+here = Path.cwd()
+for target in (here / "result.json", here.parent / "result.json", Path(h.out_dir) / "result.json"):
+    try:
+        target.write_text(fake)
+        print("wrote", target, flush=True)
+    except OSError as error:
+        print("could not write", target, type(error).__name__, flush=True)
+# a detached child that waits for the run to end, then overwrites the result
+subprocess.Popen([sys.executable, "-c", {late!r}, "{MARK}"], start_new_session=True)
+h.finish(model)
+"""
+    result = run(tmp_path, body)
+    assert result.status == "ok" and result.val_bpb > HONEST_FLOOR
+    # Under /tmp the path resolves in the sandbox's private /tmp: a write there lands nowhere real.
+    assert not leftover_processes(), "the detached child died with the sandbox"
+    stored = ResultSpec.model_validate_json((tmp_path / "run" / "result.json").read_text())
+    assert stored.val_bpb == result.val_bpb
+    serves_next_job(tmp_path)
+
+
+def test_patching_the_loss_and_the_evaluation_changes_nothing(smoke_prepared, tmp_path: Path) -> None:
+    body = """
+import runner.evaluate, runner.harness
+class Fake:
+    val_bpb, tokens, bytes = 0.01, 1, 1
+runner.evaluate.evaluate_bpb = lambda *args, **kwargs: Fake()
+runner.harness.evaluate_bpb = runner.evaluate.evaluate_bpb
+h.step_done(0.0)
+h.finish(model)
+"""
+    result = run(tmp_path, body)
+    assert result.status == "ok" and result.val_bpb > HONEST_FLOOR
+    serves_next_job(tmp_path)
+
+
+def test_a_patched_clock_that_trains_past_the_budget_is_rejected(smoke_prepared, tmp_path: Path,
+                                                                  short_limits) -> None:
+    short_limits(allowance_s=6.0)  # an honest Tiny run uses about 3 s of budget and 2 of start-up
+    body = """
+import time
+h._cpu_clock = lambda: 0.0  # the harness's clock stands still...
+start = time.process_time()
+while time.process_time() - start < 15.0:  # ...while this trains for 15 CPU seconds
+    x = torch.randn(256, 256)
+    x @ x
+    h.step_done(1.0)
+h.finish(model)
+"""
+    result = run(tmp_path, body)
+    assert result.status == "rejected", result
+    assert "past the budget" in result.error and result.val_bpb is None
+    assert result.metrics["training_seconds"] > 9.0
+    serves_next_job(tmp_path)
+
+
+def test_a_model_that_reads_later_tokens_is_rejected(smoke_prepared, tmp_path: Path) -> None:
+    body = """
+class Peek(torch.nn.Module):
+    def forward(self, idx):
+        following = torch.roll(idx, shifts=-1, dims=1)  # the token each position must predict
+        return 30.0 * torch.nn.functional.one_hot(following, h.vocab_size).float()
+h.finish(Peek())
+"""
+    result = run(tmp_path, body)
+    assert result.status == "rejected" and "reads future tokens" in result.error
+    serves_next_job(tmp_path)
+
+
+def test_a_model_that_reads_the_next_row_of_its_batch_is_rejected(smoke_prepared, tmp_path: Path) -> None:
+    body = """
+class Across(torch.nn.Module):
+    def forward(self, idx):
+        nxt = torch.roll(idx, shifts=-1, dims=0)[:, :1].expand_as(idx)  # the next row's first token
+        return torch.nn.functional.one_hot(nxt, h.vocab_size).float()
+h.finish(Across())
+"""
+    result = run(tmp_path, body)
+    assert result.status == "rejected" and "across the batch" in result.error
+    serves_next_job(tmp_path)
+
+
+def test_a_model_with_state_between_calls_is_rejected(smoke_prepared, tmp_path: Path) -> None:
+    body = """
+class Counter(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("calls", torch.zeros(()))
+        self.inner = model
+    def forward(self, idx):
+        self.calls.add_(1)
+        return self.inner(idx) + self.calls
+h.finish(Counter())
+"""
+    result = run(tmp_path, body)
+    assert result.status == "rejected" and "pure function" in result.error
+    serves_next_job(tmp_path)
+
+
+# --- attacks on the machine ---------------------------------------------------------------------------
+
+def test_the_validation_split_is_not_visible(smoke_prepared, tmp_path: Path) -> None:
+    dataset = smoke_prepared.dataset
+    body = f"""
+from pathlib import Path
+val = Path({str(dataset.root / dataset.val_file)!r})
+print("val exists:", val.exists(), flush=True)
+try:
+    next(h.dataset.document_batches("val"))
+except Exception as error:
+    print("val read failed:", type(error).__name__, flush=True)
+print("train exists:", all(p.exists() for p in h.dataset.paths("train")), flush=True)
+"""
+    result = run(tmp_path, body)
+    text = log(tmp_path)
+    assert "val exists: False" in text and "val read failed:" in text and "train exists: True" in text
+    assert result.status == "crash"  # it never called h.finish
+    serves_next_job(tmp_path)
+
+
+def test_the_harness_files_cannot_be_changed(smoke_prepared, tmp_path: Path) -> None:
+    evaluate = Path(profiles.__file__).parent / "evaluate.py"
+    before = evaluate.read_bytes()
+    body = f"""
+from pathlib import Path
+try:
+    Path({str(evaluate)!r}).write_text("def evaluate_bpb(*a, **k): return 0.01\\n")
+    print("harness edited", flush=True)
+except OSError as error:
+    print("harness edit failed:", type(error).__name__, flush=True)
+h.finish(model)
+"""
+    result = run(tmp_path, body)
+    assert "harness edit failed:" in log(tmp_path) and evaluate.read_bytes() == before
+    assert result.status == "ok" and result.val_bpb > HONEST_FLOOR
+    serves_next_job(tmp_path)
+
+
+def test_secrets_are_not_reachable(smoke_prepared, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    secret = "ghp_" + "s3cr3t" * 6
+    monkeypatch.setenv("GITHUB_TOKEN", secret)
+    monkeypatch.setenv("ANTHROPIC_API_KEY", secret)
+    monkeypatch.setenv("AUTORESEARCH_WEBHOOK_SECRET", secret)
+    home = tmp_path / "home"
+    for relative in (".netrc", ".config/gh/hosts.yml", ".aws/credentials", "project/.env",
+                     "state/app-key.pem"):
+        (home / relative).parent.mkdir(parents=True, exist_ok=True)
+        (home / relative).write_text(f"token {secret}\n")
+    monkeypatch.setenv("HOME", str(home))
+    body = f"""
+import os
+from pathlib import Path
+print("environment:", sorted(os.environ), flush=True)
+print("leaked:", [k for k, v in os.environ.items() if {secret!r} in v], flush=True)
+for path in [Path({str(home)!r}) / p for p in (".netrc", ".config/gh/hosts.yml", ".aws/credentials",
+             "project/.env", "state/app-key.pem")] + [Path("/root/.netrc"), Path("/proc/1/environ")]:
+    try:
+        print("read", path, {secret!r} in path.read_text(errors="replace"), flush=True)
+    except OSError as error:
+        print("unreadable", path, type(error).__name__, flush=True)
+"""
+    run(tmp_path, body)
+    text = log(tmp_path)
+    assert secret not in text and "leaked: []" in text
+    assert "GITHUB_TOKEN" not in text and "ANTHROPIC_API_KEY" not in text
+    assert text.count("unreadable") >= 6
+    assert " True" not in "\n".join(line for line in text.splitlines() if line.startswith("read "))
+    serves_next_job(tmp_path)
+
+
+def test_no_network_connection_can_be_opened(smoke_prepared, tmp_path: Path) -> None:
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    accepted: list[object] = []
+    server.settimeout(0.2)
+
+    def accept() -> None:
+        while not stopped.is_set():
+            try:
+                accepted.append(server.accept())
+            except OSError:
+                continue
+
+    stopped = threading.Event()
+    listener = threading.Thread(target=accept, daemon=True)
+    listener.start()
+    body = f"""
+import socket
+for host in ("127.0.0.1", "pypi.org"):
+    try:
+        socket.create_connection((host, {port} if host == "127.0.0.1" else 443), timeout=3).close()
+        print("connected to", host, flush=True)
+    except OSError as error:
+        print("no connection to", host, type(error).__name__, flush=True)
+"""
+    try:
+        run(tmp_path, body)
+    finally:
+        stopped.set()
+        listener.join(timeout=5)
+        server.close()
+    text = log(tmp_path)
+    assert "no connection to 127.0.0.1" in text and "no connection to pypi.org" in text
+    assert not accepted, "the host's loopback is another network"
+    serves_next_job(tmp_path)
+
+
+def test_no_process_outlives_its_run(smoke_prepared, tmp_path: Path) -> None:
+    body = f"""
+import os, subprocess, sys
+subprocess.Popen(["sleep", "600", "{MARK}"])
+subprocess.Popen(["setsid", "sleep", "600", "{MARK}"], start_new_session=True)
+if os.fork() == 0:  # a double fork, the classic daemon
+    if os.fork() == 0:
+        os.execvp("sleep", ["sleep", "600", "{MARK}"])
+    os._exit(0)
+print("spawned", flush=True)
+h.finish(model)
+"""
+    result = run(tmp_path, body)
+    assert "spawned" in log(tmp_path) and result.status == "ok"
+    assert not leftover_processes()
+    serves_next_job(tmp_path)
+
+
+def test_training_in_a_child_process_counts_on_the_clock(smoke_prepared, tmp_path: Path, short_limits) -> None:
+    short_limits(allowance_s=6.0)
+    body = """
+import os, subprocess, sys, time
+work = ("import time, pathlib\\nstart = time.process_time()\\nwhile time.process_time() - start < 15: pass\\n"
+        "pathlib.Path('done').write_text('')")
+subprocess.Popen([sys.executable, "-c", work])  # 15 CPU seconds the harness's clock never sees, never waited for
+while not os.path.exists("done"):
+    time.sleep(0.1)
+h.finish(model)
+"""
+    result = run(tmp_path, body)
+    assert result.status == "rejected" and "past the budget" in result.error
+    serves_next_job(tmp_path)
+
+
+# --- ways a run fails ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("body", "expected"), [
+    ("raise KeyError('no such knob')\n", "KeyError: 'no such knob'"),
+    ("import sys\nsys.exit(3)\n", "SystemExit: 3"),
+    ("import ctypes\nctypes.string_at(0)\n", "SIGSEGV"),
+    ("x = torch.empty(1 << 50, dtype=torch.uint8)\n", "alloc"),
+    ("class Weird(torch.nn.Module):\n    def forward(self, idx):\n        if idx.sum() > 0:\n"
+     "            return model(idx)\n        return model(idx) * 2\nh.finish(Weird())\n", "exported"),
+])
+def test_a_failing_run_is_a_crash_that_says_why(smoke_prepared, tmp_path: Path, body: str, expected: str) -> None:
+    result = run(tmp_path, body)
+    assert result.status == "crash" and expected.lower() in result.error.lower(), result.error
+    assert result.val_bpb is None and result.log_tail is not None
+    serves_next_job(tmp_path)
+
+
+def test_an_endless_loop_is_killed_at_the_hard_limit(smoke_prepared, tmp_path: Path, short_limits) -> None:
+    short_limits(max_total_s=8.0)
+    result = run(tmp_path, f"import subprocess\nsubprocess.Popen(['sleep', '600', '{MARK}'])\nwhile True:\n    pass\n")
+    assert result.status == "timeout" and "hard limit" in result.error
+    assert not leftover_processes()
+    serves_next_job(tmp_path)
+
+
+def test_a_flood_of_output_is_capped(smoke_prepared, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("runner.isolated.LOG_LIMIT_BYTES", 100_000)
+    result = run(tmp_path, "import sys\nfor _ in range(20000):\n    sys.stdout.write('x' * 100 + '\\n')\nh.finish(model)\n")
+    assert result.status == "ok"
+    size = (tmp_path / "run" / "log.txt").stat().st_size
+    assert 100_000 <= size < 101_000 and "log cut at 100000 bytes" in log(tmp_path)
+
+
+def test_a_link_planted_in_scratch_is_not_followed(smoke_prepared, tmp_path: Path) -> None:
+    secret = tmp_path / "secret.json"
+    secret.write_text(json.dumps({"status": "exported", "error": "SECRET-VALUE"}))
+    body = f"""
+import os
+os.symlink({str(secret)!r}, "claims.json")
+os.symlink({str(secret)!r}, "progress.jsonl")
+os.symlink({str(secret)!r}, "model.pt2")
+"""
+    progress: list[dict] = []
+    result = run(tmp_path, body, on_progress=progress.append)
+    assert result.status == "crash" and "SECRET-VALUE" not in (result.error or "") and not progress
+    serves_next_job(tmp_path)
+
+
+def test_without_a_sandbox_the_run_is_marked_and_warned(smoke_prepared, tmp_path: Path) -> None:
+    result = run(tmp_path, "h.finish(model)\n", use_sandbox=False)
+    assert result.status == "ok" and not result.sandboxed and result.runner.sandbox == "none"
+    assert "WARNING: running train.py WITHOUT a sandbox" in log(tmp_path)
+
+
+def test_a_cuda_slot_sees_its_own_gpu_only(tmp_path: Path) -> None:
+    argv = sandbox.wrap(["python"], sandbox.Sandbox(gpus=["5"], env={"CUDA_VISIBLE_DEVICES": "5"}))
+    binds = [argv[i + 1] for i, arg in enumerate(argv) if arg == "--dev-bind-try"]
+    assert "/dev/nvidia5" in binds and not any(b.startswith("/dev/nvidia") and b[11:].isdigit() and b != "/dev/nvidia5"
+                                               for b in binds)
+    assert "/dev/nvidiactl" in binds
+    assert argv[argv.index("--setenv") + 1:argv.index("--setenv") + 3] == ["CUDA_VISIBLE_DEVICES", "5"]
+    assert os.path.exists("/dev/null")
