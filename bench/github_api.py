@@ -84,7 +84,7 @@ def run(n: int, token: bool) -> dict:
         auth = dict(github_token="tok-bot") if token else dict(github_app_id=1, github_private_key=pem)
         settings = load_service_settings(repository="octo-org/research", github_api_url=gh.api_url, poll=True,
                                          state_dir=Path(tmp) / "state", profile="smoke", **auth)
-        service = Service(settings, make_parts=lambda s: Parts(FakeRunner(), ScriptedAgent(proposals(n)),
+        service = Service(settings, make_parts=lambda s, c: Parts(FakeRunner(), ScriptedAgent(proposals(n)),
                                                                 dict(IDENTITY)), timer_s=0.1)
         started = time.monotonic()
         service.start()

@@ -103,6 +103,12 @@ def build_conductor(options: DemoOptions, console: Console | None = None) -> tup
     forge = init_research_repo(workdir / "repo", seed_files())
     store = Store(workdir / "state.db")
     runner = LocalRunner(workdir / "runs", slots=options.slots, data=options.data)
+    if console is not None:
+        from runner import sandbox
+
+        usable, why = sandbox.available()
+        console.print(f"sandbox: {why}" if usable else f"[bold yellow]WARNING: runs are NOT sandboxed[/] ({why}); "
+                      "train.py can read what you can read")
     identity = measurement_identity(options.profile, options.data)
     if get_profile(options.profile).clock == "cpu":  # a CPU budget is CPU time per allotted thread
         identity["threads"] = str(runner.threads)

@@ -49,7 +49,27 @@ class Parts:
     budget_usd: float | None = None  # what the agent's answers may cost in all (None: no limit)
 
 
-def local_parts(settings: ServiceSettings) -> Parts:
+def default_parts(settings: ServiceSettings, client: GitHubClient) -> Parts:
+    """The configured runner (local, Actions or Modal) and agent, with the identity to measure under."""
+    if settings.runner == "local":
+        return local_parts(settings)
+    from runner.profiles import harness_hash
+
+    if settings.runner == "actions":
+        from bot.runners.actions import ActionsRunner, ActionsSettings
+
+        runner: Runner = ActionsRunner.from_client(client, settings.state_dir, ActionsSettings())
+    else:
+        from bot.runners.modal import modal_runner
+
+        runner = modal_runner(settings.state_dir)
+    # The bot measures nothing itself: the harness is its own code, the data the runners' (a setting).
+    identity = {"profile": settings.profile, "harness_hash": harness_hash(), "data_fingerprint": str(settings.data_fingerprint)}
+    agent, budget = make_agent(settings.agent, script=settings.agent_script)
+    return Parts(runner=runner, agent=agent, identity=identity, budget_usd=budget)
+
+
+def local_parts(settings: ServiceSettings, client: GitHubClient | None = None) -> Parts:
     """The local runner on this machine (its data prepared here) and the configured agent."""
     from bot.runners.local import LocalRunner  # the harness (and torch) only where runs happen here
     from runner.identity import measurement_identity
@@ -68,7 +88,7 @@ def local_parts(settings: ServiceSettings) -> Parts:
 @dataclass
 class Service:
     settings: ServiceSettings
-    make_parts: Callable[[ServiceSettings], Parts] = local_parts
+    make_parts: Callable[[ServiceSettings, GitHubClient], Parts] = default_parts
     timer_s: float = 30.0
     connect_backoff_s: tuple[float, float] = (2.0, 120.0)
     driver: Driver | None = None
@@ -88,6 +108,12 @@ class Service:
         if self.driver is not None:
             self.driver.wake()
 
+    def runs_changed(self) -> None:
+        """A workflow_run/workflow_job delivery: the Actions runner asks GitHub at once (and wakes the driver)."""
+        notify = getattr(self.conductor.runner, "notify", None) if self.conductor is not None else None
+        if notify is not None:
+            notify()
+
     def health(self) -> dict[str, Any]:
         report: dict[str, Any] = {"conductor": self.status, "last_tick": self.last_tick}
         if self.client is not None:
@@ -101,7 +127,8 @@ class Service:
 
         settings = self.settings
         secret = settings.webhook_secret.get_secret_value() if settings.webhook_secret else ""
-        app = create_app(store_path=self.store_path, secret=secret, wake=self.wake, health=self.health)
+        app = create_app(store_path=self.store_path, secret=secret, wake=self.wake, health=self.health,
+                         runs_changed=self.runs_changed)
         token = settings.dashboard_token.get_secret_value() if settings.dashboard_token else None
         if token is None and settings.host not in ("127.0.0.1", "localhost", "::1"):
             log.warning("the dashboard at / is readable by anyone who reaches %s:%s; set "
@@ -172,7 +199,7 @@ class Service:
             return None
         store = Store(self.store_path)
         store.set_setting(handlers.BOT_LOGIN, login)
-        parts = self.make_parts(settings)
+        parts = self.make_parts(settings, self.client)
         forge = GitHubForge(repo, main_branch=settings.main_branch, pace_write=self.client.pace_write)
         publisher = GitHubPublisher(store, repo, read_file=forge.read_file, uses_app=self.client.uses_app,
                                     main_branch=settings.main_branch, pace_write=self.client.pace_write)
@@ -183,7 +210,7 @@ class Service:
         return self.conductor
 
 
-def serve(settings: ServiceSettings, *, make_parts: Callable[[ServiceSettings], Parts] = local_parts,
+def serve(settings: ServiceSettings, *, make_parts: Callable[[ServiceSettings, GitHubClient], Parts] = default_parts,
           timer_s: float = 30.0) -> None:
     """Run the service until interrupted (Ctrl-C or SIGTERM)."""
     import uvicorn

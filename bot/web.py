@@ -133,14 +133,19 @@ async def _raw_body(request: Request) -> bytes:
     return b"".join(chunks)
 
 
+WORKFLOW_EVENTS = ("workflow_run", "workflow_job")  # a training job on GitHub Actions moved
+
+
 def create_app(*, store_path: Path, secret: str, wake: Callable[[], None] = lambda: None,
-               health: Callable[[], dict] = dict) -> FastAPI:
+               health: Callable[[], dict] = dict, runs_changed: Callable[[], None] = lambda: None) -> FastAPI:
     """The webhook app over the store at `store_path` (created or migrated here, so a path that
     cannot hold a store stops the server at start rather than at the first delivery).
 
     `secret` is the App's webhook secret; `wake()` is called after each new delivery is stored;
     `health()` adds what GET /healthz reports beside the store (the conductor's last tick, the last
-    contact with GitHub).
+    contact with GitHub). `runs_changed()` is called for a verified `workflow_run` or `workflow_job`
+    delivery: a GitHub Actions run of a training job moved, and the runner asks GitHub now rather
+    than at its next poll. Nothing of such a delivery is stored: the runner's polling is the record.
     """
     if not secret:
         raise ValueError("a webhook secret is required: set the same one in the GitHub App's settings "
@@ -198,6 +203,12 @@ def create_app(*, store_path: Path, secret: str, wake: Callable[[], None] = lamb
             return _error(400, f"the body is not JSON{hint}")
         if not isinstance(payload, dict):
             return _error(400, "the body must be a JSON object")
+        if name in WORKFLOW_EVENTS:
+            try:
+                runs_changed()
+            except Exception:  # the runner polls GitHub anyway
+                log.exception("delivery %s (%s): telling the runner failed", delivery, name)
+            return JSONResponse({"ok": True, "detail": "the runner will ask GitHub about its runs"}, status_code=202)
         try:
             event = normalize(name, delivery, payload)
         except MalformedPayload as error:

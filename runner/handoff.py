@@ -8,6 +8,8 @@ and refuses anything but a pure function of its input:
 - every operator must be one of PyTorch's own (aten, prims) or a plain Python helper the
   exporter emits (getitem, arithmetic on sizes) or a higher-order op that only wraps such a graph
   (autocast, grad mode); a custom or unknown operator is refused;
+- no random operator (a seeded nondeterministic one: rand, dropout in training mode...): the
+  same input must give the same logits, or noise could hide a leak from the causality probe;
 - the graph may not mutate its buffers or its input, nor call any in-place operator (an export
   under no_grad keeps `buffer.add_(1)` as such), so it cannot keep state between calls and
   behave one way under the causality probe and another when scored.
@@ -90,6 +92,9 @@ def check_program(program: torch.export.ExportedProgram) -> None:
             if isinstance(node.target, torch._ops.OpOverload) and node.target._schema.is_mutable:
                 raise ModelRefused(f"the model changes a tensor in place ({node.target}) when called: a scored "
                                    "model must be a pure function of its input (keep state out of forward())")
+            if isinstance(node.target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in node.target.tags:
+                raise ModelRefused(f"the model draws random numbers ({node.target}) when called: a scored model must "
+                                   "give the same logits for the same input (no dropout or noise at evaluation)")
             if not _allowed(node.target):
                 raise ModelRefused(f"the model calls {node.target!r}, which is not a PyTorch operator the "
                                    "scorer runs; use torch's own operations in forward()")

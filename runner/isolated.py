@@ -52,7 +52,7 @@ MODEL_LIMIT_BYTES = 8 << 30  # the exported model handed to the scorer
 FILE_LIMIT_BYTES = 16 << 30  # no single file written by a sandboxed process may be larger
 LOG_TAIL_LINES = 60
 CLAIMED_KEYS = ("num_steps", "total_tokens_M", "tokens_per_second", "tokens_per_wall_second", "peak_vram_mb",
-                "mfu_percent", "num_params_M", "startup_seconds", "training_seconds", "extra")
+                "mfu_percent", "num_params_M", "startup_seconds", "training_seconds", "training_wall_seconds", "extra")
 
 
 class Supervisor:

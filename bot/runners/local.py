@@ -22,7 +22,7 @@ from typing import Any
 
 from bot.records import Job, RunResult, RunStatus
 from bot.runners.protocol import ResultRefused, checked_result, job_spec
-from runner import files, launch
+from runner import files, launch, sandbox
 from runner.isolated import read_regular
 from runner.profiles import get_profile, harness_hash
 from runner.protocol import JobSpec, ResultSpec
@@ -41,6 +41,11 @@ class LocalRunner:
         self.data = data
         self.gpus = gpus or [str(i) for i in range(slots)]  # a CUDA profile's device per slot
         self.threads = max(1, (os.cpu_count() or 1) // slots)
+        usable, why = sandbox.available()
+        self.sandboxed = usable
+        if not usable:
+            log.warning("training runs on this machine are NOT sandboxed: %s. train.py (written by the agent) can "
+                        "read what this user can read and open connections; results are marked unsandboxed", why)
         self._procs: dict[int, subprocess.Popen] = {}
         self._slot_of: dict[int, int] = {}
         self._notify: Callable[[], None] | None = None

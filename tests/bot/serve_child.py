@@ -29,7 +29,7 @@ def main() -> None:
                                      profile="smoke", port=config["port"])
     proposals = [Proposal(p["title"], p["hypothesis"], p["train_py"]) for p in config["proposals"]]
     runner = FileRunner(Path(config["runs_dir"]), seconds=config["run_seconds"])
-    serve(settings, make_parts=lambda s: Parts(runner, ScriptedAgent(proposals), dict(IDENTITY)), timer_s=0.3)
+    serve(settings, make_parts=lambda s, c: Parts(runner, ScriptedAgent(proposals), dict(IDENTITY)), timer_s=0.3)
 
 
 if __name__ == "__main__":

@@ -141,7 +141,7 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
                                          github_api_url=standin.api_url, webhook_secret=SECRET,
                                          state_dir=tmp_path / "state", profile="smoke", port=port)
         runner, agent = GatedRunner(), RecordingAgent(PROPOSALS)
-        service = Service(settings, make_parts=lambda s: Parts(runner, agent, dict(IDENTITY)), timer_s=0.2)
+        service = Service(settings, make_parts=lambda s, c: Parts(runner, agent, dict(IDENTITY)), timer_s=0.2)
         service.start()
         server = uvicorn.Server(uvicorn.Config(service.app(), host="127.0.0.1", port=port, log_level="warning"))
         thread = threading.Thread(target=server.run, daemon=True)
@@ -420,7 +420,7 @@ def test_the_server_takes_webhooks_while_github_is_unreachable(tmp_path: Path, m
     settings = load_service_settings(repository="octo-org/research", github_token="tok",
                                      github_api_url=f"http://127.0.0.1:{free_port()}", webhook_secret=SECRET,
                                      state_dir=tmp_path / "state", request_timeout_s=1)
-    service = Service(settings, make_parts=lambda s: Parts(FakeRunner(), RecordingAgent([]), dict(IDENTITY)),
+    service = Service(settings, make_parts=lambda s, c: Parts(FakeRunner(), RecordingAgent([]), dict(IDENTITY)),
                       connect_backoff_s=(0.05, 0.2))
     service.start()
     try:

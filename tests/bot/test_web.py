@@ -158,6 +158,17 @@ def test_a_failing_wake_still_answers_202_since_the_delivery_is_stored(store_pat
     assert len(inbox(store_path)) == 1
 
 
+def test_a_workflow_delivery_tells_the_runner_and_stores_nothing(store_path: Path) -> None:
+    changed = Wakes()
+    with TestClient(create_app(store_path=store_path, secret=SECRET, runs_changed=changed),
+                    raise_server_exceptions=False) as c:
+        payload = {"action": "completed", "workflow_run": {"id": 30433642, "status": "completed"}}
+        answers = [deliver(c, event, payload) for event in ("workflow_run", "workflow_job")]
+        refused = deliver(c, "workflow_run", payload, signed=False)
+    assert [a.status_code for a in answers] == [202, 202] and refused.status_code == 401
+    assert changed.count == 2 and inbox(store_path) == []
+
+
 # --- refusing -------------------------------------------------------------------------------------
 
 def test_a_missing_or_wrong_signature_is_401_and_stores_nothing(client: TestClient, store_path: Path,

@@ -213,6 +213,23 @@ h.finish(Counter())
     serves_next_job(tmp_path)
 
 
+def test_a_model_that_adds_noise_is_rejected(smoke_prepared, tmp_path: Path) -> None:
+    # Noise in the logits would widen the probe's tolerance for the jitter it sees, room for a leak.
+    body = """
+class Noisy(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = model
+    def forward(self, idx):
+        logits = self.inner(idx)
+        return logits + 0.1 * torch.rand_like(logits)
+h.finish(Noisy())
+"""
+    result = run(tmp_path, body)
+    assert result.status == "rejected" and "random numbers" in result.error
+    serves_next_job(tmp_path)
+
+
 # --- attacks on the machine ---------------------------------------------------------------------------
 
 def test_the_validation_split_is_not_visible(smoke_prepared, tmp_path: Path) -> None:
