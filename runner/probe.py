@@ -35,6 +35,7 @@ def tolerance(reference: torch.Tensor, again: torch.Tensor) -> float:
     return max(1e-4 * scale, min(4.0 * jitter, 1e-2 * scale))  # random operators are refused before (handoff)
 
 
+@torch.no_grad()
 def causality_probe(forward: Callable[[torch.Tensor], torch.Tensor], batch: torch.Tensor) -> ProbeResult:
     """`forward(batch) -> logits [B, T, V]`; `batch` [B, T] of real tokens with B >= 2."""
     rows, length = batch.shape

@@ -11,13 +11,22 @@ from __future__ import annotations
 from fastapi import FastAPI, Request
 from starlette.responses import Response
 
-from . import git_http, routes_checks, routes_git, routes_issues, routes_meta, routes_pulls
+from . import (
+    git_http,
+    routes_actions,
+    routes_checks,
+    routes_git,
+    routes_issues,
+    routes_meta,
+    routes_pulls,
+)
+from .actions import Actions
 from .auth import Auth
 from .gateway import Gateway
 from .state import State
 
 
-def build(st: State, auth: Auth, gateway: Gateway) -> FastAPI:
+def build(st: State, auth: Auth, gateway: Gateway, actions: Actions) -> FastAPI:
     app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
     app.state.gateway = gateway
     app.include_router(git_http.router(st, auth, gateway))
@@ -26,6 +35,7 @@ def build(st: State, auth: Auth, gateway: Gateway) -> FastAPI:
     app.include_router(routes_git.router(st))
     app.include_router(routes_pulls.router(st))
     app.include_router(routes_issues.router(st))
+    app.include_router(routes_actions.router(st, actions))
 
     @app.api_route("/{rest:path}", methods=["GET", "POST", "PATCH", "PUT", "DELETE"])
     def unserved(request: Request) -> Response:

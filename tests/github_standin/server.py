@@ -27,6 +27,7 @@ import uvicorn
 
 from . import api, openapi
 from . import payloads as P
+from .actions import Actions
 from .auth import Auth
 from .faults import Faults
 from .gateway import Gateway, RequestRecord
@@ -45,10 +46,11 @@ class GitHubStandIn:
                  collaborators: dict[str, str] | None = None, members: set[str] | frozenset[str] = frozenset(),
                  private: bool = False, owner_type: str = "Organization", app_id: int = 1,
                  app_slug: str = "autoresearch-bot", app_public_key: Any = None, installation_id: int = 1001,
-                 token_lifetime: float = 3600.0, rate_limit: int = 5000):
+                 token_lifetime: float = 3600.0, rate_limit: int = 5000, actions_runners: int = 1):
         """`token_users` maps tokens to logins (a login ending in [bot] is an App installation);
         `collaborators` maps logins to a role (admin, maintain, write, triage, read); `members`
-        are organization members; `app_public_key` (PEM or key object) verifies App JWTs."""
+        are organization members; `app_public_key` (PEM or key object) verifies App JWTs;
+        `actions_runners` emulated self-hosted runners execute dispatched workflow runs (`actions`)."""
         self.root = Path(root)
         self.state = State(self.root, owner, repo, files or {}, collaborators=dict(collaborators or {}),
                            members=set(members), private=private, owner_type=owner_type)
@@ -62,6 +64,7 @@ class GitHubStandIn:
         self.gateway = Gateway(self.auth, self.spec, self.faults, owner, repo)
         self.hookshot = Hookshot(self._check_webhook, ("integration", app_id))
         self.state.sink = self.hookshot.emit
+        self.actions = Actions(self.state, self.root, runners=actions_runners)
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -75,7 +78,7 @@ class GitHubStandIn:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.bind(("127.0.0.1", 0))
         self.state.base_url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        config = uvicorn.Config(api.build(self.state, self.auth, self.gateway), log_level="warning",
+        config = uvicorn.Config(api.build(self.state, self.auth, self.gateway, self.actions), log_level="warning",
                                 access_log=False, lifespan="off", timeout_graceful_shutdown=2)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
@@ -90,6 +93,7 @@ class GitHubStandIn:
 
     def stop(self) -> None:
         self.gateway.stopping.set()
+        self.actions.stop()
         if self._server is not None and self._thread is not None:
             self._server.should_exit = True
             self._thread.join(timeout=10)

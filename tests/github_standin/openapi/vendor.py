@@ -60,6 +60,11 @@ OPERATIONS = {
     "/repos/{owner}/{repo}/issues/comments/{comment_id}/reactions": ["get", "post"],
     "/repos/{owner}/{repo}/labels": ["post"],
     "/repos/{owner}/{repo}/labels/{name}": ["get"],
+    "/repos/{owner}/{repo}/actions/workflows/{workflow_id}/dispatches": ["post"],
+    "/repos/{owner}/{repo}/actions/runs/{run_id}": ["get", "delete"],
+    "/repos/{owner}/{repo}/actions/runs/{run_id}/cancel": ["post"],
+    "/repos/{owner}/{repo}/actions/runs/{run_id}/artifacts": ["get"],
+    "/repos/{owner}/{repo}/actions/artifacts/{artifact_id}/{archive_format}": ["get"],
 }
 
 # x-webhooks entries: "<event>-<action>" as GitHub names them (push has no action)
