@@ -92,12 +92,31 @@ def check_program(program: torch.export.ExportedProgram) -> None:
             if isinstance(node.target, torch._ops.OpOverload) and node.target._schema.is_mutable:
                 raise ModelRefused(f"the model changes a tensor in place ({node.target}) when called: a scored "
                                    "model must be a pure function of its input (keep state out of forward())")
-            if isinstance(node.target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in node.target.tags:
+            if isinstance(node.target, torch._ops.OpOverload) and _draws_random_numbers(node):
                 raise ModelRefused(f"the model draws random numbers ({node.target}) when called: a scored model must "
                                    "give the same logits for the same input (no dropout or noise at evaluation)")
             if not _allowed(node.target):
                 raise ModelRefused(f"the model calls {node.target!r}, which is not a PyTorch operator the "
                                    "scorer runs; use torch's own operations in forward()")
+
+
+def _draws_random_numbers(node: torch.fx.Node) -> bool:
+    """A seeded nondeterministic operator, except attention whose dropout probability is zero
+    (scaled_dot_product_attention carries the tag for its dropout argument)."""
+    op = node.target
+    if torch.Tag.nondeterministic_seeded not in op.tags:
+        return False
+    names = [argument.name for argument in op._schema.arguments]
+    if "dropout_p" not in names:
+        return True
+    index = names.index("dropout_p")
+    if "dropout_p" in node.kwargs:
+        dropout = node.kwargs["dropout_p"]
+    elif index < len(node.args):
+        dropout = node.args[index]
+    else:
+        dropout = op._schema.arguments[index].default_value
+    return not (isinstance(dropout, (int, float)) and dropout == 0)
 
 
 def _allowed(target: Any) -> bool:

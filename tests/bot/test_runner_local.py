@@ -109,24 +109,26 @@ def test_a_restarted_runner_finds_its_jobs_from_the_files(tmp_path: Path, smoke_
 
 def test_each_slot_of_a_cuda_profile_gets_its_own_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Every child stops itself at interpreter start-up (a sitecustomize on its PYTHONPATH, which the
-    # scrubbed environment lets through), so it is alive when its environment is read and its slot
+    # scrubbed environment lets through), so it is alive when its command line is read and its slot
     # stays taken however slow this machine is: a child that failed fast (no GPU here) would
-    # otherwise be a zombie, whose /proc environ reads empty, or would free its slot too soon.
+    # otherwise be a zombie, whose /proc cmdline reads empty, or would free its slot too soon.
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text("import os, signal\nos.kill(os.getpid(), signal.SIGSTOP)\n")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")])))
     runner = LocalRunner(tmp_path / "runs", slots=2, gpus=["3", "5"])
     seen, pids = [], []
-    for run_id, profile in ((1, "h100"), (2, "h100"), (3, "smoke")):
-        runner.submit(Job(run_id=run_id, asset="pass\n", profile=profile, seed=run_id))
-        pid = int((tmp_path / "runs" / str(run_id) / "pid").read_text())
-        pids.append(pid)
-        wait_until_stopped(pid)
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")  # the supervisor's real command
-        seen.append(argv[argv.index("--gpu") + 1] if "--gpu" in argv else None)
-    for pid in pids:
-        os.kill(pid, signal.SIGCONT)
-    for run_id in (1, 2, 3):
-        runner.cancel(run_id)
+    try:
+        for run_id, profile in ((1, "h100"), (2, "h100"), (3, "smoke")):
+            runner.submit(Job(run_id=run_id, asset="pass\n", profile=profile, seed=run_id))
+            pid = int((tmp_path / "runs" / str(run_id) / "pid").read_text())
+            pids.append(pid)
+            wait_until_stopped(pid)
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")  # the supervisor's real command
+            seen.append(argv[argv.index("--gpu") + 1] if "--gpu" in argv else None)
+    finally:  # never leave a stopped child behind, whatever failed above
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+        for run_id in (1, 2, 3):
+            runner.cancel(run_id)
     assert seen == ["3", "5", None]  # the supervisor shows the sandbox that device only (tests/runner/test_isolated.py)

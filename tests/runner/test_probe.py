@@ -90,6 +90,24 @@ def test_an_exported_model_scores_like_the_original(tmp_path: Path) -> None:
     assert not isinstance(loaded, Causal), "no class of the training side crosses over"
 
 
+class Attending(Causal):
+    """Causal attention through scaled_dot_product_attention, which is tagged random for its dropout."""
+
+    def __init__(self, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.dropout = dropout
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.embed(idx).unsqueeze(1)
+        y = torch.nn.functional.scaled_dot_product_attention(x, x, x, is_causal=True, dropout_p=self.dropout)
+        return self.out(y.squeeze(1))
+
+
+def test_attention_without_dropout_is_accepted(tmp_path: Path) -> None:
+    loaded = load_model(export(Attending(), tmp_path / "model.pt2"))
+    assert causality_probe(loaded, text()).causal
+
+
 class Stateful(Causal):
     def __init__(self) -> None:
         super().__init__()
@@ -106,7 +124,8 @@ class Noisy(Causal):
         return logits + torch.randn_like(logits)
 
 
-@pytest.mark.parametrize(("model", "why"), [(Stateful(), "in place"), (Noisy(), "random numbers")])
+@pytest.mark.parametrize(("model", "why"), [(Stateful(), "in place"), (Noisy(), "random numbers"),
+                                            (Attending(dropout=0.5), "random numbers")])
 def test_state_and_randomness_are_refused(tmp_path: Path, model: torch.nn.Module, why: str) -> None:
     with pytest.raises(ModelRefused, match=why):
         load_model(export(model, tmp_path / "model.pt2"))
