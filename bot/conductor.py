@@ -48,6 +48,7 @@ RUN_PRIORITY = {"baseline": 0, "remeasure": 1, "confirm": 2, "candidate": 3}
 MAX_BASELINE_CRASHES = 2  # crashes of main's own train.py before the loop asks for a human
 PAUSED_BY_INBOX = "paused (autoresearch pause)"
 MAX_REFUSED_RESULTS = 3  # results of one code refused (wrong identity) before giving up on it
+MAX_LOST_RUNS = 5  # runs of one code lost in a row (a machine gone, an answer refused) before giving up on it
 
 
 class ConductorError(RuntimeError):
@@ -696,12 +697,23 @@ class Conductor:
             if status.state == "unknown":  # written as started, never submitted: submit it now
                 self.store.mark_run_started(run.id, self.runner.submit(self._job(run)))
             elif status.state == "lost":
-                self.store.set_aside_run(run.id, RunState.LOST, status.detail or "the runner lost it")
-                log.warning("run %s lost: %s", run.id, status.detail)
+                self._lost(run, status.detail or "the runner lost it")
             else:
                 assert status.result is not None
                 self._record(run, status.result)
             self._values = None
+
+    def _lost(self, run: Run, why: str) -> None:
+        """Run it again, unless this code's runs keep getting lost: a remote runner that refuses or
+        drops every result (another harness deployed, a profile it lacks) must not loop forever."""
+        streak = 0  # this code's runs lost since its last measured one
+        for earlier in sorted(self.store.runs(code_hash=run.code_hash), key=lambda r: r.id):
+            streak = 0 if earlier.state == RunState.DONE else streak + (earlier.state == RunState.LOST)
+        again = streak + 1 < MAX_LOST_RUNS
+        self.store.set_aside_run(run.id, RunState.LOST, why, rerun=again)
+        log.warning("run %s lost: %s", run.id, why)
+        if not again:
+            self._give_up_on(run, f"{MAX_LOST_RUNS} runs of it were lost; the last: {why}")
 
     def _record(self, run: Run, result: RunResult) -> None:
         kept = dict(status=result.status, val_bpb=result.val_bpb, metrics=result.metrics, log_tail=result.log_tail)

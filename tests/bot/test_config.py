@@ -103,7 +103,7 @@ def test_every_missing_setting_is_named_in_one_message():
 
 
 def test_every_invalid_setting_is_named_with_what_was_given(monkeypatch):
-    for name, value in dict(REPOSITORY="not a repository", PORT="eighty", SLOTS="0", RUNNER="modal",
+    for name, value in dict(REPOSITORY="not a repository", PORT="eighty", SLOTS="0", RUNNER="slurm",
                             AGENT="gpt", PROFILE="tpu", POLL_INTERVAL_S="5", REQUEST_TIMEOUT_S="-1",
                             GITHUB_API_URL="ftp://github.com", MAIN_BRANCH="-main", GITHUB_TOKEN=TOKEN,
                             WEBHOOK_SECRET=SECRET).items():
@@ -117,11 +117,24 @@ def test_every_invalid_setting_is_named_with_what_was_given(monkeypatch):
         "REPOSITORY", "PORT", "SLOTS", "RUNNER", "AGENT", "PROFILE", "POLL_INTERVAL_S", "REQUEST_TIMEOUT_S",
         "GITHUB_API_URL", "MAIN_BRANCH")}
     assert "'not a repository'" in named["AUTORESEARCH_REPOSITORY"] and "owner/name" in named["AUTORESEARCH_REPOSITORY"]
-    assert "choose one of local" in named["AUTORESEARCH_RUNNER"]
+    assert "'slurm'" in named["AUTORESEARCH_RUNNER"] and "actions, local, modal" in named["AUTORESEARCH_RUNNER"]
     assert "claude, explorer, scripted" in named["AUTORESEARCH_AGENT"]
     assert "cpu, h100, smoke" in named["AUTORESEARCH_PROFILE"]
     assert "10" in named["AUTORESEARCH_POLL_INTERVAL_S"]
     assert "api/v3" in named["AUTORESEARCH_GITHUB_API_URL"]
+
+
+@pytest.mark.parametrize("runner", ["actions", "modal"])
+def test_a_remote_runner_needs_the_data_fingerprint(monkeypatch, runner):
+    for name, value in dict(REPOSITORY="owner/name", GITHUB_TOKEN=TOKEN, WEBHOOK_SECRET=SECRET, RUNNER=runner).items():
+        monkeypatch.setenv(f"AUTORESEARCH_{name}", value)
+    with pytest.raises(ConfigError) as raised:
+        load_service_settings()
+    named = {line.split(":")[0]: line for line in problem_lines(raised.value)}
+    assert set(named) == {"AUTORESEARCH_DATA_FINGERPRINT"}
+    assert "autoresearch prepare" in named["AUTORESEARCH_DATA_FINGERPRINT"]
+    monkeypatch.setenv("AUTORESEARCH_DATA_FINGERPRINT", "645762e5f242651d")
+    assert load_service_settings().data_fingerprint == "645762e5f242651d"
 
 
 def test_field_errors_and_combination_errors_are_reported_together(monkeypatch):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bot.agent.scripted import ScriptedAgent
-from bot.conductor import Conductor, ConductorConfig
+from bot.conductor import MAX_LOST_RUNS, Conductor, ConductorConfig
 from bot.events import submit
 from bot.forge import ForgeError
 from bot.forge.local import LocalForge, init_research_repo
@@ -395,6 +395,22 @@ def test_a_lost_run_is_queued_again(tmp_path: Path) -> None:
     run_to_end(loop)
     assert loop.store.run(1).state == "lost"
     assert [r.rerun_of for r in loop.store.runs()].count(1) == 1
+
+
+class EveryRun(set):
+    def __contains__(self, run_id: object) -> bool:
+        return True
+
+
+def test_a_code_whose_runs_keep_getting_lost_is_given_up(tmp_path: Path) -> None:
+    # A remote runner that drops every answer (another harness deployed there, say) must not loop forever.
+    runner = FakeRunner()
+    runner.lost = EveryRun()
+    loop = make(tmp_path, ScriptedAgent([]), runner=runner)
+    run_to_end(loop)
+    states = [r.state for r in loop.store.runs()]
+    assert states.count("lost") == MAX_LOST_RUNS and "running" not in states
+    assert f"{MAX_LOST_RUNS} runs of it were lost" in loop.blocked and "the fake machine vanished" in loop.blocked
 
 
 def test_submitting_the_same_run_twice_starts_one_run(tmp_path: Path) -> None:

@@ -1,0 +1,191 @@
+"""The Modal app (runner.modal_app): it builds without a token or a network, its image installs what
+pyproject pins, and its Trainer's body runs a job through the isolated path (via Modal's `.local()`,
+on this machine) and answers a ResultSpec, never a builtin TimeoutError."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+modal = pytest.importorskip("modal")
+
+
+def _runner_package_on_its_path() -> None:
+    """Under pytest `runner` is the namespace package of tests/runner/ (conftest puts tests/ first on
+    sys.path; its modules come from the install's finder), but Modal's class decorator wants the
+    directory of the module it decorates on its package's __path__, as it is outside tests."""
+    import runner
+
+    home = str(Path(importlib.util.find_spec("runner.modal_app").origin).parent)  # type: ignore[arg-type, union-attr]
+    if home not in list(runner.__path__):
+        runner.__path__.append(home)
+
+
+_runner_package_on_its_path()
+from runner import modal_app
+from runner.profiles import get_profile, harness_hash
+from runner.protocol import Hashes, JobSpec, ResultSpec, RunnerIdentity, check_result
+
+ROOT = Path(__file__).resolve().parents[2]
+CRASH = 'raise SystemExit("boom: this train.py crashes on purpose")\n'
+
+BUILD = """
+import json, socket
+def refuse(*args, **kwargs):
+    raise OSError("no network in this test")
+socket.socket.connect = refuse
+socket.create_connection = refuse
+import modal
+import runner.modal_app as m
+print(json.dumps({"app": m.app.name, "deployed": m.DEPLOYED, "timeout": m.TIMEOUT_S,
+                  "is_cls": isinstance(m.Trainer, modal.Cls), "image": isinstance(m.image, modal.Image),
+                  "volume": isinstance(m.cache_volume, modal.Volume)}))
+"""
+
+
+def test_the_app_builds_without_a_token_or_a_network(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MODAL_", "AUTORESEARCH_"))}
+    env.update(HOME=str(tmp_path), MODAL_CONFIG_PATH=str(tmp_path / "no-modal.toml"), PYTHONPATH=str(ROOT),
+               AUTORESEARCH_MODAL_APP="research-test", AUTORESEARCH_MODAL_GPU="A10G", AUTORESEARCH_PROFILE="smoke",
+               AUTORESEARCH_MODAL_SCALEDOWN_S="60")
+    done = subprocess.run([sys.executable, "-c", BUILD], check=False, capture_output=True, text=True, env=env,
+                          cwd=tmp_path, timeout=120)
+    assert done.returncode == 0, done.stderr
+    built = json.loads(done.stdout.strip().splitlines()[-1])
+    assert built["app"] == "research-test" and built["is_cls"] and built["image"] and built["volume"]
+    assert built["deployed"]["AUTORESEARCH_MODAL_GPU"] == "A10G"
+    assert built["deployed"]["AUTORESEARCH_MODAL_SCALEDOWN_S"] == "60"
+    assert built["deployed"]["AUTORESEARCH_MODAL_VOLUME"] == "autoresearch-cache"
+    assert built["timeout"] == int(get_profile("smoke").max_total_s) + 120
+
+
+def test_the_image_installs_the_training_dependencies_pyproject_pins() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = set(project["optional-dependencies"]["train"]) | set(project["optional-dependencies"]["gpu"])
+    wanted |= {d for d in project["dependencies"] if d.startswith(("numpy", "pydantic>"))}
+    assert wanted == set(modal_app.TRAIN_PACKAGES)
+
+
+def test_a_crashing_train_py_comes_back_as_a_crash_result_through_local(smoke_prepared: Any) -> None:
+    job = JobSpec(run_id=7, experiment_id=3, asset=CRASH, profile="smoke", seed=1)
+    result = ResultSpec.model_validate_json(_run_locally(job, spawned_at=100.0))
+    check_result(job, result, harness=harness_hash())
+    assert result.status == "crash" and "crashes on purpose" in (result.error or "")
+    assert result.runner.backend == "modal" and result.hashes.data == smoke_prepared.dataset.fingerprint
+    assert result.timings.queued is not None and result.timings.queued > 0  # spawned at t=100 s (1970)
+
+
+@pytest.mark.slow
+def test_the_repository_train_py_measures_through_local(smoke_prepared: Any) -> None:
+    job = JobSpec(run_id=8, asset=(ROOT / "train.py").read_text(), profile="smoke")
+    result = ResultSpec.model_validate_json(_run_locally(job))
+    check_result(job, result, harness=harness_hash())
+    assert result.status == "ok", result.error
+    assert result.val_bpb is not None and result.val_bpb > 0 and result.timings.queued is None
+
+
+def test_the_deployment_tells_its_measurement_identity(smoke_prepared: Any) -> None:
+    code = "import json, runner.modal_app as m; print(json.dumps(m.Trainer().identity.local()))"
+    done = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, cwd=ROOT,
+                          env=dict(os.environ, AUTORESEARCH_PROFILE="smoke", PYTHONPATH=str(ROOT)), timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {
+        "profile": "smoke", "harness_hash": harness_hash(), "data_fingerprint": smoke_prepared.dataset.fingerprint}
+
+
+LOCAL = """
+import sys, warnings
+import runner.modal_app as m
+warnings.simplefilter("ignore")  # Modal: "executing locally ... no access to the mounted Volume"
+spawned_at = float(sys.argv[1]) if len(sys.argv) > 1 else None
+print(m.Trainer().run.local(sys.stdin.read(), spawned_at))
+"""
+
+
+def _run_locally(job: JobSpec, spawned_at: float | None = None) -> str:
+    """`Trainer().run.local(job)` in a fresh Python, whose `runner` is the package itself (under
+    pytest it is tests/runner/'s namespace package), with the session's data cache."""
+    env = dict(os.environ, AUTORESEARCH_PROFILE="smoke", PYTHONPATH=str(ROOT))
+    done = subprocess.run([sys.executable, "-c", LOCAL, *([str(spawned_at)] if spawned_at else [])],
+                          check=False, input=job.model_dump_json(), capture_output=True, text=True, env=env, cwd=ROOT,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout.strip().splitlines()[-1]
+
+
+def test_a_job_for_another_profile_is_refused_with_what_to_deploy() -> None:
+    job = JobSpec(run_id=1, asset=CRASH, profile="smoke")
+    with pytest.raises(RuntimeError, match="AUTORESEARCH_PROFILE=smoke"):
+        modal_app.run_one(job.model_dump_json(), "h100", run_job=_never)
+
+
+def test_a_harness_timeout_never_reads_as_a_call_still_running() -> None:
+    def times_out(*args: Any, **kwargs: Any) -> ResultSpec:
+        raise TimeoutError("a socket timed out")
+
+    job = JobSpec(run_id=1, asset=CRASH, profile="smoke")
+    with pytest.raises(RuntimeError, match="TimeoutError: a socket timed out") as raised:
+        modal_app.run_one(job.model_dump_json(), "smoke", run_job=times_out)
+    assert not isinstance(raised.value, TimeoutError)
+
+
+def test_a_failing_progress_store_never_fails_the_run() -> None:
+    store = BrokenStore()
+    job = JobSpec(run_id=4, asset=CRASH, profile="smoke")
+
+    def reports(job: JobSpec, out: Path, **options: Any) -> ResultSpec:
+        for step in range(3):
+            options["on_progress"]({"step": step, "loss": 5.0})
+        assert options["backend"] == "modal" and options["detail"] == "fc-123" and out.is_dir()
+        return _result(job)
+
+    answer = modal_app.run_one(job.model_dump_json(), "smoke", progress_store=store, call_id="fc-123",
+                               run_job=reports)
+    assert ResultSpec.model_validate_json(answer).run_id == 4
+    assert store.tries == 1  # the first error switched the board off
+
+
+def test_progress_is_written_by_run_id_at_most_every_few_seconds() -> None:
+    now = [1000.0]
+    store = Store()
+    board = modal_app.ProgressBoard(store, 12, clock=lambda: now[0])
+    board.push({"step": 1})
+    board.push({"step": 2})  # same instant: dropped
+    now[0] += modal_app.PROGRESS_EVERY_S
+    board.push({"step": 3})
+    assert store.items == [("12", {"step": 1}), ("12", {"step": 3})]
+
+
+class Store:
+    def __init__(self) -> None:
+        self.items: list[tuple[Any, Any]] = []
+
+    def put(self, key: Any, value: Any) -> None:
+        self.items.append((key, value))
+
+
+class BrokenStore:
+    def __init__(self) -> None:
+        self.tries = 0
+
+    def put(self, key: Any, value: Any) -> None:
+        self.tries += 1
+        raise ConnectionError("Modal is unreachable")
+
+
+def _never(*args: Any, **kwargs: Any) -> ResultSpec:
+    raise AssertionError("the job should not have run")
+
+
+def _result(job: JobSpec) -> ResultSpec:
+    return ResultSpec(run_id=job.run_id, status="crash", error="canned",
+                      hashes=Hashes(asset=job.asset_sha256, harness=harness_hash(), data=""),
+                      runner=RunnerIdentity(backend="modal"), profile=job.profile)
