@@ -56,10 +56,15 @@ def log(tmp_path: Path, name: str = "run") -> str:
     return (tmp_path / name / "log.txt").read_text(errors="replace")
 
 
-def serves_next_job(tmp_path: Path) -> None:
-    """After an attack, the same path runs the next job to a real result."""
-    result = run(tmp_path, "h.finish(model)\n", name="next")
-    assert result.status == "ok" and result.val_bpb is not None and result.val_bpb > HONEST_FLOOR, result.error
+def serves_next_job(tmp_path: Path, *, scored: bool = False) -> None:
+    """After an attack, the same path runs the next job: to a real result when `scored` (for the
+    attacks on files the scorer reads), else to the crash of a job that stops at once (seconds)."""
+    if scored:
+        result = run(tmp_path, "h.finish(model)\n", name="next")
+        assert result.status == "ok" and result.val_bpb is not None and result.val_bpb > HONEST_FLOOR, result.error
+    else:
+        result = run(tmp_path, "raise SystemExit('the next job')\n", name="next")
+        assert result.status == "crash" and "the next job" in result.error and result.sandboxed
     assert not leftover_processes()
 
 
@@ -132,7 +137,7 @@ h.finish(model)
     assert not leftover_processes(), "the detached child died with the sandbox"
     stored = ResultSpec.model_validate_json((tmp_path / "run" / "result.json").read_text())
     assert stored.val_bpb == result.val_bpb
-    serves_next_job(tmp_path)
+    serves_next_job(tmp_path, scored=True)
 
 
 def test_patching_the_loss_and_the_evaluation_changes_nothing(smoke_prepared, tmp_path: Path) -> None:
@@ -266,7 +271,7 @@ h.finish(model)
     result = run(tmp_path, body)
     assert "harness edit failed:" in log(tmp_path) and evaluate.read_bytes() == before
     assert result.status == "ok" and result.val_bpb > HONEST_FLOOR
-    serves_next_job(tmp_path)
+    serves_next_job(tmp_path, scored=True)
 
 
 def test_secrets_are_not_reachable(smoke_prepared, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -353,7 +358,7 @@ h.finish(model)
     result = run(tmp_path, body)
     assert "spawned" in log(tmp_path) and result.status == "ok"
     assert not leftover_processes()
-    serves_next_job(tmp_path)
+    serves_next_job(tmp_path, scored=True)
 
 
 def test_training_in_a_child_process_counts_on_the_clock(smoke_prepared, tmp_path: Path, short_limits) -> None:
@@ -417,7 +422,7 @@ os.symlink({str(secret)!r}, "model.pt2")
     progress: list[dict] = []
     result = run(tmp_path, body, on_progress=progress.append)
     assert result.status == "crash" and "SECRET-VALUE" not in (result.error or "") and not progress
-    serves_next_job(tmp_path)
+    serves_next_job(tmp_path, scored=True)
 
 
 def test_without_a_sandbox_the_run_is_marked_and_warned(smoke_prepared, tmp_path: Path) -> None:
