@@ -11,8 +11,10 @@ runs train.py's code itself. In order:
    kernel (wait4). Past the profile's hard limit it is killed (`timeout`); having used more than
    budget + start-up allowance on the profile's clock, its train.py trained past the budget and
    the run is `rejected`;
-4. scores the exported model (DIR/scratch/model.pt2) in a second sandboxed process that never
-   ran train.py (runner.score): causality probe, then val_bpb on the validation split;
+4. scores the exported model (a copy of DIR/scratch/model.pt2 in DIR/handoff/) in a second
+   sandboxed process that never ran train.py (runner.score): causality probe, then val_bpb on the
+   validation split. That process is started with the training one and gets ready meanwhile
+   (torch, the validation split, the tokenizer), so its start-up costs the run nothing;
 5. writes DIR/result.json, which no process of the run can reach.
 What train.py says about itself (steps, tokens, memory, in scratch/claims.json) is kept as
 information; only the scorer's val_bpb and the supervisor's clocks decide anything.
@@ -40,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from runner import files, sandbox
-from runner.data import DataMissing, cache_dir, load_dataset, verify_dataset
+from runner.data import Dataset, DataMissing, cache_dir, load_dataset, verify_dataset
 from runner.handoff import MODEL_FILE
 from runner.proctree import TreeCPU
 from runner.profiles import Profile, get_profile, harness_hash
@@ -94,6 +96,19 @@ class Supervisor:
         if not self.sandboxed:
             self._say(f"WARNING: running train.py WITHOUT a sandbox: {self.why_unsandboxed}. It can read every "
                       "file this user can and open network connections; the result is marked unsandboxed.")
+        handoff = self.out / "handoff"
+        handoff.mkdir()
+        # The scorer gets ready while train.py trains: its start-up is off the run's critical path.
+        scorer = self._start_scorer(profile, handoff, [dataset.root / "manifest.json", *dataset.paths("val"), tokens])
+        try:
+            return self._train_then_score(profile, dataset, tokens, scorer)
+        finally:
+            if scorer.poll() is None:
+                _kill_group(scorer.pid)
+                scorer.wait()
+
+    def _train_then_score(self, profile: Profile, dataset: Dataset, tokens: Path,
+                          scorer: subprocess.Popen[str]) -> ResultSpec:
         train_view = [self.out / "asset", dataset.root / "manifest.json", *dataset.paths("train"), tokens]
         code, cpu, wall, killed = self._run_training(profile, train_view)
         self.timings.training_wall = wall
@@ -115,14 +130,12 @@ class Supervisor:
                 f"sandbox, past the budget of {profile.time_budget_s:.0f} s plus {profile.startup_allowance_s:.0f} s "
                 "for start-up: train.py trained past its budget (the harness's clock was changed or ignored)"))
         handoff = self.out / "handoff"
-        handoff.mkdir(exist_ok=True)
         graph = read_regular(model, MODEL_LIMIT_BYTES)
         if graph is None:
             return self._result("rejected", profile=profile, claims=claims, cpu=cpu, error=(
                 f"{MODEL_FILE} is not a regular file under {MODEL_LIMIT_BYTES >> 30} GiB (a link, a pipe, or too large)"))
         files.write_bytes(handoff / MODEL_FILE, graph)  # the scorer reads a copy no training process can reach
-        score = self._run_scoring(profile, handoff / MODEL_FILE,
-                                  [dataset.root / "manifest.json", *dataset.paths("val"), tokens])
+        score = self._score(profile, scorer)
         self.timings.probe = float(score.get("probe_seconds") or 0.0)
         if "rejected" in score:
             return self._result("rejected", profile=profile, claims=claims, cpu=cpu, error=str(score["rejected"]))
@@ -167,30 +180,37 @@ class Supervisor:
         # The kernel's account of what was reaped, or what was seen running, whichever is more.
         return proc.returncode, max(usage.ru_utime + usage.ru_stime, tree.total()), wall, killed
 
-    def _run_scoring(self, profile: Profile, model: Path, view: list[Path]) -> dict[str, Any]:
-        cmd = [sys.executable, "-m", "runner.score", "--model", str(model), "--profile", profile.name]
+    def _start_scorer(self, profile: Profile, handoff: Path, view: list[Path]) -> subprocess.Popen[str]:
+        """The scoring process, sandboxed, reading the handoff directory (empty until the model is
+        copied there) and the validation split; it waits for `go` on its stdin."""
+        cmd = [sys.executable, "-m", "runner.score", "--model", str(handoff / MODEL_FILE), "--profile", profile.name,
+               "--wait"]
         if self.data:
             cmd += ["--data", self.data]
-        home = self.out / "handoff"
-        box = sandbox.Sandbox(read=[model, *view], env=self._env(profile, home=home), gpus=self._gpus(profile),
-                              cwd=home)
-        started = time.time()
+        box = sandbox.Sandbox(read=[handoff, *view], env=self._env(profile, home=handoff), gpus=self._gpus(profile),
+                              cwd=handoff)
         argv = sandbox.wrap(cmd, box) if self.sandboxed else cmd
+        return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env=box.env, cwd=handoff, start_new_session=True)
+
+    def _score(self, profile: Profile, scorer: subprocess.Popen[str]) -> dict[str, Any]:
+        started = time.time()
         try:
-            done = subprocess.run(argv, capture_output=True, text=True, env=box.env, cwd=home,
-                                  timeout=profile.score_limit_s, start_new_session=True)
+            stdout, stderr = scorer.communicate("go\n", timeout=profile.score_limit_s)
         except subprocess.TimeoutExpired:
             return {"error": f"scoring took longer than {profile.score_limit_s:.0f} s and was stopped"}
+        except BrokenPipeError:  # it had already died: say how
+            stdout, stderr = scorer.communicate()
         finally:
             self.timings.evaluation = time.time() - started
-        lines = done.stdout.strip().splitlines()
+        lines = stdout.strip().splitlines()
         try:
             answer = json.loads(lines[-1]) if lines else {}
         except ValueError:
             answer = {}
         if not isinstance(answer, dict) or not answer:
-            tail = "\n".join(done.stderr.strip().splitlines()[-20:])
-            return {"error": f"the scoring process failed (exit code {done.returncode}): {tail}"}
+            tail = "\n".join(stderr.strip().splitlines()[-20:])
+            return {"error": f"the scoring process failed (exit code {scorer.returncode}): {tail}"}
         return answer
 
     def _start(self, cmd: list[str], box: sandbox.Sandbox) -> subprocess.Popen[bytes]:
@@ -278,9 +298,6 @@ class Supervisor:
         self.timings.startup = float(claims.get("startup_seconds") or 0.0)
         self.timings.export = float(claims.get("eval_seconds") or 0.0)  # finish() exported, in the sandbox
         self.timings.total = time.time() - self.started
-        if score:
-            self.timings.evaluation = float(score.get("load_seconds", 0)) + self.timings.probe + float(
-                score.get("eval_seconds", 0))
         metrics: dict[str, Any] = {key: claims[key] for key in CLAIMED_KEYS if key in claims}
         if "training_seconds" in metrics:
             metrics["claimed_training_seconds"] = metrics.pop("training_seconds")
