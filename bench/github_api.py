@@ -9,9 +9,18 @@ tick: the driver ticks on every event and every 30 s when idle; here every 0.1 s
 progress updates its check at most once per 30 s (none here: the fake runs finish at once). The
 service runs in poll mode (no webhook server needed), so the poller's reads are counted too.
 
-    .venv/bin/python bench/github_api.py [--experiments 6] [--token]
+    .venv/bin/python bench/github_api.py [--experiments 6] [--token] [--run-minutes 5]
 
 --token: a personal access token instead of an App (commit statuses instead of check runs).
+
+From the measured figures it prints the most experiments an hour one installation sustains under
+GitHub's limits: the secondary limit on content-creating requests (80 a minute, 500 an hour) and
+the primary limit (5,000 requests an hour for a token; an App installation 5,000 rising with its
+repositories and users to 12,500, and 15,000 on GitHub Enterprise Cloud). 304 answers cost nothing
+against the primary limit and are counted apart. Calls that follow the clock rather than the
+experiments are counted per hour apart: main's head read each idle tick (a 304 while main stands
+still), the poller's reads in poll mode, and, with an App, one check update per 30 s while a
+candidate run trains (--run-minutes long; the fake runs here finish at once, so none are measured).
 """
 
 from __future__ import annotations
@@ -110,10 +119,43 @@ def run(n: int, token: bool) -> dict:
             "seconds": round(time.monotonic() - started, 1)}
 
 
+SECONDARY_PER_HOUR, SECONDARY_PER_MINUTE = 500, 80
+PRIMARY = {"token, or an App's minimum": 5000, "App, most (repositories/users)": 12500,
+           "App on Enterprise Cloud": 15000}
+PROGRESS_EVERY_S = 30.0  # GitHubPublisher.progress_every_s
+
+
+def sustainable(report: dict, run_minutes: float) -> list[str]:
+    """The most experiments an hour under each limit, from the measured per-experiment figures
+    (everything the run made, its one-off sign-in included, divided by the experiments)."""
+    n = report["experiments"]
+    billable = (report["requests"] - report["not_modified"]) / n
+    creating = report["creating"] / n
+    progress = 0.0 if report["auth"] == "token" else max(0.0, run_minutes * 60 / PROGRESS_EVERY_S - 1)
+    lines = [(f"per experiment: {billable:.2f} requests that count (304s apart), {creating:.2f} content-creating; "
+              f"plus {progress:.0f} check updates while a {run_minutes:g}-minute candidate run trains (content-creating)")]
+    for extra, what in ((0.0, "as measured"), (progress, f"with {run_minutes:g}-minute runs")):
+        if what != "as measured" and not progress:
+            continue
+        per_hour = min(SECONDARY_PER_HOUR, SECONDARY_PER_MINUTE * 60) / (creating + extra)
+        per_minute = SECONDARY_PER_MINUTE / (creating + extra)
+        lines.append(f"secondary limit ({what}): {per_hour:.1f} experiments an hour "
+                     f"(500 content-creating an hour / {creating + extra:.2f}); a burst of {per_minute:.1f} a minute")
+        for name, limit in list(PRIMARY.items())[:1 if report["auth"] == "token" else None]:
+            lines.append(f"primary limit, {name} ({limit:,}/h, {what}): {limit / (billable + extra):.0f} experiments an hour")
+    lines.append("idle, per hour (not per experiment): main's head read every 30 s idle tick: 120 conditional "
+                 "GETs, 304 while main stands still (free); poll mode only: 2 + 1 per open pull request every 60 s, "
+                 "120 + 60 per open PR conditional GETs, free while nothing changed; research log: at most 12 edits "
+                 "(one per 300 s) besides one per kept change")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--experiments", type=int, default=6)
     parser.add_argument("--token", action="store_true")
+    parser.add_argument("--run-minutes", type=float, default=5.0, help="a candidate run's length, for the check "
+                        "updates while it trains (default 5: autoresearch's budget)")
     args = parser.parse_args()
     report = run(args.experiments, args.token)
     n = report["experiments"]
@@ -124,6 +166,8 @@ def main() -> None:
     print(f"{'endpoint':64} {'calls':>6} {'/exp':>6} {'creating':>8} {'304':>5}")
     for name, (count, made, unchanged) in report["by_endpoint"].items():
         print(f"{name:64} {count:6d} {count / n:6.2f} {made:8d} {unchanged:5d}")
+    for line in sustainable(report, args.run_minutes):
+        print(line)
     print(json.dumps({k: v for k, v in report.items() if k != "by_endpoint"}))
 
 

@@ -10,6 +10,17 @@ comments are the publisher's (bot.github.publisher); this module is the git side
 Every mutating call is safe to repeat: a branch that already is the wanted commit is left alone,
 a ref that a lost answer already created is found, a main already at the measured commit is a
 merge that happened.
+
+Commits never change, so what the forge learns of one (its tree and parents, from a read or from
+creating it) is kept for the life of the process: a branch on a main that an earlier branch was
+built on, or on a kept commit the bot made, needs no read of its base, and a merge no read of the
+measured commit. Refs are moved with one PATCH, never a read first.
+
+A new branch needs no read of its own either: the first branch made under a prefix
+(`autoresearch/`) lists the prefix's branches once, and a branch absent from that list that this
+process has never tried to create does not exist (the bot's branch names carry the experiment's
+id). A branch whose creation was tried, answered or not, is read before anything is built on it,
+which is what keeps a retry from making a second commit.
 """
 
 from __future__ import annotations
@@ -17,9 +28,10 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
+from typing import Any
 from urllib.parse import quote
 
-from github import GithubException, InputGitTreeElement
+from github import GithubException
 from github.Repository import Repository
 
 from bot.forge import ForgeError, MainMoved
@@ -45,6 +57,9 @@ class GitHubForge:
         self.main_branch = main_branch
         self.pace_write = pace_write  # called before each request that creates content
         self._files: dict[tuple[str, str], str | None] = {}  # (commit sha, path) -> text; commits never change
+        self._commits: dict[str, tuple[str, list[str], str]] = {}  # commit sha -> (tree sha, parent shas, message)
+        self._listed: dict[str, set[str]] = {}  # prefix -> its branches when first listed (this process)
+        self._tried: set[str] = set()  # branches this process tried to create or move
         self._main = ""  # main's head as last read, and the ETag of that answer
         self._main_etag: str | None = None
 
@@ -107,35 +122,60 @@ class GitHubForge:
         return sorted(ref.ref.removeprefix("refs/heads/") for ref in refs)
 
     # -- building commits ------------------------------------------------------------------------
+    def _commit(self, sha: str) -> tuple[str, list[str], str]:
+        """(tree sha, parent shas, message) of a commit, read once."""
+        if sha not in self._commits:
+            commit = self.repo.get_git_commit(sha)
+            self._commits[sha] = (commit.tree.sha, [p.sha for p in commit.parents], commit.message)
+        return self._commits[sha]
+
     def _commit_on(self, base_sha: str, files: dict[str, str], message: str) -> tuple[str, str]:
         """A new commit on `base_sha` with `files` written: (commit sha, tree sha)."""
-        base = self.repo.get_git_commit(base_sha)
-        elements = [InputGitTreeElement(path, FILE_MODE, "blob", content=text) for path, text in files.items()]
+        base_tree = self._commit(base_sha)[0]
+        tree = [{"path": path, "mode": FILE_MODE, "type": "blob", "content": text} for path, text in files.items()]
         self.pace_write()
-        tree = self.repo.create_git_tree(elements, base_tree=base.tree)
+        tree_sha = self._api("POST", "/git/trees", {"base_tree": base_tree, "tree": tree})["sha"]
         self.pace_write()
-        commit = self.repo.create_git_commit(message, tree, [base])
-        return commit.sha, tree.sha
+        sha = self._api("POST", "/git/commits", {"message": message, "tree": tree_sha, "parents": [base_sha]})["sha"]
+        self._commits[sha] = (tree_sha, [base_sha], message)
+        return sha, tree_sha
+
+    def _api(self, method: str, path: str, body: dict[str, Any]) -> Any:
+        return self.repo.requester.requestJsonAndCheck(method, f"{self.repo.url}{path}", input=body)[1]
+
+    def _move(self, branch: str, sha: str, *, force: bool) -> None:
+        """One PATCH of the branch's ref (GitHub refuses a non-forced one that is no fast-forward: 422)."""
+        self._api("PATCH", f"/git/refs/heads/{quote(branch)}", {"sha": sha, "force": force})
 
     def _point(self, branch: str, sha: str, current: str | None) -> None:
         """Move (or create) `branch` to `sha`, forced: experiment branches are the bot's own."""
+        self._tried.add(branch)
         self.pace_write()
         if current is None:
             try:
-                self.repo.create_git_ref(f"refs/heads/{branch}", sha)
+                self._api("POST", "/git/refs", {"ref": f"refs/heads/{branch}", "sha": sha})
                 return
             except GithubException as error:
                 if error.status != 422:  # 422: it exists already (an earlier attempt's answer was lost)
                     raise
-        self.repo.get_git_ref(f"heads/{branch}").edit(sha, force=True)
+        self._move(branch, sha, force=True)
 
     def _guard_branch(self, branch: str) -> None:
         if branch == self.main_branch or not branch or branch.startswith(("-", "/")) or ".." in branch:
             raise ForgeError(f"not an experiment branch name: {branch!r}")
 
+    def _surely_absent(self, branch: str) -> bool:
+        """True when `branch` cannot exist: not in its prefix's listing, never tried since."""
+        prefix = branch.split("/")[0] + "/" if "/" in branch else ""
+        if not prefix or branch in self._tried:
+            return False
+        if prefix not in self._listed:
+            self._listed[prefix] = set(self.list_branches(prefix))
+        return branch not in self._listed[prefix]
+
     def create_branch(self, branch: str, base_sha: str, files: dict[str, str], message: str) -> str:
         self._guard_branch(branch)
-        head = self.branch_head(branch)
+        head = None if self._surely_absent(branch) else self.branch_head(branch)
         if head is not None and self._is_commit_of(head, base_sha, files):
             return head
         sha, _ = self._commit_on(base_sha, files, message)
@@ -144,8 +184,7 @@ class GitHubForge:
         return sha
 
     def _is_commit_of(self, head: str, base_sha: str, files: dict[str, str]) -> bool:
-        commit = self.repo.get_git_commit(head)
-        if [p.sha for p in commit.parents] != [base_sha]:
+        if self._commit(head)[1] != [base_sha]:
             return False
         return all(self._read_or_empty(head, path) == text for path, text in files.items())
 
@@ -154,15 +193,15 @@ class GitHubForge:
         head = self.branch_head(branch)
         if head is None:
             raise ForgeError(f"no such branch: {branch}")
-        commit = self.repo.get_git_commit(head)
-        if len(commit.parents) != 1:
+        _, parents, message = self._commit(head)
+        if len(parents) != 1:
             raise ForgeError(f"{branch} head {head} is not a single-parent commit")
-        parent = commit.parents[0].sha
+        parent = parents[0]
         if parent == onto_sha:
             return head
         merged = merge_text(self._read_or_empty(parent, path), self._read_or_empty(onto_sha, path),
                             self._read_or_empty(head, path), path=path, branch=branch)
-        sha, _ = self._commit_on(onto_sha, {path: merged}, commit.message)
+        sha, _ = self._commit_on(onto_sha, {path: merged}, message)
         self._point(branch, sha, head)
         log.info("rebased %s onto %s as %s", branch, onto_sha[:7], sha[:7])
         return sha
@@ -179,12 +218,11 @@ class GitHubForge:
             return head  # an earlier attempt did it; its answer was lost
         if current != expected_main:
             raise MainMoved(f"main is at {current[:7]}, not {expected_main[:7]}")
-        parents = [p.sha for p in self.repo.get_git_commit(head).parents]
-        if parents != [expected_main]:
+        if self._commit(head)[1] != [expected_main]:
             raise MainMoved(f"{branch} is not based on main {expected_main[:7]}: rebase and re-measure")
         self.pace_write()
         try:
-            self.repo.get_git_ref(f"heads/{self.main_branch}").edit(head, force=False)
+            self._move(self.main_branch, head, force=False)
         except GithubException as error:
             if error.status != 422:
                 raise

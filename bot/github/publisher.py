@@ -4,10 +4,18 @@ the comment that explains its decision, and the answers to their commands.
 The publisher is level-triggered: each tick it compares what the store says an experiment is
 with what it has already shown (the store's `published` rows) and makes up the difference, one
 idempotent call at a time. It never decides anything and never changes the lifecycle, so GitHub
-being down delays what people see, not the research. Every object it creates is found again
-before it is created a second time: a pull request by its head branch, a check run by its
-`external_id`, a comment by the hidden marker in its text (bot.github.render). A run in progress
-updates its check at most once every `progress_every_s` seconds.
+being down delays what people see, not the research. Nothing it creates is created twice: before
+each create it notes the attempt in the store (`attempt:<key>`), and only a create with such a note
+and no result (an answer lost to a crash, a 502, a timeout) looks first for what it may have made:
+a pull request by its head branch, a check run by its `external_id`, a comment by the hidden marker
+in its text (bot.github.render). A create never tried before goes straight to GitHub. A run in
+progress updates its check at most once every `progress_every_s` seconds.
+
+Calls per experiment (the budget is GitHub's secondary limit on content-creating requests, see
+bench/github_api.py): writes go to the numbers and ids the store keeps, never through a read of
+the object first; the running label is one POST; the verdict label and the close of the pull
+request are one PATCH of its issue, after one GET for the labels people added (kept); a check
+run created in its final state is not updated again.
 
 With a personal access token GitHub refuses check runs; the publisher then sets a commit status
 with the same context instead (its description holds at most 140 characters).
@@ -19,6 +27,7 @@ import logging
 import time
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import quote
 
 from github import GithubException
 from github.Repository import Repository
@@ -58,7 +67,6 @@ class GitHubPublisher(Publisher):
         self._shown: dict[int, tuple[Any, ...]] = {}  # experiment -> what was last shown of it (this process)
         self._progress_at: dict[int, float] = {}  # experiment -> when its progress was last shown
         self._labels_ready: set[str] = set()
-        self._checks: dict[int, Any] = {}  # check run id -> CheckRun object, to update it without a read
         self.research_log = ResearchLog(store, repo, pace_write=pace_write, clock=clock)
 
     # --- the phase ---------------------------------------------------------------------------------
@@ -101,22 +109,37 @@ class GitHubPublisher(Publisher):
             self.store.set_published(exp.id, "final", "")
             published = self.store.published(exp.id)
         number = self._pull_request(exp, published, snapshot)
-        self._label(exp, number, published)
+        if exp.state != State.DONE:
+            self._label_running(exp, number, published)
         self._check(exp, published, phase, progress, snapshot)
         if exp.state == State.DONE:
             self._decision(exp, number, published, snapshot)
-            self._close(exp, number)
+            self._label_and_close(exp, number, published)
             self.store.set_published(exp.id, "final", exp.status or "")
         if phase == "in_progress" and progress:
             self._progress_at[exp.id] = self.clock()
         self._shown[exp.id] = shown
 
+    # --- GitHub's REST API at a number the store keeps (no read of the object first) --------------------
+    def _api(self, method: str, path: str, **kwargs: Any) -> Any:
+        return self.repo.requester.requestJsonAndCheck(method, f"{self.repo.url}{path}", **kwargs)[1]
+
+    def _attempt(self, exp: Experiment, key: str, published: dict[str, str]) -> bool:
+        """Note that `key` is about to be created; True when an earlier attempt may have created it
+        (noted, never finished): then, and only then, the caller looks for it before creating."""
+        tried = bool(published.get(f"attempt:{key}"))
+        if not tried:
+            self.store.set_published(exp.id, f"attempt:{key}", "1")
+            published[f"attempt:{key}"] = "1"
+        return tried
+
     # --- the pull request ----------------------------------------------------------------------------
     def _pull_request(self, exp: Experiment, published: dict[str, str], snapshot: Snapshot) -> int:
         if "pr" in published:
             return int(published["pr"])
-        owner = self.repo.owner.login
-        existing = list(self.repo.get_pulls(state="all", head=f"{owner}:{exp.branch}"))
+        existing = []
+        if self._attempt(exp, "pr", published):
+            existing = list(self.repo.get_pulls(state="all", head=f"{self.repo.owner.login}:{exp.branch}"))
         if existing:
             number = existing[0].number
         else:
@@ -157,23 +180,43 @@ class GitHubPublisher(Publisher):
         except FileNotFoundError:
             return ""
 
-    def _label(self, exp: Experiment, number: int, published: dict[str, str]) -> None:
-        wanted = render.LABELS["running" if exp.state != State.DONE else (exp.status or "failed")]
+    def _label_running(self, exp: Experiment, number: int, published: dict[str, str]) -> None:
+        """One POST adding the running label (adding a label twice changes nothing); a reopened
+        experiment first loses the verdict label it had."""
+        wanted = render.LABELS["running"]
         if published.get("label") == wanted.name:
             return
         self._ensure_label(wanted)
-        issue = self.repo.get_issue(number)
-        for label in issue.labels:
-            if label.name.startswith("autoresearch: ") and label.name != wanted.name:
-                self.pace_write()
-                try:
-                    issue.remove_from_labels(label.name)
-                except GithubException as error:
-                    if error.status != 404:
-                        raise
-        if wanted.name not in {label.name for label in issue.labels}:
+        if published.get("label"):
             self.pace_write()
-            issue.add_to_labels(wanted.name)
+            try:
+                self._api("DELETE", f"/issues/{number}/labels/{quote(published['label'], safe='')}")
+            except GithubException as error:
+                if error.status != 404:
+                    raise
+        self.pace_write()
+        self._api("POST", f"/issues/{number}/labels", input={"labels": [wanted.name]})
+        self.store.set_published(exp.id, "label", wanted.name)
+
+    def _label_and_close(self, exp: Experiment, number: int, published: dict[str, str]) -> None:
+        """The verdict: one GET of the issue (its labels, its state), then one PATCH setting the labels
+        (the verdict instead of any other autoresearch label, people's labels kept) and closing the
+        pull request unless it is closed already (kept: merged by the fast-forward of main)."""
+        wanted = render.LABELS[exp.status or "failed"]
+        if published.get("label") == wanted.name:
+            return
+        self._ensure_label(wanted)
+        issue = self._api("GET", f"/issues/{number}")
+        had = [label["name"] for label in issue.get("labels") or []]
+        labels = [name for name in had if not name.startswith("autoresearch: ")] + [wanted.name]
+        fields: dict[str, Any] = {"labels": labels} if sorted(labels) != sorted(had) else {}
+        if issue.get("state") == "open":
+            fields["state"] = "closed"
+        if fields:
+            self.pace_write()
+            self._api("PATCH", f"/issues/{number}", input=fields)
+        if "state" in fields:
+            log.info("experiment %s: closed pull request #%s (%s)", exp.id, number, exp.status)
         self.store.set_published(exp.id, "label", wanted.name)
 
     def _ensure_label(self, label: render.Label) -> None:
@@ -200,20 +243,15 @@ class GitHubPublisher(Publisher):
         body = render.decision_comment(exp, main_val_bpb=exp.meta.get("main_val_bpb", snapshot.main_val_bpb),
                                        runs=runs)
         wanted = render.find_marker(body)
-        issue = self.repo.get_issue(number)
-        found = next((c for c in issue.get_comments() if render.find_marker(c.body) == wanted), None)
+        found = None
+        if self._attempt(exp, key, published):
+            found = next((c.id for c in self.repo.get_issue(number).get_comments()
+                          if render.find_marker(c.body) == wanted), None)
         if found is None:
             self.pace_write()
-            found = issue.create_comment(body)
+            found = self._api("POST", f"/issues/{number}/comments", input={"body": body})["id"]
             failpoint("comment_posted")
-        self.store.set_published(exp.id, key, str(found.id))
-
-    def _close(self, exp: Experiment, number: int) -> None:
-        pull = self.repo.get_pull(number)
-        if pull.state == "open" and not pull.merged:
-            self.pace_write()
-            pull.edit(state="closed")
-            log.info("experiment %s: closed pull request #%s (%s)", exp.id, number, exp.status)
+        self.store.set_published(exp.id, key, str(found))
 
     # --- the val_bpb check -----------------------------------------------------------------------------
     def _check(self, exp: Experiment, published: dict[str, str], phase: str, progress: dict[str, Any] | None,
@@ -231,7 +269,7 @@ class GitHubPublisher(Publisher):
             summary = render.progress_summary(progress, snapshot.budget_s) if progress else title
             text = ""
         if not self.uses_app:
-            self._status(exp, head, status or "failed", title)
+            self._status(exp, published, head, status or "failed")
             return
         round_ = published.get("round", "0")
         key = f"check:{head}:{round_}"
@@ -243,52 +281,59 @@ class GitHubPublisher(Publisher):
         fields: dict[str, Any] = {"status": phase, "output": output, "actions": ACTIONS}
         if phase == "completed":
             fields["conclusion"] = render.conclusion(exp.status or "failed")
-        check_id = published.get(key)
-        if check_id is None:
-            check = self._find_check(head, f"autoresearch:{exp.id}:{round_}")
-            if check is None:
+        external_id = f"autoresearch:{exp.id}:{round_}"
+        if key not in published:
+            found = self._find_check(head, external_id) if self._attempt(exp, key, published) else None
+            if found is None:  # created with what it shows now: nothing to update after
                 self.pace_write()
-                check = self.repo.create_check_run(CHECK_NAME, head, external_id=f"autoresearch:{exp.id}:{round_}",
-                                                   **fields)
+                check = self._api("POST", "/check-runs", input={"name": CHECK_NAME, "head_sha": head,
+                                                                "external_id": external_id, **fields})
                 failpoint("check_run_created")
-                log.info("experiment %s: check run %s on %s (%s)", exp.id, check.id, head[:7], phase)
-            self._checks[check.id] = check
-            self.store.set_published(exp.id, key, str(check.id))
-            published[key] = str(check.id)
-            if check.status == phase and phase != "completed":
+                log.info("experiment %s: check run %s on %s (%s)", exp.id, check["id"], head[:7], phase)
+                self.store.set_published(exp.id, key, str(check["id"]))
+                published[key] = str(check["id"])
+                if phase == "completed":
+                    self.store.set_published(exp.id, key + ":done", "1")
                 return
-        check = self._checks.get(int(published[key])) or self.repo.get_check_run(int(published[key]))
-        self._checks[check.id] = check
+            self.store.set_published(exp.id, key, str(found))
+            published[key] = str(found)
         self.pace_write()
-        check.edit(**fields)
+        self._api("PATCH", f"/check-runs/{published[key]}", input=fields)
         if phase == "completed":
             self.store.set_published(exp.id, key + ":done", "1")
 
-    def _find_check(self, head: str, external_id: str) -> Any | None:
-        for check in self.repo.get_commit(head).get_check_runs(check_name=CHECK_NAME):
-            if check.external_id == external_id:
-                return check
-        return None
+    def _find_check(self, head: str, external_id: str) -> int | None:
+        """The id of the check run an earlier attempt may have created (one GET, by its external_id)."""
+        answer = self._api("GET", f"/commits/{head}/check-runs", parameters={"check_name": CHECK_NAME,
+                                                                              "filter": "all", "per_page": 100})
+        return next((c["id"] for c in answer.get("check_runs") or [] if c.get("external_id") == external_id), None)
 
     def _supersede(self, exp: Experiment, key: str, published: dict[str, str]) -> None:
-        """A check on a commit the experiment left (rebased onto a newer main) ends as neutral."""
+        """A check on a commit the experiment left (rebased onto a newer main) ends as neutral
+        (one PATCH: the bot's check runs are completed by the bot only, so no read first)."""
         if published.get(key + ":done"):
             return
-        check = self._checks.get(int(published[key])) or self.repo.get_check_run(int(published[key]))
-        if check.status != "completed":
-            self.pace_write()
-            check.edit(status="completed", conclusion="neutral",
-                       output={"title": "superseded: rebased onto a newer main and measured again",
-                               "summary": f"Experiment {exp.id} now lives on {exp.head_sha}."})
+        self.pace_write()
+        self._api("PATCH", f"/check-runs/{published[key]}", input={
+            "status": "completed", "conclusion": "neutral",
+            "output": {"title": "superseded: rebased onto a newer main and measured again",
+                       "summary": f"Experiment {exp.id} now lives on {exp.head_sha}."}})
         self.store.set_published(exp.id, key + ":done", "1")
         published[key + ":done"] = "1"
 
-    def _status(self, exp: Experiment, head: str, status: str, title: str) -> None:
-        """The fallback without an App: a commit status (latest per context wins, so it is idempotent)."""
-        description = render.status_description(exp, status=status)
+    def _status(self, exp: Experiment, published: dict[str, str], head: str, status: str) -> None:
+        """The fallback without an App: a commit status (latest per context wins, so it is idempotent),
+        posted only when it differs from the last one posted on this commit (progress does not show
+        in a status, so a run in progress posts none)."""
+        fields = {"state": STATUS_STATE.get(status, "error"), "description": render.status_description(exp, status=status),
+                  "context": CHECK_NAME}
+        key, shown = f"status:{head}", f"{fields['state']} {fields['description']}"
+        if published.get(key) == shown:
+            return
         self.pace_write()
-        self.repo.get_commit(head).create_status(STATUS_STATE.get(status, "error"), description=description,
-                                                 context=CHECK_NAME)
+        self._api("POST", f"/statuses/{head}", input=fields)
+        self.store.set_published(exp.id, key, shown)
+        published[key] = shown
 
     # --- answers to commands ---------------------------------------------------------------------------
     def _post_replies(self) -> None:

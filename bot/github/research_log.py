@@ -6,8 +6,11 @@ notification per experiment.
 Level-triggered like the publisher: each update renders the summary from the store and writes only
 when the text differs from what was last written (its digest, kept with the issue's number in the
 store setting `github.research_log`). The "Updated ..." line at its end is left out of the digest,
-or every tick would differ. Writes are paced: at most one edit every `every_s` seconds, unless an
-experiment finished since, so a busy run does not edit the issue at every tick.
+or every tick would differ. Writes are paced: at most one edit every `every_s` seconds, unless a
+change was kept since (the news the log exists for: a new best, a new row), so neither a busy run
+nor a stream of discarded and crashed experiments edits the issue at every tick: their counts wait
+at most `every_s`. So the log costs at most 3600 / every_s edits an hour (12 at 300 s) plus one per
+kept change, however many experiments finish.
 
 The issue is found again before it is ever created (its idempotency key is the hidden marker
 `<!-- autoresearch:log:0 -->` under the label `autoresearch: log`): by the number in the store,
@@ -40,7 +43,7 @@ log = logging.getLogger(__name__)
 
 TITLE = "autoresearch: research log"
 LABEL = render.Label("autoresearch: log", "1d76db", "The research log: one issue the bot keeps up to date")
-SETTING = "github.research_log"  # {"number", "digest", "edited_at", "finished"}
+SETTING = "github.research_log"  # {"number", "digest", "edited_at", "kept"}
 MARKER = render.marker("log", 0)
 BODY_LIMIT = render.PR_BODY_LIMIT  # an issue body's limit too: 65,536 characters
 DAY_S = 24 * 3600
@@ -213,31 +216,31 @@ class ResearchLog:
 
     def update(self) -> None:
         """Bring the issue up to date: create it once, else edit its body when the text changed
-        (and the last edit is `every_s` old, or an experiment finished since); nothing otherwise."""
+        (and the last edit is `every_s` old, or a change was kept since); nothing otherwise."""
         saved = self._saved()
         now = self.clock()
-        finished = json.dumps(sorted(self.store.counts_by_status().items()))
+        kept = self.store.counts_by_status().get("keep", 0)
         number = saved.get("number")
-        if number and saved.get("finished") == finished and now - float(saved.get("edited_at", 0.0)) < self.every_s:
-            return  # paced: the next edit waits for a finished experiment or the end of the interval
+        if number and saved.get("kept") == kept and now - float(saved.get("edited_at", 0.0)) < self.every_s:
+            return  # paced: the next edit waits for a kept change or the end of the interval
         body = log_body(facts(self.store, now), now)
         digest = content_digest(body)
         if number and saved.get("digest") == digest:
             return
         if number and self._edit(int(number), body):
-            self._save(int(number), digest, now, finished)
+            self._save(int(number), digest, now, kept)
             return
         if number:
             log.info("research log #%s is gone (deleted or moved): looking for it by its marker", number)
         found = self._find()
         if found is None:
-            self._create(body, digest, now, finished)
+            self._create(body, digest, now, kept)
             return
         number, text = found
         if content_digest(text) != digest and not self._edit(number, body):
             raise RuntimeError(f"research log #{number} vanished while it was being edited; it is looked "
                                "for again at the next update")
-        self._save(number, digest, now, finished)
+        self._save(number, digest, now, kept)
 
     # --- the store ---------------------------------------------------------------------------------
     def _saved(self) -> dict[str, Any]:
@@ -247,9 +250,9 @@ class ResearchLog:
             return {}
         return saved if isinstance(saved, dict) else {}
 
-    def _save(self, number: int, digest: str, now: float, finished: str) -> None:
+    def _save(self, number: int, digest: str, now: float, kept: int) -> None:
         self.store.set_setting(SETTING, json.dumps({"number": number, "digest": digest, "edited_at": now,
-                                                    "finished": finished}))
+                                                    "kept": kept}))
 
     # --- GitHub ------------------------------------------------------------------------------------
     def _find(self) -> tuple[int, str] | None:
@@ -263,11 +266,11 @@ class ResearchLog:
                 return int(issue["number"]), issue.get("body") or ""
         return None
 
-    def _create(self, body: str, digest: str, now: float, finished: str) -> None:
+    def _create(self, body: str, digest: str, now: float, kept: int) -> None:
         self._ensure_label()
         self.pace_write()
         issue = self.repo.create_issue(title=TITLE, body=body, labels=[LABEL.name])
-        self._save(issue.number, digest, now, finished)
+        self._save(issue.number, digest, now, kept)
         log.info("opened the research log as issue #%s", issue.number)
 
     def _edit(self, number: int, body: str) -> bool:

@@ -110,3 +110,14 @@ def test_main_is_read_with_a_conditional_request(forge: GitHubForge, standin: Gi
     assert reads[-2:] == [304, 304]
     moved = standin.push_file("program.md", "# edited\n", user="alice", message="edit")
     assert forge.main_sha() == moved
+
+
+def test_new_branches_cost_one_listing_and_no_read_of_their_own(forge: GitHubForge, standin: GitHubStandIn) -> None:
+    main = forge.main_sha()
+    before = len(standin.requests)
+    first = forge.create_branch("autoresearch/1-a", main, {"train.py": changed(1, "a")}, "a")
+    forge.create_branch("autoresearch/2-b", main, {"train.py": changed(2, "b")}, "b")
+    reads = [r.operation for r in standin.requests[before:] if r.method == "GET"]
+    assert reads == ["git/list-matching-refs", "git/get-commit"]  # the prefix once, main's tree once
+    assert forge.merge("autoresearch/1-a", main, "kept") == first  # its parents known: no read of the commit
+    assert [r.operation for r in standin.requests[before:] if r.method == "GET"].count("git/get-commit") == 1

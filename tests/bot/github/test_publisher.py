@@ -143,3 +143,44 @@ def test_with_a_token_the_verdict_is_a_commit_status(token_world: World) -> None
     assert [s["state"] for s in statuses] == ["pending", "success"] and statuses[-1]["context"] == CHECK_NAME
     assert all(len(s["description"]) <= 140 for s in statuses)
     assert gh.check_runs() == []
+
+
+def test_a_first_publish_creates_without_looking_first(app_world: World) -> None:
+    gh, world = app_world.standin, app_world
+    before = len(gh.requests)  # the branch is the forge's
+    world.publish()
+    shown = [(r.method, r.operation) for r in gh.requests[before:]]
+    assert shown[:shown.index(("GET", "issues/list-for-repo"))] == [  # then the research log's first lookup
+        ("GET", "repos/get-content"),  # the base train.py, for the size of the change in the body
+        ("POST", "pulls/create"), ("GET", "issues/get-label"), ("POST", "issues/create-label"),
+        ("POST", "issues/add-labels"), ("POST", "checks/create")]
+    [check] = gh.check_runs()
+    assert check["status"] == "queued" and gh.labels(gh.pulls()[0]["number"]) == ["autoresearch: running"]
+
+
+def test_the_verdict_is_one_edit_that_keeps_peoples_labels_and_closes_the_pull_request(app_world: World) -> None:
+    gh, world = app_world.standin, app_world
+    world.publish()
+    [pull] = gh.pulls()
+    gh.state.add_labels(pull["number"], ["needs a GPU"], "researcher")
+    finish(world, "crash", 2.5)
+    before = len(gh.requests)
+    world.publish()
+    writes = [r.operation for r in gh.requests[before:] if r.method != "GET" and r.operation != "issues/create-label"]
+    assert writes == ["checks/update", "issues/create-comment", "issues/update"]
+    [pull] = gh.pulls()
+    assert pull["state"] == "closed" and gh.labels(pull["number"]) == ["needs a GPU", "autoresearch: crashed"]
+
+
+def test_with_a_token_a_run_in_progress_posts_no_status_per_progress(token_world: World) -> None:
+    gh, world = token_world.standin, token_world
+    world.publish()
+    world.store.mark_run_started(world.run_id, "fake://1")
+    for step in (10, 20, 30):
+        world.clock.now += 60
+        world.publish(step=step, loss=4.0, progress=step / 100)
+    head = world.store.experiment(world.exp_id).head_sha
+    assert len(gh.statuses(head)) <= 2  # queued, then running: the progress itself shows nowhere in a status
+    finish(world, "discard", 2.1)
+    world.publish()
+    assert gh.statuses(head)[-1]["state"] == "success"

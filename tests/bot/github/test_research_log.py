@@ -1,6 +1,6 @@
 """The research log against the stand-in: one issue, created once and found again (after a lost
 answer, after a restart, after a lost store), its body edited in place only when the summary
-changed and at most once per interval unless an experiment finished, and a closed log left closed."""
+changed and at most once per interval unless a change was kept, and a closed log left closed."""
 
 from __future__ import annotations
 
@@ -140,6 +140,20 @@ def test_a_busy_run_edits_at_most_once_per_interval(world: World) -> None:
     body = world.issue()["body"]
     assert world.edits() == 1 and "$0.30" in body and "1 in progress" in body
     assert f"- Experiment {exp_id} *deeper model*: candidate run {run_id}, since " in body
+
+
+def test_discarded_experiments_wait_for_the_interval_and_a_kept_change_does_not(world: World) -> None:
+    world.log().update()
+    for _ in range(3):  # experiments that finish without a kept change: their counts wait
+        world.clock.now += 1
+        exp_id = world.keep("a worse idea", 1.1)
+        world.store.update_experiment(exp_id, status="discard")
+        world.log().update()
+    assert world.edits() == 0
+    world.clock.now += 1
+    world.keep("a better idea", 0.9)
+    world.log().update()
+    assert world.edits() == 1 and "4 finished: 1 kept, 3 discarded" in world.issue()["body"]
 
 
 def test_a_lost_answer_to_the_create_makes_no_second_issue(world: World) -> None:
