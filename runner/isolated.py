@@ -317,6 +317,9 @@ class Supervisor:
         if self._log is not None:
             self._log.close()
             self._log = None
+        for model in (self.scratch / MODEL_FILE, self.out / "handoff" / MODEL_FILE):  # scored: no use kept
+            if not model.is_symlink():  # a link planted by train.py is left alone, not followed
+                model.unlink(missing_ok=True)
         self.out.mkdir(parents=True, exist_ok=True)
         files.write_text(self.out / "result.json", result.model_dump_json(indent=2))
         return result

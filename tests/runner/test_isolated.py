@@ -101,6 +101,7 @@ def test_an_honest_run_is_scored_outside_the_sandbox(smoke_prepared, tmp_path: P
     assert result.timings.evaluation > 0 and result.timings.training_wall > 0
     stored = ResultSpec.model_validate_json((tmp_path / "run" / "result.json").read_text())
     assert stored == result
+    assert not list((tmp_path / "run").rglob("model.pt2")), "a scored model is not kept (hundreds of MB on a GPU)"
 
 
 # --- attacks on the number ------------------------------------------------------------------------

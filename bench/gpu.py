@@ -1,0 +1,368 @@
+"""Benchmark: the baseline train.py measured on this machine exactly as the bot measures it.
+
+One call on a machine with an NVIDIA GPU, and nothing reachable outside it:
+
+    bash bench/gpu.sh [--profile h100] [--runs 2] [--out bench-gpu.json]
+
+1. Data. The profile's data is prepared with `autoresearch prepare --profile P`. For a profile
+   whose data is the reference's parquet shards (h100), the download is tried first, after a short
+   reachability check; when the shards cannot be fetched, stand-in shards are generated from the
+   built-in corpus (its paragraphs shuffled into documents; validation paragraphs never appear in
+   training) in the reference's layout, served from a local http.server, and prepared from there.
+   The tokenizer is then trained on that text. val_bpb on stand-in data DOES NOT COMPARE with the
+   reference's; step time, tokens/s, MFU and overheads do (they do not depend on the text).
+2. Runs. `autoresearch train --profile P --json` (the isolated path: sandboxed training, scoring
+   in a separate process) `--runs` times, then once more as the "warm-cache start-up" run (same
+   machine, everything already loaded once), then once with `--no-sandbox` to price the sandbox.
+3. Report. Per run: val_bpb, MFU, steps, tokens/s, start-up, evaluation, sandbox set-up, overhead
+   (total minus training) and total, beside karpathy/autoresearch's figures on an H100; the GPU's
+   name and driver from nvidia-smi. Everything goes to the JSON file named by --out.
+
+On a machine without a GPU, `--profile smoke` (or `cpu`) runs the same code end to end in a few
+minutes; add `--stand-in` to take the stand-in data path as well.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import gzip
+import hashlib
+import http.server
+import json
+import math
+import os
+import platform
+import random
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[0] = str(ROOT)
+
+import httpx
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from runner.data import BUILTIN_CORPUS, cache_dir
+from runner.download import shard_name
+from runner.profiles import REFERENCE_VAL_SHARD, Profile, get_profile
+
+AUTORESEARCH = Path(sys.executable).parent / "autoresearch"
+# karpathy/autoresearch's README, baseline train.py on one H100 (the figures this is compared to)
+REFERENCE = {"val_bpb": 0.9979, "mfu_percent": 39.8, "num_steps": 953, "overhead_s": 25.8, "total_s": 325.9,
+             "training_s": 300.1, "tokens_per_second": round(953 * 2**19 / 300),  # derived: steps x batch / budget
+             "source": "karpathy/autoresearch, baseline train.py on one H100 (as quoted in issue 11)"}
+STAND_IN_PORT = 8731  # fixed, so that the stand-in's source URL (and its prepared cache) is the same each call
+CHARS_PER_TOKEN = 4.5  # a generous guess for English with a BPE tokenizer of 1-8k tokens
+DOC_CHARS = 1500  # stand-in documents: a few paragraphs each, at most this long and ...
+DOC_CHARS_PER_SEQ = 2  # ... at most this many characters per token of a row: whole documents fill the rows
+
+STAND_IN_LOUD = ("STAND-IN DATA: the runs train and score on shuffled paragraphs of the built-in corpus, not on "
+                 "the reference's shards. val_bpb DOES NOT COMPARE with the reference's "
+                 "0.9979; steps, tokens/s, MFU and the overheads do.")
+
+
+def say(line: str) -> None:
+    print(line, flush=True)
+
+
+# --- the machine ----------------------------------------------------------------------------------------
+
+def machine() -> dict[str, Any]:
+    info: dict[str, Any] = {"host": platform.node(), "cpu": platform.processor() or platform.machine(),
+                            "cores": os.cpu_count(), "python": platform.python_version()}
+    try:
+        info["memory_gib"] = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    except (ValueError, OSError):
+        pass
+    if shutil.which("nvidia-smi"):
+        done = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
+                               "--format=csv,noheader"], capture_output=True, text=True, timeout=60, check=False)
+        info["nvidia_smi"] = done.stdout.strip() or done.stderr.strip()
+    else:
+        info["nvidia_smi"] = None
+    probe = ("import torch; c = torch.cuda.is_available(); print(torch.__version__, torch.version.cuda, c, "
+             "torch.cuda.get_device_name(0) if c else '-')")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, check=False)
+    info["torch"] = done.stdout.strip() or done.stderr.strip()[-300:]
+    bwrap = shutil.which("bwrap")
+    info["bwrap"] = subprocess.run([bwrap, "--version"], capture_output=True, text=True, check=False).stdout.strip() \
+        if bwrap else None
+    return info
+
+
+# --- the data ---------------------------------------------------------------------------------------------
+
+def reachable(url: str, timeout_s: float) -> str:
+    """'' when the reference's first shard answers, else why not."""
+    try:
+        response = httpx.head(f"{url.rstrip('/')}/{shard_name(0)}", timeout=timeout_s, follow_redirects=True)
+    except httpx.HTTPError as error:
+        return f"{type(error).__name__}: {error}"
+    return "" if response.status_code < 400 else f"HTTP {response.status_code}"
+
+
+def prepare(profile: str, data: str | None, timeout_s: float) -> tuple[bool, str]:
+    cmd = [str(AUTORESEARCH), "prepare", "--profile", profile] + (["--data", data] if data else [])
+    say(f"$ {' '.join(cmd)}")
+    started = time.time()
+    try:
+        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired:
+        return False, f"prepare took longer than {timeout_s:.0f} s"
+    tail = (done.stdout + done.stderr).strip()[-2000:]
+    say(f"  ({time.time() - started:.0f} s) {tail}")
+    return done.returncode == 0, tail
+
+
+def stand_in_shards(profile: Profile, root: Path, seed: int = 0) -> dict[str, Any]:
+    """Parquet shards in the reference's layout (shard_00000.. for training, the pinned validation
+    shard last), generated from the built-in corpus: enough validation text for the profile's
+    eval_tokens (twice over), and training text enough for its tokenizer or 10x the validation's,
+    up to 200 MB, in ROOT/<profile>-<hash of these settings>. A second call does no work."""
+    val_chars = int(2 * profile.eval_tokens * CHARS_PER_TOKEN)
+    doc_chars = min(DOC_CHARS, DOC_CHARS_PER_SEQ * profile.seq_len)  # a row crops a longer one, wasting its rest
+    train_chars = max(2_000_000, min(200_000_000, 10 * val_chars))
+    n_train = max(1, profile.train_shards)
+    names = [shard_name(i) for i in range(n_train)] + [shard_name(REFERENCE_VAL_SHARD)]
+    per_shard = math.ceil(train_chars / n_train)
+    info = {"train_shards": n_train, "doc_chars": doc_chars, "train_chars": per_shard * n_train,
+            "val_chars": val_chars, "files": names, "made_from": str(BUILTIN_CORPUS.relative_to(ROOT)), "seed": seed}
+    info["directory"] = f"{profile.name}-{hashlib.sha256(json.dumps(info).encode()).hexdigest()[:8]}"
+    directory = root / info["directory"]
+    done = directory / "complete.json"
+    if done.exists() and json.loads(done.read_text()) == info:
+        return info
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True)
+    with gzip.open(BUILTIN_CORPUS, "rt", encoding="utf-8") as handle:
+        paragraphs = [p for line in handle if line.strip() for p in json.loads(line)["text"].split("\n\n")
+                      if p.strip() and len(p) <= doc_chars // 2]
+    val_pool = paragraphs[9::10]  # every 10th paragraph is validation-only
+    train_pool = [p for i, p in enumerate(paragraphs) if i % 10 != 9]
+    rng = random.Random(seed)
+
+    def documents(pool: list[str], chars: int) -> list[str]:
+        docs, total = [], 0
+        while total < chars:
+            parts, size = [], 0
+            while size < doc_chars // 2:
+                parts.append(rng.choice(pool))
+                size += len(parts[-1]) + 2
+            docs.append("\n\n".join(parts))
+            total += size
+        return docs
+
+    for name in names[:-1]:
+        pq.write_table(pa.table({"text": pa.array(documents(train_pool, per_shard), type=pa.string())}),
+                       directory / name, row_group_size=1024)
+    pq.write_table(pa.table({"text": pa.array(documents(val_pool, val_chars), type=pa.string())}),
+                   directory / names[-1], row_group_size=1024)
+    done.write_text(json.dumps(info))
+    return info
+
+
+def serve_directory(directory: Path) -> tuple[http.server.ThreadingHTTPServer, str]:
+    """A local http.server over `directory`, on STAND_IN_PORT if free (else any port)."""
+    handler = functools.partial(QuietHandler, directory=str(directory))
+    try:
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", STAND_IN_PORT), handler)
+    except OSError:
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def prepare_data(args: argparse.Namespace, profile: Profile) -> dict[str, Any]:
+    """Prepare the profile's data (or the stand-in); returns what was used and why."""
+    if args.data:
+        ok, tail = prepare(profile.name, args.data, args.prepare_timeout)
+        if not ok:
+            raise SystemExit(f"gpu bench: preparing --data {args.data} failed: {tail}")
+        return {"source": args.data, "stand_in": False}
+    why = "--stand-in was given"
+    if not args.stand_in:
+        if profile.data.startswith(("http://", "https://")):
+            why = reachable(profile.data, args.download_timeout)
+            if why:
+                why = f"{profile.data} is not reachable ({why})"
+        else:
+            why = ""
+        if not why:
+            ok, tail = prepare(profile.name, None, args.prepare_timeout)
+            if ok:
+                return {"source": profile.data, "stand_in": False}
+            why = f"`autoresearch prepare --profile {profile.name}` failed: {tail[-500:]}"
+    say(f"!!! {why}")
+    say(f"!!! {STAND_IN_LOUD}")
+    root = cache_dir() / "bench-stand-in"
+    started = time.time()
+    info = stand_in_shards(profile, root, args.seed)
+    directory = root / info["directory"]
+    say(f"stand-in shards in {directory} ({time.time() - started:.0f} s): {info['train_shards']} training "
+        f"shard(s), {info['train_chars'] / 1e6:.1f} M chars; validation {info['val_chars'] / 1e6:.1f} M chars")
+    server, url = serve_directory(root)
+    url = f"{url}/{info['directory']}"  # the URL names the stand-in's settings: another one is prepared afresh
+    try:
+        ok, tail = prepare(profile.name, url, args.prepare_timeout)
+    finally:
+        server.shutdown()
+    if not ok:
+        raise SystemExit(f"gpu bench: preparing the stand-in data failed: {tail}")
+    return {"source": url, "stand_in": True, "why": why, "warning": STAND_IN_LOUD, **info}
+
+
+# --- the runs ---------------------------------------------------------------------------------------------
+
+def train(args: argparse.Namespace, label: str, source: str | None, out: Path, budget_s: float, *,
+          sandbox: bool = True) -> dict[str, Any]:
+    cmd = [str(AUTORESEARCH), "train", "--profile", args.profile, "--json", "--out", str(out)]
+    cmd += ["--data", source] if source else []
+    cmd += [] if sandbox else ["--no-sandbox"]
+    say(f"$ {' '.join(cmd)}    [{label}]")
+    started = time.time()
+    with open(out.parent / f"{out.name}.stderr.log", "w") as log:
+        done = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True, check=False)
+    wall = time.time() - started
+    try:
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        result = {"status": "no result", "error": f"exit {done.returncode}, no JSON on stdout (see {log.name})"}
+    timings = result.get("timings") or {}
+    metrics = result.get("metrics") or {}
+    total = timings.get("total")
+    row = {"label": label, "exit": done.returncode, "status": result.get("status"), "error": result.get("error"),
+           "val_bpb": result.get("val_bpb"), "mfu_percent": metrics.get("mfu_percent"),
+           "num_steps": metrics.get("num_steps"), "tokens_per_second": metrics.get("tokens_per_second"),
+           "startup_s": timings.get("startup"), "training_s": timings.get("training"), "training_wall_s": timings.get("training_wall"),
+           "export_s": timings.get("export"), "evaluation_s": timings.get("evaluation"), "probe_s": timings.get("probe"),
+           "sandbox_setup_s": timings.get("sandbox_setup"), "total_s": total,
+           # as the reference counts it: everything but the training budget (start-up, compile, export, scoring)
+           "overhead_s": round(total - budget_s, 3) if total is not None else None,
+           "command_wall_s": round(wall, 3), "sandboxed": result.get("sandboxed"),
+           "device": (result.get("runner") or {}).get("device"), "sandbox": (result.get("runner") or {}).get("sandbox"),
+           "peak_vram_mb": metrics.get("peak_vram_mb"), "cpu_share": metrics.get("cpu_share"),
+           "run_dir": str(out), "result": result}
+    row["attention_note"] = attention_note(out / "log.txt")
+    say(f"  {row['status']}: val_bpb {row['val_bpb']}  steps {row['num_steps']}  total {total} s"
+        + (f"  ({row['error']})" if row["error"] else ""))
+    return row
+
+
+def attention_note(log: Path) -> str | None:
+    """What train.py said about Flash Attention 3 (the sandbox has no network and an empty home, so
+    the `kernels` package can only use a kernel that is already installed)."""
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return None
+    return next((line.strip() for line in text.splitlines() if "Flash Attention" in line), None)
+
+
+ROWS = [("val_bpb", "val_bpb", "{:.4f}"), ("MFU %", "mfu_percent", "{:.1f}"), ("steps", "num_steps", "{:.0f}"),
+        ("tokens/s", "tokens_per_second", "{:,.0f}"), ("start-up s", "startup_s", "{:.1f}"),
+        ("training s (wall)", "training_wall_s", "{:.1f}"), ("export s", "export_s", "{:.1f}"),
+        ("evaluation s", "evaluation_s", "{:.1f}"), ("sandbox set-up s", "sandbox_setup_s", "{:.2f}"),
+        ("overhead s (total - budget)", "overhead_s", "{:.1f}"), ("total s", "total_s", "{:.1f}"),
+        ("sandboxed", "sandboxed", "")]
+
+
+def table(runs: list[dict[str, Any]], reference: bool) -> str:
+    heads = [r["label"] for r in runs] + (["reference (H100)"] if reference else [])
+    ref = {"val_bpb": REFERENCE["val_bpb"], "mfu_percent": REFERENCE["mfu_percent"],
+           "num_steps": REFERENCE["num_steps"], "tokens_per_second": REFERENCE["tokens_per_second"],
+           "training_wall_s": REFERENCE["training_s"],
+           "overhead_s": REFERENCE["overhead_s"], "total_s": REFERENCE["total_s"]}
+    lines = ["| | " + " | ".join(heads) + " |", "|---" * (len(heads) + 1) + "|"]
+    for name, key, form in ROWS:
+        cells = [form.format(r[key]) if isinstance(r.get(key), (int, float)) else "-" for r in runs]
+        if key == "sandboxed":
+            cells = [{True: "yes", False: "no"}.get(r.get(key), "-") for r in runs]
+        if reference:
+            cells.append(form.format(ref[key]) if key in ref else "-")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--profile", default="h100", help="h100 on a GPU; smoke or cpu to try the script on a CPU")
+    parser.add_argument("--runs", type=int, default=2, help="measured runs of the baseline (then the warm one)")
+    parser.add_argument("--no-warm", action="store_true", help="skip the warm-cache start-up run")
+    parser.add_argument("--no-unsandboxed", action="store_true", help="skip the run with --no-sandbox")
+    parser.add_argument("--data", default=None, help="a data source to use instead of the profile's")
+    parser.add_argument("--stand-in", action="store_true", help="use the stand-in data without trying the download")
+    parser.add_argument("--download-timeout", type=float, default=15.0, help="seconds for the reachability check")
+    parser.add_argument("--prepare-timeout", type=float, default=3600.0, help="seconds for `autoresearch prepare`")
+    parser.add_argument("--seed", type=int, default=0, help="of the stand-in data")
+    parser.add_argument("--runs-dir", type=Path, default=None, help="default: runs/bench-gpu-<time>")
+    parser.add_argument("--prepare-only", action="store_true", help="prepare the data (or the stand-in) and stop")
+    parser.add_argument("--out", type=Path, default=Path("bench-gpu.json"))
+    args = parser.parse_args()
+    profile = get_profile(args.profile)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    runs_dir = (args.runs_dir or ROOT / "runs" / f"bench-gpu-{stamp}").resolve()
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    say(f"# bench/gpu.py {' '.join(sys.argv[1:])}  |  {time.strftime('%Y-%m-%d %H:%M')}  |  profile {profile.name} "
+        f"({profile.device}, {profile.time_budget_s:.0f} s budget)  |  runs in {runs_dir}")
+    info = machine()
+    say(f"machine: {info}")
+    if profile.device == "cuda" and not info.get("nvidia_smi"):
+        say("!!! no nvidia-smi on this machine: a CUDA profile's runs will fail")
+    data = prepare_data(args, profile)
+    source = data["source"] if data["source"] != profile.data else None
+
+    plan = [(f"run {i + 1}", True) for i in range(args.runs)]
+    plan += [] if args.no_warm else [("warm-cache start-up", True)]
+    plan += [] if args.no_unsandboxed else [("no sandbox", False)]
+    plan = [] if args.prepare_only else plan
+    runs = [train(args, label, source, runs_dir / label.replace(" ", "-"), profile.time_budget_s, sandbox=box)
+            for label, box in plan]
+
+    boxed = [r for r in runs if r["sandboxed"] and isinstance(r["total_s"], float)]
+    bare = [r for r in runs if r["sandboxed"] is False and isinstance(r["total_s"], float)]
+    summary: dict[str, Any] = {"all_ok": all(r["status"] == "ok" for r in runs)}
+    if boxed and bare:
+        mean = lambda rows, key: sum(r[key] for r in rows) / len(rows)
+        summary["sandbox_cost_s"] = {key: round(mean(boxed, key) - mean(bare, key), 3)
+                                     for key in ("total_s", "overhead_s", "sandbox_setup_s", "evaluation_s")}
+    report = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": ["bench/gpu.py", *sys.argv[1:]],
+              "profile": profile.name, "machine": info, "data": data, "runs": runs, "reference": REFERENCE,
+              "summary": summary, "wall_s": round(time.time() - started, 1)}
+    args.out.write_text(json.dumps(report, indent=2, default=str))
+
+    say("")
+    if data["stand_in"]:
+        say(f"!!! {STAND_IN_LOUD}")
+    say(f"GPU: {info.get('nvidia_smi') or 'none (nvidia-smi not found)'}; torch: {info.get('torch')}")
+    say(table(runs, reference=True))
+    if profile.name != "h100":
+        say(f"(profile {profile.name}: the reference column is for the h100 profile; nothing here compares with it)")
+    notes = sorted({r["attention_note"] for r in runs if r.get("attention_note")})
+    for note in notes:
+        say(f"train.py said: {note}")
+    say("warm-cache start-up: the same machine with the data, tokenizer and Python files already read once; every "
+        "run gets a fresh HOME and /tmp, so torch.compile's and the kernels package's caches never carry over")
+    if "sandbox_cost_s" in summary:
+        say(f"sandbox cost (sandboxed mean minus the unsandboxed run): {summary['sandbox_cost_s']}")
+    failed = [r for r in runs if r["status"] != "ok"]
+    for r in failed:
+        say(f"!!! {r['label']}: {r['status']}: {r['error']}")
+    say(f"wrote {args.out} ({time.time() - started:.0f} s in all)")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
