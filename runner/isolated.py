@@ -309,6 +309,7 @@ class Supervisor:
                            cpu_share=round(cpu / (wall * threads), 4) if wall > 0 else 0.0)
         if score:
             metrics.update({k: score[k] for k in ("eval_tokens", "eval_bytes", "probe", "probe_max_change") if k in score})
+        metrics.update(total_seconds=round(self.timings.total, 3), eval_seconds=round(self.timings.evaluation, 3))
         result = ResultSpec(
             run_id=self.job.run_id, experiment_id=self.job.experiment_id, status=status,  # type: ignore[arg-type]
             val_bpb=float(score["val_bpb"]) if score else None, error=error, metrics=metrics,

@@ -411,6 +411,10 @@ def check_summary(exp: Experiment, runs: list[Run], *, main_val_bpb: float | Non
             state = r.state if r.state != "done" else (r.status or "done")
             steps, seconds = r.metrics.get("num_steps"), r.metrics.get("total_seconds")
             note = _one_line(r.note or _last_line(r.error), 120)
+            if r.metrics.get("sandboxed") is False:
+                note = f"unsandboxed; {note}" if note else "unsandboxed"
+            if isinstance(r.metrics.get("actions_url"), str) and r.metrics["actions_url"].startswith("https://"):
+                note = f"[Actions log]({r.metrics['actions_url']}) {note}".rstrip()
             listed.append(f"| {r.id} | {r.purpose} | {state} | {_bpb(r.val_bpb)} | {steps if steps is not None else '—'} "
                           f"| {f'{seconds:.1f}' if isinstance(seconds, (int, float)) else '—'} | {_cell(note)} |")
         if len(runs) > RUNS_SHOWN:

@@ -328,3 +328,12 @@ def test_the_agents_cost_is_shown_in_the_pull_request_and_the_check() -> None:
     fix = experiment(meta={"fixes": 7})
     assert "the fix of experiment 7" in render.pr_body(fix, main_sha="a" * 40, main_val_bpb=1.0, base_train_py="",
                                                         history=[])
+
+
+def test_a_run_on_actions_links_its_log_and_an_unsandboxed_run_says_so() -> None:
+    url = "https://github.com/owner/research/actions/runs/42"
+    runs = [run(1, 0.98, metrics={"actions_url": url, "sandboxed": True, "total_seconds": 321.5}),
+            run(2, 0.97, metrics={"sandboxed": False})]
+    summary = render.check_summary(experiment(), runs, main_val_bpb=0.99, noise_margin=0.002)
+    assert f"| 1 | candidate | ok | 0.980000 | — | 321.5 | [Actions log]({url}) |" in summary
+    assert "unsandboxed" in summary.split("| 2 |")[1].splitlines()[0]
