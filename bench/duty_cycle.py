@@ -1,0 +1,572 @@
+"""Benchmark: how busy the bot keeps K runner slots (the GPU duty cycle), and what it costs.
+
+Runs the real service (bot.serve.Service: conductor, driver, GitHub forge, publisher, poller) on
+the GitHub stand-in of the tests, started in a child process (so its CPU and its interpreter lock
+are not the bot's, as GitHub's are not) with `--latency-ms` (100) added to every REST call. The
+runner is simulated: K slots, each job sleeps a scaled budget on a timer and then answers through
+the real protocol (a runner.protocol.ResultSpec checked by bot.runners.protocol.checked_result,
+with the job's asset sha256, this harness's hash, the identity's data fingerprint, its profile and
+seed). The agent is simulated too: it sleeps a scaled think time and adds one distinct constant
+to main's train.py (`_sim_change_<n> = <effect>`); a share of them are clear gains (kept, merged,
+main measured afresh), the rest small losses or noise.
+
+Time is scaled by `--scale` (100): a 3 s job stands for a 300 s run, a 0.2 s answer for a 20 s
+one. Everything of the bot that follows the clock is scaled the same way (the driver's timer, the
+publisher's progress cadence, the write pacer's windows: 80 writes per 0.6 s stands for 80 per
+minute), except the stand-in's latency: `--latency-ms` is added as given (100 ms stands for
+100 ms, so it is 100 times heavier here than in service; pass 1 to scale it too).
+
+Reported per K:
+- experiments per hour in steady state (completions between the K-th and the N-K-th, so the first
+  baselines and the drain at the end are left out), scaled back to real time, against the ideal
+  K * 3600 / 300;
+- slot utilisation from the first experiment run's start to the last run's start: busy
+  slot-seconds / (K * window), split into experiment runs (candidates, confirmations, re-measures)
+  and main's baseline runs (which legitimately use slots: after each keep main is measured again);
+- the idle gap of a slot between two runs (end of one job to start of the next, from the runner's
+  own timestamps), p50/p95/max, as a share of the scaled budget, and where it went: waiting for
+  the tick in progress to end, the dispatching tick's work before dispatch, or no run ready;
+- the bot's CPU seconds per experiment: time.process_time() of this process (the stand-in is
+  elsewhere) minus this main thread's own, and the conductor thread's time.thread_time();
+- the GitHub requests the stand-in served, and the seconds the write pacer waited.
+
+    .venv/bin/python bench/duty_cycle.py                 # K = 1 2 4 8 16, 10 experiments per slot (at least 30)
+    .venv/bin/python bench/duty_cycle.py --quick         # K = 1 2, a few short experiments
+    .venv/bin/python bench/duty_cycle.py --slots 4 --cprofile /tmp/conductor.prof
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import hashlib
+import itertools
+import json
+import os
+import platform
+import random
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+REAL_BUDGET_S = 300.0  # what a job stands for: the h100 profile's budget
+CHANGE = re.compile(r"^_sim_change_\d+ = ([-+0-9.e]+)$", re.MULTILINE)
+BASE_VAL_BPB = 1.0
+
+
+@dataclass
+class Options:
+    slots: int = 1
+    experiments: int = 30
+    scale: float = 100.0  # real seconds per bench second: a job sleeps 300 / scale
+    agent_s: float | None = None  # one proposal, in bench seconds (None: 20 / scale)
+    latency_ms: float = 100.0  # added to every GitHub REST call (not scaled)
+    keep_share: float = 0.1  # proposals that are clear gains
+    sigma: float = 0.002  # run-to-run noise of val_bpb
+    seed: int = 0
+    first_baseline_runs: int = 6
+    baseline_runs: int = 2
+    cprofile: str | None = None  # write the conductor thread's profile here
+    timeout_s: float = 1800.0
+
+    @property
+    def budget_s(self) -> float:
+        return REAL_BUDGET_S / self.scale
+
+    @property
+    def think_s(self) -> float:
+        return 20.0 / self.scale if self.agent_s is None else self.agent_s
+
+
+# --- the simulated runner -------------------------------------------------------------------------
+
+@dataclass
+class Slot:
+    run: int | None = None  # the run it holds now
+    history: list[tuple[int, float, float, bool]] = field(default_factory=list)  # (run, start, end, baseline)
+
+
+class SimRunner:
+    """The Runner protocol with K slots: a job sleeps `budget_s` on a timer, then answers with a
+    ResultSpec converted by bot.runners.protocol.checked_result, and says so through on_change."""
+
+    def __init__(self, slots: int, budget_s: float, identity: dict[str, str], sigma: float, seed: int) -> None:
+        from runner.profiles import harness_hash
+
+        self.slots = slots
+        self.budget_s = budget_s
+        self.identity = identity
+        self.sigma = sigma
+        self.seed = seed
+        self.harness = harness_hash()
+        self.slot = [Slot() for _ in range(slots)]
+        self.jobs: dict[int, tuple[Any, int, float]] = {}  # run id -> (job, slot, start)
+        self.results: dict[int, Any] = {}
+        self.cancelled: set[int] = set()
+        self.overbooked = 0  # submits that found no free slot (the conductor counts slots itself: never)
+        self._timers: dict[int, threading.Timer] = {}
+        self._lock = threading.Lock()
+        self._notify: Callable[[], None] | None = None
+
+    def on_change(self, callback: Callable[[], None]) -> None:
+        self._notify = callback
+
+    def submit(self, job: Any) -> str:
+        with self._lock:
+            if job.run_id in self.jobs:
+                return f"sim://{job.run_id}"
+            free = [i for i, s in enumerate(self.slot) if s.run is None]
+            if not free:
+                self.overbooked += 1
+                self.slot.append(Slot())
+                free = [len(self.slot) - 1]
+            index = free[0]
+            self.slot[index].run = job.run_id
+            self.jobs[job.run_id] = (job, index, time.monotonic())
+            timer = threading.Timer(self.budget_s, self._finish, args=(job.run_id,))
+            timer.daemon = True
+            self._timers[job.run_id] = timer
+            timer.start()
+        return f"sim://{job.run_id}"
+
+    def _finish(self, run_id: int) -> None:
+        from bot.runners.protocol import checked_result, job_spec
+        from runner.protocol import Hashes, ResultSpec, RunnerIdentity, Timings
+
+        with self._lock:
+            if run_id in self.cancelled:
+                return
+            job, index, start = self.jobs[run_id]
+            end = time.monotonic()
+        spec = ResultSpec(run_id=job.run_id, experiment_id=job.experiment_id, status="ok",
+                          val_bpb=self.value(job.asset, job.seed),
+                          metrics={"num_steps": 1000, "simulated": True},
+                          timings=Timings(training=self.budget_s, training_wall=end - start, total=end - start),
+                          hashes=Hashes(asset=job.asset_sha256, harness=self.harness,
+                                        data=self.identity["data_fingerprint"]),
+                          runner=RunnerIdentity(backend="sim", host=platform.node(), device="sim"),
+                          profile=job.profile, seed=job.seed)
+        result = checked_result(job_spec(job), spec, harness=self.harness)
+        with self._lock:
+            self.results[run_id] = result
+            slot = self.slot[index]
+            slot.run = None
+            slot.history.append((run_id, start, end, job.experiment_id is None))
+        if self._notify is not None:
+            self._notify()
+
+    def value(self, asset: str, seed: int) -> float:
+        """main's value plus the asset's changes, plus seeded noise (same code and seed: same value)."""
+        rng = random.Random(int(hashlib.sha256(asset.encode()).hexdigest()[:16], 16) ^ (seed * 7919) ^ self.seed)
+        return round(BASE_VAL_BPB + sum(float(x) for x in CHANGE.findall(asset)) + rng.gauss(0.0, self.sigma), 6)
+
+    def lookup(self, run_id: int) -> Any:
+        from bot.records import RunStatus
+
+        with self._lock:
+            if run_id in self.results:
+                return RunStatus("finished", result=self.results[run_id])
+            if run_id not in self.jobs or run_id in self.cancelled:
+                return RunStatus("unknown")
+            start = self.jobs[run_id][2]
+        done = min(1.0, (time.monotonic() - start) / self.budget_s)
+        return RunStatus("running", progress={"step": int(done * 1000), "loss": 3.0 - done, "progress": done,
+                                              "remaining_seconds": (1 - done) * REAL_BUDGET_S})
+
+    def cancel(self, run_id: int) -> None:
+        with self._lock:
+            if run_id in self.cancelled or run_id not in self.jobs or run_id in self.results:
+                return
+            self.cancelled.add(run_id)
+            self._timers[run_id].cancel()
+            job, index, start = self.jobs[run_id]
+            slot = self.slot[index]
+            slot.run = None
+            slot.history.append((run_id, start, time.monotonic(), job.experiment_id is None))
+
+
+# --- the simulated agent --------------------------------------------------------------------------
+
+class SimAgent:
+    """Thinks `seconds`, then adds one new top-level constant to main's train.py: a clear gain
+    (8 sigma) for a share `keep_share` of the proposals, a small loss for the rest (0 to 2 sigma);
+    each text is distinct."""
+
+    def __init__(self, seconds: float, keep_share: float, sigma: float, seed: int) -> None:
+        self.seconds = seconds
+        self.keep_share = keep_share
+        self.sigma = sigma
+        self.rng = random.Random(seed)
+        self.count = 0
+
+    def propose(self, ctx: Any) -> Any:
+        from bot.records import Proposal
+
+        time.sleep(self.seconds)
+        self.count += 1
+        gain = self.rng.random() < self.keep_share
+        effect = -8 * self.sigma if gain else self.rng.uniform(0.0, 2 * self.sigma)
+        lines = ctx.train_py.splitlines(keepends=True)
+        # after a different top-level blank line each time: changes made on the same main merge
+        # cleanly when one of them is kept first (all at the end of the file, they would conflict)
+        spots = [i for i in range(len(lines) - 1) if not lines[i].strip() and lines[i + 1][:1] not in " \t\n#"]
+        at = spots[self.count % len(spots)] + 1 if spots else len(lines)
+        text = "".join([*lines[:at], f"_sim_change_{self.count} = {effect:.6f}\n", *lines[at:]])
+        return Proposal(f"change {self.count}", f"{'a gain' if gain else 'a guess'} of {effect:+.4f}", text)
+
+
+# --- the GitHub stand-in, in its own process --------------------------------------------------------
+
+def standin_main(root: str, latency_ms: float, key_file: str) -> None:
+    """The child: a GitHubStandIn with latency on every REST call; prints its URL, serves until
+    stdin closes, then prints what it served."""
+    from cryptography.hazmat.primitives import serialization
+    from github_standin import GitHubStandIn
+
+    files = {name: (Path(root) / "files" / name).read_text() for name in ("train.py", "program.md")}
+    public = serialization.load_pem_public_key(Path(key_file).read_bytes())
+    with GitHubStandIn(Path(root) / "github", files=files, collaborators={"researcher": "admin"},
+                       app_public_key=public) as gh:
+        # The stand-in has no latency knob (tests/github_standin/faults.py only fails requests),
+        # so every call through its gateway is held here, without blocking the others.
+        handle = gh.gateway.handle
+
+        async def slow(*args: Any, **kwargs: Any) -> Any:
+            await asyncio.sleep(latency_ms / 1000)
+            return await handle(*args, **kwargs)
+
+        gh.gateway.handle = slow  # type: ignore[method-assign]
+        print(json.dumps({"api_url": gh.api_url}), flush=True)
+        sys.stdin.read()
+        requests = gh.requests
+        print(json.dumps({"requests": len(requests), "creating": sum(r.created for r in requests),
+                          "methods": dict(Counter(r.method for r in requests)),
+                          "violations": gh.violations[:5], "violation_count": len(gh.violations)}), flush=True)
+
+
+class StandInProcess:
+    def __init__(self, root: Path, latency_ms: float, key_file: Path) -> None:
+        self.proc = subprocess.Popen([sys.executable, __file__, "--standin", str(root), "--latency-ms",
+                                      str(latency_ms), "--key-file", str(key_file)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError("the GitHub stand-in did not start; see its output above")
+        self.api_url = json.loads(line)["api_url"]
+
+    def stop(self) -> dict[str, Any]:
+        out, _ = self.proc.communicate(input="", timeout=60)
+        return json.loads(out.strip().splitlines()[-1])
+
+
+# --- the service, watched ---------------------------------------------------------------------------
+
+PHASES = ("read_main", "collect", "_advance_all", "schedule_baseline", "propose", "dispatch")
+
+
+def bench_service(opts: Options):
+    """A Service that scales its clocks (timer, progress cadence, write pacer) and times each phase
+    of every tick in the conductor thread."""
+    from bot.github.client import WritePacer
+    from bot.serve import Service
+
+    class ScaledPacer(WritePacer):
+        """GitHub's write windows (80 a minute, 500 an hour) on the scaled clock; counts its waits."""
+
+        def __init__(self) -> None:
+            super().__init__(lambda: time.monotonic() * opts.scale, lambda s: time.sleep(s / opts.scale))
+            self.waited = 0.0  # bench seconds
+
+        def wait(self) -> float:
+            waited = super().wait()
+            self.waited += waited / opts.scale
+            return waited
+
+    class BenchService(Service):
+        ticks: list[dict[str, Any]]
+        cpu: list[float]
+        pacer: ScaledPacer | None = None
+        profiler: cProfile.Profile | None = None
+
+        def _connect(self):
+            conductor = super()._connect()
+            if conductor is None:
+                return None
+            self.ticks, self.cpu = [], []
+            self.pacer = ScaledPacer()
+            self.client._pacer = self.pacer  # the only way in: Service builds its client itself
+            conductor.publisher.progress_every_s = 30.0 / opts.scale
+            tick = conductor.tick
+
+            def timed_tick() -> None:
+                if opts.cprofile and self.profiler is None:
+                    self.profiler = cProfile.Profile()
+                    self.profiler.enable()  # this thread only: the conductor's
+                record = {"start": time.monotonic(), "phases": []}
+                self.ticks.append(record)
+                tick()
+                record["end"] = time.monotonic()
+
+            def timed(name: str, step: Callable[..., Any]) -> Callable[..., Any]:
+                def run(*args: Any, **kwargs: Any) -> Any:
+                    started = time.monotonic()
+                    try:
+                        return step(*args, **kwargs)
+                    finally:
+                        if self.ticks:
+                            self.ticks[-1]["phases"].append((name, started, time.monotonic()))
+                return run
+
+            for name in PHASES:
+                setattr(conductor, name, timed(name, getattr(conductor, name)))
+            conductor.publisher.publish = timed("publish", conductor.publisher.publish)
+            conductor.tick = timed_tick
+            return conductor
+
+        def _ticked(self, conductor: Any) -> None:
+            super()._ticked(conductor)
+            self.cpu.append(time.thread_time())  # the conductor thread's own CPU, read in that thread
+
+    return BenchService
+
+
+# --- one K --------------------------------------------------------------------------------------------
+
+def program(opts: Options) -> str:
+    return (f"---\nautoresearch:\n  first_baseline_runs: {opts.first_baseline_runs}\n"
+            f"  baseline_runs: {opts.baseline_runs}\n  max_experiments: {opts.experiments}\n---\n\nLower val_bpb.\n")
+
+
+def run(opts: Options) -> dict[str, Any]:
+    """One K: a fresh stand-in, service, runner and agent; the report of `report`. The caller's
+    AUTORESEARCH_* settings are set aside meanwhile (a developer's token must not reach the bench)."""
+    saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("AUTORESEARCH_")}
+    try:
+        return _run(opts)
+    finally:
+        os.environ.update(saved)
+
+
+def _run(opts: Options) -> dict[str, Any]:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    from bot.config import load_service_settings
+    from bot.serve import Parts
+    from bot.states import State
+    from bot.store import Store
+    from runner.profiles import harness_hash
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption()).decode()
+    identity = {"profile": "h100", "harness_hash": harness_hash(), "data_fingerprint": "sim-data-1"}
+    runner = SimRunner(opts.slots, opts.budget_s, identity, opts.sigma, opts.seed)
+    agent = SimAgent(opts.think_s, opts.keep_share, opts.sigma, opts.seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        (root / "files").mkdir()
+        (root / "files" / "train.py").write_text((ROOT / "train.py").read_text())
+        (root / "files" / "program.md").write_text(program(opts))
+        key_file = root / "app.pub"
+        key_file.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                           serialization.PublicFormat.SubjectPublicKeyInfo))
+        gh = StandInProcess(root, opts.latency_ms, key_file)
+        served: dict[str, Any] = {}
+        try:
+            settings = load_service_settings(repository="octo-org/research", github_api_url=gh.api_url, poll=True,
+                                             state_dir=root / "state", profile="h100", github_app_id=1,
+                                             github_private_key=pem)
+            service = bench_service(opts)(settings, make_parts=lambda s, c: Parts(runner, agent, dict(identity)),
+                                          timer_s=30.0 / opts.scale)
+            main_cpu0, cpu0, started = time.thread_time(), time.process_time(), time.monotonic()
+            service.start()
+            store = Store(settings.state_dir / "state.db")
+            while True:
+                exps = store.experiments()
+                if len(exps) == opts.experiments and all(e.state == State.DONE and store.published(e.id).get("final")
+                                                         == e.status for e in exps):
+                    break
+                if time.monotonic() - started > opts.timeout_s:
+                    raise SystemExit(f"K={opts.slots}: timed out after {opts.timeout_s:.0f}s with "
+                                     f"{sum(e.state == State.DONE for e in exps)} of {opts.experiments} done; "
+                                     f"conductor: {service.status}")
+                time.sleep(0.25)
+            wall = time.monotonic() - started
+            process_cpu = time.process_time() - cpu0 - (time.thread_time() - main_cpu0)
+            service.stop()
+            if service.profiler is not None:
+                service.profiler.disable()
+                service.profiler.dump_stats(opts.cprofile)
+            runs = store.runs()
+            statuses = Counter(e.status for e in exps)
+        finally:
+            served = gh.stop()
+    return report(opts, runner, service, runs, statuses, wall, process_cpu, served)
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def report(opts: Options, runner: SimRunner, service: Any, runs: list[Any], statuses: Counter,
+           wall: float, process_cpu: float, served: dict[str, Any]) -> dict[str, Any]:
+    k, budget = opts.slots, opts.budget_s
+    history = [(i, *h) for i, slot in enumerate(runner.slot) for h in slot.history]
+    starts = sorted(start for _, _, start, _, _ in history)
+    first_exp = min(start for _, _, start, _, baseline in history if not baseline)
+    window = (first_exp, starts[-1])
+    span = window[1] - window[0]
+
+    def busy(baseline: bool) -> float:
+        return sum(max(0.0, min(end, window[1]) - max(start, window[0]))
+                   for _, _, start, end, b in history if b == baseline)
+
+    purpose = {r.id: r.purpose for r in runs}
+    experiment_of = {r.id: r.experiment_id for r in runs}
+    last_end: dict[int, float] = {}  # an experiment is over when its last run ends
+    for _, run_id, _, end, _ in history:
+        exp = experiment_of.get(run_id)
+        if exp is not None:
+            last_end[exp] = max(last_end.get(exp, 0.0), end)
+    # steady state: completions between the a-th and the b-th, leaving out the ramp and the drain
+    done = sorted(last_end.values())
+    a, b = max(0, min(k, len(done) // 10) - 1), len(done) - 1 - max(0, min(k, len(done) // 10) - 1)
+    exp_per_h = (b - a) / (done[b] - done[a]) * 3600 / opts.scale if b > a and done[b] > done[a] else float("nan")
+    ideal = k * 3600 / REAL_BUDGET_S
+
+    gaps, parts = [], Counter()
+    ticks = [t for t in service.ticks if "end" in t]
+    for slot in runner.slot:
+        seq = sorted(slot.history, key=lambda h: h[1])
+        for (_, _, end, _), (_, start, _, _) in itertools.pairwise(seq):
+            gap = start - end
+            gaps.append(gap)
+            parts.update(gap_parts(end, start, ticks))
+    tick_time = Counter()
+    for t in ticks:
+        for name, a, b in t["phases"]:
+            tick_time[name] += b - a
+    n = sum(statuses.values())
+    counts = Counter(purpose.get(run_id, "?") for _, run_id, _, _, _ in history)
+    conductor_cpu = (service.cpu[-1] - service.cpu[0]) if len(service.cpu) > 1 else float("nan")
+    return {
+        "K": k, "experiments": n, "statuses": dict(statuses), "wall_s": round(wall, 1),
+        "runs": dict(counts), "runs_per_experiment": round(sum(c for p, c in counts.items() if p != "baseline") / n, 2),
+        "window_s": round(span, 2), "exp_per_h": round(exp_per_h, 1), "ideal_per_h": ideal,
+        "share_of_ideal": round(exp_per_h / ideal, 3),
+        "utilisation": round((busy(False) + busy(True)) / (k * span), 3) if span > 0 else None,
+        "utilisation_experiments": round(busy(False) / (k * span), 3) if span > 0 else None,
+        "utilisation_baselines": round(busy(True) / (k * span), 3) if span > 0 else None,
+        "gap_n": len(gaps), "gap_p50": round(percentile(gaps, 0.5) / budget, 4),
+        "gap_p95": round(percentile(gaps, 0.95) / budget, 4), "gap_max": round(max(gaps, default=0) / budget, 4),
+        "gap_p50_s": round(percentile(gaps, 0.5), 3), "gap_p95_s": round(percentile(gaps, 0.95), 3),
+        "gap_parts_s": {name: round(v / max(1, len(gaps)), 3) for name, v in parts.items()},
+        "cpu_per_exp": round(process_cpu / n, 3), "conductor_cpu_per_exp": round(conductor_cpu / n, 3),
+        "ticks": len(ticks), "tick_s_per_exp": {name: round(v / n, 3) for name, v in tick_time.most_common()},
+        "api_requests_per_exp": round(served.get("requests", 0) / n, 1),
+        "api_creating_per_exp": round(served.get("creating", 0) / n, 1),
+        "pacer_waited_s": round(service.pacer.waited, 2) if service.pacer else None,
+        "violations": served.get("violation_count"), "overbooked": runner.overbooked,
+        "scale": opts.scale, "budget_s": budget, "agent_s": opts.think_s, "latency_ms": opts.latency_ms,
+    }
+
+
+def gap_parts(end: float, start: float, ticks: list[dict[str, Any]]) -> Counter:
+    """Where one idle gap went: the tick running when the job ended still had to finish (named by
+    its longest phase after the end), ticks that came and dispatched nothing to it (no run was
+    ready: a proposal, a branch or a judgement was still to come), and the dispatching tick's own
+    work before dispatch."""
+    out: Counter = Counter()
+    cursor = end
+    for t in ticks:
+        if t["end"] <= end or t["start"] >= start:
+            continue
+        if t["start"] <= end:  # in progress when the job ended
+            later = [(b - max(a, end), name) for name, a, b in t["phases"] if b > end]
+            name = max(later)[1] if later else "tick"
+            out[f"running tick ({name})"] += min(t["end"], start) - end
+            cursor = min(t["end"], start)
+        elif t["end"] < start:  # a whole tick that did not start it
+            out["nothing ready"] += t["end"] - cursor
+            cursor = t["end"]
+        else:  # the dispatching tick
+            out["waiting for a tick"] += t["start"] - cursor
+            out["dispatching tick before dispatch"] += start - t["start"]
+            cursor = start
+    if cursor < start:
+        out["other"] += start - cursor
+    return out
+
+
+# --- the command ----------------------------------------------------------------------------------
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = (f"{'K':>3} {'exps':>5} {'runs/exp':>8} {'exp/h':>7} {'ideal':>6} {'of ideal':>8} {'util':>6} "
+            f"{'util exp':>8} {'gap p50':>8} {'gap p95':>8} {'gap max':>8} {'cpu/exp':>8} {'cond cpu':>8} "
+            f"{'api/exp':>7} {'pacer s':>7}")
+    lines = [head]
+    for r in rows:
+        lines.append(f"{r['K']:>3} {r['experiments']:>5} {r['runs_per_experiment']:>8.2f} {r['exp_per_h']:>7.1f} "
+                     f"{r['ideal_per_h']:>6.0f} {r['share_of_ideal']:>8.1%} {r['utilisation']:>6.1%} "
+                     f"{r['utilisation_experiments']:>8.1%} {r['gap_p50']:>8.2%} {r['gap_p95']:>8.2%} "
+                     f"{r['gap_max']:>8.2%} {r['cpu_per_exp']:>8.3f} {r['conductor_cpu_per_exp']:>8.3f} "
+                     f"{r['api_requests_per_exp']:>7.1f} {r['pacer_waited_s']:>7.2f}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--slots", type=int, nargs="+", default=[1, 2, 4, 8, 16], help="the values of K")
+    parser.add_argument("--per-slot", type=int, default=10, help="experiments per slot (at least --min-experiments)")
+    parser.add_argument("--min-experiments", type=int, default=30)
+    parser.add_argument("--scale", type=float, default=100.0,
+                        help="real seconds per bench second: a job sleeps 300/scale s, the agent 20/scale s")
+    parser.add_argument("--agent-s", type=float, help="one proposal, in bench seconds (default 20/scale)")
+    parser.add_argument("--latency-ms", type=float, default=100.0, help="added to every GitHub REST call")
+    parser.add_argument("--keep-share", type=float, default=0.1)
+    parser.add_argument("--first-baseline-runs", type=int, default=6)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cprofile", help="write the conductor thread's cProfile here (the last K run)")
+    parser.add_argument("--quick", action="store_true", help="K = 1 2, 4 experiments of 1 s (scale 300), 2 first baselines")
+    parser.add_argument("--standin", help=argparse.SUPPRESS)
+    parser.add_argument("--key-file", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.standin:
+        return standin_main(args.standin, args.latency_ms, args.key_file)
+    if args.quick:
+        args.slots, args.per_slot, args.min_experiments, args.scale, args.first_baseline_runs = [1, 2], 2, 4, 300.0, 2
+    think = 20.0 / args.scale if args.agent_s is None else args.agent_s
+    print(f"# {time.strftime('%Y-%m-%d %H:%M')} {platform.node()} {os.cpu_count()} cores, python "
+          f"{platform.python_version()}; job {REAL_BUDGET_S / args.scale:g} s = {REAL_BUDGET_S:.0f} s, agent "
+          f"{think:g} s, latency {args.latency_ms:g} ms per GitHub call, scale {args.scale:g}", flush=True)
+    rows = []
+    for k in args.slots:
+        opts = Options(slots=k, experiments=max(args.min_experiments, args.per_slot * k), scale=args.scale,
+                       agent_s=args.agent_s, latency_ms=args.latency_ms,
+                       keep_share=args.keep_share, seed=args.seed, first_baseline_runs=args.first_baseline_runs,
+                       cprofile=args.cprofile)
+        row = run(opts)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    sys.path[0] = str(ROOT)  # the project first: tests/bot (a directory, no package) must not shadow bot/
+    sys.path.append(str(ROOT / "tests"))  # the GitHub stand-in
+    main()
