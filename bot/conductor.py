@@ -173,6 +173,11 @@ class Conductor:
             return
         self._guard("applying the inbox", apply_inbox, self.store)
         self._guard("collecting runs", self.collect)
+        # A slot freed by a run that just ended takes the next queued experiment run now, before the
+        # rest of the tick (advancing, merging, proposing): that work is the idle gap between two
+        # runs. Only runs measured on the main just read (one whose main moved is cancelled by
+        # advancing, not started), and no baseline (main's crashes are judged after collecting).
+        self._guard("dispatching runs", self.dispatch, main, True)
         self._guard("advancing experiments", self._advance_all, main)
         if self._merged:  # our own merge moved main: the rest of the tick works on the new one
             self._merged = False
@@ -663,12 +668,15 @@ class Conductor:
                            confirm=settings.confirm)
 
     # --- runs ------------------------------------------------------------------------------------
-    def dispatch(self, main: Main) -> None:
-        """Start queued runs on free slots: baselines first, then re-measures, confirmations, candidates."""
+    def dispatch(self, main: Main, on_main_only: bool = False) -> None:
+        """Start queued runs on free slots: baselines first, then re-measures, confirmations, candidates.
+        `on_main_only`: only experiment runs measured on main (early in a tick, before advancing)."""
         free = self.runner.slots - self.store.count_runs(RunState.RUNNING)
         if free <= 0 or self.blocked:  # nothing can be judged until main is fixed: spend no runs
             return
         queued = sorted(self.store.runs(state=RunState.QUEUED), key=lambda r: (RUN_PRIORITY[r.purpose], r.id))
+        if on_main_only:
+            queued = [r for r in queued if r.experiment_id is not None and r.base_sha == main.sha]
         for run in queued[:free]:
             try:
                 handle = self.runner.submit(self._job(run))  # idempotent by run id: safe before the write

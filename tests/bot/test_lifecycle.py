@@ -743,3 +743,33 @@ def test_a_crash_traceback_is_given_until_one_fix_is_proposed(tmp_path: Path) ->
     shown = [(c.last_crash_id, bool(c.last_crash)) for c in agent.contexts]
     assert shown == [(None, False), (1, True), (None, False)]
     assert loop.store.experiments()[1].meta["fixes"] == 1
+
+
+def test_a_freed_slot_starts_the_next_experiment_run_before_the_rest_of_the_tick(tmp_path: Path) -> None:
+    # Advancing (judging, merging, closing branches) costs GitHub calls in service: done before the
+    # next run starts, it would be idle time of the runner.
+    runner = FakeRunner(auto=False)
+    loop = make(tmp_path, ScriptedAgent([proposal(0.3, "first"), proposal(0.3, "second")]), runner=runner,
+                experiments=2)
+
+    def both_candidates_queued() -> bool:
+        for run_id in runner.running():
+            if runner.jobs[run_id].experiment_id is None:
+                runner.finish(run_id)  # main's baseline runs end at once
+        return len([r for r in loop.store.runs() if r.purpose == "candidate"]) == 2
+
+    tick_until(loop, both_candidates_queued)
+    first, second = sorted((r for r in loop.store.runs() if r.purpose == "candidate"), key=lambda r: r.id)
+    tick_until(loop, lambda: loop.store.run(first.id).state == "running")
+    assert loop.store.run(second.id).state == "queued"  # one slot
+    started_when_advancing: list[str] = []
+    advance = loop._advance_all
+
+    def spy(main) -> None:
+        started_when_advancing.append(loop.store.run(second.id).state)
+        advance(main)
+
+    loop._advance_all = spy
+    runner.finish(first.id)
+    loop.tick()
+    assert started_when_advancing == ["running"]
