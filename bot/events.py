@@ -11,6 +11,7 @@ kind, a bad payload) is marked processed with the reason and never blocks the on
 from __future__ import annotations
 
 import logging
+import sqlite3
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -57,6 +58,10 @@ def apply_inbox(store: Store) -> int:
                 outcome = handler(store, entry)
                 store.mark_processed(entry.id, outcome)
                 store.event(None, "inbox", f"{entry.kind} from {entry.author}: {outcome}")
+        except sqlite3.OperationalError as error:  # the store's fault, not the entry's: it waits for a later tick
+            log.warning("inbox entry %s (%s) not applied yet, the store could not take it (%s): trying again on "
+                        "the next tick", entry.id, entry.kind, error)
+            break
         except Exception as error:  # noqa: BLE001 - one bad entry must never block the ones after it
             store.mark_processed(entry.id, f"rejected: {error}")
             store.event(None, "inbox", f"{entry.kind} from {entry.author} rejected: {error}")
