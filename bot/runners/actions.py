@@ -28,7 +28,6 @@ or `workflow_job` webhook) says something changed.
 from __future__ import annotations
 
 import io
-import json
 import logging
 import threading
 import time
@@ -45,7 +44,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from bot.records import Job, RunStatus
 from bot.runners.protocol import ResultRefused, checked_result, job_spec
-from runner import files
+from bot.runners.records import RunRecords
 from runner.protocol import JobSpec, ResultSpec
 
 if TYPE_CHECKING:
@@ -82,7 +81,7 @@ class ActionsRunner:
         self.settings = settings or ActionsSettings()
         self.slots = self.settings.slots
         self._repo = repo
-        self._dir = state_dir / "actions"
+        self.records = RunRecords(state_dir / "actions")
         self._pace = pace_write
         self._harness = harness
         self._clock = clock
@@ -107,7 +106,7 @@ class ActionsRunner:
             self._notify()
 
     def submit(self, job: Job) -> str:
-        record = self._read(job.run_id)
+        record = self.records.read(job.run_id)
         if record is not None:
             return record["html_url"]  # dispatched before: one run per id
         spec = job_spec(job, repository=self._repo().full_name)
@@ -121,9 +120,9 @@ class ActionsRunner:
         return record["html_url"]
 
     def lookup(self, run_id: int) -> RunStatus:
-        record = self._read(run_id)
+        record = self.records.read(run_id)
         if record is None:
-            return RunStatus("unknown", detail=f"no run {run_id} was dispatched from {self._dir}")
+            return RunStatus("unknown", detail=f"no run {run_id} was dispatched from {self.records.dir}")
         if record["outcome"] is not None:
             return self._outcome(record)
         with self._lock:
@@ -139,13 +138,13 @@ class ActionsRunner:
         return status
 
     def cancel(self, run_id: int) -> None:
-        record = self._read(run_id)
+        record = self.records.read(run_id)
         if record is None:
             return
         if record["outcome"] is None:
             self._cancel_workflow_run(record["workflow_run_id"])
         record["outcome"] = {"state": "lost", "detail": "cancelled by the bot"}  # it reports nothing afterwards
-        self._write(record)
+        self.records.write(record)
         with self._lock:
             self._seen.pop(run_id, None)
 
@@ -174,7 +173,7 @@ class ActionsRunner:
             return RunStatus("queued", progress={"actions_url": record["html_url"]})
         if record.get("started_at") is None:
             record["started_at"] = self._clock()
-            self._write(record)
+            self.records.write(record)
         queued_s = record["started_at"] - record["dispatched_at"]
         if run.status != "completed":
             return RunStatus("running", progress={"actions_url": record["html_url"], "queued_s": round(queued_s, 1)})
@@ -185,7 +184,7 @@ class ActionsRunner:
         if spec.timings.queued is None:
             spec.timings.queued = round(queued_s, 3)
         record["outcome"] = {"state": "finished", "result": spec.model_dump(mode="json")}
-        self._write(record)
+        self.records.write(record)
         return self._outcome(record)
 
     def _outcome(self, record: dict[str, Any]) -> RunStatus:
@@ -243,7 +242,7 @@ class ActionsRunner:
         record.update(workflow_run_id=int(answer["workflow_run_id"]), html_url=answer["html_url"],
                       run_url=answer["run_url"], dispatched_at=self._clock(), started_at=None,
                       attempts=record["attempts"] + 1)
-        self._write(record)
+        self.records.write(record)
 
     def _lost(self, record: dict[str, Any], why: str) -> RunStatus:
         """A workflow run that will never give a result: dispatched again once, then lost."""
@@ -257,7 +256,7 @@ class ActionsRunner:
 
     def _give_up(self, record: dict[str, Any], detail: str) -> RunStatus:
         record["outcome"] = {"state": "lost", "detail": detail}
-        self._write(record)
+        self.records.write(record)
         log.warning("run %s lost: %s", record["run_id"], detail)
         return RunStatus("lost", detail=detail)
 
@@ -277,20 +276,6 @@ class ActionsRunner:
 
             self._harness = harness_hash()
         return self._harness
-
-    def _path(self, run_id: int) -> Path:
-        return self._dir / f"{run_id}.json"
-
-    def _read(self, run_id: int) -> dict[str, Any] | None:
-        try:
-            data = json.loads(self._path(run_id).read_text())
-        except (FileNotFoundError, ValueError):
-            return None
-        return data if isinstance(data, dict) else None
-
-    def _write(self, record: dict[str, Any]) -> None:
-        self._dir.mkdir(parents=True, exist_ok=True)
-        files.write_text(self._path(record["run_id"]), json.dumps(record))
 
 
 def _dispatch_refused(error: GithubException, repository: str, workflow: str, ref: str) -> str:

@@ -17,7 +17,6 @@ failed), so a restarted bot finds its calls and their results:
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -29,7 +28,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from bot.records import Job, RunStatus
 from bot.runners.protocol import checked_result, job_spec
-from runner import files
+from bot.runners.records import RunRecords
 from runner.profiles import harness_hash
 from runner.protocol import JobSpec, ResultRefused, ResultSpec
 
@@ -82,7 +81,7 @@ class ModalRunner:
     def __init__(self, state_dir: Path, calls: ModalCalls, *, slots: int = 1, harness: str | None = None) -> None:
         if slots < 1:
             raise ValueError("a runner needs at least one slot")
-        self.dir = state_dir / "modal"
+        self.records = RunRecords(state_dir / "modal")
         self.calls = calls
         self.slots = slots
         self.harness = harness or harness_hash()  # what a result must have been measured by
@@ -100,17 +99,17 @@ class ModalRunner:
 
     # --- the protocol ----------------------------------------------------------------------------
     def submit(self, job: Job) -> str:
-        record = self._read(job.run_id)
+        record = self.records.read(job.run_id)
         if record is None:
             record = {"run_id": job.run_id, "job": job_spec(job).model_dump_json(), "calls": []}
-            self._write(record)  # first: a second submit spawns nothing
+            self.records.write(record)  # first: a second submit spawns nothing
             self._spawn(record)
         return self._where(record)
 
     def lookup(self, run_id: int) -> RunStatus:
-        record = self._read(run_id)
+        record = self.records.read(run_id)
         if record is None:
-            return RunStatus("unknown", detail=f"no job {run_id} was submitted to Modal from {self.dir}")
+            return RunStatus("unknown", detail=f"no job {run_id} was submitted to Modal from {self.records.dir}")
         if record.get("cancelled"):
             return RunStatus("lost", detail="cancelled")
         if record.get("lost"):
@@ -129,16 +128,16 @@ class ModalRunner:
             progress = self.calls.progress(run_id)
             return RunStatus("running" if progress else "queued", progress=progress)
         record["result"] = answer
-        self._write(record)  # later lookups answer from the file
+        self.records.write(record)  # later lookups answer from the file
         return self._finished(record)
 
     def cancel(self, run_id: int) -> None:
-        record = self._read(run_id)
+        record = self.records.read(run_id)
         if record is None:
             return
         if not record.get("cancelled"):
             record["cancelled"] = True
-            self._write(record)  # first: a result that lands now is not taken
+            self.records.write(record)  # first: a result that lands now is not taken
         if record["calls"] and record.get("result") is None and not record.get("lost"):
             self.calls.cancel(record["calls"][-1]["id"])
 
@@ -147,7 +146,7 @@ class ModalRunner:
         spawned_at = time.time()
         call_id = self.calls.spawn(record["job"])
         record["calls"].append({"id": call_id, "spawned_at": spawned_at})
-        self._write(record)
+        self.records.write(record)
         log.info("run %s: Modal call %s spawned", record["run_id"], call_id)
 
     def _failed(self, record: dict[str, Any], reason: str) -> RunStatus:
@@ -161,7 +160,7 @@ class ModalRunner:
         reasons = "; then ".join(f"{c['id']}: {c.get('failed', '')}" for c in record["calls"])
         record["lost"] = (f"the Modal call failed {len(record['calls'])} times ({reasons}); why is in the "
                           "app's logs (`modal app logs APP`, or the calls on modal.com)")
-        self._write(record)
+        self.records.write(record)
         log.error("run %s lost: %s", run_id, record["lost"])
         return RunStatus("lost", detail=record["lost"])
 
@@ -179,21 +178,7 @@ class ModalRunner:
 
     def _where(self, record: dict[str, Any]) -> str:
         ids = [c["id"] for c in record["calls"]]
-        return f"modal:{ids[-1]}" if ids else f"modal:{self._path(record['run_id'])}"
-
-    def _path(self, run_id: int) -> Path:
-        return self.dir / f"{run_id}.json"
-
-    def _read(self, run_id: int) -> dict[str, Any] | None:
-        try:
-            data = json.loads(self._path(run_id).read_text())
-        except (FileNotFoundError, ValueError):
-            return None
-        return data if isinstance(data, dict) else None
-
-    def _write(self, record: dict[str, Any]) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        files.write_text(self._path(record["run_id"]), json.dumps(record))
+        return f"modal:{ids[-1]}" if ids else f"modal:{self.records.path(record['run_id'])}"
 
 
 class ModalClient:

@@ -234,7 +234,7 @@ def test_a_bot_stopped_before_its_spawn_spawns_at_the_next_lookup(runner: ModalR
     with pytest.raises(ConnectionError):
         runner.submit(job(1))
     modal.unreachable = False
-    assert runner.submit(job(1)) == "modal:" + str(runner.dir / "1.json")  # the record is there: no second spawn
+    assert runner.submit(job(1)) == "modal:" + str(runner.records.dir / "1.json")  # the record is there: no second spawn
     assert runner.lookup(1).state == "queued" and list(modal.calls) == ["fc-1"]
 
 
