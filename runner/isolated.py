@@ -157,11 +157,14 @@ class Supervisor:
         launched = time.time()
         self.timings.sandbox_setup = launched - self.started
         proc = self._start(cmd, box)
-        tree = TreeCPU(proc.pid)
+        # Only a CPU-clock budget needs the process tree's CPU time: walking /proc ten times a second
+        # is not free on a busy GPU machine, whose budget is wall time.
+        tree = TreeCPU(proc.pid) if profile.clock == "cpu" else None
         deadline = launched + profile.max_total_s
         killed = False
         while True:
-            tree.sample()
+            if tree is not None:
+                tree.sample()
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
             if pid:
                 break
@@ -178,7 +181,8 @@ class Supervisor:
         self._pump.join(timeout=10)
         self._relay_progress()
         # The kernel's account of what was reaped, or what was seen running, whichever is more.
-        return proc.returncode, max(usage.ru_utime + usage.ru_stime, tree.total()), wall, killed
+        cpu = usage.ru_utime + usage.ru_stime
+        return proc.returncode, max(cpu, tree.total()) if tree is not None else cpu, wall, killed
 
     def _start_scorer(self, profile: Profile, handoff: Path, view: list[Path]) -> subprocess.Popen[str]:
         """The scoring process, sandboxed, reading the handoff directory (empty until the model is

@@ -31,10 +31,23 @@ def test_unknown_profile_is_a_clear_error() -> None:
     assert "unknown profile 'tpu'" in said(result) and "smoke" in said(result)
 
 
+# A train.py that hands over an untrained model at once: the outcome (measured, ok) is certain, with no
+# training whose noise could change it. The real train.py takes the same isolated path in
+# tests/bot/test_runner_local.py.
+UNTRAINED = """
+import torch
+from runner import harness
+h = harness.session()
+model = torch.nn.Sequential(torch.nn.Embedding(h.vocab_size, 8), torch.nn.Linear(8, h.vocab_size))
+print(h.finish(model).summary_block())
+"""
+
+
 @pytest.mark.slow
 def test_train_measures_like_the_runners_and_fails_loudly(tmp_path: Path, smoke_prepared) -> None:
-    ok = cli.invoke(app, ["train", "--profile", "smoke", "--asset", str(ROOT / "train.py"),
-                          "--out", str(tmp_path / "ok")])
+    untrained = tmp_path / "untrained.py"
+    untrained.write_text(UNTRAINED)
+    ok = cli.invoke(app, ["train", "--profile", "smoke", "--asset", str(untrained), "--out", str(tmp_path / "ok")])
     assert ok.exit_code == 0, ok.output
     assert "val_bpb:          scored in a separate process" in ok.output  # train.py's own summary, streamed
     assert "scored outside the sandbox" in said(ok)
