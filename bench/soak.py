@@ -94,9 +94,11 @@ def snapshot(workdir: Path) -> Path:
 
 
 def tick_cost(snap: Path, ticks: int = 30) -> dict[str, Any]:
-    """The idle tick's cost on a snapshot (see bench/tick_cost.py); the snapshot is removed."""
+    """The idle tick's cost on a snapshot, measured as bench/tick_cost.py does (its time_ticks); the
+    snapshot is removed."""
     from fakes import FakeRunner  # the tests' runner: submitted runs never end
 
+    from bench.tick_cost import time_ticks
     from bot.agent.scripted import ScriptedAgent
     from bot.conductor import Conductor, ConductorConfig
     from bot.forge.local import LocalForge
@@ -112,20 +114,7 @@ def tick_cost(snap: Path, ticks: int = 30) -> dict[str, Any]:
         loop.start()
         for _ in range(10):  # settle: runs of the killed bot are found lost and queued again on the fake
             loop.tick()
-        statements = 0
-
-        def count(_: str) -> None:
-            nonlocal statements
-            statements += 1
-
-        store.db.set_trace_callback(count)
-        walls, cpus = [], []
-        for _ in range(ticks):
-            wall, cpu = time.perf_counter(), time.process_time()
-            loop.tick()
-            walls.append(time.perf_counter() - wall)
-            cpus.append(time.process_time() - cpu)
-        store.db.set_trace_callback(None)
+        walls, cpus, statements = time_ticks(loop, store, ticks)
         return {"tick_experiments": n, "tick_wall_ms_median": round(1000 * statistics.median(walls), 2),
                 "tick_cpu_ms_median": round(1000 * statistics.median(cpus), 2),
                 "tick_sql_per_tick": statements / ticks}

@@ -83,6 +83,25 @@ def populate(store: Store, main_sha: str, n: int) -> None:
         store.update_experiment(exp.id, state=State.DONE, event="discard: worse")
 
 
+def time_ticks(loop: Conductor, store: Store, ticks: int) -> tuple[list[float], list[float], int]:
+    """Wall and CPU seconds of each of `ticks` ticks, and the SQL statements they ran in all."""
+    statements = 0
+
+    def count(_: str) -> None:
+        nonlocal statements
+        statements += 1
+
+    store.db.set_trace_callback(count)
+    walls, cpus = [], []
+    for _ in range(ticks):
+        wall, cpu = time.perf_counter(), time.process_time()
+        loop.tick()
+        walls.append(time.perf_counter() - wall)
+        cpus.append(time.process_time() - cpu)
+    store.db.set_trace_callback(None)
+    return walls, cpus, statements
+
+
 def measure(n: int, ticks: int) -> dict[str, float | int]:
     work = Path(tempfile.mkdtemp(prefix=f"tick-{n}-"))
     forge = init_research_repo(work / "repo", {"train.py": MAIN, "program.md": PROGRAM})
@@ -105,22 +124,9 @@ def measure(n: int, ticks: int) -> dict[str, float | int]:
     for _ in range(5):
         loop.tick()  # warm caches (main, its values) as a long-running conductor has them
 
-    statements = 0
-
-    def count(_: str) -> None:
-        nonlocal statements
-        statements += 1
-
     forge_calls = CountingForge(loop.forge)
     loop.forge = forge_calls  # type: ignore[assignment]
-    store.db.set_trace_callback(count)
-    walls, cpus = [], []
-    for _ in range(ticks):
-        wall, cpu = time.perf_counter(), time.process_time()
-        loop.tick()
-        walls.append(time.perf_counter() - wall)
-        cpus.append(time.process_time() - cpu)
-    store.db.set_trace_callback(None)
+    walls, cpus, statements = time_ticks(loop, store, ticks)
     assert store.count_runs(RunState.RUNNING) == 1
     store.close()
     return {"experiments": n, "wall_ms_median": 1000 * statistics.median(walls),

@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import copy
 import hashlib
 import hmac
 import json
@@ -62,7 +61,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[0] = str(ROOT)  # the project first: tests/bot (a directory, no package) must not shadow bot/
 sys.path.append(str(ROOT / "tests"))
 
-EXAMPLE = ROOT / "tests" / "bot" / "github" / "webhook_examples" / "issue_comment.json"
+from bench.webhook_latency import template  # noqa: E402 - the delivery payload both benches send
+
 SECRET = "bench-webhook-secret"
 TEXT = "load comment"  # every comment's text starts so; the feedback check finds them by it
 
@@ -316,19 +316,6 @@ def conductor_counts(store: Path) -> dict[str, int]:
 
 
 # --- deliveries ------------------------------------------------------------------------------------
-
-def template() -> dict:
-    """The first `issue_comment.created` example, moved onto a pull request, by a MEMBER."""
-    example = next(p for p in json.loads(EXAMPLE.read_text()) if p["action"] == "created")
-    payload = copy.deepcopy(example)
-    issue = payload["issue"]
-    api = issue["url"].replace("/issues/", "/pulls/")
-    html = issue["html_url"].replace("/issues/", "/pull/")
-    issue["pull_request"] = {"url": api, "html_url": html, "diff_url": html + ".diff",
-                             "patch_url": html + ".patch", "merged_at": None}
-    payload["comment"]["author_association"] = "MEMBER"
-    return payload
-
 
 class Delivery:
     """One signed request, its bytes built before the clock starts."""
