@@ -6,7 +6,7 @@ scripted agent: N experiments, a third kept, a third discarded, a third crashed.
 the bot makes is recorded by the stand-in. The counts depend on the code, not on speed, except
 two that follow the clock: main's head is read once per tick (GET git/ref, so about one a
 tick: the driver ticks on every event and every 30 s when idle; here every 0.1 s), and a run in
-progress updates its check at most once per 30 s (none here: the fake runs finish at once). The
+progress updates its check at most once per 120 s (none here: the fake runs finish at once). The
 service runs in poll mode (no webhook server needed), so the poller's reads are counted too.
 
     .venv/bin/python bench/github_api.py [--experiments 6] [--token] [--run-minutes 5]
@@ -19,8 +19,10 @@ the primary limit (5,000 requests an hour for a token; an App installation 5,000
 repositories and users to 12,500, and 15,000 on GitHub Enterprise Cloud). 304 answers cost nothing
 against the primary limit and are counted apart. Calls that follow the clock rather than the
 experiments are counted per hour apart: main's head read each idle tick (a 304 while main stands
-still), the poller's reads in poll mode, and, with an App, one check update per 30 s while a
-candidate run trains (--run-minutes long; the fake runs here finish at once, so none are measured).
+still), the poller's reads in poll mode, and the updates while a candidate run trains (--run-minutes
+long; the fake runs here finish at once, so none are measured): with an App the check goes in
+progress and is updated every PROGRESS_EVERY_S (120 s), with a token one more commit status
+("training") is posted.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import math
 import os
 import re
 import sys
@@ -46,6 +49,7 @@ from github_standin import GitHubStandIn  # noqa: E402
 
 from bot.agent.scripted import ScriptedAgent  # noqa: E402
 from bot.config import load_service_settings  # noqa: E402
+from bot.github.publisher import PROGRESS_EVERY_S  # noqa: E402
 from bot.records import Proposal  # noqa: E402
 from bot.serve import Parts, Service  # noqa: E402
 from bot.store import Store  # noqa: E402
@@ -122,7 +126,6 @@ def run(n: int, token: bool) -> dict:
 SECONDARY_PER_HOUR, SECONDARY_PER_MINUTE = 500, 80
 PRIMARY = {"token, or an App's minimum": 5000, "App, most (repositories/users)": 12500,
            "App on Enterprise Cloud": 15000}
-PROGRESS_EVERY_S = 30.0  # GitHubPublisher.progress_every_s
 
 
 def sustainable(report: dict, run_minutes: float) -> list[str]:
@@ -131,9 +134,12 @@ def sustainable(report: dict, run_minutes: float) -> list[str]:
     n = report["experiments"]
     billable = (report["requests"] - report["not_modified"]) / n
     creating = report["creating"] / n
-    progress = 0.0 if report["auth"] == "token" else max(0.0, run_minutes * 60 / PROGRESS_EVERY_S - 1)
+    # while it trains: the check's move to in_progress, then one update per PROGRESS_EVERY_S (at 0, 120, 240 s
+    # of a 5-minute run: 3); a token's commit status says "training" once
+    progress = 1.0 if report["auth"] == "token" else float(math.ceil(run_minutes * 60 / PROGRESS_EVERY_S))
     lines = [(f"per experiment: {billable:.2f} requests that count (304s apart), {creating:.2f} content-creating; "
-              f"plus {progress:.0f} check updates while a {run_minutes:g}-minute candidate run trains (content-creating)")]
+              f"plus {progress:.0f} {'status' if report['auth'] == 'token' else 'check'} updates while a "
+              f"{run_minutes:g}-minute candidate run trains (content-creating)")]
     for extra, what in ((0.0, "as measured"), (progress, f"with {run_minutes:g}-minute runs")):
         if what != "as measured" and not progress:
             continue

@@ -17,7 +17,9 @@ whether GitHub may already have acted on it:
 - The connection never opened: nothing was sent, so any method is retried (urllib3's connect errors).
 - A 5xx answer, a timeout or a dropped connection after the request went out: GitHub may have done
   the work and failed only to say so. GET, HEAD, PUT, PATCH and DELETE leave the same state however
-  often they are applied, so they are retried with exponential backoff. A POST creates something
+  often they are applied, so they are retried with exponential backoff (the one PUT the bot sends,
+  a file's contents with the blob sha it replaces, cannot apply twice: GitHub answers a repeat 409,
+  which bot.github.forge resolves by reading the branch). A POST creates something
   each time it is applied: a 502 from "create a check run" or "create a comment" can come after the
   check run or the comment exists, and sending it again would create a second one. So a POST is not
   retried on these; the GithubException reaches the caller, which looks for its content by marker or

@@ -1,20 +1,25 @@
-"""The GitHub forge: experiment branches through the Git Data API, main moved by a fast-forward.
+"""The GitHub forge: experiment branches through the REST API, main moved by a fast-forward.
 
-Commits are built on GitHub itself (a tree on the base commit's tree with train.py's new text
-inline, a commit, a ref), so no token ever reaches a git remote URL, `.git/config` or a log line.
-Keeping a change fast-forwards main to the very commit that was measured with a non-forced ref
-update: GitHub refuses it (422) when main has moved, which is the compare-and-swap the conductor
-needs, and it marks the experiment's pull request merged. Pull requests, check runs, labels and
-comments are the publisher's (bot.github.publisher); this module is the git side only.
+Commits are made on GitHub itself, so no token ever reaches a git remote URL, `.git/config` or a
+log line. A new experiment branch costs two writes: its ref created at the base commit, then one
+PUT of train.py on it (the contents API makes the commit, with the given message, by the caller).
+A rebase (or a change of more than one file) builds the commit with the Git Data API instead
+(a tree on the base commit's tree, a commit, one ref update): a branch whose pull request is open
+must never point at main's commit, even for a moment, or GitHub would mark that pull request
+merged. Keeping a change fast-forwards main to the very commit that was measured with a
+non-forced ref update: GitHub refuses it (422) when main has moved, which is the compare-and-swap
+the conductor needs, and it marks the experiment's pull request merged. Pull requests, check runs,
+labels and comments are the publisher's (bot.github.publisher); this module is the git side only.
 
 Every mutating call is safe to repeat: a branch that already is the wanted commit is left alone,
-a ref that a lost answer already created is found, a main already at the measured commit is a
-merge that happened.
+a ref that a lost answer already created is found, a branch left at its base (its PUT never made,
+or made and its answer lost: then GitHub refuses a second one, 409, and the branch is read again)
+gets its commit, a main already at the measured commit is a merge that happened.
 
-Commits never change, so what the forge learns of one (its tree and parents, from a read or from
-creating it) is kept for the life of the process: a branch on a main that an earlier branch was
-built on, or on a kept commit the bot made, needs no read of its base, and a merge no read of the
-measured commit. Refs are moved with one PATCH, never a read first.
+Commits never change, so what the forge learns of one (its tree and parents, a file's text and
+blob sha, from a read or from creating it) is kept for the life of the process: a branch on a main
+that an earlier branch was built on, or on a kept commit the bot made, needs no read of its base,
+and a merge no read of the measured commit. Refs are moved with one PATCH, never a read first.
 
 A new branch needs no read of its own either: the first branch made under a prefix
 (`autoresearch/`) lists the prefix's branches once, and a branch absent from that list that this
@@ -25,6 +30,7 @@ which is what keeps a retry from making a second commit.
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 from collections.abc import Callable
@@ -57,6 +63,7 @@ class GitHubForge:
         self.main_branch = main_branch
         self.pace_write = pace_write  # called before each request that creates content
         self._files: dict[tuple[str, str], str | None] = {}  # (commit sha, path) -> text; commits never change
+        self._blobs: dict[tuple[str, str], str] = {}  # (commit sha, path) -> the file's blob sha
         self._commits: dict[str, tuple[str, list[str], str]] = {}  # commit sha -> (tree sha, parent shas, message)
         self._listed: dict[str, set[str]] = {}  # prefix -> its branches when first listed (this process)
         self._tried: set[str] = set()  # branches this process tried to create or move
@@ -93,6 +100,8 @@ class GitHubForge:
                 if isinstance(content, list) or content.type != "file":
                     raise FileNotFoundError(f"{path} is not a file at {ref}")
                 text = content.decoded_content.decode("utf-8")
+                if _is_sha(ref):
+                    self._blobs[key] = content.sha
             if not _is_sha(ref):
                 if text is None:
                     raise FileNotFoundError(f"{path} does not exist at {ref}")
@@ -176,12 +185,71 @@ class GitHubForge:
     def create_branch(self, branch: str, base_sha: str, files: dict[str, str], message: str) -> str:
         self._guard_branch(branch)
         head = None if self._surely_absent(branch) else self.branch_head(branch)
-        if head is not None and self._is_commit_of(head, base_sha, files):
+        one_file = len(files) == 1
+        if head is None and one_file:
+            head = self._create_ref(branch, base_sha)
+        if head not in (None, base_sha) and self._is_commit_of(head, base_sha, files):
             return head
-        sha, _ = self._commit_on(base_sha, files, message)
-        self._point(branch, sha, head)
+        sha = self._put_file(branch, base_sha, files, message) if head == base_sha and one_file else None
+        if sha is None:  # more than one file, or the branch is elsewhere (an older attempt on an older main)
+            sha, _ = self._commit_on(base_sha, files, message)
+            self._point(branch, sha, head)
         log.info("pushed %s at %s", branch, sha[:7])
         return sha
+
+    def _create_ref(self, branch: str, sha: str) -> str | None:
+        """Create `branch` at `sha`; where it is when it existed already (an earlier attempt's answer
+        was lost: 422), None if it is gone again."""
+        self._tried.add(branch)
+        self.pace_write()
+        try:
+            self._api("POST", "/git/refs", {"ref": f"refs/heads/{branch}", "sha": sha})
+        except GithubException as error:
+            if error.status != 422:
+                raise
+            return self.branch_head(branch)
+        return sha
+
+    def _put_file(self, branch: str, base_sha: str, files: dict[str, str], message: str) -> str | None:
+        """The branch's one commit, made by PUT contents on the branch standing at its base: the
+        file's blob sha at the base is the compare-and-swap (GitHub answers 409 once the file on the
+        branch is another). After a 409 the branch is read again: a commit of this very change (the
+        answer to an earlier PUT was lost, and the client sent it again) is the result; None when it
+        is something else."""
+        [(path, text)] = files.items()
+        fields = {"message": message, "content": base64.b64encode(text.encode("utf-8")).decode("ascii"),
+                  "branch": branch}
+        blob = self._blob(base_sha, path)
+        if blob is not None:
+            fields["sha"] = blob
+        self.pace_write()
+        try:
+            answer = self._api("PUT", f"/contents/{quote(path)}", fields)
+        except GithubException as error:
+            if error.status not in (409, 422):  # 422: a new file's repeat ("sha" wasn't supplied)
+                raise
+            head = self.branch_head(branch)
+            if head is not None and head != base_sha and self._is_commit_of(head, base_sha, files):
+                return head
+            if error.status == 422:
+                raise
+            return None
+        commit = answer["commit"]
+        sha = commit["sha"]
+        self._commits[sha] = (commit["tree"]["sha"], [p["sha"] for p in commit["parents"]], commit["message"])
+        self._files[(sha, path)] = text
+        self._blobs[(sha, path)] = answer["content"]["sha"]
+        return sha
+
+    def _blob(self, sha: str, path: str) -> str | None:
+        """The blob sha of `path` at commit `sha` (None: no such file), from the read that the
+        conductor's own reading of the base already made, else one read now."""
+        if (sha, path) not in self._blobs:
+            try:
+                self.read_file(sha, path)
+            except FileNotFoundError:
+                return None
+        return self._blobs.get((sha, path))
 
     def _is_commit_of(self, head: str, base_sha: str, files: dict[str, str]) -> bool:
         if self._commit(head)[1] != [base_sha]:
@@ -244,6 +312,7 @@ class GitHubForge:
         for pull in self.repo.get_pulls(state="all", head=f"{owner}:{branch}"):
             if pull.state == "closed":
                 for label in pull.labels:
+                    # "autoresearch: running": put on pull requests by older versions of the bot
                     if label.name.startswith("autoresearch: ") and label.name != "autoresearch: running":
                         return label.name.removeprefix("autoresearch: ")
                 return "closed"

@@ -1,5 +1,5 @@
-"""What people see of each experiment on GitHub: its pull request, its `val_bpb` check, its label,
-the comment that explains its decision, and the answers to their commands.
+"""What people see of each experiment on GitHub: its pull request, its `val_bpb` check, its verdict
+label, the comment that explains its decision, and the answers to their commands.
 
 The publisher is level-triggered: each tick it compares what the store says an experiment is
 with what it has already shown (the store's `published` rows) and makes up the difference, one
@@ -9,13 +9,22 @@ each create it notes the attempt in the store (`attempt:<key>`), and only a crea
 and no result (an answer lost to a crash, a 502, a timeout) looks first for what it may have made:
 a pull request by its head branch, a check run by its `external_id`, a comment by the hidden marker
 in its text (bot.github.render). A create never tried before goes straight to GitHub. A run in
-progress updates its check at most once every `progress_every_s` seconds.
+progress updates its check at most once every `progress_every_s` seconds (PROGRESS_EVERY_S).
 
 Calls per experiment (the budget is GitHub's secondary limit on content-creating requests, see
 bench/github_api.py): writes go to the numbers and ids the store keeps, never through a read of
-the object first; the running label is one POST; the verdict label and the close of the pull
-request are one PATCH of its issue, after one GET for the labels people added (kept); a check
-run created in its final state is not updated again.
+the object first; the verdict label and the close of the pull request are one PATCH of its issue,
+after one GET for the labels people added (kept); a check run created in its final state is not
+updated again. An experiment in flight has no label: its check run (or, with a token, its pending
+commit status, "queued" then "training") already shows it on the pull request and in the list of
+pull requests (`is:pr status:pending` finds them), so a label saying the same would cost one more
+write per experiment. A reopened experiment loses its old verdict label when it is measured again.
+
+Progress: while a run trains its check is updated at most every PROGRESS_EVERY_S (120 s). It is
+the one cost that grows with GPU time rather than with experiments: 3600 / interval writes an hour
+for each run in progress, 30 at 120 s, so 8 GPUs training at once spend 240 of the 500
+content-creating requests GitHub allows an hour (480 at 60 s, the whole budget). A 5-minute run
+still shows its start and two updates, and the dashboard shows progress live at no API cost.
 
 With a personal access token GitHub refuses check runs; the publisher then sets a commit status
 with the same context instead (its description holds at most 140 characters).
@@ -43,6 +52,7 @@ __all__ = ["GitHubPublisher", "CHECK_NAME"]
 log = logging.getLogger(__name__)
 
 CHECK_NAME = "autoresearch / val_bpb"
+PROGRESS_EVERY_S = 120.0  # the check's progress updates while a run trains (see the module docstring)
 ACTIONS = [
     {"label": "Re-run", "description": "Measure it once more", "identifier": "rerun"},
     {"label": "Keep anyway", "description": "Merge it once measured on main", "identifier": "keep"},
@@ -55,7 +65,7 @@ STATUS_STATE = {"queued": "pending", "in_progress": "pending", "keep": "success"
 class GitHubPublisher(Publisher):
     def __init__(self, store: Store, repo: Repository, *, read_file: Callable[[str, str], str], uses_app: bool,
                  main_branch: str = "main", pace_write: Callable[[], None] = lambda: None,
-                 progress_every_s: float = 30.0, clock: Callable[[], float] = time.time) -> None:
+                 progress_every_s: float = PROGRESS_EVERY_S, clock: Callable[[], float] = time.time) -> None:
         self.store = store
         self.repo = repo
         self.read_file = read_file
@@ -110,7 +120,7 @@ class GitHubPublisher(Publisher):
             published = self.store.published(exp.id)
         number = self._pull_request(exp, published, snapshot)
         if exp.state != State.DONE:
-            self._label_running(exp, number, published)
+            self._drop_old_label(exp, number, published)
         self._check(exp, published, phase, progress, snapshot)
         if exp.state == State.DONE:
             self._decision(exp, number, published, snapshot)
@@ -180,23 +190,20 @@ class GitHubPublisher(Publisher):
         except FileNotFoundError:
             return ""
 
-    def _label_running(self, exp: Experiment, number: int, published: dict[str, str]) -> None:
-        """One POST adding the running label (adding a label twice changes nothing); a reopened
-        experiment first loses the verdict label it had."""
-        wanted = render.LABELS["running"]
-        if published.get("label") == wanted.name:
+    def _drop_old_label(self, exp: Experiment, number: int, published: dict[str, str]) -> None:
+        """An experiment measured again (reopened, /rerun) loses the verdict label it had (one
+        DELETE; 404: a person removed it already). So does an experiment that an older version of
+        the bot labelled `autoresearch: running`. A new experiment has none: nothing is sent."""
+        if not published.get("label"):
             return
-        self._ensure_label(wanted)
-        if published.get("label"):
-            self.pace_write()
-            try:
-                self._api("DELETE", f"/issues/{number}/labels/{quote(published['label'], safe='')}")
-            except GithubException as error:
-                if error.status != 404:
-                    raise
         self.pace_write()
-        self._api("POST", f"/issues/{number}/labels", input={"labels": [wanted.name]})
-        self.store.set_published(exp.id, "label", wanted.name)
+        try:
+            self._api("DELETE", f"/issues/{number}/labels/{quote(published['label'], safe='')}")
+        except GithubException as error:
+            if error.status != 404:
+                raise
+        self.store.set_published(exp.id, "label", "")
+        published["label"] = ""
 
     def _label_and_close(self, exp: Experiment, number: int, published: dict[str, str]) -> None:
         """The verdict: one GET of the issue (its labels, its state), then one PATCH setting the labels

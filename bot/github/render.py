@@ -174,8 +174,8 @@ class Label:
     description: str  # at most 100 characters
 
 
+# The verdicts. An experiment in flight carries none: its check run (or commit status) shows it.
 LABELS: dict[str, Label] = {
-    "running": Label("autoresearch: running", "fbca04", "Being measured: training runs are queued or running"),
     "keep": Label("autoresearch: kept", "0e8a16", "Beat main by more than the noise margin and was merged"),
     "discard": Label("autoresearch: discarded", "cfd3d7", "Not a measurable gain over main; kept as a record"),
     "crash": Label("autoresearch: crashed", "d73a4a", "Its training run crashed; the traceback goes to the agent"),

@@ -1,6 +1,7 @@
 """REST routes over the git data itself: refs, commits, trees and blobs (the Git Data API), file
-contents, commits with their diffs, and comparisons. All of it reads or writes the bare
-repository; ref moves go through the state so pull requests and push webhooks follow."""
+contents (read, and written one file a commit), commits with their diffs, and comparisons. All of
+it reads or writes the bare repository; ref moves go through the state so pull requests and push
+webhooks follow."""
 
 from __future__ import annotations
 
@@ -131,6 +132,24 @@ def router(st: State) -> APIRouter:
         items = [G.content(st, ref, f"{entry.path}/{e.path}".strip("/"), "file" if e.type == "blob" else "dir",
                            e.sha, e.size) for e in repo.tree(entry.sha)]
         return reply(items)
+
+    @r.put("/repos/{owner}/{repo}/contents/{path:path}")
+    def put_contents(path: str, request: Request) -> Response:
+        """One commit writing one file on a branch (the default one unless `branch` is given),
+        authored and committed by the caller unless the body names people."""
+        data, login, now = body(request), who(request).login, st.clock()
+        try:
+            raw = base64.b64decode("".join(data["content"].split()), validate=True)  # line breaks allowed
+        except binascii.Error:
+            raise unprocessable("content is not valid Base64") from None
+        committer = _person(data.get("committer"), login, now)
+        author = _person(data["author"], login, now) if data.get("author") else committer
+        branch = data.get("branch") or st.default_branch
+        path = path.strip("/")
+        commit, blob, created = st.put_file(branch, path, raw, data.get("sha"), data["message"], author, committer,
+                                            login)
+        entry = G.content(st, branch, path, "file", blob, len(raw))
+        return reply({"content": entry, "commit": G.git_commit(st, repo.read_commit(commit))}, 201 if created else 200)
 
     @r.get("/repos/{owner}/{repo}/commits/{ref:path}")
     def get_repo_commit(ref: str) -> Response:

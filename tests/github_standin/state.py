@@ -148,6 +148,34 @@ class State:
             self.repo.delete_ref(ref, old)
             self._refs_changed([(ref, old, ZERO)], actor)
 
+    def put_file(self, branch: str, path: str, data: bytes, sha: str | None, message: str, author: Person,
+                 committer: Person, actor: str) -> tuple[str, str, bool]:
+        """PUT contents: one commit on `branch` writing `path`, the branch moved to it; (commit sha,
+        blob sha, created). GitHub's order, as measured: a missing branch is 404 before anything
+        else; an existing file needs `sha`, its current blob (absent: 422, another: 409); for a new
+        file `sha` is ignored. The mode of an existing file is kept."""
+        with self.lock:
+            ref = f"refs/heads/{branch}"
+            refs = self.repo.refs()
+            head = refs.get(ref)
+            if head is None and (refs or branch != self.default_branch):
+                raise ApiError(404, f"Branch {branch} not found")
+            entry = self.repo.entry(head, path) if head else None
+            if entry is not None and entry.type != "blob":
+                raise unprocessable(f"{path} is a directory")  # GitHub: no file at a directory's path
+            if entry is not None and not sha:
+                raise ApiError(422, 'Invalid request.\n\n"sha" wasn\'t supplied.')
+            if entry is not None and sha != entry.sha:
+                raise ApiError(409, f"{path} does not match {sha}")
+            blob = self.repo.write_blob(data)
+            base_tree = self.repo.read_commit(head).tree if head else None
+            tree = self.repo.write_tree(base_tree, [{"path": path, "mode": entry.mode if entry else "100644",
+                                                     "type": "blob", "sha": blob}])
+            commit = self.repo.commit(tree, [head] if head else [], message, author, committer)
+            self.repo.set_ref(ref, commit, head or ZERO)  # compare-and-swap: under the lock, nobody moved it
+            self._refs_changed([(ref, head or ZERO, commit)], actor)
+            return commit, blob, entry is None
+
     def _require_target(self, ref: str, sha: str) -> None:
         kind = self.repo.object_type(sha) if len(sha) == 40 else None
         if kind is None:

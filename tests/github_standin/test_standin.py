@@ -167,6 +167,41 @@ def test_git_data_round_trip_and_a_non_fast_forward_update_is_refused(gh: GitHub
     assert absent.value.status == 404
 
 
+def test_put_contents_commits_one_file_on_a_branch_and_refuses_a_stale_sha(gh: GitHubStandIn,
+                                                                           receiver: Receiver) -> None:
+    main = gh.ref("heads/main")
+    made = raw(gh, "POST", f"/repos/{REPO}/git/refs", json={"ref": "refs/heads/exp-put", "sha": main})
+    assert made.status_code == 201
+    current = raw(gh, "GET", f"/repos/{REPO}/contents/train.py", params={"ref": "exp-put"}).json()["sha"]
+    text = "lr = 0.02\r\nnote = 'ünïcode'\n".encode()
+
+    def put(path: str, **fields: Any) -> httpx.Response:
+        data = {"message": "raise lr\n\nwhy", "content": base64.b64encode(text).decode(), "branch": "exp-put", **fields}
+        return raw(gh, "PUT", f"/repos/{REPO}/contents/{path}", json=data)
+
+    missing = put("train.py")
+    assert missing.status_code == 422 and missing.json()["message"] == 'Invalid request.\n\n"sha" wasn\'t supplied.'
+    stale = put("train.py", sha="f" * 40)
+    assert stale.status_code == 409 and stale.json()["message"] == f"train.py does not match {'f' * 40}"
+    assert put("train.py", sha=current, branch="no-such-branch").status_code == 404
+    assert gh.ref("heads/exp-put") == main  # refused: nothing moved
+
+    done = put("train.py", sha=current)
+    assert done.status_code == 200
+    commit, content = done.json()["commit"], done.json()["content"]
+    assert gh.ref("heads/exp-put") == commit["sha"] and [p["sha"] for p in commit["parents"]] == [main]
+    assert commit["message"] == "raise lr\n\nwhy" and commit["author"]["name"] == "autoresearch-bot[bot]"
+    assert commit["committer"] == commit["author"]
+    assert gh.state.repo.read_blob(content["sha"]) == text and content["path"] == "train.py"
+    assert gh.read(commit["sha"], "program.md") == FILES["program.md"]
+    assert put("train.py", sha=current).status_code == 409  # the same PUT again: its sha is stale now
+    added = put("notes/new.md", sha="ignored for a new file")
+    assert added.status_code == 201 and gh.read("exp-put", "notes/new.md") == text.decode()
+    gh.wait_deliveries()
+    assert [p["after"] for p in receiver.events("push") if p["ref"] == "refs/heads/exp-put"][1:] == [
+        commit["sha"], added.json()["commit"]["sha"]]
+
+
 def test_fast_forwarding_main_merges_the_pull_request_and_says_so(gh: GitHubStandIn, receiver: Receiver) -> None:
     repo = client(gh).get_repo(REPO)
     head = branch_with(repo, "exp-3", "train.py", "lr = 0.03\n")

@@ -1,6 +1,7 @@
-"""The GitHub forge against the stand-in: branches built through the Git Data API, idempotent on
-retry, rebased by a 3-way merge of train.py, and main moved only by a fast-forward that GitHub
-refuses when main has moved."""
+"""The GitHub forge against the stand-in: a branch made with two writes (its ref at the base, then
+PUT contents), idempotent on retry and after a crash between or during them, rebased by a 3-way
+merge of train.py (Git Data API), and main moved only by a fast-forward that GitHub refuses when
+main has moved."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from github_standin import GitHubStandIn
 
 from bot.forge import MainMoved, MergeConflict
+from bot.github.client import GitHubRetry
 from bot.github.forge import GitHubForge
 
 TRAIN = "".join(f"line {i}\n" for i in range(20))
@@ -27,11 +29,24 @@ def standin(tmp_path: Path) -> Iterator[GitHubStandIn]:
         assert gh.violations == []
 
 
-@pytest.fixture
-def forge(standin: GitHubStandIn) -> GitHubForge:
-    gh = github.Github(auth=github.Auth.Token("tok-bot"), base_url=standin.api_url, retry=None,
+def new_forge(standin: GitHubStandIn, retry: GitHubRetry | None = None) -> GitHubForge:
+    """A forge as a freshly started process has it: nothing learnt yet."""
+    gh = github.Github(auth=github.Auth.Token("tok-bot"), base_url=standin.api_url, retry=retry,
                        seconds_between_requests=None, seconds_between_writes=None)
     return GitHubForge(gh.get_repo("octo-org/research"))
+
+
+@pytest.fixture
+def forge(standin: GitHubStandIn) -> GitHubForge:
+    return new_forge(standin)
+
+
+def writes(standin: GitHubStandIn, since: int = 0) -> list[str]:
+    return [r.operation for r in standin.requests[since:] if r.method != "GET"]
+
+
+def commits_on(standin: GitHubStandIn, branch: str, main: str) -> list[str]:
+    return standin.state.repo.rev_list(f"{main}..refs/heads/{branch}")
 
 
 def changed(line: int, text: str) -> str:
@@ -46,11 +61,28 @@ def test_a_branch_is_one_commit_on_its_base_and_a_retry_changes_nothing(forge: G
     head = forge.create_branch(BRANCH, main, {"train.py": changed(3, "wider")}, "wider\n\nhypothesis")
     assert forge.read_file(head, "train.py") == changed(3, "wider")
     assert forge.read_file(head, "program.md") == "# Program\n"
-    commits = len(standin.calls("POST", r"/git/commits$"))
+    assert writes(standin) == ["git/create-ref", "repos/create-or-update-file-contents"]
+    before = len(standin.requests)
     assert forge.create_branch(BRANCH, main, {"train.py": changed(3, "wider")}, "wider\n\nhypothesis") == head
-    assert len(standin.calls("POST", r"/git/commits$")) == commits
+    assert new_forge(standin).create_branch(BRANCH, main, {"train.py": changed(3, "wider")}, "wider") == head
+    assert writes(standin, before) == []
     assert forge.branch_head(BRANCH) == head and forge.list_branches() == [BRANCH]
-    assert forge.main_sha() == main
+    assert commits_on(standin, BRANCH, main) == [head] and forge.main_sha() == main
+
+
+def test_the_commit_carries_the_message_and_author_and_the_asset_byte_for_byte(forge: GitHubForge,
+                                                                               standin: GitHubStandIn) -> None:
+    main = forge.main_sha()
+    asset = changed(3, "λ = 0.5  # ünïcode, a tab\there, CRLF next\r") + "no newline at the end"
+    message = "wider λ\n\nwhy it should help\n\nautoresearch-experiment: 1"
+    head = forge.create_branch(BRANCH, main, {"train.py": asset}, message)
+    commit = standin.state.repo.read_commit(head)
+    assert commit.message == message and commit.parents == [main]
+    assert commit.author.name == commit.committer.name == "autoresearch-bot[bot]"  # the caller, as with git/commits
+    entry = standin.state.repo.entry(head, "train.py")
+    assert standin.state.repo.read_blob(entry.sha) == asset.encode("utf-8") and entry.mode == "100644"
+    [change] = standin.state.repo.changes(main, head)
+    assert change.filename == "train.py"  # program.md untouched
 
 
 def test_a_lost_answer_to_the_ref_creation_does_not_fail_the_retry(forge: GitHubForge,
@@ -60,7 +92,51 @@ def test_a_lost_answer_to_the_ref_creation_does_not_fail_the_retry(forge: GitHub
     with pytest.raises(github.GithubException):
         forge.create_branch(BRANCH, main, {"train.py": changed(3, "x")}, "x")
     head = forge.create_branch(BRANCH, main, {"train.py": changed(3, "x")}, "x")
-    assert standin.ref(f"heads/{BRANCH}") == head
+    assert standin.ref(f"heads/{BRANCH}") == head and commits_on(standin, BRANCH, main) == [head]
+
+
+def test_a_crash_between_the_ref_and_the_put_is_finished_by_the_next_process(forge: GitHubForge,
+                                                                              standin: GitHubStandIn) -> None:
+    main = forge.main_sha()
+    standin.inject("PUT", r"/contents/train\.py$", "502")  # the PUT never lands (the process died before it)
+    with pytest.raises(github.GithubException):
+        forge.create_branch(BRANCH, main, {"train.py": changed(3, "x")}, "x")
+    assert standin.ref(f"heads/{BRANCH}") == main  # the branch stands at its base
+    before = len(standin.requests)
+    head = new_forge(standin).create_branch(BRANCH, main, {"train.py": changed(3, "x")}, "x")
+    assert writes(standin, before) == ["repos/create-or-update-file-contents"]
+    assert commits_on(standin, BRANCH, main) == [head] and standin.read(head, "train.py") == changed(3, "x")
+
+
+def test_a_put_whose_answer_was_lost_is_not_made_twice(forge: GitHubForge, standin: GitHubStandIn) -> None:
+    main = forge.main_sha()
+    standin.inject("PUT", r"/contents/train\.py$", "502", apply_first=True)
+    with pytest.raises(github.GithubException):
+        forge.create_branch(BRANCH, main, {"train.py": changed(3, "x")}, "x")
+    [made] = commits_on(standin, BRANCH, main)
+    before = len(standin.requests)
+    assert forge.create_branch(BRANCH, main, {"train.py": changed(3, "x")}, "x") == made
+    assert new_forge(standin).create_branch(BRANCH, main, {"train.py": changed(3, "x")}, "x") == made
+    assert writes(standin, before) == [] and commits_on(standin, BRANCH, main) == [made]
+
+
+def test_a_put_repeated_by_the_client_after_a_lost_answer_resolves_its_409(standin: GitHubStandIn) -> None:
+    forge = new_forge(standin, GitHubRetry(total=2, backoff_factor=0, sleep=lambda s: None))
+    main = forge.main_sha()
+    standin.inject("PUT", r"/contents/train\.py$", "502", apply_first=True)
+    head = forge.create_branch(BRANCH, main, {"train.py": changed(3, "x")}, "x")
+    statuses = [r.status for r in standin.calls("PUT", r"/contents/train\.py$")]
+    assert statuses == [502, 409]  # the write landed; the client's repeat was refused, not applied
+    assert commits_on(standin, BRANCH, main) == [head] and standin.read(head, "train.py") == changed(3, "x")
+
+
+def test_a_branch_left_on_an_older_main_is_rebuilt_on_the_new_base(forge: GitHubForge,
+                                                                   standin: GitHubStandIn) -> None:
+    old_main = forge.main_sha()
+    forge.create_branch(BRANCH, old_main, {"train.py": changed(3, "x")}, "x")
+    new_main = standin.push_file("program.md", "# edited\n", user="alice", message="edit")
+    head = new_forge(standin).create_branch(BRANCH, new_main, {"train.py": changed(3, "x")}, "x")
+    assert commits_on(standin, BRANCH, new_main) == [head] and standin.ref(f"heads/{BRANCH}") == head
 
 
 def test_merging_fast_forwards_main_to_the_measured_commit(forge: GitHubForge, standin: GitHubStandIn) -> None:
@@ -118,6 +194,10 @@ def test_new_branches_cost_one_listing_and_no_read_of_their_own(forge: GitHubFor
     first = forge.create_branch("autoresearch/1-a", main, {"train.py": changed(1, "a")}, "a")
     forge.create_branch("autoresearch/2-b", main, {"train.py": changed(2, "b")}, "b")
     reads = [r.operation for r in standin.requests[before:] if r.method == "GET"]
-    assert reads == ["git/list-matching-refs", "git/get-commit"]  # the prefix once, main's tree once
+    assert reads == ["git/list-matching-refs", "repos/get-content"]  # the prefix once, main's train.py once
+    assert writes(standin, before) == ["git/create-ref", "repos/create-or-update-file-contents"] * 2
+    forge.read_file(main, "program.md")
     assert forge.merge("autoresearch/1-a", main, "kept") == first  # its parents known: no read of the commit
-    assert [r.operation for r in standin.requests[before:] if r.method == "GET"].count("git/get-commit") == 1
+    assert forge.read_file(first, "train.py") == changed(1, "a")  # known from the PUT: no read either
+    assert [r.operation for r in standin.requests[before:] if r.method == "GET"].count("git/get-commit") == 0
+    assert [r.operation for r in standin.requests[before:] if r.method == "GET"].count("repos/get-content") == 2

@@ -1,6 +1,6 @@
 """The publisher against the stand-in: what GitHub shows of one experiment as its state changes,
-progress paced to one update per 30 s, commit statuses when the bot has a token and not an App,
-and nothing shown twice however often it runs."""
+progress paced to one update per 120 s, no label until the verdict, commit statuses when the bot
+has a token and not an App, and nothing shown twice however often it runs."""
 
 from __future__ import annotations
 
@@ -85,16 +85,17 @@ def finish(world: World, status: str, val_bpb: float) -> None:
     store.update_experiment(world.exp_id, state=State.DONE)
 
 
-def test_progress_updates_the_check_at_most_every_30_seconds(app_world: World) -> None:
+def test_progress_updates_the_check_at_most_every_120_seconds(app_world: World) -> None:
     gh, world = app_world.standin, app_world
     world.publish()
     world.store.mark_run_started(world.run_id, "fake://1")
     world.publish(step=10, loss=4.1, progress=0.1)
     patches = len(gh.calls("PATCH", r"/check-runs/\d+$"))
-    world.clock.now += 10
-    world.publish(step=20, loss=3.9, progress=0.2)
-    assert len(gh.calls("PATCH", r"/check-runs/\d+$")) == patches  # too soon
-    world.clock.now += 25
+    for step in (20, 30, 35):
+        world.clock.now += 30
+        world.publish(step=step, loss=3.9, progress=step / 100)
+    assert len(gh.calls("PATCH", r"/check-runs/\d+$")) == patches  # too soon: 90 s
+    world.clock.now += 30
     world.publish(step=40, loss=3.7, progress=0.4)
     assert len(gh.calls("PATCH", r"/check-runs/\d+$")) == patches + 1
     [check] = gh.check_runs()
@@ -151,11 +152,9 @@ def test_a_first_publish_creates_without_looking_first(app_world: World) -> None
     world.publish()
     shown = [(r.method, r.operation) for r in gh.requests[before:]]
     assert shown[:shown.index(("GET", "issues/list-for-repo"))] == [  # then the research log's first lookup
-        ("GET", "repos/get-content"),  # the base train.py, for the size of the change in the body
-        ("POST", "pulls/create"), ("GET", "issues/get-label"), ("POST", "issues/create-label"),
-        ("POST", "issues/add-labels"), ("POST", "checks/create")]
+        ("POST", "pulls/create"), ("POST", "checks/create")]  # the base train.py: the forge read it for the branch
     [check] = gh.check_runs()
-    assert check["status"] == "queued" and gh.labels(gh.pulls()[0]["number"]) == ["autoresearch: running"]
+    assert check["status"] == "queued" and gh.labels(gh.pulls()[0]["number"]) == []  # the check shows it
 
 
 def test_the_verdict_is_one_edit_that_keeps_peoples_labels_and_closes_the_pull_request(app_world: World) -> None:
@@ -184,3 +183,23 @@ def test_with_a_token_a_run_in_progress_posts_no_status_per_progress(token_world
     finish(world, "discard", 2.1)
     world.publish()
     assert gh.statuses(head)[-1]["state"] == "success"
+
+
+def test_an_experiment_measured_again_loses_its_verdict_label_until_the_new_verdict(app_world: World) -> None:
+    gh, world = app_world.standin, app_world
+    world.publish()
+    finish(world, "discard", 2.1)
+    world.publish()
+    [pull] = gh.pulls()
+    gh.state.add_labels(pull["number"], ["needs a GPU"], "researcher")
+    world.store.update_experiment(world.exp_id, state=State.BRANCHED)  # reopened by a person
+    before = len(gh.requests)
+    world.publish()
+    assert [r.operation for r in gh.requests[before:] if r.method != "GET"] == [
+        "pulls/update", "issues/remove-label", "checks/create"]
+    [pull] = gh.pulls()
+    assert pull["state"] == "open" and gh.labels(pull["number"]) == ["needs a GPU"]
+    world.publish()
+    finish(world, "keep", 1.9)
+    world.publish()
+    assert gh.labels(pull["number"]) == ["needs a GPU", "autoresearch: kept"]

@@ -38,7 +38,7 @@ OPERATIONS = {
     "/repos/{owner}/{repo}/git/trees/{tree_sha}": ["get"],
     "/repos/{owner}/{repo}/git/blobs": ["post"],
     "/repos/{owner}/{repo}/git/blobs/{file_sha}": ["get"],
-    "/repos/{owner}/{repo}/contents/{path}": ["get"],
+    "/repos/{owner}/{repo}/contents/{path}": ["get", "put"],
     "/repos/{owner}/{repo}/compare/{basehead}": ["get"],
     "/repos/{owner}/{repo}/commits/{ref}": ["get"],
     "/repos/{owner}/{repo}/commits/{ref}/check-runs": ["get"],
