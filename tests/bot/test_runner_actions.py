@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import time
 import zipfile
 from collections.abc import Iterator
@@ -23,8 +24,13 @@ from bot.runners.actions import ActionsRunner, ActionsSettings
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOW = (ROOT / ".github" / "workflows" / "autoresearch-train.yml").read_text()
 CRASH = "raise SystemExit(3)\n"
-SLEEP = "import time\ntime.sleep(20)\n"
-DEADLINE_S = 240.0  # generous: polls end as soon as the answer is there
+SLEEP = "import time\ntime.sleep(3600)\n"  # ends when cancelled (or killed at the smoke profile's 120 s limit)
+# Bounds on waits for a condition, never durations slept: each wait ends as soon as its answer is
+# there. A workflow run is a real `python -m runner.isolated`, whose own wall-clock limits (the
+# smoke profile: 120 s of training, 120 s of scoring, plus start-up) come first on a starved
+# machine; this is above them and under pytest's timeout (600 s).
+DEADLINE_S = 480.0
+HTTP_TIMEOUT_S = 120  # s, an int (PyGithub's type): its 15 s default can run out on a starved machine
 
 
 class Clock:
@@ -35,6 +41,13 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
+
+
+@pytest.fixture(autouse=True)
+def no_actions_settings_from_outside(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ActionsSettings reads AUTORESEARCH_ACTIONS_* variables: the tests set their own only."""
+    for name in [n for n in os.environ if n.upper().startswith("AUTORESEARCH_ACTIONS_")]:
+        monkeypatch.delenv(name)
 
 
 @pytest.fixture
@@ -48,7 +61,7 @@ def standin(tmp_path: Path, smoke_prepared: Any) -> Iterator[GitHubStandIn]:
 @pytest.fixture
 def repo(standin: GitHubStandIn) -> Any:
     gh = github.Github(auth=github.Auth.Token("tok-bot"), base_url=standin.api_url, retry=None,
-                       seconds_between_requests=None, seconds_between_writes=None)
+                       timeout=HTTP_TIMEOUT_S, seconds_between_requests=None, seconds_between_writes=None)
     return gh.get_repo("octo-org/research")
 
 
@@ -73,13 +86,20 @@ def job_at(standin: GitHubStandIn, run_id: int = 1, asset: str = CRASH, ref: str
 
 
 def settle(runner: ActionsRunner, run_id: int, states: tuple[str, ...] = ("finished", "lost")) -> RunStatus:
+    """Ask until the run is in one of `states` (polling a condition, with a generous bound)."""
     deadline = time.monotonic() + DEADLINE_S
     while True:
         status = runner.lookup(run_id)
         if status.state in states:
             return status
-        assert time.monotonic() < deadline, f"run {run_id} is still {status.state}: {status}"
+        assert time.monotonic() < deadline, f"run {run_id} is still {status.state} after {DEADLINE_S:.0f} s: {status}"
         time.sleep(0.2)
+
+
+def workflow_logs(standin: GitHubStandIn) -> str:
+    """Every workflow run's state and log, for an assertion's message."""
+    return "\n".join(f"--- workflow run {run.id}: {run.status} {run.conclusion}\n{run.log[-6000:]}"
+                     for run in list(standin.actions.runs.values()))
 
 
 def record(tmp_path: Path, run_id: int) -> dict[str, Any]:
@@ -95,7 +115,7 @@ def test_a_crashing_train_py_comes_back_as_its_checked_crash_result(runner: Acti
     url = runner.submit(job_at(standin))
     assert runner.submit(job_at(standin)) == url and dispatches(standin) == 1  # idempotent by run id
     status = settle(runner, 1)
-    assert status.state == "finished" and status.result is not None, status.detail
+    assert status.state == "finished" and status.result is not None, f"{status}\n{workflow_logs(standin)}"
     result = status.result
     assert (result.run_id, result.status, result.metrics["outcome"]) == (1, "crash", "crash")
     assert "SystemExit" in result.log_tail or "code 3" in (result.error or ""), result.error
@@ -122,14 +142,14 @@ def test_a_result_for_another_train_py_is_refused_not_finished(runner: ActionsRu
         archive.writestr("result.json", json.dumps(result))
     artifact.data = buffer.getvalue()
     status = settle(runner, 1)
-    assert status.state == "lost" and status.detail.startswith("result refused: ")
+    assert status.state == "lost" and status.detail.startswith("result refused: "), status
     assert "another train.py" in status.detail and status.result is None
 
 
 def test_a_commit_whose_train_py_is_not_the_job_s_never_trains(runner: ActionsRunner, standin: GitHubStandIn) -> None:
     runner.submit(job_at(standin, asset="print('not what main holds')\n"))
     status = settle(runner, 1)
-    assert status.state == "lost" and "without a result" in status.detail
+    assert status.state == "lost" and "without a result" in status.detail, f"{status}\n{workflow_logs(standin)}"
     assert dispatches(standin) == 2  # a lost run is dispatched again exactly once
     logs = "".join(run.log for run in standin.actions.runs.values())
     assert "the commit does not hold the train.py the bot asked for" in logs
@@ -139,7 +159,7 @@ def test_a_lost_run_is_dispatched_again_exactly_once_then_lost(runner: ActionsRu
     standin.actions.lose(2)
     runner.submit(job_at(standin))
     status = settle(runner, 1)
-    assert status.state == "lost" and "already been dispatched again once" in status.detail
+    assert status.state == "lost" and "already been dispatched again once" in status.detail, status
     assert dispatches(standin) == 2
     assert runner.lookup(1).state == "lost" and dispatches(standin) == 2
 
@@ -154,7 +174,7 @@ def test_a_deleted_run_is_dispatched_again_and_finishes(runner: ActionsRunner, s
     assert record(tmp_path, 1)["workflow_run_id"] != first
     standin.actions.release()
     status = settle(runner, 1)
-    assert status.state == "finished" and dispatches(standin) == 2
+    assert status.state == "finished" and dispatches(standin) == 2, f"{status}\n{workflow_logs(standin)}"
 
 
 def test_a_run_queued_past_the_limit_is_cancelled_and_dispatched_again(repo: Any, standin: GitHubStandIn,
@@ -170,7 +190,8 @@ def test_a_run_queued_past_the_limit_is_cancelled_and_dispatched_again(repo: Any
     assert standin.actions.runs[first].conclusion == "cancelled"
     assert record(tmp_path, 1)["attempts"] == 2 and dispatches(standin) == 2
     standin.actions.release()
-    assert settle(runner, 1).state == "finished"
+    status = settle(runner, 1)
+    assert status.state == "finished", f"{status}\n{workflow_logs(standin)}"
 
 
 def test_a_run_no_runner_starts_is_lost_after_the_last_attempt(repo: Any, standin: GitHubStandIn, tmp_path: Path,
@@ -205,7 +226,8 @@ def test_a_restarted_runner_finds_its_run(repo: Any, runner: ActionsRunner, stan
     again = make_runner(repo, tmp_path / "state", clock)
     assert again.submit(job_at(standin)) == url
     status = settle(again, 1)
-    assert status.state == "finished" and dispatches(standin) == 1
+    assert status.state == "finished", f"{status}\n{workflow_logs(standin)}"
+    assert dispatches(standin) == 1, workflow_logs(standin)
     assert again.lookup(99).state == "unknown"
 
 
@@ -243,6 +265,6 @@ def test_the_repository_s_train_py_trains_and_scores_on_actions(repo: Any, stand
     runner = make_runner(repo, tmp_path / "state", clock)
     runner.submit(job_at(standin, asset=train_py))
     status = settle(runner, 1)
-    assert status.state == "finished" and status.result is not None, status.detail
+    assert status.state == "finished" and status.result is not None, f"{status}\n{workflow_logs(standin)}"
     assert status.result.status == "ok", f"{status.result.error}\n{status.result.log_tail}"
     assert status.result.val_bpb is not None and status.result.val_bpb > 0

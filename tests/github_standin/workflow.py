@@ -18,8 +18,6 @@ import re
 import signal
 import subprocess
 import tempfile
-import threading
-import time
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -255,30 +253,32 @@ class JobRun:
             github_env.touch()
             full_env = {**self.machine_env, **step_env, "GITHUB_ENV": str(github_env)}
             cwd = self.workspace / substitute(step.get("working-directory", "."), contexts)
-            proc = subprocess.Popen(["bash", "--noprofile", "--norc", "-eo", "pipefail", str(path)], cwd=cwd,
-                                    env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
-            out = self._follow(proc)
-            self.log.append(out.decode(errors="replace"))
+            # The step's output goes to a file, read once the step has ended: no reader thread to
+            # wait for (with a pipe, a reader joined with a timeout loses the log on a busy machine,
+            # and a process the step left behind holding the pipe would keep it open).
+            output = Path(scratch) / "output"
+            with output.open("wb") as sink:
+                proc = subprocess.Popen(["bash", "--noprofile", "--norc", "-eo", "pipefail", str(path)], cwd=cwd,
+                                        env=full_env, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
+            self._follow(proc)
+            self.log.append(output.read_bytes().decode(errors="replace"))
             env.update(_read_github_env(github_env.read_text()))
         if proc.returncode != 0:
             self.log.append(f"Error: Process completed with exit code {proc.returncode}.")
         return proc.returncode == 0
 
-    def _follow(self, proc: subprocess.Popen[bytes]) -> bytes:
-        """Wait for the step's process; a cancelled run has its process group ended."""
-        chunks: list[bytes] = []
-        reader = threading.Thread(target=lambda: chunks.append(proc.stdout.read() if proc.stdout else b""),
-                                  daemon=True)
-        reader.start()
-        while proc.poll() is None:
-            if self.cancelled():
-                _end_group(proc)
-                break
-            time.sleep(0.05)
-        proc.wait()
-        reader.join(timeout=5)
-        return b"".join(chunks)
+    def _follow(self, proc: subprocess.Popen[bytes]) -> None:
+        """Wait for the step's process to end; a cancelled run has its process group ended."""
+        while True:
+            try:
+                proc.wait(timeout=0.05)
+                return
+            except subprocess.TimeoutExpired:
+                if self.cancelled():
+                    _end_group(proc)
+                    proc.wait()
+                    return
 
     def _uses(self, step: dict[str, Any], contexts: dict[str, Any]) -> bool:
         action = step["uses"].split("@")[0]
