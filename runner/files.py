@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
 
 def write_atomically(path: Path, write: Callable[[Path], object]) -> None:
-    """Call `write(tmp)` to fill a temporary file beside `path`, then move it into place."""
-    tmp = path.with_name(path.name + ".tmp")
+    """Call `write(tmp)` to fill a temporary file beside `path`, then move it into place. The
+    temporary file is this thread's own: two writers of one file (a bot and the one that replaced
+    it) never write into each other's, and the last to finish wins whole."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_native_id()}.tmp")
     try:
         write(tmp)
         os.replace(tmp, path)

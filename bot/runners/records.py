@@ -8,10 +8,10 @@ read is no record.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from runner import files
 
 
 class RunRecords:
@@ -29,15 +29,7 @@ class RunRecords:
         return data if isinstance(data, dict) else None
 
     def write(self, record: dict[str, Any]) -> None:
-        """Atomically: a reader (or a restarted bot) sees the old record or the new one. Each write
-        fills a temporary file of its own, so two writers of one record (a bot and the one that
-        replaces it) cannot write into each other's temporary file: the last to finish wins whole."""
+        """Atomically: a reader (or a restarted bot) sees the old record or the new one (two
+        writers of one record never share a temporary file: runner.files)."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        path = self.path(record["run_id"])
-        fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                handle.write(json.dumps(record))
-            os.replace(tmp, path)
-        finally:
-            Path(tmp).unlink(missing_ok=True)
+        files.write_text(self.path(record["run_id"]), json.dumps(record))

@@ -327,4 +327,4 @@ def test_export_tsv_of_an_empty_store(store: Store, tmp_path: Path):
     path = tmp_path / "results.tsv"
     results.export_tsv(store, path)
     assert path.read_text() == HEADER + "\n"
-    assert not (tmp_path / "results.tsv.tmp").exists()
+    assert not list(tmp_path.glob("*.tmp"))  # no temporary file left behind
