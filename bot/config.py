@@ -80,6 +80,9 @@ class ServiceSettings(BaseSettings):
     runner: str = Field("local", description=f"where runs execute: one of {', '.join(sorted(RUNNERS))}")
     slots: int = Field(1, ge=1, le=64, description=(
         "how many runs may execute at once on the local runner (1 to 64; Actions and Modal have their own)"))
+    warm_workers: bool = Field(True, description=(
+        "the local runner keeps a worker per slot ready for the slot's next run (torch imported, data "
+        "loaded: seconds less start-up per run, about one run's memory per slot while it waits)"))
     data_fingerprint: str | None = Field(None, description=(
         "with the actions or modal runner: the fingerprint of the data the GPU runners measure on, which "
         "`autoresearch prepare --profile P` prints there; results on other data are refused"))

@@ -102,7 +102,7 @@ def build_conductor(options: DemoOptions, console: Console | None = None) -> tup
     prepare(options.profile, options.data, progress=console is not None)
     forge = init_research_repo(workdir / "repo", seed_files())
     store = Store(workdir / "state.db")
-    runner = LocalRunner(workdir / "runs", slots=options.slots, data=options.data)
+    runner = LocalRunner(workdir / "runs", slots=options.slots, data=options.data, warm=True)
     if console is not None:
         from runner import sandbox
 

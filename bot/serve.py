@@ -77,7 +77,7 @@ def local_parts(settings: ServiceSettings, client: GitHubClient | None = None) -
     from runner.profiles import get_profile
 
     prepare(settings.profile, None, progress=False)
-    runner = LocalRunner(settings.state_dir / "runs", slots=settings.slots)
+    runner = LocalRunner(settings.state_dir / "runs", slots=settings.slots, warm=settings.warm_workers)
     identity = measurement_identity(settings.profile, None)
     if get_profile(settings.profile).clock == "cpu":
         identity["threads"] = str(runner.threads)

@@ -6,6 +6,14 @@ otherwise a crash record with the traceback tail. Exit code 0 only on success. W
 is the training process of an isolated run (runner.isolated, inside the sandbox): finish() exports
 the model and the record is claims.json, which only the supervisor reads, as train.py's claims.
 
+With `--wait` (what the supervisor always passes) it gets ready first, before it knows its job:
+torch imported, and torch._dynamo, which torch.export and torch.compile need and which takes
+seconds to import. It then reads one line from stdin, `{"seed": N, "started_at": T}`, and only
+then reads train.py, which the supervisor has written meanwhile. A supervisor prepared ahead of
+its job (a warm worker) so takes the imports off the run's critical path; started_at, the run's
+zero for start-up, is when the job was handed over. End of input instead of a line: the worker
+was not needed, and it exits 0 having run nothing.
+
 For a profile whose budget is CPU time it first fixes two things in the environment, before torch
 is loaded and long before train.py runs: no GPU is visible (one would do the work at almost no CPU
 time), and OpenMP threads sleep rather than spin while they wait (OMP_WAIT_POLICY=PASSIVE).
@@ -50,12 +58,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="launch time (epoch seconds) for start-up accounting")
     parser.add_argument("--export", action="store_true",
                         help="export the model for a separate scoring process (runner.isolated)")
+    parser.add_argument("--wait", action="store_true",
+                        help='get ready, then read {"seed": N, "started_at": T} from stdin before running the asset')
     args = parser.parse_args(argv)
-    try:  # a last resort that needs no parent: a hung run ends even if its conductor is gone
-        signal.alarm(int(get_profile(args.profile).max_total_s) + 60)
-        counts_cpu_time = get_profile(args.profile).clock == "cpu"
+    try:
+        profile = get_profile(args.profile)
     except ValueError:
-        counts_cpu_time = False  # an unknown profile is reported below
+        profile = None  # reported below, by open_session
+    counts_cpu_time = profile is not None and profile.clock == "cpu"
     if counts_cpu_time:
         os.environ.update(CPU_CLOCK_ENV)
 
@@ -68,6 +78,13 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.device_count()  # CUDA reads the (empty) device list now, before train.py could change it
     if args.threads > 0:
         torch.set_num_threads(args.threads)
+    if args.wait:
+        go = _wait_for_job(profile)
+        if go is None:
+            return 0  # not needed: nothing was run
+        args.seed, args.started_at = int(go.get("seed", args.seed)), float(go.get("started_at", time.time()))
+    if profile is not None:  # a last resort that needs no parent: a hung run ends even if its conductor is gone
+        signal.alarm(int(profile.max_total_s) + 60)
     args.out.mkdir(parents=True, exist_ok=True)
     started_at = args.started_at or STARTED_AT
     try:
@@ -90,6 +107,23 @@ def main(argv: list[str] | None = None) -> int:
         return _crash(args.out, "train.py ended without calling h.finish(model): the harness has "
                       "nothing to measure. End train.py with `h.finish(model)`.", started_at, args.export)
     return 0
+
+
+def _wait_for_job(profile: object) -> dict[str, object] | None:
+    """Import what every run needs, say so, and read the job's line; None at end of input."""
+    import torch._dynamo  # torch.export (finish) and torch.compile import it: seconds
+
+    if getattr(profile, "device", "") == "cuda":
+        import torch._inductor.compile_fx  # noqa: F401 - torch.compile's back end, seconds more
+    print("[harness] ready: waiting for the job", flush=True)
+    line = sys.stdin.readline()
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # nothing else comes this way: train.py reads no pipe of ours
+    if not line.strip():
+        return None
+    go = json.loads(line)
+    if not isinstance(go, dict):
+        raise SystemExit(f"the job line must be a JSON object, not {line[:80]!r}")
+    return go
 
 
 def _crash(out: Path, error: str, started_at: float, export: bool = False) -> int:

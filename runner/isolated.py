@@ -2,7 +2,7 @@
 
 `run_job` (or `python -m runner.isolated --job JOB.json --out DIR`) is the supervisor. It never
 runs train.py's code itself. In order:
-1. checks the prepared data against its fingerprint, and writes train.py to DIR/asset/;
+1. checks the prepared data against its fingerprint;
 2. starts the training process (runner.execute --export) in a sandbox (runner.sandbox) that sees
    the training split, the tokenizer, train.py and a private scratch directory DIR/scratch, and
    nothing else: not the validation split, not DIR/result.json, not a credential. Its output goes
@@ -16,6 +16,13 @@ runs train.py's code itself. In order:
    validation split. That process is started with the training one and gets ready meanwhile
    (torch, the validation split, the tokenizer), so its start-up costs the run nothing;
 5. writes DIR/result.json, which no process of the run can reach.
+Steps 1-2 need no job: `Supervisor.prepare()` does them, and both processes then import torch and
+load their data, the training one waiting for its job's line (runner.execute --wait). `run(job)`
+writes train.py to DIR/asset/ and hands the job over; the clocks start there, and CPU time the training process
+spent before it is not counted. run_job does both at once (a cold run); a supervisor prepared
+ahead of its job (`--standby`, kept by the local runner and the Modal app) is a warm worker, and
+its run's start-up imports nothing. Either way a worker serves one job, in processes that ran no
+other train.py.
 What train.py says about itself (steps, tokens, memory, in scratch/claims.json) is kept as
 information; only the scorer's val_bpb and the supervisor's clocks decide anything.
 
@@ -29,6 +36,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -42,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from runner import files, sandbox
-from runner.data import Dataset, DataMissing, cache_dir, load_dataset, verify_dataset
+from runner.data import DataMissing, cache_dir, load_dataset, verify_dataset
 from runner.handoff import MODEL_FILE
 from runner.proctree import TreeCPU
 from runner.profiles import Profile, get_profile, harness_hash
@@ -53,64 +61,120 @@ LOG_LIMIT_BYTES = 4 << 20  # the log keeps its first 4 MiB; a run printing more 
 MODEL_LIMIT_BYTES = 8 << 30  # the exported model handed to the scorer
 FILE_LIMIT_BYTES = 16 << 30  # no single file written by a sandboxed process may be larger
 LOG_TAIL_LINES = 60
+READY_LINE = b"[harness] ready"  # what the training process prints once it waits for its job (runner.execute)
+STANDBY_READY_S = 600.0  # how long a warm worker waits for its processes to say they are ready
 CLAIMED_KEYS = ("num_steps", "total_tokens_M", "tokens_per_second", "tokens_per_wall_second", "peak_vram_mb",
                 "mfu_percent", "num_params_M", "startup_seconds", "training_seconds", "training_wall_seconds", "extra")
 
 
 class Supervisor:
-    """One isolated run in directory `out`. See the module docstring."""
+    """One isolated run in directory `out`. See the module docstring.
 
-    def __init__(self, job: JobSpec, out: Path, *, backend: str = "local", data: str | None = None,
+    `prepare()` does everything that does not depend on the job, `run(job)` the rest; run_job does
+    both at once. A supervisor prepared ahead of its job is a warm worker (`--standby`)."""
+
+    def __init__(self, out: Path, profile: str, *, backend: str = "local", data: str | None = None,
                  threads: int = 0, gpu: str | None = None, detail: str = "", use_sandbox: bool | None = None,
                  on_progress: Callable[[dict[str, Any]], None] | None = None,
                  on_line: Callable[[str], None] | None = None) -> None:
-        self.job, self.out, self.data, self.gpu = job, out, data, gpu
+        self.out, self.profile_name, self.data, self.gpu = out, profile, data, gpu
         self.threads = threads
         self.on_progress, self.on_line = on_progress, on_line
-        self.started = time.time()
-        self.scratch = out / "scratch"
+        self.scratch, self.handoff = out / "scratch", out / "handoff"
         self.timings = Timings()
-        self.hashes = Hashes(asset=job.asset_sha256, harness=harness_hash(), data="")
+        self.hashes = Hashes(asset="", harness=harness_hash(), data="")
         ok, what = sandbox.available() if use_sandbox is not False else (False, "turned off")
         self.sandboxed = ok
         self.identity = RunnerIdentity(backend=backend, host=socket.gethostname(), device="cpu",
                                        sandbox=what if ok else "none", detail=detail)
         self.why_unsandboxed = "" if ok else what
+        self.profile: Profile | None = None
+        self.failure = ""  # why this run cannot happen, found while preparing it
+        self.prepared_at: float | None = None
+        self.trainer: subprocess.Popen[bytes] | None = None
+        self.scorer: subprocess.Popen[str] | None = None
+        self._data_views: tuple[list[Path], list[Path]] = ([], [])  # the data the trainer and the scorer see
+        self._trainer_ready, self._scorer_ready = threading.Event(), threading.Event()
+        self._scorer_errors: list[str] = []
+        self._ready_cpu = 0.0
+        self._warm = False  # the training process was ready (torch imported) when the job came
+        self._inode = 0
+        self._tree: TreeCPU | None = None
         self._log = None
         self._log_bytes = 0
         self._progress_at = 0
+        self._job: JobSpec | None = None
+        self._received = time.time()
 
-    # --- the run ---------------------------------------------------------------------------------
-    def run(self) -> ResultSpec:
+    # --- before the job --------------------------------------------------------------------------
+    def prepare(self) -> None:
+        """Check the data, make the run's directories, and start both sandboxed processes: the
+        training process waits for its job's line, the scorer for `go`. Both import torch meanwhile."""
         try:
-            profile = get_profile(self.job.profile)
+            profile = self.profile = get_profile(self.profile_name)
         except ValueError as error:
-            return self._result("crash", error=str(error))
+            self.failure = str(error)
+            return
         self._prepare_dirs()
         try:
             dataset = load_dataset(self.data or profile.data, profile.name)
             self.hashes = self.hashes.model_copy(update={"data": verify_dataset(dataset, profile.name)})
         except DataMissing as error:
-            return self._result("crash", error=str(error), profile=profile)
+            self.failure = str(error)
+            return
         tokens = tokenizer_dir(dataset, profile.vocab_size)
         if not self.sandboxed:
             self._say(f"WARNING: running train.py WITHOUT a sandbox: {self.why_unsandboxed}. It can read every "
                       "file this user can and open network connections; the result is marked unsandboxed.")
-        handoff = self.out / "handoff"
-        handoff.mkdir()
-        # The scorer gets ready while train.py trains: its start-up is off the run's critical path.
-        scorer = self._start_scorer(profile, handoff, [dataset.root / "manifest.json", *dataset.paths("val"), tokens])
-        try:
-            return self._train_then_score(profile, dataset, tokens, scorer)
-        finally:
-            if scorer.poll() is None:
-                _kill_group(scorer.pid)
-                scorer.wait()
+        manifest = dataset.root / "manifest.json"
+        self._data_views = ([manifest, *dataset.paths("train"), tokens], [manifest, *dataset.paths("val"), tokens])
+        self.scorer = self._start_scorer(profile)
+        self.trainer = self._start_trainer(profile)
+        self.prepared_at = time.time()
 
-    def _train_then_score(self, profile: Profile, dataset: Dataset, tokens: Path,
-                          scorer: subprocess.Popen[str]) -> ResultSpec:
-        train_view = [self.out / "asset", dataset.root / "manifest.json", *dataset.paths("train"), tokens]
-        code, cpu, wall, killed = self._run_training(profile, train_view)
+    def discard(self) -> None:
+        """Stop whatever this supervisor started and still runs (a worker that was not needed)."""
+        for proc in (self.trainer, self.scorer):
+            if proc is not None and proc.poll() is None:
+                _kill_group(proc.pid)
+                proc.wait()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    # --- the run -----------------------------------------------------------------------------------
+    def run(self, job: JobSpec, *, out: Path | None = None, received_at: float | None = None,
+            detail: str | None = None, on_progress: Callable[[dict[str, Any]], None] | None = None) -> ResultSpec:
+        """Run `job`. `out`: where the caller has since moved the run directory (a warm worker's
+        directory renamed to its run's); `received_at`: when the job arrived (default: now);
+        `detail`, `on_progress`: the job's, for a worker prepared before they were known."""
+        self._job, self._received = job, received_at or time.time()
+        if detail is not None:
+            self.identity = self.identity.model_copy(update={"detail": detail})
+        if on_progress is not None:
+            self.on_progress = on_progress
+        self.hashes = self.hashes.model_copy(update={"asset": job.asset_sha256})
+        try:
+            if out is not None and out != self.out:
+                self._moved_to(out)
+            if self.failure:
+                return self._result("crash", error=self.failure, profile=self.profile)
+            assert self.profile is not None, "prepare() comes first"
+            if job.profile != self.profile.name:
+                return self._result("crash", profile=self.profile, error=(
+                    f"this worker was prepared for the {self.profile.name} profile, the job is for {job.profile}"))
+            files.write_text(self.out / "asset" / "train.py", job.asset)  # the sandbox sees it from now on
+            return self._train_then_score(self.profile)
+        finally:
+            self.discard()
+
+    def _moved_to(self, out: Path) -> None:
+        if not out.is_dir() or os.stat(out).st_ino != self._inode:
+            raise RuntimeError(f"{out} is not this worker's directory {self.out} renamed")
+        self.out, self.scratch, self.handoff = out, out / "scratch", out / "handoff"
+
+    def _train_then_score(self, profile: Profile) -> ResultSpec:
+        code, cpu, wall, killed = self._run_training(profile)
         self.timings.training_wall = wall
         claims = self._read_claims()
         if killed:
@@ -129,13 +193,12 @@ class Supervisor:
                 f"the training process used {used:.1f} s on the {profile.clock} clock, measured outside its "
                 f"sandbox, past the budget of {profile.time_budget_s:.0f} s plus {profile.startup_allowance_s:.0f} s "
                 "for start-up: train.py trained past its budget (the harness's clock was changed or ignored)"))
-        handoff = self.out / "handoff"
         graph = read_regular(model, MODEL_LIMIT_BYTES)
         if graph is None:
             return self._result("rejected", profile=profile, claims=claims, cpu=cpu, error=(
                 f"{MODEL_FILE} is not a regular file under {MODEL_LIMIT_BYTES >> 30} GiB (a link, a pipe, or too large)"))
-        files.write_bytes(handoff / MODEL_FILE, graph)  # the scorer reads a copy no training process can reach
-        score = self._score(profile, scorer)
+        files.write_bytes(self.handoff / MODEL_FILE, graph)  # the scorer reads a copy no training process can reach
+        score = self._score(profile)
         self.timings.probe = float(score.get("probe_seconds") or 0.0)
         if "rejected" in score:
             return self._result("rejected", profile=profile, claims=claims, cpu=cpu, error=str(score["rejected"]))
@@ -146,25 +209,55 @@ class Supervisor:
         return self._result("ok", profile=profile, claims=claims, cpu=cpu, score=score)
 
     # --- the two processes ---------------------------------------------------------------------------
-    def _run_training(self, profile: Profile, view: list[Path]) -> tuple[int | None, float, float, bool]:
+    def _start_trainer(self, profile: Profile) -> subprocess.Popen[bytes]:
+        """The training process, sandboxed, started before its job: it imports torch and waits
+        for the job's line (runner.execute --wait)."""
         cmd = [sys.executable, "-m", "runner.execute", "--asset", str(self.out / "asset" / "train.py"),
-               "--profile", profile.name, "--out", str(self.scratch), "--seed", str(self.job.seed),
-               "--threads", str(self.threads), "--export", "--started-at", f"{time.time():.3f}"]
+               "--profile", profile.name, "--out", str(self.scratch), "--threads", str(self.threads),
+               "--export", "--wait"]
         if self.data:
             cmd += ["--data", self.data]
-        env = self._env(profile, home=self.scratch)
-        box = sandbox.Sandbox(read=view, write=[self.scratch], env=env, gpus=self._gpus(profile), cwd=self.scratch)
-        launched = time.time()
-        self.timings.sandbox_setup = launched - self.started
-        proc = self._start(cmd, box)
+        box = sandbox.Sandbox(read=[self.out / "asset", *self._data_views[0]], write=[self.scratch],
+                              env=self._env(profile, home=self.scratch),
+                              gpus=self._gpus(profile), cwd=self.scratch)
+        argv = sandbox.wrap(cmd, box) if self.sandboxed else cmd
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                env=box.env, cwd=box.cwd, start_new_session=True, preexec_fn=_limit_files)
         # Only a CPU-clock budget needs the process tree's CPU time: walking /proc ten times a second
         # is not free on a busy GPU machine, whose budget is wall time.
-        tree = TreeCPU(proc.pid) if profile.clock == "cpu" else None
-        deadline = launched + profile.max_total_s
+        self._tree = TreeCPU(proc.pid) if profile.clock == "cpu" else None
+        self._trainer_ready.clear()
+        self._pump = threading.Thread(target=self._pump_output, args=(proc,), daemon=True)
+        self._pump.start()
+        return proc
+
+    def _run_training(self, profile: Profile) -> tuple[int | None, float, float, bool]:
+        """Hand the job to the training process and measure it until it ends: (exit code, CPU
+        seconds, wall seconds, killed at the hard limit). Both clocks start at the hand-over."""
+        assert self._job is not None and self.trainer is not None
+        if self.trainer.poll() is not None:  # a worker whose process died while it waited: start afresh
+            self._say(f"[supervisor] the waiting training process had ended (exit code {self.trainer.returncode}); "
+                      "starting a new one")
+            self.trainer = self._start_trainer(profile)
+        proc = self.trainer
+        ready_cpu = 0.0
+        if self._tree is not None:
+            self._tree.sample()
+            ready_cpu = self._tree.total()  # its imports, before the job: not the run's
+        self._warm = self._trainer_ready.is_set()
+        go = time.time()
+        self.timings.sandbox_setup = go - self._received
+        try:
+            assert proc.stdin is not None
+            proc.stdin.write((json.dumps({"seed": self._job.seed, "started_at": go}) + "\n").encode())
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass  # it died just now: reaped below, and reported as the crash it is
+        deadline = go + profile.max_total_s
         killed = False
         while True:
-            if tree is not None:
-                tree.sample()
+            if self._tree is not None:
+                self._tree.sample()
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
             if pid:
                 break
@@ -175,55 +268,87 @@ class Supervisor:
                 pid, status, usage = os.wait4(proc.pid, 0)
                 break
             time.sleep(0.1)
-        wall = time.time() - launched
+        wall = time.time() - go
         proc.returncode = os.waitstatus_to_exitcode(status)
         _kill_group(proc.pid)  # unsandboxed: whatever it left in its session; sandboxed: already gone
         self._pump.join(timeout=10)
         self._relay_progress()
         # The kernel's account of what was reaped, or what was seen running, whichever is more.
         cpu = usage.ru_utime + usage.ru_stime
-        return proc.returncode, max(cpu, tree.total()) if tree is not None else cpu, wall, killed
+        if self._tree is not None:
+            cpu = max(cpu, self._tree.total())
+        self._ready_cpu = ready_cpu
+        return proc.returncode, max(0.0, cpu - ready_cpu), wall, killed
 
-    def _start_scorer(self, profile: Profile, handoff: Path, view: list[Path]) -> subprocess.Popen[str]:
+    def _start_scorer(self, profile: Profile) -> subprocess.Popen[str]:
         """The scoring process, sandboxed, reading the handoff directory (empty until the model is
-        copied there) and the validation split; it waits for `go` on its stdin."""
-        cmd = [sys.executable, "-m", "runner.score", "--model", str(handoff / MODEL_FILE), "--profile", profile.name,
+        copied there) and the validation split; it gets ready and waits for `go` on its stdin."""
+        cmd = [sys.executable, "-m", "runner.score", "--model", str(self.handoff / MODEL_FILE), "--profile", profile.name,
                "--wait"]
         if self.data:
             cmd += ["--data", self.data]
-        box = sandbox.Sandbox(read=[handoff, *view], env=self._env(profile, home=handoff), gpus=self._gpus(profile),
-                              cwd=handoff)
+        box = sandbox.Sandbox(read=[self.handoff, *self._data_views[1]], env=self._env(profile, home=self.handoff),
+                              gpus=self._gpus(profile), cwd=self.handoff)
         argv = sandbox.wrap(cmd, box) if self.sandboxed else cmd
-        return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, env=box.env, cwd=handoff, start_new_session=True)
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env=box.env, cwd=self.handoff, start_new_session=True)
+        self._scorer_ready.clear()
+        self._scorer_errors = []
+        self._scorer_pump = threading.Thread(target=self._drain_scorer, args=(proc,), daemon=True)
+        self._scorer_pump.start()
+        return proc
 
-    def _score(self, profile: Profile, scorer: subprocess.Popen[str]) -> dict[str, Any]:
+    def _drain_scorer(self, proc: subprocess.Popen[str]) -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if line.startswith("[score] ready"):
+                self._scorer_ready.set()
+            else:
+                self._scorer_errors = (self._scorer_errors + [line.rstrip("\n")])[-20:]
+
+    def _score(self, profile: Profile) -> dict[str, Any]:
+        """Say `go` to the scorer and read its answer, within the profile's scoring limit."""
+        if self.scorer is None or self.scorer.poll() is not None:  # it died while it waited: start afresh
+            self.scorer = self._start_scorer(profile)
+        scorer = self.scorer
+        assert scorer.stdin is not None and scorer.stdout is not None
         started = time.time()
+        answer_lines: list[str] = []
+        reader = threading.Thread(target=lambda: answer_lines.extend(scorer.stdout or ()), daemon=True)
+        reader.start()
         try:
-            stdout, stderr = scorer.communicate("go\n", timeout=profile.score_limit_s)
+            scorer.stdin.write("go\n")
+            scorer.stdin.close()
+        except BrokenPipeError:
+            pass  # it had already died: its exit code and errors say how
+        try:
+            scorer.wait(timeout=profile.score_limit_s)
         except subprocess.TimeoutExpired:
+            _kill_group(scorer.pid)
+            scorer.wait()
             return {"error": f"scoring took longer than {profile.score_limit_s:.0f} s and was stopped"}
-        except BrokenPipeError:  # it had already died: say how
-            stdout, stderr = scorer.communicate()
         finally:
             self.timings.evaluation = time.time() - started
-        lines = stdout.strip().splitlines()
+        reader.join(timeout=10)
+        self._scorer_pump.join(timeout=10)
+        lines = "".join(answer_lines).strip().splitlines()
         try:
             answer = json.loads(lines[-1]) if lines else {}
         except ValueError:
             answer = {}
         if not isinstance(answer, dict) or not answer:
-            tail = "\n".join(stderr.strip().splitlines()[-20:])
+            tail = "\n".join(self._scorer_errors)
             return {"error": f"the scoring process failed (exit code {scorer.returncode}): {tail}"}
         return answer
 
-    def _start(self, cmd: list[str], box: sandbox.Sandbox) -> subprocess.Popen[bytes]:
-        argv = sandbox.wrap(cmd, box) if self.sandboxed else cmd
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=box.env, cwd=box.cwd,
-                                start_new_session=True, preexec_fn=_limit_files)
-        self._pump = threading.Thread(target=self._pump_output, args=(proc,), daemon=True)
-        self._pump.start()
-        return proc
+    def wait_ready(self, timeout: float) -> bool:
+        """True once both processes are ready for the job (torch imported, data loaded), within
+        `timeout` seconds; False if one is not (it failed, or is slow: run() copes with both)."""
+        deadline = time.time() + timeout
+        for ready in (self._trainer_ready, self._scorer_ready):
+            if not ready.wait(max(0.0, deadline - time.time())):
+                return False
+        return True
 
     def _env(self, profile: Profile, *, home: Path) -> dict[str, str]:
         """The whole environment of a sandboxed process: nothing inherited but the basics."""
@@ -246,8 +371,9 @@ class Supervisor:
         (self.out / "result.json").unlink(missing_ok=True)
         self.scratch.mkdir()
         os.chmod(self.scratch, 0o777)  # the sandbox's user (nobody) writes here
-        (self.out / "asset").mkdir()
-        (self.out / "asset" / "train.py").write_text(self.job.asset, encoding="utf-8")
+        (self.out / "asset").mkdir()  # train.py is written there when the job comes
+        self.handoff.mkdir()
+        self._inode = os.stat(self.out).st_ino
         self._log = open(self.out / "log.txt", "wb")
 
     def _say(self, line: str) -> None:
@@ -257,6 +383,9 @@ class Supervisor:
     def _pump_output(self, proc: subprocess.Popen[bytes]) -> None:
         assert proc.stdout is not None
         for raw in proc.stdout:
+            if not self._trainer_ready.is_set() and raw.startswith(READY_LINE):
+                self._trainer_ready.set()  # the supervisor's business: not train.py's output
+                continue
             self._write_log(raw)
             if self.on_line is not None:
                 self.on_line(raw.decode(errors="replace").rstrip("\n"))
@@ -301,7 +430,9 @@ class Supervisor:
         claims = claims or {}
         self.timings.startup = float(claims.get("startup_seconds") or 0.0)
         self.timings.export = float(claims.get("eval_seconds") or 0.0)  # finish() exported, in the sandbox
-        self.timings.total = time.time() - self.started
+        self.timings.total = time.time() - self._received
+        job = self._job
+        assert job is not None
         metrics: dict[str, Any] = {key: claims[key] for key in CLAIMED_KEYS if key in claims}
         if "training_seconds" in metrics:
             metrics["claimed_training_seconds"] = metrics.pop("training_seconds")
@@ -310,19 +441,20 @@ class Supervisor:
             wall = self.timings.training_wall
             metrics.update(clock=profile.clock, threads=threads, cpu_seconds=round(cpu, 3),
                            training_seconds=round(self.timings.training, 3),
-                           cpu_share=round(cpu / (wall * threads), 4) if wall > 0 else 0.0)
+                           cpu_share=round(cpu / (wall * threads), 4) if wall > 0 else 0.0,
+                           warm=self._warm, ready_cpu_seconds=round(self._ready_cpu, 3))
         if score:
             metrics.update({k: score[k] for k in ("eval_tokens", "eval_bytes", "probe", "probe_max_change") if k in score})
         metrics.update(total_seconds=round(self.timings.total, 3), eval_seconds=round(self.timings.evaluation, 3))
         result = ResultSpec(
-            run_id=self.job.run_id, experiment_id=self.job.experiment_id, status=status,  # type: ignore[arg-type]
+            run_id=job.run_id, experiment_id=job.experiment_id, status=status,  # type: ignore[arg-type]
             val_bpb=float(score["val_bpb"]) if score else None, error=error, metrics=metrics,
             log_tail=self._log_tail(), timings=self.timings, hashes=self.hashes, runner=self.identity,
-            sandboxed=self.sandboxed, profile=self.job.profile, seed=self.job.seed)
+            sandboxed=self.sandboxed, profile=job.profile, seed=job.seed)
         if self._log is not None:
             self._log.close()
             self._log = None
-        for model in (self.scratch / MODEL_FILE, self.out / "handoff" / MODEL_FILE):  # scored: no use kept
+        for model in (self.scratch / MODEL_FILE, self.handoff / MODEL_FILE):  # scored: no use kept
             if not model.is_symlink():  # a link planted by train.py is left alone, not followed
                 model.unlink(missing_ok=True)
         self.out.mkdir(parents=True, exist_ok=True)
@@ -354,13 +486,17 @@ def read_regular(path: Path, limit: int, *, offset: int = 0) -> bytes | None:
 
 
 def run_job(job: JobSpec, out: Path, **options: Any) -> ResultSpec:
-    """Run `job` through the isolated path in directory `out`; see Supervisor for the options."""
-    return Supervisor(job, out, **options).run()
+    """Run `job` through the isolated path in directory `out`, cold: its processes start now.
+    See Supervisor for the options."""
+    received = time.time()
+    supervisor = Supervisor(out, job.profile, **options)
+    supervisor.prepare()
+    return supervisor.run(job, received_at=received)
 
 
 def _limit_files() -> None:
-    import resource
-
+    """Runs in the child between fork and exec, while the supervisor has threads: one system call,
+    nothing that could wait for a lock another thread held at the fork (`resource` is imported above)."""
     resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_LIMIT_BYTES, FILE_LIMIT_BYTES))
 
 
@@ -382,7 +518,11 @@ def _exit_reason(code: int | None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m runner.isolated", description=__doc__.splitlines()[0])
-    parser.add_argument("--job", type=Path, required=True, help="a JobSpec as JSON")
+    parser.add_argument("--job", type=Path, help="a JobSpec as JSON: run it now, cold")
+    parser.add_argument("--standby", metavar="PROFILE", default=None, help=(
+        "a warm worker: prepare a run of PROFILE, write OUT/ready, then read one line from stdin, "
+        '{"job": JOB.json, "out": DIR} (DIR: OUT renamed by the caller), and run that job; at end of '
+        "input instead, stop and remove OUT"))
     parser.add_argument("--out", type=Path, required=True, help="the run directory")
     parser.add_argument("--backend", default="local")
     parser.add_argument("--data", default=None, help="data source (default: the profile's)")
@@ -392,18 +532,52 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-sandbox", action="store_true", help="run without bubblewrap (marked unsandboxed)")
     parser.add_argument("--echo", action="store_true", help="copy the training output to stderr")
     args = parser.parse_args(argv)
+    if (args.job is None) == (args.standby is None):
+        parser.error("give either --job or --standby")
     args.out = args.out.resolve()  # the sandbox binds absolute paths
+    echo = (lambda line: print(line, file=sys.stderr, flush=True)) if args.echo else None
+    options: dict[str, Any] = {"backend": args.backend, "data": args.data, "threads": args.threads, "gpu": args.gpu,
+                               "detail": args.detail, "use_sandbox": False if args.no_sandbox else None, "on_line": echo}
+    if args.standby is not None:
+        return _standby(args.standby, args.out, options)
     try:
         job = JobSpec.model_validate_json(args.job.read_text())
     except (OSError, ValueError) as error:
         print(f"error: {args.job} is not a job: {error}", file=sys.stderr)
         return 2
-    echo = (lambda line: print(line, file=sys.stderr, flush=True)) if args.echo else None
-    result = run_job(job, args.out, backend=args.backend, data=args.data, threads=args.threads, gpu=args.gpu,
-                     detail=args.detail, use_sandbox=False if args.no_sandbox else None, on_line=echo)
+    _report(job, run_job(job, args.out, **options))
+    return 0
+
+
+def _standby(profile: str, out: Path, options: dict[str, Any]) -> int:
+    """A warm worker (see --standby): prepared before its job, so the job's start-up does not
+    import torch. It serves one job and ends, so nothing a train.py did outlives its run."""
+    supervisor = Supervisor(out, profile, **options)
+    supervisor.prepare()
+    if supervisor.wait_ready(STANDBY_READY_S):
+        files.write_text(out / "ready", f"{time.time():.3f}\n")
+    line = sys.stdin.readline()
+    received = time.time()
+    if not line.strip():  # not needed after all (its runner stopped): leave nothing behind
+        supervisor.discard()
+        shutil.rmtree(out, ignore_errors=True)
+        return 0
+    try:
+        order = json.loads(line)
+        job = JobSpec.model_validate_json(Path(order["job"]).read_text())
+        moved = Path(order["out"]).resolve()
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        supervisor.discard()
+        print(f"error: the standby worker got no job it can read ({error}): {line[:200]!r}", file=sys.stderr)
+        return 2
+    (moved / "ready").unlink(missing_ok=True)
+    _report(job, supervisor.run(job, out=moved, received_at=received))
+    return 0
+
+
+def _report(job: JobSpec, result: ResultSpec) -> None:
     print(re.sub(r"\s+", " ", f"run {job.run_id}: {result.status} "
                  f"{result.val_bpb if result.val_bpb is not None else result.error or ''}")[:300], file=sys.stderr)
-    return 0
 
 
 if __name__ == "__main__":

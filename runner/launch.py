@@ -2,7 +2,8 @@
 
 - `start_isolated` starts `python -m runner.isolated` for a job file: the path every runner takes
   (sandboxed training, scoring in a separate process; see runner.isolated). The local runner
-  starts one per job, in its own session, with an environment scrubbed of secrets.
+  starts one per job, in its own session, with an environment scrubbed of secrets;
+  `start_standby` starts one before its job is known (a warm worker), to be handed the job later.
 - `start`/`run`/`collect` run `python -m runner.execute` alone, train.py and the in-process
   evaluation together, unsandboxed: what `python train.py` does, used by the harness's own tests
   and benches to look at the training process itself. No runner judges an experiment this way.
@@ -95,6 +96,23 @@ def start_isolated(job_file: Path, out: Path, *, data: str | None = None, thread
     with open(out / "supervisor.log", "ab") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=training_env(),
                                 start_new_session=True)
+    (out / "pid").write_text(str(proc.pid))
+    return proc
+
+
+def start_standby(profile: str, out: Path, *, data: str | None = None, threads: int = 0,
+                  gpu: str | None = None) -> subprocess.Popen:
+    """Start a warm worker (`python -m runner.isolated --standby`) in its own session: it prepares
+    a run of `profile` in `out`, writes out/ready, and waits for its job's line on its stdin (a
+    pipe the caller holds: closing it sends the worker away). Its pid goes to out/pid."""
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "runner.isolated", "--standby", profile, "--out", str(out),
+           "--backend", "local", "--threads", str(threads)]
+    cmd += ["--data", data] if data else []
+    cmd += ["--gpu", gpu] if gpu else []
+    with open(out / "supervisor.log", "ab") as log:
+        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
+                                env=training_env(), start_new_session=True)
     (out / "pid").write_text(str(proc.pid))
     return proc
 

@@ -5,11 +5,14 @@ Deploy it once (and again after every change to the harness, whose hash results 
     modal deploy -m runner.modal_app
 
 One class, `Trainer`, on one GPU per container. A container prepares the profile's data and
-tokenizer once (`@modal.enter`, cached on the Volume mounted at /cache with the torch compile
-caches), then runs jobs one at a time: `run(job_json)` runs `runner.isolated.run_job` in a fresh
-temporary directory and returns the ResultSpec as JSON, exactly as a local run would produce it.
-Containers stay warm for `scaledown_window` seconds between runs, so a queue of runs pays the
-start-up once. Progress lines go to a Modal Dict keyed by run id, for the bot's lookup(); a
+tokenizer once (`@modal.enter`, cached on the Volume mounted at /cache), then runs jobs one at a
+time: `run(job_json)` runs the job through `runner.isolated` in a fresh temporary directory and
+returns the ResultSpec as JSON, exactly as a local run would produce it. Each job gets a worker
+prepared before it came (`NextRun`: its sandboxed training and scoring processes have imported
+torch and loaded the data), and the next job's worker gets ready while this one runs. Containers
+stay warm for `scaledown_window` seconds between runs, so a queue of runs pays the container's
+start-up once. torch's compile caches do not carry from run to run: each training sandbox has its
+own /tmp, so that no train.py can leave compiled code, or trained weights, for the next. Progress lines go to a Modal Dict keyed by run id, for the bot's lookup(); a
 failure there never fails a run.
 
 Everything is read from the environment of whoever deploys, and handed to the containers:
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Callable
@@ -79,8 +83,7 @@ image = (
     modal.Image.debian_slim(python_version="3.11")
     .apt_install("bubblewrap")
     .pip_install(*TRAIN_PACKAGES)
-    .env({"AUTORESEARCH_CACHE": CACHE, "TORCHINDUCTOR_CACHE_DIR": f"{CACHE}/inductor",
-          "TRITON_CACHE_DIR": f"{CACHE}/triton"})
+    .env({"AUTORESEARCH_CACHE": CACHE})
     .add_local_python_source("runner", ignore=_skip_bytecode)
 )
 cache_volume = modal.Volume.from_name(DEPLOYED["AUTORESEARCH_MODAL_VOLUME"], create_if_missing=True)
@@ -123,7 +126,7 @@ def _progress_store() -> ProgressStore | None:
 
 
 def _commit_cache() -> None:
-    """Make what this container wrote to /cache (data, tokenizer, compile caches) visible to the next."""
+    """Make what this container wrote to /cache (data, tokenizer) visible to the next."""
     if modal.is_local():
         return
     try:
@@ -150,12 +153,18 @@ class Trainer:
         log.info("profile %s ready: data %s, tokenizer %s", self.profile, prepared.dataset.fingerprint[:12],
                  "trained now" if prepared.trained_tokenizer else "cached")
         _commit_cache()
+        self.workers = NextRun(self.profile)
+        self.workers.refill()  # even the container's first job starts warm, if it comes a few seconds later
+
+    @modal.exit()
+    def close(self) -> None:
+        self.workers.close()
 
     @modal.method()
     def run(self, job_json: str, spawned_at: float | None = None) -> str:
         """One job: its ResultSpec as JSON. A job for another profile than the deployed one is an error."""
         return run_one(job_json, self.profile, spawned_at=spawned_at, progress_store=_progress_store(),
-                       call_id=modal.current_function_call_id() or "")
+                       call_id=modal.current_function_call_id() or "", workers=self.workers)
 
     @modal.method()
     def identity(self) -> dict[str, str]:
@@ -166,10 +175,43 @@ class Trainer:
         return measurement_identity(self.profile)
 
 
+class NextRun:
+    """A container's worker for its next job: a runner.isolated.Supervisor prepared in a temporary
+    directory before the job comes. `take()` gives it (or a cold one), and the caller `refill()`s
+    at once, so that the next worker imports torch while the current job trains. Each worker
+    serves one job: nothing of a train.py outlives its run."""
+
+    def __init__(self, profile: str) -> None:
+        self.profile = profile
+        self._next: Any = None
+
+    def take(self) -> Any:
+        worker, self._next = self._next, None
+        return worker if worker is not None else self._prepare()
+
+    def refill(self) -> None:
+        if self._next is None:
+            self._next = self._prepare()
+
+    def close(self) -> None:
+        worker, self._next = self._next, None
+        if worker is not None:
+            worker.discard()
+            shutil.rmtree(worker.out, ignore_errors=True)
+
+    def _prepare(self) -> Any:
+        from runner.isolated import Supervisor
+
+        worker = Supervisor(Path(tempfile.mkdtemp(prefix="run-")), self.profile, backend="modal")
+        worker.prepare()
+        return worker
+
+
 def run_one(job_json: str, profile: str, *, spawned_at: float | None = None,
             progress_store: ProgressStore | None = None, call_id: str = "",
-            run_job: Callable[..., Any] | None = None) -> str:
-    """The body of `Trainer.run`: run the job in a fresh directory, return its ResultSpec JSON.
+            run_job: Callable[..., Any] | None = None, workers: NextRun | None = None) -> str:
+    """The body of `Trainer.run`: run the job in a fresh directory (a prepared worker's, from
+    `workers`, or a cold run through `run_job`), return its ResultSpec JSON.
 
     Only RuntimeError ever leaves it: Modal reads a builtin TimeoutError from a call as "still
     running", so a harness failure must never look like one."""
@@ -182,17 +224,23 @@ def run_one(job_json: str, profile: str, *, spawned_at: float | None = None,
             raise ValueError(f"run {job.run_id} asks for profile {job.profile}, but this Modal app measures "
                              f"{profile}: deploy it with AUTORESEARCH_PROFILE={job.profile} "
                              "(modal deploy -m runner.modal_app), or run the bot with that profile")
-        if run_job is None:
-            from runner import isolated
-
-            run_job = isolated.run_job
         board = ProgressBoard(progress_store, job.run_id)
-        with tempfile.TemporaryDirectory(prefix=f"run-{job.run_id}-") as tmp:
-            result = run_job(job, Path(tmp), backend="modal", detail=call_id, on_progress=board.push)
+        if workers is not None and run_job is None:
+            worker = workers.take()
+            workers.refill()
+            try:
+                result = worker.run(job, received_at=started, detail=call_id, on_progress=board.push)
+            finally:
+                shutil.rmtree(worker.out, ignore_errors=True)
+        else:
+            if run_job is None:
+                from runner import isolated
+
+                run_job = isolated.run_job
+            with tempfile.TemporaryDirectory(prefix=f"run-{job.run_id}-") as tmp:
+                result = run_job(job, Path(tmp), backend="modal", detail=call_id, on_progress=board.push)
     except Exception as error:  # see the docstring
         raise RuntimeError(f"the harness failed on Modal ({type(error).__name__}: {error})") from error
-    finally:
-        _commit_cache()  # compile caches written during the run
     if result.timings.queued is None and spawned_at is not None:
         timings = result.timings.model_copy(update={"queued": round(max(0.0, started - spawned_at), 3)})
         result = result.model_copy(update={"timings": timings})

@@ -83,8 +83,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         scorer = Scorer(args.profile, args.data)
-        if args.wait and sys.stdin.readline().strip() != "go":
-            return 0  # the run ended without a model to score
+        if args.wait:
+            print("[score] ready", file=sys.stderr, flush=True)
+            if sys.stdin.readline().strip() != "go":
+                return 0  # the run ended without a model to score
         answer = scorer.score(args.model)
     except (DataMissing, Exception) as error:  # noqa: BLE001 - the model can fail in any way: say how
         answer = {"error": f"scoring failed: {type(error).__name__}: {str(error)[:1000]}"}

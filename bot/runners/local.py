@@ -6,17 +6,28 @@ on a CUDA profile each slot sees only its own GPU (its device node in the sandbo
 (job.json, jobspec.json, pid, log.txt, scratch/progress.jsonl, result.json (a ResultSpec), and
 outcome.json once the runner has collected it), so lookup() can answer from the files alone: a
 restarted conductor finds the jobs that went on without it, and the results they left behind.
+
+Warm workers (`warm=True`; the service and the demo turn them on): once a slot has run a job, a worker for its next job is started at
+once (`runner.isolated --standby`, in `<runs_dir>/.standby-<slot>-<n>/`): its training and scoring
+processes import torch and load the data while the slot's current run trains. The next job of
+that slot and profile renames the worker's directory to its run directory and hands it the job on
+its stdin, so its start-up imports nothing. A worker serves one job and ends, like a cold one: a
+train.py cannot leave anything in it for the next. It costs about a run's memory per slot while
+it waits; it goes away when its pipe closes (shutdown, or this process killed).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
+import shutil
 import subprocess
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +40,32 @@ from runner.protocol import JobSpec, ResultSpec
 
 log = logging.getLogger(__name__)
 SUPERVISOR_GRACE_S = 60.0  # beyond the training and scoring limits, before the supervisor itself is killed
+STANDBY_PREFIX = ".standby-"
+
+
+@dataclass
+class Standby:
+    """A warm worker waiting for its slot's next job."""
+    proc: subprocess.Popen
+    out: Path
+    profile: str
+    gpu: str | None
+
+    def ready(self) -> bool:
+        return self.proc.poll() is None and (self.out / "ready").exists()
+
+    def send_away(self) -> None:
+        """Close its pipe: it stops its processes and removes its directory (once it is ready)."""
+        try:
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+        except OSError:
+            pass
 
 
 class LocalRunner:
     def __init__(self, runs_dir: Path, slots: int = 1, data: str | None = None,
-                 gpus: list[str] | None = None) -> None:
+                 gpus: list[str] | None = None, warm: bool = False) -> None:
         if slots < 1:
             raise ValueError("a runner needs at least one slot")
         self.runs_dir = runs_dir
@@ -49,6 +81,10 @@ class LocalRunner:
         self._procs: dict[int, subprocess.Popen] = {}
         self._slot_of: dict[int, int] = {}
         self._notify: Callable[[], None] | None = None
+        self.warm = warm
+        self._standby: dict[int, Standby] = {}
+        self._standby_names = itertools.count()
+        _sweep_standby_dirs(runs_dir)
 
     def on_change(self, callback: Callable[[], None]) -> None:
         self._notify = callback
@@ -58,22 +94,34 @@ class LocalRunner:
         out = self.runs_dir / str(job.run_id)
         if (out / "job.json").exists():
             return str(out)  # submitted before: one run per id
-        out.mkdir(parents=True, exist_ok=True)
         profile = get_profile(job.profile)
         slot = self._free_slot()
+        gpu = self.gpus[slot % len(self.gpus)] if profile.device == "cuda" else None
+        worker = self._take_standby(slot, job.profile, gpu)
+        if worker is not None:
+            if out.exists():  # a submit that died before it wrote job.json left this
+                shutil.rmtree(out)
+            os.rename(worker.out, out)  # its processes see the directory they were started in, under its new name
+        out.mkdir(parents=True, exist_ok=True)
         spec = job_spec(job)
         files.write_text(out / "jobspec.json", spec.model_dump_json())
         record = {"run_id": job.run_id, "profile": job.profile, "seed": job.seed, "commit": job.commit,
-                  "asset_sha256": job.asset_sha256, "slot": slot, "submitted_at": time.time(),
+                  "asset_sha256": job.asset_sha256, "slot": slot, "submitted_at": time.time(), "warm": worker is not None,
                   "deadline": time.time() + profile.max_total_s + profile.score_limit_s + SUPERVISOR_GRACE_S}
-        files.write_text(out / "job.json", json.dumps(record))  # first: a second submit starts nothing
-        gpu = self.gpus[slot % len(self.gpus)] if profile.device == "cuda" else None
-        proc = launch.start_isolated(out / "jobspec.json", out, data=self.data, threads=self.threads, gpu=gpu)
-        files.write_text(out / "job.json", json.dumps(dict(record, pid=proc.pid)))
+        if worker is not None:
+            proc = worker.proc
+            files.write_text(out / "job.json", json.dumps(dict(record, pid=proc.pid)))  # first: a second submit starts nothing
+            _hand_over(worker, out)
+        else:
+            files.write_text(out / "job.json", json.dumps(record))  # first: a second submit starts nothing
+            proc = launch.start_isolated(out / "jobspec.json", out, data=self.data, threads=self.threads, gpu=gpu)
+            files.write_text(out / "job.json", json.dumps(dict(record, pid=proc.pid)))
         self._procs[job.run_id] = proc
         self._slot_of[job.run_id] = slot
         if self._notify is not None:
             threading.Thread(target=self._watch, args=(proc,), daemon=True).start()
+        if self.warm:
+            self._start_standby(slot, job.profile, gpu)
         return str(out)
 
     def lookup(self, run_id: int) -> RunStatus:
@@ -115,10 +163,20 @@ class LocalRunner:
         self._slot_of.pop(run_id, None)  # no outcome is written: a later lookup finds it lost, never a crash
 
     def shutdown(self) -> None:
-        """Stop every job this process started (the end of a demo, Ctrl-C); a restarted conductor
-        finds them lost and runs them again."""
+        """Stop every job this process started (the end of a demo, Ctrl-C), and its warm workers; a
+        restarted conductor finds the jobs lost and runs them again."""
         for run_id in list(self._procs):
             self.cancel(run_id)
+        workers, self._standby = list(self._standby.values()), {}
+        for worker in workers:
+            worker.send_away()
+        for worker in workers:
+            try:
+                worker.proc.wait(timeout=10)  # a ready worker removes its directory itself
+            except subprocess.TimeoutExpired:
+                launch.kill_group(worker.proc.pid)  # its sandboxes die with it (bwrap --die-with-parent)
+                worker.proc.wait()
+            shutil.rmtree(worker.out, ignore_errors=True)
 
     # --- internals -------------------------------------------------------------------------------
     def _finish(self, run_id: int, out: Path, job: dict[str, Any], code: int | None, *,
@@ -129,6 +187,27 @@ class LocalRunner:
         self._slot_of.pop(run_id, None)
         return _finished(out, job, outcome)
 
+    def _take_standby(self, slot: int, profile: str, gpu: str | None) -> Standby | None:
+        """The slot's warm worker, if it is ready for this job; any other is sent away."""
+        worker = self._standby.pop(slot, None)
+        if worker is None:
+            return None
+        if worker.ready() and worker.profile == profile and worker.gpu == gpu:
+            return worker
+        log.info("slot %d: its warm worker is %s; this run starts cold", slot,
+                 "not ready yet" if worker.proc.poll() is None else f"gone (exit code {worker.proc.returncode})")
+        worker.send_away()
+        return None
+
+    def _start_standby(self, slot: int, profile: str, gpu: str | None) -> None:
+        out = self.runs_dir / f"{STANDBY_PREFIX}{slot}-{os.getpid()}-{next(self._standby_names)}"
+        try:
+            proc = launch.start_standby(profile, out, data=self.data, threads=self.threads, gpu=gpu)
+        except OSError as error:  # no worker: the next run starts cold, which works as well
+            log.warning("slot %d: could not start a warm worker (%s); its next run starts cold", slot, error)
+            return
+        self._standby[slot] = Standby(proc, out, profile, gpu)
+
     def _free_slot(self) -> int:
         taken = set(self._slot_of.values())
         return next((s for s in range(self.slots) if s not in taken), len(taken) % self.slots)
@@ -137,6 +216,26 @@ class LocalRunner:
         proc.wait()
         if self._notify is not None:
             self._notify()
+
+
+def _hand_over(worker: Standby, out: Path) -> None:
+    """Give a warm worker its job: the job file and its directory's new name, on its stdin."""
+    order = json.dumps({"job": str(out / "jobspec.json"), "out": str(out)}) + "\n"
+    try:
+        assert worker.proc.stdin is not None
+        worker.proc.stdin.write(order.encode())
+        worker.proc.stdin.close()
+    except (BrokenPipeError, OSError):
+        pass  # it died just now: lookup() finds its supervisor ended without a result, a crash
+
+
+def _sweep_standby_dirs(runs_dir: Path) -> None:
+    """Remove the directories of warm workers that are gone (their runner was killed, then they)."""
+    if not runs_dir.is_dir():
+        return
+    for path in runs_dir.glob(f"{STANDBY_PREFIX}*"):
+        if not _is_our_child(_read_pid(path)):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _finished(out: Path, job: dict[str, Any], outcome: dict[str, Any]) -> RunStatus:

@@ -3,6 +3,7 @@ directory alone (so a restarted conductor finds its jobs), cancel, and a GPU per
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -15,6 +16,10 @@ from bot.runners.local import LocalRunner, last_progress
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN_PY = (ROOT / "train.py").read_text()
+# hands over an untrained model at once: a run costs its imports, export and scoring, no training
+UNTRAINED = ("import torch\nfrom runner import harness\nh = harness.session()\n"
+             "model = torch.nn.Sequential(torch.nn.Embedding(h.vocab_size, 8), torch.nn.Linear(8, h.vocab_size))\n"
+             "h.finish(model)\n")
 
 
 def wait_for(runner: LocalRunner, run_id: int, timeout: float = 120.0) -> RunStatus:
@@ -116,7 +121,7 @@ def test_each_slot_of_a_cuda_profile_gets_its_own_gpu(tmp_path: Path, monkeypatc
     hook.mkdir()
     (hook / "sitecustomize.py").write_text("import os, signal\nos.kill(os.getpid(), signal.SIGSTOP)\n")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")])))
-    runner = LocalRunner(tmp_path / "runs", slots=2, gpus=["3", "5"])
+    runner = LocalRunner(tmp_path / "runs", slots=2, gpus=["3", "5"], warm=False)
     seen, pids = [], []
     try:
         for run_id, profile in ((1, "h100"), (2, "h100"), (3, "smoke")):
@@ -132,3 +137,51 @@ def test_each_slot_of_a_cuda_profile_gets_its_own_gpu(tmp_path: Path, monkeypatc
         for run_id in (1, 2, 3):
             runner.cancel(run_id)
     assert seen == ["3", "5", None]  # the supervisor shows the sandbox that device only (tests/runner/test_isolated.py)
+
+
+def wait_for_path(path: Path, *, exists: bool, timeout: float = 300.0) -> None:
+    deadline = time.time() + timeout
+    while path.exists() != exists:
+        assert time.time() < deadline, f"{path} {'never appeared' if exists else 'was never removed'}"
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_the_next_run_of_a_slot_starts_in_its_warm_worker(tmp_path: Path, smoke_prepared) -> None:
+    runner = LocalRunner(tmp_path, slots=1, warm=True)
+    try:
+        runner.submit(Job(run_id=1, asset=UNTRAINED, profile="smoke", seed=1))
+        first = wait_for(runner, 1).result
+        assert first.status == "ok" and first.metrics["warm"] is False, first.error
+        [worker] = tmp_path.glob(".standby-*")  # started with run 1, for the slot's next run
+        wait_for_path(worker / "ready", exists=True)
+        runner.submit(Job(run_id=2, asset=UNTRAINED, profile="smoke", seed=2))
+        assert not worker.exists() and json.loads((tmp_path / "2" / "job.json").read_text())["warm"] is True
+        second = wait_for(runner, 2).result
+        assert second.status == "ok" and second.metrics["warm"] is True and second.run_id == 2, second.error
+        assert second.val_bpb == pytest.approx(first.val_bpb, rel=0.1)  # the same untrained model, scored alike
+    finally:
+        runner.shutdown()
+    assert not list(tmp_path.glob(".standby-*")), "shutdown leaves no worker behind"
+
+
+def test_a_worker_not_ready_yet_is_sent_away_and_the_run_starts_cold(tmp_path: Path, smoke_prepared) -> None:
+    runner = LocalRunner(tmp_path, slots=1, warm=True)
+    sleeper = "import time\ntime.sleep(60)\n"
+    try:
+        runner.submit(Job(run_id=1, asset=sleeper, profile="smoke", seed=1))
+        [worker] = tmp_path.glob(".standby-*")
+        runner.submit(Job(run_id=2, asset=sleeper, profile="smoke", seed=2))  # milliseconds later: not ready
+        assert json.loads((tmp_path / "2" / "job.json").read_text())["warm"] is False
+        wait_for_path(worker, exists=False)  # once ready, it reads the end of its input and removes itself
+    finally:
+        runner.shutdown()
+    assert not list(tmp_path.glob(".standby-*"))
+
+
+def test_the_directories_of_dead_workers_are_swept(tmp_path: Path) -> None:
+    stale = tmp_path / ".standby-0-1-0"
+    stale.mkdir()
+    (stale / "pid").write_text("999999999")
+    LocalRunner(tmp_path)
+    assert not stale.exists()

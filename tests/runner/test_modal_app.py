@@ -189,3 +189,20 @@ def _result(job: JobSpec) -> ResultSpec:
     return ResultSpec(run_id=job.run_id, status="crash", error="canned",
                       hashes=Hashes(asset=job.asset_sha256, harness=harness_hash(), data=""),
                       runner=RunnerIdentity(backend="modal"), profile=job.profile)
+
+
+def test_each_job_gets_a_worker_prepared_before_it_came(smoke_prepared: Any) -> None:
+    # What Trainer does: one worker prepared at the container's start, the next one while a job runs.
+    workers = modal_app.NextRun("smoke")
+    try:
+        workers.refill()
+        assert workers._next.wait_ready(300), "the prepared worker never got ready"
+        job = JobSpec(run_id=5, asset=CRASH, profile="smoke")
+        result = ResultSpec.model_validate_json(modal_app.run_one(job.model_dump_json(), "smoke", workers=workers,
+                                                                  call_id="fc-123"))
+        check_result(job, result, harness=harness_hash())
+        assert result.status == "crash" and "crashes on purpose" in (result.error or "")
+        assert result.metrics["warm"] is True and result.runner.detail == "fc-123"
+        assert workers._next is not None, "the next job's worker is prepared while this one runs"
+    finally:
+        workers.close()
