@@ -26,12 +26,14 @@ feedback exactly once (a redelivery applied twice would show twice), each pair w
 once 202 and once 200, and nothing answered 5xx or failed. Any miss exits non-zero.
 
     .venv/bin/python bench/webhook_load.py [--deliveries 5000] [--concurrency 64] [--redeliver 0.1]
-        [--rate R] [--trace-store] [--web-module FILE] [--quiet] [--fast-http DIR] [--switch-ms MS]
+        [--rate R] [--trace-store] [--web-module FILE] [--events-module FILE] [--quiet] [--fast-http DIR]
+        [--switch-ms MS]
 
 To find where the time goes: --trace-store times the web's inbox writes and the conductor's write
-transactions and reports the service's CPU by thread; --web-module runs another bot/web.py (say
-HEAD's) for a before/after in one session; --quiet, --fast-http and --switch-ms each change one
-thing about the service process. On a small machine compare runs of one session, not across days.
+transactions and reports the service's CPU by thread; --web-module and --events-module run another
+bot/web.py and bot/events.py (say HEAD's) for a before/after in one session; --quiet, --fast-http
+and --switch-ms each change one thing about the service process. On a small machine compare runs
+of one session, not across days.
 """
 
 from __future__ import annotations
@@ -85,21 +87,23 @@ def standin_main(root: Path, key_file: Path) -> None:
 
 
 def child_main(run_seconds: float, quiet: bool, trace: Path | None, web_module: Path | None,
-               switch_ms: float | None) -> None:
+               switch_ms: float | None, events_module: Path | None = None) -> None:
     """`autoresearch serve`, as typed, with the local runner swapped for the tests' FakeRunner (its
-    jobs lasting `run_seconds`); `quiet`: without the two log lines a delivery costs (uvicorn's
+    jobs lasting `run_seconds`); `quiet`: without the log lines a delivery costs (uvicorn's
     access log, bot.web's INFO line); `trace`: time the store's writes, written there at exit;
-    `web_module`: this file serves as bot.web (another version of it, to compare in one session);
+    `web_module`, `events_module`: this file serves as bot.web, bot.events (another version of it, to
+    compare in one session);
     `switch_ms`: the interpreter's switch interval (sys.setswitchinterval; Python's default is 5 ms)."""
     if switch_ms is not None:
         sys.setswitchinterval(switch_ms / 1000)
-    if web_module is not None:
-        import importlib.util
+    for name, path in (("bot.events", events_module), ("bot.web", web_module)):
+        if path is not None:
+            import importlib.util
 
-        spec = importlib.util.spec_from_file_location("bot.web", web_module)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["bot.web"] = module
-        spec.loader.exec_module(module)
+            spec = importlib.util.spec_from_file_location(name, path)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            spec.loader.exec_module(module)
     import logging
     import threading
 
@@ -150,6 +154,7 @@ def child_main(run_seconds: float, quiet: bool, trace: Path | None, web_module: 
 
     spans: dict[str, Any] = {"inbox_insert": [], "conductor_write": [], "writer_commit": []}
     add_inbox, transaction = Store.add_inbox, Store.transaction
+    add_inbox_many = getattr(Store, "add_inbox_many", None)  # the web's batches (a --web-module may not use it)
 
     def timed_add_inbox(self: Store, **kwargs: Any) -> bool:
         start = time.time()
@@ -158,6 +163,13 @@ def child_main(run_seconds: float, quiet: bool, trace: Path | None, web_module: 
         finally:
             spans["inbox_insert"].append((start, time.time()))
 
+    def timed_add_inbox_many(self: Store, entries: list[dict[str, Any]], **kwargs: Any) -> list[bool]:
+        start = time.time()
+        try:
+            return add_inbox_many(self, entries, **kwargs)
+        finally:  # waits for the lock, inserts, commits
+            spans["writer_commit"].append((start, time.time(), len(entries)))
+
     @contextlib.contextmanager
     def timed_transaction(self: Store) -> Any:
         outer, start = not self._depth, time.time()
@@ -165,9 +177,8 @@ def child_main(run_seconds: float, quiet: bool, trace: Path | None, web_module: 
             with transaction(self) as db:
                 yield db
         finally:
-            if outer and threading.current_thread().name in ("conductor", "inbox-writer"):  # waits for, then holds
-                spans["conductor_write" if threading.current_thread().name == "conductor" else "writer_commit"].append(
-                    (start, time.time()))
+            if outer and threading.current_thread().name == "conductor":  # waits for, then holds
+                spans["conductor_write"].append((start, time.time()))
 
     def write_trace(*_: Any) -> None:
         spans["threads"] = {str(t.native_id): t.name for t in threading.enumerate()}
@@ -175,6 +186,8 @@ def child_main(run_seconds: float, quiet: bool, trace: Path | None, web_module: 
         sys.exit(0)
 
     Store.add_inbox, Store.transaction = timed_add_inbox, timed_transaction  # type: ignore[method-assign]
+    if add_inbox_many is not None:
+        Store.add_inbox_many = timed_add_inbox_many  # type: ignore[method-assign]
     # uvicorn restores this handler after its shutdown and raises SIGTERM again
     signal.signal(signal.SIGTERM, write_trace)
     app(["serve"], prog_name="autoresearch")
@@ -267,6 +280,7 @@ class Processes:
                                          *(["--quiet"] if args.quiet else []),
                                          *(["--switch-ms", str(args.switch_ms)] if args.switch_ms else []),
                                          *(["--web-module", str(args.web_module)] if args.web_module else []),
+                                         *(["--events-module", str(args.events_module)] if args.events_module else []),
                                          *(["--trace-file", str(self.trace)] if self.trace else [])],
                                         cwd=root, env=env,
                                         stdout=self.log.open("wb"), stderr=subprocess.STDOUT)
@@ -434,8 +448,9 @@ def main() -> int:
     parser.add_argument("--keep", type=Path, help="keep the state directory and the service's log here")
     parser.add_argument("--py-spy", type=Path, metavar="BIN", help="sample the service with this py-spy during the "
                         "load (the thread holding the GIL), collapsed stacks into --keep's py-spy.txt")
-    parser.add_argument("--quiet", action="store_true", help="the service without its two log lines per delivery "
-                        "(uvicorn's access log, bot.web's INFO line), to see what they cost")
+    parser.add_argument("--quiet", action="store_true", help="the service without its log lines per delivery "
+                        "(bot.web's INFO line; uvicorn's access line, which `serve` now leaves out for /webhook "
+                        "anyway), to see what they cost")
     parser.add_argument("--fast-http", type=Path, metavar="DIR", help="put DIR on the service's PYTHONPATH: with "
                         "httptools and uvloop there, uvicorn uses them (its 'auto' choice) instead of h11 and asyncio")
     parser.add_argument("--run-seconds", type=float, default=6.0, help="how long a training run lasts (default 6: "
@@ -448,6 +463,8 @@ def main() -> int:
                         "write transactions (into --keep's store-trace.json) and report how they overlap")
     parser.add_argument("--web-module", type=Path, metavar="FILE", help="serve with FILE as bot.web (e.g. "
                         "`git show HEAD~1:bot/web.py > /tmp/web_before.py`), to compare two versions in one session")
+    parser.add_argument("--events-module", type=Path, metavar="FILE", help="serve with FILE as bot.events (the "
+                        "inbox's applier), as --web-module does for bot.web")
     parser.add_argument("--switch-ms", type=float, help="the service's GIL switch interval in ms (Python's default: 5); "
                         "a thread back from SQLite waits up to this long for the GIL while the event loop computes")
     parser.add_argument("--standin", type=Path, help=argparse.SUPPRESS)
@@ -458,7 +475,7 @@ def main() -> int:
         standin_main(args.standin, args.standin / "app.pub")
         return 0
     if args.child:
-        child_main(args.run_seconds, args.quiet, args.trace, args.web_module, args.switch_ms)
+        child_main(args.run_seconds, args.quiet, args.trace, args.web_module, args.switch_ms, args.events_module)
         return 0
     if args.deliveries < 2 or args.concurrency < 2 or not 0 <= args.redeliver <= 0.5:
         parser.error("--deliveries and --concurrency must be at least 2, --redeliver within 0..0.5")
@@ -486,7 +503,7 @@ def main() -> int:
             report["store_trace"] = store_trace(spans, *window)
             names = Counter()
             for tid, cpu in threads.items():
-                name = spans["threads"].get(tid, "other threads (request workers)")
+                name = spans["threads"].get(tid, "other threads (request workers, the inbox writer)")
                 names["event loop (MainThread)" if name == "MainThread" else name] += cpu
             report["service_cpu_s_by_thread"] = {k: round(v, 2) for k, v in names.most_common()}
         failures = check(report, store)
@@ -576,11 +593,13 @@ def pacing(log: Path, start: float, end: float) -> float:
 
 
 def store_trace(spans: dict[str, list[list[float]]], start: float, end: float) -> dict[str, Any]:
-    """In the load window: how long the web's inbox inserts took (lock waits, busy waits, fsync), the
-    conductor's write transactions (waiting for and holding the write lock), and the inserts that
-    ran while a conductor transaction did."""
-    inserts = [(a, b) for a, b in spans["inbox_insert"] if start <= a <= end]
-    commits = [(a, b) for a, b in spans.get("writer_commit", []) if start <= a <= end]
+    """In the load window: how long the web's inbox inserts took (lock waits, busy waits, fsync; for a
+    web server that writes in batches, each batch's transaction from waiting for the lock to its
+    commit, and the rows in it), the conductor's write transactions (waiting for and holding the
+    write lock), and the inserts that ran while a conductor transaction did."""
+    batched = [(a, b, n) for a, b, n in spans.get("writer_commit", []) if start <= a <= end]
+    commits = [(a, b) for a, b, _ in batched]
+    inserts = commits or [(a, b) for a, b in spans["inbox_insert"] if start <= a <= end]
     writes = [(a, b) for a, b in spans["conductor_write"] if b >= start and a <= end]
     busy = sum(min(b, end) - max(a, start) for a, b in writes)
 
@@ -593,7 +612,10 @@ def store_trace(spans: dict[str, list[list[float]]], start: float, end: float) -
                 "max_ms": round(max(values), 1), "sum_s": round(sum(values) / 1000, 2)}
 
     overlapping = [p for p in inserts if during_write(*p)]
-    return {"inbox_inserts": ms(inserts), "writer_commits": ms(commits), "inserts_during_a_conductor_write": ms(overlapping),
+    rows = [n for _, _, n in batched] or [0]
+    return {"inbox_inserts": ms(inserts), "writer_commits": {**ms(commits), "rows_mean": round(sum(rows) / len(rows), 1),
+                                                              "rows_max": max(rows)},
+            "inserts_during_a_conductor_write": ms(overlapping),
             "inserts_otherwise": ms([p for p in inserts if not during_write(*p)]),
             "conductor_writes": ms(writes), "conductor_write_share_of_window": round(busy / (end - start), 3)}
 

@@ -6,12 +6,18 @@ sender's idempotency key: the same key twice is one entry. On each tick the cond
 marks it processed in the same transaction as the handler's own writes, so a conductor killed
 half-way applies it again from scratch, never twice. An entry that cannot be applied (an unknown
 kind, a bad payload) is marked processed with the reason and never blocks the ones after it.
+
+Entries are applied in batches, one transaction per batch (at most BATCH_ENTRIES entries or
+BATCH_SECONDS of work), each entry inside its own savepoint: a handler that fails rolls back only
+its own writes. A burst of deliveries then costs the store a few commits rather than one per entry,
+and the webhook server's inserts wait behind a few short transactions rather than thousands.
 """
 
 from __future__ import annotations
 
 import logging
 import sqlite3
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -46,30 +52,65 @@ def submit(store: Store, kind: str, payload: dict[str, Any] | None = None, *, au
 
 def apply_inbox(store: Store) -> int:
     """Apply every entry not yet processed, in order; returns how many were applied."""
-    applied = 0
-    for entry in store.pending_inbox():
-        handler = HANDLERS.get(entry.kind)
+    pending = store.pending_inbox()
+    applied = done = 0
+    while done < len(pending):
         try:
             with store.transaction():
-                if handler is None:
-                    raise RejectedInput(f"unknown input {entry.kind!r}")
-                if not isinstance(entry.payload, dict):
-                    raise RejectedInput(f"its payload must be a JSON object, not {type(entry.payload).__name__}")
-                outcome = handler(store, entry)
-                store.mark_processed(entry.id, outcome)
-                store.event(None, "inbox", f"{entry.kind} from {entry.author}: {outcome}")
-        except sqlite3.OperationalError as error:  # the store's fault, not the entry's: it waits for a later tick
-            log.warning("inbox entry %s (%s) not applied yet, the store could not take it (%s): trying again on "
-                        "the next tick", entry.id, entry.kind, error)
+                batch = _apply_batch(store, pending[done:])
+        except sqlite3.OperationalError as error:  # the store's fault, not an entry's: they wait for a later tick
+            log.warning("%d inbox entries from id %s on not applied yet, the store could not take them (%s): "
+                        "trying again on the next tick", len(pending) - done, pending[done].id, error)
             break
+        failpoint("inbox_applied")  # the crash tests: the batch is committed
+        done += len(batch)
+        applied += sum(batch)
+    return applied
+
+
+BATCH_ENTRIES = 200  # entries per transaction at most
+BATCH_SECONDS = 0.02  # and about this much work: the webhook server's inserts wait while it is held
+
+
+def _apply_batch(store: Store, entries: list[InboxEntry]) -> list[bool]:
+    """Apply entries, in order, inside the caller's transaction until the batch is full; for each
+    entry taken, whether it was applied (False: rejected).
+
+    Each entry's writes go in a savepoint: a handler's failure rolls back its own writes only, and
+    the entry is marked rejected with the reason. A store error (sqlite3.OperationalError)
+    propagates, so the caller rolls back the whole batch and it is applied again later."""
+    started = time.monotonic()
+    taken: list[bool] = []
+    for entry in entries:
+        if len(taken) >= BATCH_ENTRIES or (taken and time.monotonic() - started > BATCH_SECONDS):
+            break
+        store.db.execute("SAVEPOINT inbox_entry")
+        try:
+            _apply(store, entry)
+        except sqlite3.OperationalError:
+            raise
         except Exception as error:  # noqa: BLE001 - one bad entry must never block the ones after it
+            store.db.execute("ROLLBACK TO inbox_entry")
+            store.db.execute("RELEASE inbox_entry")
             store.mark_processed(entry.id, f"rejected: {error}")
             store.event(None, "inbox", f"{entry.kind} from {entry.author} rejected: {error}")
             log.warning("inbox entry %s (%s) rejected: %s", entry.id, entry.kind, error)
+            taken.append(False)
             continue
-        failpoint("inbox_applied")
-        applied += 1
-    return applied
+        store.db.execute("RELEASE inbox_entry")
+        taken.append(True)
+    return taken
+
+
+def _apply(store: Store, entry: InboxEntry) -> None:
+    handler = HANDLERS.get(entry.kind)
+    if handler is None:
+        raise RejectedInput(f"unknown input {entry.kind!r}")
+    if not isinstance(entry.payload, dict):
+        raise RejectedInput(f"its payload must be a JSON object, not {type(entry.payload).__name__}")
+    outcome = handler(store, entry)
+    store.mark_processed(entry.id, outcome)
+    store.event(None, "inbox", f"{entry.kind} from {entry.author}: {outcome}")
 
 
 @on("steer")

@@ -16,6 +16,7 @@ markers, and then works through what waited in the store.
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 import time
@@ -217,8 +218,19 @@ def serve(settings: ServiceSettings, *, make_parts: Callable[[ServiceSettings, G
 
     service = Service(settings, make_parts=make_parts, timer_s=timer_s)
     service.start()
+    log_config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)
+    log_config.setdefault("filters", {})["not_a_webhook"] = {"()": lambda: not_a_webhook}
+    log_config["loggers"]["uvicorn.access"]["filters"] = ["not_a_webhook"]
     try:
-        uvicorn.run(service.app(), host=settings.host, port=settings.port, log_level="info",
+        uvicorn.run(service.app(), host=settings.host, port=settings.port, log_level="info", log_config=log_config,
                     timeout_graceful_shutdown=3)  # open dashboard streams must not hold up Ctrl-C
     finally:
         service.stop()
+
+
+def not_a_webhook(record: logging.LogRecord) -> bool:
+    """uvicorn's access log without POST /webhook: bot.web logs each delivery itself, with its id and
+    what became of it, so a second line per delivery is only CPU spent during a burst."""
+    args = record.args
+    return not (isinstance(args, tuple) and len(args) >= 3 and args[1] == "POST"
+                and str(args[2]).partition("?")[0] == "/webhook")

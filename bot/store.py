@@ -169,6 +169,41 @@ class Store:
             (key, kind, json.dumps(payload), author, time.time()))
         return cursor.rowcount == 1
 
+    def add_inbox_many(self, entries: list[dict[str, Any]], *, poll_s: float = 0.001,
+                       patience_s: float = 30.0) -> list[bool]:
+        """Record several inputs (add_inbox's keyword arguments each) in one transaction, so one
+        fsync for all; for each, False if its key was already there (a key twice in `entries`: the
+        second is False). All or none are stored: an error rolls every one back and propagates.
+
+        The write lock is waited for by trying again every `poll_s`, up to `patience_s` (then
+        sqlite3.OperationalError), rather than by SQLite's busy handler, whose sleeps grow to 100 ms
+        and go on after the lock is free: the webhook server answers GitHub after this returns."""
+        (timeout_ms,) = self.db.execute("PRAGMA busy_timeout").fetchone()
+        self.db.execute("PRAGMA busy_timeout = 0")
+        deadline = time.monotonic() + patience_s
+        try:
+            while True:
+                try:
+                    self.db.execute("BEGIN IMMEDIATE")
+                    break
+                except sqlite3.OperationalError as error:
+                    if error.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY or time.monotonic() > deadline:
+                        raise
+                time.sleep(poll_s)
+        finally:
+            self.db.execute(f"PRAGMA busy_timeout = {int(timeout_ms)}")
+        self._depth = 1
+        try:
+            stored = [self.add_inbox(**entry) for entry in entries]
+            self.db.execute("COMMIT")
+        except BaseException:
+            if self.db.in_transaction:
+                self.db.execute("ROLLBACK")
+            raise
+        finally:
+            self._depth = 0
+        return stored
+
     def pending_inbox(self) -> list[InboxEntry]:
         rows = self.db.execute("SELECT * FROM inbox WHERE processed_at IS NULL ORDER BY id")
         return [_inbox(r) for r in rows]

@@ -11,6 +11,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -840,6 +841,59 @@ def test_pending_inbox_lists_unprocessed_entries_in_order(store: Store):
     assert done[2].outcome == "paused" and done[3].processed_at is None
     assert [e.id for e in store.inbox()] == [1, 2, 3, 4]
     assert store.last_inbox_id() == 4
+
+
+def entry(key: str, text: str = "hi") -> dict:
+    return {"key": key, "kind": "steer", "payload": {"text": text}, "author": "github"}
+
+
+def test_add_inbox_many_stores_a_batch_and_says_which_keys_were_new(store: Store):
+    assert store.add_inbox(key="seen", kind="pause", payload={}, author="bob")
+    ended: list[str] = []
+    store.db.set_trace_callback(lambda sql: ended.append(sql) if sql in ("COMMIT", "ROLLBACK") else None)
+    assert store.add_inbox_many([entry("a"), entry("seen"), entry("b"), entry("a", "again")]) == [True, False, True, False]
+    assert ended == ["COMMIT"], "one transaction for the batch"
+    assert [(e.key, e.payload) for e in store.inbox()] == [
+        ("seen", {}), ("a", {"text": "hi"}), ("b", {"text": "hi"})]
+
+
+def test_add_inbox_many_stores_all_or_none(store: Store):
+    with pytest.raises(TypeError):  # json.dumps refuses the second payload: the first is rolled back too
+        store.add_inbox_many([entry("a"), {**entry("b"), "payload": {"x": object()}}])
+    assert store.inbox() == [] and not store.db.in_transaction
+    assert store.add_inbox_many([entry("a")]) == [True]
+
+
+def test_add_inbox_many_waits_for_another_writer_then_gives_up_and_keeps_its_busy_timeout(db_path: Path):
+    store = Store(db_path)
+    (timeout_ms,) = store.db.execute("PRAGMA busy_timeout").fetchone()
+    other = sqlite3.connect(db_path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # the conductor, say, holds the write lock
+    try:
+        with pytest.raises(sqlite3.OperationalError, match="locked"):
+            store.add_inbox_many([entry("a")], patience_s=0.05)
+        assert store.db.execute("PRAGMA busy_timeout").fetchone()[0] == timeout_ms == 30_000
+        assert not store.db.in_transaction
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    assert store.add_inbox_many([entry("a")]) == [True]
+    store.close()
+
+
+def test_add_inbox_many_is_stored_once_the_other_writer_commits(db_path: Path):
+    store = Store(db_path)
+    other = sqlite3.connect(db_path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    outcome: list = []
+    writer = threading.Thread(target=lambda: outcome.append(store.add_inbox_many([entry("a")])))
+    writer.start()  # it polls the lock (or, scheduled late, finds it free): either way it stores the row
+    other.execute("INSERT INTO inbox(key, kind, payload, author, received_at) VALUES ('b', 'pause', '{}', 'x', 0)")
+    other.execute("COMMIT")
+    writer.join(timeout=30)
+    other.close()
+    assert outcome == [[True]] and sorted(e.key for e in store.inbox()) == ["a", "b"]
+    store.close()
 
 
 def test_an_inbox_entry_written_by_another_process_is_seen(db_path: Path):

@@ -1,6 +1,7 @@
 """The webhook server: a signed delivery is stored in the inbox exactly once and wakes the
 conductor; anything else is refused with a short JSON reason (401, 400, 413, 503), never a 500 or a
-traceback; and fifty deliveries at once through a real uvicorn server are each stored once."""
+traceback; deliveries waiting together are written in one transaction, each answered by its own
+row; and fifty deliveries at once through a real uvicorn server are each stored once."""
 
 from __future__ import annotations
 
@@ -223,6 +224,42 @@ def test_an_ignored_event_is_accepted_logged_once_and_not_stored(client: TestCli
     assert inbox(store_path) == [] and wakes.count == 0
 
 
+def test_every_answer_to_a_delivery_is_logged_once_by_the_server_itself(
+        client: TestClient, store_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The service leaves POST /webhook out of uvicorn's access log: each answer has its own line here."""
+    payload = vendored("pull_request", "closed")
+    body = json.dumps(payload).encode()
+    with caplog.at_level(logging.INFO, logger="bot.web"):
+        answers = [deliver(client, "pull_request", payload, delivery="d1").status_code,
+                   deliver(client, "pull_request", payload, delivery="d1").status_code,
+                   deliver(client, "ping", vendored("ping"), delivery="p1").status_code,
+                   deliver(client, "workflow_run", {"action": "completed"}, delivery="w1").status_code,
+                   deliver(client, "pull_request", payload, signed=False).status_code,
+                   deliver(client, "pull_request", body=b"not json").status_code,
+                   client.post("/webhook", content=body, headers={
+                       **headers_for("pull_request", body), "Content-Length": str(10**9)}).status_code]
+    assert answers == [202, 200, 200, 202, 401, 400, 413]
+    lines = [r.getMessage() for r in caplog.records if r.name == "bot.web"]
+    assert lines[:4] == ["stored pull_request.closed delivery d1 as pr_closed",
+                         "delivery d1 (pull_request) was already stored", "ping delivery p1 answered",
+                         "workflow_run delivery w1: the runner will ask GitHub about its runs"]
+    assert lines[4].startswith("webhook refused from testclient: signature missing or wrong")
+    assert lines[5:] == ["webhook from testclient refused with 400: the body is not JSON",
+                         "webhook from testclient refused with 413: the body is over 25 MB"]
+
+
+def test_the_services_access_log_leaves_out_webhooks_only() -> None:
+    from bot.serve import not_a_webhook
+
+    def access(method: str, path: str) -> logging.LogRecord:
+        return logging.LogRecord("uvicorn.access", logging.INFO, __file__, 1, '%s - "%s %s HTTP/%s" %d',
+                                 ("127.0.0.1:5000", method, path, "1.1", 202), None)
+
+    assert not not_a_webhook(access("POST", "/webhook")) and not not_a_webhook(access("POST", "/webhook?x=1"))
+    assert not_a_webhook(access("GET", "/healthz")) and not_a_webhook(access("GET", "/webhook"))
+    assert not_a_webhook(access("GET", "/")) and not_a_webhook(logging.LogRecord("x", 20, "f", 1, "plain", None, None))
+
+
 def test_ping_answers_with_its_zen_and_stores_nothing(client: TestClient, store_path: Path, wakes: Wakes) -> None:
     response = deliver(client, "ping", vendored("ping"))
     assert response.status_code == 200
@@ -241,6 +278,92 @@ def test_a_streamed_body_past_the_limit_is_413(client: TestClient, monkeypatch: 
     chunks = (b"x" * 300 for _ in range(4))  # no Content-Length: chunked
     response = client.post("/webhook", content=chunks, headers=headers_for("push", b""))
     assert_clean_error(response, 413)
+
+
+# --- the inbox writer ------------------------------------------------------------------------------
+
+def test_deliveries_waiting_together_are_written_in_one_transaction_and_each_answered_exactly(
+        store_path: Path, wakes: Wakes, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While the writer commits one delivery, nine more wait (two copies of d2, one redelivery of d0):
+    they are written in the next single transaction, and each copy is answered 202 or 200 by its own
+    row's insert."""
+    batches: list[list[str]] = []
+    entered, release = threading.Event(), threading.Event()
+    real = Store.add_inbox_many
+
+    def gated(self: Store, entries: list[dict[str, Any]], **kwargs: Any) -> list[bool]:
+        batches.append(sorted(e["key"] for e in entries))
+        if len(batches) == 1:
+            entered.set()
+            release.wait(timeout=30)
+        return real(self, entries, **kwargs)
+
+    monkeypatch.setattr(Store, "add_inbox_many", gated)
+    app = create_app(store_path=store_path, secret=SECRET, wake=wakes)
+    writer = app.state.inbox_writer
+    payload = vendored("pull_request", "closed")
+    later = ["d1", "d2", "d0", "d3", "d2", "d4", "d5", "d6", "d7"]
+    with TestClient(app, raise_server_exceptions=False) as c, ThreadPoolExecutor(max_workers=10) as pool:
+        first = pool.submit(deliver, c, "pull_request", payload, delivery="d0")
+        assert entered.wait(timeout=30)
+        rest = [(d, pool.submit(deliver, c, "pull_request", payload, delivery=d)) for d in later]
+        with writer.ready:  # every one of them handed to the writer, none written yet
+            assert writer.ready.wait_for(lambda: len(writer.waiting) == len(later), timeout=30)
+        release.set()
+        answers = [("d0", first.result(timeout=30))] + [(d, f.result(timeout=30)) for d, f in rest]
+    assert batches == [["github:d0"], sorted(f"github:{d}" for d in later)]
+    statuses: dict[str, list[int]] = {}
+    for delivery, response in answers:
+        statuses.setdefault(delivery, []).append(response.status_code)
+    assert {d: sorted(s) for d, s in statuses.items()} == {
+        "d0": [200, 202], "d1": [202], "d2": [200, 202], "d3": [202], "d4": [202], "d5": [202], "d6": [202],
+        "d7": [202]}
+    assert sorted(e.key for e in inbox(store_path)) == sorted(f"github:d{i}" for i in range(8))
+    assert wakes.count == 8
+
+
+def test_a_delivery_is_answered_once_another_writer_lets_go_of_the_store(
+        store_path: Path, wakes: Wakes, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The conductor holds the write lock: the delivery waits (polling, not in SQLite's busy
+    handler) and is answered 202 once the lock is free, its row committed."""
+    entered = threading.Event()
+    real = Store.add_inbox_many
+
+    def watched(self: Store, entries: list[dict[str, Any]], **kwargs: Any) -> list[bool]:
+        entered.set()
+        return real(self, entries, **kwargs)
+
+    monkeypatch.setattr(Store, "add_inbox_many", watched)
+    app = create_app(store_path=store_path, secret=SECRET, wake=wakes)
+    other = sqlite3.connect(store_path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    with TestClient(app, raise_server_exceptions=False) as c, ThreadPoolExecutor(max_workers=1) as pool:
+        answer = pool.submit(deliver, c, "pull_request", vendored("pull_request", "closed"), delivery="waited")
+        assert entered.wait(timeout=30)
+        other.execute("COMMIT")
+        assert answer.result(timeout=30).status_code == 202
+    other.close()
+    assert [e.key for e in inbox(store_path)] == ["github:waited"] and wakes.count == 1
+
+
+def test_a_large_body_is_checked_on_a_worker_thread_with_the_same_answers(
+        client: TestClient, store_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bot.web, "LOOP_BODY_BYTES", 100)  # every body here is larger
+    payload = vendored("pull_request", "closed")
+    assert deliver(client, "pull_request", payload, delivery="big").status_code == 202
+    assert_clean_error(deliver(client, "pull_request", payload, signed=False), 401)
+    assert_clean_error(deliver(client, "pull_request", body=b"[" * 200), 400)
+    assert [e.key for e in inbox(store_path)] == ["github:big"]
+
+
+def test_the_writer_stops_with_the_app_and_starts_again_with_it(store_path: Path, wakes: Wakes) -> None:
+    app = create_app(store_path=store_path, secret=SECRET, wake=wakes)
+    payload = vendored("pull_request", "closed")
+    for delivery in ("before", "after"):
+        with TestClient(app, raise_server_exceptions=False) as c:
+            assert deliver(c, "pull_request", payload, delivery=delivery).status_code == 202
+        assert not app.state.inbox_writer.thread.is_alive()  # its connection closed with it
+    assert [e.key for e in inbox(store_path)] == ["github:before", "github:after"]
 
 
 # --- failures of the store and of the app ---------------------------------------------------------
