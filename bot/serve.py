@@ -54,6 +54,7 @@ def default_parts(settings: ServiceSettings, client: GitHubClient) -> Parts:
     """The configured runner (local, Actions or Modal) and agent, with the identity to measure under."""
     if settings.runner == "local":
         return local_parts(settings)
+    from bot.runners.modal import ModalRunner, modal_runner
     from runner.profiles import harness_hash
 
     if settings.runner == "actions":
@@ -61,11 +62,11 @@ def default_parts(settings: ServiceSettings, client: GitHubClient) -> Parts:
 
         runner: Runner = ActionsRunner.from_client(client, settings.state_dir, ActionsSettings())
     else:
-        from bot.runners.modal import modal_runner
-
         runner = modal_runner(settings.state_dir)
     # The bot measures nothing itself: the harness is its own code, the data the runners' (a setting).
     identity = {"profile": settings.profile, "harness_hash": harness_hash(), "data_fingerprint": str(settings.data_fingerprint)}
+    if isinstance(runner, ModalRunner):
+        runner.check_deployment(identity)
     agent, budget = make_agent(settings.agent, script=settings.agent_script)
     return Parts(runner=runner, agent=agent, identity=identity, budget_usd=budget)
 

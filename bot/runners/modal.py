@@ -97,6 +97,18 @@ class ModalRunner:
                                      f"with {self.harness}: deploy this version of the runner ({DEPLOY})")
         return found
 
+    def check_deployment(self, expected: dict[str, str]) -> None:
+        """At the bot's start: the deployed app must measure what the bot is configured for (its
+        profile, its data), or every result would be refused, one lost run after another. Asks
+        the deployment once; that may start a container (seconds when its data is cached)."""
+        found = self.identity()
+        for key, what in (("profile", "AUTORESEARCH_PROFILE"), ("data_fingerprint", "AUTORESEARCH_DATA_FINGERPRINT")):
+            if found.get(key) != expected.get(key):
+                raise ModalNotConfigured(
+                    f"the Modal app measures {key} {found.get(key)!r}, this bot is configured for {expected.get(key)!r}: "
+                    f"set {what} to the deployment's, or deploy for this one "
+                    f"(AUTORESEARCH_PROFILE={expected.get('profile')} {DEPLOY})")
+
     # --- the protocol ----------------------------------------------------------------------------
     def submit(self, job: Job) -> str:
         record = self.records.read(job.run_id)
