@@ -442,3 +442,13 @@ def test_a_cuda_slot_sees_its_own_gpu_only(tmp_path: Path) -> None:
     assert "/dev/nvidiactl" in binds
     assert argv[argv.index("--setenv") + 1:argv.index("--setenv") + 3] == ["CUDA_VISIBLE_DEVICES", "5"]
     assert os.path.exists("/dev/null")
+
+
+def test_sandboxed_processes_of_a_cpu_profile_let_waiting_threads_sleep(tmp_path: Path) -> None:
+    # Spinning OpenMP threads slow the scorer down twice over on a busy machine (docs/benchmarks.md).
+    from runner.isolated import Supervisor
+
+    supervisor = Supervisor(tmp_path, "smoke")
+    env = supervisor._env(profiles.get_profile("smoke"), home=tmp_path)
+    assert env["OMP_WAIT_POLICY"] == "PASSIVE" and env["CUDA_VISIBLE_DEVICES"] == ""
+    assert "OMP_WAIT_POLICY" not in supervisor._env(profiles.get_profile("h100"), home=tmp_path)
