@@ -372,7 +372,10 @@ class Conductor:
         return self.runner.slots + lookahead - waiting - unqueued > 0
 
     def propose(self, main: Main) -> None:
-        """Collect the agent's answer if there is one; ask again or afresh when there is room."""
+        """Collect the agent's answer if there is one; ask again or afresh when there is room. An
+        answer taken as a proposal makes room for the next question in the same tick: waiting for
+        the next tick would leave the agent idle for up to the driver's timer, and with many slots
+        the runners would wait for proposals (bench/duty_cycle.py)."""
         proposing = self.store.experiments(state=State.PROPOSING)
         if proposing:
             exp = proposing[0]
@@ -381,9 +384,12 @@ class Conductor:
             answer = self.worker.answer(exp.id)
             if answer is not None:
                 self._take_answer(exp, answer, main)
-            elif not self.worker.busy(exp.id) and (exp.retry_at or 0) <= self.clock() and not self.stop_reason:
-                self._ask(exp, main)
-            return
+                if self._pending is not None or self.store.experiments(state=State.PROPOSING):
+                    return  # refused, failed or withdrawn: the next tick decides
+            else:
+                if not self.worker.busy(exp.id) and (exp.retry_at or 0) <= self.clock() and not self.stop_reason:
+                    self._ask(exp, main)
+                return
         if self.room_for_proposal(main):
             exp = self.store.start_proposing(main.sha)
             self._pending = _Pending(exp.id)

@@ -327,6 +327,24 @@ def test_a_slow_agent_does_not_hold_up_results_or_dispatch(tmp_path: Path) -> No
     assert statuses(loop) == [("slow", "keep"), ("slower", "discard")]
 
 
+def test_the_agent_is_asked_again_in_the_tick_that_takes_its_answer(tmp_path: Path) -> None:
+    # Waiting for the next tick would leave the agent idle for up to the driver's timer (30 s in
+    # service): with many slots, the runners would wait for proposals.
+    runner = FakeRunner(slots=2, auto=False)
+    agent = SlowAgent([proposal(+0.1, "first"), proposal(+0.1, "second"), proposal(+0.1, "third")])
+    loop = make(tmp_path, agent, runner=runner, experiments=3)
+    tick_until(loop, lambda: len(loop.store.experiments(state="proposing")) == 1)
+    [first] = loop.store.experiments(state="proposing")
+    agent.release(1)
+    tick_until(loop, lambda: loop.store.experiment(first.id).state != "proposing")
+    [second] = loop.store.experiments(state="proposing")  # asked in that same tick
+    assert second.id != first.id
+    agent.release(2)
+    runner.auto = True
+    run_to_end(loop)
+    assert [title for title, _ in statuses(loop)] == ["first", "second", "third"]
+
+
 def test_refused_proposals_are_fed_back_and_five_in_a_row_stop_the_agent(tmp_path: Path) -> None:
     class Stubborn:
         def propose(self, ctx):
