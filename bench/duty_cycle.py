@@ -28,6 +28,8 @@ Reported per K:
   the tick in progress to end, the dispatching tick's work before dispatch, or no run ready;
 - the bot's CPU seconds per experiment: time.process_time() of this process (the stand-in is
   elsewhere) minus this main thread's own, and the conductor thread's time.thread_time();
+- the proposal pipeline: the share of the window the agent was thinking, proposals per budget,
+  and the mean wait between an answer and the next question (the conductor's ticks);
 - the GitHub requests the stand-in served, and the seconds the write pacer waited.
 
     .venv/bin/python bench/duty_cycle.py                 # K = 1 2 4 8 16, 10 experiments per slot (at least 30)
@@ -209,11 +211,14 @@ class SimAgent:
         self.sigma = sigma
         self.rng = random.Random(seed)
         self.count = 0
+        self.asked: list[tuple[float, float]] = []  # (question, answer) times, monotonic
 
     def propose(self, ctx: Any) -> Any:
         from bot.records import Proposal
 
+        asked = time.monotonic()
         time.sleep(self.seconds)
+        self.asked.append((asked, time.monotonic()))
         self.count += 1
         gain = self.rng.random() < self.keep_share
         effect = -8 * self.sigma if gain else self.rng.uniform(0.0, 2 * self.sigma)
@@ -279,6 +284,7 @@ def bench_service(opts: Options):
     """A Service that scales its clocks (timer, progress cadence, write pacer) and times each phase
     of every tick in the conductor thread."""
     from bot.github.client import WritePacer
+    from bot.github.publisher import PROGRESS_EVERY_S
     from bot.serve import Service
 
     class ScaledPacer(WritePacer):
@@ -306,7 +312,7 @@ def bench_service(opts: Options):
             self.ticks, self.cpu = [], []
             self.pacer = ScaledPacer()
             self.client._pacer = self.pacer  # the only way in: Service builds its client itself
-            conductor.publisher.progress_every_s = 30.0 / opts.scale
+            conductor.publisher.progress_every_s = PROGRESS_EVERY_S / opts.scale  # the product's cadence, scaled
             tick = conductor.tick
 
             def timed_tick() -> None:
@@ -413,7 +419,7 @@ def _run(opts: Options) -> dict[str, Any]:
             statuses = Counter(e.status for e in exps)
         finally:
             served = gh.stop()
-    return report(opts, runner, service, runs, statuses, wall, process_cpu, served)
+    return report(opts, runner, agent, service, runs, statuses, wall, process_cpu, served)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -423,7 +429,7 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
-def report(opts: Options, runner: SimRunner, service: Any, runs: list[Any], statuses: Counter,
+def report(opts: Options, runner: SimRunner, agent: SimAgent, service: Any, runs: list[Any], statuses: Counter,
            wall: float, process_cpu: float, served: dict[str, Any]) -> dict[str, Any]:
     k, budget = opts.slots, opts.budget_s
     history = [(i, *h) for i, slot in enumerate(runner.slot) for h in slot.history]
@@ -463,6 +469,10 @@ def report(opts: Options, runner: SimRunner, service: Any, runs: list[Any], stat
             tick_time[name] += b - a
     n = sum(statuses.values())
     counts = Counter(purpose.get(run_id, "?") for _, run_id, _, _, _ in history)
+    # the proposal pipeline (one question at a time): between an answer and the next question the
+    # agent waits for the conductor (a tick to take the answer, the next to ask again)
+    asked = [q for q in agent.asked if window[0] <= q[0] <= window[1]]
+    between = [b[0] - a[1] for a, b in itertools.pairwise(asked)]
     conductor_cpu = (service.cpu[-1] - service.cpu[0]) if len(service.cpu) > 1 else float("nan")
     return {
         "K": k, "experiments": n, "statuses": dict(statuses), "wall_s": round(wall, 1),
@@ -478,6 +488,9 @@ def report(opts: Options, runner: SimRunner, service: Any, runs: list[Any], stat
         "gap_parts_s": {name: round(v / max(1, len(gaps)), 3) for name, v in parts.items()},
         "cpu_per_exp": round(process_cpu / n, 3), "conductor_cpu_per_exp": round(conductor_cpu / n, 3),
         "ticks": len(ticks), "tick_s_per_exp": {name: round(v / n, 3) for name, v in tick_time.most_common()},
+        "agent_busy": round(sum(b - a for a, b in asked) / span, 3) if span > 0 else None,
+        "agent_answer_to_next_ask_s": round(sum(between) / len(between), 3) if between else None,
+        "proposals_per_budget": round(len(asked) / span * budget, 2) if span > 0 else None,
         "api_requests_per_exp": round(served.get("requests", 0) / n, 1),
         "api_creating_per_exp": round(served.get("creating", 0) / n, 1),
         "pacer_waited_s": round(service.pacer.waited, 2) if service.pacer else None,
@@ -490,7 +503,8 @@ def gap_parts(end: float, start: float, ticks: list[dict[str, Any]]) -> Counter:
     """Where one idle gap went: the tick running when the job ended still had to finish (named by
     its longest phase after the end), ticks that came and dispatched nothing to it (no run was
     ready: a proposal, a branch or a judgement was still to come), and the dispatching tick's own
-    work before dispatch."""
+    work before dispatch: before its early dispatch (right after collecting), or, for a run started
+    by its last dispatch, also its advancing and proposing."""
     out: Counter = Counter()
     cursor = end
     for t in ticks:
@@ -506,7 +520,12 @@ def gap_parts(end: float, start: float, ticks: list[dict[str, Any]]) -> Counter:
             cursor = t["end"]
         else:  # the dispatching tick
             out["waiting for a tick"] += t["start"] - cursor
-            out["dispatching tick before dispatch"] += start - t["start"]
+            early = next((b for name, _, b in t["phases"] if name == "dispatch"), t["end"])
+            if start <= early:  # the early dispatch, right after collecting
+                out["dispatching tick before dispatch"] += start - t["start"]
+            else:  # the tick's last dispatch: after advancing and proposing (a baseline, or a run queued in the tick)
+                out["dispatching tick before dispatch"] += early - t["start"]
+                out["late dispatch (after advancing, proposing)"] += start - early
             cursor = start
     if cursor < start:
         out["other"] += start - cursor
