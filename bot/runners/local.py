@@ -7,9 +7,10 @@ on a CUDA profile each slot sees only its own GPU (its device node in the sandbo
 outcome.json once the runner has collected it), so lookup() can answer from the files alone: a
 restarted conductor finds the jobs that went on without it, and the results they left behind.
 
-Warm workers (`warm=True`; the service and the demo turn them on): once a slot has run a job, a worker for its next job is started at
-once (`runner.isolated --standby`, in `<runs_dir>/.standby-<slot>-<n>/`): its training and scoring
-processes import torch and load the data while the slot's current run trains. The next job of
+Warm workers (`warm=True`; the service and the demo turn them on): once a slot has started a
+job, a worker for its next job is started at once (`runner.isolated --standby`, in
+`<runs_dir>/.standby-<slot>-<pid>-<n>/`): its training and scoring processes import torch and load
+the data while the slot's current run trains. The next job of
 that slot and profile renames the worker's directory to its run directory and hands it the job on
 its stdin, so its start-up imports nothing. A worker serves one job and ends, like a cold one: a
 train.py cannot leave anything in it for the next. It costs about a run's memory per slot while
