@@ -4,19 +4,11 @@ broke the API description, the runner never got more jobs than slots), never a t
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+import benches
 
 
 def load_bench():
-    path = Path(__file__).resolve().parents[2] / "bench" / "duty_cycle.py"
-    spec = importlib.util.spec_from_file_location("duty_cycle_under_test", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
+    return benches.load("duty_cycle")
 
 
 def test_every_experiment_finishes_on_simulated_slots():

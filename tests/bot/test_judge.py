@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import pytest
 from scipy import stats
 
 from bot.judge import (BASELINE_RUNS, FIRST_BASELINE_RUNS, Decision, JudgeConfig, Noise, decide, main_runs_wanted,
                        margin, pooled_noise, standard_error, t_multiplier)
+from benches import load as load_bench_script
 
 MAIN = "a" * 40
 OLD_MAIN = "b" * 40
@@ -351,13 +349,7 @@ def test_no_noise_estimate_still_queues_a_main_run_when_confirm_main_runs_is_zer
 # --- the simulation behind the defaults ------------------------------------------------------------
 
 def load_bench():
-    path = Path(__file__).resolve().parents[2] / "bench" / "decision_accuracy.py"
-    spec = importlib.util.spec_from_file_location("decision_accuracy_under_test", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
+    return load_bench_script("decision_accuracy")
 
 
 def test_simulated_null_change_at_experiment_one_is_rarely_kept():
