@@ -9,12 +9,17 @@ The conductor applies the entry later through bot.events.
 Answers, in the order they are decided:
 
 - 413: a body over 25 MB (GitHub caps payloads there, so it is not GitHub);
+- 503 while the bodies being received at once pass MAX_BUFFERED_BYTES: a body can only be judged
+  once it is all read (the signature covers every byte), so without this bound anyone could make
+  the server hold 25 MB per connection they open; GitHub redelivers what was refused;
 - 401: `X-Hub-Signature-256` missing or wrong; nothing else is read from an unsigned request, and
   the answer says nothing more;
-- 400: X-GitHub-Event or X-GitHub-Delivery missing, a body that is not a JSON object (the App must
+- 400: X-GitHub-Event or X-GitHub-Delivery missing (or not a name: lowercase letters, digits and
+  `_`, as in `projects_v2_item`, up to 64 characters), a body that is not a JSON object (the App must
   send `application/json`; the Content-Type header itself is not trusted or needed), or a payload
   that lacks a field the bot needs (bot.github.webhooks.MalformedPayload says which);
-- 200 with GitHub's zen for a ping; 202 for an event the bot does not act on (logged, not stored);
+- 200 with GitHub's zen for a ping; 202 for an event the bot does not act on, whatever its name
+  (logged, not stored);
 - 202 once the delivery is stored, 200 when that delivery id was already stored;
 - 503 when the store cannot be written: GitHub shows the delivery as failed, and redelivering it
   later stores it;
@@ -28,6 +33,11 @@ is exact even for two copies of a delivery in one transaction. /healthz runs in 
 pool, each worker thread with its own connection (a connection is never shared between threads).
 `wake` is called from the writer thread, once per new row, so it must be thread-safe (setting a
 threading.Event is). The secret is never logged.
+
+GET /healthz is for the container's health check and an operator: 200 when the store answers and
+`health()` says the service is well, 503 otherwise, with `ok` and what each part said. It is open
+to anyone who reaches the server, so `health()` must return nothing secret (bot.serve redacts).
+Every other path or method answers a short JSON error (404, 405); no API docs are served.
 """
 
 from __future__ import annotations
@@ -59,9 +69,11 @@ log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 25 * 1024 * 1024  # GitHub caps webhook payloads at 25 MB
 LOOP_BODY_BYTES = 1024 * 1024  # a body up to this size is checked on the event loop, a larger one on a thread
+MAX_BUFFERED_BYTES = 4 * MAX_BODY_BYTES  # all the bodies held at once, read or being checked
+BUSY = "the server is receiving too much at once; GitHub can redeliver this delivery later"
 STORE_FAILED = "could not store the delivery; GitHub will show it as failed and it can be redelivered"
 UNEXPECTED = "unexpected error; the delivery was not acted on and can be redelivered"
-_EVENT_NAME = re.compile(r"[a-z_]{1,64}")
+_EVENT_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")  # GitHub's names: push, projects_v2_item, ...
 _DELIVERY = re.compile(r"[A-Za-z0-9._:-]{1,128}")  # GitHub sends a GUID
 _LENGTH = re.compile(r"[0-9]{1,20}")
 # what opening or writing the store raises when it cannot (a full disk, a lock held too long, a file
@@ -75,6 +87,23 @@ class _Refused(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status, self.message = status, message
+
+
+class _Buffered:
+    """The bytes of request bodies the server holds at once. Used on the event loop only (where
+    bodies are read and answers sent), so a plain counter needs no lock."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.held = limit, 0
+
+    def take(self, size: int) -> bool:
+        if self.held + size > self.limit:
+            return False
+        self.held += size
+        return True
+
+    def give_back(self, size: int) -> None:
+        self.held -= size
 
 
 class _ThreadStores:
@@ -221,9 +250,10 @@ def _refuse(request: Request, status: int, message: str) -> JSONResponse:
     return _error(status, message)
 
 
-async def _raw_body(request: Request) -> bytes:
+async def _raw_body(request: Request, buffered: _Buffered) -> bytes:
     """The body as sent (the signature covers these exact bytes), refused past MAX_BODY_BYTES
-    before it is all read."""
+    before it is all read, and while the bodies held at once would pass MAX_BUFFERED_BYTES. Its
+    bytes stay counted in `buffered` until the caller gives them back (len(body))."""
     length = request.headers.get("content-length")
     if length is not None:
         if not _LENGTH.fullmatch(length):
@@ -233,12 +263,18 @@ async def _raw_body(request: Request) -> bytes:
     chunks, size = [], 0
     try:
         async for chunk in request.stream():
-            size += len(chunk)
-            if size > MAX_BODY_BYTES:
+            if size + len(chunk) > MAX_BODY_BYTES:
                 raise _Refused(413, f"the body is over {MAX_BODY_BYTES // (1024 * 1024)} MB")
+            if not buffered.take(len(chunk)):
+                raise _Refused(503, BUSY)
+            size += len(chunk)
             chunks.append(chunk)
     except ClientDisconnect:
+        buffered.give_back(size)
         raise _Refused(400, "the request ended before its body did") from None
+    except BaseException:
+        buffered.give_back(size)
+        raise
     return b"".join(chunks)
 
 
@@ -251,10 +287,11 @@ def create_app(*, store_path: Path, secret: str, wake: Callable[[], None] = lamb
     cannot hold a store stops the server at start rather than at the first delivery).
 
     `secret` is the App's webhook secret; `wake()` is called after each new delivery is stored;
-    `health()` adds what GET /healthz reports beside the store (the conductor's last tick, the last
-    contact with GitHub). `runs_changed()` is called for a verified `workflow_run` or `workflow_job`
-    delivery: a GitHub Actions run of a training job moved, and the runner asks GitHub now rather
-    than at its next poll. Nothing of such a delivery is stored: the runner's polling is the record.
+    `health()` adds what GET /healthz reports beside the store (the conductor's state, its last tick,
+    the last contact with GitHub); an `"ok": False` in it makes the answer 503 (the conductor
+    stopped). It is shown to anyone who asks, so it must hold nothing secret. `runs_changed()` is
+    called for a verified `workflow_run` or `workflow_job` delivery: a GitHub Actions run of a
+    training job moved, and the runner asks GitHub now rather than at its next poll. Nothing of such a delivery is stored: the runner's polling is the record.
     """
     if not secret:
         raise ValueError("a webhook secret is required: set the same one in the GitHub App's settings "
@@ -274,6 +311,8 @@ def create_app(*, store_path: Path, secret: str, wake: Callable[[], None] = lamb
     app = FastAPI(title="autoresearch-bot webhooks", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
     app.state.inbox_writer = writer  # for the tests: the rows waiting for it
+    buffered = _Buffered(MAX_BUFFERED_BYTES)
+    app.state.buffered = buffered  # for the tests: the bytes held
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
@@ -286,7 +325,7 @@ def create_app(*, store_path: Path, secret: str, wake: Callable[[], None] = lamb
 
     async def webhook(request: Request) -> JSONResponse:
         try:
-            body = await _raw_body(request)
+            body = await _raw_body(request, buffered)
         except _Refused as error:
             return _refuse(request, error.status, error.message)
         try:
@@ -294,6 +333,8 @@ def create_app(*, store_path: Path, secret: str, wake: Callable[[], None] = lamb
         except Exception:  # a bug must answer JSON, never a traceback
             log.exception("unexpected error handling a webhook delivery")
             return _error(500, UNEXPECTED)
+        finally:
+            buffered.give_back(len(body))
 
     async def _deliver(request: Request, body: bytes) -> JSONResponse:
         # The checks are CPU work of microseconds for GitHub's usual payloads, done on the event loop;
@@ -363,7 +404,7 @@ def create_app(*, store_path: Path, secret: str, wake: Callable[[], None] = lamb
 
     @app.get("/healthz")
     def healthz() -> JSONResponse:
-        """200 when the store answers (and health() reported), 503 otherwise, with what failed."""
+        """200 when the store answers and health() says all is well, 503 otherwise, with what failed."""
         healthy = True
         try:
             stores.get().last_inbox_id()
@@ -376,6 +417,7 @@ def create_app(*, store_path: Path, secret: str, wake: Callable[[], None] = lamb
         except Exception as error:  # a health report must not fail with a traceback
             log.exception("health() failed")
             info, healthy = {"health": f"could not collect: {error}"}, False
-        return JSONResponse({**info, "store": store}, status_code=200 if healthy else 503)
+        healthy = healthy and info.pop("ok", True) is not False
+        return JSONResponse({"ok": healthy, **info, "store": store}, status_code=200 if healthy else 503)
 
     return app

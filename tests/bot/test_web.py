@@ -224,6 +224,32 @@ def test_an_ignored_event_is_accepted_logged_once_and_not_stored(client: TestCli
     assert inbox(store_path) == [] and wakes.count == 0
 
 
+# GitHub's shape of an organization project's item (no repository: it belongs to the organization)
+PROJECT_ITEM = {
+    "action": "created",
+    "projects_v2_item": {"id": 5678510, "node_id": "PVTI_lADOAWcTxs07G84AVqWu", "project_node_id": "PVT_kwDOAWcTxs07Gw",
+                         "content_node_id": "DI_lADOAWcTxs07G84AIjOy", "content_type": "DraftIssue",
+                         "creator": {"login": "Codertocat", "id": 21031067, "type": "User"},
+                         "created_at": "2022-06-08T20:34:26Z", "updated_at": "2022-06-08T20:34:26Z",
+                         "archived_at": None},
+    "organization": {"login": "Octocoders", "id": 38302899},
+    "sender": {"login": "Codertocat", "id": 21031067, "type": "User"},
+    "installation": {"id": 1, "node_id": "MDIzOkludGVncmF0aW9uSW5zdGFsbGF0aW9uMQ=="},
+}
+
+
+def test_an_event_name_with_digits_is_accepted_and_ignored(client: TestClient, store_path: Path, wakes: Wakes,
+                                                           caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="bot.web"):
+        item = deliver(client, "projects_v2_item", PROJECT_ITEM, delivery="project-item-1")
+        project = deliver(client, "projects_v2", {**PROJECT_ITEM, "action": "edited"}, delivery="project-1")
+    assert (item.status_code, project.status_code) == (202, 202)
+    assert item.json() == {"ok": True, "ignored": "projects_v2_item.created"}
+    assert project.json() == {"ok": True, "ignored": "projects_v2.edited"}
+    assert "ignored projects_v2_item.created delivery project-item-1" in caplog.messages
+    assert inbox(store_path) == [] and wakes.count == 0
+
+
 def test_every_answer_to_a_delivery_is_logged_once_by_the_server_itself(
         client: TestClient, store_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """The service leaves POST /webhook out of uvicorn's access log: each answer has its own line here."""
@@ -271,6 +297,25 @@ def test_a_body_over_25_mb_is_413_before_it_is_read(client: TestClient) -> None:
     body = b" " * (25 * 1024 * 1024 + 1)
     response = client.post("/webhook", content=body, headers=headers_for("push", b"", signed=False))
     assert_clean_error(response, 413)
+
+
+def test_bodies_held_at_once_past_their_bound_are_503_and_their_bytes_are_given_back(
+        client: TestClient, store_path: Path) -> None:
+    """An unsigned body can only be refused once it is read: a stranger opening many connections
+    must not make the server hold 25 MB each."""
+    buffered = client.app.state.buffered
+    payload = vendored("pull_request", "closed")
+    body = json.dumps(payload).encode()
+    buffered.held = buffered.limit - len(body) + 1  # other requests hold all but one byte too few
+    assert_clean_error(deliver(client, "pull_request", payload, delivery="busy-1"), 503)
+    assert_clean_error(deliver(client, "pull_request", payload, delivery="busy-2", signed=False), 503)
+    assert buffered.held == buffered.limit - len(body) + 1  # the refused bodies gave their bytes back
+    buffered.held = 0  # the others answered
+    assert deliver(client, "pull_request", payload, delivery="busy-1").status_code == 202  # redelivered
+    deliver(client, "pull_request", payload, signed=False)
+    deliver(client, "pull_request", body=b"not json")
+    assert buffered.held == 0  # every answer, stored or refused, gives its body's bytes back
+    assert [e.key for e in inbox(store_path)] == ["github:busy-1"]
 
 
 def test_a_streamed_body_past_the_limit_is_413(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -418,7 +463,15 @@ def test_an_unexpected_error_is_a_json_500_without_a_traceback(
 def test_healthz_reports_the_store_and_what_the_conductor_said(client: TestClient) -> None:
     response = client.get("/healthz")
     assert response.status_code == 200
-    assert response.json() == {"store": "ok", **HEALTH}
+    assert response.json() == {"ok": True, "store": "ok", **HEALTH}
+
+
+def test_healthz_is_503_when_health_says_the_service_is_not_ok(store_path: Path) -> None:
+    report = {"ok": False, "conductor": "stopped", "conductor_detail": "ImportError: no torch"}
+    with TestClient(create_app(store_path=store_path, secret=SECRET, health=lambda: dict(report))) as c:
+        response = c.get("/healthz")
+    assert response.status_code == 503
+    assert response.json() == {**report, "store": "ok"}
 
 
 def test_healthz_is_503_when_the_store_cannot_be_read(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -427,7 +480,7 @@ def test_healthz_is_503_when_the_store_cannot_be_read(client: TestClient, monkey
     monkeypatch.setattr(Store, "last_inbox_id", unreadable)
     response = client.get("/healthz")
     assert response.status_code == 503
-    assert response.json() == {"store": "cannot read the store: file is not a database", **HEALTH}
+    assert response.json() == {"ok": False, "store": "cannot read the store: file is not a database", **HEALTH}
 
 
 def test_healthz_is_503_when_health_itself_fails(store_path: Path) -> None:
@@ -437,7 +490,7 @@ def test_healthz_is_503_when_health_itself_fails(store_path: Path) -> None:
                     raise_server_exceptions=False) as c:
         response = c.get("/healthz")
     assert response.status_code == 503
-    assert response.json() == {"store": "ok", "health": "could not collect: no tick yet"}
+    assert response.json() == {"ok": False, "store": "ok", "health": "could not collect: no tick yet"}
 
 
 def test_the_secret_never_reaches_the_log(client: TestClient, caplog: pytest.LogCaptureFixture,
@@ -498,6 +551,12 @@ BAD_INPUTS = [
     _case("push", PUSH, 400, **{"X-GitHub-Delivery": "../../etc/passwd"}, id="path in delivery header"),
     _case("push", PUSH, 400, **{"X-GitHub-Delivery": ""}, id="empty delivery header"),
     _case("PUSH", PUSH, 400, id="event name in capitals"),
+    _case("projects_v2_status_update", PUSH, 202, id="event name with a digit"),
+    _case("e" * 64, PUSH, 202, id="event name of 64 characters"),
+    _case("e" * 65, PUSH, 400, id="event name of 65 characters"),
+    _case("2fa", PUSH, 400, id="event name starting with a digit"),
+    _case("pull-request", PUSH, 400, id="event name with a hyphen"),
+    _case("push ", PUSH, 400, id="event name with a space"),
     _case("push", PUSH, 401, signed=False, **{"X-Hub-Signature-256": b"sha256=\xff\xfe"},
           id="non-ascii signature"),
     _case("push", PUSH, 401, signed=False, **{"X-Hub-Signature-256": "sha256=" + "a" * 100_000},
@@ -524,7 +583,10 @@ def test_bad_inputs_are_refused_with_a_json_reason_never_a_500_or_a_traceback(
 
 def test_other_paths_and_methods_answer_json_errors(client: TestClient) -> None:
     assert_clean_error(client.get("/webhook"), 405)
-    assert_clean_error(client.get("/docs"), 404)
+    assert_clean_error(client.put("/webhook", content=b"{}"), 405)
+    assert_clean_error(client.post("/healthz", content=b"{}"), 405)
+    for path in ("/docs", "/redoc", "/openapi.json", "/.env", "/state.db", "/webhook/../healthz/x"):
+        assert_clean_error(client.get(path), 404)
     assert_clean_error(client.post("/elsewhere", content=b"{}"), 404)
 
 
