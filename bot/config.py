@@ -13,7 +13,14 @@ file (same names, one `NAME=value` a line):
 Overrides given to `load_service_settings` (the command line's flags) win over environment
 variables, which win over the .env file. Settings that do not validate raise ConfigError, whose
 message names every setting to fix, one per line, by its environment variable and says what to do.
-Secrets are SecretStr: their repr, the error messages and describe() never show them.
+Secrets are SecretStr: their repr, the error messages and describe() never show them, and
+redact() takes them out of any text the service shows (its health answer).
+
+A runner that cannot run on this machine is a setting to fix too: the local runner trains here, so
+it needs the training stack (the `train` extra: torch, ...), and the Modal runner needs the `modal`
+package. Whether they are installed is asked of the import system without importing them, so a
+server that sends its runs elsewhere (the slim container image) stops at start, naming the runner
+to choose, instead of a conductor that dies at its first import of torch.
 
 These settings say how the service runs; how the loop decides (noise, confirmations, pausing) is
 program.md's front matter (bot/settings.py), read from main on every tick.
@@ -21,6 +28,7 @@ program.md's front matter (bot/settings.py), read from main on every tick.
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -38,6 +46,13 @@ DEFAULT_ENV_FILE = Path(".env")
 RUNNERS = frozenset({"local", "actions", "modal"})  # where runs execute: this machine, self-hosted Actions runners, Modal
 AGENTS = frozenset({"explorer", "claude", "scripted"})  # who proposes experiments (bot.agent.choice)
 SECRET_FIELDS = frozenset({"webhook_secret", "github_token", "github_private_key", "dashboard_token"})
+# what each runner needs installed beside the bot (pyproject's extras), and how to install it
+RUNNER_NEEDS: dict[str, tuple[tuple[str, ...], str]] = {
+    "local": (("torch", "tiktoken", "rustbpe", "pyarrow"),
+              "pip install 'autoresearch-bot[train]' (the container image: docker build --build-arg EXTRAS=train)"),
+    "modal": (("modal",), "pip install 'autoresearch-bot[modal]' (the container image: --build-arg EXTRAS=modal)"),
+    "actions": ((), ""),
+}
 
 _OWNER = r"[A-Za-z0-9](?:[A-Za-z0-9]|-(?=[A-Za-z0-9])){0,38}"  # GitHub logins: no leading, trailing or double '-'
 _REPOSITORY = re.compile(rf"^{_OWNER}/[A-Za-z0-9._-]{{1,100}}$")
@@ -203,6 +218,19 @@ class ServiceSettings(BaseSettings):
         raise ConfigError("no GitHub App private key is set: this service signs in with AUTORESEARCH_GITHUB_TOKEN; "
                           "set AUTORESEARCH_GITHUB_APP_ID and AUTORESEARCH_GITHUB_PRIVATE_KEY_PATH to act as an App")
 
+    def redact(self, text: str) -> str:
+        """`text` with every secret of these settings (and each line of an inline private key)
+        replaced by [secret]: for what the service shows to whoever asks."""
+        secrets = []
+        for name in SECRET_FIELDS:
+            value = getattr(self, name)
+            if value is not None:
+                secret = value.get_secret_value()
+                secrets += [secret.strip(), *(line.strip() for line in secret.splitlines())]
+        for secret in sorted({s for s in secrets if len(s) >= 8}, key=len, reverse=True):
+            text = text.replace(secret, "[secret]")
+        return text
+
     def describe(self) -> dict[str, Any]:
         """Every setting, safe to log: secrets appear as "set" or "missing", never their value."""
         described: dict[str, Any] = {"auth": "github-app" if self.uses_app else "token"}
@@ -235,6 +263,37 @@ def load_service_settings(env_file: Path | None = None, **overrides: Any) -> Ser
 
 
 # --- helpers ------------------------------------------------------------------------------------------
+
+def missing_modules(runner: str) -> list[str]:
+    """The packages `runner` needs that this Python cannot find (none are imported to tell)."""
+    missing = []
+    for name in RUNNER_NEEDS.get(runner, ((), ""))[0]:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):  # a broken install: as good as missing
+            found = False
+        if not found:
+            missing.append(name)
+    return missing
+
+
+def _runner_problem(data: Mapping[str, Any]) -> str | None:
+    """Why the chosen runner (local unless set) cannot run on this machine, and what to choose instead."""
+    runner = data.get("runner") or "local"
+    if not isinstance(runner, str) or runner not in RUNNERS:
+        return None  # the field's own check names it
+    missing = missing_modules(runner)
+    if not missing:
+        return None
+    chosen = f"{runner} (the default)" if not data.get("runner") else runner
+    if runner == "local":
+        return (f"{chosen} trains on this machine, but the training stack is not installed here (no "
+                f"{', '.join(missing)}): choose where runs happen instead, AUTORESEARCH_RUNNER=actions (self-hosted "
+                "GitHub Actions runners) or AUTORESEARCH_RUNNER=modal, each with AUTORESEARCH_DATA_FINGERPRINT "
+                f"(README: GPUs); or install it here: {RUNNER_NEEDS[runner][1]}")
+    return (f"{chosen} starts runs on Modal from this machine, but the {', '.join(missing)} package is not installed "
+            f"here: install it ({RUNNER_NEEDS[runner][1]}), or choose AUTORESEARCH_RUNNER=actions or local")
+
 
 def _one_of(value: str, allowed: Any) -> str:
     if value not in allowed:
@@ -294,6 +353,9 @@ def _combination_problems(data: Mapping[str, Any]) -> list[tuple[str, str]]:
         poll = True  # AUTORESEARCH_POLL itself is reported; do not guess what it meant
     if data.get("agent") == "scripted" and not _given(data, "agent_script"):
         problems.append(("agent_script", "missing: the scripted agent replays the proposals in this JSON-lines file"))
+    runner_problem = _runner_problem(data)
+    if runner_problem:
+        problems.append(("runner", runner_problem))
     if data.get("runner") in ("actions", "modal") and not _given(data, "data_fingerprint"):
         problems.append(("data_fingerprint", "missing: the bot does not hold the GPU runners' data, so it must be "
                          "told which data their numbers come from: run `autoresearch prepare --profile P` on a "

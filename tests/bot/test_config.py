@@ -248,3 +248,62 @@ def test_the_scripted_agent_needs_its_file(monkeypatch, tmp_path) -> None:
         monkeypatch.delenv(name)
     with pytest.raises(ConfigError, match="AUTORESEARCH_AGENT_SCRIPT: missing"):
         load_service_settings(repository="o/r", github_token="t", poll=True, agent="scripted")
+
+
+# --- a runner that can run here -------------------------------------------------------------------
+
+def without(monkeypatch: pytest.MonkeyPatch, *modules: str) -> None:
+    """This Python as if `modules` were not installed (as in the slim container image)."""
+    import importlib.util
+
+    import bot.config
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(bot.config.importlib.util, "find_spec",
+                        lambda name, *a: None if name in modules else find_spec(name, *a))
+
+
+def test_the_local_runner_without_the_training_stack_stops_at_start_naming_the_runners_to_choose(monkeypatch):
+    without(monkeypatch, "torch")
+    with pytest.raises(ConfigError) as raised:
+        load_service_settings(repository="o/r", github_token=TOKEN, poll=True)  # the default runner: local
+    [line] = problem_lines(raised.value)
+    assert line.startswith("AUTORESEARCH_RUNNER: local (the default) trains on this machine, but the training "
+                           "stack is not installed here (no torch)")
+    assert "AUTORESEARCH_RUNNER=actions" in line and "AUTORESEARCH_RUNNER=modal" in line
+    assert "--build-arg EXTRAS=train" in line and "autoresearch-bot[train]" in line
+    with pytest.raises(ConfigError, match=r"AUTORESEARCH_RUNNER: local trains on this machine"):
+        load_service_settings(repository="o/r", github_token=TOKEN, poll=True, runner="local")  # chosen, not default
+    settings = load_service_settings(repository="o/r", github_token=TOKEN, poll=True, runner="actions",
+                                     data_fingerprint="645762e5f242651d")
+    assert settings.runner == "actions"  # a server that sends its runs elsewhere needs no torch
+
+
+def test_the_modal_runner_without_its_client_stops_at_start(monkeypatch):
+    without(monkeypatch, "modal")
+    monkeypatch.setenv("AUTORESEARCH_RUNNER", "modal")
+    with pytest.raises(ConfigError) as raised:
+        load_service_settings(repository="o/r", github_token=TOKEN, poll=True, data_fingerprint="645762e5f242651d")
+    [line] = problem_lines(raised.value)
+    assert "modal starts runs on Modal from this machine, but the modal package is not installed" in line
+    assert "autoresearch-bot[modal]" in line and "AUTORESEARCH_RUNNER=actions or local" in line
+
+
+def test_a_runner_problem_is_named_with_the_other_problems(monkeypatch):
+    without(monkeypatch, "torch", "pyarrow")
+    with pytest.raises(ConfigError) as raised:
+        load_service_settings(repository="o/r")  # no way to sign in, no webhook secret either
+    named = {line.split(":")[0]: line for line in problem_lines(raised.value)}
+    assert set(named) == {"AUTORESEARCH_RUNNER", "AUTORESEARCH_GITHUB_TOKEN", "AUTORESEARCH_WEBHOOK_SECRET"}
+    assert "(no torch, pyarrow)" in named["AUTORESEARCH_RUNNER"]
+
+
+def test_redact_takes_every_secret_out_of_a_text(pem):
+    settings = load_service_settings(repository="o/r", github_app_id=1, github_private_key=pem,
+                                     webhook_secret=SECRET, dashboard_token="dashboard-token-1234")
+    key_line = pem.splitlines()[5]
+    text = f"failed: {SECRET} and dashboard-token-1234 and {key_line} and {pem}"
+    redacted = settings.redact(text)
+    assert SECRET not in redacted and "dashboard-token-1234" not in redacted and key_line not in redacted
+    assert "PRIVATE KEY" not in redacted and redacted.startswith("failed: [secret] and [secret] and [secret]")
+    assert settings.redact("nothing secret here") == "nothing secret here"
