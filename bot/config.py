@@ -221,13 +221,14 @@ class ServiceSettings(BaseSettings):
     def redact(self, text: str) -> str:
         """`text` with every secret of these settings (and each line of an inline private key)
         replaced by [secret]: for what the service shows to whoever asks."""
-        secrets = []
+        secrets = set()
         for name in SECRET_FIELDS:
             value = getattr(self, name)
             if value is not None:
                 secret = value.get_secret_value()
-                secrets += [secret.strip(), *(line.strip() for line in secret.splitlines())]
-        for secret in sorted({s for s in secrets if len(s) >= 8}, key=len, reverse=True):
+                secrets.add(secret.strip())
+                secrets.update(line.strip() for line in secret.splitlines() if len(line.strip()) >= 16)
+        for secret in sorted(secrets - {""}, key=len, reverse=True):  # a whole key before its lines
             text = text.replace(secret, "[secret]")
         return text
 

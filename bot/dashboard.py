@@ -14,8 +14,10 @@ consistent and never blocks the conductor's writes for long. Nothing here calls 
 an agent. What only a running conductor knows (its runs' latest progress, why it stopped, the
 agent's budget) comes from `live()`, passed in by the process that holds the conductor
 (conductor_live). With a token every route answers 401 without it (`?token=` or
-`Authorization: Bearer`), compared in constant time. The page's files ship with the package and the
-page loads nothing else, so it works on a machine with no route to the internet.
+`Authorization: Bearer`), compared in constant time. Without one it is open to whoever reaches the
+server: exposure_warning says when that is a stranger (a server that takes webhooks is reachable by
+design). The page's files ship with the package and the page loads nothing else, so it works on a
+machine with no route to the internet.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import asyncio
 import hashlib
 import hmac
 import html
+import ipaddress
 import json
 import logging
 import os
@@ -569,6 +572,33 @@ def dashboard_app(*, store_path: Path, token: str | None = None, live: Live | No
     app.include_router(router)
     app.state.dashboard = router.dashboard  # type: ignore[attr-defined] - Background.stop ends its streams
     return app
+
+
+def exposure_warning(*, host: str, port: int, token: str | None, takes_webhooks: bool) -> str | None:
+    """Why strangers can read the dashboard (its hypotheses, numbers and links), or None when a
+    token guards it or nothing outside this machine can reach it. A server that takes webhooks is
+    reachable from the internet by design: GitHub must reach its /webhook, directly or through a
+    reverse proxy or tunnel, and a proxy on this machine connects from 127.0.0.1, so the address it
+    binds says nothing there. Without webhooks, a bind beyond loopback is what exposes it."""
+    if token:
+        return None
+    if takes_webhooks:
+        return (f"the dashboard at / is readable by anyone who can reach the webhook URL: GitHub must reach this "
+                f"server ({host}:{port}, directly or through a proxy or tunnel), and so can anyone else; set "
+                "AUTORESEARCH_DASHBOARD_TOKEN to require a token")
+    if not _loopback(host):
+        return (f"the dashboard at / is readable by anyone who reaches {host}:{port}; set "
+                "AUTORESEARCH_DASHBOARD_TOKEN to require a token")
+    return None
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name: it may resolve anywhere
+        return False
 
 
 # --- what the conductor's process passes in ---------------------------------------------------------

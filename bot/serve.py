@@ -9,6 +9,14 @@ The server answers webhooks from its first second, even while GitHub is unreacha
 conductor thread connects when it can (backing off), reconciles the store with GitHub by its
 markers, and then works through what waited in the store.
 
+GET /healthz tells the truth about the conductor (ConductorState): starting, waiting for GitHub
+(and why), running, or stopped with the reason; stopped answers 503, so the container's health
+check sees a service that accepts webhooks but will never act on them. The reasons are redacted of
+every secret the settings hold: the health answer is open to whoever reaches the server. The
+dashboard at / is as open as the server unless AUTORESEARCH_DASHBOARD_TOKEN is set, and a server
+that takes webhooks is reachable from the internet by design: bot.dashboard.exposure_warning says
+when to warn.
+
     <state_dir>/state.db     the store (the inbox, experiments, runs, what GitHub shows)
     <state_dir>/runs/<id>/   one directory per training run (the local runner)
     <state_dir>/results.tsv  the reference's results table
@@ -22,6 +30,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +47,18 @@ from bot.runners import Runner
 from bot.store import Store
 
 log = logging.getLogger(__name__)
+DETAIL_CHARS = 500  # a reason shown by /healthz is cut here; the log has all of it
+
+
+class ConductorState(str, Enum):
+    """What the conductor thread is doing, as /healthz reports it. Transitions:
+    STARTING -> WAITING_FOR_GITHUB (until GitHub answers) -> STARTING (building the rest) -> RUNNING;
+    any state -> STOPPED (an error, or the service shutting down). STOPPED is final."""
+
+    STARTING = "starting"                      # reaching GitHub, preparing the runner and the agent
+    WAITING_FOR_GITHUB = "waiting_for_github"  # GitHub did not answer (or refused): tried again later
+    RUNNING = "running"
+    STOPPED = "stopped"                        # the web side still stores deliveries; nothing acts on them
 
 
 @dataclass
@@ -96,7 +117,8 @@ class Service:
     driver: Driver | None = None
     conductor: Conductor | None = None
     client: GitHubClient | None = None
-    status: str = "starting"
+    # (state, what it waits for or why it stopped), replaced whole so another thread never reads half
+    _phase: tuple[ConductorState, str] = (ConductorState.STARTING, "not started")
     last_tick: float | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -116,15 +138,51 @@ class Service:
         if notify is not None:
             notify()
 
+    @property
+    def state(self) -> ConductorState:
+        return self._phase[0]
+
+    @property
+    def detail(self) -> str:
+        return self._phase[1]
+
+    @property
+    def status(self) -> str:
+        """The conductor's state and detail in one line (for logs and test failures)."""
+        state, detail = self._current()
+        return f"{state.value}: {detail}" if detail else state.value
+
     def health(self) -> dict[str, Any]:
-        report: dict[str, Any] = {"conductor": self.status, "last_tick": self.last_tick}
+        """What /healthz shows to anyone: the conductor's state and why, its last tick, the last
+        contact with GitHub; `ok` is False once the conductor stopped (503). Nothing secret."""
+        state, detail = self._current()
+        report: dict[str, Any] = {"ok": state is not ConductorState.STOPPED, "conductor": state.value,
+                                  "conductor_detail": self._shown(detail), "last_tick": self.last_tick}
         if self.client is not None:
-            report.update(self.client.health())
+            report.update({key: self._shown(value) if isinstance(value, str) else value
+                           for key, value in self.client.health().items()})
         return report
+
+    def _current(self) -> tuple[ConductorState, str]:
+        """The state as set, unless the thread is gone without saying so (it set STOPPED otherwise)."""
+        state, detail = self._phase
+        thread = self._thread
+        if state is not ConductorState.STOPPED and thread is not None and not thread.is_alive():
+            return ConductorState.STOPPED, "the conductor thread ended without a reason; see the log"
+        if state is ConductorState.RUNNING and self.conductor is not None and self.conductor.blocked:
+            detail = f"main needs a person: {self.conductor.blocked}"
+        return state, detail
+
+    def _shown(self, text: str) -> str:
+        text = self.settings.redact(text)
+        return text if len(text) <= DETAIL_CHARS else text[:DETAIL_CHARS - 1] + "…"
+
+    def _set(self, state: ConductorState, detail: str) -> None:
+        self._phase = (state, detail)
 
     def app(self):  # -> FastAPI
         """The webhook server (/webhook, /healthz) with the read-only dashboard at /."""
-        from bot.dashboard import conductor_live, create_dashboard, github_links
+        from bot.dashboard import conductor_live, create_dashboard, exposure_warning, github_links
         from bot.web import create_app
 
         settings = self.settings
@@ -132,9 +190,12 @@ class Service:
         app = create_app(store_path=self.store_path, secret=secret, wake=self.wake, health=self.health,
                          runs_changed=self.runs_changed)
         token = settings.dashboard_token.get_secret_value() if settings.dashboard_token else None
-        if token is None and settings.host not in ("127.0.0.1", "localhost", "::1"):
-            log.warning("the dashboard at / is readable by anyone who reaches %s:%s; set "
-                        "AUTORESEARCH_DASHBOARD_TOKEN to require a token", settings.host, settings.port)
+        warning = exposure_warning(host=settings.host, port=settings.port, token=token, takes_webhooks=not settings.poll)
+        if warning:
+            log.warning("%s", warning)
+        elif token is None:
+            log.info("the dashboard at / is open to this machine only (polling, bound to %s); set "
+                     "AUTORESEARCH_DASHBOARD_TOKEN before putting a proxy in front of it", settings.host)
         budget = self.conductor.config.agent_budget_usd if self.conductor else None
         app.include_router(create_dashboard(store_path=self.store_path, token=token,
                                             live=conductor_live(lambda: self.conductor, budget),
@@ -146,7 +207,8 @@ class Service:
         """Start the conductor thread (returns at once)."""
         self.settings.state_dir.mkdir(parents=True, exist_ok=True)
         Store(self.store_path).close()  # create and migrate before the web side opens it
-        self.status = f"connecting to GitHub at {self.settings.github_api_url}"
+        self._set(ConductorState.STARTING, "connecting to GitHub")
+        log.info("connecting to GitHub at %s", self.settings.github_api_url)
         self._thread = threading.Thread(target=self._conduct, name="conductor", daemon=True)
         self._thread.start()
 
@@ -160,15 +222,17 @@ class Service:
         try:
             conductor = self._connect()
             if conductor is None:
+                self._set(ConductorState.STOPPED, "the service stopped before GitHub answered")
                 return
             self.driver = Driver(conductor, timer_s=self.timer_s, on_pass=self._ticked)
             if self.settings.poll:
                 self._start_poller()
-            self.status = "running"
+            self._set(ConductorState.RUNNING, "")
             self.driver.run(forever=True, stop=self._stop)
-            self.status = "stopped"
+            self._set(ConductorState.STOPPED, "the service is shutting down")
         except Exception as error:  # noqa: BLE001 - the web side stays up and says what happened
-            self.status = f"stopped by an error: {type(error).__name__}: {error}"
+            self._set(ConductorState.STOPPED, f"stopped by an error: {type(error).__name__}: {error}; fix it (the "
+                      "log has the traceback) and restart the service: deliveries meanwhile wait in the store")
             log.exception("the conductor stopped")
 
     def _start_poller(self) -> None:
@@ -193,12 +257,13 @@ class Service:
                 login = self.client.bot_login
                 break
             except Exception as error:  # noqa: BLE001 - GitHub down, a bad token: say so, try again
-                self.status = f"waiting for GitHub ({type(error).__name__}: {error}); next try in {wait:.0f}s"
-                log.warning("%s", self.status)
+                self._set(ConductorState.WAITING_FOR_GITHUB, f"{type(error).__name__}: {error}; next try in {wait:.0f}s")
+                log.warning("waiting for GitHub at %s: %s", settings.github_api_url, settings.redact(self.detail))
                 self._stop.wait(wait)
                 wait = min(self.connect_backoff_s[1], wait * 2)
         else:
             return None
+        self._set(ConductorState.STARTING, "connected to GitHub; preparing the runner and the agent")
         store = Store(self.store_path)
         store.set_setting(handlers.BOT_LOGIN, login)
         parts = self.make_parts(settings, self.client)

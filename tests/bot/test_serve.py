@@ -11,6 +11,7 @@ and a secondary-limit answer leave no duplicate. No verdict depends on noise.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import socket
@@ -33,7 +34,7 @@ from bot.config import load_service_settings
 from bot.github.publisher import CHECK_NAME
 from bot.github.render import find_marker
 from bot.records import Job, Proposal, ProposalContext, RunStatus
-from bot.serve import Parts, Service
+from bot.serve import ConductorState, Parts, Service
 from bot.store import Store
 from fakes import CRASH_MARK, IDENTITY, FakeRunner, with_effect
 
@@ -247,6 +248,9 @@ def test_four_experiments_as_pull_requests_steered_by_people(world: World) -> No
     # The dashboard at / of the same server shows them.
     import httpx
 
+    health = httpx.get(f"http://127.0.0.1:{world.service.settings.port}/healthz", timeout=10)
+    assert health.status_code == 200 and health.json()["ok"] is True
+    assert (health.json()["conductor"], health.json()["conductor_detail"]) == ("running", "")
     state = httpx.get(f"http://127.0.0.1:{world.service.settings.port}/api/state", timeout=10).json()
     assert [e["id"] for e in state["experiments"]] == [e.id for e in world.experiments()]
     assert "<html" in httpx.get(f"http://127.0.0.1:{world.service.settings.port}/", timeout=10).text.lower()
@@ -436,8 +440,141 @@ def test_the_server_takes_webhooks_while_github_is_unreachable(tmp_path: Path, m
                 "X-GitHub-Event": "issue_comment", "X-GitHub-Delivery": "d-1", "X-Hub-Signature-256": signature,
                 "Content-Type": "application/json"})
             assert answer.status_code == 202
-            health = client.get("/healthz").json()
-        assert health["conductor"].startswith(("connecting to GitHub", "waiting for GitHub")) and health["store"] == "ok"
+            answer = client.get("/healthz")
+        health = answer.json()
+        assert answer.status_code == 200 and health["ok"] is True and health["store"] == "ok"
+        assert health["conductor"] in ("starting", "waiting_for_github")  # not stopped: the work waits
         assert [e.kind for e in Store(settings.state_dir / "state.db").inbox()] == ["github"]  # the work waits
     finally:
         service.stop(timeout=2)  # the thread ends after the client's current round of retries
+
+
+# --- what /healthz and the log tell a stranger and an operator -----------------------------------
+
+BOT_TOKEN = "tok-bot-for-the-health-tests"
+
+
+def token_settings(tmp_path: Path, api_url: str, **extra: object):
+    return load_service_settings(repository="octo-org/research", github_token=BOT_TOKEN, github_api_url=api_url,
+                                 webhook_secret=SECRET, state_dir=tmp_path / "state", **extra)
+
+
+@pytest.fixture
+def no_service_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in [n for n in os.environ if n.startswith("AUTORESEARCH_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+
+
+def health_once_settled(service: Service) -> tuple[int, dict]:
+    """/healthz once the conductor thread has ended (it fails at start in these tests)."""
+    from fastapi.testclient import TestClient
+
+    assert service._thread is not None
+    service._thread.join(30)
+    with TestClient(service.app()) as client:
+        answer = client.get("/healthz")
+    return answer.status_code, answer.json()
+
+
+def test_healthz_is_503_when_the_conductor_stopped(tmp_path: Path, no_service_environment: None) -> None:
+    def make_parts(settings, client) -> Parts:
+        raise ModuleNotFoundError("No module named 'torch'")
+
+    with GitHubStandIn(tmp_path / "github", files={"train.py": MAIN, "program.md": program()},
+                       token_users={BOT_TOKEN: "autoresearch-bot"}) as gh:
+        service = Service(token_settings(tmp_path, gh.api_url), make_parts=make_parts)
+        service.start()
+        try:
+            status, health = health_once_settled(service)
+        finally:
+            service.stop(timeout=5)
+    assert status == 503 and health["ok"] is False and health["store"] == "ok"
+    assert health["conductor"] == "stopped"
+    assert health["conductor_detail"].startswith("stopped by an error: ModuleNotFoundError: No module named 'torch'; "
+                                                 "fix it")
+    assert health["github_last_contact"] is not None  # GitHub answered: the conductor, not GitHub, stopped
+
+
+def test_healthz_never_shows_a_secret_even_in_the_reason_it_stopped(tmp_path: Path,
+                                                                     no_service_environment: None) -> None:
+    def make_parts(settings, client) -> Parts:
+        raise RuntimeError(f"a runner that prints its settings: {BOT_TOKEN} {SECRET} {'x' * 2000}")
+
+    with GitHubStandIn(tmp_path / "github", files={"train.py": MAIN, "program.md": program()},
+                       token_users={BOT_TOKEN: "autoresearch-bot"}) as gh:
+        service = Service(token_settings(tmp_path, gh.api_url, dashboard_token="dashboard-token-for-tests"),
+                          make_parts=make_parts)
+        service.start()
+        try:
+            status, health = health_once_settled(service)
+        finally:
+            service.stop(timeout=5)
+    shown = json.dumps(health)
+    assert status == 503 and BOT_TOKEN not in shown and SECRET not in shown and "dashboard-token" not in shown
+    assert "prints its settings: [secret] [secret] xxx" in health["conductor_detail"]
+    assert len(health["conductor_detail"]) <= 500  # the log has all of it
+
+
+def test_healthz_says_the_conductor_waits_for_github_and_why_while_github_refuses_it(
+        tmp_path: Path, no_service_environment: None) -> None:
+    with GitHubStandIn(tmp_path / "github", files={"train.py": MAIN, "program.md": program()},
+                       token_users={"another-token": "someone"}) as gh:  # GitHub does not know the bot's token
+        service = Service(token_settings(tmp_path, gh.api_url), connect_backoff_s=(0.05, 0.2))
+        service.start()
+        try:
+            deadline = time.monotonic() + 30
+            while service.state is not ConductorState.WAITING_FOR_GITHUB and time.monotonic() < deadline:
+                time.sleep(0.02)
+            from fastapi.testclient import TestClient
+
+            with TestClient(service.app()) as client:
+                answer = client.get("/healthz")
+        finally:
+            service.stop(timeout=5)
+    health = answer.json()
+    assert answer.status_code == 200 and health["ok"] is True  # the server stores deliveries; it keeps trying
+    assert health["conductor"] == "waiting_for_github"
+    assert "401" in health["conductor_detail"] and "next try in" in health["conductor_detail"]
+    assert BOT_TOKEN not in json.dumps(health)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the point of the test
+def test_healthz_is_503_when_the_conductor_thread_ended_without_a_word(tmp_path: Path,
+                                                                       no_service_environment: None) -> None:
+    def make_parts(settings, client) -> Parts:
+        raise SystemExit(3)  # not an Exception: the thread ends without setting a state
+
+    with GitHubStandIn(tmp_path / "github", files={"train.py": MAIN, "program.md": program()},
+                       token_users={BOT_TOKEN: "autoresearch-bot"}) as gh:
+        service = Service(token_settings(tmp_path, gh.api_url), make_parts=make_parts)
+        service.start()
+        try:
+            status, health = health_once_settled(service)
+        finally:
+            service.stop(timeout=5)
+    assert status == 503 and health["conductor"] == "stopped"
+    assert health["conductor_detail"] == "the conductor thread ended without a reason; see the log"
+
+
+@pytest.mark.parametrize(("host", "poll", "token", "warned"), [
+    ("127.0.0.1", False, None, True),   # webhooks through a reverse proxy or tunnel on this machine
+    ("0.0.0.0", False, None, True),
+    ("0.0.0.0", True, None, True),      # polling, but listening on every interface
+    ("bot.example.com", True, None, True),
+    ("127.0.0.1", True, None, False),   # polling on loopback: nothing outside this machine reaches it
+    ("::1", True, None, False),
+    ("0.0.0.0", False, "dashboard-token-for-tests", False),
+])
+def test_the_dashboard_without_a_token_is_warned_about_whenever_strangers_can_reach_it(
+        tmp_path: Path, no_service_environment: None, caplog: pytest.LogCaptureFixture,
+        host: str, poll: bool, token: str | None, warned: bool) -> None:
+    settings = token_settings(tmp_path, "https://api.github.com", host=host, poll=poll, dashboard_token=token)
+    with caplog.at_level(logging.INFO, logger="bot.serve"):
+        Service(settings).app()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert bool(warnings) is warned, warnings
+    if warnings:
+        [warning] = warnings
+        assert "the dashboard at / is readable by anyone" in warning and "AUTORESEARCH_DASHBOARD_TOKEN" in warning
+    assert "dashboard-token-for-tests" not in caplog.text
