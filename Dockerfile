@@ -1,7 +1,22 @@
 # The autoresearch service: webhook server + conductor (`autoresearch serve`).
-#   docker build -t autoresearch-bot .                       # the server alone, no torch
-#   docker build --build-arg EXTRAS=train -t autoresearch-bot .   # also runs training here (runner=local)
-#   docker run --env-file .env -p 8080:8080 -v autoresearch-state:/state autoresearch-bot
+#
+#   docker build -t autoresearch-bot .                               # the server alone, no torch:
+#                                                                    #   set AUTORESEARCH_RUNNER=actions
+#   docker build --build-arg EXTRAS=modal -t autoresearch-bot .      # ... or runs on Modal (runner=modal)
+#   docker build --build-arg EXTRAS=train -t autoresearch-bot .      # also trains here (runner=local)
+#
+# The image sets no runner: AUTORESEARCH_RUNNER is local unless .env says otherwise, and an image
+# without the training stack stops at start saying which runner to choose (bot/config.py), rather
+# than serving webhooks while its conductor cannot run.
+#
+# The App's private key is a file mounted read-only, never an environment variable (`docker
+# inspect` shows those to anyone who can reach the Docker daemon). The bot runs as uid 10001, so
+# the file must be readable by that uid:
+#   sudo install -d -m 0755 /etc/autoresearch
+#   sudo install -m 0400 -o 10001 autoresearch.private-key.pem /etc/autoresearch/app.pem
+#   docker run --env-file .env -p 8080:8080 -v autoresearch-state:/state \
+#     -v /etc/autoresearch/app.pem:/run/secrets/app.pem:ro \
+#     -e AUTORESEARCH_GITHUB_PRIVATE_KEY_PATH=/run/secrets/app.pem autoresearch-bot
 FROM python:3.11-slim
 
 ARG EXTRAS=""
@@ -18,5 +33,6 @@ RUN useradd --create-home --uid 10001 autoresearch && mkdir /state && chown auto
 USER autoresearch
 ENV AUTORESEARCH_STATE_DIR=/state AUTORESEARCH_HOST=0.0.0.0 AUTORESEARCH_PORT=8080
 EXPOSE 8080
-HEALTHCHECK --interval=30s --timeout=5s CMD python -c "import urllib.request,sys; urllib.request.urlopen('http://127.0.0.1:8080/healthz', timeout=4)" || exit 1
+# /healthz answers 503 once the conductor stopped (bot/serve.py), so "unhealthy" means it acts on nothing
+HEALTHCHECK --interval=30s --timeout=5s --start-period=60s CMD python -c "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('AUTORESEARCH_PORT', '8080'), timeout=4)" || exit 1
 CMD ["autoresearch", "serve"]
