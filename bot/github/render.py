@@ -7,7 +7,10 @@ kept here and tested here: a PR body of at most 65,536 characters, check run fie
 65,535, a status description of at most 140. Text that comes from outside the bot (the agent's
 hypothesis, a training log, a person's comment) is never trusted to be short, single-line or free
 of markers: it is clipped with a visible note and a marker inside it is broken, so `find_marker`
-only ever finds the one the bot wrote. Limits are kept in characters and in UTF-8 bytes alike,
+only ever finds the one the bot wrote, and it loses its control and bidirectional formatting
+characters (`plain`, applied by every renderer here), so nothing the bot repeats rings a terminal
+or reads right to left. A marker is also only ever believed in what the bot's own login authored
+(bot.github.publisher, bot.github.research_log check the author). Limits are kept in characters and in UTF-8 bytes alike,
 since a character can be four bytes and we do not rely on which of the two GitHub counts.
 """
 
@@ -53,6 +56,12 @@ def find_marker(text: str | None) -> tuple[str, int, str] | None:
     return (found["kind"], int(found["id"]), found["extra"] or "") if found else None
 
 
+def authored_by(login: str | None, bot_login: str | None) -> bool:
+    """Whether content whose author is `login` is the bot's own (`bot_login`: the App's
+    "<slug>[bot]", or the token's user): a marker counts only there. Unknown either way: no."""
+    return bool(login) and bool(bot_login) and (login or "").lower() == (bot_login or "").lower()
+
+
 def _defang(text: str) -> str:
     """Break every HTML comment opener in text the bot did not write (a zero-width space keeps it
     looking the same), so no hypothesis, log or comment can carry a marker of its own."""
@@ -61,9 +70,24 @@ def _defang(text: str) -> str:
 
 # --- limits ---------------------------------------------------------------------------------------
 
+# Control characters (Unicode category Cc) but newline and tab, and the bidirectional formatting
+# characters (embeddings and overrides U+202A-202E, isolates U+2066-2069, the marks U+200E, U+200F
+# and U+061C): a BEL or a right-to-left override in a comment must not come back in what the bot
+# writes, where it would ring a terminal or make text read other than it is.
+_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def plain(text: str) -> str:
+    """`text` without control characters (newline and tab stay; a carriage return goes, so CRLF
+    reads as LF) and without bidirectional formatting characters: the one sanitizer of everything
+    the bot repeats from outside (comments, commands, feedback, titles, logs)."""
+    return _UNSAFE.sub("", text)
+
+
 def _clean(text: str) -> str:
-    """Text GitHub's API accepts: no NUL, no lone surrogate (a log decoded with surrogateescape)."""
-    return text.replace("\x00", "").encode("utf-8", "replace").decode("utf-8")
+    """Text GitHub's API accepts and that shows as it reads: no lone surrogate (a log decoded with
+    surrogateescape), no control or bidirectional formatting character (`plain`)."""
+    return plain(text.encode("utf-8", "replace").decode("utf-8"))
 
 
 def _fits(text: str, limit: int) -> bool:
@@ -92,7 +116,7 @@ def _limit(text: str, limit: int) -> str:
 
 def _one_line(text: str | None, limit: int) -> str:
     """Whitespace collapsed to single spaces, clipped to `limit` characters with an ellipsis."""
-    words = " ".join((text or "").split())
+    words = " ".join(plain(text or "").split())
     return words if len(words) <= limit else words[:limit - 1].rstrip() + "…"
 
 
@@ -434,7 +458,9 @@ _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 def check_text(log_tail: str | None) -> str:
     """The training log in a code block; when it is too long for GitHub, its end (the part that
     says what went wrong) is kept, from a line start, under a note saying how much was cut."""
-    lines = [line.split("\r")[-1] for line in _ANSI.sub("", _clean(log_tail or "")).split("\n")]
+    # a carriage return redraws a progress line: keep what it last showed, before `_clean` drops it
+    lines = [line.rstrip("\r").split("\r")[-1] for line in _ANSI.sub("", log_tail or "").split("\n")]
+    lines = [_clean(line) for line in lines]
     log = _defang("\n".join(lines).strip("\n"))
     if not log.strip():
         return "No log output was captured."

@@ -337,3 +337,20 @@ def test_a_run_on_actions_links_its_log_and_an_unsandboxed_run_says_so() -> None
     summary = render.check_summary(experiment(), runs, main_val_bpb=0.99, noise_margin=0.002)
     assert f"| 1 | candidate | ok | 0.980000 | — | 321.5 | [Actions log]({url}) |" in summary
     assert "unsandboxed" in summary.split("| 2 |")[1].splitlines()[0]
+
+
+def test_control_and_bidirectional_characters_never_come_back() -> None:
+    hostile = "ring\x07 \u202eevil\u202c \u2066iso\u2069 \u200emark\u200f \u061carabic\x1b[31m\r\nnext\tline\x7f\x9b"
+    assert render.plain(hostile) == "ring evil iso mark arabic[31m\nnext\tline"
+    reply = render.ack_comment("try", hostile, f"the agent will be asked to try: {hostile}", 5)
+    assert not any(ch in reply for ch in "\x07\x1b\r\x7f\x9b\u202e\u202c\u2066\u2069\u200e\u200f\u061c")
+    assert "next\tline" in reply
+    log = render.check_text("step 1\rstep 2\r\nloss \u202e3.2\x07\n")
+    assert "step 2\nloss 3.2" in log and "\u202e" not in log and "\x07" not in log
+
+
+def test_a_marker_counts_only_in_the_bots_own_content() -> None:
+    assert render.authored_by("autoresearch[bot]", "autoresearch[bot]")
+    assert render.authored_by("Autoresearch[bot]", "autoresearch[bot]")
+    assert not render.authored_by("mallory", "autoresearch[bot]")
+    assert not render.authored_by("autoresearch[bot]", None) and not render.authored_by(None, "autoresearch[bot]")
