@@ -7,6 +7,12 @@ marks it processed in the same transaction as the handler's own writes, so a con
 half-way applies it again from scratch, never twice. An entry that cannot be applied (an unknown
 kind, a bad payload) is marked processed with the reason and never blocks the ones after it.
 
+A handler that cannot decide yet (GitHub could not say whether a commenter may steer) raises
+Deferred: its writes are rolled back, the entry stays pending for the next tick, and so do the later
+entries of the same kind in this pass, so a person's commands still apply in the order they were
+written; entries of other kinds go on. The handler owns the bound: it gives an entry up (processed,
+with the reason) once it has waited long enough, so nothing waits forever.
+
 Entries are applied in batches, one transaction per batch (at most BATCH_ENTRIES entries or
 BATCH_SECONDS of work), each entry inside its own savepoint: a handler that fails rolls back only
 its own writes. A burst of deliveries then costs the store a few commits rather than one per entry,
@@ -34,6 +40,10 @@ class RejectedInput(ValueError):
     """An inbox entry that cannot be applied; the message says why."""
 
 
+class Deferred(Exception):
+    """An inbox entry that cannot be applied yet: left pending for the next tick; the message says why."""
+
+
 def on(kind: str) -> Callable[[Handler], Handler]:
     """Register the handler of one kind of entry; it writes through the store and says what it did."""
     def register(handler: Handler) -> Handler:
@@ -54,17 +64,21 @@ def apply_inbox(store: Store) -> int:
     """Apply every entry not yet processed, in order; returns how many were applied."""
     pending = store.pending_inbox()
     applied = done = 0
+    waiting: dict[str, str] = {}  # kind -> why its entries wait for the next tick
     while done < len(pending):
         try:
             with store.transaction():
-                batch = _apply_batch(store, pending[done:])
+                batch = _apply_batch(store, pending[done:], waiting)
         except sqlite3.OperationalError as error:  # the store's fault, not an entry's: they wait for a later tick
             log.warning("%d inbox entries from id %s on not applied yet, the store could not take them (%s): "
                         "trying again on the next tick", len(pending) - done, pending[done].id, error)
             break
         failpoint("inbox_applied")  # the crash tests: the batch is committed
         done += len(batch)
-        applied += sum(batch)
+        applied += sum(taken is True for taken in batch)
+    for kind, why in waiting.items():
+        left = sum(entry.kind == kind for entry in store.pending_inbox())
+        log.warning("%d %s inbox entries wait for the next tick: %s", left, kind, why)
     return applied
 
 
@@ -72,23 +86,34 @@ BATCH_ENTRIES = 200  # entries per transaction at most
 BATCH_SECONDS = 0.02  # and about this much work: the webhook server's inserts wait while it is held
 
 
-def _apply_batch(store: Store, entries: list[InboxEntry]) -> list[bool]:
+def _apply_batch(store: Store, entries: list[InboxEntry], waiting: dict[str, str]) -> list[bool | None]:
     """Apply entries, in order, inside the caller's transaction until the batch is full; for each
-    entry taken, whether it was applied (False: rejected).
+    entry taken, whether it was applied (False: rejected, None: deferred, left pending). An entry
+    whose kind is in `waiting` (an earlier one of its kind was deferred) is deferred unread; a
+    deferral adds its kind.
 
     Each entry's writes go in a savepoint: a handler's failure rolls back its own writes only, and
     the entry is marked rejected with the reason. A store error (sqlite3.OperationalError)
     propagates, so the caller rolls back the whole batch and it is applied again later."""
     started = time.monotonic()
-    taken: list[bool] = []
+    taken: list[bool | None] = []
     for entry in entries:
         if len(taken) >= BATCH_ENTRIES or (taken and time.monotonic() - started > BATCH_SECONDS):
             break
+        if entry.kind in waiting:
+            taken.append(None)
+            continue
         store.db.execute("SAVEPOINT inbox_entry")
         try:
             _apply(store, entry)
         except sqlite3.OperationalError:
             raise
+        except Deferred as why:
+            store.db.execute("ROLLBACK TO inbox_entry")
+            store.db.execute("RELEASE inbox_entry")
+            waiting[entry.kind] = f"entry {entry.id} ({entry.author}): {why}"
+            taken.append(None)
+            continue
         except Exception as error:  # noqa: BLE001 - one bad entry must never block the ones after it
             store.db.execute("ROLLBACK TO inbox_entry")
             store.db.execute("RELEASE inbox_entry")

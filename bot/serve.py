@@ -42,6 +42,7 @@ from bot.driver import Driver
 from bot.github import handlers  # noqa: F401 - registers the inbox handler of GitHub events
 from bot.github.client import GitHubClient
 from bot.github.forge import GitHubForge
+from bot.github.permissions import CollaboratorPermissions
 from bot.github.publisher import GitHubPublisher
 from bot.runners import Runner
 from bot.store import Store
@@ -266,6 +267,8 @@ class Service:
         self._set(ConductorState.STARTING, "connected to GitHub; preparing the runner and the agent")
         store = Store(self.store_path)
         store.set_setting(handlers.BOT_LOGIN, login)
+        # GitHub events act on this repository only, steered by people GitHub says have write access
+        handlers.GitHubEvents(settings.repository, CollaboratorPermissions.for_repository(repo)).install()
         parts = self.make_parts(settings, self.client)
         forge = GitHubForge(repo, main_branch=settings.main_branch, pace_write=self.client.pace_write)
         publisher = GitHubPublisher(store, repo, read_file=forge.read_file, uses_app=self.client.uses_app,

@@ -314,6 +314,13 @@ class Store:
                               "WHERE p.key = 'pr' AND p.value = ?", (str(number),)).fetchone()
         return _experiment(row) if row else None
 
+    def experiment_by_check_run(self, check_run_id: int) -> Experiment | None:
+        """The experiment whose check run (one the publisher created: `check:<head>:<round>`) has this id."""
+        row = self.db.execute("SELECT e.* FROM experiments e JOIN published p ON p.experiment_id = e.id "
+                              "WHERE p.key LIKE 'check:%' AND p.key NOT LIKE '%:done' AND p.value = ?",
+                              (str(check_run_id),)).fetchone()
+        return _experiment(row) if row else None
+
     def requested(self) -> list[Experiment]:
         """Experiments with a person's request waiting."""
         rows = self.db.execute("SELECT * FROM experiments WHERE request IS NOT NULL ORDER BY id")

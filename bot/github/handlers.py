@@ -4,33 +4,108 @@ The web server (bot.web) and the poller (bot.github.poller) store each event as 
 kind `github` whose payload is a bot.github.webhooks.GitHubEvent. This module turns it into store
 writes: a person's request on an experiment (bot.states.Request), feedback for the agent, a
 pause, or a reply to queue. The conductor acts on requests at its next tick; the publisher posts
-replies. Nothing here calls GitHub or a runner.
+replies. Nothing here writes to GitHub or calls a runner; the one thing it asks GitHub is who may
+steer (bot.github.permissions), through the lookup bot.serve injects (`install`).
 
-Trust: only people with write access steer. GitHub says so in the event itself (the author
-association OWNER, MEMBER or COLLABORATOR); anyone else's comment, review or command is logged and
-dropped, so it never reaches the agent and never starts a run. The bot's own comments and the
-pull requests it closes itself are ignored by login.
+Boundaries, checked here so the webhook and the poller paths give the same verdicts:
+- The research repository only. An App installation can cover other repositories, and their
+  deliveries are signed like the research repository's: a delivery about another repository (its
+  `repository.full_name`, compared without case) is logged and processed as "not the research
+  repository", with no effect. Installation events name no repository and are only logged.
+- Experiments by the pull request the bot opened. An event names an experiment only by the number
+  of the pull request the publisher recorded for it (store.experiment_by_pull); an event about a
+  pull request must also have its head on the research repository, at the experiment's branch (a
+  fork's pull request has its own head repository, whatever its branch is called). A check run's
+  event names an experiment only by the id of a check run the publisher created
+  (store.experiment_by_check_run): `check_run.pull_requests` is empty for forks, and another App
+  can create check runs with any name and external_id.
+- Only people with write access steer (admin, maintain or write; asked of GitHub, see
+  bot.github.permissions): comments, reviews and commands (feedback reaches the agent only from an
+  experiment's pull request), closing and reopening an experiment's pull request, and a check run's
+  Re-run and buttons (GitHub lets any App with checks:read re-request a check run, and does not
+  document who may press its buttons, so they are checked like a command). A comment's author
+  association rules out NONE, CONTRIBUTOR, FIRST_TIME_CONTRIBUTOR, ... without asking; an App
+  (sender type Bot) never steers; the bot's own comments and the pull requests it closes itself are
+  ignored by login. Anyone else's event is logged and dropped: it never reaches the agent, starts
+  no run and gets no reply.
+- When GitHub cannot say whether someone may steer, the entry waits in the inbox (bot.events.Deferred)
+  and is asked about again at the next tick; after WAIT_FOR_GITHUB_S of waiting it is dropped with
+  an outcome that says so, so nothing waits forever.
+- Text people wrote (a comment, a /try idea) loses its control and bidirectional formatting
+  characters (render.plain) before it is stored or repeated.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
-from bot.events import RejectedInput, on
+from bot.events import Deferred, RejectedInput, on
 from bot.github import render
+from bot.github.permissions import PermissionUnknown, Permissions, quick_no
 from bot.github.webhooks import GitHubEvent
 from bot.states import Request, State, Status
 from bot.store import Experiment, InboxEntry, Store
 
 log = logging.getLogger(__name__)
 
-TRUSTED = frozenset({"OWNER", "MEMBER", "COLLABORATOR"})
 BOT_LOGIN = "github.bot_login"  # store setting: the bot's own login, written when the service starts
 BRANCH_PREFIX = "autoresearch/"
 ACTION_REQUEST = {"rerun": Request.RERUN, "keep": Request.KEEP, "discard": Request.DISCARD}
+WAIT_FOR_GITHUB_S = 600.0  # how long an entry waits for GitHub to say whether its sender may steer
+NOT_OURS = "not the research repository"
 
-Action = Callable[[Store, GitHubEvent], str]
+
+@dataclass
+class Context:
+    """One event being applied: the store, the event (its text made plain), and the rules."""
+
+    store: Store
+    event: GitHubEvent
+    entry: InboxEntry
+    rules: GitHubEvents
+
+    def is_bot(self) -> bool:
+        login = self.store.get_setting(BOT_LOGIN)
+        return bool(login) and (self.event.sender or "").lower() == (login or "").lower()
+
+    def refused(self, *, what: str, asking_again: bool = False) -> str | None:
+        """Why the sender may not `what` (an outcome), or None when they may. `asking_again` (a
+        command, a button) asks GitHub again over a remembered "no" that is a few seconds old."""
+        event, who = self.event, self.event.sender
+        if who is None:
+            return f"ignored: GitHub does not say who did it, so it cannot {what}"
+        if event.sender_type == "Bot":
+            return f"ignored: {who} is an app, and only people with write access {what}"
+        if event.kind in ("feedback", "command") and quick_no(event.association):
+            return f"ignored: {who} ({event.association}) has no write access"
+        if self.rules.permissions is None:
+            return self.rules.wait(self.entry, "the service has not connected to GitHub yet")
+        try:
+            access = self.rules.permissions.access(who, fresh=asking_again)
+        except PermissionUnknown as error:
+            return self.rules.wait(self.entry, str(error))
+        self.rules.waited(self.entry)
+        if not access.may_steer:
+            return f"ignored: {who} has the {access.role} role, no write access, so cannot {what}"
+        return None
+
+    def experiment(self) -> Experiment | None:
+        """The experiment whose pull request the event is about (see the module docstring)."""
+        event = self.event
+        if event.number is None:
+            return None
+        exp = self.store.experiment_by_pull(event.number)
+        if exp is None:
+            return None
+        if event.branch is not None and (not self.rules.ours(event.head_repository) or event.branch != exp.branch):
+            return None  # a pull request event whose head is elsewhere: a fork's, whatever its branch is called
+        return exp
+
+
+Action = Callable[[Context], str]
 ACTIONS: dict[str, Action] = {}
 
 
@@ -41,99 +116,129 @@ def when(kind: str) -> Callable[[Action], Action]:
     return register
 
 
-@on("github")
-def github_event(store: Store, entry: InboxEntry) -> str:
-    try:
-        event = GitHubEvent.from_payload(entry.payload)
-    except ValueError as error:
-        raise RejectedInput(f"not a GitHub event: {error}") from error
-    action = ACTIONS.get(event.kind)
-    if action is None:
-        return f"{event.event}.{event.action or ''}: nothing to do"
-    outcome = action(store, event)
-    log.info("github %s.%s (%s) from %s: %s", event.event, event.action or "", event.delivery, event.sender, outcome)
-    return outcome
+@dataclass
+class GitHubEvents:
+    """The inbox handler of kind `github` for one research repository (`owner/name`), asking
+    `permissions` who may steer. Unwired (None), every event waits, as if GitHub could not say."""
+
+    repository: str | None = None
+    permissions: Permissions | None = None
+    clock: Callable[[], float] = time.monotonic
+    wait_for_github_s: float = WAIT_FOR_GITHUB_S
+    _waiting: dict[int, float] = field(default_factory=dict)  # inbox entry id -> when it first waited
+
+    def install(self) -> GitHubEvents:
+        """Make this the handler of the inbox's `github` entries (bot.serve calls it when it connects)."""
+        on("github")(self)
+        return self
+
+    def ours(self, repository: str | None) -> bool:
+        return repository is not None and self.repository is not None and repository.lower() == self.repository.lower()
+
+    def wait(self, entry: InboxEntry, why: str) -> str:
+        """Defer `entry` to the next tick (raises Deferred), or, once it has waited
+        `wait_for_github_s`, the outcome that drops it."""
+        now = self.clock()
+        since = self._waiting.setdefault(entry.id, now)
+        if now - since < self.wait_for_github_s:
+            raise Deferred(f"{why}; asking again at the next tick")
+        self._waiting.pop(entry.id, None)
+        return (f"dropped after waiting {(now - since) / 60:.0f} min for GitHub to say whether {entry.author} "
+                f"may steer ({why}): write it again once GitHub answers")
+
+    def waited(self, entry: InboxEntry) -> None:
+        self._waiting.pop(entry.id, None)
+
+    def __call__(self, store: Store, entry: InboxEntry) -> str:
+        try:
+            event = GitHubEvent.from_payload(entry.payload)
+        except ValueError as error:
+            raise RejectedInput(f"not a GitHub event: {error}") from error
+        event = replace(event, body=render.plain(event.body), argument=render.plain(event.argument))
+        action = ACTIONS.get(event.kind)
+        if action is None:
+            return f"{event.event}.{event.action or ''}: nothing to do"
+        if event.repository is not None and not self.ours(event.repository):
+            if self.repository is None:
+                return self.wait(entry, "the service has not connected to GitHub yet")
+            log.info("github %s.%s (%s) from %s is about %s, %s: acknowledged, ignored", event.event,
+                     event.action or "", event.delivery, event.sender, event.repository, NOT_OURS)
+            return f"{NOT_OURS} ({event.repository}): ignored"
+        outcome = action(Context(store, event, entry, self))
+        log.info("github %s.%s (%s) from %s: %s", event.event, event.action or "", event.delivery, event.sender, outcome)
+        return outcome
 
 
-def _is_bot(store: Store, event: GitHubEvent) -> bool:
-    login = store.get_setting(BOT_LOGIN)
-    return bool(login) and event.sender == login
-
-
-def _trusted(event: GitHubEvent) -> bool:
-    return (event.association or "").upper() in TRUSTED and event.sender_type != "Bot"
-
-
-def _experiment(store: Store, event: GitHubEvent) -> Experiment | None:
-    if event.branch and event.branch.startswith(BRANCH_PREFIX):
-        return store.experiment_by_branch(event.branch)
-    if event.number is not None:  # an issue comment names the pull request by number only
-        return store.experiment_by_pull(event.number)
-    return None
+GitHubEvents().install()  # until bot.serve installs the wired one, GitHub entries wait in the inbox
 
 
 @when("push")
-def push(store: Store, event: GitHubEvent) -> str:
+def push(ctx: Context) -> str:
     # The conductor reads main at every tick: a new program.md is used by the next proposal, a new
     # train.py gets a new baseline. The delivery only wakes it.
-    return f"{event.ref} moved to {(event.after or '')[:7]}; read at the next tick"
+    return f"{ctx.event.ref} moved to {(ctx.event.after or '')[:7]}; read at the next tick"
 
 
 @when("pr_closed")
-def pr_closed(store: Store, event: GitHubEvent) -> str:
-    exp = _experiment(store, event)
+def pr_closed(ctx: Context) -> str:
+    event, store = ctx.event, ctx.store
+    exp = ctx.experiment()
     if exp is None:
         return "not an experiment's pull request"
-    if event.merged or _is_bot(store, event):
+    if event.merged or ctx.is_bot():
         return "closed by the bot itself"
     if exp.state == State.DONE:
         return f"experiment {exp.id} had already ended ({exp.status})"
+    if (refused := ctx.refused(what="cancel an experiment")) is not None:
+        return refused
     store.request(exp.id, Request.CANCEL, event.sender or "someone")
     return f"experiment {exp.id} will be cancelled"
 
 
 @when("pr_reopened")
-def pr_reopened(store: Store, event: GitHubEvent) -> str:
-    exp = _experiment(store, event)
-    if exp is None or _is_bot(store, event):
+def pr_reopened(ctx: Context) -> str:
+    event, store = ctx.event, ctx.store
+    exp = ctx.experiment()
+    if exp is None or ctx.is_bot():
         return "nothing to do"
     if exp.state != State.DONE or exp.status == Status.KEEP:
         return f"experiment {exp.id} is {exp.status or exp.state}: nothing to reopen"
+    if (refused := ctx.refused(what="measure an experiment again")) is not None:
+        return refused
     store.request(exp.id, Request.REOPEN, event.sender or "someone")
     return f"experiment {exp.id} will be measured again"
 
 
-def _not_heard(store: Store, event: GitHubEvent) -> str | None:
-    """Why a comment or command is dropped (the bot's own, or from someone without write access)."""
-    if _is_bot(store, event):
-        return "the bot's own comment"
-    if not _trusted(event):
-        return f"ignored: {event.sender} ({event.association}) has no write access"
-    return None
-
-
 @when("feedback")
-def feedback(store: Store, event: GitHubEvent) -> str:
-    if (dropped := _not_heard(store, event)) is not None:
-        return dropped
-    where = f" on #{event.number}" if event.number else ""
-    store.add_feedback(event.sender or "someone", f"{event.sender}{where}: {event.body.strip()}")
+def feedback(ctx: Context) -> str:
+    event = ctx.event
+    if ctx.is_bot():
+        return "the bot's own comment"
+    if ctx.experiment() is None:
+        return "not an experiment's pull request: not feedback for the agent"
+    if (refused := ctx.refused(what="steer the agent")) is not None:
+        return refused
+    ctx.store.add_feedback(event.sender or "someone", f"{event.sender} on #{event.number}: {event.body.strip()}")
     return "the agent will read it"
 
 
 @when("command")
-def command(store: Store, event: GitHubEvent) -> str:
-    if (dropped := _not_heard(store, event)) is not None:
-        return dropped
+def command(ctx: Context) -> str:
+    event, store = ctx.event, ctx.store
+    if ctx.is_bot():
+        return "the bot's own comment"
     name, argument, who = event.command or "", event.argument, event.sender or "someone"
-    outcome = _command(store, event, name, argument, who)
+    if (refused := ctx.refused(what=f"/{name}", asking_again=True)) is not None:
+        return refused
+    outcome = _command(ctx, name, argument, who)
     if event.event == "issue_comment" and event.comment_id is not None and event.number is not None:
         # a review's id is not a comment's: reviews get no reaction and no reply
         store.add_reply(event.comment_id, event.number, render.ack_comment(name, argument, outcome, event.comment_id))
     return outcome
 
 
-def _command(store: Store, event: GitHubEvent, name: str, argument: str, who: str) -> str:
+def _command(ctx: Context, name: str, argument: str, who: str) -> str:
+    store = ctx.store
     if name == "pause":
         store.set_setting("paused", "1")
         return "paused: running experiments finish, nothing new is proposed until /resume"
@@ -143,7 +248,7 @@ def _command(store: Store, event: GitHubEvent, name: str, argument: str, who: st
     if name == "try":
         store.add_feedback(who, f"{who} asks to try next: {argument}")
         return f"the agent will be asked to try: {argument}"
-    exp = _experiment(store, event)
+    exp = ctx.experiment()
     if exp is None:
         return f"/{name} works on an experiment's pull request"
     return _request(store, exp, ACTION_REQUEST[name], who)
@@ -161,36 +266,32 @@ def _request(store: Store, exp: Experiment, request: Request, who: str) -> str:
 
 
 @when("check_rerun")
-def check_rerun(store: Store, event: GitHubEvent) -> str:
-    return _check_button(store, event, "rerun")
+def check_rerun(ctx: Context) -> str:
+    return _check_button(ctx, "rerun")
 
 
 @when("check_action")
-def check_action(store: Store, event: GitHubEvent) -> str:
-    if event.requested_action not in ACTION_REQUEST:
-        return f"unknown button {event.requested_action!r}"
-    return _check_button(store, event, event.requested_action)
+def check_action(ctx: Context) -> str:
+    if ctx.event.requested_action not in ACTION_REQUEST:
+        return f"unknown button {ctx.event.requested_action!r}"
+    return _check_button(ctx, ctx.event.requested_action)
 
 
-def _check_button(store: Store, event: GitHubEvent, name: str) -> str:
-    # Only people who can write to the repository can press a check's buttons; GitHub enforces it.
-    exp_id = _experiment_of_check(event.external_id)
-    if exp_id is None:
+def _check_button(ctx: Context, name: str) -> str:
+    # GitHub lets any App with checks:read re-request a check run, and its documentation does not
+    # say who may press a check run's buttons: the sender is checked like a command's author.
+    event = ctx.event
+    exp = ctx.store.experiment_by_check_run(event.check_run_id) if event.check_run_id is not None else None
+    if exp is None:
         return "not an autoresearch check run"
-    try:
-        exp = store.experiment(exp_id)
-    except KeyError:
-        return f"no experiment {exp_id}"
-    return _request(store, exp, ACTION_REQUEST[name], event.sender or "someone")
-
-
-def _experiment_of_check(external_id: str | None) -> int | None:
-    parts = (external_id or "").split(":")
-    if len(parts) >= 2 and parts[0] == "autoresearch" and parts[1].isdigit():
-        return int(parts[1])
-    return None
+    if ctx.is_bot():
+        return "the bot's own request"
+    if (refused := ctx.refused(what=f"press {name}", asking_again=True)) is not None:
+        return refused
+    return _request(ctx.store, exp, ACTION_REQUEST[name], event.sender or "someone")
 
 
 @when("installation")
-def installation(store: Store, event: GitHubEvent) -> str:
-    return f"installation {event.installation_id} {event.action}"
+def installation(ctx: Context) -> str:
+    # no effect: the bot acts on its one repository, through the installation it was configured with
+    return f"installation {ctx.event.installation_id} {ctx.event.action}"

@@ -8,7 +8,9 @@ Each poll asks, in this order (the pull requests first: the other two read what 
    pull request from an `autoresearch/` branch of this repository is compared with the state seen
    last (the store's setting `poller.pulls`, JSON): open -> closed is pr_closed (`merged` from
    `merged_at`) and the sender is the issue's `closed_by` (one `GET /repos/{o}/{r}/issues/{n}`
-   per close); closed -> open is pr_reopened (the API does not say who reopened: sender None).
+   per close); closed -> open is pr_reopened (the API does not say who reopened: sender None, so
+   the handler, which lets only people with write access reopen an experiment, ignores it: in
+   poll mode `/rerun` measures a finished experiment again).
    Delivery `poll-pr-<number>-<state>-<updated_at>`. A close and a reopen inside one interval cancel
    out and are not seen; more than 100 pull requests updated inside one interval are not all seen.
 2. `GET /repos/{o}/{r}/issues/comments?since=<cursor>&sort=updated&direction=asc&per_page=100`:
@@ -22,8 +24,9 @@ Each poll asks, in this order (the pull requests first: the other two read what 
    delivery `poll-review-<id>`.
 
 The payloads go through webhooks.normalize as the matching webhook deliveries would (issue_comment
-created, pull_request_review submitted, pull_request closed/reopened): one place decides what a
-comment means. Nothing from before the poller first ran is replayed: the store keeps that moment
+created, pull_request_review submitted, pull_request closed/reopened, the head's repository
+included): one place decides what a comment means, and the same handler decides who may steer, on
+which repository and pull request, so both paths give the same verdicts. Nothing from before the poller first ran is replayed: the store keeps that moment
 (`poller.horizon`), and comments created, reviews submitted and pull requests closed before it are
 skipped (a fresh bot does not act on a repository's old chatter).
 
@@ -220,7 +223,7 @@ class Poller:
             sender = issue.get("closed_by") if isinstance(issue, dict) else None
         payload = {"action": "closed" if closed else "reopened",
                    "pull_request": {"number": number, "merged": pull.get("merged_at") is not None,
-                                    "head": {"ref": seen["branch"], "sha": seen["sha"]}},
+                                    "head": self._head(seen)},
                    "sender": sender if isinstance(sender, dict) else None, **self._repository()}
         delivery = f"poll-pr-{number}-{seen['state']}-{pull.get('updated_at')}"
         return _normalize("pull_request", delivery, payload)
@@ -284,7 +287,7 @@ class Poller:
 
     def _review_event(self, review: dict[str, Any], number: int, seen: dict[str, Any]) -> GitHubEvent | None:
         payload = {"action": "submitted", "review": review, "sender": review.get("user"),
-                   "pull_request": {"number": number, "head": {"ref": seen["branch"], "sha": seen["sha"]}},
+                   "pull_request": {"number": number, "head": self._head(seen)},
                    **self._repository()}
         return _normalize("pull_request_review", f"poll-review-{review.get('id')}", payload)
 
@@ -346,6 +349,11 @@ class Poller:
 
     def _repository(self) -> dict[str, Any]:
         return {"repository": {"full_name": self.repository}}
+
+    def _head(self, seen: dict[str, Any]) -> dict[str, Any]:
+        """A pull request's head as a webhook carries it: only pull requests whose head is on this
+        repository are polled (`_experiment_pull`), so its repository is this one."""
+        return {"ref": seen["branch"], "sha": seen["sha"], "repo": {"full_name": self.repository}}
 
 
 def _normalize(event: str, delivery: str, payload: dict[str, Any]) -> GitHubEvent | None:

@@ -2,8 +2,10 @@
 
 Pure: no I/O, no clock, no GitHub calls. `normalize()` reads the few fields the bot acts on from a
 delivery's payload and names what happened with one `kind`; `verify_signature()` checks the
-`X-Hub-Signature-256` header. Deciding whether the sender may steer the bot (trust) is the
-handler's job: this module only carries `association` and `sender_type` for it.
+`X-Hub-Signature-256` header. Deciding whether the sender may steer the bot (trust), whether the
+delivery is about the research repository, and whether a pull request is an experiment's is the
+handler's job: this module only carries `repository`, `association`, `sender_type` and, for a
+pull request, `head_repository` (a fork's pull request has its own) for it.
 
 What each delivery becomes (event.action -> kind), and why:
 
@@ -77,6 +79,7 @@ class GitHubEvent:
     external_id: str | None = None
     requested_action: str | None = None   # identifier of the button pressed
     installation_id: int | None = None
+    head_repository: str | None = None   # PR head's repository ("owner/name"; a fork's own; None: deleted)
 
     def to_payload(self) -> dict[str, Any]:
         """A JSON-safe dict for the inbox; `from_payload` reads it back."""
@@ -232,9 +235,7 @@ def _pull_request(p: _Payload) -> dict[str, Any]:
     if kind is None:
         raise _Ignore
     merged = p.get("pull_request.merged", bool, required=False)
-    return {"kind": kind, **p.common(), "number": p.get("pull_request.number", int),
-            "branch": p.get("pull_request.head.ref", str), "head_sha": p.get("pull_request.head.sha", str),
-            "merged": bool(merged)}
+    return {"kind": kind, **p.common(), **_pull_head(p), "merged": bool(merged)}
 
 
 def _text(body: str, *, on_pull_request: bool) -> dict[str, Any]:
@@ -277,8 +278,10 @@ def _review_comment(p: _Payload) -> dict[str, Any]:
 
 
 def _pull_head(p: _Payload) -> dict[str, Any]:
+    # head.repo is the fork's own repository for a fork's pull request (null once the fork is deleted)
     return {"number": p.get("pull_request.number", int), "branch": p.get("pull_request.head.ref", str),
-            "head_sha": p.get("pull_request.head.sha", str)}
+            "head_sha": p.get("pull_request.head.sha", str),
+            "head_repository": p.get("pull_request.head.repo.full_name", str, required=False)}
 
 
 def _check_run(p: _Payload) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from bot.events import apply_inbox
 from bot.github import handlers
 from bot.github import poller as poller_module
 from bot.github.client import RETRIES, GitHubClient
+from bot.github.permissions import CollaboratorPermissions
 from bot.github.poller import Poller
 from bot.github.webhooks import GitHubEvent
 from bot.states import Request
@@ -57,10 +58,15 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
         number = open_experiment_pull(client)
         store = Store(tmp_path / "state" / "state.db")
         store.set_setting(handlers.BOT_LOGIN, BOT)
+        # the same handler, asking the stand-in who may steer, as bot.serve wires it
+        handlers.GitHubEvents(REPO, CollaboratorPermissions.for_repository(client.repo())).install()
         wakes: list[int] = []
         poller = Poller(client, store, wake=lambda: wakes.append(1))
         assert poller.poll_once() == 0  # the first poll: the pull request is open, nothing happened yet
-        yield World(standin, client, store, poller, wakes, number)
+        try:
+            yield World(standin, client, store, poller, wakes, number)
+        finally:
+            handlers.GitHubEvents().install()
         client.close()
         assert standin.violations == [], "\n".join(standin.violations)
 
@@ -88,6 +94,7 @@ def experiment(store: Store, number: int) -> int:
 
 
 def test_a_trusted_comment_becomes_one_feedback_entry_however_often_it_is_read(world: World) -> None:
+    experiment(world.store, world.number)
     comment_id = world.standin.comment(world.number, "alice", "Try a lower learning rate.")
 
     assert world.poller.poll_once() == 1
@@ -151,6 +158,7 @@ def test_a_person_closing_the_pull_request_yields_pr_closed_and_reopening_pr_reo
     reopened = world.events()[-1]
     assert (reopened.kind, reopened.number, reopened.branch) == ("pr_reopened", world.number, BRANCH)
     assert reopened.delivery.startswith(f"poll-pr-{world.number}-open-")
+    assert (closed.head_repository, reopened.head_repository) == (REPO, REPO)
 
 
 def test_the_person_who_closed_the_pull_request_is_the_sender(world: World) -> None:
@@ -239,3 +247,32 @@ class _Instant(threading.Event):
     def wait(self, timeout: float | None = None) -> bool:
         self.waited.append(timeout)
         return self.is_set()
+
+
+def test_a_read_only_collaborator_gets_the_same_verdict_by_poll_as_by_webhook(world: World) -> None:
+    exp_id = experiment(world.store, world.number)
+    world.standin.state.collaborators["rita"] = "read"
+    world.standin.comment(world.number, "rita", "/discard")
+    world.standin.comment(world.number, "rita", "a thought from a reader")
+    world.standin.close_pr(world.number, "alice")  # alice writes: her close counts
+
+    assert world.poller.poll_once() == 3
+    apply_inbox(world.store)
+    outcomes = [e.outcome for e in world.store.inbox()]
+    assert outcomes.count("ignored: rita has the read role, no write access, so cannot /discard") == 1
+    assert "ignored: rita has the read role, no write access, so cannot steer the agent" in outcomes
+    assert world.store.experiment(exp_id).request == Request.CANCEL and world.store.recent_feedback() == []
+    # one question per person however many of their events: the answers are remembered
+    assert len(world.standin.calls("GET", r"/collaborators/rita/permission$")) == 1
+
+
+def test_a_reopen_read_by_poll_names_nobody_and_is_not_obeyed(world: World) -> None:
+    exp_id = experiment(world.store, world.number)
+    world.store.db.execute("UPDATE experiments SET state = 'done', status = 'cancelled' WHERE id = ?", (exp_id,))
+    world.standin.close_pr(world.number, "alice")
+    world.poller.poll_once()
+    world.standin.reopen_pr(world.number, "alice")
+    world.poller.poll_once()
+    apply_inbox(world.store)
+    assert world.store.inbox()[-1].outcome.startswith("ignored: GitHub does not say who did it")
+    assert world.store.experiment(exp_id).request is None
