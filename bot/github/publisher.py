@@ -8,7 +8,11 @@ being down delays what people see, not the research. Nothing it creates is creat
 each create it notes the attempt in the store (`attempt:<key>`), and only a create with such a note
 and no result (an answer lost to a crash, a 502, a timeout) looks first for what it may have made:
 a pull request by its head branch, a check run by its `external_id`, a comment by the hidden marker
-in its text (bot.github.render). A create never tried before goes straight to GitHub. A run in
+in its text (bot.github.render), each only among what the bot's own login authored (its pull
+requests and comments, check runs of its own App): anyone can write a marker into a comment, and
+another App can create a check run with any external_id. A create never tried before goes straight
+to GitHub. A command's answer that GitHub refuses (4xx) is given up with a log line, and one that
+keeps failing on GitHub's side (5xx) after REPLY_TRIES ticks: no answer holds up the others. A run in
 progress updates its check at most once every `progress_every_s` seconds (PROGRESS_EVERY_S).
 
 Calls per experiment (the budget is GitHub's secondary limit on content-creating requests, see
@@ -38,12 +42,15 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
-from github import GithubException
+import requests
+from github import GithubException, RateLimitExceededException
 from github.Repository import Repository
 
 from bot.conductor import Publisher, Snapshot
 from bot.github import render
+from bot.github.handlers import BOT_LOGIN
 from bot.github.research_log import ResearchLog
+from bot.github.webhooks import GitHubEvent
 from bot.states import RunState, State
 from bot.store import Experiment, Store, failpoint
 
@@ -53,6 +60,7 @@ log = logging.getLogger(__name__)
 
 CHECK_NAME = "autoresearch / val_bpb"
 PROGRESS_EVERY_S = 120.0  # the check's progress updates while a run trains (see the module docstring)
+REPLY_TRIES = 5  # ticks a reply is tried when GitHub fails (5xx, no answer) before it is given up
 ACTIONS = [
     {"label": "Re-run", "description": "Measure it once more", "identifier": "rerun"},
     {"label": "Keep anyway", "description": "Merge it once measured on main", "identifier": "keep"},
@@ -77,6 +85,7 @@ class GitHubPublisher(Publisher):
         self._shown: dict[int, tuple[Any, ...]] = {}  # experiment -> what was last shown of it (this process)
         self._progress_at: dict[int, float] = {}  # experiment -> when its progress was last shown
         self._labels_ready: set[str] = set()
+        self._reply_failures: dict[int, int] = {}  # command comment id -> ticks its reply failed (this process)
         self.research_log = ResearchLog(store, repo, pace_write=pace_write, clock=clock)
 
     # --- the phase ---------------------------------------------------------------------------------
@@ -130,6 +139,15 @@ class GitHubPublisher(Publisher):
             self._progress_at[exp.id] = self.clock()
         self._shown[exp.id] = shown
 
+    def _bot_login(self) -> str | None:
+        """The login the bot's own content carries (written by bot.serve when it connects)."""
+        return self.store.get_setting(BOT_LOGIN)
+
+    def _ours(self, user: Any) -> bool:
+        """Whether a PyGithub NamedUser (an author) is the bot itself: only its own pull requests and
+        comments may hold the markers the publisher looks for."""
+        return render.authored_by(getattr(user, "login", None), self._bot_login())
+
     # --- GitHub's REST API at a number the store keeps (no read of the object first) --------------------
     def _api(self, method: str, path: str, **kwargs: Any) -> Any:
         return self.repo.requester.requestJsonAndCheck(method, f"{self.repo.url}{path}", **kwargs)[1]
@@ -149,7 +167,8 @@ class GitHubPublisher(Publisher):
             return int(published["pr"])
         existing = []
         if self._attempt(exp, "pr", published):
-            existing = list(self.repo.get_pulls(state="all", head=f"{self.repo.owner.login}:{exp.branch}"))
+            existing = [p for p in self.repo.get_pulls(state="all", head=f"{self.repo.owner.login}:{exp.branch}")
+                        if self._ours(p.user)]
         if existing:
             number = existing[0].number
         else:
@@ -174,14 +193,23 @@ class GitHubPublisher(Publisher):
             log.info("experiment %s: reopened pull request #%s", exp.id, number)
 
     def _closed_while_away(self, exp: Experiment, number: int) -> bool:
-        """Reconcile after a start: a pull request a person closed while the bot was not listening
-        (a webhook GitHub could not deliver) cancels its experiment as the webhook would have."""
+        """Reconcile after a start: a pull request closed while the bot was not listening (a webhook
+        GitHub could not deliver) becomes the pull_request.closed event the webhook would have been,
+        stored in the inbox (key: the pull request and when it was closed), so the same handler
+        decides whether its closer may cancel the experiment."""
         pull = self.repo.get_pull(number)
         if pull.state != "closed" or pull.merged or exp.request:
             return False
         closer = pull.as_issue().closed_by
-        self.store.request(exp.id, "cancel", closer.login if closer else "someone (while the bot was away)")
-        log.info("experiment %s: its pull request #%s was closed while the bot was away", exp.id, number)
+        closed_at = pull.closed_at.isoformat() if pull.closed_at else "unknown"
+        event = GitHubEvent(delivery=f"reconcile-pr-{number}-closed-{closed_at}", event="pull_request", action="closed",
+                            kind="pr_closed", repository=self.repo.full_name, sender=closer.login if closer else None,
+                            sender_type=closer.type if closer else None, association=None, number=number,
+                            branch=pull.head.ref, head_sha=pull.head.sha, ref=None, before=None, after=None,
+                            head_repository=pull.head.repo.full_name if pull.head.repo else None)
+        if self.store.add_inbox(key=f"github:{event.delivery}", kind="github", payload=event.to_payload(),
+                                author=event.sender or "github"):
+            log.info("experiment %s: its pull request #%s was closed while the bot was away", exp.id, number)
         return True
 
     def _base_text(self, exp: Experiment) -> str:
@@ -253,7 +281,7 @@ class GitHubPublisher(Publisher):
         found = None
         if self._attempt(exp, key, published):
             found = next((c.id for c in self.repo.get_issue(number).get_comments()
-                          if render.find_marker(c.body) == wanted), None)
+                          if self._ours(c.user) and render.find_marker(c.body) == wanted), None)
         if found is None:
             self.pace_write()
             found = self._api("POST", f"/issues/{number}/comments", input={"body": body})["id"]
@@ -313,7 +341,8 @@ class GitHubPublisher(Publisher):
         """The id of the check run an earlier attempt may have created (one GET, by its external_id)."""
         answer = self._api("GET", f"/commits/{head}/check-runs", parameters={"check_name": CHECK_NAME,
                                                                               "filter": "all", "per_page": 100})
-        return next((c["id"] for c in answer.get("check_runs") or [] if c.get("external_id") == external_id), None)
+        return next((c["id"] for c in answer.get("check_runs") or [] if c.get("external_id") == external_id
+                     and render.authored_by(f"{(c.get('app') or {}).get('slug')}[bot]", self._bot_login())), None)
 
     def _supersede(self, exp: Experiment, key: str, published: dict[str, str]) -> None:
         """A check on a commit the experiment left (rebased onto a newer main) ends as neutral
@@ -344,20 +373,54 @@ class GitHubPublisher(Publisher):
 
     # --- answers to commands ---------------------------------------------------------------------------
     def _post_replies(self) -> None:
+        """Each queued answer on its own: one that GitHub refuses (a 4xx other than a rate limit: the
+        issue is gone, locked, or not this repository's) is given up with a log line; one that fails
+        on GitHub's side (5xx, no answer) is tried again at the next ticks, REPLY_TRIES in all. The
+        rest go on either way; a rate limit stops them all until the next tick."""
+        failed: list[str] = []
         for comment_id, number, body in self.store.pending_replies():
-            issue = self.repo.get_issue(number)
             try:
-                comment = issue.get_comment(comment_id)
+                self._post_reply(comment_id, number, body)
+            except RateLimitExceededException:
+                raise
             except GithubException as error:
-                if error.status != 404:
-                    raise
-                log.info("command comment %s on #%s is gone: no reply", comment_id, number)
-                self.store.mark_replied(comment_id)
-                continue
-            self.pace_write()
-            comment.create_reaction("+1")  # GitHub answers 200 with the same reaction when it exists
-            wanted = render.find_marker(body)
-            if not any(render.find_marker(c.body) == wanted for c in issue.get_comments()):
-                self.pace_write()
-                issue.create_comment(body)
+                if 400 <= error.status < 500 and error.status != 429:
+                    self._give_up_reply(comment_id, number, f"GitHub refused it (HTTP {error.status})")
+                    continue
+                failed.append(self._reply_failed(comment_id, number, f"HTTP {error.status}"))
+            except (requests.RequestException, OSError) as error:
+                failed.append(self._reply_failed(comment_id, number, type(error).__name__))
+        if failed:
+            raise RuntimeError("; ".join(failed))
+
+    def _post_reply(self, comment_id: int, number: int, body: str) -> None:
+        """The reaction and the reply to one command (its key: the ack marker, in the bot's own comments)."""
+        issue = self.repo.get_issue(number)
+        try:
+            comment = issue.get_comment(comment_id)
+        except GithubException as error:
+            if error.status != 404:
+                raise
+            log.info("command comment %s on #%s is gone: no reply", comment_id, number)
             self.store.mark_replied(comment_id)
+            return
+        self.pace_write()
+        comment.create_reaction("+1")  # GitHub answers 200 with the same reaction when it exists
+        wanted = render.find_marker(body)
+        if not any(self._ours(c.user) and render.find_marker(c.body) == wanted for c in issue.get_comments()):
+            self.pace_write()
+            issue.create_comment(body)
+        self.store.mark_replied(comment_id)
+        self._reply_failures.pop(comment_id, None)
+
+    def _reply_failed(self, comment_id: int, number: int, why: str) -> str:
+        tries = self._reply_failures[comment_id] = self._reply_failures.get(comment_id, 0) + 1
+        if tries >= REPLY_TRIES:
+            self._give_up_reply(comment_id, number, f"GitHub failed {tries} times ({why})")
+        return f"reply to comment {comment_id} on #{number}: {why} (try {tries} of {REPLY_TRIES})"
+
+    def _give_up_reply(self, comment_id: int, number: int, why: str) -> None:
+        log.warning("the reply to the command in comment %s on #%s is given up: %s", comment_id, number, why)
+        self.store.event(None, "github", f"reply to comment {comment_id} on #{number} given up: {why}")
+        self.store.mark_replied(comment_id)
+        self._reply_failures.pop(comment_id, None)

@@ -14,7 +14,8 @@ kept change, however many experiments finish.
 
 The issue is found again before it is ever created (its idempotency key is the hidden marker
 `<!-- autoresearch:log:0 -->` under the label `autoresearch: log`): by the number in the store,
-else by one request listing the open and closed issues with that label. So neither a lost answer
+else by one request listing the open and closed issues with that label (only one the bot itself
+opened counts: anyone can quote the marker, and a triager can label). So neither a lost answer
 to the create (a 502 after GitHub made the issue) nor a lost store makes a second one. A person
 who closes the issue is respected: its body is kept up to date, it is never reopened.
 """
@@ -34,6 +35,7 @@ from github.Repository import Repository
 
 from bot import results
 from bot.github import render
+from bot.github.handlers import BOT_LOGIN
 from bot.github.render import _bpb, _cell, _limit, _one_line, _plural, _signed  # the formatting PR bodies use
 from bot.store import Store
 
@@ -256,13 +258,15 @@ class ResearchLog:
 
     # --- GitHub ------------------------------------------------------------------------------------
     def _find(self) -> tuple[int, str] | None:
-        """The oldest open or closed issue (not a pull request) with the label and the marker, in
-        one request: only the log (and what a person labels so by hand) carries the label."""
+        """The oldest open or closed issue (not a pull request) with the label and the marker that
+        the bot itself opened, in one request: a person can label an issue and quote the marker."""
         _, issues = self.repo.requester.requestJsonAndCheck(
             "GET", f"{self.repo.url}/issues",
             parameters={"state": "all", "labels": LABEL.name, "sort": "created", "direction": "asc", "per_page": 100})
         for issue in issues:
-            if "pull_request" not in issue and render.find_marker(issue.get("body")) == ("log", 0, ""):
+            author = (issue.get("user") or {}).get("login")
+            if "pull_request" not in issue and render.find_marker(issue.get("body")) == ("log", 0, "") \
+                    and render.authored_by(author, self.store.get_setting(BOT_LOGIN)):
                 return int(issue["number"]), issue.get("body") or ""
         return None
 

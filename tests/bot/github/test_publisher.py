@@ -14,7 +14,9 @@ from github_standin import GitHubStandIn
 
 from bot.conductor import Snapshot
 from bot.github.forge import GitHubForge
-from bot.github.publisher import CHECK_NAME, GitHubPublisher
+from bot.github.handlers import BOT_LOGIN
+from bot.github import render
+from bot.github.publisher import CHECK_NAME, REPLY_TRIES, GitHubPublisher
 from bot.states import State
 from bot.store import Store
 
@@ -59,6 +61,7 @@ def world_for(tmp_path: Path, token_user: str) -> Iterator[World]:
         run = store.add_run(experiment_id=exp.id, purpose="candidate", code_hash="c1", commit_sha=head,
                             base_sha=main, asset="lr = 0.02\n", profile="smoke",
                             experiment_fields={"state": State.MEASURING})
+        store.set_setting(BOT_LOGIN, token_user)  # as bot.serve writes it when it connects
         clock = Clock()
         publisher = GitHubPublisher(store, repo, read_file=forge.read_file, uses_app=token_user.endswith("[bot]"),
                                     clock=clock)
@@ -203,3 +206,61 @@ def test_an_experiment_measured_again_loses_its_verdict_label_until_the_new_verd
     finish(world, "keep", 1.9)
     world.publish()
     assert gh.labels(pull["number"]) == ["needs a GPU", "autoresearch: kept"]
+
+
+# --- only the bot's own content is the bot's: markers, replies ---------------------------------------
+
+def test_a_persons_comment_with_the_bots_decision_marker_is_not_adopted(app_world: World) -> None:
+    gh, world = app_world.standin, app_world
+    world.publish()
+    number = gh.pulls()[0]["number"]
+    finish(world, "keep", 1.9)
+    gh.inject("POST", r"/issues/\d+/comments$", "502")  # the bot's decision comment is not made
+    with pytest.raises(RuntimeError):
+        world.publish()
+    gh.comment(number, "mallory", f"{render.marker('decision', world.exp_id, 'discard')}\nclosing this")
+    world.publish()
+    decisions = [c for c in gh.comments(number) if c["user"]["login"] == "autoresearch-bot[bot]"]
+    assert len(decisions) == 1 and "Kept" in decisions[0]["body"]
+    assert world.store.published(world.exp_id)["comment:decision:0"] == str(decisions[0]["id"])
+
+
+def test_a_reply_that_cannot_be_posted_is_given_up_and_the_rest_go_on(app_world: World) -> None:
+    gh, world = app_world.standin, app_world
+    world.publish()
+    number = gh.pulls()[0]["number"]
+    command = gh.comment(number, "researcher", "/rerun")
+    world.store.add_reply(424242, 9999, render.ack_comment("pause", "", "paused", 424242))  # no issue #9999 here
+    world.store.add_reply(command, number, render.ack_comment("rerun", "", "measured once more", command))
+    world.publish()
+    assert world.store.pending_replies() == []
+    assert [c["body"] for c in gh.comments(number) if c["user"]["login"] == "autoresearch-bot[bot]"] == [
+        render.ack_comment("rerun", "", "measured once more", command)]
+    assert any("given up" in e["message"] and "9999" in e["message"] for e in world.store.events())
+
+
+def test_a_reply_failing_on_githubs_side_is_tried_a_bounded_number_of_times(app_world: World) -> None:
+    gh, world = app_world.standin, app_world
+    world.publish()
+    number = gh.pulls()[0]["number"]
+    command = gh.comment(number, "researcher", "/rerun")
+    world.store.add_reply(command, number, render.ack_comment("rerun", "", "measured once more", command))
+    gh.inject("POST", r"/issues/\d+/comments$", "502", times=REPLY_TRIES)
+    for _ in range(REPLY_TRIES):
+        with pytest.raises(RuntimeError, match="reply to comment"):
+            world.publish()
+    assert world.store.pending_replies() == []
+    world.publish()  # given up: not tried again
+    assert [r.status for r in gh.calls("POST", r"/issues/\d+/comments$")] == [502] * REPLY_TRIES
+
+
+def test_a_persons_comment_with_the_bots_ack_marker_does_not_stand_for_the_reply(app_world: World) -> None:
+    gh, world = app_world.standin, app_world
+    world.publish()
+    number = gh.pulls()[0]["number"]
+    command = gh.comment(number, "researcher", "/rerun")
+    gh.comment(number, "mallory", f"{render.marker('ack', command)}\nsure, done")
+    world.store.add_reply(command, number, render.ack_comment("rerun", "", "measured once more", command))
+    world.publish()
+    assert [c["user"]["login"] for c in gh.comments(number)
+            if (render.find_marker(c["body"]) or ("",))[0] == "ack"] == ["mallory", "autoresearch-bot[bot]"]

@@ -15,6 +15,7 @@ import pytest
 from github_standin import GitHubStandIn
 
 from bot.github import render
+from bot.github.handlers import BOT_LOGIN
 from bot.github.research_log import LABEL, SETTING, TITLE, Facts, Kept, ResearchLog, content_digest, log_body
 from bot.states import State
 from bot.store import Store
@@ -91,6 +92,7 @@ def world(tmp_path: Path) -> Iterator[World]:
         repo = github.Github(auth=github.Auth.Token("tok"), base_url=gh.api_url, retry=None,
                              seconds_between_requests=None, seconds_between_writes=None).get_repo("octo-org/research")
         store = Store(tmp_path / "state.db")
+        store.set_setting(BOT_LOGIN, BOT)  # as bot.serve writes it when it connects
         main = gh.ref("heads/main") or ""
         run = store.add_run(experiment_id=None, purpose="baseline", code_hash="main", commit_sha=main, base_sha=main,
                             asset="lr = 0.01\n", profile="smoke")
@@ -174,6 +176,7 @@ def test_a_restart_finds_the_log_again_without_creating_it(world: World, tmp_pat
     assert len(world.standin.requests) == requests
     lost = Store(tmp_path / "lost.db")  # a restart without it: one search by label and marker
     lost.set_setting("agent.spent_usd", "2.50")
+    lost.set_setting(BOT_LOGIN, BOT)
     world.log(lost).update()
     assert [r.operation for r in world.standin.requests[requests:]] == ["issues/list-for-repo", "issues/update"]
     assert world.creates() == 1
@@ -218,3 +221,12 @@ def test_the_body_keeps_github_limits_however_many_changes_are_kept() -> None:
     assert "| 2000 |" in body and "| 1 |" not in body and "kept changes are not listed" in body
     assert "48 finished in the last 24 h (2.00 per hour)" in body
     assert content_digest(body) == content_digest(log_body(facts, now=3600.0))  # the time is not content
+
+
+def test_a_persons_labelled_issue_with_the_marker_is_not_taken_for_the_log(world: World) -> None:
+    world.standin.open_issue("researcher", "fake log", f"{render.marker('log', 0)}\nall is well",
+                             labels=[LABEL.name])
+    world.log().update()
+    [log] = [i for i in world.standin.issues() if i["user"]["login"] == BOT]
+    assert world.creates() == 1 and log["title"] == TITLE
+    assert json.loads(world.store.get_setting(SETTING) or "{}")["number"] == log["number"]
