@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import json
 from pathlib import Path
 from typing import Any
 
@@ -9,7 +11,7 @@ import pytest
 
 from bot.events import apply_inbox
 from bot.github import handlers
-from bot.github.webhooks import GitHubEvent
+from bot.github.webhooks import GitHubEvent, normalize
 from bot.store import Store
 
 REPOSITORY = "octo/research"
@@ -314,3 +316,78 @@ def test_control_characters_never_reach_the_agent_or_the_reply(store: Store) -> 
     assert feedback == "alice on #7: smaller steps evil" and idea == "alice asks to try next: a deeper model[31m"
     [(_, _, body)] = store.pending_replies()
     assert not any(ch in body for ch in "\x07\x1b\u202e\u202c\u2066\u2069")
+
+
+# --- the same, from GitHub's real payload shapes (tests/bot/github/webhook_examples) -----------------
+
+EXAMPLES = Path(__file__).with_name("webhook_examples")
+
+
+def example(event: str, action: str) -> dict[str, Any]:
+    return copy.deepcopy(next(e for e in json.loads((EXAMPLES / f"{event}.json").read_text())
+                              if e.get("action") == action))
+
+
+def receive(store: Store, event: str, payload: dict[str, Any]) -> str:
+    """What the web server does with a verified delivery (normalize, store), then one inbox pass."""
+    count = store.db.execute("SELECT COUNT(*) FROM inbox").fetchone()[0]
+    normalized = normalize(event, f"real-{count}", payload)
+    store.add_inbox(key=f"github:{normalized.delivery}", kind="github", payload=normalized.to_payload(),
+                    author=normalized.sender or "github")
+    apply_inbox(store)
+    return outcome_of(store, normalized.delivery) or "(pending)"
+
+
+def as_user(login: str) -> dict[str, Any]:
+    return {"login": login, "id": abs(hash(login)) % 10**6, "type": "User"}
+
+
+def test_real_fork_pull_request_payloads_with_the_bots_branch_are_not_experiments(store: Store) -> None:
+    exp_id = experiment(store)
+    closed = example("pull_request", "closed")
+    closed["repository"]["full_name"] = REPOSITORY
+    closed["pull_request"].update(number=7, merged=False)
+    closed["pull_request"]["head"]["ref"] = BRANCH
+    closed["pull_request"]["head"]["repo"]["full_name"] = "mallory/research"  # a fork has its own head repo
+    closed["sender"] = as_user("olga")
+    assert receive(store, "pull_request", closed) == "not an experiment's pull request"
+    closed["pull_request"]["head"]["repo"]["full_name"] = REPOSITORY
+    closed["pull_request"]["head"]["ref"] = "autoresearch/2-other"  # not this experiment's branch
+    assert receive(store, "pull_request", closed) == "not an experiment's pull request"
+    assert store.experiment(exp_id).request is None
+
+
+def test_real_comment_by_a_read_only_collaborator_cannot_keep(store: Store) -> None:
+    exp_id = experiment(store, state="done", status="discard")
+    comment = example("issue_comment", "created")
+    comment["repository"]["full_name"] = REPOSITORY
+    comment["issue"].update(number=7, pull_request={"url": "https://api.github.com/repos/octo/research/pulls/7"})
+    comment["comment"].update(body="/keep", author_association="COLLABORATOR", user=as_user("rita"))
+    comment["sender"] = as_user("rita")
+    assert "read role" in receive(store, "issue_comment", comment)
+    assert store.experiment(exp_id).request is None and store.pending_replies() == []
+
+
+def test_real_comment_from_another_repository_of_the_installation_is_ignored(store: Store) -> None:
+    comment = example("issue_comment", "created")  # Codertocat/Hello-World: not the research repository
+    comment["comment"].update(body="/pause", author_association="OWNER")
+    assert receive(store, "issue_comment", comment) == "not the research repository (Codertocat/Hello-World): ignored"
+    assert store.get_setting("paused") is None and store.pending_replies() == []
+
+
+def test_real_check_run_rerequested_from_a_fork_finds_the_experiment_by_the_bots_check_run(store: Store) -> None:
+    exp_id = experiment(store, state="done", status="discard")
+    rerun = example("check_run", "rerequested")
+    assert rerun["check_run"]["pull_requests"] == []  # as for a fork's pull request
+    rerun["repository"]["full_name"] = REPOSITORY
+    rerun["check_run"]["id"] = 9001
+    rerun["sender"] = as_user("alice")
+    assert receive(store, "check_run", rerun) == f"experiment {exp_id} will be measured once more"
+    rerun["check_run"]["id"] = 4  # another App's check run
+    assert receive(store, "check_run", rerun) == "not an autoresearch check run"
+
+
+def test_real_push_from_another_repository_is_ignored(store: Store) -> None:
+    push = copy.deepcopy(json.loads((EXAMPLES / "push.json").read_text())[0])
+    push["ref"] = "refs/heads/main"  # the example is a tag's; a branch's push of another repository
+    assert receive(store, "push", push) == "not the research repository (Codertocat/Hello-World): ignored"
