@@ -73,12 +73,13 @@ class Context:
 
     def refused(self, *, what: str, asking_again: bool = False) -> str | None:
         """Why the sender may not `what` (an outcome), or None when they may. `asking_again` (a
-        command, a button) asks GitHub again over a remembered "no" that is a few seconds old."""
+        command, a button) asks GitHub again over a remembered "no" (bot.github.permissions says
+        how old it must be). Raises Deferred while GitHub cannot say (see GitHubEvents.wait)."""
         event, who = self.event, self.event.sender
         if who is None:
             return f"ignored: GitHub does not say who did it, so it cannot {what}"
         if event.sender_type == "Bot":
-            return f"ignored: {who} is an app, and only people with write access {what}"
+            return f"ignored: {who} is an app, and only people with write access may {what}"
         if event.kind in ("feedback", "command") and quick_no(event.association):
             return f"ignored: {who} ({event.association}) has no write access"
         if self.rules.permissions is None:

@@ -211,8 +211,8 @@ class Poller:
         branch, repo = head.get("ref"), head.get("repo")
         if not isinstance(branch, str) or not branch.startswith(BRANCH_PREFIX):
             return None
-        if isinstance(repo, dict) and str(repo.get("full_name", "")).lower() != self.repository.lower():
-            return None  # a fork's branch of the same name is not the bot's experiment
+        if not isinstance(repo, dict) or str(repo.get("full_name", "")).lower() != self.repository.lower():
+            return None  # a fork's branch of the same name (or a deleted fork's: no repo) is not the bot's experiment
         return {"state": pull.get("state"), "branch": branch, "sha": head.get("sha")}
 
     def _pull_event(self, pull: dict[str, Any], seen: dict[str, Any]) -> GitHubEvent | None:

@@ -276,3 +276,12 @@ def test_a_reopen_read_by_poll_names_nobody_and_is_not_obeyed(world: World) -> N
     apply_inbox(world.store)
     assert world.store.inbox()[-1].outcome.startswith("ignored: GitHub does not say who did it")
     assert world.store.experiment(exp_id).request is None
+
+
+def test_a_fork_or_deleted_fork_pull_request_with_the_bots_branch_is_not_polled_as_an_experiment(world: World) -> None:
+    def pull(repo: object) -> dict:
+        return {"number": 99, "state": "closed", "head": {"ref": BRANCH, "sha": "c" * 40, "repo": repo}}
+
+    assert world.poller._experiment_pull(pull({"full_name": "mallory/research"})) is None
+    assert world.poller._experiment_pull(pull(None)) is None  # the fork was deleted: GitHub says null
+    assert world.poller._experiment_pull(pull({"full_name": REPO.upper()})) is not None
