@@ -35,8 +35,9 @@ import traceback
 from pathlib import Path
 
 STARTED_AT = time.time()  # before torch is imported: start-up time includes the imports
+STARTED_IN = os.getcwd()  # a warm worker's directory may be renamed while it waits (runner.workdir)
 
-from runner import files  # noqa: E402
+from runner import files, workdir  # noqa: E402
 from runner.profiles import get_profile  # noqa: E402
 
 # For CPU-time profiles: read by the CUDA driver and the OpenMP runtime when they start.
@@ -83,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         if go is None:
             return 0  # not needed: nothing was run
         args.seed, args.started_at = int(go.get("seed", args.seed)), float(go.get("started_at", time.time()))
+    workdir.follow(STARTED_IN)
+    args.asset, args.out = Path(os.path.abspath(args.asset)), Path(os.path.abspath(args.out))
     if profile is not None:  # a last resort that needs no parent: a hung run ends even if its conductor is gone
         signal.alarm(int(profile.max_total_s) + 60)
     args.out.mkdir(parents=True, exist_ok=True)

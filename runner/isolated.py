@@ -212,8 +212,11 @@ class Supervisor:
     def _start_trainer(self, profile: Profile) -> subprocess.Popen[bytes]:
         """The training process, sandboxed, started before its job: it imports torch and waits
         for the job's line (runner.execute --wait)."""
-        cmd = [sys.executable, "-m", "runner.execute", "--asset", str(self.out / "asset" / "train.py"),
-               "--profile", profile.name, "--out", str(self.scratch), "--threads", str(self.threads),
+        # Paths relative to its working directory (scratch): a warm worker's directory is renamed
+        # when its job comes, and an unsandboxed process sees the rename (a sandboxed one sees its
+        # bind mounts at the old path). The working directory follows the directory, not its name.
+        cmd = [sys.executable, "-m", "runner.execute", "--asset", "../asset/train.py",
+               "--profile", profile.name, "--out", ".", "--threads", str(self.threads),
                "--export", "--wait"]
         if self.data:
             cmd += ["--data", self.data]
@@ -283,8 +286,8 @@ class Supervisor:
     def _start_scorer(self, profile: Profile) -> subprocess.Popen[str]:
         """The scoring process, sandboxed, reading the handoff directory (empty until the model is
         copied there) and the validation split; it gets ready and waits for `go` on its stdin."""
-        cmd = [sys.executable, "-m", "runner.score", "--model", str(self.handoff / MODEL_FILE), "--profile", profile.name,
-               "--wait"]
+        cmd = [sys.executable, "-m", "runner.score", "--model", MODEL_FILE, "--profile", profile.name,
+               "--wait"]  # relative to its working directory, handoff: see _start_trainer
         if self.data:
             cmd += ["--data", self.data]
         box = sandbox.Sandbox(read=[self.handoff, *self._data_views[1]], env=self._env(profile, home=self.handoff),

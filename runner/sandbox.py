@@ -89,9 +89,20 @@ def wrap(argv: list[str], sandbox: Sandbox, *, bwrap: str = "bwrap") -> list[str
     return cmd + ["--", *argv]
 
 
-@functools.lru_cache(maxsize=1)
+OFF_SWITCH = "AUTORESEARCH_SANDBOX"  # "off": run unsandboxed even where bubblewrap works
+
+
 def available() -> tuple[bool, str]:
-    """(True, "bubblewrap X") when a sandbox can be made here, else (False, why not)."""
+    """(True, "bubblewrap X") when a sandbox can be made here, else (False, why not).
+    AUTORESEARCH_SANDBOX=off says no without looking: the unsandboxed path, on purpose (CI runs
+    the demo both ways; a machine whose bubblewrap misbehaves can go on without it)."""
+    if os.environ.get(OFF_SWITCH, "").strip().lower() in ("off", "0", "no", "false"):
+        return False, f"turned off by {OFF_SWITCH}=off"
+    return _probe()
+
+
+@functools.lru_cache(maxsize=1)
+def _probe() -> tuple[bool, str]:
     binary = shutil.which("bwrap")
     if binary is None:
         return False, ("bubblewrap is not installed (Debian/Ubuntu: `apt-get install bubblewrap`; "

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Any
 
 import torch
 
+from runner import workdir
 from runner.data import DataMissing, load_dataset
 from runner.dataloader import batches
 from runner.evaluate import evaluate_bpb
@@ -81,12 +83,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--wait", action="store_true",
                         help="get ready, then score only after reading `go` on stdin (started while training runs)")
     args = parser.parse_args(argv)
+    started_in = os.getcwd()
     try:
         scorer = Scorer(args.profile, args.data)
         if args.wait:
             print("[score] ready", file=sys.stderr, flush=True)
             if sys.stdin.readline().strip() != "go":
                 return 0  # the run ended without a model to score
+            workdir.follow(started_in)  # a relative --model resolves in the (maybe renamed) directory
         answer = scorer.score(args.model)
     except (DataMissing, Exception) as error:  # noqa: BLE001 - the model can fail in any way: say how
         answer = {"error": f"scoring failed: {type(error).__name__}: {str(error)[:1000]}"}

@@ -22,9 +22,22 @@ from runner.isolated import Supervisor
 from runner.protocol import JobSpec, ResultSpec
 from tests.runner.test_isolated import HEADER, HONEST_FLOOR
 
-pytestmark = pytest.mark.skipif(not sandbox.available()[0], reason=f"no sandbox here: {sandbox.available()[1]}")
 ROOT = Path(__file__).resolve().parents[2]
 READY_S = 300.0  # a generous bound for importing torch on a busy machine; never reached when all is well
+
+
+@pytest.fixture(params=["sandboxed", "unsandboxed"], autouse=True)
+def sandboxing(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Every test runs both ways: in bubblewrap (skipped where there is none) and without it
+    (AUTORESEARCH_SANDBOX=off, which the workers started on the command line inherit). Without a
+    sandbox the processes see their directory's rename: the path that broke before."""
+    if request.param == "sandboxed":
+        usable, why = sandbox.available()
+        if not usable:
+            pytest.skip(f"no sandbox here: {why}")
+        return True
+    monkeypatch.setenv(sandbox.OFF_SWITCH, "off")
+    return False
 
 
 def job(body: str = "h.finish(model)\n", *, run_id: int = 1, profile: str = "smoke") -> JobSpec:
@@ -53,13 +66,14 @@ def wait_for_file(path: Path, proc: subprocess.Popen, timeout: float = READY_S) 
         time.sleep(0.05)
 
 
-def test_a_worker_prepared_before_its_job_runs_it_in_its_renamed_directory(smoke_prepared, tmp_path: Path) -> None:
+def test_a_worker_prepared_before_its_job_runs_it_in_its_renamed_directory(smoke_prepared, tmp_path: Path,
+                                                                          sandboxing: bool) -> None:
     worker = prepared(tmp_path)
     pids = [worker.trainer.pid, worker.scorer.pid]
     run_dir = tmp_path / "runs-7"
     os.rename(tmp_path / "worker", run_dir)  # what the local runner does when the job comes
     result = worker.run(job(), out=run_dir)
-    assert result.status == "ok" and result.sandboxed and result.val_bpb > HONEST_FLOOR, result.error
+    assert result.status == "ok" and result.sandboxed is sandboxing and result.val_bpb > HONEST_FLOOR, result.error
     assert result.metrics["warm"] is True
     assert result.metrics["ready_cpu_seconds"] > 0  # importing torch took CPU time, and it is not the run's
     assert result.seed == 3 and result.hashes.data == smoke_prepared.dataset.fingerprint
@@ -79,14 +93,16 @@ def test_a_cold_run_is_not_warm(smoke_prepared, tmp_path: Path) -> None:
 
 
 def test_each_job_gets_a_fresh_process_so_nothing_carries_over(smoke_prepared, tmp_path: Path) -> None:
-    # The first job changes torch in its process and leaves a file in its /tmp; the next job, in the
-    # next worker, finds neither.
+    # The first job changes torch in its process and leaves a file in its temporary directory (the
+    # sandbox's /tmp; unsandboxed, its run directory's); the next job, in the next worker, finds neither.
     first = prepared(tmp_path, "a").run(job(
-        "torch.autoresearch_marker = 1\nopen('/tmp/left-behind', 'w').write('x')\nh.finish(model)\n"))
+        "import os, tempfile\ntorch.autoresearch_marker = 1\n"
+        "open(os.path.join(tempfile.gettempdir(), 'left-behind'), 'w').write('x')\nh.finish(model)\n"))
     assert first.status == "ok", first.error
     second = prepared(tmp_path, "b").run(job(
-        "import os\nassert not hasattr(torch, 'autoresearch_marker'), 'torch was patched'\n"
-        "assert not os.path.exists('/tmp/left-behind'), 'a file carried over'\nh.finish(model)\n", run_id=2))
+        "import os, tempfile\nassert not hasattr(torch, 'autoresearch_marker'), 'torch was patched'\n"
+        "assert not os.path.exists(os.path.join(tempfile.gettempdir(), 'left-behind')), 'a file carried over'\n"
+        "h.finish(model)\n", run_id=2))
     assert second.status == "ok", second.error
 
 
