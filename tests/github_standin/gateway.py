@@ -22,6 +22,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.routing import APIRoute
+from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response
 
 from . import faults as F
@@ -153,6 +154,9 @@ class Gateway:
             return response
         except ApiError as e:
             return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+        except ClientDisconnect:  # the client went away mid-request (a test killed it): nobody to answer
+            call.checked = False
+            return Response(status_code=499)
         except Exception:  # a stand-in bug: say so loudly, answer as GitHub's 500 would
             self.violation(f"stand-in error on {call.method} {call.path}:\n{traceback.format_exc()}")
             call.checked = False
