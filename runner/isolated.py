@@ -45,11 +45,12 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from runner import files, sandbox
+from runner import files, limits, proctree, sandbox
 from runner.data import DataMissing, cache_dir, load_dataset, verify_dataset
 from runner.handoff import MODEL_FILE
 from runner.proctree import TreeCPU
@@ -59,7 +60,8 @@ from runner.tokenizer import tokenizer_dir
 
 LOG_LIMIT_BYTES = 4 << 20  # the log keeps its first 4 MiB; a run printing more loses the rest, not the disk
 MODEL_LIMIT_BYTES = 8 << 30  # the exported model handed to the scorer
-FILE_LIMIT_BYTES = 16 << 30  # no single file written by a sandboxed process may be larger
+FILE_LIMIT_BYTES = limits.FILE_BYTES  # no single file written by a sandboxed process may be larger
+LIMITS_EVERY_S = 1.0  # how often the supervisor looks at the run's memory, tasks and scratch directory
 LOG_TAIL_LINES = 60
 READY_LINE = b"[harness] ready"  # what the training process prints once it waits for its job (runner.execute)
 STANDBY_READY_S = 600.0  # how long a warm worker waits for its processes to say they are ready
@@ -105,6 +107,14 @@ class Supervisor:
         self._progress_at = 0
         self._job: JobSpec | None = None
         self._received = time.time()
+        self.limits = limits.from_env()  # what the run may hold (runner.limits); the local runner sets it per slot
+        self._limit_hit = ""  # the limit the run crossed, in words, once the supervisor stopped it for that
+        self._limits_due = 0.0
+        self._oom_kills = _oom_kills()
+        self._subreaper = False
+        self._rlimits: list[tuple[int, int]] = []  # what _child_setup sets in each process it starts
+        self._parent = os.getpid()
+        _SUPERVISORS.add(self)
 
     # --- before the job --------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -126,6 +136,10 @@ class Supervisor:
         if not self.sandboxed:
             self._say(f"WARNING: running train.py WITHOUT a sandbox: {self.why_unsandboxed}. It can read every "
                       "file this user can and open network connections; the result is marked unsandboxed.")
+        # Every process of the run stays below this one, whatever it forks or detaches (runner.proctree).
+        self._subreaper = proctree.become_subreaper()
+        self._rlimits = limits.child_rlimits(self.limits, cuda=profile.device == "cuda")
+        self._parent = os.getpid()
         manifest = dataset.root / "manifest.json"
         self._data_views = ([manifest, *dataset.paths("train"), tokens], [manifest, *dataset.paths("val"), tokens])
         self.scorer = self._start_scorer(profile)
@@ -133,11 +147,13 @@ class Supervisor:
         self.prepared_at = time.time()
 
     def discard(self) -> None:
-        """Stop whatever this supervisor started and still runs (a worker that was not needed)."""
+        """Stop whatever this supervisor started and still runs (a worker that was not needed, the
+        end of a run), and every process those started, detached or not."""
         for proc in (self.trainer, self.scorer):
             if proc is not None and proc.poll() is None:
                 _kill_group(proc.pid)
                 proc.wait()
+        _kill_leftovers(None)
         if self._log is not None:
             self._log.close()
             self._log = None
@@ -185,8 +201,8 @@ class Supervisor:
         self.timings.training = used
         model = self.scratch / MODEL_FILE
         if code != 0 or claims.get("status") != "exported" or not os.path.lexists(model):
-            error = str(claims.get("error") or "")[-4000:] or _exit_reason(code)
-            return self._result("crash", profile=profile, claims=claims, cpu=cpu, error=error)
+            status, error = self._failure(code, claims)  # its own crash, a limit it crossed, or a kill from outside
+            return self._result(status, profile=profile, claims=claims, cpu=cpu, error=error)
         limit = profile.time_budget_s + profile.startup_allowance_s
         if used > limit:
             return self._result("rejected", profile=profile, claims=claims, cpu=cpu, error=(
@@ -225,7 +241,7 @@ class Supervisor:
                               gpus=self._gpus(profile), cwd=self.scratch)
         argv = sandbox.wrap(cmd, box) if self.sandboxed else cmd
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                env=box.env, cwd=box.cwd, start_new_session=True, preexec_fn=_limit_files)
+                                env=box.env, cwd=box.cwd, start_new_session=True, preexec_fn=self._child_setup)
         # Only a CPU-clock budget needs the process tree's CPU time: walking /proc ten times a second
         # is not free on a busy GPU machine, whose budget is wall time.
         self._tree = TreeCPU(proc.pid) if profile.clock == "cpu" else None
@@ -265,6 +281,9 @@ class Supervisor:
             if pid:
                 break
             self._relay_progress()
+            if self._over_limits(proc):  # stopped, with everything it started: reaped below
+                pid, status, usage = os.wait4(proc.pid, 0)
+                break
             if time.time() > deadline:
                 _kill_group(proc.pid)
                 killed = True
@@ -273,7 +292,7 @@ class Supervisor:
             time.sleep(0.1)
         wall = time.time() - go
         proc.returncode = os.waitstatus_to_exitcode(status)
-        _kill_group(proc.pid)  # unsandboxed: whatever it left in its session; sandboxed: already gone
+        _kill_leftovers(proc.pid)  # unsandboxed: whatever it left behind; sandboxed: already gone
         self._pump.join(timeout=10)
         self._relay_progress()
         # The kernel's account of what was reaped, or what was seen running, whichever is more.
@@ -294,7 +313,8 @@ class Supervisor:
                               gpus=self._gpus(profile), cwd=self.handoff)
         argv = sandbox.wrap(cmd, box) if self.sandboxed else cmd
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, env=box.env, cwd=self.handoff, start_new_session=True)
+                                text=True, env=box.env, cwd=self.handoff, start_new_session=True,
+                                preexec_fn=self._child_setup)
         self._scorer_ready.clear()
         self._scorer_errors = []
         self._scorer_pump = threading.Thread(target=self._drain_scorer, args=(proc,), daemon=True)
@@ -369,6 +389,82 @@ class Supervisor:
 
     def _gpus(self, profile: Profile) -> list[str]:
         return [self.gpu or "0"] if profile.device == "cuda" else []
+
+    # --- limits and kills ---------------------------------------------------------------------------
+    def _child_setup(self) -> None:
+        """Runs in each child between fork and exec, while the supervisor has threads: system calls
+        only, nothing that could wait for a lock another thread held at the fork. Its limits
+        (runner.limits); in a supervisor's own process, death with it (runner.proctree)."""
+        for which, value in self._rlimits:
+            resource.setrlimit(which, (value, value))
+        if _OWN_PROCESS:
+            proctree.die_with_parent(self._parent)
+
+    def _over_limits(self, proc: subprocess.Popen[bytes]) -> bool:
+        """About once a second: has the run crossed a limit? If so it is stopped, with everything it
+        started, and `_limit_hit` says which limit, in words."""
+        now = time.monotonic()
+        if now < self._limits_due:
+            return False
+        self._limits_due = now + LIMITS_EVERY_S
+        why = self._limit_crossed(proc.pid)
+        if not why:
+            return False
+        self._limit_hit = why
+        self._say(f"[supervisor] {why}")
+        _kill_group(proc.pid)
+        return True
+
+    def _limit_crossed(self, root: int) -> str:
+        procs = proctree.snapshot()
+        tops = {root}
+        if proctree.is_subreaper():  # what it detached came to this process: still the run's
+            tops |= {pid for pid, p in procs.items() if p.ppid == os.getpid()} - _managed()
+        held = proctree.usage(tops | proctree.descendants(tops, procs), procs)
+        memory, tasks, scratch = self.limits.memory, self.limits.tasks, self.limits.scratch
+        if held.memory > memory:
+            return (f"train.py used more than {limits.describe(memory)} of memory (the limit per run): its "
+                    f"{held.processes} process(es) held {limits.describe(held.memory)} when the supervisor stopped "
+                    "them. A run that needs more needs a smaller model or batch, or a larger share of the machine "
+                    f"({limits.ENV['memory']}, or fewer slots)")
+        if held.tasks > tasks:
+            return (f"train.py ran more than {tasks} processes and threads at once (the limit per run): "
+                    f"{held.tasks} when the supervisor stopped them")
+        size = limits.scratch_size(self.scratch)
+        if not size.complete:
+            return (f"train.py wrote more than {limits.SCRATCH_FILES} files and directories to its scratch "
+                    "directory (the limit per run)")
+        if size.bytes > scratch:
+            return (f"train.py wrote more than {limits.describe(scratch)} to its scratch directory (the limit per "
+                    f"run): {limits.describe(size.bytes)} when the supervisor stopped it")
+        return ""
+
+    def _failure(self, code: int | None, claims: dict[str, Any]) -> tuple[str, str]:
+        """Why the training process handed over no model, and whose failure that is: `crash` (its
+        own code, or a limit it crossed) or `lost` (killed from outside the run, by a signal this
+        supervisor did not send and its limits do not explain: run again, not charged to train.py).
+        A train.py can fake that last one (exit code 137 in the sandbox, SIGKILL to itself outside
+        it): the conductor charges a run lost that way a second time (bot.conductor)."""
+        own = str(claims.get("error") or "")[-4000:]
+        if self._limit_hit:
+            return "crash", self._limit_hit + (f". Its own last words: {own}" if own else "")
+        signum = _signal_of(code)
+        assert self.trainer is not None
+        if signum in OUTSIDE_SIGNALS and self.trainer.pid not in _KILLED:
+            name = signal.Signals(signum).name
+            by = ("the kernel's OOM killer (this machine ran out of memory: it killed a process while the run "
+                  "went on)" if _oom_kills() > self._oom_kills else "something outside the run (an operator, "
+                  "a shutdown, another process's memory)")
+            return "lost", (f"the training process was killed by {name}, sent by {by}, not by its own code or "
+                            "a limit of the run: the run is lost and runs again")
+        error = own or _exit_reason(code)
+        if self.profile is not None and self.profile.device != "cuda" and OUT_OF_MEMORY.search(error):
+            error = (f"train.py ran out of memory: a run may hold {limits.describe(self.limits.memory)} "
+                     f"(the limit per run). {error}")
+        elif self.sandboxed and OUT_OF_TASKS.search(error):
+            error = (f"train.py could not start another process or thread: a run may have {self.limits.tasks} "
+                     f"(the limit per run). {error}")
+        return "crash", error
 
     # --- output ----------------------------------------------------------------------------------------
     def _prepare_dirs(self) -> None:
@@ -501,25 +597,77 @@ def run_job(job: JobSpec, out: Path, **options: Any) -> ResultSpec:
     return supervisor.run(job, received_at=received)
 
 
-def _limit_files() -> None:
-    """Runs in the child between fork and exec, while the supervisor has threads: one system call,
-    nothing that could wait for a lock another thread held at the fork (`resource` is imported above)."""
-    resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_LIMIT_BYTES, FILE_LIMIT_BYTES))
+_SUPERVISORS: weakref.WeakSet[Supervisor] = weakref.WeakSet()  # of this process: whose processes are a run's
+_KILLED: set[int] = set()  # training and scoring processes this process killed itself (not killed from outside)
+_OWN_PROCESS = False  # main() runs here: this process serves its supervisor only, from its main thread
+OUTSIDE_SIGNALS = (signal.SIGKILL, signal.SIGTERM, signal.SIGHUP, signal.SIGINT)  # what an operator, a shutdown, the OOM killer send
+OUT_OF_MEMORY = re.compile(r"MemoryError|can't allocate memory|Cannot allocate memory|bad_alloc")
+OUT_OF_TASKS = re.compile(r"BlockingIOError|Resource temporarily unavailable|can't start new thread")
+
+
+def _managed() -> set[int]:
+    """The training and scoring processes this process's supervisors started and still wait for."""
+    return {proc.pid for supervisor in list(_SUPERVISORS) for proc in (supervisor.trainer, supervisor.scorer)
+            if proc is not None and proc.returncode is None}
 
 
 def _kill_group(pid: int) -> None:
+    """SIGKILL the process `pid` (a child not reaped yet), its process group, everything below it, and
+    the orphans this process adopted (runner.proctree): all a run's process started, however detached."""
+    _KILLED.add(pid)
     try:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+    proctree.kill_tree([pid], orphans_of=os.getpid() if proctree.is_subreaper() else None, spare=_managed() - {pid})
+
+
+def _kill_leftovers(pid: int | None) -> None:
+    """After a run's process ended and was reaped: what it left in its process group, and the
+    orphans this process adopted (another supervisor's processes in this process are spared)."""
+    if pid is not None:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    if proctree.is_subreaper():
+        proctree.kill_tree([], orphans_of=os.getpid(), spare=_managed())
+
+
+def _terminate(signum: int, frame: object) -> None:
+    """SIGTERM (the run was cancelled, its runner shuts down): end every process of the run, then
+    this one, without a result (the runner records the run cancelled or lost)."""
+    for supervisor in list(_SUPERVISORS):
+        for proc in (supervisor.trainer, supervisor.scorer):
+            if proc is not None and proc.returncode is None:
+                _KILLED.add(proc.pid)
+                proctree.kill_tree([proc.pid])
+    _kill_leftovers(None)
+    os._exit(128 + signum)
+
+
+def _signal_of(code: int | None) -> int | None:
+    """The signal that ended a process with exit status `code` (Popen's), or None."""
+    if code is not None and code > 128 and code - 128 in signal.valid_signals():
+        return code - 128  # bubblewrap reports a command killed by signal N as exit code 128 + N
+    return -code if code is not None and code < 0 else None
+
+
+def _oom_kills() -> int:
+    """How many processes the kernel's OOM killer has killed on this machine since it started."""
+    try:
+        for line in Path("/proc/vmstat").read_text().splitlines():
+            if line.startswith("oom_kill "):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
 
 
 def _exit_reason(code: int | None) -> str:
-    if code is not None and code > 128 and code - 128 in signal.valid_signals():
-        code = 128 - code  # bubblewrap reports a command killed by signal N as exit code 128 + N
-    if code is not None and code < 0:
-        name = signal.Signals(-code).name
-        return f"the training process was killed by {name} (out of memory, or stopped from outside)"
+    signum = _signal_of(code)
+    if signum is not None:
+        return f"the training process was killed by {signal.Signals(signum).name}"
     return f"the training process exited with code {code} without handing over a model"
 
 
@@ -541,6 +689,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if (args.job is None) == (args.standby is None):
         parser.error("give either --job or --standby")
+    global _OWN_PROCESS
+    _OWN_PROCESS = True  # its children die with it, and a SIGTERM ends the whole run
+    signal.signal(signal.SIGTERM, _terminate)
     args.out = args.out.resolve()  # the sandbox binds absolute paths
     echo = (lambda line: print(line, file=sys.stderr, flush=True)) if args.echo else None
     options: dict[str, Any] = {"backend": args.backend, "data": args.data, "threads": args.threads, "gpu": args.gpu,

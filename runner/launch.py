@@ -25,16 +25,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from runner import proctree
+from runner.limits import RunLimits
+
 # The training child gets only what running Python and PyTorch needs (an allow-list: of the
 # project's own variables only the harness's, none of the service's), and even then nothing
 # whose name looks like a credential.
 ALLOWED_NAME = re.compile(
     r"^(PATH|HOME|USER|LOGNAME|SHELL|TERM|LANG|LANGUAGE|TZ|TMPDIR|PWD|VIRTUAL_ENV|LD_LIBRARY_PATH|"
-    r"LC_\w+|PYTHON\w*|AUTORESEARCH_(CACHE|PROFILE|OUT|DATA)|CUDA_\w+|NVIDIA_\w+|NCCL_\w+|TORCH\w*|"
+    r"LC_\w+|PYTHON\w*|AUTORESEARCH_(CACHE|PROFILE|OUT|DATA|SANDBOX|RUN_(MEMORY|TASKS|SCRATCH))|CUDA_\w+|NVIDIA_\w+|NCCL_\w+|TORCH\w*|"
     r"PYTORCH_\w+|TRITON_\w+|OMP_\w+|MKL_\w+|OPENBLAS_\w+|KMP_\w+|HF_HOME|XDG_CACHE_HOME)$")
 SECRET_NAME = re.compile(r"(^|_)TOKEN($|_)|SECRET|PASSWORD|PASSWD|API_?KEY|PRIVATE_KEY|CREDENTIAL|"
                          r"^GITHUB_|^ANTHROPIC_|^MODAL_|^AWS_|^GH_", re.IGNORECASE)
 LOG_TAIL_LINES = 60
+STOP_GRACE_S = 10.0  # a supervisor told to stop (SIGTERM) has this long to end its run before it is killed
 
 
 def training_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -84,9 +88,10 @@ def start(asset: Path, profile: str, out: Path, *, seed: int = 0, data: str | No
 
 
 def start_isolated(job_file: Path, out: Path, *, data: str | None = None, threads: int = 0,
-                   gpu: str | None = None) -> subprocess.Popen:
+                   gpu: str | None = None, limits: RunLimits | None = None) -> subprocess.Popen:
     """Start the supervisor of one isolated run (runner.isolated) in its own session; it writes
-    out/result.json. Its pid goes to out/pid."""
+    out/result.json. Its pid goes to out/pid. `limits`: what the run may hold (default: the
+    environment's, runner.limits)."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "pid").unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "runner.isolated", "--job", str(job_file), "--out", str(out),
@@ -94,14 +99,14 @@ def start_isolated(job_file: Path, out: Path, *, data: str | None = None, thread
     cmd += ["--data", data] if data else []
     cmd += ["--gpu", gpu] if gpu else []
     with open(out / "supervisor.log", "ab") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=training_env(),
-                                start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                env=training_env(limits.as_env() if limits else None), start_new_session=True)
     (out / "pid").write_text(str(proc.pid))
     return proc
 
 
 def start_standby(profile: str, out: Path, *, data: str | None = None, threads: int = 0,
-                  gpu: str | None = None) -> subprocess.Popen:
+                  gpu: str | None = None, limits: RunLimits | None = None) -> subprocess.Popen:
     """Start a warm worker (`python -m runner.isolated --standby`) in its own session: it prepares
     a run of `profile` in `out`, writes out/ready, and waits for its job's line on its stdin (a
     pipe the caller holds: closing it sends the worker away). Its pid goes to out/pid."""
@@ -112,7 +117,7 @@ def start_standby(profile: str, out: Path, *, data: str | None = None, threads: 
     cmd += ["--gpu", gpu] if gpu else []
     with open(out / "supervisor.log", "ab") as log:
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
-                                env=training_env(), start_new_session=True)
+                                env=training_env(limits.as_env() if limits else None), start_new_session=True)
     (out / "pid").write_text(str(proc.pid))
     return proc
 
@@ -190,3 +195,38 @@ def kill_group(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+def stop_supervisors(pids: list[int], grace_s: float = STOP_GRACE_S) -> float:
+    """End isolated runs from outside, each with every process it started: SIGTERM to each
+    supervisor (it kills its run's whole tree and exits, runner.isolated), and after `grace_s` one
+    that has not exited is stopped (SIGSTOP: it forks nothing more, and its orphans still come to
+    it), its tree killed, then it. Returns the seconds it took. The supervisors must be this
+    process's children or dead: a pid is not checked for reuse here."""
+    started = time.time()
+    for pid in pids:
+        _signal(pid, signal.SIGTERM)
+    deadline = started + grace_s
+    for pid in pids:
+        while _alive(pid) and time.time() < deadline:
+            time.sleep(0.02)
+        if _alive(pid):
+            _signal(pid, signal.SIGSTOP)
+            proctree.kill_tree([pid])
+    return time.time() - started
+
+
+def _signal(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _alive(pid: int) -> bool:
+    """True while `pid` runs (a zombie, ended but not reaped, does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")

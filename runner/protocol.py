@@ -18,7 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 PROTOCOL_VERSION = 1
-STATUSES = ("ok", "crash", "timeout", "rejected")
+STATUSES = ("ok", "crash", "timeout", "rejected", "lost")
 
 
 def sha256_text(text: str) -> str:
@@ -100,7 +100,8 @@ class ResultSpec(BaseModel):
     version: Literal[1] = PROTOCOL_VERSION
     run_id: int
     experiment_id: int | None = None
-    status: Literal["ok", "crash", "timeout", "rejected"]
+    # lost: killed from outside the run (not by its code or its limits): it runs again, not charged to train.py
+    status: Literal["ok", "crash", "timeout", "rejected", "lost"]
     val_bpb: float | None = None
     error: str | None = None  # why, for anything but ok
     metrics: dict[str, Any] = Field(default_factory=dict)  # steps, tokens, MFU, memory... (train.py's claims)

@@ -11,7 +11,8 @@
 - exactly the files `read` names (read-only) and `write` names (read-write, a private scratch
   directory), a fresh /tmp of bounded size, a minimal /dev, and the GPU device nodes named;
   nothing else is writable;
-- an environment built from nothing (`env`), no capabilities, uid 65534.
+- an environment built from nothing (`env`), no capabilities, uid 65534;
+- at most `tasks` processes and threads at once (RLIMIT_NPROC, set inside: see runner.limits).
 
 Where bubblewrap is missing or cannot create namespaces (a laptop or container that forbids user
 namespaces), `available()` says why; the caller then runs unsandboxed, warns loudly and marks the
@@ -28,6 +29,8 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from runner import limits
 
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/sys")
 # Files of /etc that programs read to start (the dynamic linker, user and group names, time zone);
@@ -46,6 +49,9 @@ class Sandbox:
     env: dict[str, str] = field(default_factory=dict)  # the whole environment inside
     gpus: list[str] = field(default_factory=list)  # NVIDIA device indexes whose nodes are visible
     cwd: Path | None = None
+    # Processes and threads the sandbox may run at once (RLIMIT_NPROC in its own user namespace,
+    # runner.limits); 0: no limit. By default the supervisor's setting.
+    tasks: int = field(default_factory=lambda: limits.from_env().tasks)
 
 
 def python_dirs() -> list[Path]:
@@ -86,6 +92,8 @@ def wrap(argv: list[str], sandbox: Sandbox, *, bwrap: str = "bwrap") -> list[str
     if sandbox.cwd is not None:
         cmd += ["--chdir", str(sandbox.cwd)]
     cmd += ["--remount-ro", "/"]  # the directories made to hold the mounts are not a place to write either
+    if sandbox.tasks > 0:  # set inside, once the namespace exists: there it counts the sandbox's tasks only
+        argv = limits.nproc_argv(argv, sandbox.tasks)
     return cmd + ["--", *argv]
 
 
