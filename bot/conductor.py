@@ -49,6 +49,9 @@ MAX_BASELINE_CRASHES = 2  # crashes of main's own train.py before the loop asks 
 PAUSED_BY_INBOX = "paused (autoresearch pause)"
 MAX_REFUSED_RESULTS = 3  # results of one code refused (wrong identity) before giving up on it
 MAX_LOST_RUNS = 5  # runs of one code lost in a row (a machine gone, an answer refused) before giving up on it
+# A run whose training process was killed from outside is lost and runs again; lost this many times in a
+# row, it is charged as the crash it may be: a train.py can kill itself to look killed from outside.
+MAX_KILLED_RUNS = 2
 
 
 class ConductorError(RuntimeError):
@@ -711,18 +714,25 @@ class Conductor:
             if status.state == "unknown":  # written as started, never submitted: submit it now
                 self.store.mark_run_started(run.id, self.runner.submit(self._job(run)))
             elif status.state == "lost":
-                self._lost(run, status.detail or "the runner lost it")
+                self._lost(run, status.detail or "the runner lost it", charge=status.result)
             else:
                 assert status.result is not None
                 self._record(run, status.result)
             self._values = None
 
-    def _lost(self, run: Run, why: str) -> None:
+    def _lost(self, run: Run, why: str, *, charge: RunResult | None = None) -> None:
         """Run it again, unless this code's runs keep getting lost: a remote runner that refuses or
-        drops every result (another harness deployed, a profile it lacks) must not loop forever."""
+        drops every result (another harness deployed, a profile it lacks) must not loop forever.
+        `charge`: the crash to record instead once MAX_KILLED_RUNS in a row were lost, for a run
+        killed from outside (see MAX_KILLED_RUNS)."""
         streak = 0  # this code's runs lost since its last measured one
         for earlier in sorted(self.store.runs(code_hash=run.code_hash), key=lambda r: r.id):
             streak = 0 if earlier.state == RunState.DONE else streak + (earlier.state == RunState.LOST)
+        if charge is not None and streak + 1 >= MAX_KILLED_RUNS:
+            log.warning("run %s lost again (%s): charged as a crash of its train.py", run.id, why)
+            self._record(run, replace(charge, error=f"{why}; lost {streak + 1} times in a row, so "
+                                                     "charged as a crash of its train.py"))
+            return
         again = streak + 1 < MAX_LOST_RUNS
         self.store.set_aside_run(run.id, RunState.LOST, why, rerun=again)
         log.warning("run %s lost: %s", run.id, why)

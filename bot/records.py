@@ -117,5 +117,5 @@ class RunStatus:
 
     state: str  # queued | running | finished | lost | unknown
     progress: dict[str, Any] | None = None  # running: the latest progress line (step, loss, ...)
-    result: RunResult | None = None  # finished: what it reported
+    result: RunResult | None = None  # finished: what it reported; lost: the crash it is charged as if lost again
     detail: str = ""  # lost or unknown: why

@@ -43,7 +43,7 @@ from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from bot.records import Job, RunStatus
-from bot.runners.protocol import ResultRefused, checked_result, job_spec
+from bot.runners.protocol import ResultRefused, checked_result, finished_status, job_spec
 from bot.runners.records import RunRecords
 from runner.protocol import JobSpec, ResultSpec
 
@@ -197,7 +197,7 @@ class ActionsRunner:
         except ResultRefused as error:
             return RunStatus("lost", detail=f"result refused: {error} (workflow run {record['html_url']})")
         result.metrics["actions_url"] = record["html_url"]
-        return RunStatus("finished", result=result)
+        return finished_status(result)
 
     def _download(self, repo: Repository, record: dict[str, Any]) -> ResultSpec | None:
         """The result.json in the run's artifact, or None when there is none to read."""

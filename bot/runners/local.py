@@ -15,6 +15,14 @@ that slot and profile renames the worker's directory to its run directory and ha
 its stdin, so its start-up imports nothing. A worker serves one job and ends, like a cold one: a
 train.py cannot leave anything in it for the next. It costs about a run's memory per slot while
 it waits; it goes away when its pipe closes (shutdown, or this process killed).
+
+Each run may hold a share of the machine (runner.limits: memory, tasks, scratch), by default half
+its memory divided among the slots; AUTORESEARCH_RUN_MEMORY, _TASKS, _SCRATCH set it. Cancel,
+the deadline and shutdown end a run's whole process tree, whatever train.py forked or detached:
+the supervisor, told with SIGTERM, kills every process below it (it is their subreaper), and one
+that has not ended after launch.STOP_GRACE_S is killed with its tree from here. A run whose
+training process, or whose supervisor, was killed from outside (an operator, the OOM killer) is
+`lost`, and runs again (the conductor charges it the second time in a row).
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -33,8 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from bot.records import Job, RunResult, RunStatus
-from bot.runners.protocol import ResultRefused, checked_result, job_spec
-from runner import files, launch, sandbox
+from bot.runners.protocol import ResultRefused, checked_result, finished_status, job_spec
+from runner import files, launch, limits, sandbox
 from runner.isolated import read_regular
 from runner.profiles import get_profile, harness_hash
 from runner.protocol import JobSpec, ResultSpec
@@ -74,6 +83,7 @@ class LocalRunner:
         self.data = data
         self.gpus = gpus or [str(i) for i in range(slots)]  # a CUDA profile's device per slot
         self.threads = max(1, (os.cpu_count() or 1) // slots)
+        self.limits = limits.from_env(slots=slots)  # what each run may hold
         usable, why = sandbox.available()
         self.sandboxed = usable
         if not usable:
@@ -115,7 +125,8 @@ class LocalRunner:
             _hand_over(worker, out)
         else:
             files.write_text(out / "job.json", json.dumps(record))  # first: a second submit starts nothing
-            proc = launch.start_isolated(out / "jobspec.json", out, data=self.data, threads=self.threads, gpu=gpu)
+            proc = launch.start_isolated(out / "jobspec.json", out, data=self.data, threads=self.threads, gpu=gpu,
+                                         limits=self.limits)
             files.write_text(out / "job.json", json.dumps(dict(record, pid=proc.pid)))
         self._procs[job.run_id] = proc
         self._slot_of[job.run_id] = slot
@@ -146,28 +157,20 @@ class LocalRunner:
         else:
             return RunStatus("lost", detail="its process ended without a result while no conductor watched it")
         if time.time() > job.get("deadline", float("inf")):
-            launch.kill_group(job["pid"])
+            launch.stop_supervisors([job["pid"]])
             if proc is not None:
                 proc.wait()
             return self._finish(run_id, out, job, None, timed_out=True)
         return RunStatus("running", progress=last_progress(out))
 
     def cancel(self, run_id: int) -> None:
-        out = self.runs_dir / str(run_id)
-        job = _read_json(out / "job.json") or {}
-        proc = self._procs.pop(run_id, None)
-        pid = job.get("pid") or _read_pid(out) or (proc.pid if proc else None)
-        if proc is not None or _is_our_child(pid):
-            launch.kill_group(pid)
-        if proc is not None:
-            proc.wait()
-        self._slot_of.pop(run_id, None)  # no outcome is written: a later lookup finds it lost, never a crash
+        """Stop the run and every process it started (see the module docstring)."""
+        self._stop([run_id])
 
     def shutdown(self) -> None:
-        """Stop every job this process started (the end of a demo, Ctrl-C), and its warm workers; a
-        restarted conductor finds the jobs lost and runs them again."""
-        for run_id in list(self._procs):
-            self.cancel(run_id)
+        """Stop every job this process started (the end of a demo, Ctrl-C), all at once, and its
+        warm workers; a restarted conductor finds the jobs lost and runs them again."""
+        self._stop(list(self._procs))
         workers, self._standby = list(self._standby.values()), {}
         for worker in workers:
             worker.send_away()
@@ -175,11 +178,30 @@ class LocalRunner:
             try:
                 worker.proc.wait(timeout=10)  # a ready worker removes its directory itself
             except subprocess.TimeoutExpired:
-                launch.kill_group(worker.proc.pid)  # its sandboxes die with it (bwrap --die-with-parent)
+                launch.stop_supervisors([worker.proc.pid])
                 worker.proc.wait()
             shutil.rmtree(worker.out, ignore_errors=True)
 
     # --- internals -------------------------------------------------------------------------------
+    def _stop(self, run_ids: list[int]) -> None:
+        procs: list[subprocess.Popen] = []
+        pids: list[int] = []
+        for run_id in run_ids:
+            out = self.runs_dir / str(run_id)
+            job = _read_json(out / "job.json") or {}
+            proc = self._procs.pop(run_id, None)
+            pid = job.get("pid") or _read_pid(out) or (proc.pid if proc else None)
+            if pid and (proc is not None or _is_our_child(pid)):  # a pid of a run adopted after a restart may be reused
+                pids.append(pid)
+            if proc is not None:
+                procs.append(proc)
+            self._slot_of.pop(run_id, None)  # no outcome is written: a later lookup finds it lost, never a crash
+        if pids:
+            took = launch.stop_supervisors(pids)
+            log.info("stopped %d run(s) with every process they started in %.1f s", len(pids), took)
+        for proc in procs:
+            proc.wait()
+
     def _finish(self, run_id: int, out: Path, job: dict[str, Any], code: int | None, *,
                 timed_out: bool = False) -> RunStatus:
         outcome = _read_json(out / "result.json") or _lost_supervisor(out, code, timed_out)
@@ -203,7 +225,7 @@ class LocalRunner:
     def _start_standby(self, slot: int, profile: str, gpu: str | None) -> None:
         out = self.runs_dir / f"{STANDBY_PREFIX}{slot}-{os.getpid()}-{next(self._standby_names)}"
         try:
-            proc = launch.start_standby(profile, out, data=self.data, threads=self.threads, gpu=gpu)
+            proc = launch.start_standby(profile, out, data=self.data, threads=self.threads, gpu=gpu, limits=self.limits)
         except OSError as error:  # no worker: the next run starts cold, which works as well
             log.warning("slot %d: could not start a warm worker (%s); its next run starts cold", slot, error)
             return
@@ -243,24 +265,30 @@ def _finished(out: Path, job: dict[str, Any], outcome: dict[str, Any]) -> RunSta
     """The supervisor's ResultSpec, checked against the job; or the crash record of a supervisor
     that died before it wrote one."""
     if "version" not in outcome:
-        return RunStatus("finished", result=RunResult(run_id=job["run_id"], status="crash", error=outcome["error"],
-                                                      log_tail=outcome.get("log_tail", ""), metrics={}))
+        crash = RunResult(run_id=job["run_id"], status="crash", error=outcome["error"],
+                          log_tail=outcome.get("log_tail", ""), metrics={"outcome": outcome.get("outcome", "crash")})
+        return RunStatus("lost", detail=outcome["error"], result=crash) if outcome.get("outcome") == "lost" else \
+            RunStatus("finished", result=crash)
     try:
         spec = JobSpec.model_validate_json((out / "jobspec.json").read_text())
-        return RunStatus("finished", result=checked_result(spec, ResultSpec.model_validate(outcome),
-                                                           harness=harness_hash()))
+        return finished_status(checked_result(spec, ResultSpec.model_validate(outcome), harness=harness_hash()))
     except (OSError, ValueError, ResultRefused) as error:
         return RunStatus("lost", detail=f"result refused: {error}")
 
 
 def _lost_supervisor(out: Path, code: int | None, timed_out: bool) -> dict[str, Any]:
+    """The record of a supervisor that wrote no result. Killed by a signal this runner did not
+    send (an operator, the OOM killer; cancel writes no record), its run is lost, not a crash."""
+    outcome = "crash"
     if timed_out:
         why = "the run's supervisor outlived every limit and was killed"
     elif code is not None and code < 0:
-        why = f"the run's supervisor was killed by signal {-code} before it wrote a result"
+        why = (f"the run's supervisor was killed by {signal.Signals(-code).name} from outside before it wrote a "
+               "result: the run is lost and runs again")
+        outcome = "lost"
     else:
         why = f"the run's supervisor exited with code {code} without writing a result"
-    return {"status": "crash", "error": why, "log_tail": launch.log_tail(out / "supervisor.log")}
+    return {"status": "crash", "outcome": outcome, "error": why, "log_tail": launch.log_tail(out / "supervisor.log")}
 
 
 def last_progress(out: Path) -> dict[str, Any] | None:

@@ -27,7 +27,7 @@ from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from bot.records import Job, RunStatus
-from bot.runners.protocol import checked_result, job_spec
+from bot.runners.protocol import checked_result, finished_status, job_spec
 from bot.runners.records import RunRecords
 from runner.profiles import harness_hash
 from runner.protocol import JobSpec, ResultRefused, ResultSpec
@@ -186,7 +186,7 @@ class ModalRunner:
                                             f"({error.error_count()} problems, the first: {error.errors()[0]['msg']})")
         except ResultRefused as error:
             return RunStatus("lost", detail=f"result refused: {error}")
-        return RunStatus("finished", result=result)
+        return finished_status(result)
 
     def _where(self, record: dict[str, Any]) -> str:
         ids = [c["id"] for c in record["calls"]]

@@ -3,15 +3,17 @@
 
 Every backend (local, GitHub Actions, Modal) converts here, so a result means the same wherever
 it ran. A timed-out or rejected run is recorded as a crash of its train.py, with
-`metrics["outcome"]` keeping which, and its error saying why.
+`metrics["outcome"]` keeping which, and its error saying why. A run the supervisor found killed
+from outside (`lost`: not its code, not its limits) is a lost run (`finished_status`), carrying
+the crash it would be charged as if that keeps happening (the conductor decides).
 """
 
 from __future__ import annotations
 
-from bot.records import Job, RunResult
+from bot.records import Job, RunResult, RunStatus
 from runner.protocol import JobSpec, ResultRefused, ResultSpec, check_result
 
-_ERROR_PREFIX = {"crash": "", "timeout": "timed out: ", "rejected": "rejected: "}
+_ERROR_PREFIX = {"crash": "", "timeout": "timed out: ", "rejected": "rejected: ", "lost": ""}
 
 
 def job_spec(job: Job, *, repository: str = "") -> JobSpec:
@@ -33,10 +35,19 @@ def run_result(spec: ResultSpec) -> RunResult:
                      error=_ERROR_PREFIX[spec.status] + (spec.error or spec.status))
 
 
+def finished_status(result: RunResult) -> RunStatus:
+    """What lookup() answers for a run that ended with `result`: finished, or lost when the
+    supervisor found its training process killed from outside (`result` is then the crash the
+    conductor charges if the run's code keeps getting lost that way)."""
+    if result.metrics.get("outcome") == "lost":
+        return RunStatus("lost", detail=result.error or "killed from outside the run", result=result)
+    return RunStatus("finished", result=result)
+
+
 def checked_result(job: JobSpec, spec: ResultSpec, *, harness: str) -> RunResult:
     """`run_result`, after `check_result`: raises ResultRefused for an answer to another job."""
     check_result(job, spec, harness=harness)
     return run_result(spec)
 
 
-__all__ = ["ResultRefused", "checked_result", "job_spec", "run_result"]
+__all__ = ["ResultRefused", "checked_result", "finished_status", "job_spec", "run_result"]

@@ -16,7 +16,7 @@ from bot.events import submit
 from bot.forge import ForgeError
 from bot.forge.local import LocalForge, init_research_repo
 from bot.measurement import WrongProfile
-from bot.records import Proposal, RunResult, code_hash
+from bot.records import Proposal, RunResult, RunStatus, code_hash
 from bot.store import Store
 from fakes import CRASH_MARK, IDENTITY, FailingAgent, FakeRunner, SlowAgent, result_for, with_effect
 
@@ -429,6 +429,45 @@ def test_a_code_whose_runs_keep_getting_lost_is_given_up(tmp_path: Path) -> None
     states = [r.state for r in loop.store.runs()]
     assert states.count("lost") == MAX_LOST_RUNS and "running" not in states
     assert f"{MAX_LOST_RUNS} runs of it were lost" in loop.blocked and "the fake machine vanished" in loop.blocked
+
+
+class KilledFromOutside(FakeRunner):
+    """A runner whose supervisor reports the training process of each run in `killed` killed by a
+    signal from outside (an operator, the OOM killer): lost, with the crash to charge if it recurs."""
+
+    def __init__(self, killed: set[int]) -> None:
+        super().__init__()
+        self.killed = killed
+
+    def lookup(self, run_id: int) -> RunStatus:
+        if run_id in self.killed and run_id in self.jobs:
+            why = "the training process was killed by SIGKILL, sent by something outside the run"
+            crash = RunResult(run_id=run_id, status="crash", error=why, log_tail="",
+                              metrics=dict(result_for(self.jobs[run_id]).metrics, outcome="lost"))
+            return RunStatus("lost", detail=why, result=crash)
+        return super().lookup(run_id)
+
+
+def test_a_run_killed_from_outside_is_run_again_not_charged(tmp_path: Path) -> None:
+    loop = make(tmp_path, ScriptedAgent([]), runner=KilledFromOutside({1}))
+    run_to_end(loop)
+    assert loop.store.run(1).state == "lost" and "SIGKILL" in loop.store.run(1).note
+    rerun = [r for r in loop.store.runs() if r.rerun_of == 1]
+    assert len(rerun) == 1 and rerun[0].state == "done" and rerun[0].status == "ok"
+    assert not [r for r in loop.store.runs() if r.status == "crash"]
+
+
+def test_a_run_killed_from_outside_twice_in_a_row_is_charged_as_a_crash(tmp_path: Path) -> None:
+    # A train.py that kills itself (SIGKILL, or exit code 137 in the sandbox) looks killed from
+    # outside: it must not be run again forever.
+    loop = make(tmp_path, ScriptedAgent([]), runner=KilledFromOutside(EveryRun()))
+    for _ in range(40):
+        loop.tick()
+    runs = sorted(loop.store.runs(), key=lambda r: r.id)  # all of main's one code
+    assert [r.state for r in runs][:4] == ["lost", "done", "lost", "done"]  # lost once, then charged
+    charged = [r for r in runs if r.state == "done"]
+    assert all(r.status == "crash" and "charged as a crash" in (r.error or "") for r in charged)
+    assert "crashed in 2 baseline runs" in loop.blocked  # main's train.py is blocked, not run forever
 
 
 def test_submitting_the_same_run_twice_starts_one_run(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -185,3 +186,63 @@ def test_the_directories_of_dead_workers_are_swept(tmp_path: Path) -> None:
     (stale / "pid").write_text("999999999")
     LocalRunner(tmp_path)
     assert not stale.exists()
+
+
+# --- a cancelled run stops: every process of it, however detached ---------------------------------
+MARK = "autoresearch-cancel-marker"
+SLEEPER = f'[sys.executable, "-c", "import time; time.sleep(600)", "{MARK}"]'
+ESCAPING = f"""import os, subprocess, sys, time
+subprocess.Popen({SLEEPER})
+subprocess.Popen({SLEEPER}, start_new_session=True)
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.execv(sys.executable, {SLEEPER})
+    os._exit(0)
+while len([1 for p in os.listdir("/proc") if p.isdigit() and b"{MARK}" in open(f"/proc/{{p}}/cmdline", "rb").read()]) < 3:
+    time.sleep(0.1)
+print("escaped", flush=True)
+time.sleep(600)
+"""
+
+
+def marked() -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and MARK.encode() in (entry / "cmdline").read_bytes():
+                if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                    found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def wait_for_log(path: Path, text: str, timeout: float = 120.0) -> None:
+    deadline = time.time() + timeout
+    while not (path.exists() and text in path.read_text(errors="replace")):
+        assert time.time() < deadline, f"{text!r} never appeared in {path}"
+        time.sleep(0.1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["cancel", "shutdown"])
+@pytest.mark.parametrize("sandboxed", [True, False], ids=["sandboxed", "unsandboxed"])
+def test_stopping_a_run_ends_every_process_it_started(tmp_path: Path, smoke_prepared, monkeypatch: pytest.MonkeyPatch,
+                                                      how: str, sandboxed: bool) -> None:
+    from runner import sandbox
+    if sandboxed and not sandbox.available()[0]:
+        pytest.skip(f"no sandbox here: {sandbox.available()[1]}")
+    if not sandboxed:
+        monkeypatch.setenv("AUTORESEARCH_SANDBOX", "off")
+    runner = LocalRunner(tmp_path, slots=1)
+    runner.submit(Job(run_id=3, asset=ESCAPING, profile="smoke", seed=3))
+    wait_for_log(tmp_path / "3" / "log.txt", "escaped")
+    supervisor = int((tmp_path / "3" / "pid").read_text())
+    assert len(marked()) == 3
+    started = time.time()
+    runner.cancel(3) if how == "cancel" else runner.shutdown()
+    took = time.time() - started
+    assert not marked() and not Path(f"/proc/{supervisor}").exists(), "a process of the run outlived its cancel"
+    assert took < 10, f"stopping took {took:.1f} s"
+    assert runner.lookup(3).state == "lost"  # never a crash of its train.py
