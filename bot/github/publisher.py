@@ -196,7 +196,8 @@ class GitHubPublisher(Publisher):
         """Reconcile after a start: a pull request closed while the bot was not listening (a webhook
         GitHub could not deliver) becomes the pull_request.closed event the webhook would have been,
         stored in the inbox (key: the pull request and when it was closed), so the same handler
-        decides whether its closer may cancel the experiment."""
+        decides whether its closer may cancel the experiment. True when it was stored just now: the
+        experiment is shown once the handler has had its say."""
         pull = self.repo.get_pull(number)
         if pull.state != "closed" or pull.merged or exp.request:
             return False
@@ -207,9 +208,10 @@ class GitHubPublisher(Publisher):
                             sender_type=closer.type if closer else None, association=None, number=number,
                             branch=pull.head.ref, head_sha=pull.head.sha, ref=None, before=None, after=None,
                             head_repository=pull.head.repo.full_name if pull.head.repo else None)
-        if self.store.add_inbox(key=f"github:{event.delivery}", kind="github", payload=event.to_payload(),
-                                author=event.sender or "github"):
-            log.info("experiment %s: its pull request #%s was closed while the bot was away", exp.id, number)
+        if not self.store.add_inbox(key=f"github:{event.delivery}", kind="github", payload=event.to_payload(),
+                                    author=event.sender or "github"):
+            return False  # stored before: the handler has its verdict (a closer without write access cancels nothing)
+        log.info("experiment %s: its pull request #%s was closed while the bot was away", exp.id, number)
         return True
 
     def _base_text(self, exp: Experiment) -> str:

@@ -13,9 +13,11 @@ import pytest
 from github_standin import GitHubStandIn
 
 from bot.conductor import Snapshot
-from bot.github.forge import GitHubForge
-from bot.github.handlers import BOT_LOGIN
+from bot.events import apply_inbox
 from bot.github import render
+from bot.github.forge import GitHubForge
+from bot.github.handlers import BOT_LOGIN, GitHubEvents
+from bot.github.permissions import CollaboratorPermissions
 from bot.github.publisher import CHECK_NAME, REPLY_TRIES, GitHubPublisher
 from bot.states import State
 from bot.store import Store
@@ -264,3 +266,25 @@ def test_a_persons_comment_with_the_bots_ack_marker_does_not_stand_for_the_reply
     world.publish()
     assert [c["user"]["login"] for c in gh.comments(number)
             if (render.find_marker(c["body"]) or ("",))[0] == "ack"] == ["mallory", "autoresearch-bot[bot]"]
+
+
+def test_a_pull_request_closed_while_away_goes_through_the_same_permission_check(app_world: World) -> None:
+    gh, world = app_world.standin, app_world
+    world.publish()
+    number = gh.pulls()[0]["number"]
+    gh.state.collaborators["tom"] = "triage"
+    gh.close_pr(number, "tom")  # its webhook found nobody listening
+    restarted = GitHubPublisher(world.store, world.publisher.repo, read_file=world.publisher.read_file,
+                                uses_app=True, clock=world.clock)
+    world.publisher = restarted
+    world.publish()
+    [entry] = [e for e in world.store.inbox() if e.key.startswith("github:reconcile-pr-")]
+    GitHubEvents("octo-org/research", CollaboratorPermissions.for_repository(restarted.repo)).install()
+    try:
+        apply_inbox(world.store)
+    finally:
+        GitHubEvents().install()
+    assert "triage role" in (world.store.inbox()[0].outcome or "")
+    assert world.store.experiment(world.exp_id).request is None
+    world.publish()  # judged already: the experiment is shown as usual, nothing stored twice
+    assert len([e for e in world.store.inbox() if e.key == entry.key]) == 1
