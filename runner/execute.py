@@ -11,7 +11,11 @@ torch imported, and torch._dynamo, which torch.export and torch.compile need and
 seconds to import. It then reads one line from stdin, `{"seed": N, "started_at": T}`, and only
 then reads train.py, which the supervisor has written meanwhile. A supervisor prepared ahead of
 its job (a warm worker) so takes the imports off the run's critical path; started_at, the run's
-zero for start-up, is when the job was handed over. End of input instead of a line: the worker
+zero for start-up, is when the job was handed over. The run's clock (runner.harness) starts there
+too, as the supervisor's does: the wall time of the hand-over, and this process's CPU time when it
+read the line (its imports before are not the run's). With --export and no --threads, the run is
+allotted the CPUs it may use, the supervisor's divisor too; and the process ends right after its
+record is written, without the interpreter's teardown, which its clock would count. End of input instead of a line: the worker
 was not needed, and it exits 0 having run nothing.
 
 For a profile whose budget is CPU time it first fixes two things in the environment, before torch
@@ -77,13 +81,17 @@ def main(argv: list[str] | None = None) -> int:
 
     if counts_cpu_time:
         torch.cuda.device_count()  # CUDA reads the (empty) device list now, before train.py could change it
+    if args.export and args.threads <= 0:  # the supervisor's rule, so that both clocks divide alike
+        args.threads = len(os.sched_getaffinity(0))
     if args.threads > 0:
         torch.set_num_threads(args.threads)
+    handed_over = None  # the run's clock starts at the hand-over (wall, process CPU); else at the session's opening
     if args.wait:
         go = _wait_for_job(profile)
         if go is None:
             return 0  # not needed: nothing was run
         args.seed, args.started_at = int(go.get("seed", args.seed)), float(go.get("started_at", time.time()))
+        handed_over = (args.started_at, time.process_time())
     workdir.follow(STARTED_IN)
     args.asset, args.out = Path(os.path.abspath(args.asset)), Path(os.path.abspath(args.out))
     if profile is not None:  # a last resort that needs no parent: a hung run ends even if its conductor is gone
@@ -94,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         source = args.asset.read_text(encoding="utf-8")
         session = harness.open_session(
             args.profile, data=args.data, out_dir=args.out, seed=args.seed, started_at=started_at,
-            asset_sha256=hashlib.sha256(source.encode()).hexdigest(), threads=args.threads, export=args.export)
+            handed_over=handed_over, asset_sha256=hashlib.sha256(source.encode()).hexdigest(),
+            threads=args.threads, export=args.export)
     except (DataMissing, ValueError, OSError, RuntimeError) as error:
         return _crash(args.out, f"{type(error).__name__}: {error}", started_at, args.export)
 
@@ -109,6 +118,10 @@ def main(argv: list[str] | None = None) -> int:
     if session.result is None:
         return _crash(args.out, "train.py ended without calling h.finish(model): the harness has "
                       "nothing to measure. End train.py with `h.finish(model)`.", started_at, args.export)
+    if args.export:  # its clock runs until it ends: skip the interpreter's teardown (half a CPU second on smoke)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     return 0
 
 

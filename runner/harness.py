@@ -14,11 +14,22 @@ What finish() does depends on how the run was started:
 - run directly (`python train.py`), it evaluates val_bpb in this process and writes result.json:
   convenient for a person at their own machine, and never used to judge an experiment.
 
-The clock is the harness's: the first `profile.warmup_steps` steps (compilation, allocator
-warm-up) are not counted, as in the reference; the budget counts every later step in full. What a
-step costs depends on the profile's clock:
-- "wall" (GPU profiles): the wall time of the step;
-- "cpu" (CPU profiles): the CPU time the process spent in it, all its threads together
+The clock is the supervisor's, read here with the same origin: the hand-over of the job (runner.execute
+passes its readings), or the session's opening in a direct run. Everything the process does from
+then on counts, start-up, compilation and warm-up steps, training, the export: that is what the
+supervisor (runner.isolated) measures from outside, and it ends the process at the profile's cap,
+budget + allowance (`Profile.cap_s`), rejecting the run. `time_up()` is true once the next step,
+as long as the longest of the last few, would end past the cap less the export margin, the room
+kept for the export and the exit, so that an honest train.py always finishes inside the cap. With the
+allowance sized to an honest run's overheads (see profiles.py), it trains about the budget, as in
+the reference, where the budget counts from the end of the first steps. `progress()` runs from 0
+at the end of the first `profile.warmup_steps` steps to 1 at that end of training; the
+`training_seconds` reported (train.py's own claim in an isolated run) counts the steps after the
+warm-up ones. Replacing time_up() or the clock in this process changes nothing the supervisor
+sees: a train.py that ignores the harness is stopped at the cap, its run rejected. What a second
+costs depends on the profile's clock:
+- "wall" (GPU profiles): wall time;
+- "cpu" (CPU profiles): the CPU time the process spent, all its threads together
   (`time.process_time`), divided by the threads the run was allotted, fixed when the session
   opens. Other work on the machine then slows a run down without giving it less training, and
   threads beyond the allotment burn the budget faster instead of buying more of it; train.py
@@ -27,8 +38,8 @@ step costs depends on the profile's clock:
   time of the timed steps is recorded beside it, and `cpu_share` (CPU time / (wall time *
   threads)) says how much of its cores the run had: well below what the same train.py gets on a
   quiet machine, the machine was busy (a run's serial parts keep it below 1 even when quiet).
-CPU time spent in child processes is not counted: keeping train.py from starting processes (or
-reaching a GPU on a CPU profile) is the sandbox's concern, not the clock's.
+CPU time spent in child processes is not counted here, but the supervisor counts the whole process
+tree: a train.py that trains in a child only reaches the cap sooner.
 """
 
 from __future__ import annotations
@@ -38,6 +49,7 @@ import math
 import os
 import resource
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -54,6 +66,7 @@ from runner.tokenizer import Tokenizer, load_tokenizer
 
 # bf16 dense peak of the accelerators we know, for MFU (FLOP/s)
 PEAK_FLOPS = {"H100": 989.5e12, "H200": 989.5e12, "A100": 312e12, "L40S": 362e12, "A10G": 125e12}
+RECENT_STEPS = 4  # time_up() expects the next step as long as the longest of these last ones
 
 
 class TrainingDiverged(RuntimeError):
@@ -119,12 +132,15 @@ class Session:
 
     def __init__(self, profile: Profile, dataset: Dataset, tokenizer: Tokenizer, *, out_dir: Path,
                  seed: int = 0, asset_sha256: str = "", started_at: float | None = None,
+                 handed_over: tuple[float, float] | None = None,
                  device: torch.device | None = None, threads: int = 0, export: bool = False,
                  wall_clock: Callable[[], float] = time.time,
                  cpu_clock: Callable[[], float] = time.process_time) -> None:
-        """`threads`: the CPU threads the run was allotted (0: torch's thread count now). The
-        clocks are bound here, so that train.py replacing `time.process_time` changes nothing.
-        `export`: finish() exports the model for the scoring process instead of evaluating it."""
+        """`threads`: the CPU threads the run was allotted (0: torch's thread count now).
+        `started_at`: the zero of start-up accounting (default: now). `handed_over`: the wall and
+        process CPU clocks' readings at the hand-over of the job, the zero of the run's clock
+        (default: now). `export`: finish() exports the model for the scoring process instead of
+        evaluating it."""
         self.profile = profile
         self.dataset = dataset
         self.tokenizer = tokenizer
@@ -138,6 +154,7 @@ class Session:
         self._wall_clock = wall_clock
         self._cpu_clock = cpu_clock
         self.started_at = started_at if started_at is not None else wall_clock()
+        self._origin_wall, self._origin_cpu = handed_over if handed_over is not None else (wall_clock(), cpu_clock())
         self.step = 0
         self.training_seconds = 0.0  # on the profile's clock: what the budget counts
         self.training_wall_seconds = 0.0
@@ -150,6 +167,9 @@ class Session:
         self._last_cpu = cpu_clock()
         self._last_report = 0.0
         self._untimed_tokens = 0  # tokens of the warm-up steps, which the clock does not count
+        self._recent_steps: deque[float] = deque(maxlen=RECENT_STEPS)  # their lengths on the run's clock
+        self._last_elapsed = self.elapsed()
+        self._warm_at = self._last_elapsed  # the run's clock at the end of the warm-up steps: progress() starts there
         out_dir.mkdir(parents=True, exist_ok=True)
         self._progress_file = open(out_dir / "progress.jsonl", "a", buffering=1)
 
@@ -169,12 +189,27 @@ class Session:
             self.tokens_served += x.numel()
             yield x, y
 
+    @property
+    def ends_at(self) -> float:
+        """Where training must end on the run's clock: the cap less the room for the export."""
+        return self.profile.training_ends_s(self.threads)
+
+    def elapsed(self) -> float:
+        """Seconds on the profile's clock since the hand-over: what the supervisor counts."""
+        if self.profile.clock == "cpu":
+            return (self._cpu_clock() - self._origin_cpu) / self.threads
+        return self._wall_clock() - self._origin_wall
+
     def progress(self) -> float:
-        """Fraction of the training budget used so far, in [0, 1]."""
-        return min(1.0, self.training_seconds / self.profile.time_budget_s)
+        """Fraction of the training time used so far, in [0, 1]: 0 until the warm-up steps end."""
+        if self.step < self.profile.warmup_steps:
+            return 0.0
+        window = self.ends_at - self._warm_at
+        return 1.0 if window <= 0 else min(1.0, max(0.0, (self.elapsed() - self._warm_at) / window))
 
     def time_up(self) -> bool:
-        return self.training_seconds >= self.profile.time_budget_s
+        """True when another step as long as the longest of the last few would end past `ends_at`."""
+        return self.elapsed() + max(self._recent_steps, default=0.0) >= self.ends_at
 
     def step_done(self, loss: float | torch.Tensor) -> None:
         """Mark the end of one optimizer step; fails fast on a NaN or infinite loss."""
@@ -192,6 +227,12 @@ class Session:
         if self.first_step_at is None:
             self.first_step_at = now
         self.step += 1
+        elapsed = self.elapsed()
+        if self.step > 1:  # the first also holds the start-up: no measure of a step
+            self._recent_steps.append(max(0.0, elapsed - self._last_elapsed))
+        self._last_elapsed = elapsed
+        if self.step <= self.profile.warmup_steps:
+            self._warm_at = elapsed
         if self.step > self.profile.warmup_steps:
             wall, cpu = now - self._last_wall, cpu_now - self._last_cpu
             self.training_wall_seconds += wall
@@ -276,9 +317,11 @@ class Session:
 
     def _report(self, now: float) -> None:
         self._last_report = now
+        elapsed = self.elapsed()
         line = {"step": self.step, "loss": round(self.last_loss, 5), "progress": round(self.progress(), 4),
                 "training_seconds": round(self.training_seconds, 2),
-                "remaining_seconds": round(max(0.0, self.profile.time_budget_s - self.training_seconds), 2),
+                "remaining_seconds": round(max(0.0, self.ends_at - elapsed), 2),
+                "elapsed_seconds": round(elapsed, 2), "time_up": self.time_up(),
                 "tokens": self.tokens_served, "clock": self.profile.clock,
                 "training_wall_seconds": round(self.training_wall_seconds, 2),
                 "cpu_seconds": round(self.cpu_seconds, 2), "threads": self.threads,
@@ -313,10 +356,12 @@ _current: Session | None = None
 
 
 def open_session(profile_name: str, *, data: str | None = None, out_dir: Path, seed: int = 0,
-                 asset_sha256: str = "", started_at: float | None = None, threads: int = 0,
+                 asset_sha256: str = "", started_at: float | None = None,
+                 handed_over: tuple[float, float] | None = None, threads: int = 0,
                  export: bool = False) -> Session:
     """Build the session for a run: loads prepared data (its fingerprint checked against the
     files) and tokenizer, never prepares them. `threads`: the CPU threads allotted (0: torch's).
+    `handed_over`: the (wall, process CPU) readings at the job's hand-over, the run clock's zero.
     `export`: an isolated run, whose sandbox holds the training split only: the supervisor has
     checked the fingerprint, and finish() exports the model instead of evaluating it."""
     global _current
@@ -327,7 +372,8 @@ def open_session(profile_name: str, *, data: str | None = None, out_dir: Path, s
     tokenizer = load_tokenizer(dataset, profile.vocab_size, profile.name)
     torch.manual_seed(seed)
     _current = Session(profile, dataset, tokenizer, out_dir=out_dir, seed=seed,
-                       asset_sha256=asset_sha256, started_at=started_at, threads=threads, export=export)
+                       asset_sha256=asset_sha256, started_at=started_at, handed_over=handed_over,
+                       threads=threads, export=export)
     return _current
 
 

@@ -7,10 +7,14 @@ runs train.py's code itself. In order:
    the training split, the tokenizer, train.py and a private scratch directory DIR/scratch, and
    nothing else: not the validation split, not DIR/result.json, not a credential. Its output goes
    to DIR/log.txt, capped; its progress lines (DIR/scratch/progress.jsonl) are for display only;
-3. measures that process from outside: wall time, and CPU time of the whole process tree from the
-   kernel (wait4). Past the profile's hard limit it is killed (`timeout`); having used more than
-   budget + start-up allowance on the profile's clock, its train.py trained past the budget and
-   the run is `rejected`;
+3. measures that process from outside, from the hand-over of its job to its end: wall time, and
+   CPU time of the whole process tree from the kernel (/proc while it runs, wait4 at the end).
+   That is the budget's only clock: on the profile's (wall, or tree CPU / allotted threads),
+   everything counts, start-up, compilation, warm-up steps, training, the export. The moment it
+   reaches the cap, budget + allowance (runner.profiles), the process is stopped and the run is
+   `rejected`: its train.py trained past the budget, whatever its harness was told (the harness
+   in the process reads the same clock and ends an honest run's training in time). Past the
+   profile's hard limit on wall time (a process that sleeps costs no CPU) it is killed (`timeout`);
 4. scores the exported model (a copy of DIR/scratch/model.pt2 in DIR/handoff/) in a second
    sandboxed process that never ran train.py (runner.score): causality probe, then val_bpb on the
    validation split. That process is started with the training one and gets ready meanwhile
@@ -18,8 +22,9 @@ runs train.py's code itself. In order:
 5. writes DIR/result.json, which no process of the run can reach.
 Steps 1-2 need no job: `Supervisor.prepare()` does them, and both processes then import torch and
 load their data, the training one waiting for its job's line (runner.execute --wait). `run(job)`
-writes train.py to DIR/asset/ and hands the job over; the clocks start there, and CPU time the training process
-spent before it is not counted. run_job does both at once (a cold run); a supervisor prepared
+writes train.py to DIR/asset/ and hands the job over once the training process is ready; the
+clocks start there, and CPU time the training process spent before it (its imports, cold or
+warm) is not counted. run_job does both at once (a cold run); a supervisor prepared
 ahead of its job (`--standby`, kept by the local runner and the Modal app) is a warm worker, and
 its run's start-up imports nothing. Either way a worker serves one job, in processes that ran no
 other train.py.
@@ -109,6 +114,7 @@ class Supervisor:
         self._received = time.time()
         self.limits = limits.from_env()  # what the run may hold (runner.limits); the local runner sets it per slot
         self._limit_hit = ""  # the limit the run crossed, in words, once the supervisor stopped it for that
+        self._capped_at: float | None = None  # the clock's reading when the training process was stopped at its cap
         self._limits_due = 0.0
         self._oom_kills = _oom_kills()
         self._subreaper = False
@@ -197,18 +203,21 @@ class Supervisor:
             return self._result("timeout", profile=profile, claims=claims, cpu=cpu,
                                 error=f"the training process ran past the profile's hard limit of "
                                       f"{profile.max_total_s:.0f} s and was killed with everything it started")
-        used = wall if profile.clock == "wall" else cpu / self._clock_threads()
-        self.timings.training = used
+        used = self.timings.training = self._used(profile, cpu, wall)
+        cap = profile.cap_s(self._clock_threads())
+        if self._capped_at is not None or used > cap:
+            # Checked first: a process stopped at its cap hands over no model, and that is why.
+            return self._result("rejected", profile=profile, claims=claims, cpu=cpu, error=(
+                f"the training process used {max(used, self._capped_at or 0.0):.1f} s on the {profile.clock} clock "
+                f"since its job was handed over, measured outside its sandbox, past its cap of {cap:.1f} s (the "
+                f"budget of {profile.time_budget_s:.0f} s plus {cap - profile.time_budget_s:.1f} s for start-up, "
+                "warm-up steps and the export), and was stopped: train.py trained past the budget. "
+                "The harness ends training in time when train.py loops `while not h.time_up()` and calls "
+                "h.finish(model) right after; work before, between or after the harness's calls counts too"))
         model = self.scratch / MODEL_FILE
         if code != 0 or claims.get("status") != "exported" or not os.path.lexists(model):
             status, error = self._failure(code, claims)  # its own crash, a limit it crossed, or a kill from outside
             return self._result(status, profile=profile, claims=claims, cpu=cpu, error=error)
-        limit = profile.time_budget_s + profile.startup_allowance_s
-        if used > limit:
-            return self._result("rejected", profile=profile, claims=claims, cpu=cpu, error=(
-                f"the training process used {used:.1f} s on the {profile.clock} clock, measured outside its "
-                f"sandbox, past the budget of {profile.time_budget_s:.0f} s plus {profile.startup_allowance_s:.0f} s "
-                "for start-up: train.py trained past its budget (the harness's clock was changed or ignored)"))
         graph = read_regular(model, MODEL_LIMIT_BYTES)
         if graph is None:
             return self._result("rejected", profile=profile, claims=claims, cpu=cpu, error=(
@@ -252,18 +261,20 @@ class Supervisor:
 
     def _run_training(self, profile: Profile) -> tuple[int | None, float, float, bool]:
         """Hand the job to the training process and measure it until it ends: (exit code, CPU
-        seconds, wall seconds, killed at the hard limit). Both clocks start at the hand-over."""
+        seconds, wall seconds, killed at the hard limit). Both clocks start at the hand-over; at the
+        cap the process is stopped and `_capped_at` set."""
         assert self._job is not None and self.trainer is not None
         if self.trainer.poll() is not None:  # a worker whose process died while it waited: start afresh
             self._say(f"[supervisor] the waiting training process had ended (exit code {self.trainer.returncode}); "
                       "starting a new one")
             self.trainer = self._start_trainer(profile)
         proc = self.trainer
+        self._warm = self._trainer_ready.is_set()
+        self._await_ready(proc, profile)  # a cold run's imports are no more the run's than a warm one's
         ready_cpu = 0.0
         if self._tree is not None:
             self._tree.sample()
             ready_cpu = self._tree.total()  # its imports, before the job: not the run's
-        self._warm = self._trainer_ready.is_set()
         go = time.time()
         self.timings.sandbox_setup = go - self._received
         try:
@@ -282,6 +293,10 @@ class Supervisor:
                 break
             self._relay_progress()
             if self._over_limits(proc):  # stopped, with everything it started: reaped below
+                pid, status, usage = os.wait4(proc.pid, 0)
+                break
+            if self._past_cap(profile, go, ready_cpu):  # it trained past its budget, whatever its harness said
+                _kill_group(proc.pid)
                 pid, status, usage = os.wait4(proc.pid, 0)
                 break
             if time.time() > deadline:
@@ -526,7 +541,35 @@ class Supervisor:
         return claims if isinstance(claims, dict) else {}
 
     def _clock_threads(self) -> int:
+        """The threads allotted, the CPU clock's divisor; with none given, the CPUs this process may
+        use (runner.execute allots the training process as many)."""
         return self.threads if self.threads > 0 else len(os.sched_getaffinity(0))
+
+    def _used(self, profile: Profile, cpu: float, wall: float) -> float:
+        """Seconds on the profile's clock, from CPU seconds of the tree and wall seconds."""
+        return wall if profile.clock == "wall" else cpu / self._clock_threads()
+
+    def _past_cap(self, profile: Profile, go: float, ready_cpu: float) -> bool:
+        """Has the training process used its cap (budget + allowance) since the hand-over at `go`?
+        Sets `_capped_at` then. The tree was sampled just before."""
+        cpu = self._tree.total() - ready_cpu if self._tree is not None else 0.0
+        used = self._used(profile, cpu, time.time() - go)
+        if used < profile.cap_s(self._clock_threads()):
+            return False
+        self._capped_at = used
+        self._say(f"[supervisor] the training process used {used:.1f} s on the {profile.clock} clock, its cap: stopped")
+        return True
+
+    def _await_ready(self, proc: subprocess.Popen[bytes], profile: Profile) -> None:
+        """Wait until the training process says it is ready (torch imported) or has ended, within
+        the profile's hard limit: what a cold run's process does before then is not the run's."""
+        ready_by = time.time() + min(STANDBY_READY_S, profile.max_total_s)
+        while not self._trainer_ready.wait(0.1) and time.time() < ready_by:
+            try:
+                if os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+                    return  # it ended (left for the caller to reap and report)
+            except ChildProcessError:
+                return
 
     def _result(self, status: str, *, error: str | None = None, profile: Profile | None = None,
                 claims: dict[str, Any] | None = None, cpu: float = 0.0, score: dict[str, Any] | None = None) -> ResultSpec:

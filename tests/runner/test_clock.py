@@ -1,5 +1,7 @@
 """The harness's clock: CPU profiles count the process's CPU time per allotted thread, so that a
-busy machine slows a run down without shortening its training; GPU profiles count wall time."""
+busy machine slows a run down without shortening its training; GPU profiles count wall time. The
+run's clock starts at the hand-over and counts everything (the supervisor's, read in the process):
+training ends a step and the export margin before the cap."""
 
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ from runner.harness import Session, ThreadsChanged
 from runner.profiles import PROFILES, Profile, get_profile
 
 SMOKE = get_profile("smoke")  # clock "cpu", 3 s budget, 1 warm-up step
+# on 2 threads: a cap of 5 s, training ends by 4 s on the run's clock
+TIGHT = replace(SMOKE, name="tight", time_budget_s=3.0, allowance_s=4.0, export_margin_s=2.0)
 
 
 class HandClock:
@@ -29,7 +33,7 @@ class HandClock:
         self.now += seconds
 
 
-def open_session(prepared, tmp_path, profile: Profile = SMOKE, threads: int = 2
+def open_session(prepared, tmp_path, profile: Profile = TIGHT, threads: int = 2
                  ) -> tuple[Session, HandClock, HandClock]:
     wall, cpu = HandClock(), HandClock(start=50.0)
     session = Session(profile, prepared.dataset, prepared.tokenizer, out_dir=tmp_path,
@@ -54,12 +58,13 @@ def steps_until_time_up(session: Session, wall: HandClock, cpu: HandClock, wall_
 
 def test_half_the_cpu_counts_half_the_time(smoke_prepared, tmp_path):
     alone, wall, cpu = open_session(smoke_prepared, tmp_path / "alone")
-    step(alone, wall, cpu, wall_s=30.0, cpu_s=60.0)  # the warm-up step: not counted at all
+    step(alone, wall, cpu, wall_s=0.5, cpu_s=1.0)  # the warm-up step: on the run's clock, not in training_seconds
+    assert alone.elapsed() == pytest.approx(0.5)
     assert alone.training_seconds == alone.training_wall_seconds == alone.cpu_seconds == 0.0
     assert steps_until_time_up(alone, wall, cpu, wall_s=0.5, cpu_s=1.0) == 6  # 2 threads busy
 
     busy, wall, cpu = open_session(smoke_prepared, tmp_path / "busy")
-    step(busy, wall, cpu, wall_s=30.0, cpu_s=60.0)
+    step(busy, wall, cpu, wall_s=1.0, cpu_s=1.0)
     for _ in range(6):  # the same steps, on a machine where neighbours take half of the cores
         step(busy, wall, cpu, wall_s=1.0, cpu_s=1.0)
     assert busy.training_seconds == pytest.approx(3.0) and busy.time_up()
@@ -68,6 +73,51 @@ def test_half_the_cpu_counts_half_the_time(smoke_prepared, tmp_path):
     assert busy.cpu_share() == pytest.approx(0.5)
     assert alone.cpu_share() == pytest.approx(1.0)
     assert alone.step == busy.step == 7, "the neighbours cost wall time, not training steps"
+
+
+def test_everything_from_the_hand_over_counts_and_training_ends_before_the_cap(smoke_prepared, tmp_path):
+    session, wall, cpu = open_session(smoke_prepared, tmp_path)
+    cpu.advance(1.0)  # start-up: the session, the model's build (0.5 s on 2 threads)
+    assert session.elapsed() == pytest.approx(0.5) and session.progress() == 0.0
+    step(session, wall, cpu, wall_s=1.0, cpu_s=1.0)  # a warm-up step: counted, and progress starts after it
+    assert session.elapsed() == pytest.approx(1.0) and session.progress() == 0.0
+    timed = steps_until_time_up(session, wall, cpu, wall_s=0.3, cpu_s=0.6)
+    # Steps of 0.3 s from 1.0: the tenth would end at 4.0, where training must have ended (the cap
+    # less the export margin): nine, and the room for the export is left whole.
+    assert timed == 9 and session.elapsed() == pytest.approx(3.7)
+    assert session.elapsed() <= TIGHT.training_ends_s(2) == 4.0
+    assert session.training_seconds == pytest.approx(2.7)
+    assert session.progress() == pytest.approx(2.7 / 3.0)
+
+
+def test_a_slow_step_ends_training_a_step_earlier(smoke_prepared, tmp_path):
+    session, wall, cpu = open_session(smoke_prepared, tmp_path)
+    step(session, wall, cpu, wall_s=0.5, cpu_s=1.0)
+    step(session, wall, cpu, wall_s=0.5, cpu_s=1.0)
+    step(session, wall, cpu, wall_s=1.5, cpu_s=3.0)  # a step of 1.5 s: at 2.5, the next would end at 4.0
+    assert session.time_up()
+
+
+def test_cpu_overheads_are_cpu_seconds_shared_by_the_threads():
+    # start-up and export are mostly serial: a run with more threads gets no more CPU seconds of slack
+    assert TIGHT.cap_s(1) == 7.0 and TIGHT.cap_s(2) == 5.0 and TIGHT.training_ends_s(4) == 3.5
+    on_wall = replace(TIGHT, clock="wall")
+    assert on_wall.cap_s(1) == on_wall.cap_s(8) == 7.0 and on_wall.training_ends_s(8) == 5.0
+    with pytest.raises(ValueError, match="export margin"):
+        replace(TIGHT, export_margin_s=5.0)
+
+
+def test_hand_over_readings_are_the_clocks_zero(smoke_prepared, tmp_path):
+    wall, cpu = HandClock(), HandClock(start=50.0)
+    session = Session(TIGHT, smoke_prepared.dataset, smoke_prepared.tokenizer, out_dir=tmp_path,
+                      device=torch.device("cpu"), threads=2, wall_clock=wall, cpu_clock=cpu,
+                      handed_over=(wall.now - 10.0, cpu.now - 3.0))  # data and tokenizer took 3 CPU s
+    assert session.elapsed() == pytest.approx(1.5)
+    wall_profile = replace(TIGHT, clock="wall")
+    on_wall = Session(wall_profile, smoke_prepared.dataset, smoke_prepared.tokenizer, out_dir=tmp_path / "w",
+                      device=torch.device("cpu"), threads=2, wall_clock=wall, cpu_clock=cpu,
+                      handed_over=(wall.now - 10.0, cpu.now - 3.0))
+    assert on_wall.elapsed() == pytest.approx(10.0) and on_wall.time_up()
 
 
 def test_threads_beyond_the_allotment_spend_the_budget_faster(smoke_prepared, tmp_path):
@@ -120,7 +170,9 @@ def test_progress_lines_record_both_clocks(smoke_prepared, tmp_path):
     step(session, wall, cpu, 1.0, 2.0)
     step(session, wall, cpu, wall_s=2.0, cpu_s=1.0)
     line = json.loads((tmp_path / "progress.jsonl").read_text().splitlines()[-1])
+    # the warm-up step ended at 1.0 s on the run's clock, training ends by 4.0: a third of it is 0.5 / 3
     assert line["training_seconds"] == 0.5 and line["progress"] == pytest.approx(0.5 / 3, abs=1e-4)
+    assert (line["elapsed_seconds"], line["remaining_seconds"], line["time_up"]) == (1.5, 2.5, False)
     assert (line["clock"], line["training_wall_seconds"], line["cpu_seconds"], line["threads"],
             line["cpu_share"]) == ("cpu", 2.0, 1.0, 2, 0.25)
 

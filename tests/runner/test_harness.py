@@ -87,19 +87,18 @@ def test_smoke_run_succeeds_within_its_budget(smoke_run):
     result, out, wall = smoke_run
     assert result["status"] == "ok", result.get("error", "") + "\n" + result.get("log_tail", "")
     assert result["num_steps"] > SMOKE.warmup_steps
-    # The budget plus at most one step. The harness reports every step once the budget is used up
-    # (and at least every second before), so progress.jsonl shows where training stopped: at the
-    # first step past the budget, not later. (A bound from the mean step time, budget + 2 * mean,
-    # fails on a busy machine, where one step can take many times the mean.)
+    # The harness reports every step once time is up (and at least every second before), so
+    # progress.jsonl shows where training stopped: at the first step after which time was up, and
+    # inside the room left for the export. (A bound from the mean step time fails on a busy
+    # machine, where one step can take many times the mean.)
     progress = [json.loads(line) for line in (out / "progress.jsonl").read_text().splitlines()]
-    done = [line for line in progress if line["progress"] >= 1.0]
-    assert len(done) == 1 and done[0] is progress[-1], "no step may start after the budget is used up"
-    last, before = progress[-1], progress[-2]
+    done = [line for line in progress if line["time_up"]]
+    assert len(done) == 1 and done[0] is progress[-1], "no step may start after time is up"
+    last = progress[-1]
     assert last["step"] == result["num_steps"]
     assert last["training_seconds"] == round(result["training_seconds"], 2)
-    assert result["training_seconds"] >= SMOKE.time_budget_s
-    # training_seconds <= budget + (the steps after `before`, the last of them included)
-    assert before["training_seconds"] < SMOKE.time_budget_s
+    # about the budget after start-up and the warm-up step; at least half of it on a busy machine
+    assert result["training_seconds"] >= SMOKE.time_budget_s / 2
     assert result["total_seconds"] >= result["training_wall_seconds"] + result["eval_seconds"]
     assert result["startup_seconds"] > 0
     assert result["total_seconds"] <= wall < SMOKE.max_total_s
@@ -176,7 +175,7 @@ def test_smoke_run_reports_progress(smoke_run):
     assert steps == sorted(steps) and steps[0] == 1 and steps[-1] == result["num_steps"]
     seconds = [line["training_seconds"] for line in lines]
     assert seconds == sorted(seconds) and seconds[0] == 0.0  # the warm-up step is not timed
-    assert lines[-1]["progress"] == 1.0 and lines[-1]["remaining_seconds"] == 0.0
+    assert lines[-1]["time_up"] and lines[-1]["progress"] > 0.5
     assert all(math.isfinite(line["loss"]) for line in lines)
     assert lines[-1]["loss"] < lines[0]["loss"]
 
