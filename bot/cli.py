@@ -12,7 +12,10 @@ from rich.console import Console
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Autonomous ML research as pull requests; locally on the CPU by default.")
-console = Console()
+# Without a terminal (CI, nohup, a pipe) rich would cut tables at 80 columns (`purpo…`): output that
+# is read later, or by a program, is written whole instead.
+UNBOUNDED_WIDTH = 100_000
+console = Console() if sys.stdout.isatty() else Console(width=UNBOUNDED_WIDTH)
 DEFAULT_WORKDIR = Path(".autoresearch/demo")
 
 
@@ -73,7 +76,11 @@ def train(profile: str = typer.Option("cpu", help="h100, cpu or smoke"),
                      on_line=lambda line: print(line, file=stream, flush=True))
     if as_json:
         print(result.model_dump_json(), flush=True)
-    elif result.status == "ok":
+        if result.status != "ok":
+            raise typer.Exit(1)
+        return
+    print(result.summary_block(), flush=True)  # the reference's block: `grep "^val_bpb:" run.log` reads the score
+    if result.status == "ok":
         timings = result.timings
         console.print(f"val_bpb {result.val_bpb:.6f}  (scored outside the sandbox: training {timings.training:.1f}s "
                       f"on the {result.metrics.get('clock')} clock, evaluation {timings.evaluation:.1f}s; "
@@ -259,12 +266,11 @@ def dashboard(workdir: Path = typer.Option(DEFAULT_WORKDIR, help="the work direc
     """A read-only web page of a work directory, running or not: the chart, the experiments, the runs."""
     import uvicorn
 
-    from bot.dashboard import dashboard_app
+    from bot.dashboard import dashboard_app, exposure_warning
 
     _open_store(workdir).close()  # a clear error for a work directory without a store
-    if token is None and host not in ("127.0.0.1", "localhost", "::1"):
-        console.print(f"[yellow]note:[/] anyone who reaches {host}:{port} can read it; --token (or "
-                      "AUTORESEARCH_DASHBOARD_TOKEN) asks for a token")
+    if (warning := exposure_warning(host=host, port=port, token=token, takes_webhooks=False)) is not None:
+        console.print(f"[yellow]warning:[/] {warning} (or pass --token)")
     console.print(f"dashboard of {workdir} on http://{host}:{port}/" + ("?token=..." if token else ""))
     uvicorn.run(dashboard_app(store_path=workdir.expanduser().resolve() / "state.db", token=token),
                 host=host, port=port, log_level="warning", timeout_graceful_shutdown=3)

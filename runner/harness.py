@@ -108,12 +108,12 @@ class Result:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def summary_block(self) -> str:
-        """The reference's summary block."""
-        scored = (f"{self.val_bpb:.6f}" if self.status == "ok" else "scored in a separate process (see the "
-                  "run's result.json)")
+        """The reference's summary block. In an isolated run (status exported) it has no val_bpb
+        line: the model is scored afterwards by another process, and the supervisor writes the
+        block with the number then (runner.protocol.ResultSpec.summary_block)."""
         lines = [
             "---",
-            f"val_bpb:          {scored}",
+            *([f"val_bpb:          {self.val_bpb:.6f}"] if self.status == "ok" else []),
             f"training_seconds: {self.training_seconds:.1f}",
             f"total_seconds:    {self.total_seconds:.1f}",
             f"peak_vram_mb:     {self.peak_vram_mb:.1f}",

@@ -61,13 +61,14 @@ from runner.handoff import MODEL_FILE
 from runner.proctree import TreeCPU
 from runner.profiles import Profile, get_profile, harness_hash
 from runner.protocol import Hashes, JobSpec, ResultSpec, RunnerIdentity, Timings
-from runner.tokenizer import tokenizer_dir
+from runner.tokenizer import is_cached, tokenizer_dir
 
 LOG_LIMIT_BYTES = 4 << 20  # the log keeps its first 4 MiB; a run printing more loses the rest, not the disk
 MODEL_LIMIT_BYTES = 8 << 30  # the exported model handed to the scorer
 FILE_LIMIT_BYTES = limits.FILE_BYTES  # no single file written by a sandboxed process may be larger
 LIMITS_EVERY_S = 1.0  # how often the supervisor looks at the run's memory, tasks and scratch directory
 LOG_TAIL_LINES = 60
+CLAIMED_SCORE = b"val_bpb:"  # a line train.py prints this way is shown as its claim, not the score
 READY_LINE = b"[harness] ready"  # what the training process prints once it waits for its job (runner.execute)
 STANDBY_READY_S = 600.0  # how long a warm worker waits for its processes to say they are ready
 CLAIMED_KEYS = ("num_steps", "total_tokens_M", "tokens_per_second", "tokens_per_wall_second", "peak_vram_mb",
@@ -139,6 +140,10 @@ class Supervisor:
             self.failure = str(error)
             return
         tokens = tokenizer_dir(dataset, profile.vocab_size)
+        if not is_cached(dataset, profile.vocab_size):  # the data may be another profile's, shared
+            self.failure = (f"the {profile.name} profile's tokenizer ({profile.vocab_size} tokens) is not prepared: "
+                            f"run `autoresearch prepare --profile {profile.name}` first")
+            return
         if not self.sandboxed:
             self._say(f"WARNING: running train.py WITHOUT a sandbox: {self.why_unsandboxed}. It can read every "
                       "file this user can and open network connections; the result is marked unsandboxed.")
@@ -504,6 +509,8 @@ class Supervisor:
             if not self._trainer_ready.is_set() and raw.startswith(READY_LINE):
                 self._trainer_ready.set()  # the supervisor's business: not train.py's output
                 continue
+            if raw.startswith(CLAIMED_SCORE):  # only the supervisor's summary says val_bpb (see _result)
+                raw = b"(train.py printed) " + raw
             self._write_log(raw)
             if self.on_line is not None:
                 self.on_line(raw.decode(errors="replace").rstrip("\n"))
@@ -598,8 +605,11 @@ class Supervisor:
             log_tail=self._log_tail(), timings=self.timings, hashes=self.hashes, runner=self.identity,
             sandboxed=self.sandboxed, profile=job.profile, seed=job.seed)
         if self._log is not None:
+            # the reference's summary block, with the scorer's number: `grep "^val_bpb:" log.txt`
+            self._log.write(("\n" + result.summary_block() + "\n").encode())
             self._log.close()
             self._log = None
+            result = result.model_copy(update={"log_tail": self._log_tail()})
         for model in (self.scratch / MODEL_FILE, self.handoff / MODEL_FILE):  # scored: no use kept
             if not model.is_symlink():  # a link planted by train.py is left alone, not followed
                 model.unlink(missing_ok=True)

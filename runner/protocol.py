@@ -113,6 +113,30 @@ class ResultSpec(BaseModel):
     profile: str = ""
     seed: int = 0
 
+    def summary_block(self) -> str:
+        """The reference's summary block, written after scoring: `grep "^val_bpb:" run.log` finds
+        the scorer's number, and finds nothing when the run was not measured (as the reference's
+        does after a crash). Training time is the supervisor's measurement; steps, tokens, memory
+        and MFU are what train.py claims."""
+        claims = self.metrics
+        lines = ["---"]
+        if self.status == "ok" and self.val_bpb is not None:
+            lines.append(f"val_bpb:          {self.val_bpb:.6f}")
+        else:
+            lines.append(f"status:           {self.status} ({(self.error or '').splitlines()[0][:200] if self.error else ''})")
+        lines += [f"training_seconds: {float(claims.get('training_seconds') or self.timings.training):.1f}",
+                  f"total_seconds:    {self.timings.total:.1f}"]
+        for key, label, digits in (("peak_vram_mb", "peak_vram_mb:    ", 1), ("mfu_percent", "mfu_percent:     ", 2),
+                                   ("total_tokens_M", "total_tokens_M:  ", 1), ("num_steps", "num_steps:       ", 0),
+                                   ("num_params_M", "num_params_M:    ", 1)):
+            value = claims.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                lines.append(f"{label} {value:.{digits}f}")
+        depth = (claims.get("extra") or {}).get("depth") if isinstance(claims.get("extra"), dict) else None
+        if depth is not None:
+            lines.append(f"depth:            {depth}")
+        return "\n".join(lines)
+
     @model_validator(mode="after")
     def _number_only_when_ok(self) -> ResultSpec:
         if self.status == "ok" and self.val_bpb is None:
