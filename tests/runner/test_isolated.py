@@ -344,20 +344,28 @@ for host in ("127.0.0.1", "pypi.org"):
     serves_next_job(tmp_path)
 
 
+# A process that sleeps for ten minutes with the marker in its command line (`sleep 600 MARK` would
+# not do: sleep refuses the extra argument and exits at once, and the test would prove nothing).
+SLEEPER = f'[sys.executable, "-c", "import time; time.sleep(600)", "{MARK}"]'
+
+
 def test_no_process_outlives_its_run(smoke_prepared, tmp_path: Path) -> None:
     body = f"""
-import os, subprocess, sys
-subprocess.Popen(["sleep", "600", "{MARK}"])
-subprocess.Popen(["setsid", "sleep", "600", "{MARK}"], start_new_session=True)
+import os, subprocess, sys, time
+subprocess.Popen({SLEEPER})
+subprocess.Popen({SLEEPER}, start_new_session=True)
 if os.fork() == 0:  # a double fork, the classic daemon
+    os.setsid()
     if os.fork() == 0:
-        os.execvp("sleep", ["sleep", "600", "{MARK}"])
+        os.execv(sys.executable, {SLEEPER})
     os._exit(0)
-print("spawned", flush=True)
+time.sleep(1)
+alive = [p for p in os.listdir("/proc") if p.isdigit() and b"{MARK}" in open(f"/proc/{{p}}/cmdline", "rb").read()]
+print("spawned", len(alive), flush=True)
 h.finish(model)
 """
     result = run(tmp_path, body)
-    assert "spawned" in log(tmp_path) and result.status == "ok"
+    assert "spawned 3" in log(tmp_path) and result.status == "ok"  # all three were running when it ended
     assert not leftover_processes()
     serves_next_job(tmp_path, scored=True)
 
@@ -398,7 +406,7 @@ def test_a_failing_run_is_a_crash_that_says_why(smoke_prepared, tmp_path: Path, 
 def test_an_endless_loop_is_killed_at_the_hard_limit(smoke_prepared, tmp_path: Path, short_limits,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     short_limits(max_total_s=8.0)  # a loop that sleeps: a busy one would meet its CPU cap (rejected) first
-    result = run(tmp_path, f"import subprocess, time\nsubprocess.Popen(['sleep', '600', '{MARK}'])\nwhile True:\n"
+    result = run(tmp_path, f"import subprocess, sys, time\nsubprocess.Popen({SLEEPER})\nwhile True:\n"
                  "    time.sleep(0.1)\n")
     assert result.status == "timeout" and "hard limit" in result.error
     assert not leftover_processes()
