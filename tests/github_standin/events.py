@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import payloads as P
 from .gitrepo import ZERO
+from .model import Issue
 
 if TYPE_CHECKING:
     from .model import CheckRun, Comment, Pull, Review
@@ -79,9 +80,11 @@ def pull_request(st: State, action: str, pull: Pull, actor: str, **extra: Any) -
             **_envelope(st, actor)}
 
 
-def issue_comment(st: State, action: str, comment: Comment, pull: Pull, actor: str,
+def issue_comment(st: State, action: str, comment: Comment, item: Pull | Issue, actor: str,
                   changes: dict[str, Any] | None = None) -> dict[str, Any]:
-    body = {"action": action, "issue": P.issue(st, pull), "comment": P.comment(st, comment)}
+    """A comment on a pull request (`issue.pull_request` set) or on a plain issue (no such key)."""
+    shown = P.plain_issue(st, item) if isinstance(item, Issue) else P.issue(st, item)
+    body = {"action": action, "issue": shown, "comment": P.comment(st, comment)}
     if changes:
         body["changes"] = changes
     return {**body, **_envelope(st, actor)}

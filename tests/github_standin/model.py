@@ -66,6 +66,20 @@ class Comment:
 
 
 @dataclass
+class IssueEvent:
+    """One entry of an issue's (or a pull request's) event list, as `GET .../issues/{n}/events`
+    shows it: closed, reopened or merged, with who did it."""
+
+    id: int
+    number: int
+    actor: str
+    event: str  # closed | reopened | merged
+    created_at: float
+    commit_id: str | None = None  # merged (and the close a merge makes): the merged head
+    state_reason: str | None = None  # an issue's close: completed, not_planned, duplicate; reopen: reopened
+
+
+@dataclass
 class Reaction:
     id: int
     comment_id: int

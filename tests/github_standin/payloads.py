@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 if TYPE_CHECKING:
-    from .model import CheckRun, Comment, Issue, Label, Pull, Reaction, Review, Status
+    from .model import CheckRun, Comment, Issue, IssueEvent, Label, Pull, Reaction, Review, Status
     from .state import State
 
 REACTIONS = ["+1", "-1", "laugh", "confused", "heart", "hooray", "eyes", "rocket"]
@@ -187,7 +187,8 @@ def reaction(st: State, r: Reaction) -> dict[str, Any]:
 def comment(st: State, c: Comment) -> dict[str, Any]:
     return {
         "id": c.id, "node_id": node("IC", c.id), "url": repo_url(st, f"/issues/comments/{c.id}"),
-        "html_url": html_url(st, f"/pull/{c.number}#issuecomment-{c.id}"), "body": c.body,
+        "html_url": html_url(st, f"/{'pull' if c.number in st.pulls else 'issues'}/{c.number}#issuecomment-{c.id}"),
+        "body": c.body,
         "user": user(st, c.user), "created_at": iso(c.created_at), "updated_at": iso(c.updated_at),
         "issue_url": repo_url(st, f"/issues/{c.number}"), "author_association": st.association(c.user),
         "performed_via_github_app": integration(st) if c.via_app else None, "reactions": reactions(st, c.id),
@@ -208,7 +209,7 @@ def plain_issue(st: State, issue: Issue) -> dict[str, Any]:
         **_issue_links(st, n, "issues"), "id": issue.id, "node_id": node("I", issue.id), "number": n,
         "title": issue.title, "user": user(st, issue.user), "labels": _labels(st, issue), "state": issue.state,
         "state_reason": issue.state_reason, "locked": False, "assignee": None, "assignees": [], "milestone": None,
-        "comments": 0, "created_at": iso(issue.created_at), "updated_at": iso(issue.updated_at),
+        "comments": sum(c.number == n for c in st.comments.values()), "created_at": iso(issue.created_at), "updated_at": iso(issue.updated_at),
         "closed_at": iso(issue.closed_at), "closed_by": user(st, issue.closed_by) if issue.closed_by else None,
         "author_association": st.association(issue.user), "active_lock_reason": None, "body": issue.body,
         "performed_via_github_app": integration(st) if issue.via_app else None,
@@ -232,6 +233,19 @@ def issue(st: State, pull: Pull) -> dict[str, Any]:
         "pull_request": {"url": repo_url(st, f"/pulls/{n}"), "html_url": html_url(st, f"/pull/{n}"),
                          "diff_url": html_url(st, f"/pull/{n}.diff"), "patch_url": html_url(st, f"/pull/{n}.patch"),
                          "merged_at": iso(pull.merged_at)},
+    }
+
+
+def issue_event(st: State, e: IssueEvent) -> dict[str, Any]:
+    """One entry of `GET .../issues/{n}/events` (GitHub's state-change issue event: closed,
+    reopened, merged); `performed_via_github_app` when an App's installation did it."""
+    prefix = {"closed": "CE", "reopened": "REE", "merged": "ME"}.get(e.event, "IE")
+    return {
+        "id": e.id, "node_id": node(prefix, e.id), "url": repo_url(st, f"/issues/events/{e.id}"),
+        "actor": user(st, e.actor), "event": e.event, "commit_id": e.commit_id,
+        "commit_url": repo_url(st, f"/commits/{e.commit_id}") if e.commit_id else None,
+        "created_at": iso(e.created_at), "state_reason": e.state_reason,
+        "performed_via_github_app": integration(st) if st.app and e.actor.endswith("[bot]") else None,
     }
 
 

@@ -1,6 +1,7 @@
-"""REST routes for issues: list (issues and pull requests alike, as GitHub lists them), open, read
-and edit. A pull request's number reads and edits its issue side; comments and labels of an issue
-are served by routes_pulls (for pull requests' numbers only).
+"""REST routes for issues: list (issues and pull requests alike, as GitHub lists them), open, read,
+edit, and an issue's events (who closed, reopened or merged it). A pull request's number reads and
+edits its issue side; comments of an issue are served by routes_pulls (for both kinds of number),
+labels there too (for pull requests' numbers only).
 
 Filters the stand-in does not implement (milestone, assignee, mentioned, type) fail loudly as a
 stand-in error rather than being ignored, so a test never passes on a filter that did nothing.
@@ -61,6 +62,12 @@ def router(st: State) -> APIRouter:
     @r.get("/repos/{owner}/{repo}/issues/{issue_number}")
     def get_issue(issue_number: int) -> Response:
         return reply(shown(st.issue(issue_number) if issue_number not in st.pulls else st.pull(issue_number)))
+
+    @r.get("/repos/{owner}/{repo}/issues/{issue_number}/events")
+    def issue_events(issue_number: int, request: Request) -> Response:
+        st.commented(issue_number)  # 404 for an unknown number, 410 for a deleted issue
+        found = sorted((e for e in st.issue_events.values() if e.number == issue_number), key=lambda e: e.id)
+        return paged(request, [P.issue_event(st, e) for e in found])
 
     @r.patch("/repos/{owner}/{repo}/issues/{issue_number}")
     def edit_issue(issue_number: int, request: Request) -> Response:

@@ -1,5 +1,6 @@
 """REST routes for pull requests and their issue side: pulls (list, open, read, edit), reviews,
-comments, reactions to comments, and labels. The issue view itself is in routes_issues."""
+comments (on pull requests and plain issues alike), reactions to comments, and labels (pull requests
+only). The issue view itself is in routes_issues."""
 
 from __future__ import annotations
 
@@ -92,7 +93,7 @@ def router(st: State) -> APIRouter:
 
     @r.get("/repos/{owner}/{repo}/issues/{issue_number}/comments")
     def issue_comments(issue_number: int, request: Request) -> Response:
-        st.pull(issue_number)
+        st.commented(issue_number)
         since = request.query_params.get("since")
         found = [c for c in st.comments.values() if c.number == issue_number
                  and (since is None or c.updated_at >= parse_time(since))]

@@ -6,9 +6,15 @@ would (a webhook body handed to `sink`). The rule that matters most to the bot l
 `_refs_changed`: a pull request whose head becomes reachable from its base branch is merged,
 whoever moved the branch and however (API ref update or git push).
 
-Issues that are not pull requests share the pull requests' numbers, as on GitHub. They announce
-nothing: the App is not subscribed to `issues` events (server.APP_EVENTS), and comments, labels
-and reviews on them are not served yet (those routes take pull request numbers only).
+Issues that are not pull requests share the pull requests' numbers, as on GitHub. Their own
+changes announce nothing (the App is not subscribed to `issues` events, server.APP_EVENTS); comments
+on them are kept and announced like a pull request's (issue_comment, whose `issue` has no
+`pull_request`); labels and reviews on them are not served yet (those routes take pull request
+numbers only).
+
+Each close, reopen and merge of a pull request or an issue is recorded with who did it
+(`issue_events`), as GitHub's issue events API lists them: a merge records `merged` then `closed`,
+both by whoever moved the ref.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from typing import Any
 from . import checks, events
 from .errors import ApiError, invalid, not_found, unprocessable
 from .gitrepo import ZERO, BareRepo, Person
-from .model import CheckRun, Comment, Issue, Label, Pull, Reaction, Review, Status
+from .model import CheckRun, Comment, Issue, IssueEvent, Label, Pull, Reaction, Review, Status
 
 STATUS_DESCRIPTION_LIMIT = 140
 COMMENT_LIMIT = 65536
@@ -61,6 +67,7 @@ class State:
         self.issues: dict[int, Issue] = {}  # issues that are not pull requests, by number
         self.deleted_issues: set[int] = set()  # GitHub answers 410 Gone for these
         self.comments: dict[int, Comment] = {}
+        self.issue_events: dict[int, IssueEvent] = {}  # closed, reopened, merged: by id, oldest first
         self.reactions: dict[int, Reaction] = {}
         self.reviews: dict[int, Review] = {}
         self.labels: dict[str, Label] = {}  # by lower-cased name: GitHub's names are case-insensitive
@@ -72,7 +79,7 @@ class State:
                      [("pull", 5_000_001), ("comment", 7_000_001), ("reaction", 3_000_001),
                       ("review", 8_000_001), ("label", 4_000_001), ("check", 6_000_001),
                       ("suite", 2_000_001), ("status", 1_000_001), ("user", 100),
-                      ("issue", 97_000_001)]}
+                      ("issue", 97_000_001), ("event", 11_000_001)]}
         self._numbers = itertools.count(1)
 
     # people ---------------------------------------------------------------------------------
@@ -110,6 +117,12 @@ class State:
 
     def _next(self, kind: str) -> int:
         return next(self._ids[kind])
+
+    def _record(self, number: int, actor: str, event: str, *, commit_id: str | None = None,
+                state_reason: str | None = None) -> None:
+        """One entry of the issue events list of `number` (a pull request's or an issue's)."""
+        entry = IssueEvent(self._next("event"), number, actor, event, self.clock(), commit_id, state_reason)
+        self.issue_events[entry.id] = entry
 
     # refs -----------------------------------------------------------------------------------
 
@@ -208,6 +221,7 @@ class State:
                 continue
             if moved.get(pull.head) == ZERO:
                 pull.state, pull.closed_at, pull.updated_at, pull.closed_by = "closed", now, now, actor
+                self._record(pull.number, actor, "closed")
                 self._emit("pull_request", events.pull_request(self, "closed", pull, actor))
                 continue
             if pull.head in moved:
@@ -219,6 +233,8 @@ class State:
                 pull.state, pull.merged, pull.merged_by, pull.closed_by = "closed", True, actor, actor
                 pull.merged_at = pull.closed_at = pull.updated_at = now
                 pull.merge_commit_sha = pull.head_sha
+                self._record(pull.number, actor, "merged", commit_id=pull.head_sha)
+                self._record(pull.number, actor, "closed", commit_id=pull.head_sha)
                 self._emit("pull_request", events.pull_request(self, "closed", pull, actor))
             elif base_tip:
                 pull.base_sha = base_tip
@@ -281,6 +297,7 @@ class State:
                 return
             pull.state, pull.closed_at, pull.updated_at = "closed", self.clock(), self.clock()
             pull.closed_by = actor
+            self._record(number, actor, "closed")
             self._emit("pull_request", events.pull_request(self, "closed", pull, actor))
 
     def reopen_pull(self, number: int, actor: str) -> None:
@@ -295,6 +312,7 @@ class State:
                 raise unprocessable(f"state cannot be changed. The {pull.head} branch has been deleted.")
             pull.state, pull.closed_at, pull.updated_at, pull.head_sha = "open", None, self.clock(), head
             pull.closed_by = None
+            self._record(number, actor, "reopened")
             self._emit("pull_request", events.pull_request(self, "reopened", pull, actor))
 
     # issues ---------------------------------------------------------------------------------
@@ -350,6 +368,7 @@ class State:
             now = self.clock()
             issue.state, issue.state_reason, issue.closed_at, issue.closed_by, issue.updated_at = (
                 "closed", reason, now, actor, now)
+            self._record(number, actor, "closed", state_reason=reason)
 
     def reopen_issue(self, number: int, actor: str) -> None:
         with self.lock:
@@ -358,6 +377,7 @@ class State:
                 return
             issue.state, issue.state_reason, issue.closed_at, issue.closed_by = "open", "reopened", None, None
             issue.updated_at = self.clock()
+            self._record(number, actor, "reopened", state_reason="reopened")
 
     def delete_issue(self, number: int) -> None:
         """An admin deletes an issue (github.com or GraphQL only: REST has no DELETE for issues)."""
@@ -394,14 +414,19 @@ class State:
             raise not_found()
         return self.comments[comment_id]
 
+    def commented(self, number: int) -> Pull | Issue:
+        """What a comment's number names: a pull request, or an issue that is not one (404, 410 as
+        `issue` says)."""
+        return self.pulls[number] if number in self.pulls else self.issue(number)
+
     def add_comment(self, number: int, user: str, body: str, via_app: bool = False) -> Comment:
         with self.lock:
-            pull = self.pull(number)
+            item = self.commented(number)
             _check_comment(body)
             now = self.clock()
             comment = Comment(self._next("comment"), number, user, body, now, now, via_app)
             self.comments[comment.id] = comment
-            self._emit("issue_comment", events.issue_comment(self, "created", comment, pull, user))
+            self._emit("issue_comment", events.issue_comment(self, "created", comment, item, user))
             return comment
 
     def edit_comment(self, comment_id: int, body: str, actor: str) -> Comment:
@@ -409,7 +434,7 @@ class State:
             comment = self.comment(comment_id)
             _check_comment(body)
             before, comment.body, comment.updated_at = comment.body, body, self.clock()
-            self._emit("issue_comment", events.issue_comment(self, "edited", comment, self.pull(comment.number),
+            self._emit("issue_comment", events.issue_comment(self, "edited", comment, self.commented(comment.number),
                                                              actor, changes={"body": {"from": before}}))
             return comment
 
@@ -417,8 +442,8 @@ class State:
         with self.lock:
             comment = self.comment(comment_id)
             del self.comments[comment_id]
-            pull = self.pull(comment.number)
-            self._emit("issue_comment", events.issue_comment(self, "deleted", comment, pull, actor))
+            item = self.commented(comment.number)
+            self._emit("issue_comment", events.issue_comment(self, "deleted", comment, item, actor))
 
     def react(self, comment_id: int, user: str, content: str) -> tuple[Reaction, bool]:
         """The reaction and whether it is new (GitHub answers 201 then, 200 for a repeat)."""

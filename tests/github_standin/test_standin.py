@@ -346,6 +346,53 @@ def test_comments_reactions_labels_and_reviews(gh: GitHubStandIn, receiver: Rece
         "closed", "reopened"]
 
 
+def test_issue_events_say_who_closed_reopened_and_merged(gh: GitHubStandIn) -> None:
+    repo = client(gh).get_repo(REPO)
+    branch_with(repo, "exp-6", "train.py", "lr = 0.6\n")
+    pr = repo.create_pull(title="lr 0.6", body="", head="exp-6", base="main")
+    client(gh, "tok-alice").get_repo(REPO).get_pull(pr.number).edit(state="closed")  # through the API
+    gh.reopen_pr(pr.number, "bob")
+    pr.edit(state="closed")  # the App's own close
+    assert [(e.event, e.actor.login) for e in repo.get_issue(pr.number).get_events()] == [
+        ("closed", "alice"), ("reopened", "bob"), ("closed", "autoresearch-bot[bot]")]
+    listed = raw(gh, "GET", f"/repos/{REPO}/issues/{pr.number}/events").json()
+    assert [e["performed_via_github_app"] is not None for e in listed] == [False, False, True]
+    assert {e["commit_id"] for e in listed} == {None}
+
+    gh.reopen_pr(pr.number, "alice")
+    repo.get_git_ref("heads/main").edit(pr.head.sha)  # main fast-forwarded onto the head: merged
+    tail = [(e.event, e.actor.login, e.commit_id) for e in repo.get_issue(pr.number).get_events()][-3:]
+    assert tail == [("reopened", "alice", None), ("merged", "autoresearch-bot[bot]", pr.head.sha),
+                    ("closed", "autoresearch-bot[bot]", pr.head.sha)]
+
+    log = repo.create_issue(title="research log")
+    gh.close_issue(log.number, "alice", "not_planned")
+    gh.reopen_issue(log.number, "bob")
+    assert [(e["event"], e["actor"]["login"], e["state_reason"]) for e in
+            raw(gh, "GET", f"/repos/{REPO}/issues/{log.number}/events").json()] == [
+        ("closed", "alice", "not_planned"), ("reopened", "bob", "reopened")]
+    page = raw(gh, "GET", f"/repos/{REPO}/issues/{log.number}/events", params={"per_page": 1})
+    assert len(page.json()) == 1 and 'rel="last"' in page.headers["link"]
+    assert raw(gh, "GET", f"/repos/{REPO}/issues/999/events").status_code == 404
+    gh.delete_issue(log.number)
+    assert raw(gh, "GET", f"/repos/{REPO}/issues/{log.number}/events").status_code == 410
+
+
+def test_comments_on_a_plain_issue_are_served_and_announced_without_a_pull_request(
+        gh: GitHubStandIn, receiver: Receiver) -> None:
+    repo = client(gh).get_repo(REPO)
+    tracking = repo.create_issue(title="tracking")
+    said = gh.comment(tracking.number, "alice", "/pause")
+    issue = repo.get_issue(tracking.number)
+    assert issue.get_comment(said).html_url.endswith(f"/issues/{tracking.number}#issuecomment-{said}")
+    issue.create_comment("paused")
+    assert [c.body for c in issue.get_comments()] == ["/pause", "paused"] and repo.get_issue(tracking.number).comments == 2
+    gh.wait_deliveries()
+    [announced, _] = receiver.events("issue_comment", "created")
+    assert "pull_request" not in announced["issue"] and announced["issue"]["number"] == tracking.number
+    assert announced["comment"]["body"] == "/pause"
+
+
 # checks and statuses -------------------------------------------------------------------------
 
 def test_check_runs_need_an_app_installation_and_keep_github_limits(gh: GitHubStandIn, receiver: Receiver) -> None:

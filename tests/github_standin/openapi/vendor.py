@@ -53,6 +53,7 @@ OPERATIONS = {
     "/repos/{owner}/{repo}/issues": ["get", "post"],
     "/repos/{owner}/{repo}/issues/{issue_number}": ["get", "patch"],
     "/repos/{owner}/{repo}/issues/{issue_number}/comments": ["get", "post"],
+    "/repos/{owner}/{repo}/issues/{issue_number}/events": ["get"],
     "/repos/{owner}/{repo}/issues/{issue_number}/labels": ["get", "post"],
     "/repos/{owner}/{repo}/issues/{issue_number}/labels/{name}": ["delete"],
     "/repos/{owner}/{repo}/issues/comments": ["get"],
