@@ -10,7 +10,13 @@ from a phone.
 
 It only reads. The store is opened with SQLite's `mode=ro` and `query_only`, one connection per
 worker thread (as bot.web does), and each answer is read in one read transaction, so it is
-consistent and never blocks the conductor's writes for long. Nothing here calls GitHub, a runner or
+consistent and never blocks the conductor's writes for long. Many viewers cost little more than
+one: the state is built and encoded once per change of the store, /api/state then reads only the
+running slots (Look), and every open stream on the server shares one look a second (_Feed). At most
+MAX_STREAMS streams are open at once (more answer 503 with Retry-After, and the page polls
+/api/state meanwhile); each ends after STREAM_S, or once its client has taken nothing for SEND_S, so
+a client that stops reading holds its place for at most STREAM_S + SEND_S, and never a thread (a
+stream is a coroutine; only the feed's look runs on a worker thread). Nothing here calls GitHub, a runner or
 an agent. What only a running conductor knows (its runs' latest progress, why it stopped, the
 agent's budget) comes from `live()`, passed in by the process that holds the conductor
 (conductor_live). With a token every route answers 401 without it (`?token=` or
@@ -34,6 +40,7 @@ import sqlite3
 import statistics
 import threading
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, fields
@@ -41,10 +48,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlparse
 
+import anyio
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Message, Receive, Scope, Send
 
 from bot import schema
 from bot.judge import JudgeConfig, margin, pooled_noise
@@ -61,6 +70,8 @@ CHECK_S = 1.0  # how often a stream looks for a change
 HEARTBEAT_S = 15.0  # a comment on a quiet stream, so proxies and phones keep it open
 STREAM_S = 60.0  # a stream ends after this long; the browser reconnects (a state only if it changed), so an
 # open page never holds up a server's shutdown for longer
+MAX_STREAMS = 16  # open /api/stream responses at once; past it 503 (the page polls /api/state meanwhile)
+SEND_S = 10.0  # a stream whose client has not taken an event for this long stopped reading: it is closed
 EVENTS = 12  # recent events shown
 HEADERS = {  # the token may sit in the page's URL: no referrer leaves it, nothing else may load
     "Referrer-Policy": "no-referrer", "X-Content-Type-Options": "nosniff", "X-Frame-Options": "DENY",
@@ -391,18 +402,39 @@ def fingerprint(db: sqlite3.Connection) -> tuple[Any, ...]:
 
 
 # --- the routes ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Look:
+    """One read of the store and of live(): what a page or a stream shows, already encoded."""
+
+    key: str | None  # the store key (the state event's id); None when the store could not be read
+    slots: list[dict[str, Any]] | None
+    body: bytes  # the whole state as JSON, or {"error": ...}
+    progress: bytes = b""  # {"slots", "updated_at"} as JSON
+    error: str | None = None
+    generation: int = 0  # which look of a stream feed this is
+
+
+def _json(data: Any) -> bytes:
+    return json.dumps(data, separators=(",", ":")).encode()
+
+
 class Dashboard:
-    """The reads behind the routes. The store's part of the state is built once per change of the
-    store (or of the conductor's report) and shared by every page and stream; the running slots
-    are read afresh each time, since progress moves without the store changing."""
+    """The reads behind the routes. The store's part of the state is built and encoded once per
+    change of the store (or of the conductor's report) and shared by every page and stream; the
+    running slots are read afresh each time, since progress moves without the store changing, and
+    spliced into the encoded state. Every open stream on an event loop shares one look a second
+    (_Feed); at most MAX_STREAMS are open at once."""
 
     def __init__(self, store_path: Path, live: Live | None, links: Links | None) -> None:
         self.readers = _Readers(store_path)
         self.live = live
         self.links = links
         self.closing = threading.Event()  # set: open streams end within a second (a server stopping)
-        self._built: tuple[str, dict[str, Any]] | None = None  # (store key, the state built for it)
+        # (store key, the state built for it as JSON less slots, updated_at and the closing brace)
+        self._built: tuple[str, bytes] | None = None
         self._lock = threading.Lock()
+        self._streams = 0  # open /api/stream responses, all loops together
+        self._feeds: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Feed] = weakref.WeakKeyDictionary()
 
     def close(self) -> None:
         self.closing.set()
@@ -417,25 +449,61 @@ class Dashboard:
             return {}
 
     def state(self) -> dict[str, Any]:
-        live = self.live_now()
-        with self.readers.snapshot() as db:
-            return self._state(db, live)[1]
+        """The state as build_state describes it (with the running slots of now)."""
+        return json.loads(self.look().body)
 
-    def poll(self, seen: tuple[Any, Any]) -> tuple[tuple[Any, Any], tuple[str, str | None, dict[str, Any]] | None]:
-        """(what is seen now, the event to send or None): the whole state when the store or the
-        conductor's report changed, only the slots when only they moved. What is seen of the store
-        is a short hash, the state event's id: a browser that reconnects sends it back
-        (Last-Event-ID) and gets no state it already has."""
+    def look(self, generation: int = 0) -> Look:
+        """One read transaction: the store key, the slots, and the whole state encoded; raises
+        StoreUnavailable. The state's store part is built and encoded only when the key changed."""
         live = self.live_now()
         with self.readers.snapshot() as db:
             key = self._store_key(db, live)
-            if key != seen[0]:
-                key, state = self._state(db, live)
-                return (key, state["slots"]), ("state", key, state)
-            slots = self._slots(db, live)
-            if slots != seen[1]:
-                return (key, slots), ("progress", None, {"slots": slots, "updated_at": time.time()})
-        return seen, None
+            with self._lock:
+                built = self._built
+            if built is None or built[0] != key:
+                state = build_state(db, live=live, links=self.links)
+                slots = state["slots"]
+                built = (key, _json({k: v for k, v in state.items() if k not in ("slots", "updated_at")})[:-1])
+                with self._lock:
+                    self._built = built
+            else:
+                slots = self._slots(db, live)
+        now = time.time()
+        body = built[1] + b',"slots":' + _json(slots) + b',"updated_at":' + _json(now) + b"}"
+        return Look(key=key, slots=slots, body=body, progress=_json({"slots": slots, "updated_at": now}),
+                    generation=generation)
+
+    def look_or_problem(self, generation: int = 0) -> Look:
+        """look(), or a Look holding why the store cannot be read (a stream says so and goes on)."""
+        try:
+            return self.look(generation)
+        except StoreUnavailable as error:
+            return Look(key=None, slots=None, body=_json({"error": str(error)}), error=str(error),
+                        generation=generation)
+
+    # --- the streams ---------------------------------------------------------------------------------
+    def open_stream(self) -> _Feed | None:
+        """A place among the open streams and the feed of this event loop, or None when
+        MAX_STREAMS are open. Give it back with close_stream."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            if self._streams >= MAX_STREAMS:
+                return None
+            self._streams += 1
+            feed = self._feeds.get(loop)
+            if feed is None:
+                feed = self._feeds[loop] = _Feed(self)
+        feed.join()
+        return feed
+
+    def close_stream(self, feed: _Feed) -> None:
+        feed.leave()
+        with self._lock:
+            self._streams -= 1
+
+    @property
+    def open_streams(self) -> int:
+        return self._streams
 
     def _store_key(self, db: sqlite3.Connection, live: dict[str, Any]) -> str:
         """A hash of fingerprint() and the conductor's report. The fingerprint is taken again only
@@ -448,17 +516,6 @@ class Dashboard:
             self.readers.local.fingerprint = cached
         report = {k: live.get(k) for k in ("stop_reason", "blocked", "budget_usd", "margin")}
         return hashlib.sha256(repr((cached[2], report)).encode()).hexdigest()[:20]
-
-    def _state(self, db: sqlite3.Connection, live: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-        key = self._store_key(db, live)
-        with self._lock:
-            built = self._built
-        if built is None or built[0] != key:
-            built = (key, build_state(db, live=live, links=self.links))
-            with self._lock:
-                self._built = built
-            return built
-        return key, {**built[1], "slots": self._slots(db, live), "updated_at": time.time()}
 
     @staticmethod
     def _slots(db: sqlite3.Connection, live: dict[str, Any]) -> list[dict[str, Any]]:
@@ -498,43 +555,142 @@ def create_dashboard(*, store_path: Path, token: str | None = None, live: Live |
         return page(name)
 
     @router.get("/api/state")
-    def state() -> JSONResponse:
-        try:
-            return JSONResponse(dash.state(), headers={**HEADERS, "Cache-Control": "no-store"})
-        except StoreUnavailable as error:
-            return JSONResponse({"error": str(error)}, status_code=503, headers={"Cache-Control": "no-store"})
+    def state() -> Response:
+        look = dash.look_or_problem()
+        if look.error is not None:
+            return Response(look.body, status_code=503, media_type="application/json",
+                            headers={"Cache-Control": "no-store"})
+        return Response(look.body, media_type="application/json", headers={**HEADERS, "Cache-Control": "no-store"})
 
     @router.get("/api/stream")
-    async def stream(request: Request) -> StreamingResponse:
-        return StreamingResponse(_events(dash, request), media_type="text/event-stream",
-                                 headers={**HEADERS, "Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+    async def stream(request: Request) -> Response:
+        return _EventStream(dash, request.headers.get("last-event-id"))
 
     router.dashboard = dash  # type: ignore[attr-defined] - for dashboard_app to close its connections
     return router
 
 
-async def _events(dash: Dashboard, request: Request) -> AsyncIterator[str]:
-    seen: tuple[Any, Any] = (request.headers.get("last-event-id"), None)
-    problem = None
-    started = beat = time.monotonic()
-    yield "retry: 2000\n\n"
-    while (time.monotonic() - started < STREAM_S and not dash.closing.is_set()
-           and not await request.is_disconnected()):
+class _Feed:
+    """The looks at the store for every stream open on one event loop: one look each CHECK_S,
+    however many streams wait for it, taken on a worker thread while at least one is open."""
+
+    def __init__(self, dash: Dashboard) -> None:
+        self.dash = dash
+        self.latest: Look | None = None
+        self.fresh = asyncio.Event()  # set when a look newer than the last one is in, then replaced
+        self.streams = 0  # this loop's open streams; used on the loop only
+        self.task: asyncio.Task[None] | None = None
+        self.looks = 0  # how many looks were taken (for the tests)
+
+    def join(self) -> None:
+        self.streams += 1
+        if self.task is None:
+            self.task = asyncio.get_running_loop().create_task(self._run(), name="dashboard-feed")
+
+    def leave(self) -> None:
+        self.streams -= 1
+
+    async def next(self, after: int) -> Look | None:
+        """The latest look if newer than generation `after`, else the next one, or None after CHECK_S
+        without one (a slow store, a server stopping: the caller checks its own limits)."""
+        if self.latest is not None and self.latest.generation > after:
+            return self.latest
+        with anyio.move_on_after(CHECK_S):  # in this task, so the server cancelling it reaches the wait
+            await self.fresh.wait()
+            return self.latest
+        return None
+
+    async def _run(self) -> None:
         try:
-            seen, event = await run_in_threadpool(dash.poll, seen)
-            problem = None
-        except StoreUnavailable as error:
-            event = None if str(error) == problem else ("problem", None, {"error": str(error)})
-            problem, seen = str(error), (None, None)
-        if event is not None:
-            name, key, data = event
-            text = json.dumps(data, separators=(",", ":"))
-            yield (f"id: {key}\n" if key else "") + f"event: {name}\ndata: {text}\n\n"
-            beat = time.monotonic()
-        elif time.monotonic() - beat >= HEARTBEAT_S:
-            yield ": still here\n\n"
-            beat = time.monotonic()
-        await asyncio.sleep(CHECK_S)
+            while self.streams > 0 and not self.dash.closing.is_set():
+                self.looks += 1
+                try:
+                    look = await run_in_threadpool(self.dash.look_or_problem, self.looks)
+                except Exception as error:  # noqa: BLE001 - a bug: the streams say so, the feed goes on
+                    log.exception("the dashboard could not read the store")
+                    look = Look(key=None, slots=None, body=b"", error=f"the dashboard failed: {error}; see the log",
+                                generation=self.looks)
+                self.latest = look
+                fresh, self.fresh = self.fresh, asyncio.Event()
+                fresh.set()
+                await asyncio.sleep(CHECK_S)
+        finally:
+            self.task = None  # no await between the last check and here: a stream joining later starts another
+            self.latest = None  # a look older than CHECK_S is never shown as fresh
+
+
+class _StoppedReading(Exception):
+    """The client took no event for SEND_S."""
+
+
+class _EventStream(StreamingResponse):
+    """/api/stream for one client: a place among MAX_STREAMS or 503 with Retry-After, the shared
+    feed's looks as events, and an end after STREAM_S, or once the client has taken nothing for
+    SEND_S (a client that stopped reading holds neither a place nor a thread for longer)."""
+
+    def __init__(self, dash: Dashboard, last_event_id: str | None) -> None:
+        self.dash, self.last_event_id = dash, last_event_id
+        self.feed: _Feed | None = None
+        super().__init__(self._events(), media_type="text/event-stream",
+                         headers={**HEADERS, "Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self.feed = self.dash.open_stream()
+        if self.feed is None:
+            await self.body_iterator.aclose()  # type: ignore[attr-defined] - never started
+            full = JSONResponse({"error": f"the dashboard has {MAX_STREAMS} live streams open, its most: the page "
+                                          "shows the state by polling meanwhile and tries again later. If there "
+                                          "should not be that many viewers, set AUTORESEARCH_DASHBOARD_TOKEN"},
+                                status_code=503,
+                                headers={"Retry-After": str(round(STREAM_S)), "Cache-Control": "no-store"})
+            await full(scope, receive, send)
+            return
+
+        async def patient(message: Message) -> None:
+            try:
+                with anyio.fail_after(SEND_S):
+                    await send(message)
+            except TimeoutError:
+                raise _StoppedReading from None
+
+        try:
+            await super().__call__(scope, receive, patient)
+        except _StoppedReading:
+            client = scope.get("client") or ("?",)
+            log.info("a dashboard stream to %s was closed: its client took nothing for %.0f s", client[0], SEND_S)
+        finally:
+            self.dash.close_stream(self.feed)
+            await self.body_iterator.aclose()  # type: ignore[attr-defined]
+
+    async def _events(self) -> AsyncIterator[bytes]:
+        dash, feed = self.dash, self.feed
+        assert feed is not None
+        seen: tuple[Any, Any] = (self.last_event_id, None)
+        problem = None
+        generation = 0
+        started = beat = time.monotonic()
+        yield b"retry: 2000\n\n"
+        while time.monotonic() - started < STREAM_S and not dash.closing.is_set():
+            look = await feed.next(generation)
+            event = b""
+            if look is not None:
+                generation = look.generation
+                if look.error is not None:
+                    if look.error != problem:
+                        event = b"event: problem\ndata: " + _json({"error": look.error}) + b"\n\n"
+                    problem, seen = look.error, (None, None)
+                elif look.key != seen[0]:
+                    event = f"id: {look.key}\nevent: state\ndata: ".encode() + look.body + b"\n\n"
+                    problem, seen = None, (look.key, look.slots)
+                elif look.slots != seen[1]:
+                    event = b"event: progress\ndata: " + look.progress + b"\n\n"
+                    problem, seen = None, (seen[0], look.slots)
+            if event:
+                yield event
+                beat = time.monotonic()
+            elif time.monotonic() - beat >= HEARTBEAT_S:
+                yield b": still here\n\n"
+                beat = time.monotonic()
 
 
 def _require(token: str) -> Callable[[Request], None]:

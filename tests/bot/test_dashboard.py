@@ -9,6 +9,7 @@ import json
 import shutil
 import sqlite3
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from urllib.parse import quote, urlencode
 
@@ -473,3 +474,90 @@ def test_the_page_in_a_browser_draws_the_state_and_follows_a_finished_run(seeded
     assert set(origins) <= {served.url.rstrip("/")}  # nothing loaded from elsewhere
     problems = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
     assert problems == []  # no script error, no blocked resource, no Content-Security-Policy violation
+
+
+# --- what many viewers cost ------------------------------------------------------------------------------
+
+def test_the_state_is_built_and_encoded_once_per_change_of_the_store(seeded, tmp_path: Path, monkeypatch):
+    store, run_id = seeded
+    built = []
+    real = dashboard.build_state
+    monkeypatch.setattr(dashboard, "build_state", lambda db, **kw: built.append(1) or real(db, **kw))
+    with TestClient(dashboard_app(store_path=store.path)) as c:
+        states = [c.get("/api/state").json() for _ in range(20)]
+        with open(tmp_path / "runs" / str(run_id) / "progress.jsonl", "a") as f:
+            f.write('9, "x": 1}\n' + progress_line(140, 3.1, 0.6, 24.0))
+        moved = c.get("/api/state").json()
+        assert len(built) == 1  # progress moves without the store changing: only the slots are read again
+        store.finish_run(run_id, status="ok", val_bpb=0.965, metrics=COUNTED, error=None, log_tail="")
+        finished = c.get("/api/state").json()
+    assert len(built) == 2
+    assert all({k: v for k, v in s.items() if k != "updated_at"} == {k: v for k, v in states[0].items()
+                                                                       if k != "updated_at"} for s in states)
+    assert states[0]["slots"][0]["step"] == 120 and moved["slots"][0]["step"] == 140
+    assert {k: v for k, v in moved.items() if k not in ("slots", "updated_at")} == \
+        {k: v for k, v in states[0].items() if k not in ("slots", "updated_at")}
+    assert finished["slots"] == [] and finished["queued"] == states[0]["queued"]
+    assert set(finished) == set(states[0])  # the same keys, whichever way the answer was put together
+
+
+def test_open_streams_share_one_read_of_the_store(seeded, monkeypatch):
+    store, _ = seeded
+    monkeypatch.setattr(dashboard, "CHECK_S", 3600.0)  # the feed's next look is an hour away
+    app = dashboard_app(store_path=store.path)
+    dash = app.state.dashboard
+    looks = []
+    real = dash.look
+    dash.look = lambda generation=0: looks.append(generation) or real(generation)
+    with TestClient(app) as c, ExitStack() as open_streams:
+        ids, readers = [], []  # a reader dropped would close its stream
+        for _ in range(5):
+            answer = open_streams.enter_context(c.stream("GET", "/api/stream"))
+            readers.append(answer.iter_lines())
+            name, state = read_event(readers[-1])
+            assert name == "state"
+            ids.append(state["updated_at"])
+        assert dash.open_streams == 5
+    assert looks == [1]  # five streams, one read: each got the same look
+    assert len(set(ids)) == 1
+    assert dash.open_streams == 0
+
+
+def test_streams_past_the_bound_are_503_with_retry_after(seeded, monkeypatch):
+    store, _ = seeded
+    monkeypatch.setattr(dashboard, "MAX_STREAMS", 3)
+    app = dashboard_app(store_path=store.path)
+    with TestClient(app) as c:
+        with ExitStack() as open_streams:
+            readers = []  # a reader dropped would close its stream
+            for _ in range(3):
+                answer = open_streams.enter_context(c.stream("GET", "/api/stream"))
+                readers.append(answer.iter_lines())
+                assert answer.status_code == 200 and read_event(readers[-1])[0] == "state"
+            assert app.state.dashboard.open_streams == 3
+            refused = c.get("/api/stream")
+            assert c.get("/api/state").status_code == 200  # the page polls meanwhile
+        assert app.state.dashboard.open_streams == 0  # each closed stream gave its place back
+        with c.stream("GET", "/api/stream") as answer:
+            assert answer.status_code == 200 and read_event(answer.iter_lines())[0] == "state"
+    assert refused.status_code == 503 and refused.headers["retry-after"] == "60"
+    assert refused.headers["cache-control"] == "no-store"
+    assert refused.json()["error"].startswith("the dashboard has 3 live streams open, its most: the page shows")
+
+
+def test_a_client_that_stops_reading_is_closed_and_gives_its_place_back(seeded, monkeypatch, caplog):
+    store, _ = seeded
+    monkeypatch.setattr(dashboard, "MAX_STREAMS", 1)
+    monkeypatch.setattr(dashboard, "SEND_S", 0.2)  # the test client takes nothing it is not asked for
+    app = dashboard_app(store_path=store.path)
+    dash = app.state.dashboard
+    with TestClient(app) as c, caplog.at_level("INFO", logger="bot.dashboard"):
+        with c.stream("GET", "/api/stream") as stuck:  # the headers came; the body is never read
+            assert stuck.status_code == 200
+            deadline = time.monotonic() + 10
+            while dash.open_streams and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert dash.open_streams == 0
+            with c.stream("GET", "/api/stream") as answer:  # its place is free for a reader
+                assert answer.status_code == 200 and read_event(answer.iter_lines())[0] == "state"
+    assert "its client took nothing for 0 s" in caplog.text
