@@ -10,8 +10,12 @@ conductor thread connects when it can (backing off), reconciles the store with G
 markers, and then works through what waited in the store.
 
 GET /healthz tells the truth about the conductor (ConductorState): starting, waiting for GitHub
-(and why), running, or stopped with the reason; stopped answers 503, so the container's health
-check sees a service that accepts webhooks but will never act on them. The reasons are redacted of
+(and why), running, stalled (running, but silent past stall_bound_s: a tick stuck on a call that
+never returns, or a deadlock), or stopped with the reason; stalled and stopped answer 503, so the
+container's health check sees a service that accepts webhooks but will not act on them. The
+conductor shows a sign of life at the end of each tick, at each inbox poll between ticks and at
+each wait GitHub asked for (the client sleeps through Service.github_sleep, which notes when the
+wait ends), so only silence that no legitimate wait explains counts. The reasons are redacted of
 every secret the settings hold: the health answer is open to whoever reaches the server. The
 dashboard at / is as open as the server unless AUTORESEARCH_DASHBOARD_TOKEN is set, and a server
 that takes webhooks is reachable from the internet by design: bot.dashboard.exposure_warning says
@@ -26,8 +30,10 @@ from __future__ import annotations
 
 import copy
 import logging
+import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
@@ -40,7 +46,7 @@ from bot.conductor import Conductor, ConductorConfig
 from bot.config import ServiceSettings
 from bot.driver import Driver
 from bot.github import handlers  # noqa: F401 - registers the inbox handler of GitHub events
-from bot.github.client import GitHubClient
+from bot.github.client import BACKOFF_MAX_S, MAX_RATE_LIMIT_WAIT_S, RETRIES, GitHubClient
 from bot.github.forge import GitHubForge
 from bot.github.permissions import CollaboratorPermissions
 from bot.github.publisher import GitHubPublisher
@@ -49,16 +55,30 @@ from bot.store import Store
 
 log = logging.getLogger(__name__)
 DETAIL_CHARS = 500  # a reason shown by /healthz is cut here; the log has all of it
+STALL_FLOOR_S = 10 * 60  # the shortest silence ever called a stall
+
+
+def stall_bound_s(request_timeout_s: float) -> float:
+    """How long the running conductor may show no sign of life before /healthz calls it stalled:
+    the longest one GitHub request may legitimately take (a rate-limit wait of MAX_RATE_LIMIT_WAIT_S,
+    every attempt at its timeout, every backoff), never under STALL_FLOOR_S. With the default 15 s
+    timeout: 900 + 6 x 15 + 5 x 30 = 1140 s, 19 minutes. The waits the service sees (github_sleep)
+    do not count against it at all; the bound still covers one it did not see."""
+    one_request = MAX_RATE_LIMIT_WAIT_S + (RETRIES + 1) * request_timeout_s + RETRIES * BACKOFF_MAX_S
+    return max(STALL_FLOOR_S, one_request)
 
 
 class ConductorState(str, Enum):
     """What the conductor thread is doing, as /healthz reports it. Transitions:
     STARTING -> WAITING_FOR_GITHUB (until GitHub answers) -> STARTING (building the rest) -> RUNNING;
-    any state -> STOPPED (an error, or the service shutting down). STOPPED is final."""
+    any state -> STOPPED (an error, or the service shutting down). STOPPED is final. STALLED is
+    never set: it is RUNNING seen from outside after a silence past stall_bound_s, and becomes
+    RUNNING again if the conductor wakes up."""
 
     STARTING = "starting"                      # reaching GitHub, preparing the runner and the agent
     WAITING_FOR_GITHUB = "waiting_for_github"  # GitHub did not answer (or refused): tried again later
     RUNNING = "running"
+    STALLED = "stalled"                        # running, but silent too long: a tick is stuck (503)
     STOPPED = "stopped"                        # the web side still stores deliveries; nothing acts on them
 
 
@@ -115,12 +135,18 @@ class Service:
     make_parts: Callable[[ServiceSettings, GitHubClient], Parts] = default_parts
     timer_s: float = 30.0
     connect_backoff_s: tuple[float, float] = (2.0, 120.0)
+    clock: Callable[[], float] = time.monotonic  # the stall check's clock (a test moves it)
+    sleep: Callable[[float], None] = time.sleep  # how github_sleep waits
     driver: Driver | None = None
     conductor: Conductor | None = None
     client: GitHubClient | None = None
     # (state, what it waits for or why it stopped), replaced whole so another thread never reads half
     _phase: tuple[ConductorState, str] = (ConductorState.STARTING, "not started")
-    last_tick: float | None = None
+    last_tick: float | None = None  # wall time the last tick ended
+    # clock() of the conductor's last sign of life, or the promised end of the wait it is in; None
+    # until it runs. One float, replaced whole.
+    _alive_at: float | None = None
+    _stack_logged_for: float | None = None  # the _alive_at whose stall already put a stack in the log
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -153,12 +179,18 @@ class Service:
         state, detail = self._current()
         return f"{state.value}: {detail}" if detail else state.value
 
+    @property
+    def stall_after_s(self) -> float:
+        return stall_bound_s(self.settings.request_timeout_s)
+
     def health(self) -> dict[str, Any]:
-        """What /healthz shows to anyone: the conductor's state and why, its last tick, the last
-        contact with GitHub; `ok` is False once the conductor stopped (503). Nothing secret."""
+        """What /healthz shows to anyone: the conductor's state and why, its last tick, how long it
+        has been silent (`conductor_quiet_s`, while it runs), the last contact with GitHub; `ok` is
+        False once the conductor stalled or stopped (503). Nothing secret."""
         state, detail = self._current()
-        report: dict[str, Any] = {"ok": state is not ConductorState.STOPPED, "conductor": state.value,
-                                  "conductor_detail": self._shown(detail), "last_tick": self.last_tick}
+        report: dict[str, Any] = {"ok": state not in (ConductorState.STOPPED, ConductorState.STALLED),
+                                  "conductor": state.value, "conductor_detail": self._shown(detail),
+                                  "last_tick": self.last_tick, "conductor_quiet_s": self._quiet_s()}
         if self.client is not None:
             report.update({key: self._shown(value) if isinstance(value, str) else value
                            for key, value in self.client.health().items()})
@@ -170,9 +202,55 @@ class Service:
         thread = self._thread
         if state is not ConductorState.STOPPED and thread is not None and not thread.is_alive():
             return ConductorState.STOPPED, "the conductor thread ended without a reason; see the log"
-        if state is ConductorState.RUNNING and self.conductor is not None and self.conductor.blocked:
-            detail = f"main needs a person: {self.conductor.blocked}"
+        if state is ConductorState.RUNNING:
+            quiet, bound = self._quiet_s(), self.stall_after_s
+            if quiet is not None and quiet > bound:
+                self._log_stack()
+                return ConductorState.STALLED, (
+                    f"no sign of life from the conductor for {quiet / 60:.0f} min (the bound is {bound / 60:.0f} "
+                    "min): a tick is stuck on a call that never returns, or a deadlock; its thread's stack is in "
+                    "the log. Restart the service: deliveries wait in the store")
+            if self.conductor is not None and self.conductor.blocked:
+                detail = f"main needs a person: {self.conductor.blocked}"
         return state, detail
+
+    def _quiet_s(self) -> float | None:
+        """Seconds since the running conductor's last sign of life (never below 0: inside a wait
+        GitHub asked for it counts from the wait's end), or None when it is not running."""
+        alive_at = self._alive_at
+        if alive_at is None or self._phase[0] is not ConductorState.RUNNING:
+            return None
+        return round(max(0.0, self.clock() - alive_at), 1)
+
+    def _log_stack(self) -> None:
+        """The stalled conductor thread's stack, once per stall: where it hangs, before a restart
+        loses it."""
+        alive_at, thread = self._alive_at, self._thread
+        if alive_at == self._stack_logged_for or thread is None or thread.ident is None:
+            return
+        self._stack_logged_for = alive_at
+        frame = sys._current_frames().get(thread.ident)
+        stack = "".join(traceback.format_stack(frame)) if frame is not None else "(gone)\n"
+        log.error("the conductor shows no sign of life past %.0f s; its thread's stack:\n%s", self.stall_after_s,
+                  stack.rstrip())
+
+    # --- the conductor's signs of life (called on its thread) ---------------------------------------
+    def _alive(self, conductor: Conductor | None = None) -> None:
+        """A tick ended, or the driver polled the inbox between ticks."""
+        self._alive_at = self.clock()
+
+    def github_sleep(self, seconds: float) -> None:
+        """Every wait the GitHub client makes (a rate limit, a backoff, write pacing): on the
+        conductor thread it is a sign of life until the wait's promised end, however long GitHub
+        asked for (the pacer can ask for most of an hour). On other threads it is only a sleep."""
+        ours = threading.current_thread() is self._thread and self._phase[0] is ConductorState.RUNNING
+        if ours:
+            self._alive_at = self.clock() + max(0.0, seconds)
+        try:
+            self.sleep(seconds)
+        finally:
+            if ours:
+                self._alive_at = self.clock()
 
     def _shown(self, text: str) -> str:
         text = self.settings.redact(text)
@@ -225,9 +303,10 @@ class Service:
             if conductor is None:
                 self._set(ConductorState.STOPPED, "the service stopped before GitHub answered")
                 return
-            self.driver = Driver(conductor, timer_s=self.timer_s, on_pass=self._ticked)
+            self.driver = Driver(conductor, timer_s=self.timer_s, on_pass=self._ticked, on_wait=self._alive)
             if self.settings.poll:
                 self._start_poller()
+            self._alive_at = self.clock()
             self._set(ConductorState.RUNNING, "")
             self.driver.run(forever=True, stop=self._stop)
             self._set(ConductorState.STOPPED, "the service is shutting down")
@@ -246,11 +325,12 @@ class Service:
 
     def _ticked(self, conductor: Conductor) -> None:
         self.last_tick = time.time()
+        self._alive(conductor)
 
     def _connect(self) -> Conductor | None:
         """Reach GitHub (backing off while it is unreachable), then build the conductor."""
         settings = self.settings
-        self.client = GitHubClient(settings)
+        self.client = GitHubClient(settings, sleep=self.github_sleep)
         wait = self.connect_backoff_s[0]
         while not self._stop.is_set():
             try:

@@ -289,7 +289,7 @@ def create_app(*, store_path: Path, secret: str, wake: Callable[[], None] = lamb
     `secret` is the App's webhook secret; `wake()` is called after each new delivery is stored;
     `health()` adds what GET /healthz reports beside the store (the conductor's state, its last tick,
     the last contact with GitHub); an `"ok": False` in it makes the answer 503 (the conductor
-    stopped). It is shown to anyone who asks, so it must hold nothing secret. `runs_changed()` is
+    stalled or stopped). It is shown to anyone who asks, so it must hold nothing secret. `runs_changed()` is
     called for a verified `workflow_run` or `workflow_job` delivery: a GitHub Actions run of a
     training job moved, and the runner asks GitHub now rather than at its next poll. Nothing of such a delivery is stored: the runner's polling is the record.
     """

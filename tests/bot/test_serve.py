@@ -588,3 +588,144 @@ def test_the_dashboard_without_a_token_is_warned_about_whenever_strangers_can_re
         [warning] = warnings
         assert "the dashboard at / is readable by anyone" in warning and "AUTORESEARCH_DASHBOARD_TOKEN" in warning
     assert "dashboard-token-for-tests" not in caplog.text
+
+
+# --- a conductor stuck mid-tick ---------------------------------------------------------------------
+
+class HangingRunner(FakeRunner):
+    """submit() hangs, as a call that never returns would, until the test releases it; while it hangs
+    it runs `meanwhile` (on the conductor's thread)."""
+
+    def __init__(self) -> None:
+        super().__init__(auto=True)
+        self.entered, self.released = threading.Event(), threading.Event()
+        self.meanwhile: Callable[[], None] = lambda: None
+
+    def submit(self, job: Job) -> str:
+        self.entered.set()
+        self.meanwhile()
+        assert self.released.wait(60), "the test never released the hanging submit"
+        return super().submit(job)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def hanging_service(tmp_path: Path, gh: GitHubStandIn, runner: HangingRunner, clock: Clock, **extra) -> Service:
+    return Service(token_settings(tmp_path, gh.api_url), clock=clock,
+                   make_parts=lambda s, c: Parts(runner, RecordingAgent([]), dict(IDENTITY)), **extra)
+
+
+def test_healthz_is_503_when_a_tick_has_stalled(tmp_path: Path, no_service_environment: None) -> None:
+    from fastapi.testclient import TestClient
+
+    runner, clock = HangingRunner(), Clock()
+    with GitHubStandIn(tmp_path / "github", files={"train.py": MAIN, "program.md": program()},
+                       token_users={BOT_TOKEN: "autoresearch-bot"}) as gh:
+        service = hanging_service(tmp_path, gh, runner, clock)
+        service.start()
+        try:
+            assert runner.entered.wait(30), service.status  # the first tick dispatches main's baseline, and hangs
+            bound = service.stall_after_s
+            assert bound == 19 * 60  # the longest legitimate GitHub request at the default 15 s timeout
+            with TestClient(service.app()) as client:
+                clock.now += bound - 1
+                almost = client.get("/healthz")
+                clock.now += 2
+                stalled = client.get("/healthz")
+                runner.released.set()  # the call returns: the tick ends, and the conductor is well again
+                deadline = time.monotonic() + 30
+                while service.last_tick is None and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                again = client.get("/healthz")
+        finally:
+            runner.released.set()
+            service.stop(timeout=5)
+    assert almost.status_code == 200 and almost.json()["conductor"] == "running"
+    assert almost.json()["conductor_quiet_s"] == bound - 1
+    health = stalled.json()
+    assert stalled.status_code == 503 and health["ok"] is False and health["conductor"] == "stalled"
+    assert health["conductor_quiet_s"] == bound + 1
+    assert health["conductor_detail"].startswith("no sign of life from the conductor for 19 min (the bound is 19 min)")
+    assert again.status_code == 200 and again.json()["conductor"] == "running"
+    assert again.json()["conductor_quiet_s"] == 0
+
+
+def test_the_stalled_conductors_stack_is_logged_once(tmp_path: Path, no_service_environment: None,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    runner, clock = HangingRunner(), Clock()
+    with GitHubStandIn(tmp_path / "github", files={"train.py": MAIN, "program.md": program()},
+                       token_users={BOT_TOKEN: "autoresearch-bot"}) as gh:
+        service = hanging_service(tmp_path, gh, runner, clock)
+        service.start()
+        try:
+            assert runner.entered.wait(30), service.status
+            clock.now += service.stall_after_s + 60
+            with caplog.at_level(logging.ERROR, logger="bot.serve"):
+                states = [service.health()["conductor"] for _ in range(3)]
+        finally:
+            runner.released.set()
+            service.stop(timeout=5)
+    assert states == ["stalled"] * 3
+    [stack] = [r.getMessage() for r in caplog.records if "its thread's stack" in r.getMessage()]
+    assert "in submit" in stack and "self.released.wait(60)" in stack  # where it hangs
+
+
+def test_a_long_wait_github_asked_for_is_not_a_stall(tmp_path: Path, no_service_environment: None) -> None:
+    """The write pacer can ask the conductor to wait most of an hour; that wait is a sign of life
+    until its promised end, and silence counts again from there."""
+    runner, clock = HangingRunner(), Clock()
+    waiting, done = threading.Event(), threading.Event()
+
+    def sleep(seconds: float) -> None:  # the conductor's wait, as long as the test says
+        waiting.set()
+        assert done.wait(60), "the test never ended the wait"
+
+    with GitHubStandIn(tmp_path / "github", files={"train.py": MAIN, "program.md": program()},
+                       token_users={BOT_TOKEN: "autoresearch-bot"}) as gh:
+        service = hanging_service(tmp_path, gh, runner, clock, sleep=sleep)
+        runner.meanwhile = lambda: service.github_sleep(3000)  # as the client's pacer would, on the conductor's thread
+        service.start()
+        try:
+            assert waiting.wait(30), service.status
+            start = clock.now
+            clock.now = start + 2999
+            inside = service.health()
+            clock.now = start + 3000 + service.stall_after_s + 1
+            overran = service.health()  # a wait that outlives its promise by the bound is a stall too
+            clock.now = start + 3000
+            done.set()  # the wait ends on time; the tick goes on (and hangs in submit)
+            clock.now += service.stall_after_s - 1
+            after = service.health()
+            clock.now += 2
+            later = service.health()
+        finally:
+            done.set()
+            runner.released.set()
+            service.stop(timeout=5)
+    assert inside["ok"] is True and inside["conductor"] == "running" and inside["conductor_quiet_s"] == 0
+    assert overran["conductor"] == "stalled"
+    assert after["conductor"] == "running" and later["conductor"] == "stalled"  # counted from the wait's end
+
+
+def test_a_wait_on_another_thread_says_nothing_about_the_conductor(tmp_path: Path,
+                                                                   no_service_environment: None) -> None:
+    runner, clock = HangingRunner(), Clock()
+    with GitHubStandIn(tmp_path / "github", files={"train.py": MAIN, "program.md": program()},
+                       token_users={BOT_TOKEN: "autoresearch-bot"}) as gh:
+        service = hanging_service(tmp_path, gh, runner, clock, sleep=lambda seconds: None)
+        service.start()
+        try:
+            assert runner.entered.wait(30), service.status
+            service.github_sleep(3600)  # the poller's wait, say: not the conductor's
+            clock.now += service.stall_after_s + 1
+            health = service.health()
+        finally:
+            runner.released.set()
+            service.stop(timeout=5)
+    assert health["conductor"] == "stalled"
