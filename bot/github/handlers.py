@@ -3,9 +3,10 @@
 The web server (bot.web) and the poller (bot.github.poller) store each event as an inbox entry of
 kind `github` whose payload is a bot.github.webhooks.GitHubEvent. This module turns it into store
 writes: a person's request on an experiment (bot.states.Request), feedback for the agent, a
-pause, or a reply to queue. The conductor acts on requests at its next tick; the publisher posts
-replies. Nothing here writes to GitHub or calls a runner; the one thing it asks GitHub is who may
-steer (bot.github.permissions), through the lookup bot.serve injects (`install`).
+pause, or a reply to queue (on the pull request or plain issue the command was written in). The
+conductor acts on requests at its next tick; the publisher posts replies. Nothing here writes to
+GitHub or calls a runner; the one thing it asks GitHub is who may steer (bot.github.permissions),
+through the lookup bot.serve injects (`install`).
 
 Boundaries, checked here so the webhook and the poller paths give the same verdicts:
 - The research repository only. An App installation can cover other repositories, and their
@@ -232,9 +233,13 @@ def command(ctx: Context) -> str:
     if (refused := ctx.refused(what=f"/{name}", asking_again=True)) is not None:
         return refused
     outcome = _command(ctx, name, argument, who)
-    if event.event == "issue_comment" and event.comment_id is not None and event.number is not None:
+    # the reply goes where the comment is: a pull request, or a plain issue (`/pause` in a tracking
+    # issue), whose number is not `number` (that names pull requests only, so `/keep` finds nothing
+    # there). An entry stored before issue_number existed has it None: its pull request, if any.
+    where = event.issue_number if event.issue_number is not None else event.number
+    if event.event == "issue_comment" and event.comment_id is not None and where is not None:
         # a review's id is not a comment's: reviews get no reaction and no reply
-        store.add_reply(event.comment_id, event.number, render.ack_comment(name, argument, outcome, event.comment_id))
+        store.add_reply(event.comment_id, where, render.ack_comment(name, argument, outcome, event.comment_id))
     return outcome
 
 

@@ -396,7 +396,9 @@ class GitHubPublisher(Publisher):
             raise RuntimeError("; ".join(failed))
 
     def _post_reply(self, comment_id: int, number: int, body: str) -> None:
-        """The reaction and the reply to one command (its key: the ack marker, in the bot's own comments)."""
+        """The reaction and the reply to one command, on the issue `number` it was written in: a pull
+        request's, or a plain issue's (`/pause` in a tracking issue). Its key: the ack marker, in the
+        bot's own comments."""
         issue = self.repo.get_issue(number)
         try:
             comment = issue.get_comment(comment_id)

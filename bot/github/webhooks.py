@@ -23,8 +23,9 @@ What each delivery becomes (event.action -> kind), and why:
   feedback. Edited and deleted comments are ignored: a command acts once, when it is written.
   A comment on a plain issue (not a pull request: `issue.pull_request` absent) is a command or
   nothing: `/pause` in a tracking issue is useful, a chat about the weather is not the agent's
-  feedback. Its `number` is None, so a handler can refuse `/keep` there. For a review,
-  `comment_id` is the review's id.
+  feedback. Its `number` is None, so a handler can refuse `/keep` there; its `issue_number` (set
+  for every `issue_comment`, on a pull request too) is where the answer to the command goes. For a
+  review, `comment_id` is the review's id and `issue_number` is None (a review gets no answer).
 - `check_run.rerequested` -> check_rerun; `check_run.requested_action` -> check_action with the
   button's identifier. `created` and `completed` are the bot's own writes echoed back: ignored.
   An empty `external_id` is carried as None.
@@ -80,6 +81,7 @@ class GitHubEvent:
     requested_action: str | None = None   # identifier of the button pressed
     installation_id: int | None = None
     head_repository: str | None = None   # PR head's repository ("owner/name"; a fork's own; None: deleted)
+    issue_number: int | None = None      # issue_comment: the issue or pull request it is on (where a reply goes)
 
     def to_payload(self) -> dict[str, Any]:
         """A JSON-safe dict for the inbox; `from_payload` reads it back."""
@@ -258,7 +260,7 @@ def _issue_comment(p: _Payload) -> dict[str, Any]:
     text = _text(p.get("comment.body", str, required=False) or "", on_pull_request=on_pull_request)
     return {**text, **p.common(people=True), "association": p.get("comment.author_association", str),
             "number": p.get("issue.number", int) if on_pull_request else None,
-            "comment_id": p.get("comment.id", int)}
+            "issue_number": p.get("issue.number", int), "comment_id": p.get("comment.id", int)}
 
 
 def _review(p: _Payload) -> dict[str, Any]:

@@ -386,7 +386,8 @@ def test_comments_on_a_plain_issue_are_served_and_announced_without_a_pull_reque
     issue = repo.get_issue(tracking.number)
     assert issue.get_comment(said).html_url.endswith(f"/issues/{tracking.number}#issuecomment-{said}")
     issue.create_comment("paused")
-    assert [c.body for c in issue.get_comments()] == ["/pause", "paused"] and repo.get_issue(tracking.number).comments == 2
+    assert [c.body for c in issue.get_comments()] == ["/pause", "paused"]
+    assert repo.get_issue(tracking.number).comments == 2
     gh.wait_deliveries()
     [announced, _] = receiver.events("issue_comment", "created")
     assert "pull_request" not in announced["issue"] and announced["issue"]["number"] == tracking.number

@@ -375,6 +375,24 @@ def test_real_comment_from_another_repository_of_the_installation_is_ignored(sto
     assert store.get_setting("paused") is None and store.pending_replies() == []
 
 
+def test_real_pause_in_a_tracking_issue_is_acknowledged_there_and_keep_there_acts_on_nothing(store: Store) -> None:
+    exp_id = experiment(store, state="done", status="discard")
+    pause = example("issue_comment", "created")  # GitHub's own: a comment on plain issue #1
+    assert "pull_request" not in pause["issue"]
+    pause["repository"]["full_name"] = REPOSITORY
+    pause["comment"].update(body="/pause", author_association="COLLABORATOR", user=as_user("alice"))
+    pause["sender"] = as_user("alice")
+    assert receive(store, "issue_comment", pause).startswith("paused")
+    assert store.get_setting("paused") == "1"
+    keep = copy.deepcopy(pause)
+    keep["comment"].update(id=pause["comment"]["id"] + 1, body="/keep")
+    keep["issue"]["number"] = 7  # even with an experiment's pull request's number, a plain issue is not it
+    assert receive(store, "issue_comment", keep) == "/keep works on an experiment's pull request"
+    assert store.experiment(exp_id).request is None
+    assert [(comment_id, number) for comment_id, number, _ in store.pending_replies()] == [
+        (pause["comment"]["id"], 1), (keep["comment"]["id"], 7)]  # each answered where it was written
+
+
 def test_real_check_run_rerequested_from_a_fork_finds_the_experiment_by_the_bots_check_run(store: Store) -> None:
     exp_id = experiment(store, state="done", status="discard")
     rerun = example("check_run", "rerequested")

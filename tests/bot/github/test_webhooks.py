@@ -145,6 +145,7 @@ def test_a_comment_on_a_plain_issue_is_a_command_or_nothing() -> None:
     pause["comment"]["body"] = "/pause"
     result = normalize("issue_comment", "d", pause)
     assert (result.kind, result.command, result.number) == ("command", "pause", None)
+    assert result.issue_number == pause["issue"]["number"]  # where its answer goes
     chat = example("issue_comment", "created")
     assert "pull_request" not in chat["issue"]
     assert normalize("issue_comment", "d", chat).kind == "ignored"
