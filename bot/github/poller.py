@@ -7,18 +7,27 @@ Each poll asks, in this order (the pull requests first: the other two read what 
 1. `GET /repos/{o}/{r}/pulls?state=all&sort=updated&direction=desc&per_page=100` (one page). Each
    pull request from an `autoresearch/` branch of this repository is compared with the state seen
    last (the store's setting `poller.pulls`, JSON): open -> closed is pr_closed (`merged` from
-   `merged_at`) and the sender is the issue's `closed_by` (one `GET /repos/{o}/{r}/issues/{n}`
-   per close); closed -> open is pr_reopened (the API does not say who reopened: sender None, so
-   the handler, which lets only people with write access reopen an experiment, ignores it: in
-   poll mode `/rerun` measures a finished experiment again).
-   Delivery `poll-pr-<number>-<state>-<updated_at>`. A close and a reopen inside one interval cancel
-   out and are not seen; more than 100 pull requests updated inside one interval are not all seen.
+   `merged_at`), closed -> open is pr_reopened. The list does not say who closed or reopened a pull
+   request, so for each such change (and only then) the poller asks the issue's events,
+   `GET /repos/{o}/{r}/issues/{n}/events?per_page=100`, and the sender is the `actor` of the newest
+   `closed` (or `reopened`) event, as a webhook's `sender` would be; the handler then checks that
+   person's write access as it does in webhook mode. The list runs oldest first: when it has more
+   than one page (its Link header names a last page) the last page is read too (one more request;
+   a change followed inside one interval by so many events that it falls before the last page names
+   nobody).
+   A merge needs no sender (the handler acts on no merged close, whoever merged), so it costs no
+   request. No such event found (a deleted account's actor is null): sender None, and the handler
+   obeys nobody. Delivery `poll-pr-<number>-<state>-<updated_at>`. A close and a reopen inside one
+   interval cancel out and are not seen; more than 100 pull requests updated inside one interval are
+   not all seen.
 2. `GET /repos/{o}/{r}/issues/comments?since=<cursor>&sort=updated&direction=asc&per_page=100`:
    each comment becomes command (when parse_command finds one) or feedback, delivery
    `poll-comment-<id>`, so a comment read again is stored once. An edit shows the comment again
    with the same id: not stored again, as in webhook mode. The comment is on a pull request when its
    `html_url` says `/pull/` or its number is a pull request seen in (1); on a plain issue it is a
-   command or nothing (as webhooks.normalize decides for `issue_comment` without `pull_request`).
+   command or nothing (as webhooks.normalize decides for `issue_comment` without `pull_request`),
+   answered on that issue (`/pause` in a tracking issue). This one list covers comments on plain
+   issues and pull requests alike, so plain issues cost no request of their own.
 3. `GET /repos/{o}/{r}/pulls/{n}/reviews?per_page=100` for each open autoresearch pull request
    (its first 100 reviews): each submitted review with a body becomes feedback or a command,
    delivery `poll-review-<id>`.
@@ -32,8 +41,8 @@ skipped (a fresh bot does not act on a repository's old chatter).
 
 Not polled, because only webhooks carry them: a check run's "Re-run" (check_run.rerequested) and its
 buttons (check_run.requested_action). In poll mode people use the `/rerun`, `/keep` and `/discard`
-comments instead. Inline review comments (pull_request_review_comment) and who reopened a pull
-request are not read either. Pushes need no event: the conductor reads main's head every tick.
+comments instead. Inline review comments (pull_request_review_comment) are not read either. Pushes
+need no event: the conductor reads main's head every tick.
 
 Conditional requests. Every GET sends `If-None-Match` with the ETag of the last answer to the same
 URL; GitHub answers 304 without a body, and a 304 does not count against the rate limit. So the
@@ -41,9 +50,13 @@ comment cursor stays where it is while the answer fits on one page (the URL stay
 "nothing new" is a free 304); it moves to the newest comment read only when a poll had to read
 more than one page. An ETag is remembered only after its answer was fully stored: an answer that
 failed half-way is read again in full. ETags live in memory (a restart reads everything once);
-the cursors live in the store.
+the cursors live in the store. An issue's events are asked only after a change, so their answer is
+nearly always new; the poller still sends the ETag it holds and keeps what it read beside it, so a
+poll that has to ask again (the last one failed before its entries were stored) gets a free 304.
+Not for a list of more than one page: its first page stays the same while new events are added.
 
-Budget. A poll costs 2 requests plus 1 per open autoresearch pull request (plus 1 per close seen):
+Budget. A poll costs 2 requests plus 1 per open autoresearch pull request, plus 1 per close or
+reopen of an experiment's pull request that is not a merge (2 when its events run over a page):
 with one open pull request and the default 60 s interval, 3 requests a minute, about 180 an hour
 of the 5,000 an hour a token gets (an App installation gets at least as many), and 304s are free.
 Each poll logs how many requests it made and how many were 304s.
@@ -84,6 +97,7 @@ MAX_PAGES = 10          # pages of comments read in one poll
 HORIZON = "poller.horizon"                # store settings: when polling first began (ISO 8601, UTC)
 COMMENTS_SINCE = "poller.comments_since"  # the `since` of the comments query
 PULLS = "poller.pulls"                    # {"<number>": {"state", "branch", "sha"}} as last seen
+STATE_CHANGES = ("closed", "reopened")    # the issue events that name who closed or reopened a pull request
 
 
 class PollError(RuntimeError):
@@ -110,6 +124,7 @@ class _Answer:
     data: Any          # the JSON body; None for a 304
     key: str           # the URL with its query: what the ETag belongs to
     etag: str | None
+    link: str = ""     # the Link header (pages)
 
 
 class Poller:
@@ -131,6 +146,7 @@ class Poller:
         self.last_report: PollReport | None = None
         self._now = now
         self._etags: dict[str, str] = {}
+        self._state_changes: dict[str, list[dict[str, Any]]] = {}  # an events URL -> its closed/reopened events
         self._asked: set[str] = set()       # URLs asked in this poll: the ETags worth keeping
         self._report = PollReport()
 
@@ -156,6 +172,7 @@ class Poller:
         self._source("comments", lambda: self._poll_comments(horizon, pulls or self._known_pulls()))
         self._source("reviews", lambda: self._poll_reviews(horizon, pulls or self._known_pulls()))
         self._etags = {key: tag for key, tag in self._etags.items() if key in self._asked}
+        self._state_changes = {key: seen for key, seen in self._state_changes.items() if key in self._etags}
         report = self.last_report = self._report
         log.info("polled GitHub: %d requests, %d answered 304 (free), %d new events%s", report.requests,
                  report.not_modified, report.stored, f", {len(report.errors)} failed" if report.errors else "")
@@ -216,17 +233,37 @@ class Poller:
         return {"state": pull.get("state"), "branch": branch, "sha": head.get("sha")}
 
     def _pull_event(self, pull: dict[str, Any], seen: dict[str, Any]) -> GitHubEvent | None:
-        number, closed = pull["number"], seen["state"] == "closed"
-        sender = None
-        if closed:
-            issue = self._get(f"{self._repo_path()}/issues/{number}", {}, conditional=False).data
-            sender = issue.get("closed_by") if isinstance(issue, dict) else None
-        payload = {"action": "closed" if closed else "reopened",
-                   "pull_request": {"number": number, "merged": pull.get("merged_at") is not None,
-                                    "head": self._head(seen)},
-                   "sender": sender if isinstance(sender, dict) else None, **self._repository()}
+        number, action = pull["number"], "closed" if seen["state"] == "closed" else "reopened"
+        merged = pull.get("merged_at") is not None
+        sender = None if merged else self._changed_by(number, action)
+        payload = {"action": action,
+                   "pull_request": {"number": number, "merged": merged, "head": self._head(seen)},
+                   "sender": sender, **self._repository()}
         delivery = f"poll-pr-{number}-{seen['state']}-{pull.get('updated_at')}"
         return _normalize("pull_request", delivery, payload)
+
+    def _changed_by(self, number: int, action: str) -> dict[str, Any] | None:
+        """The `actor` (a user object, as a webhook's `sender`) of the newest `action` event
+        (closed, reopened) of issue `number`, from its events list; None when there is none."""
+        path, params = f"{self._repo_path()}/issues/{number}/events", {"per_page": PER_PAGE}
+        first = self._get(path, params)
+        if first.data is None:  # 304: the same list as when it was last read
+            changes = self._state_changes.get(first.key, [])
+        else:
+            page = first
+            last = _last_page(first.link)
+            if last is not None and last > 1:  # oldest first: the newest events are on the last page
+                page = self._get(path, {**params, "page": last}, conditional=False)
+            changes = [e for e in _objects(page.data, "issue events") if e.get("event") in STATE_CHANGES]
+            if page is first:  # a first page that is not the only one stays the same as events are added
+                self._state_changes[first.key] = changes
+                self._remember(first)
+        actor = next((e.get("actor") for e in reversed(changes) if e.get("event") == action), None)
+        if not isinstance(actor, dict):
+            log.warning("GitHub's events of #%s name nobody who %s it: no one's %s is obeyed", number, action,
+                        "close" if action == "closed" else "reopen")
+            return None
+        return actor
 
     def _known_pulls(self) -> dict[int, dict[str, Any]]:
         raw = json.loads(self.store.get_setting(PULLS) or "{}")
@@ -326,7 +363,8 @@ class Poller:
             raise PollError(f"GET {path} answered HTTP {status} with a body that is not JSON") from None
         if data is None:
             raise PollError(f"GET {path} answered HTTP {status} without a body")
-        return _Answer(status, data, key, answer_headers.get("etag") if conditional else None)
+        return _Answer(status, data, key, answer_headers.get("etag") if conditional else None,
+                       answer_headers.get("link") or "")
 
     def _remember(self, answer: _Answer) -> None:
         """Keep the answer's ETag: called once everything in the answer is stored."""
@@ -370,6 +408,18 @@ def _objects(data: Any, what: str) -> list[dict[str, Any]]:
     if not isinstance(data, list) or not all(isinstance(item, dict) for item in data):
         raise PollError(f"GitHub's list of {what} is not a list of objects")
     return data
+
+
+def _last_page(link: str) -> int | None:
+    """The page number of `rel="last"` in a Link header, None when it names none."""
+    for part in link.split(","):
+        if 'rel="last"' in part:
+            query = part.split(">", 1)[0].split("?", 1)[-1]
+            for pair in query.split("&"):
+                name, _, value = pair.partition("=")
+                if name == "page" and value.isdigit():
+                    return int(value)
+    return None
 
 
 def _number_of(issue_url: Any) -> int | None:

@@ -1,10 +1,15 @@
 """Poll mode against the GitHub stand-in: what a person does on github.com reaches the inbox as the
-same GitHubEvent a webhook would have stored, once however often it is read; a poll with nothing
-new costs only free 304s; a failed poll is survived and the next one catches up."""
+same GitHubEvent a webhook would have stored, once however often it is read; who closed or reopened
+a pull request is read from its issue events, so the same people may steer as by webhook; a command
+in a plain issue is answered there; a poll with nothing new costs only free 304s; a failed poll is
+survived and the next one catches up."""
 
 from __future__ import annotations
 
+import copy
+import json
 import os
+import sqlite3
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -15,6 +20,7 @@ import pytest
 from github import InputGitTreeElement
 from github_standin import GitHubStandIn
 
+from bot.conductor import Snapshot
 from bot.config import load_service_settings
 from bot.events import apply_inbox
 from bot.github import handlers
@@ -22,7 +28,8 @@ from bot.github import poller as poller_module
 from bot.github.client import RETRIES, GitHubClient
 from bot.github.permissions import CollaboratorPermissions
 from bot.github.poller import Poller
-from bot.github.webhooks import GitHubEvent
+from bot.github.publisher import GitHubPublisher
+from bot.github.webhooks import GitHubEvent, normalize
 from bot.states import Request
 from bot.store import Store
 
@@ -30,6 +37,8 @@ REPO = "octo-org/research"
 BOT = "autoresearch-bot[bot]"
 BRANCH = "autoresearch/1-x"
 FILES = {"train.py": "lr = 0.01\n", "program.md": "# Program\n"}
+EXAMPLES = Path(__file__).with_name("webhook_examples")
+EVENTS = r"/issues/\d+/events$"
 
 
 @dataclass
@@ -149,7 +158,7 @@ def test_a_person_closing_the_pull_request_yields_pr_closed_and_reopening_pr_reo
     [closed] = world.events()
     assert (closed.kind, closed.number, closed.branch, closed.merged) == ("pr_closed", world.number, BRANCH, False)
     assert closed.delivery.startswith(f"poll-pr-{world.number}-closed-")
-    assert world.standin.calls("GET", rf"/issues/{world.number}$")  # who closed it: the issue's closed_by
+    assert world.standin.calls("GET", rf"/issues/{world.number}/events$")  # who closed it: the issue's events
     apply_inbox(world.store)
     assert world.store.experiment(exp_id).request == Request.CANCEL
 
@@ -266,16 +275,160 @@ def test_a_read_only_collaborator_gets_the_same_verdict_by_poll_as_by_webhook(wo
     assert len(world.standin.calls("GET", r"/collaborators/rita/permission$")) == 1
 
 
-def test_a_reopen_read_by_poll_names_nobody_and_is_not_obeyed(world: World) -> None:
+def ended(world: World) -> int:
+    """The experiment behind the pull request, ended (cancelled), its pull request closed by the bot
+    and that close already read by a poll: what a reopen can measure again."""
     exp_id = experiment(world.store, world.number)
     world.store.db.execute("UPDATE experiments SET state = 'done', status = 'cancelled' WHERE id = ?", (exp_id,))
-    world.standin.close_pr(world.number, "alice")
-    world.poller.poll_once()
-    world.standin.reopen_pr(world.number, "alice")
-    world.poller.poll_once()
+    world.client.repo().get_pull(world.number).edit(state="closed")
+    assert world.poller.poll_once() == 1
     apply_inbox(world.store)
-    assert world.store.inbox()[-1].outcome.startswith("ignored: GitHub does not say who did it")
+    assert world.store.inbox()[-1].outcome == "closed by the bot itself"
+    return exp_id
+
+
+def by_webhook(world: World, action: str, sender: str) -> str:
+    """The verdict webhook mode gives: GitHub's real pull_request delivery (the vendored example) for
+    this pull request, sent by `sender`, through webhooks.normalize and the same handler."""
+    payload = copy.deepcopy(next(e for e in json.loads((EXAMPLES / "pull_request.json").read_text())
+                                 if e.get("action") == action))
+    payload["repository"]["full_name"] = REPO
+    payload["pull_request"].update(number=world.number, merged=False)
+    payload["pull_request"]["head"].update(ref=BRANCH, sha="b" * 40)
+    payload["pull_request"]["head"]["repo"]["full_name"] = REPO
+    payload["sender"] = {"login": sender, "id": 4242, "type": "User"}
+    event = normalize("pull_request", f"hook-{action}-{sender}", payload)
+    world.store.add_inbox(key=f"github:{event.delivery}", kind="github", payload=event.to_payload(), author=sender)
+    apply_inbox(world.store)
+    return world.store.inbox()[-1].outcome or "(pending)"
+
+
+def test_a_writer_reopening_by_poll_measures_again(world: World) -> None:
+    exp_id = ended(world)
+    world.standin.reopen_pr(world.number, "alice")
+    before = len(world.standin.requests)
+
+    assert world.poller.poll_once() == 1
+    # the reopen cost one request more than a poll's own: its events, asked because its state changed
+    asked = [(r.path.rsplit("/", 1)[-1], r.status) for r in world.standin.requests[before:]]
+    assert asked == [("pulls", 200), ("events", 200), ("comments", 304), ("reviews", 200)]
+    reopened = world.events()[-1]
+    assert (reopened.kind, reopened.sender, reopened.sender_type) == ("pr_reopened", "alice", "User")
+    apply_inbox(world.store)
+    assert world.store.inbox()[-1].outcome == f"experiment {exp_id} will be measured again"
+    assert world.store.experiment(exp_id).request == Request.REOPEN
+    quiet = len(world.standin.requests)
+    assert world.poller.poll_once() == 0  # nothing changed since: no events asked
+    assert [r.status for r in world.standin.requests[quiet:]] == [304, 304, 304]
+
+
+def test_a_read_only_collaborator_reopening_by_poll_is_ignored(world: World) -> None:
+    # triage may close and reopen pull requests on GitHub, yet has no write access (its legacy
+    # permission reads "read"): a reopen by them must not start a run, by poll as by webhook
+    exp_id = ended(world)
+    world.standin.state.collaborators["tom"] = "triage"
+    world.standin.reopen_pr(world.number, "tom")
+
+    assert world.poller.poll_once() == 1
+    assert world.events()[-1].sender == "tom"
+    apply_inbox(world.store)
+    by_poll = world.store.inbox()[-1].outcome
+    assert by_poll == "ignored: tom has the triage role, no write access, so cannot measure an experiment again"
     assert world.store.experiment(exp_id).request is None
+    assert by_webhook(world, "reopened", "tom") == by_poll  # the same verdict for the same person
+    assert by_webhook(world, "reopened", "alice") == f"experiment {exp_id} will be measured again"
+
+
+def test_a_close_by_someone_without_write_access_cancels_nothing_by_poll_as_by_webhook(world: World) -> None:
+    exp_id = experiment(world.store, world.number)
+    world.standin.state.collaborators["tom"] = "triage"
+    world.standin.close_pr(world.number, "tom")
+
+    assert world.poller.poll_once() == 1
+    apply_inbox(world.store)
+    by_poll = world.store.inbox()[-1].outcome
+    assert by_poll == "ignored: tom has the triage role, no write access, so cannot cancel an experiment"
+    assert by_webhook(world, "closed", "tom") == by_poll
+    assert world.store.experiment(exp_id).request is None
+
+
+def test_who_reopened_is_the_newest_reopen_even_past_the_first_page_of_events(
+        world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(poller_module, "PER_PAGE", 2)
+    world.standin.state.collaborators.update(tom="triage", bob="write")
+    world.standin.close_pr(world.number, "alice")
+    assert world.poller.poll_once() == 1
+    world.standin.reopen_pr(world.number, "tom")
+    world.standin.close_pr(world.number, "alice")
+    world.standin.reopen_pr(world.number, "bob")  # oldest first: [closed, reopened tom], [closed, reopened bob]
+    before = len(world.standin.requests)
+
+    assert world.poller.poll_once() == 1
+    assert (world.events()[-1].kind, world.events()[-1].sender) == ("pr_reopened", "bob")
+    pages = [sorted(r.query.split("&")) for r in world.standin.requests[before:] if r.path.endswith("/events")]
+    assert pages == [["per_page=2"], ["page=2", "per_page=2"]]  # the first page says which is last
+
+    world.standin.advance(1)  # a delivery is keyed by updated_at, to the second: not the first close's key
+    world.standin.close_pr(world.number, "tom")  # the first page is the same as before: no 304 stands for it
+    assert world.poller.poll_once() == 1
+    assert (world.events()[-1].kind, world.events()[-1].sender) == ("pr_closed", "tom")
+
+
+def test_a_merge_seen_by_poll_asks_nobody(world: World) -> None:
+    repo = world.client.repo()
+    repo.get_git_ref("heads/main").edit(repo.get_pull(world.number).head.sha)  # main fast-forwarded: merged
+
+    assert world.poller.poll_once() == 1
+    assert (world.events()[0].kind, world.events()[0].merged) == ("pr_closed", True)
+    assert world.standin.calls("GET", EVENTS) == []
+
+
+def test_a_poll_that_failed_to_store_a_reopen_reads_its_events_again_for_free(
+        world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    exp_id = ended(world)
+    world.standin.reopen_pr(world.number, "alice")
+    real = Store.add_inbox
+
+    def locked(self: Store, **kw: object) -> bool:
+        raise sqlite3.OperationalError("database is locked")
+
+    monkeypatch.setattr(Store, "add_inbox", locked)
+    assert world.poller.poll_once() == 0
+    assert world.poller.last_report is not None and "locked" in world.poller.last_report.errors[0]
+    monkeypatch.setattr(Store, "add_inbox", real)
+
+    assert world.poller.poll_once() == 1
+    assert [r.status for r in world.standin.calls("GET", EVENTS)][-2:] == [200, 304]
+    assert world.events()[-1].sender == "alice"
+    apply_inbox(world.store)
+    assert world.store.experiment(exp_id).request == Request.REOPEN
+
+
+def test_pause_in_a_tracking_issue_is_acknowledged_there(world: World) -> None:
+    tracking = world.standin.open_issue("alice", "Tracking: this week's runs")
+    pause = world.standin.comment(tracking, "alice", "/pause")
+    keep = world.standin.comment(tracking, "alice", "/keep")
+    before = len(world.standin.requests)
+
+    assert world.poller.poll_once() == 2
+    # read from the same list of comments as a pull request's: no request of its own
+    assert len(world.standin.requests) - before == 3
+    events = world.events()
+    assert [(e.command, e.number, e.issue_number) for e in events] == [
+        ("pause", None, tracking), ("keep", None, tracking)]
+    apply_inbox(world.store)
+    assert world.store.get_setting("paused") == "1"
+    assert [e.outcome for e in world.store.inbox()] == [
+        "paused: running experiments finish, nothing new is proposed until /resume",
+        "/keep works on an experiment's pull request"]  # a plain issue names no experiment
+
+    publisher = GitHubPublisher(world.store, world.client.repo(), read_file=lambda sha, path: "", uses_app=True)
+    publisher.publish(Snapshot(main_sha="", main_val_bpb=None, margin=0.01, progress={}, budget_s=300.0))
+    assert world.store.pending_replies() == []
+    answers = [c["body"] for c in world.standin.comments(tracking) if c["user"]["login"] == BOT]
+    assert len(answers) == 2 and "paused" in answers[0] and "works on an experiment's pull request" in answers[1]
+    assert [r["content"] for r in world.standin.reactions(pause)] == ["+1"]
+    assert [r["content"] for r in world.standin.reactions(keep)] == ["+1"]
 
 
 def test_a_fork_or_deleted_fork_pull_request_with_the_bots_branch_is_not_polled_as_an_experiment(world: World) -> None:
