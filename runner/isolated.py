@@ -257,8 +257,11 @@ class Supervisor:
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 env=box.env, cwd=box.cwd, start_new_session=True, preexec_fn=self._child_setup)
         # Only a CPU-clock budget needs the process tree's CPU time: walking /proc ten times a second
-        # is not free on a busy GPU machine, whose budget is wall time.
-        self._tree = TreeCPU(proc.pid) if profile.clock == "cpu" else None
+        # is not free on a busy GPU machine, whose budget is wall time. What it detaches comes to this
+        # process (a subreaper): still its CPU time, as in _limit_crossed.
+        orphans_of = os.getpid() if proctree.is_subreaper() else None
+        self._tree = (TreeCPU(proc.pid, orphans_of=orphans_of, spare=lambda: _managed() - {proc.pid})
+                      if profile.clock == "cpu" else None)
         self._trainer_ready.clear()
         self._pump = threading.Thread(target=self._pump_output, args=(proc,), daemon=True)
         self._pump.start()

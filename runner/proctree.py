@@ -4,7 +4,8 @@
 reaped, so a train.py that hands its work to a child process, and never waits for it, would
 train on CPU time nobody counted. `TreeCPU.sample()` walks /proc for every process descending
 from the root (inside a pid namespace every orphan is re-parented to the namespace's first
-process, so it stays in the tree) and remembers the largest CPU time seen for each; a process
+process, so it stays in the tree; unsandboxed it comes to the supervisor, a subreaper, and is
+counted as its adopted orphan) and remembers the largest CPU time seen for each; a process
 that ends between two samples loses at most one interval of its time.
 
 Ending a tree: a train.py may fork, call setsid, or double-fork a daemon, so neither the process
@@ -22,7 +23,7 @@ import ctypes
 import os
 import signal
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -162,14 +163,26 @@ def _reap(pid: int) -> None:
 
 
 class TreeCPU:
-    def __init__(self, root: int) -> None:
+    """The CPU time of `root` and everything below it. With `orphans_of` (this process, a
+    subreaper), also of its children that `spare()` does not name (the processes it manages
+    itself) and everything below those: what the tree detached, which came to this process, is
+    still the tree's, and trains on the same budget (unsandboxed; in a sandbox, orphans stay below
+    the root)."""
+
+    def __init__(self, root: int, *, orphans_of: int | None = None,
+                 spare: Callable[[], Collection[int]] = frozenset) -> None:
         self.root = root
+        self.orphans_of, self.spare = orphans_of, spare
         self._seen: dict[tuple[int, int], float] = {}  # (pid, start time) -> CPU seconds
 
     def sample(self, procs: dict[int, Proc] | None = None) -> None:
         """Look at the tree now (in `procs`, a snapshot taken for other uses too, or a new one)."""
         procs = snapshot() if procs is None else procs
-        for pid in ({self.root} | descendants([self.root], procs)) & procs.keys():
+        top = {self.root}
+        if self.orphans_of is not None:
+            spared = set(self.spare())
+            top |= {pid for pid, proc in procs.items() if proc.ppid == self.orphans_of and pid not in spared}
+        for pid in (top | descendants(top, procs)) & procs.keys():
             key = (pid, procs[pid].start)
             self._seen[key] = max(self._seen.get(key, 0.0), procs[pid].cpu)
 

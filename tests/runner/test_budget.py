@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from runner import profiles
+from runner import profiles, sandbox
 from runner.isolated import run_job
 from runner.protocol import JobSpec, ResultSpec
 
@@ -143,6 +143,33 @@ h.finish(model)
 def test_training_past_the_budget_is_stopped_at_the_cap_and_rejected(smoke_prepared, tmp_path: Path,
                                                                      short_budget, attack: str) -> None:
     result = run(tmp_path, ATTACKS[attack])
+    assert_stopped_at_the_cap(result, short_budget)
+
+
+DETACHED = SESSION + MODEL + f"""
+import os
+if os.fork() == 0:  # a double fork: the grandchild is an orphan at once, and trains
+    if os.fork() == 0:
+        train({LONG_S})
+        open("done", "w").close()
+    os._exit(0)
+os.wait()
+while not os.path.exists("done"):
+    time.sleep(0.1)
+h.finish(model)
+"""
+
+
+@pytest.mark.parametrize("sandboxed", [True, False], ids=["sandboxed", "unsandboxed"])
+def test_a_detached_process_that_trains_counts_on_the_clock(smoke_prepared, tmp_path: Path, short_budget,
+                                                            sandboxed: bool) -> None:
+    """In the sandbox the orphan comes back to the training process; without it, to the supervisor
+    (a subreaper), whose clock counts what came to it too."""
+    if sandboxed and not sandbox.available()[0]:
+        pytest.skip(f"no sandbox here: {sandbox.available()[1]}")
+    job = JobSpec(run_id=1, asset=DETACHED, profile="smoke", seed=0)
+    result = run_job(job, tmp_path / "run", threads=THREADS, use_sandbox=sandboxed)
+    assert result.sandboxed == sandboxed
     assert_stopped_at_the_cap(result, short_budget)
 
 
