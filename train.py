@@ -375,7 +375,7 @@ while not h.time_up():
         opt.step()
     model.zero_grad(set_to_none=True)
     train_loss = loss.item()  # waits for the step to finish
-    if h.step == 0:  # the harness does not time the first step: collect once, then keep the collector out
+    if h.step == 0:  # after the first step (compilation, allocations): collect once, then keep the collector out
         gc.collect()
         gc.freeze()
         gc.disable()

@@ -168,6 +168,7 @@ class Session:
         self._last_report = 0.0
         self._untimed_tokens = 0  # tokens of the warm-up steps, which the clock does not count
         self._recent_steps: deque[float] = deque(maxlen=RECENT_STEPS)  # their lengths on the run's clock
+        self._progress_seen = 0.0  # the largest progress() answered: it never goes back
         self._last_elapsed = self.elapsed()
         self._warm_at = self._last_elapsed  # the run's clock at the end of the warm-up steps: progress() starts there
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -201,11 +202,16 @@ class Session:
         return self._wall_clock() - self._origin_wall
 
     def progress(self) -> float:
-        """Fraction of the training time used so far, in [0, 1]: 0 until the warm-up steps end."""
+        """Fraction of the training time used so far, in [0, 1]: 0 until the warm-up steps end, and
+        1 exactly when time_up() turns true. Training ends one step-guard before `ends_at`, so the
+        window ends there too: a schedule on progress (the warmdown) then runs to its end. The
+        guard moves with the step times, so the fraction never goes back."""
         if self.step < self.profile.warmup_steps:
             return 0.0
-        window = self.ends_at - self._warm_at
-        return 1.0 if window <= 0 else min(1.0, max(0.0, (self.elapsed() - self._warm_at) / window))
+        window = self.ends_at - max(self._recent_steps, default=0.0) - self._warm_at
+        fraction = 1.0 if window <= 0 else min(1.0, max(0.0, (self.elapsed() - self._warm_at) / window))
+        self._progress_seen = max(self._progress_seen, fraction)
+        return self._progress_seen
 
     def time_up(self) -> bool:
         """True when another step as long as the longest of the last few would end past `ends_at`."""

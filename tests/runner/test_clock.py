@@ -87,7 +87,7 @@ def test_everything_from_the_hand_over_counts_and_training_ends_before_the_cap(s
     assert timed == 9 and session.elapsed() == pytest.approx(3.7)
     assert session.elapsed() <= TIGHT.training_ends_s(2) == 4.0
     assert session.training_seconds == pytest.approx(2.7)
-    assert session.progress() == pytest.approx(2.7 / 3.0)
+    assert session.progress() == 1.0  # 1 as training ends, so a schedule on it (the warmdown) runs to its end
 
 
 def test_a_slow_step_ends_training_a_step_earlier(smoke_prepared, tmp_path):
@@ -170,8 +170,9 @@ def test_progress_lines_record_both_clocks(smoke_prepared, tmp_path):
     step(session, wall, cpu, 1.0, 2.0)
     step(session, wall, cpu, wall_s=2.0, cpu_s=1.0)
     line = json.loads((tmp_path / "progress.jsonl").read_text().splitlines()[-1])
-    # the warm-up step ended at 1.0 s on the run's clock, training ends by 4.0: a third of it is 0.5 / 3
-    assert line["training_seconds"] == 0.5 and line["progress"] == pytest.approx(0.5 / 3, abs=1e-4)
+    # the warm-up step ended at 1.0 s on the run's clock, training ends by 4.0 less one step of 0.5 s
+    # (the guard time_up keeps): 0.5 s of the 2.5 s window
+    assert line["training_seconds"] == 0.5 and line["progress"] == pytest.approx(0.5 / 2.5, abs=1e-4)
     assert (line["elapsed_seconds"], line["remaining_seconds"], line["time_up"]) == (1.5, 2.5, False)
     assert (line["clock"], line["training_wall_seconds"], line["cpu_seconds"], line["threads"],
             line["cpu_share"]) == ("cpu", 2.0, 1.0, 2, 0.25)

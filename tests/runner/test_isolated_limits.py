@@ -175,7 +175,9 @@ def test_a_timeout_ends_every_process_of_the_run(smoke_prepared, tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     smoke = profiles.PROFILES["smoke"]
     monkeypatch.setitem(profiles.PROFILES, "smoke", dataclasses.replace(smoke, max_total_s=8.0))
-    result = run_job(job(ESCAPE + "while True:\n    pass\n"), tmp_path / "run", threads=1, use_sandbox=use_sandbox)
+    # a loop that sleeps: a busy one would meet its CPU cap first (rejected), not the hard limit
+    result = run_job(job(ESCAPE + "import time\nwhile True:\n    time.sleep(0.1)\n"), tmp_path / "run", threads=1,
+                     use_sandbox=use_sandbox)
     assert result.status == "timeout" and "escaped" in (tmp_path / "run" / "log.txt").read_text()
     assert not leftovers()
     monkeypatch.undo()
