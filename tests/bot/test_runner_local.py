@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hostile import escape
+from hostile import marked as hostile_marked
 
 from bot.records import Job, RunStatus
 from bot.runners.local import LocalRunner, last_progress
@@ -190,32 +192,11 @@ def test_the_directories_of_dead_workers_are_swept(tmp_path: Path) -> None:
 
 # --- a cancelled run stops: every process of it, however detached ---------------------------------
 MARK = "autoresearch-cancel-marker"
-SLEEPER = f'[sys.executable, "-c", "import time; time.sleep(600)", "{MARK}"]'
-ESCAPING = f"""import os, subprocess, sys, time
-subprocess.Popen({SLEEPER})
-subprocess.Popen({SLEEPER}, start_new_session=True)
-if os.fork() == 0:
-    os.setsid()
-    if os.fork() == 0:
-        os.execv(sys.executable, {SLEEPER})
-    os._exit(0)
-while len([1 for p in os.listdir("/proc") if p.isdigit() and b"{MARK}" in open(f"/proc/{{p}}/cmdline", "rb").read()]) < 3:
-    time.sleep(0.1)
-print("escaped", flush=True)
-time.sleep(600)
-"""
+ESCAPING = escape(MARK) + "time.sleep(600)\n"
 
 
 def marked() -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and MARK.encode() in (entry / "cmdline").read_bytes():
-                if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
-                    found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
+    return hostile_marked(MARK)
 
 
 def wait_for_log(path: Path, text: str, timeout: float = 120.0) -> None:

@@ -17,6 +17,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from hostile import escape, marked, sleeper
 
 from runner import profiles, sandbox
 from runner.isolated import run_job
@@ -68,15 +69,8 @@ def serves_next_job(tmp_path: Path, *, scored: bool = False) -> None:
     assert not leftover_processes()
 
 
-def leftover_processes() -> list[str]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and MARK.encode() in (entry / "cmdline").read_bytes():
-                found.append(entry.name)
-        except OSError:
-            continue
-    return found
+def leftover_processes() -> list[int]:
+    return marked(MARK)
 
 
 @pytest.fixture
@@ -344,28 +338,9 @@ for host in ("127.0.0.1", "pypi.org"):
     serves_next_job(tmp_path)
 
 
-# A process that sleeps for ten minutes with the marker in its command line (`sleep 600 MARK` would
-# not do: sleep refuses the extra argument and exits at once, and the test would prove nothing).
-SLEEPER = f'[sys.executable, "-c", "import time; time.sleep(600)", "{MARK}"]'
-
-
 def test_no_process_outlives_its_run(smoke_prepared, tmp_path: Path) -> None:
-    body = f"""
-import os, subprocess, sys, time
-subprocess.Popen({SLEEPER})
-subprocess.Popen({SLEEPER}, start_new_session=True)
-if os.fork() == 0:  # a double fork, the classic daemon
-    os.setsid()
-    if os.fork() == 0:
-        os.execv(sys.executable, {SLEEPER})
-    os._exit(0)
-time.sleep(1)
-alive = [p for p in os.listdir("/proc") if p.isdigit() and b"{MARK}" in open(f"/proc/{{p}}/cmdline", "rb").read()]
-print("spawned", len(alive), flush=True)
-h.finish(model)
-"""
-    result = run(tmp_path, body)
-    assert "spawned 3" in log(tmp_path) and result.status == "ok"  # all three were running when it ended
+    result = run(tmp_path, escape(MARK) + "h.finish(model)\n")
+    assert "escaped" in log(tmp_path) and result.status == "ok"  # all three were running when it ended
     assert not leftover_processes()
     serves_next_job(tmp_path, scored=True)
 
@@ -406,7 +381,7 @@ def test_a_failing_run_is_a_crash_that_says_why(smoke_prepared, tmp_path: Path, 
 def test_an_endless_loop_is_killed_at_the_hard_limit(smoke_prepared, tmp_path: Path, short_limits,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     short_limits(max_total_s=8.0)  # a loop that sleeps: a busy one would meet its CPU cap (rejected) first
-    result = run(tmp_path, f"import subprocess, sys, time\nsubprocess.Popen({SLEEPER})\nwhile True:\n"
+    result = run(tmp_path, f"import subprocess, sys, time\nsubprocess.Popen({sleeper(MARK)})\nwhile True:\n"
                  "    time.sleep(0.1)\n")
     assert result.status == "timeout" and "hard limit" in result.error
     assert not leftover_processes()

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from hostile import escape, marked
 
 from runner import limits, profiles, proctree, sandbox
 from runner.isolated import Supervisor, run_job
@@ -33,21 +34,7 @@ h = harness.session()
 model = torch.nn.Sequential(torch.nn.Embedding(h.vocab_size, 8), torch.nn.Linear(8, h.vocab_size))
 """
 MARK = "autoresearch-limits-marker"
-SLEEPER = f'[sys.executable, "-c", "import time; time.sleep(600)", "{MARK}"]'  # (`sleep 600 MARK` would fail at once)
-# Processes that leave the run's tree every way a train.py can: a child, a setsid child, a double fork.
-ESCAPE = f"""
-import subprocess
-subprocess.Popen({SLEEPER})
-subprocess.Popen({SLEEPER}, start_new_session=True)
-if os.fork() == 0:
-    os.setsid()
-    if os.fork() == 0:
-        os.execv(sys.executable, {SLEEPER})
-    os._exit(0)
-while len([1 for p in os.listdir("/proc") if p.isdigit() and b"{MARK}" in open(f"/proc/{{p}}/cmdline", "rb").read()]) < 3:
-    time.sleep(0.1)
-print("escaped", flush=True)
-"""
+ESCAPE = escape(MARK)  # processes that leave the run's tree every way a train.py can
 
 
 def job(body: str) -> JobSpec:
@@ -55,16 +42,7 @@ def job(body: str) -> JobSpec:
 
 
 def leftovers() -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and MARK.encode() in (entry / "cmdline").read_bytes():
-                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-                if state != "Z":
-                    found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
+    return marked(MARK)
 
 
 def serves_next_job(tmp_path: Path, use_sandbox: bool | None) -> None:
