@@ -136,8 +136,10 @@ def test_demo_runs_then_resumes_to_a_larger_target(tmp_path: Path, smoke_prepare
     runs = json.loads(cli.invoke(app, ["results", "--workdir", str(work), "--runs", "--json"]).output)
     assert all(run["steps"] for run in runs if run["status"] == "ok")
     # main's own train.py never crashes, warm worker or not (the explorer's changes may)
-    baselines = [run["status"] for run in runs if run["purpose"] == "baseline"]
-    assert len(baselines) >= 2 and set(baselines) == {"ok"}, baselines
+    # (a later main's baseline may still be queued when the demo stops: it has no status yet)
+    baselines = [run for run in runs if run["purpose"] == "baseline"]
+    assert not [run for run in baselines if run["status"] not in ("ok", None)], baselines
+    assert sum(run["status"] == "ok" and run["state"] == "done" for run in baselines) >= 2, baselines
     status = cli.invoke(app, ["status", "--workdir", str(work)])
     assert status.exit_code == 0 and "profile smoke" in said(status) and "nothing running" in said(status)
     check_the_research_repository(work)
