@@ -487,18 +487,23 @@ def health_once_settled(service: Service) -> tuple[int, dict]:
     return answer.status_code, answer.json()
 
 
+def health_when_parts_fail(tmp_path: Path, make_parts, **settings) -> tuple[int, dict]:
+    """/healthz's answer, once settled, of a service whose parts cannot be made (`make_parts` raises)."""
+    with GitHubStandIn(tmp_path / "github", files={"train.py": MAIN, "program.md": program()},
+                       token_users={BOT_TOKEN: "autoresearch-bot"}) as gh:
+        service = Service(token_settings(tmp_path, gh.api_url, **settings), make_parts=make_parts)
+        service.start()
+        try:
+            return health_once_settled(service)
+        finally:
+            service.stop(timeout=5)
+
+
 def test_healthz_is_503_when_the_conductor_stopped(tmp_path: Path, no_service_environment: None) -> None:
     def make_parts(settings, client) -> Parts:
         raise ModuleNotFoundError("No module named 'torch'")
 
-    with GitHubStandIn(tmp_path / "github", files={"train.py": MAIN, "program.md": program()},
-                       token_users={BOT_TOKEN: "autoresearch-bot"}) as gh:
-        service = Service(token_settings(tmp_path, gh.api_url), make_parts=make_parts)
-        service.start()
-        try:
-            status, health = health_once_settled(service)
-        finally:
-            service.stop(timeout=5)
+    status, health = health_when_parts_fail(tmp_path, make_parts)
     assert status == 503 and health["ok"] is False and health["store"] == "ok"
     assert health["conductor"] == "stopped"
     assert health["conductor_detail"].startswith("stopped by an error: ModuleNotFoundError: No module named 'torch'; "
@@ -511,15 +516,7 @@ def test_healthz_never_shows_a_secret_even_in_the_reason_it_stopped(tmp_path: Pa
     def make_parts(settings, client) -> Parts:
         raise RuntimeError(f"a runner that prints its settings: {BOT_TOKEN} {SECRET} {'x' * 2000}")
 
-    with GitHubStandIn(tmp_path / "github", files={"train.py": MAIN, "program.md": program()},
-                       token_users={BOT_TOKEN: "autoresearch-bot"}) as gh:
-        service = Service(token_settings(tmp_path, gh.api_url, dashboard_token="dashboard-token-for-tests"),
-                          make_parts=make_parts)
-        service.start()
-        try:
-            status, health = health_once_settled(service)
-        finally:
-            service.stop(timeout=5)
+    status, health = health_when_parts_fail(tmp_path, make_parts, dashboard_token="dashboard-token-for-tests")
     shown = json.dumps(health)
     assert status == 503 and BOT_TOKEN not in shown and SECRET not in shown and "dashboard-token" not in shown
     assert "prints its settings: [secret] [secret] xxx" in health["conductor_detail"]
@@ -555,14 +552,7 @@ def test_healthz_is_503_when_the_conductor_thread_ended_without_a_word(tmp_path:
     def make_parts(settings, client) -> Parts:
         raise SystemExit(3)  # not an Exception: the thread ends without setting a state
 
-    with GitHubStandIn(tmp_path / "github", files={"train.py": MAIN, "program.md": program()},
-                       token_users={BOT_TOKEN: "autoresearch-bot"}) as gh:
-        service = Service(token_settings(tmp_path, gh.api_url), make_parts=make_parts)
-        service.start()
-        try:
-            status, health = health_once_settled(service)
-        finally:
-            service.stop(timeout=5)
+    status, health = health_when_parts_fail(tmp_path, make_parts)
     assert status == 503 and health["conductor"] == "stopped"
     assert health["conductor_detail"] == "the conductor thread ended without a reason; see the log"
 
