@@ -6,7 +6,7 @@
 #   docker build --build-arg EXTRAS=train -t autoresearch-bot .      # also trains here (runner=local)
 #
 # The image sets no runner: AUTORESEARCH_RUNNER is local unless .env says otherwise, and an image
-# without the training stack stops at start saying which runner to choose (bot/config.py), rather
+# without the training stack stops at start saying which runner to choose (bot/app/settings.py), rather
 # than serving webhooks while its conductor cannot run.
 #
 # The App's private key is a file mounted read-only, never an environment variable (`docker
@@ -33,6 +33,6 @@ RUN useradd --create-home --uid 10001 autoresearch && mkdir /state && chown auto
 USER autoresearch
 ENV AUTORESEARCH_STATE_DIR=/state AUTORESEARCH_HOST=0.0.0.0 AUTORESEARCH_PORT=8080
 EXPOSE 8080
-# /healthz answers 503 once the conductor stopped (bot/serve.py), so "unhealthy" means it acts on nothing
+# /healthz answers 503 once the conductor stopped (bot/app/serve.py), so "unhealthy" means it acts on nothing
 HEALTHCHECK --interval=30s --timeout=5s --start-period=60s CMD python -c "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('AUTORESEARCH_PORT', '8080'), timeout=4)" || exit 1
 CMD ["autoresearch", "serve"]

@@ -36,10 +36,10 @@ from fakes import IDENTITY, result_for  # noqa: E402
 
 from bot.agent import pricing  # noqa: E402
 from bot.agent.claude import ClaudeAgent, ClaudeConfig  # noqa: E402
-from bot.conductor import Conductor, ConductorConfig  # noqa: E402
-from bot.driver import Driver  # noqa: E402
+from bot.core.records import HistoryEntry, Job, ProposalContext, RunStatus, code_hash  # noqa: E402
 from bot.forge.local import init_research_repo  # noqa: E402
-from bot.records import HistoryEntry, Job, ProposalContext, RunStatus, code_hash  # noqa: E402
+from bot.loop.conductor import Conductor, ConductorConfig  # noqa: E402
+from bot.loop.driver import Driver  # noqa: E402
 from bot.store import Store  # noqa: E402
 
 warnings.filterwarnings("ignore", message="The model .* is deprecated")

@@ -1,8 +1,8 @@
 """Benchmark: how often the judge keeps the wrong change, and what its decisions cost in runs.
 
 Simulates the conductor's protocol with one slot and Gaussian run-to-run noise (sigma = 1, so
-every effect is in units of sigma), and drives the real `bot.judge.decide` and
-`bot.judge.pooled_noise` through it:
+every effect is in units of sigma), and drives the real `bot.loop.judge.decide` and
+`bot.loop.judge.pooled_noise` through it:
 
 - the first main is measured `first_baseline_runs` times; after a keep the new main is measured
   `baseline_runs` times afresh;
@@ -47,7 +47,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bot.judge import Decision, JudgeConfig, Noise, decide, main_runs_wanted, pooled_noise
+from bot.loop.judge import Decision, JudgeConfig, Noise, decide, main_runs_wanted, pooled_noise
 
 MAIN = "m" * 40  # every judged run was measured on the current main: no re-measures in one slot
 PROBE_GAINS = (0.0, 1.0, 2.0, 3.0)  # true gains of the probe changes, in sigma
@@ -102,7 +102,7 @@ class Rule:
 
 
 def new_rule(config: JudgeConfig | None = None) -> JudgeFn:
-    """The real judge (bot/judge.py) with `config`, defaults unless given."""
+    """The real judge (bot/loop/judge.py) with `config`, defaults unless given."""
     config = config or JudgeConfig()
 
     def judge(candidate: list[float], main: list[float], noise: Noise | None) -> Decision:
@@ -112,7 +112,7 @@ def new_rule(config: JudgeConfig | None = None) -> JudgeFn:
 
 
 def old_rule(candidate: list[float], main: list[float], noise: Noise | None) -> Decision:
-    """REFERENCE ONLY: the judge's rule before the Student-t change, as it stood in bot/judge.py.
+    """REFERENCE ONLY: the judge's rule before the Student-t change, as it stood in bot/loop/judge.py.
 
     margin = max(min_margin, 2.0 * sigma * sqrt(1/nc + 1/nm)) with min_margin 0; keep below
     -margin; an improvement inside the margin, or while the noise is unknown, gets one
@@ -140,7 +140,7 @@ def karpathy_rule(candidate: list[float], main: list[float], noise: Noise | None
 
 RULES = (
     Rule("OLD (2.0 sigma, fixed z)", old_rule, 2, 2),
-    Rule("NEW (Student-t, bot/judge.py)", new_rule(), main_runs_wanted(True), main_runs_wanted(False)),
+    Rule("NEW (Student-t, bot/loop/judge.py)", new_rule(), main_runs_wanted(True), main_runs_wanted(False)),
     Rule("KARPATHY (single run, no margin)", karpathy_rule, 1, 1),
 )
 

@@ -31,7 +31,7 @@ def main() -> None:
     args = parser.parse_args()
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="demo-bench-"))
     started = time.time()
-    subprocess.run([sys.executable, "-m", "bot.cli", "demo", "--workdir", str(workdir), "--profile", args.profile,
+    subprocess.run([sys.executable, "-m", "bot.app.cli", "demo", "--workdir", str(workdir), "--profile", args.profile,
                     "--experiments", str(args.experiments)], check=True)
     wall = time.time() - started
 

@@ -1,10 +1,10 @@
 """Benchmark: how busy the bot keeps K runner slots (the GPU duty cycle), and what it costs.
 
-Runs the real service (bot.serve.Service: conductor, driver, GitHub forge, publisher, poller) on
+Runs the real service (bot.app.serve.Service: conductor, driver, GitHub forge, publisher, poller) on
 the GitHub stand-in of the tests, started in a child process (so its CPU and its interpreter lock
 are not the bot's, as GitHub's are not) with `--latency-ms` (100) added to every REST call. The
 runner is simulated: K slots, each job sleeps a scaled budget on a timer and then answers through
-the real protocol (a runner.protocol.ResultSpec checked by bot.runners.protocol.checked_result,
+the real protocol (a runner.protocol.ResultSpec checked by bot.runners.specs.checked_result,
 with the job's asset sha256, this harness's hash, the identity's data fingerprint, its profile and
 seed). The agent is simulated too: it sleeps a scaled think time and adds one distinct constant
 to main's train.py (`_sim_change_<n> = <effect>`); a share of them are clear gains (kept, merged,
@@ -101,7 +101,7 @@ class Slot:
 
 class SimRunner:
     """The Runner protocol with K slots: a job sleeps `budget_s` on a timer, then answers with a
-    ResultSpec converted by bot.runners.protocol.checked_result, and says so through on_change."""
+    ResultSpec converted by bot.runners.specs.checked_result, and says so through on_change."""
 
     def __init__(self, slots: int, budget_s: float, identity: dict[str, str], sigma: float, seed: int) -> None:
         from runner.profiles import harness_hash
@@ -143,7 +143,7 @@ class SimRunner:
         return f"sim://{job.run_id}"
 
     def _finish(self, run_id: int) -> None:
-        from bot.runners.protocol import checked_result, job_spec
+        from bot.runners.specs import checked_result, job_spec
         from runner.protocol import Hashes, ResultSpec, RunnerIdentity, Timings
 
         with self._lock:
@@ -174,7 +174,7 @@ class SimRunner:
         return round(BASE_VAL_BPB + sum(float(x) for x in CHANGE.findall(asset)) + rng.gauss(0.0, self.sigma), 6)
 
     def lookup(self, run_id: int) -> Any:
-        from bot.records import RunStatus
+        from bot.core.records import RunStatus
 
         with self._lock:
             if run_id in self.results:
@@ -214,7 +214,7 @@ class SimAgent:
         self.asked: list[tuple[float, float]] = []  # (question, answer) times, monotonic
 
     def propose(self, ctx: Any) -> Any:
-        from bot.records import Proposal
+        from bot.core.records import Proposal
 
         asked = time.monotonic()
         time.sleep(self.seconds)
@@ -283,9 +283,9 @@ PHASES = ("read_main", "collect", "_advance_all", "schedule_baseline", "propose"
 def bench_service(opts: Options):
     """A Service that scales its clocks (timer, progress cadence, write pacer) and times each phase
     of every tick in the conductor thread."""
+    from bot.app.serve import Service
     from bot.github.client import WritePacer
     from bot.github.publisher import PROGRESS_EVERY_S
-    from bot.serve import Service
 
     class ScaledPacer(WritePacer):
         """GitHub's write windows (80 a minute, 500 an hour) on the scaled clock; counts its waits."""
@@ -368,9 +368,9 @@ def _run(opts: Options) -> dict[str, Any]:
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import rsa
 
-    from bot.config import load_service_settings
-    from bot.serve import Parts
-    from bot.states import State
+    from bot.app.serve import Parts
+    from bot.app.settings import load_service_settings
+    from bot.core.states import State
     from bot.store import Store
     from runner.profiles import harness_hash
 

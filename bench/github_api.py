@@ -1,6 +1,6 @@
 """Benchmark: GitHub API calls per experiment, by endpoint, and how many of them create content.
 
-Runs the real service (bot.serve.Service: conductor, GitHub forge, publisher, webhook server) on
+Runs the real service (bot.app.serve.Service: conductor, GitHub forge, publisher, webhook server) on
 the GitHub stand-in of the tests, with a runner whose results are chosen (no training) and a
 scripted agent: N experiments, a third kept, a third discarded, a third crashed. Every request
 the bot makes is recorded by the stand-in. The counts depend on the code, not on speed, except
@@ -48,10 +48,10 @@ from fakes import CRASH_MARK, IDENTITY, FakeRunner, with_effect  # noqa: E402
 from github_standin import GitHubStandIn  # noqa: E402
 
 from bot.agent.scripted import ScriptedAgent  # noqa: E402
-from bot.config import load_service_settings  # noqa: E402
+from bot.app.serve import Parts, Service  # noqa: E402
+from bot.app.settings import load_service_settings  # noqa: E402
+from bot.core.records import Proposal  # noqa: E402
 from bot.github.publisher import PROGRESS_EVERY_S  # noqa: E402
-from bot.records import Proposal  # noqa: E402
-from bot.serve import Parts, Service  # noqa: E402
 from bot.store import Store  # noqa: E402
 
 MAIN = with_effect((ROOT / "train.py").read_text(), 0.0, "main")

@@ -100,8 +100,8 @@ def tick_cost(snap: Path, ticks: int = 30) -> dict[str, Any]:
 
     from bench.tick_cost import time_ticks
     from bot.agent.scripted import ScriptedAgent
-    from bot.conductor import Conductor, ConductorConfig
     from bot.forge.local import LocalForge
+    from bot.loop.conductor import Conductor, ConductorConfig
     from bot.store import Store
 
     store = Store(snap / "state.db")

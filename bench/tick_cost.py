@@ -28,10 +28,10 @@ sys.path.append(str(ROOT / "tests"))  # the fake runner of the tests: a run that
 from fakes import IDENTITY, FakeRunner, result_for, with_effect  # noqa: E402
 
 from bot.agent.scripted import ScriptedAgent  # noqa: E402
-from bot.conductor import Conductor, ConductorConfig  # noqa: E402
+from bot.core.records import Job, Proposal, code_hash  # noqa: E402
+from bot.core.states import RunState, State, Status  # noqa: E402
 from bot.forge.local import LocalForge, init_research_repo  # noqa: E402
-from bot.records import Job, Proposal, code_hash  # noqa: E402
-from bot.states import RunState, State, Status  # noqa: E402
+from bot.loop.conductor import Conductor, ConductorConfig  # noqa: E402
 from bot.store import Store  # noqa: E402
 
 MAIN = with_effect((ROOT / "train.py").read_text(), 0.0, "main")

@@ -1,6 +1,6 @@
 """Benchmark: how fast the webhook server acknowledges deliveries that arrive together, on loopback.
 
-Starts the real app (bot.web.create_app over a fresh store in a temporary directory) under a real
+Starts the real app (bot.app.web.create_app over a fresh store in a temporary directory) under a real
 uvicorn server in a thread of this process, then sends rounds of N concurrent deliveries (N client
 threads released together by a barrier). Each delivery is a real GitHub `issue_comment.created`
 payload (the vendored example, put on a pull request, its author a MEMBER) with its own
@@ -43,7 +43,7 @@ from typing import Self
 
 import uvicorn
 
-from bot.web import create_app
+from bot.app.web import create_app
 
 ROOT = Path(__file__).resolve().parent.parent
 

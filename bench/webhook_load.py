@@ -3,7 +3,7 @@
 Three processes, so that no two of them share an interpreter (and its GIL):
 
 - the GitHub stand-in of the tests (`--standin`), the repository the bot works on;
-- the service (`--child`): the real `autoresearch serve` command (bot.cli, its settings from
+- the service (`--child`): the real `autoresearch serve` command (bot.app.cli, its settings from
   AUTORESEARCH_* variables, its logging, uvicorn with its access log) with the `scripted` agent
   (a JSON-lines file of proposals) and one thing swapped: the local runner is the tests'
   FakeRunner, whose runs finish at their first lookup, so the conductor proposes, publishes and
@@ -31,7 +31,7 @@ once 202 and once 200, and nothing answered 5xx or failed. Any miss exits non-ze
 
 To find where the time goes: --trace-store times the web's inbox writes and the conductor's write
 transactions and reports the service's CPU by thread; --web-module and --events-module run another
-bot/web.py and bot/events.py (say HEAD's) for a before/after in one session; --quiet, --fast-http
+bot/app/web.py and bot/loop/inbox.py (say HEAD's) for a before/after in one session; --quiet, --fast-http
 and --switch-ms each change one thing about the service process. On a small machine compare runs
 of one session, not across days.
 """
@@ -90,13 +90,13 @@ def child_main(run_seconds: float, quiet: bool, trace: Path | None, web_module: 
                switch_ms: float | None, events_module: Path | None = None) -> None:
     """`autoresearch serve`, as typed, with the local runner swapped for the tests' FakeRunner (its
     jobs lasting `run_seconds`); `quiet`: without the log lines a delivery costs (uvicorn's
-    access log, bot.web's INFO line); `trace`: time the store's writes, written there at exit;
-    `web_module`, `events_module`: this file serves as bot.web, bot.events (another version of it, to
+    access log, bot.app.web's INFO line); `trace`: time the store's writes, written there at exit;
+    `web_module`, `events_module`: this file serves as bot.app.web, bot.loop.inbox (another version of it, to
     compare in one session);
     `switch_ms`: the interpreter's switch interval (sys.setswitchinterval; Python's default is 5 ms)."""
     if switch_ms is not None:
         sys.setswitchinterval(switch_ms / 1000)
-    for name, path in (("bot.events", events_module), ("bot.web", web_module)):
+    for name, path in (("bot.loop.inbox", events_module), ("bot.app.web", web_module)):
         if path is not None:
             import importlib.util
 
@@ -110,10 +110,10 @@ def child_main(run_seconds: float, quiet: bool, trace: Path | None, web_module: 
     import uvicorn
     from fakes import IDENTITY, FakeRunner
 
-    import bot.serve
+    import bot.app.serve
     from bot.agent.choice import make_agent
-    from bot.cli import app
-    from bot.records import RunStatus
+    from bot.app.cli import app
+    from bot.core.records import RunStatus
 
     class TimedRunner(FakeRunner):
         """A job runs `run_seconds`, then tells the driver (as a real runner does)."""
@@ -133,11 +133,11 @@ def child_main(run_seconds: float, quiet: bool, trace: Path | None, web_module: 
                 return RunStatus("running", progress={"step": 1, "loss": 5.0, "progress": 0.5})
             return super().lookup(run_id)
 
-    def fake_local_parts(settings: Any, client: Any = None) -> bot.serve.Parts:
+    def fake_local_parts(settings: Any, client: Any = None) -> bot.app.serve.Parts:
         agent, budget = make_agent(settings.agent, script=settings.agent_script)
-        return bot.serve.Parts(runner=TimedRunner(), agent=agent, identity=dict(IDENTITY), budget_usd=budget)
+        return bot.app.serve.Parts(runner=TimedRunner(), agent=agent, identity=dict(IDENTITY), budget_usd=budget)
 
-    bot.serve.local_parts = fake_local_parts  # default_parts looks it up when the conductor connects
+    bot.app.serve.local_parts = fake_local_parts  # default_parts looks it up when the conductor connects
     if quiet:
         configure = uvicorn.Config.configure_logging
 
@@ -146,7 +146,7 @@ def child_main(run_seconds: float, quiet: bool, trace: Path | None, web_module: 
             logging.getLogger("uvicorn.access").setLevel(logging.WARNING)
 
         uvicorn.Config.configure_logging = configure_quietly  # type: ignore[method-assign]
-        logging.getLogger("bot.web").setLevel(logging.WARNING)
+        logging.getLogger("bot.app.web").setLevel(logging.WARNING)
     if trace is None:
         app(["serve"], prog_name="autoresearch")
         return
@@ -449,7 +449,7 @@ def main() -> int:
     parser.add_argument("--py-spy", type=Path, metavar="BIN", help="sample the service with this py-spy during the "
                         "load (the thread holding the GIL), collapsed stacks into --keep's py-spy.txt")
     parser.add_argument("--quiet", action="store_true", help="the service without its log lines per delivery "
-                        "(bot.web's INFO line; uvicorn's access line, which `serve` now leaves out for /webhook "
+                        "(bot.app.web's INFO line; uvicorn's access line, which `serve` now leaves out for /webhook "
                         "anyway), to see what they cost")
     parser.add_argument("--fast-http", type=Path, metavar="DIR", help="put DIR on the service's PYTHONPATH: with "
                         "httptools and uvloop there, uvicorn uses them (its 'auto' choice) instead of h11 and asyncio")
@@ -461,10 +461,10 @@ def main() -> int:
                         "answers come)")
     parser.add_argument("--trace-store", action="store_true", help="time the service's inbox inserts and the conductor's "
                         "write transactions (into --keep's store-trace.json) and report how they overlap")
-    parser.add_argument("--web-module", type=Path, metavar="FILE", help="serve with FILE as bot.web (e.g. "
-                        "`git show HEAD~1:bot/web.py > /tmp/web_before.py`), to compare two versions in one session")
-    parser.add_argument("--events-module", type=Path, metavar="FILE", help="serve with FILE as bot.events (the "
-                        "inbox's applier), as --web-module does for bot.web")
+    parser.add_argument("--web-module", type=Path, metavar="FILE", help="serve with FILE as bot.app.web (e.g. "
+                        "`git show HEAD~1:bot/app/web.py > /tmp/web_before.py`), to compare two versions in one session")
+    parser.add_argument("--events-module", type=Path, metavar="FILE", help="serve with FILE as bot.loop.inbox (the "
+                        "inbox's applier), as --web-module does for bot.app.web")
     parser.add_argument("--switch-ms", type=float, help="the service's GIL switch interval in ms (Python's default: 5); "
                         "a thread back from SQLite waits up to this long for the GIL while the event loop computes")
     parser.add_argument("--standin", type=Path, help=argparse.SUPPRESS)

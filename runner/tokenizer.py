@@ -33,7 +33,7 @@ import tiktoken
 import torch
 
 from runner import files
-from runner.data import Dataset, DataCorrupt, DataMissing, cache_dir
+from runner.data import DataCorrupt, DataMissing, Dataset, cache_dir
 
 # GPT-4 style pre-tokenisation, with numbers split into runs of at most two digits.
 SPLIT_PATTERN = (

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bot.records import Job, Proposal, ProposalContext, RunResult, RunStatus
+from bot.core.records import Job, Proposal, ProposalContext, RunResult, RunStatus
 
 IDENTITY = {"profile": "smoke", "harness_hash": "harness-1", "data_fingerprint": "data-1"}
 EFFECT = re.compile(r'^_fake_effect = \(([-+0-9.e]+), ".*"\)$', re.M)
@@ -31,7 +31,7 @@ CRASH_MARK = '\n_fake_crash = "boom"\n'  # a train.py holding this line crashes 
 
 def with_effect(text: str, effect: float, tag: str = "") -> str:
     """A train.py whose fake val_bpb is main's plus `effect` (the fakes read the marker line). The
-    marker is code, not a comment: a change to comments alone is no experiment (bot.validation)."""
+    marker is code, not a comment: a change to comments alone is no experiment (bot.loop.validation)."""
     text = EFFECT.sub("", text).rstrip("\n")
     return f"{text}\n_fake_effect = ({effect}, {json.dumps(tag)})\n"
 
@@ -170,7 +170,7 @@ class FailingAgent:
         if self.calls <= self.failures:
             raise self.error
         if not self.proposals:
-            from bot.agent import AgentError
+            from bot.core.protocols import AgentError
 
             raise AgentError("no more proposals")
         return self.proposals.pop(0)

@@ -17,7 +17,7 @@ from typing import Any
 from bot.agent.constants import Constant
 from bot.agent.crash_memory import crash_state
 from bot.agent.knobs import KNOB_BY_NAME, Knob, order_key, step_value
-from bot.records import HistoryEntry
+from bot.core.records import HistoryEntry
 
 EXPLORATION = 0.5  # C in the UCB bonus
 OPPOSITE_WEIGHT = 0.5  # how much an outcome of the other direction counts, mirrored

@@ -13,7 +13,7 @@ from pathlib import Path
 from pydantic import AliasChoices, Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from bot.agent import Agent, AgentError
+from bot.core.protocols import Agent, AgentError
 
 AGENTS = ("explorer", "claude", "scripted")
 

@@ -34,11 +34,21 @@ from typing import Any, NoReturn
 
 import anthropic
 
-from bot.agent import AgentError, pricing
-from bot.agent.editor import (BAD_CALL, EDITOR_NAMES, SUBMIT_TOOL, Submission, ToolResult, Workspace,
-                              check_train_py, editor_tool, parse_submit)
+from bot.agent import pricing
+from bot.agent.editor import (
+    BAD_CALL,
+    EDITOR_NAMES,
+    SUBMIT_TOOL,
+    Submission,
+    ToolResult,
+    Workspace,
+    check_train_py,
+    editor_tool,
+    parse_submit,
+)
 from bot.agent.prompt import EPHEMERAL, context_blocks, system_prompt
-from bot.records import Proposal, ProposalContext, code_hash
+from bot.core.protocols import AgentError
+from bot.core.records import Proposal, ProposalContext, code_hash
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
-from bot.agent import AgentError
 from bot.agent.knobs import INT, MULT, POW2, Knob
+from bot.core.protocols import AgentError
 
 
 @dataclass

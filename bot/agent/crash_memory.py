@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from bot.agent.constants import apply_edits, find_constants
 from bot.agent.knobs import KNOB_BY_NAME
-from bot.records import HistoryEntry, code_hash
+from bot.core.records import HistoryEntry, code_hash
 
 CRASH_MEMORY = 20  # later experiments for which a crash keeps blocking its value and beyond
 

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from bot.records import code_hash
+from bot.core.records import code_hash
 
 ROOT = "/repo"
 TRAIN_PY = "train.py"

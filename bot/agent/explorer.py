@@ -51,7 +51,6 @@ import hashlib
 import random
 from typing import Any
 
-from bot.agent import AgentError
 from bot.agent.arms import Arm, learn
 from bot.agent.batch import batch_followers, batch_names, batch_splits, profile_seq_len
 from bot.agent.constants import Constant, apply_edits, compiles, find_constants, format_value
@@ -59,7 +58,8 @@ from bot.agent.crash_memory import CRASH_MEMORY, skeleton
 from bot.agent.feedback import apply_feedback
 from bot.agent.knobs import KNOBS, live, usable
 from bot.agent.writeup import describe, rationale, what_helped
-from bot.records import HistoryEntry, Proposal, ProposalContext, code_hash
+from bot.core.protocols import AgentError
+from bot.core.records import HistoryEntry, Proposal, ProposalContext, code_hash
 
 JITTER = 0.1  # seeded noise added to every arm's score (tie-breaking among untried arms)
 COMBINE_AFTER = 4  # consecutive non-keeps before the first combined proposal...

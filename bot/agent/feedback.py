@@ -12,7 +12,7 @@ import re
 
 from bot.agent.arms import Arm
 from bot.agent.knobs import KNOBS
-from bot.records import HistoryEntry
+from bot.core.records import HistoryEntry
 
 FEEDBACK_BONUS = 5.0  # a human comment naming an arm beats any learned score
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from bot.agent.editor import HARNESS_MD, PROGRAM_MD, ROOT, TRAIN_PY
-from bot.records import HistoryEntry, ProposalContext
+from bot.core.records import HistoryEntry, ProposalContext
 
 EPHEMERAL = {"type": "ephemeral"}
 HISTORY_IN_FULL = 60  # the most recent experiments listed one per line; older ones are counted

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bot.agent import AgentError
-from bot.records import Proposal, ProposalContext, code_hash
+from bot.core.protocols import AgentError
+from bot.core.records import Proposal, ProposalContext, code_hash
 
 
 class ScriptedAgent:

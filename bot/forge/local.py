@@ -21,7 +21,7 @@ import git
 from git.exc import GitCommandError
 from gitdb.base import IStream
 
-from bot.forge import ForgeError, MainMoved
+from bot.core.protocols import ForgeError, MainMoved
 from bot.forge.merge import merge_text
 
 __all__ = ["LocalForge", "init_research_repo", "BOT_NAME", "BOT_EMAIL", "CLOSED_TAG_PREFIX"]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import git
 
-from bot.forge import ForgeError, MergeConflict
+from bot.core.protocols import ForgeError, MergeConflict
 
 
 def merge_text(base: str, ours: str, theirs: str, *, path: str, branch: str) -> str:

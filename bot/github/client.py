@@ -68,7 +68,7 @@ from github.Repository import Repository
 from urllib3.exceptions import InvalidHeader
 from urllib3.util import Retry
 
-from bot.config import ConfigError, ServiceSettings, env_name
+from bot.app.settings import ConfigError, ServiceSettings, env_name
 
 log = logging.getLogger(__name__)
 

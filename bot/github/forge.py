@@ -40,7 +40,7 @@ from urllib.parse import quote
 from github import GithubException
 from github.Repository import Repository
 
-from bot.forge import ForgeError, MainMoved
+from bot.core.protocols import ForgeError, MainMoved
 from bot.forge.merge import merge_text
 
 __all__ = ["GitHubForge"]

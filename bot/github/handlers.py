@@ -1,12 +1,12 @@
 """What each GitHub event does, applied from the inbox by the conductor (exactly once per delivery).
 
-The web server (bot.web) and the poller (bot.github.poller) store each event as an inbox entry of
+The web server (bot.app.web) and the poller (bot.github.poller) store each event as an inbox entry of
 kind `github` whose payload is a bot.github.webhooks.GitHubEvent. This module turns it into store
-writes: a person's request on an experiment (bot.states.Request), feedback for the agent, a
+writes: a person's request on an experiment (bot.core.states.Request), feedback for the agent, a
 pause, or a reply to queue (on the pull request or plain issue the command was written in). The
 conductor acts on requests at its next tick; the publisher posts replies. Nothing here writes to
 GitHub or calls a runner; the one thing it asks GitHub is who may steer (bot.github.permissions),
-through the lookup bot.serve injects (`install`).
+through the lookup bot.app.serve injects (`install`).
 
 Boundaries, checked here so the webhook and the poller paths give the same verdicts:
 - The research repository only. An App installation can cover other repositories, and their
@@ -29,7 +29,7 @@ Boundaries, checked here so the webhook and the poller paths give the same verdi
   (sender type Bot) never steers; the bot's own comments and the pull requests it closes itself are
   ignored by login. Anyone else's event is logged and dropped: it never reaches the agent, starts
   no run and gets no reply.
-- When GitHub cannot say whether someone may steer, the entry waits in the inbox (bot.events.Deferred)
+- When GitHub cannot say whether someone may steer, the entry waits in the inbox (bot.loop.inbox.Deferred)
   and is asked about again at the next tick; after WAIT_FOR_GITHUB_S of waiting it is dropped with
   an outcome that says so, so nothing waits forever.
 - Text people wrote (a comment, a /try idea) loses its control and bidirectional formatting
@@ -43,11 +43,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from bot.events import Deferred, RejectedInput, on
+from bot.core.states import Request, State, Status
 from bot.github import render
-from bot.github.permissions import PermissionUnknown, Permissions, quick_no
+from bot.github.permissions import Permissions, PermissionUnknown, quick_no
 from bot.github.webhooks import GitHubEvent
-from bot.states import Request, State, Status
+from bot.loop.inbox import Deferred, RejectedInput, on
 from bot.store import Experiment, InboxEntry, Store
 
 log = logging.getLogger(__name__)
@@ -130,7 +130,7 @@ class GitHubEvents:
     _waiting: dict[int, float] = field(default_factory=dict)  # inbox entry id -> when it first waited
 
     def install(self) -> GitHubEvents:
-        """Make this the handler of the inbox's `github` entries (bot.serve calls it when it connects)."""
+        """Make this the handler of the inbox's `github` entries (bot.app.serve calls it when it connects)."""
         on("github")(self)
         return self
 
@@ -171,7 +171,7 @@ class GitHubEvents:
         return outcome
 
 
-GitHubEvents().install()  # until bot.serve installs the wired one, GitHub entries wait in the inbox
+GitHubEvents().install()  # until bot.app.serve installs the wired one, GitHub entries wait in the inbox
 
 
 @when("push")

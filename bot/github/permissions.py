@@ -20,7 +20,7 @@ given write access is heard at their next command while a stream of denied comma
 one request per REASK_AFTER_S per person. The cache lives in memory: a restart asks again.
 
 Failing. When GitHub cannot answer (after the client's own retries) `access()` raises
-PermissionUnknown; the handler leaves the event in the inbox for a later tick (bot.events.Deferred)
+PermissionUnknown; the handler leaves the event in the inbox for a later tick (bot.loop.inbox.Deferred)
 rather than guess either way.
 """
 

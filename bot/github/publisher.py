@@ -46,12 +46,12 @@ import requests
 from github import GithubException, RateLimitExceededException
 from github.Repository import Repository
 
-from bot.conductor import Publisher, Snapshot
+from bot.core.protocols import Publisher, Snapshot
+from bot.core.states import RunState, State
 from bot.github import render
 from bot.github.handlers import BOT_LOGIN
 from bot.github.research_log import ResearchLog
 from bot.github.webhooks import GitHubEvent
-from bot.states import RunState, State
 from bot.store import Experiment, Store, failpoint
 
 __all__ = ["GitHubPublisher", "CHECK_NAME"]
@@ -140,7 +140,7 @@ class GitHubPublisher(Publisher):
         self._shown[exp.id] = shown
 
     def _bot_login(self) -> str | None:
-        """The login the bot's own content carries (written by bot.serve when it connects)."""
+        """The login the bot's own content carries (written by bot.app.serve when it connects)."""
         return self.store.get_setting(BOT_LOGIN)
 
     def _ours(self, user: Any) -> bool:

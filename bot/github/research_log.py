@@ -33,11 +33,11 @@ from typing import Any
 from github import GithubException
 from github.Repository import Repository
 
-from bot import results
 from bot.github import render
 from bot.github.handlers import BOT_LOGIN
 from bot.github.render import _bpb, _cell, _limit, _one_line, _plural, _signed  # the formatting PR bodies use
 from bot.store import Store
+from bot.views import results
 
 __all__ = ["LABEL", "TITLE", "Facts", "Kept", "ResearchLog", "Running", "content_digest", "facts", "log_body"]
 

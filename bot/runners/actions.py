@@ -42,9 +42,9 @@ from github.Repository import Repository
 from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from bot.records import Job, RunStatus
-from bot.runners.protocol import ResultRefused, checked_result, finished_status, job_spec
-from bot.runners.records import RunRecords
+from bot.core.records import Job, RunStatus
+from bot.runners.journal import RunRecords
+from bot.runners.specs import ResultRefused, checked_result, finished_status, job_spec
 from runner.protocol import JobSpec, ResultSpec
 
 if TYPE_CHECKING:

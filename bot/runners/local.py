@@ -41,8 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bot.records import Job, RunResult, RunStatus
-from bot.runners.protocol import ResultRefused, checked_result, finished_status, job_spec
+from bot.core.records import Job, RunResult, RunStatus
+from bot.runners.specs import ResultRefused, checked_result, finished_status, job_spec
 from runner import files, launch, limits, sandbox
 from runner.isolated import read_regular
 from runner.profiles import get_profile, harness_hash

@@ -26,9 +26,9 @@ from typing import Any, Protocol
 from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from bot.records import Job, RunStatus
-from bot.runners.protocol import checked_result, finished_status, job_spec
-from bot.runners.records import RunRecords
+from bot.core.records import Job, RunStatus
+from bot.runners.journal import RunRecords
+from bot.runners.specs import checked_result, finished_status, job_spec
 from runner.profiles import harness_hash
 from runner.protocol import JobSpec, ResultRefused, ResultSpec
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from hostile import escape, marked
 
-from runner import limits, profiles, proctree, sandbox
+from runner import limits, proctree, profiles, sandbox
 from runner.isolated import Supervisor, run_job
 from runner.protocol import JobSpec, ResultSpec
 

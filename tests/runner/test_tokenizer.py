@@ -6,8 +6,7 @@ import pytest
 
 from runner.data import DataMissing, prepare_dataset
 from runner.profiles import get_profile
-from runner.tokenizer import (BOS_TOKEN, SPECIAL_TOKENS, load_tokenizer, prepare_tokenizer,
-                              tokenizer_dir)
+from runner.tokenizer import BOS_TOKEN, SPECIAL_TOKENS, load_tokenizer, prepare_tokenizer, tokenizer_dir
 
 SMOKE = get_profile("smoke")
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from bot.agent import AgentError
 from bot.agent.choice import make_agent
 from bot.agent.explorer import OfflineExplorer
 from bot.agent.scripted import ScriptedAgent
+from bot.core.protocols import AgentError
 
 
 @pytest.fixture(autouse=True)

@@ -10,10 +10,10 @@ import anthropic
 import pytest
 from anthropic_standin import AnthropicStandIn, Reply
 
-from bot.agent import Agent, AgentError
 from bot.agent.claude import ClaudeAgent, ClaudeConfig, ClaudeUnavailable, ProposalSkipped
 from bot.agent.pricing import Prices, cost_usd, prices_for
-from bot.records import HistoryEntry, Proposal, ProposalContext, code_hash
+from bot.core.protocols import Agent, AgentError
+from bot.core.records import HistoryEntry, Proposal, ProposalContext, code_hash
 
 REPO = Path(__file__).resolve().parents[3]
 TRAIN_PY = (REPO / "train.py").read_text()

@@ -9,9 +9,21 @@ from pathlib import Path
 import pytest
 from anthropic.types import ToolTextEditor20250124Param, ToolTextEditor20250728Param
 
-from bot.agent.editor import (BAD_CALL, HARNESS_SUMMARY, HARNESS_USES, NOT_APPLIED, READ_ONLY, SUBMIT_TOOL,
-                              Submission, ToolResult, Workspace, check_train_py, editor_tool,
-                              missing_harness_uses, parse_submit)
+from bot.agent.editor import (
+    BAD_CALL,
+    HARNESS_SUMMARY,
+    HARNESS_USES,
+    NOT_APPLIED,
+    READ_ONLY,
+    SUBMIT_TOOL,
+    Submission,
+    ToolResult,
+    Workspace,
+    check_train_py,
+    editor_tool,
+    missing_harness_uses,
+    parse_submit,
+)
 
 REPO = Path(__file__).resolve().parents[3]
 TRAIN_PY = (REPO / "train.py").read_text()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bot.agent.prompt import HISTORY_IN_FULL, context_blocks, history_line, system_prompt
-from bot.records import HistoryEntry, ProposalContext
+from bot.core.records import HistoryEntry, ProposalContext
 
 REPO = Path(__file__).resolve().parents[3]
 TRAIN_PY = (REPO / "train.py").read_text()

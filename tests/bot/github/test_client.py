@@ -23,7 +23,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from github import GithubException
 from github.GithubException import RateLimitExceededExceedsMaxWait
 
-from bot.config import ConfigError, ServiceSettings
+from bot.app.settings import ConfigError, ServiceSettings
 from bot.github.client import GitHubClient, WritePacer, retry_policy
 
 REPO_JSON = {"id": 1, "name": "r", "full_name": "o/r", "owner": {"login": "o", "type": "User"},

@@ -12,7 +12,7 @@ import github
 import pytest
 from github_standin import GitHubStandIn
 
-from bot.forge import MainMoved, MergeConflict
+from bot.core.protocols import MainMoved, MergeConflict
 from bot.github.client import GitHubRetry
 from bot.github.forge import GitHubForge
 

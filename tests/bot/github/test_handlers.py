@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from bot.events import apply_inbox
 from bot.github import handlers
 from bot.github.webhooks import GitHubEvent, normalize
+from bot.loop.inbox import apply_inbox
 from bot.store import Store
 
 REPOSITORY = "octo/research"

@@ -11,8 +11,15 @@ import github
 import pytest
 from github_standin import GitHubStandIn
 
-from bot.github.permissions import (NO_FOR_S, REASK_AFTER_S, YES_FOR_S, CollaboratorPermissions, PermissionUnknown,
-                                    quick_no, read_answer)
+from bot.github.permissions import (
+    NO_FOR_S,
+    REASK_AFTER_S,
+    YES_FOR_S,
+    CollaboratorPermissions,
+    PermissionUnknown,
+    quick_no,
+    read_answer,
+)
 
 ROLES = {"olga": "admin", "max": "maintain", "alice": "write", "tom": "triage", "rita": "read"}
 

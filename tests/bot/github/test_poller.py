@@ -20,9 +20,9 @@ import pytest
 from github import InputGitTreeElement
 from github_standin import GitHubStandIn
 
-from bot.conductor import Snapshot
-from bot.config import load_service_settings
-from bot.events import apply_inbox
+from bot.app.settings import load_service_settings
+from bot.core.protocols import Snapshot
+from bot.core.states import Request
 from bot.github import handlers
 from bot.github import poller as poller_module
 from bot.github.client import RETRIES, GitHubClient
@@ -30,7 +30,7 @@ from bot.github.permissions import CollaboratorPermissions
 from bot.github.poller import Poller
 from bot.github.publisher import GitHubPublisher
 from bot.github.webhooks import GitHubEvent, normalize
-from bot.states import Request
+from bot.loop.inbox import apply_inbox
 from bot.store import Store
 
 REPO = "octo-org/research"
@@ -67,7 +67,7 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
         number = open_experiment_pull(client)
         store = Store(tmp_path / "state" / "state.db")
         store.set_setting(handlers.BOT_LOGIN, BOT)
-        # the same handler, asking the stand-in who may steer, as bot.serve wires it
+        # the same handler, asking the stand-in who may steer, as bot.app.serve wires it
         handlers.GitHubEvents(REPO, CollaboratorPermissions.for_repository(client.repo())).install()
         wakes: list[int] = []
         poller = Poller(client, store, wake=lambda: wakes.append(1))

@@ -12,14 +12,14 @@ import github
 import pytest
 from github_standin import GitHubStandIn
 
-from bot.conductor import Snapshot
-from bot.events import apply_inbox
+from bot.core.protocols import Snapshot
+from bot.core.states import State
 from bot.github import render
 from bot.github.forge import GitHubForge
 from bot.github.handlers import BOT_LOGIN, GitHubEvents
 from bot.github.permissions import CollaboratorPermissions
 from bot.github.publisher import CHECK_NAME, REPLY_TRIES, GitHubPublisher
-from bot.states import State
+from bot.loop.inbox import apply_inbox
 from bot.store import Store
 
 TRAIN = "lr = 0.01\n"
@@ -63,7 +63,7 @@ def world_for(tmp_path: Path, token_user: str) -> Iterator[World]:
         run = store.add_run(experiment_id=exp.id, purpose="candidate", code_hash="c1", commit_sha=head,
                             base_sha=main, asset="lr = 0.02\n", profile="smoke",
                             experiment_fields={"state": State.MEASURING})
-        store.set_setting(BOT_LOGIN, token_user)  # as bot.serve writes it when it connects
+        store.set_setting(BOT_LOGIN, token_user)  # as bot.app.serve writes it when it connects
         clock = Clock()
         publisher = GitHubPublisher(store, repo, read_file=forge.read_file, uses_app=token_user.endswith("[bot]"),
                                     clock=clock)

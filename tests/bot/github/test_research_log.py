@@ -14,10 +14,10 @@ import github
 import pytest
 from github_standin import GitHubStandIn
 
+from bot.core.states import State
 from bot.github import render
 from bot.github.handlers import BOT_LOGIN
 from bot.github.research_log import LABEL, SETTING, TITLE, Facts, Kept, ResearchLog, content_digest, log_body
-from bot.states import State
 from bot.store import Store
 
 BOT = "autoresearch-bot[bot]"
@@ -92,7 +92,7 @@ def world(tmp_path: Path) -> Iterator[World]:
         repo = github.Github(auth=github.Auth.Token("tok"), base_url=gh.api_url, retry=None,
                              seconds_between_requests=None, seconds_between_writes=None).get_repo("octo-org/research")
         store = Store(tmp_path / "state.db")
-        store.set_setting(BOT_LOGIN, BOT)  # as bot.serve writes it when it connects
+        store.set_setting(BOT_LOGIN, BOT)  # as bot.app.serve writes it when it connects
         main = gh.ref("heads/main") or ""
         run = store.add_run(experiment_id=None, purpose="baseline", code_hash="main", commit_sha=main, base_sha=main,
                             asset="lr = 0.01\n", profile="smoke")

@@ -13,8 +13,16 @@ from typing import Any
 
 import pytest
 
-from bot.github.webhooks import (COMMANDS, KINDS, ZERO_SHA, GitHubEvent, MalformedPayload, normalize,
-                                 parse_command, verify_signature)
+from bot.github.webhooks import (
+    COMMANDS,
+    KINDS,
+    ZERO_SHA,
+    GitHubEvent,
+    MalformedPayload,
+    normalize,
+    parse_command,
+    verify_signature,
+)
 
 EXAMPLES_DIR = Path(__file__).parent / "webhook_examples"
 HANDLED_EVENTS = ("ping", "push", "pull_request", "issue_comment", "pull_request_review",

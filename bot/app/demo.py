@@ -1,0 +1,299 @@
+"""The local loop, wired up: a research repository on disk, the CPU, the offline explorer.
+
+`autoresearch demo` builds (or reopens) a work directory
+
+    <workdir>/repo/        the research repository (main holds the best measured train.py)
+    <workdir>/state.db     the store
+    <workdir>/runs/<id>/   one directory per training run (train.py, log.txt, result.json)
+    <workdir>/results.tsv  the reference's results table
+    <workdir>/conductor.log
+
+and drives the conductor over it (bot.loop.driver) with a live display in a terminal, and one printed
+line per event either way (so `make demo > file`, CI and nohup show progress). A work directory
+measures one profile. Running it again resumes; `autoresearch steer/pause/resume` reach it while it
+runs, through the store's inbox.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from bot.agent.choice import make_agent
+from bot.forge.local import init_research_repo
+from bot.loop import measurement
+from bot.loop.conductor import Conductor, ConductorConfig, Summary
+from bot.loop.driver import Driver
+from bot.runners.local import LocalRunner
+from bot.store import Store
+from bot.views import results
+from runner.identity import measurement_identity
+from runner.prepare import prepare
+from runner.profiles import get_profile
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+SEED_FILES = ("train.py", "program.md")
+
+
+@dataclass
+class DemoOptions:
+    workdir: Path
+    profile: str = "cpu"
+    experiments: int = 6
+    slots: int = 1
+    seed: int = 0
+    data: str | None = None
+    live: bool = True
+    agent: str = "explorer"  # explorer | claude | scripted (bot.agent.choice)
+    agent_script: Path | None = None
+    budget_usd: float | None = None  # overrides AUTORESEARCH_ANTHROPIC_BUDGET_USD
+    dashboard_port: int | None = 8090  # None: no dashboard; a taken port: any free one
+
+
+def seed_files() -> dict[str, str]:
+    """The train.py and program.md a new research repository starts from."""
+    missing = [name for name in SEED_FILES if not (PROJECT_ROOT / name).exists()]
+    if missing:
+        raise FileNotFoundError(f"{', '.join(missing)} not found next to the bot package in {PROJECT_ROOT}: "
+                                "run autoresearch from a clone of the autoresearch-bot repository")
+    return {name: (PROJECT_ROOT / name).read_text(encoding="utf-8") for name in SEED_FILES}
+
+
+class WorkdirBusy(RuntimeError):
+    """Another conductor is running in this work directory."""
+
+
+def lock_workdir(workdir: Path) -> TextIO:
+    """Hold an exclusive lock on the work directory for this process's lifetime."""
+    handle = open(workdir / "conductor.lock", "a+")  # not "w": that would wipe the holder's pid
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise WorkdirBusy(f"another autoresearch conductor is running in {workdir}; wait for it to "
+                          "finish (or stop it) before starting another") from None
+    handle.truncate(0)
+    handle.write(str(os.getpid()))
+    handle.flush()
+    return handle
+
+
+def check_workdir(workdir: Path) -> Path:
+    """The work directory as an absolute path (run directories are stored that way), refused
+    clearly when it cannot be one. Creates nothing."""
+    workdir = workdir.expanduser().resolve()
+    if workdir.exists() and not workdir.is_dir():
+        raise NotADirectoryError(f"{workdir} is a file, not a work directory: choose another --workdir")
+    return workdir
+
+
+def build_conductor(options: DemoOptions, console: Console | None = None) -> tuple[Conductor, Store, LocalRunner]:
+    workdir = options.workdir
+    prepare(options.profile, options.data, progress=console is not None)
+    forge = init_research_repo(workdir / "repo", seed_files())
+    store = Store(workdir / "state.db")
+    runner = LocalRunner(workdir / "runs", slots=options.slots, data=options.data, warm=True)
+    if console is not None:
+        from runner import sandbox
+
+        usable, why = sandbox.available()
+        console.print(f"sandbox: {why}" if usable else f"[bold yellow]WARNING: runs are NOT sandboxed[/] ({why}); "
+                      "train.py can read what you can read")
+    identity = measurement_identity(options.profile, options.data)
+    if get_profile(options.profile).clock == "cpu":  # a CPU budget is CPU time per allotted thread
+        identity["threads"] = str(runner.threads)
+    agent, budget = make_agent(options.agent, script=options.agent_script, seed=options.seed)
+    config = ConductorConfig(profile=options.profile, identity=identity, max_experiments=options.experiments,
+                             agent_budget_usd=options.budget_usd if options.budget_usd is not None else budget)
+    conductor = Conductor(store, forge, runner, agent, config,
+                          results_tsv=workdir / "results.tsv")
+    return conductor, store, runner
+
+
+def check_profile(workdir: Path, profile: str) -> None:
+    """A work directory measures one profile: refuse another before preparing anything for it."""
+    db = workdir / "state.db"
+    if not db.is_file():
+        return
+    store = Store(db)
+    try:
+        pinned = store.identity().get("profile")
+    finally:
+        store.close()
+    measurement.refuse_other_profile(pinned, profile)
+
+
+def run_demo(options: DemoOptions, console: Console | None = None) -> Summary:
+    console = console or Console()
+    get_profile(options.profile)  # an unknown profile is refused before anything is created
+    options.workdir = check_workdir(options.workdir)
+    check_profile(options.workdir, options.profile)
+    options.workdir.mkdir(parents=True, exist_ok=True)
+    lock = lock_workdir(options.workdir)
+    _log_to(options.workdir / "conductor.log")
+    try:
+        return _run_locked(options, console)
+    finally:
+        lock.close()
+
+
+def _run_locked(options: DemoOptions, console: Console) -> Summary:
+    conductor, store, runner = build_conductor(options, console)
+    budget = get_profile(options.profile).time_budget_s
+    console.print(f"[bold]autoresearch demo[/]: profile [cyan]{options.profile}[/] ({budget:.0f}s per run), "
+                  f"{options.experiments} experiments, {options.slots} slot(s), work directory {options.workdir}")
+    started = time.time()
+    printer = EventPrinter(store, console)
+    dashboard = _start_dashboard(options, conductor, console)
+    try:
+        conductor.start()
+        if options.live:
+            with Live(console=console, refresh_per_second=4, transient=True) as live:
+                def show(c: Conductor) -> None:
+                    printer.print_new()
+                    live.update(render_status(c, options, started))
+                summary = Driver(conductor, timer_s=2.0, on_pass=show, on_wait=show).run()
+        else:
+            summary = Driver(conductor, timer_s=2.0, on_pass=lambda c: printer.print_new()).run()
+        printer.print_new()
+    finally:
+        if dashboard is not None:
+            dashboard.stop()
+        runner.shutdown()
+        store.close()
+    console.print(render_summary(summary, time.time() - started))
+    return summary
+
+
+def _start_dashboard(options: DemoOptions, conductor: Conductor, console: Console):
+    """The read-only dashboard of this work directory on a local port, for as long as the demo runs."""
+    if options.dashboard_port is None:
+        return None
+    from bot.views.dashboard import conductor_live, dashboard_app, serve_in_thread
+
+    app = dashboard_app(store_path=options.workdir / "state.db",
+                        live=conductor_live(lambda: conductor, conductor.config.agent_budget_usd))
+    try:
+        server = serve_in_thread(app, port=options.dashboard_port)
+    except RuntimeError:
+        server = serve_in_thread(app, port=0)  # the port is taken: any free one
+    console.print(f"dashboard: {server.url}")
+    return server
+
+
+class EventPrinter:
+    """Prints each new event of the store once, as one line."""
+
+    def __init__(self, store: Store, console: Console) -> None:
+        self.store = store
+        self.console = console
+        self.last = store.db.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0]
+
+    def print_new(self) -> None:
+        for event in self.store.events(after=self.last):
+            self.last = event["id"]
+            where = f"#{event['experiment_id']} " if event["experiment_id"] is not None else ""
+            stamp = time.strftime("%H:%M:%S", time.localtime(event["at"]))
+            self.console.print(f"{stamp} {where}{event['kind']}: {event['message']}", markup=False,
+                               highlight=False, soft_wrap=True)
+
+
+def render_status(conductor: Conductor, options: DemoOptions, started: float) -> Group:
+    summary = conductor.summary()
+    table = Table(title=None, expand=False, box=None, padding=(0, 2))
+    for column in ("run", "experiment", "step", "loss", "budget", "left"):
+        table.add_column(column)
+    for row in conductor.in_flight():
+        progress = row["progress"]
+        title = row["title"] if row["experiment"] is None else f"#{row['experiment']} {row['title']}"
+        table.add_row(str(row["run"]), f"{title} [{row['purpose']}]", str(progress.get("step", "-")),
+                      f"{progress['loss']:.3f}" if "loss" in progress else "-",
+                      f"{100 * progress.get('progress', 0):.0f}%",
+                      f"{progress['remaining_seconds']:.0f}s" if "remaining_seconds" in progress else "-")
+    summary_line = Text.assemble(
+        ("experiments ", "bold"), f"{summary.experiments}/{options.experiments} done  ",
+        ("kept ", "green"), f"{summary.kept}  ", ("discarded ", "yellow"), f"{summary.discarded}  ",
+        ("crashed ", "red"), f"{summary.crashed}  ",
+        ("baseline ", "bold"), _fmt(summary.baseline_val_bpb), ("  best ", "bold"), _fmt(summary.best_val_bpb),
+        f"  elapsed {time.time() - started:.0f}s")
+    return Group(summary_line, table) if table.row_count else Group(summary_line)
+
+
+def render_summary(summary: Summary, wall_s: float) -> Table:
+    table = Table(title="autoresearch: summary", show_header=False)
+    table.add_column("what", style="bold")
+    table.add_column("value")
+    table.add_row("experiments", str(summary.experiments))
+    table.add_row("kept / discarded / crashed / failed",
+                  f"{summary.kept} / {summary.discarded} / {summary.crashed} / {summary.failed}")
+    table.add_row("baseline val_bpb", _fmt(summary.baseline_val_bpb))
+    table.add_row("main's val_bpb now (its own runs)", _fmt(summary.best_val_bpb))
+    table.add_row("stopped because", summary.stop_reason or "-")
+    table.add_row("wall time", f"{wall_s:.0f}s")
+    table.add_row("results.tsv", str(summary.results_tsv))
+    return table
+
+
+def results_table(store: Store) -> Table:
+    table = Table(title="experiments")
+    rows = results.rows(store)
+    priced = any(row["cost_usd"] is not None for row in rows)  # an LLM agent: its cost per proposal
+    for column in ("#", "val_bpb", "delta", "margin", "re-measured", "steps", "tok/s", "runs", "status"):
+        table.add_column(column, no_wrap=True)
+    if priced:
+        table.add_column("cost", no_wrap=True)
+    table.add_column("description", ratio=1)
+    colours = {"keep": "green", "discard": "yellow", "crash": "red", "failed": "red", "cancelled": "yellow"}
+    for row in rows:
+        cost = [] if not priced else ["-" if row["cost_usd"] is None else f"${row['cost_usd']:.3f}"]
+        table.add_row(str(row["id"]), _fmt(row["val_bpb"]), _signed(row["delta"]), _fmt(row["margin"]),
+                      _signed(row["remeasured_delta"]), _whole(row["steps"]), _whole(row["tokens_per_second"]),
+                      str(row["runs"]), f"[{colours.get(row['status'], 'white')}]{row['status']}[/]", *cost,
+                      row["description"])
+    return table
+
+
+def runs_table(store: Store) -> Table:
+    table = Table(title="runs")
+    for column in ("run", "exp", "purpose", "state", "val_bpb", "steps", "tok/s", "cpu share", "seconds", "note"):
+        table.add_column(column)
+    for row in results.run_rows(store):
+        share = row["cpu_share"]
+        table.add_row(str(row["run"]), str(row["experiment"] or "main"), row["purpose"], row["state"],
+                      _fmt(row["val_bpb"]), _whole(row["steps"]), _whole(row["tokens_per_second"]),
+                      "-" if share is None else f"{share:.0%}", _whole(row["seconds"]),
+                      (row["note"] or "").strip().splitlines()[-1][:80] if row["note"] else "")
+    return table
+
+
+def _signed(value: float | None) -> str:
+    return "" if value is None else f"{value:+.6f}"
+
+
+def _whole(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.6f}"
+
+
+def _log_to(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.setLevel(logging.INFO)
+    if not any(isinstance(h, logging.FileHandler) and h.baseFilename == str(path.resolve())
+               for h in root.handlers):
+        root.addHandler(handler)

@@ -1,0 +1,165 @@
+"""The four interfaces the loop speaks, side by side: Forge, Runner, Agent and Publisher.
+
+Everything outside the loop implements one of them (bot.forge and bot.github.forge the Forge,
+bot.runners the Runner, bot.agent the Agent, bot.github.publisher the Publisher), and the loop
+(bot.loop) uses them without knowing which. Their errors live here too, so an implementation
+never imports the loop and the loop never imports an implementation.
+
+Forge: where experiment branches live and how improvements reach main. It reads files at a ref,
+creates one branch (one commit) per hypothesis, re-grafts a branch onto a newer main,
+squash-merges a winner into main with a compare-and-swap on main, and marks finished experiments
+closed without deleting them.
+
+Runner: a job (run id, train.py text, profile, seed) goes in, a RunResult comes out.
+
+One protocol for every place a run can happen: a local subprocess per slot here, GitHub Actions
+self-hosted runners or Modal later. The conductor is the only one that chooses run ids and counts
+slots (from the store: runs in state running); a runner is asked, never waited on:
+
+- `submit(job)` starts the job, or does nothing if a job with that run id was already submitted
+  (so a conductor that died between writing "running" and submitting can simply submit again);
+- `lookup(run_id)` says where it is: queued, running (with its latest progress line), finished
+  (with its result), lost (the runner has no trace of a result and never will), or unknown (never
+  submitted here);
+- `cancel(run_id)` stops it; it reports nothing afterwards.
+
+A result is checked by the conductor against its job (run id, asset sha256, profile, harness and
+data identity) before it counts; a runner does not judge its own results.
+
+Agent: whatever turns a `ProposalContext` into the next experiment's `Proposal`: a new full
+asset, a short title and a plain-English hypothesis. An agent that cannot propose anything useful
+raises `AgentError` with a message meant for a human.
+
+Publisher: shows the store's experiments to people (on GitHub: pull requests, checks, comments).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from bot.core.records import Job, Proposal, ProposalContext, RunStatus
+
+__all__ = ["Agent", "AgentError", "Forge", "ForgeError", "MainMoved", "MergeConflict", "Publisher", "Runner",
+           "Snapshot"]
+
+
+# --- Forge ------------------------------------------------------------------------------------
+class ForgeError(Exception):
+    """A forge operation failed (unknown ref, bad path, git refused an update, ...)."""
+
+
+class MainMoved(ForgeError):
+    """Main is not at the expected sha, or the branch is not based on it: rebase and re-measure."""
+
+
+class MergeConflict(ForgeError):
+    """A 3-way merge of a branch's file onto a newer main conflicts."""
+
+
+@runtime_checkable
+class Forge(Protocol):
+    """What the conductor needs from a git host. Every mutating call is safe to retry."""
+
+    def main_sha(self) -> str:
+        """The sha of main's head."""
+        ...
+
+    def read_file(self, ref: str, path: str) -> str:
+        """The text of `path` at `ref` (a sha or branch name); FileNotFoundError if absent."""
+        ...
+
+    def branch_head(self, branch: str) -> str | None:
+        """The head sha of `branch`, or None if there is no such branch."""
+        ...
+
+    def create_branch(self, branch: str, base_sha: str, files: dict[str, str], message: str) -> str:
+        """Point `branch` at one commit on `base_sha` with `files` (path -> text) written; return it.
+
+        Idempotent: an existing branch whose head already is exactly that (parent `base_sha`, same
+        tree) is returned as is; an existing branch that differs is force-moved to a fresh commit.
+        Never touches main, HEAD or a working tree.
+        """
+        ...
+
+    def rebase_branch(self, branch: str, onto_sha: str, path: str) -> str:
+        """Re-create `branch` as one commit on `onto_sha` carrying only its change to `path`.
+
+        `path` becomes the 3-way merge of (base: the branch's parent, ours: onto_sha, theirs: the
+        branch); everything else is onto_sha's. Keeps the commit message. Raises MergeConflict on a
+        conflicting merge. A branch already based on onto_sha is returned unchanged.
+        """
+        ...
+
+    def merge(self, branch: str, expected_main: str, message: str) -> str:
+        """Squash-merge `branch` into main as one commit on `expected_main`; return main's new sha.
+
+        Raises MainMoved if main is not at `expected_main` or the branch is not based on it.
+        Idempotent: if main already is a commit with this message on `expected_main`, return it.
+        """
+        ...
+
+    def close(self, branch: str, label: str) -> None:
+        """Mark the experiment on `branch` finished with `label`, keeping the branch. Idempotent."""
+        ...
+
+    def closed_label(self, branch: str) -> str | None:
+        """The label `branch` was closed with, or None if it is still open."""
+        ...
+
+    def list_branches(self, prefix: str = "autoresearch/") -> list[str]:
+        """The names of the branches that start with `prefix`."""
+        ...
+
+
+# --- Runner -----------------------------------------------------------------------------------
+class Runner(Protocol):
+    slots: int  # jobs it can run at once
+
+    def submit(self, job: Job) -> str:
+        """Start `job` (idempotent by run id); returns where its files or logs are."""
+
+    def lookup(self, run_id: int) -> RunStatus:
+        """The job's state now. Cheap: called for every running job on every tick."""
+
+    def cancel(self, run_id: int) -> None:
+        """Stop the job; it reports nothing afterwards."""
+
+    def on_change(self, callback: Callable[[], None]) -> None:
+        """Ask to be told (from any thread) when a job may have changed state, so the conductor's
+        driver can tick at once instead of on its timer. A runner that cannot tell ignores it."""
+
+
+# --- Agent ------------------------------------------------------------------------------------
+@runtime_checkable
+class Agent(Protocol):
+    """Anything that proposes the next experiment."""
+
+    def propose(self, ctx: ProposalContext) -> Proposal:
+        """Return a new train.py (never one whose code_hash is in ctx.seen_hashes) and why."""
+        ...
+
+
+class AgentError(Exception):
+    """The agent could not produce a proposal; the message says why and what to do about it."""
+
+
+# --- Publisher --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Snapshot:
+    """What a publisher shows beside the store's rows: main's numbers and the live progress."""
+
+    main_sha: str
+    main_val_bpb: float | None
+    margin: float | None  # the noise margin a change must beat now
+    progress: dict[int, dict[str, Any]]  # run id -> its latest progress line
+    budget_s: float  # the profile's training budget
+
+
+class Publisher:
+    """Shows the store's experiments to people (GitHub: pull requests, checks, comments). The
+    default shows nothing: the local loop's record is the repository and results.tsv."""
+
+    def publish(self, snapshot: Snapshot) -> None:
+        return None

@@ -1,0 +1,81 @@
+"""The driver: calls the conductor's tick() when something arrives, and on a slow timer otherwise.
+
+Something arrives when the agent answers, a runner says a job changed (both call `wake()` from
+their own threads), or a new inbox entry appears in the store (written by another process, so it
+is polled: one indexed query every `inbox_poll_s`). The timer catches what nobody announces (a
+job adopted after a restart, a run past its deadline, a retry whose backoff ran out). The same
+driver runs `autoresearch demo` now and the long-running service later.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+
+from bot.loop.conductor import Conductor, ConductorError, Summary
+from bot.views import results
+
+
+class Driver:
+    def __init__(self, conductor: Conductor, *, timer_s: float = 30.0, inbox_poll_s: float = 0.5,
+                 on_pass: Callable[[Conductor], None] | None = None,
+                 on_wait: Callable[[Conductor], None] | None = None) -> None:
+        self.conductor = conductor
+        self.timer_s = timer_s
+        self.inbox_poll_s = inbox_poll_s
+        self.on_pass = on_pass  # after every tick (print new events, say)
+        self.on_wait = on_wait  # every inbox poll while waiting (refresh a live display, say)
+        self.ticks = 0
+        self._wake = threading.Event()
+        conductor.wake_on(self.wake)
+
+    def wake(self) -> None:
+        """Tick as soon as possible; safe from any thread."""
+        self._wake.set()
+
+    def run(self, *, forever: bool = False, stop: threading.Event | None = None) -> Summary:
+        """Tick until the conductor has nothing more to do; raise ConductorError if main needs a human.
+
+        `forever` (the service): keep ticking after that, since a person can always ask for more
+        (a /rerun, a reopened pull request, a fixed main), until `stop` is set."""
+        conductor = self.conductor
+        conductor.start()
+        cpu, wall = time.process_time(), time.monotonic()
+        try:
+            return self._loop(forever, stop or threading.Event())
+        finally:  # the conductor process's own CPU (agent thread included, training children not)
+            conductor.store.set_setting("driver.last_run", json.dumps({
+                "ticks": self.ticks, "cpu_seconds": round(time.process_time() - cpu, 3),
+                "wall_seconds": round(time.monotonic() - wall, 3)}))
+
+    def _loop(self, forever: bool, stop: threading.Event) -> Summary:
+        conductor = self.conductor
+        while not stop.is_set():
+            seen_inbox = conductor.store.last_inbox_id()
+            self._wake.clear()
+            conductor.tick()
+            self.ticks += 1
+            if self.on_pass:
+                self.on_pass(conductor)
+            if conductor.finished() and not forever:
+                break
+            self._wait(seen_inbox)
+        results.export_tsv(conductor.store, conductor.results_tsv)
+        if conductor.blocked and not forever:
+            raise ConductorError(conductor.blocked)
+        return conductor.summary()
+
+    def _wait(self, seen_inbox: int) -> None:
+        deadline = time.monotonic() + self.timer_s
+        while not self._wake.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            if self._wake.wait(timeout=min(self.inbox_poll_s, left)):
+                return
+            if self.on_wait:
+                self.on_wait(self.conductor)
+            if self.conductor.store.last_inbox_id() != seen_inbox:
+                return

@@ -1,0 +1,53 @@
+"""The bot's side of the job/result protocol (runner.protocol): a conductor's `Job` becomes a
+`JobSpec` for a runner, and a runner's `ResultSpec` becomes the `RunResult` the conductor records.
+
+Every backend (local, GitHub Actions, Modal) converts here, so a result means the same wherever
+it ran. A timed-out or rejected run is recorded as a crash of its train.py, with
+`metrics["outcome"]` keeping which, and its error saying why. A run the supervisor found killed
+from outside (`lost`: not its code, not its limits) is a lost run (`finished_status`), carrying
+the crash it would be charged as if that keeps happening (the conductor decides).
+"""
+
+from __future__ import annotations
+
+from bot.core.records import Job, RunResult, RunStatus
+from runner.protocol import JobSpec, ResultRefused, ResultSpec, check_result
+
+_ERROR_PREFIX = {"crash": "", "timeout": "timed out: ", "rejected": "rejected: ", "lost": ""}
+
+
+def job_spec(job: Job, *, repository: str = "") -> JobSpec:
+    return JobSpec(experiment_id=job.experiment_id, run_id=job.run_id, repository=repository, commit=job.commit,
+                   asset=job.asset, asset_sha256=job.asset_sha256, profile=job.profile, seed=job.seed)
+
+
+def run_result(spec: ResultSpec) -> RunResult:
+    """The conductor's record of a result. The identity it was measured under (asset, harness,
+    data, profile, seed) goes into the metrics, where the conductor checks it against the job."""
+    metrics = dict(spec.metrics, outcome=spec.status, asset_sha256=spec.hashes.asset,
+                   harness_hash=spec.hashes.harness, data_fingerprint=spec.hashes.data, profile=spec.profile,
+                   seed=spec.seed, sandboxed=spec.sandboxed, runner=spec.runner.model_dump(),
+                   timings=spec.timings.model_dump())
+    if spec.status == "ok":
+        return RunResult(run_id=spec.run_id, status="ok", val_bpb=spec.val_bpb, metrics=metrics,
+                         log_tail=spec.log_tail)
+    return RunResult(run_id=spec.run_id, status="crash", metrics=metrics, log_tail=spec.log_tail,
+                     error=_ERROR_PREFIX[spec.status] + (spec.error or spec.status))
+
+
+def finished_status(result: RunResult) -> RunStatus:
+    """What lookup() answers for a run that ended with `result`: finished, or lost when the
+    supervisor found its training process killed from outside (`result` is then the crash the
+    conductor charges if the run's code keeps getting lost that way)."""
+    if result.metrics.get("outcome") == "lost":
+        return RunStatus("lost", detail=result.error or "killed from outside the run", result=result)
+    return RunStatus("finished", result=result)
+
+
+def checked_result(job: JobSpec, spec: ResultSpec, *, harness: str) -> RunResult:
+    """`run_result`, after `check_result`: raises ResultRefused for an answer to another job."""
+    check_result(job, spec, harness=harness)
+    return run_result(spec)
+
+
+__all__ = ["ResultRefused", "checked_result", "finished_status", "job_spec", "run_result"]

@@ -1,0 +1,230 @@
+"""The progress chart: val_bpb of every experiment in order, the way the reference's progress.png
+draws it.
+
+x is the experiment number (0 = the baseline of the first main, then 1, 2, ... in the order of
+bot.views.results.rows), y is val_bpb (lower is better). Discarded experiments are light grey dots, kept
+ones a strong colour with a short title, crashes and failures (no val_bpb) small marks on the bottom
+edge. A step line follows main's val_bpb after each keep, with the judge's noise margin drawn as a
+band around main's current value when one is known.
+
+chart_data() is pure (numbers out of the store); write_chart() draws them. matplotlib is imported
+inside write_chart, through the object-oriented Figure API with the Agg canvas: importing this module
+stays cheap and never touches a display or pyplot's global state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bot.store import Store
+from bot.views import results
+from runner import files
+
+MAX_LABELS = 30  # kept points labelled with their title; beyond that the chart becomes unreadable
+LABEL_CHARS = 32
+FORMATS = ("png", "svg")
+
+KEEP_COLOUR = "#2a9d4b"
+DISCARD_COLOUR = "#c8c8c8"
+BASELINE_COLOUR = "#1f4e99"
+CRASH_COLOUR = "#d62728"
+STEP_COLOUR = "#2a9d4b"
+
+
+@dataclass
+class Point:
+    x: int  # experiment number: 0 is the baseline
+    val_bpb: float
+    status: str  # keep, discard, cancelled, or "baseline"
+    title: str
+    id: int = 0  # the experiment's id in the store (0 for the baseline)
+    label: str | None = None  # the short title drawn beside it (kept points only, at most MAX_LABELS)
+
+
+@dataclass
+class ChartData:
+    points: list[Point]  # the baseline, then every experiment with a val_bpb
+    best_steps: list[tuple[int, float]]  # (x, main's val_bpb from then on): the baseline, then each keep
+    kept: int  # experiments kept (the baseline not counted)
+    crashed: int  # experiments that crashed or failed
+    baseline: float | None
+    best: float | None  # main's val_bpb now: the last step
+    experiments: int = 0  # finished experiments (the baseline not counted)
+    crashes: list[int] = field(default_factory=list)  # x of each crashed or failed experiment
+    margin: float | None = None  # the judge's latest noise margin, drawn around `best`
+
+    @property
+    def gain(self) -> float | None:
+        """How much lower main's val_bpb is than the baseline's (positive = better)."""
+        if self.baseline is None or self.best is None:
+            return None
+        return self.baseline - self.best
+
+
+def chart_data(store: Store) -> ChartData:
+    """The chart's numbers, from results.rows: nothing is drawn here."""
+    rows = results.rows(store)
+    points: list[Point] = []
+    steps: list[tuple[int, float]] = []
+    crashes: list[int] = []
+    baseline: float | None = None
+    margin: float | None = None
+    kept = experiments = 0
+    number = 0
+    for row in rows:
+        if row["id"] == 0:  # the baseline row, always first when present
+            baseline = row["val_bpb"]
+            if baseline is not None:
+                points.append(Point(x=0, val_bpb=baseline, status="baseline", title="baseline"))
+                steps.append((0, baseline))
+            continue
+        number += 1
+        experiments += 1
+        status, value = row["status"], row["val_bpb"]
+        if row["margin"] is not None:
+            margin = row["margin"]
+        if status in ("crash", "failed"):
+            crashes.append(number)
+            continue
+        if status == "keep":
+            kept += 1
+        if value is None:  # cancelled before it was measured: a number on the axis, nothing drawn
+            continue
+        points.append(Point(x=number, val_bpb=value, status=status, title=row["description"], id=row["id"]))
+        if status == "keep":
+            steps.append((number, value))
+    _choose_labels(points, steps)
+    return ChartData(points=points, best_steps=steps, kept=kept, crashed=len(crashes), baseline=baseline,
+                     best=steps[-1][1] if steps else None, experiments=experiments, crashes=crashes,
+                     margin=margin)
+
+
+def _choose_labels(points: list[Point], steps: list[tuple[int, float]]) -> None:
+    """Label the kept points; past MAX_LABELS, only those that moved main down the most."""
+    kept = [p for p in points if p.status == "keep"]
+    if len(kept) > MAX_LABELS:
+        previous = dict(zip([x for x, _ in steps[1:]], [v for _, v in steps]))  # x -> main before it
+        kept = sorted(kept, key=lambda p: (p.val_bpb - previous.get(p.x, p.val_bpb), p.x))[:MAX_LABELS]
+    for point in kept:
+        point.label = _short(point.title)
+
+
+def _short(title: str) -> str:
+    words = " ".join(title.split())
+    return words if len(words) <= LABEL_CHARS else words[:LABEL_CHARS - 1].rstrip() + "…"
+
+
+def write_chart(store: Store, out: Path) -> ChartData:
+    """Draw the chart to `out`, a .png or .svg file (written atomically), and return its numbers."""
+    out = Path(out)
+    kind = out.suffix.lower().lstrip(".")
+    if kind not in FORMATS:
+        raise ValueError(f"cannot write a chart to {out.name}: name it .png or .svg")
+    data = chart_data(store)
+    figure = _draw(data)
+    metadata = {"Date": None} if kind == "svg" else {"Software": None}  # same numbers, same bytes
+    import matplotlib
+
+    with matplotlib.rc_context({"svg.hashsalt": "autoresearch", "svg.fonttype": "none"}):
+        files.write_atomically(out, lambda tmp: figure.savefig(tmp, format=kind, dpi=120, metadata=metadata))
+    return data
+
+
+def _draw(data: ChartData):
+    """A matplotlib Figure of `data`, on the Agg canvas (no display, no pyplot)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(14, 7))
+    FigureCanvasAgg(figure)
+    ax = figure.add_subplot()
+    ax.set_xlabel("experiment #")
+    ax.set_ylabel("val_bpb (validation bits per byte)")
+    if not data.points and not data.crashes:
+        ax.set_title("autoresearch progress")
+        ax.text(0.5, 0.5, "no experiments yet", transform=ax.transAxes, ha="center", va="center",
+                fontsize=16, color="grey", gid="empty")
+        ax.set_xticks([])
+        ax.set_yticks([])
+        figure.tight_layout()
+        return figure
+
+    last_x = max([p.x for p in data.points] + data.crashes)
+    low, high = _y_range(data)
+    if data.best is not None and data.margin:
+        ax.axhspan(data.best - data.margin, data.best + data.margin, color=STEP_COLOUR, alpha=0.12, lw=0,
+                   label=f"noise margin ±{data.margin:.4f}", gid="noise-band")
+    if data.best_steps:
+        xs = [x for x, _ in data.best_steps] + [last_x]
+        ys = [v for _, v in data.best_steps] + [data.best_steps[-1][1]]
+        ax.step(xs, ys, where="post", color=STEP_COLOUR, lw=1.8, alpha=0.8, label="main (after each keep)",
+                gid="best-steps")
+
+    small = len(data.points) > 200
+    top = high - 0.02 * (high - low)  # where an outlier above the range is pinned
+    drawn: dict[int, float] = {}
+    for point in data.points:
+        clipped = point.val_bpb > high  # an outlier: drawn on the top edge, pointing up
+        drawn[point.x] = y = top if clipped else point.val_bpb
+        if point.status == "baseline":
+            style = {"marker": "D", "ms": 8, "color": BASELINE_COLOUR, "zorder": 4}
+        elif point.status == "keep":
+            style = {"marker": "o", "ms": 7, "color": KEEP_COLOUR, "markeredgecolor": "black", "mew": 0.6,
+                     "zorder": 4}
+        else:  # discarded, or cancelled after it was measured
+            style = {"marker": "o", "ms": 3 if small else 5, "color": DISCARD_COLOUR, "zorder": 2}
+        if clipped:
+            style["marker"] = "^"
+        (line,) = ax.plot([point.x], [y], linestyle="none", **style)
+        line.set_gid(f"point-{point.x}")
+    for n, point in enumerate(p for p in data.points if p.label):
+        ax.annotate(point.label, (point.x, drawn[point.x]), xytext=(6, 8 if n % 2 else -12),
+                    textcoords="offset points", fontsize=7, rotation=20, color="#174f27", zorder=5)
+
+    if data.crashes:  # no val_bpb: small marks along the bottom edge
+        for x in data.crashes:
+            (mark,) = ax.plot([x], [0.015], transform=ax.get_xaxis_transform(), linestyle="none", marker="x",
+                              ms=4, color=CRASH_COLOUR, clip_on=False)
+            mark.set_gid(f"crash-{x}")
+        ax.plot([], [], linestyle="none", marker="x", ms=4, color=CRASH_COLOUR,
+                label=f"crash or failure ({data.crashed})")
+
+    ax.plot([], [], linestyle="none", marker="o", color=DISCARD_COLOUR, label="discarded")
+    ax.plot([], [], linestyle="none", marker="o", color=KEEP_COLOUR, markeredgecolor="black", label="kept")
+    ax.set_ylim(low, high)
+    ax.set_xlim(-0.02 * last_x - 0.5, last_x * 1.02 + 0.5)
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="upper right", fontsize=8)
+    ax.set_title(_title(data), fontsize=11)
+    ax.text(0.0, 1.01, "lower is better", transform=ax.transAxes, fontsize=8, color="grey", va="bottom")
+    figure.tight_layout()
+    return figure
+
+
+def _y_range(data: ChartData) -> tuple[float, float]:
+    """Room for every point near main, with far outliers (a diverged run) pinned to the top edge."""
+    values = [p.val_bpb for p in data.points]
+    if not values:
+        return 0.0, 1.0
+    low = min(values)
+    if data.best is not None and data.margin:
+        low = min(low, data.best - data.margin)
+    ordered = sorted(values)
+    usual = max(ordered[round(0.9 * (len(ordered) - 1))], data.baseline or low)  # the 90th percentile
+    high = min(ordered[-1], usual + max(usual - low, 1e-3))
+    span = high - low or 0.01
+    return low - 0.1 * span, high + 0.06 * span  # the crash marks' row below the lowest point
+
+
+def _title(data: ChartData) -> str:
+    head = f"{data.experiments} experiments, {data.kept} kept"
+    if data.crashed:
+        head += f", {data.crashed} crashed"
+    if data.best is None:
+        return head
+    line = f"best val_bpb {data.best:.6f} (main now)"
+    if data.gain is not None and data.baseline:
+        line += (f", {-data.gain:+.6f} ({-100 * data.gain / data.baseline:+.2f}%) "
+                 f"vs baseline {data.baseline:.6f}")
+    return f"{head}\n{line}"

@@ -1,0 +1,324 @@
+"""The `autoresearch` command as a person uses it: prepare, train, demo (and its resume), results."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from bot.app.cli import app
+
+ROOT = Path(__file__).resolve().parents[3]
+cli = CliRunner()
+
+
+def said(result) -> str:
+    """The command's output with rich's line wrapping undone."""
+    return " ".join(result.output.split())
+
+
+def test_prepare_twice_does_no_work_the_second_time(smoke_prepared) -> None:
+    result = cli.invoke(app, ["prepare", "--profile", "smoke"])
+    assert result.exit_code == 0, result.output
+    assert "already cached" in said(result)
+
+
+def test_unknown_profile_is_a_clear_error() -> None:
+    result = cli.invoke(app, ["prepare", "--profile", "tpu"])
+    assert result.exit_code == 2
+    assert "unknown profile 'tpu'" in said(result) and "smoke" in said(result)
+
+
+# A train.py that hands over an untrained model at once: the outcome (measured, ok) is certain, with no
+# training whose noise could change it. The real train.py takes the same isolated path in
+# tests/bot/runners/test_local.py.
+UNTRAINED = """
+import torch
+from runner import harness
+h = harness.session()
+model = torch.nn.Sequential(torch.nn.Embedding(h.vocab_size, 8), torch.nn.Linear(8, h.vocab_size))
+print(h.finish(model).summary_block())
+"""
+
+
+@pytest.mark.slow
+def test_train_measures_like_the_runners_and_fails_loudly(tmp_path: Path, smoke_prepared) -> None:
+    untrained = tmp_path / "untrained.py"
+    untrained.write_text(UNTRAINED)
+    ok = cli.invoke(app, ["train", "--profile", "smoke", "--asset", str(untrained), "--out", str(tmp_path / "ok")])
+    assert ok.exit_code == 0, ok.output
+    assert "scored outside the sandbox" in said(ok)
+    result = json.loads((tmp_path / "ok" / "result.json").read_text())
+    assert result["status"] == "ok" and result["runner"]["backend"] == "manual" and result["val_bpb"] > 0
+    # the reference's `grep "^val_bpb:" run.log` finds the scorer's number, once, on stdout and in the log
+    scored = f"val_bpb:          {result['val_bpb']:.6f}"
+    assert [line for line in ok.output.splitlines() if line.startswith("val_bpb:")] == [scored]
+    assert [line for line in (tmp_path / "ok" / "log.txt").read_text().splitlines()
+            if line.startswith("val_bpb:")] == [scored]
+
+    broken = tmp_path / "broken.py"
+    broken.write_text("raise SystemExit('this train.py is broken')\n")
+    failed = cli.invoke(app, ["train", "--profile", "smoke", "--asset", str(broken), "--out", str(tmp_path / "bad")])
+    assert failed.exit_code == 1
+    assert "crash:" in said(failed) and "broken" in said(failed)
+    assert not [line for line in failed.output.splitlines() if line.startswith("val_bpb:")]  # as the reference
+
+
+@pytest.mark.slow
+def test_a_train_py_that_prints_its_own_val_bpb_is_not_what_grep_finds(tmp_path: Path, smoke_prepared) -> None:
+    liar = tmp_path / "liar.py"
+    liar.write_text("print('val_bpb:          0.100000', flush=True)\n" + UNTRAINED)
+    run = cli.invoke(app, ["train", "--profile", "smoke", "--asset", str(liar), "--out", str(tmp_path / "lie")])
+    assert run.exit_code == 0, run.output
+    scored = json.loads((tmp_path / "lie" / "result.json").read_text())["val_bpb"]
+    for text in (run.output, (tmp_path / "lie" / "log.txt").read_text()):
+        assert [line for line in text.splitlines() if line.startswith("val_bpb:")] == [f"val_bpb:          {scored:.6f}"]
+        assert "(train.py printed) val_bpb:          0.100000" in text
+
+
+def test_train_json_prints_only_the_result_on_stdout(tmp_path: Path, smoke_prepared) -> None:
+    from runner.protocol import ResultSpec
+
+    broken = tmp_path / "broken.py"
+    broken.write_text("print('training output', flush=True)\nraise SystemExit('this train.py is broken')\n")
+    failed = cli.invoke(app, ["train", "--profile", "smoke", "--asset", str(broken), "--out",
+                                 str(tmp_path / "bad"), "--json"])
+    assert failed.exit_code == 1
+    result = ResultSpec.model_validate_json(failed.stdout)  # the whole of stdout is the one object
+    assert result.status == "crash" and "broken" in result.error
+    assert failed.stderr.startswith("training output") and failed.stdout.count("\n") == 1
+
+
+def seeded_workdir(work: Path, **settings: object) -> None:
+    """A work directory whose research repository measures main twice (a short demo)."""
+    from bot.forge.local import init_research_repo
+
+    lines = "\n".join(f"  {k}: {json.dumps(v)}" for k, v in settings.items())
+    program = f"---\nautoresearch:\n{lines}\n---\n\n# Research program\n\nLower val_bpb.\n"
+    init_research_repo(work / "repo", {"train.py": (ROOT / "train.py").read_text(), "program.md": program})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sandboxing", ["sandboxed", "unsandboxed"])
+def test_demo_runs_then_resumes_to_a_larger_target(tmp_path: Path, smoke_prepared, monkeypatch,
+                                                   sandboxing: str) -> None:
+    """The whole loop end to end, in bubblewrap and without it (a machine without bubblewrap: the
+    warm workers' renamed directories once crashed every other run there)."""
+    from runner import sandbox
+
+    if sandboxing == "sandboxed" and not sandbox.available()[0]:
+        pytest.skip(f"no sandbox here: {sandbox.available()[1]}")
+    if sandboxing == "unsandboxed":
+        monkeypatch.setenv(sandbox.OFF_SWITCH, "off")
+
+    work = tmp_path / "demo"
+    seeded_workdir(work, first_baseline_runs=2, baseline_runs=2)
+    first = cli.invoke(app, ["demo", "--workdir", str(work), "--profile", "smoke", "--experiments", "1"])
+    assert first.exit_code == 0, first.output
+    assert "reached 1 experiments" in said(first) and "results.tsv" in said(first)
+    # without a terminal, every event is one printed line
+    assert "queued: run 1 (baseline) queued: measure main" in first.output
+    assert "#1 proposed:" in first.output
+
+    again = cli.invoke(app, ["demo", "--workdir", str(work), "--profile", "smoke", "--experiments", "2"])
+    assert again.exit_code == 0, again.output
+    rows = json.loads(cli.invoke(app, ["results", "--workdir", str(work), "--json"]).output)
+    assert [row["id"] for row in rows] == [0, 1, 2]  # the baseline, then the two experiments
+    assert all(row["steps"] and row["tokens_per_second"] for row in rows if row["status"] != "crash")
+    tsv = cli.invoke(app, ["results", "--workdir", str(work), "--tsv"]).output.splitlines()
+    assert len(tsv) == 1 + 3
+    table = cli.invoke(app, ["results", "--workdir", str(work)])
+    assert table.exit_code == 0 and "baseline" in said(table)
+    runs = json.loads(cli.invoke(app, ["results", "--workdir", str(work), "--runs", "--json"]).output)
+    assert all(run["steps"] for run in runs if run["status"] == "ok")
+    # main's own train.py never crashes, warm worker or not (the explorer's changes may)
+    # (a later main's baseline may still be queued when the demo stops: it has no status yet)
+    baselines = [run for run in runs if run["purpose"] == "baseline"]
+    assert not [run for run in baselines if run["status"] not in ("ok", None)], baselines
+    assert sum(run["status"] == "ok" and run["state"] == "done" for run in baselines) >= 2, baselines
+    status = cli.invoke(app, ["status", "--workdir", str(work)])
+    assert status.exit_code == 0 and "profile smoke" in said(status) and "nothing running" in said(status)
+    check_the_research_repository(work)
+
+
+def check_the_research_repository(work: Path) -> None:
+    """What is sure after any real run of the loop, whatever the training noise decided."""
+    from bot.core.records import code_hash
+    from bot.forge.local import LocalForge
+    from bot.store import Store
+
+    forge, store = LocalForge(work / "repo"), Store(work / "state.db")
+    experiments = store.experiments()
+    assert all(e.state == "done" for e in experiments)
+    # main advanced only through kept experiments, each merge naming its experiment
+    history = list(forge.repo.iter_commits("main", first_parent=True))
+    kept = [e for e in experiments if e.status == "keep"]
+    assert [c.hexsha for c in reversed(history[:-1])] == [e.merged_sha for e in kept]
+    for commit, exp in zip(reversed(history[:-1]), kept):
+        assert f"autoresearch-experiment: {exp.id}" in commit.message
+    # every commit of main has a measured val_bpb of its own train.py
+    for commit in history:
+        text = (commit.tree / "train.py").data_stream.read().decode()
+        assert [r for r in store.runs(code_hash=code_hash(text)) if r.purpose == "baseline" and r.val_bpb], commit
+    # every experiment keeps its branch as a record; results.tsv has the baseline and one row each
+    assert set(forge.list_branches()) == {e.branch for e in experiments}
+    lines = (work / "results.tsv").read_text().splitlines()
+    assert [line.split("\t")[3] for line in lines[1:]] == ["keep"] + [e.status for e in experiments]
+    store.close()
+
+
+def test_results_without_a_demo_says_what_to_run(tmp_path: Path) -> None:
+    result = cli.invoke(app, ["results", "--workdir", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "autoresearch demo" in said(result)
+
+
+def test_results_refuses_json_and_tsv_together(tmp_path: Path) -> None:
+    result = cli.invoke(app, ["results", "--workdir", str(tmp_path), "--json", "--tsv"])
+    assert result.exit_code == 2 and "choose one of --json and --tsv" in said(result)
+
+
+def test_steer_pause_and_resume_go_through_the_inbox(tmp_path: Path) -> None:
+    from bot.store import Store
+
+    Store(tmp_path / "state.db").close()
+    for args in (["steer", "try a deeper model"], ["pause"], ["resume"]):
+        result = cli.invoke(app, [*args, "--workdir", str(tmp_path)])
+        assert result.exit_code == 0, result.output
+        assert "a running loop applies it" in said(result)
+    store = Store(tmp_path / "state.db")
+    entries = store.inbox()
+    store.close()
+    assert [(e.kind, e.payload) for e in entries] == [("steer", {"text": "try a deeper model"}), ("pause", {}),
+                                                      ("resume", {})]
+    assert len({e.key for e in entries}) == 3 and all(e.processed_at is None for e in entries)
+
+
+def test_steer_without_a_work_directory_says_what_to_run(tmp_path: Path) -> None:
+    result = cli.invoke(app, ["steer", "hello", "--workdir", str(tmp_path / "nothing")])
+    assert result.exit_code == 2 and "autoresearch demo" in said(result)
+    assert not (tmp_path / "nothing").exists()
+
+
+def test_a_bad_argument_creates_nothing_and_promises_nothing(tmp_path: Path) -> None:
+    work = tmp_path / "demo"
+    result = cli.invoke(app, ["demo", "--workdir", str(work), "--profile", "tpu"])
+    assert result.exit_code == 2 and "unknown profile 'tpu'" in said(result)
+    assert "Nothing was lost" not in said(result) and not work.exists()
+
+
+def test_a_work_directory_that_is_a_file_is_a_clear_error(tmp_path: Path) -> None:
+    work = tmp_path / "demo"
+    work.write_text("not a directory")
+    result = cli.invoke(app, ["demo", "--workdir", str(work), "--profile", "smoke"])
+    assert result.exit_code == 2 and "is a file, not a work directory" in said(result)
+    assert "Errno" not in said(result)
+
+
+def test_another_profile_in_a_work_directory_is_refused_before_preparing(tmp_path: Path) -> None:
+    from bot.store import Store
+
+    store = Store(tmp_path / "state.db")
+    store.set_setting("identity", json.dumps({"profile": "smoke", "harness_hash": "h", "data_fingerprint": "d"}))
+    store.close()
+    result = cli.invoke(app, ["demo", "--workdir", str(tmp_path), "--profile", "cpu"])
+    assert result.exit_code == 1
+    assert "measures with profile 'smoke', not 'cpu'" in said(result) and "another --workdir" in said(result)
+
+
+def test_a_second_conductor_on_the_same_workdir_is_refused(tmp_path: Path) -> None:
+    from bot.app.demo import lock_workdir
+
+    held = lock_workdir(tmp_path)
+    try:
+        result = cli.invoke(app, ["demo", "--workdir", str(tmp_path), "--profile", "smoke"])
+    finally:
+        held.close()
+    assert result.exit_code == 1
+    assert "another autoresearch conductor is running" in said(result)
+
+
+@pytest.mark.slow
+def test_ctrl_c_says_it_stopped_and_that_the_same_command_resumes(tmp_path: Path, smoke_prepared) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    work = tmp_path / "demo"
+    seeded_workdir(work, first_baseline_runs=2, baseline_runs=2)
+    # a shell that starts a job in the background makes it ignore SIGINT, and Python then keeps
+    # ignoring it; restore the default so the test does not depend on how pytest was started
+    proc = subprocess.Popen([sys.executable, "-m", "bot.app.cli", "demo", "--workdir", str(work), "--profile", "smoke",
+                             "--experiments", "1"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.time() + 120
+    while not list((work / "runs").glob("*/pid")):  # a training run has started
+        assert time.time() < deadline and proc.poll() is None, proc.stdout.read()
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out
+    assert "stopped. Nothing was lost: run the same command again to resume" in " ".join(out.split())
+    run_dir = next((work / "runs").glob("*/pid")).parent
+    pid = int((run_dir / "pid").read_text())
+    assert not Path(f"/proc/{pid}/cmdline").exists() or b"runner.execute" not in Path(f"/proc/{pid}/cmdline").read_bytes()
+    # the interrupted run is lost, to be run again on resume: never counted as a crash of train.py
+    from bot.runners.local import LocalRunner
+
+    assert LocalRunner(work / "runs").lookup(int(run_dir.name)).state == "lost"
+
+
+def test_plot_writes_the_chart_of_a_work_directory(tmp_path: Path) -> None:
+    from bot.store import Store
+
+    Store(tmp_path / "state.db").close()  # an empty work directory: a chart that says so
+    done = cli.invoke(app, ["plot", "--workdir", str(tmp_path), "--out", str(tmp_path / "chart.svg")])
+    assert done.exit_code == 0, said(done)
+    assert (tmp_path / "chart.svg").read_text().startswith("<?xml") and "0 points" in said(done)
+    bad = cli.invoke(app, ["plot", "--workdir", str(tmp_path), "--out", str(tmp_path / "chart.gif")])
+    assert bad.exit_code == 2 and ".png or .svg" in said(bad)
+    missing = cli.invoke(app, ["plot", "--workdir", str(tmp_path / "nowhere")])
+    assert missing.exit_code == 2 and "no state.db" in said(missing)
+
+
+@pytest.mark.parametrize("sandboxing", ["on", "off"])
+def test_train_on_a_profile_whose_tokenizer_is_not_prepared_says_which_prepare_to_run(
+        tmp_path: Path, smoke_prepared, monkeypatch, sandboxing: str) -> None:
+    from runner.profiles import get_profile
+    from runner.tokenizer import is_cached
+
+    cpu = get_profile("cpu")
+    assert cpu.data == get_profile("smoke").data  # the data is shared: only the tokenizer is missing
+    if is_cached(smoke_prepared.dataset, cpu.vocab_size):
+        pytest.skip("the cpu profile's tokenizer was prepared in this session's cache")
+    if sandboxing == "off":
+        monkeypatch.setenv("AUTORESEARCH_SANDBOX", "off")
+    untrained = tmp_path / "untrained.py"
+    untrained.write_text(UNTRAINED)
+    run = cli.invoke(app, ["train", "--profile", "cpu", "--asset", str(untrained), "--out", str(tmp_path / "run")])
+    assert run.exit_code == 1
+    assert "autoresearch prepare --profile cpu" in said(run) and "bwrap" not in said(run)
+
+
+def test_results_and_status_through_a_pipe_are_written_whole(tmp_path: Path) -> None:
+    """Without a terminal (CI, nohup, `| less`) nothing is cut at 80 columns: no `purpo…`, `val_b…`."""
+    from tests.bot.test_results import experiment
+
+    from bot.store import Store
+
+    store = Store(tmp_path / "state.db")
+    title = "a rather long title for an experiment that changes the learning rate schedule of the model"
+    experiment(store, title, code_hash="c1", runs=[("ok", 2.91, {})], status="discard", val_bpb=2.91, delta=0.01)
+    store.close()
+    for command in (["results"], ["results", "--runs"], ["status"]):
+        proc = subprocess.run([sys.executable, "-m", "bot.app.cli", *command, "--workdir", str(tmp_path)],
+                              capture_output=True, text=True, timeout=120, cwd=ROOT)
+        assert proc.returncode == 0, proc.stderr
+        assert "…" not in proc.stdout, (command, proc.stdout)
+    assert title in subprocess.run([sys.executable, "-m", "bot.app.cli", "results", "--workdir", str(tmp_path)],
+                                   capture_output=True, text=True, timeout=120, cwd=ROOT).stdout

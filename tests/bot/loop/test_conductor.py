@@ -1,0 +1,234 @@
+"""The research loop end to end through the driver, with the real explorer and real git; and the
+conductor killed with SIGKILL at each transition, then restarted. The runners are fakes whose
+numbers the test chooses, so no verdict and no reached state depends on training noise; the one
+end-to-end run with real training is the demo's, in tests/bot/app/test_cli.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import git
+import pytest
+from fakes import CRASH_MARK, IDENTITY, FakeRunner, with_effect
+
+from bot.agent.explorer import OfflineExplorer
+from bot.agent.scripted import ScriptedAgent
+from bot.core.protocols import AgentError
+from bot.core.records import Proposal, ProposalContext, code_hash
+from bot.forge.local import LocalForge, init_research_repo
+from bot.loop.conductor import Conductor, ConductorConfig
+from bot.loop.driver import Driver
+from bot.loop.inbox import submit
+from bot.store import Store
+
+ROOT = Path(__file__).resolve().parents[3]
+TESTS = Path(__file__).resolve().parents[2]
+TRAIN_PY = (ROOT / "train.py").read_text()
+
+
+def set_constant(text: str, name: str, value: str) -> str:
+    new, count = re.subn(rf"^{name} = [^#\n]*?(\s*#|$)", rf"{name} = {value}\1", text, count=1, flags=re.M)
+    assert count == 1, name
+    return new
+
+
+def program(**settings: object) -> str:
+    lines = "\n".join(f"  {k}: {json.dumps(v)}" for k, v in settings.items())
+    return f"---\nautoresearch:\n{lines}\n---\n\n# Research program\n\nLower val_bpb.\n"
+
+
+
+
+def make_workdir(work: Path, train_py: str, program_md: str) -> LocalForge:
+    return init_research_repo(work / "repo", {"train.py": train_py, "program.md": program_md})
+
+
+def conductor(work: Path, agent, *, experiments: int = 0) -> Conductor:
+    return Conductor(Store(work / "state.db"), LocalForge(work / "repo"), FakeRunner(), agent,
+                     ConductorConfig(profile="smoke", identity=IDENTITY, max_experiments=experiments),
+                     results_tsv=work / "results.tsv")
+
+
+def main_history(forge: LocalForge) -> list[git.Commit]:
+    return list(forge.repo.iter_commits("main", first_parent=True))
+
+
+class CrashThenRepeat:
+    """The real explorer, except that its 2nd proposal crashes and its 3rd repeats the 1st. Its own
+    proposals are marked clearly worse for the fake runner, so every verdict is chosen, none noise."""
+
+    def __init__(self, seed: int) -> None:
+        self.explorer = OfflineExplorer(seed=seed)
+        self.calls = 0
+        self.first: Proposal | None = None
+
+    def propose(self, ctx: ProposalContext) -> Proposal:
+        self.calls += 1
+        if self.calls == 2:
+            return Proposal("Crash on purpose", "Checks that a crash is recorded and the loop goes on.",
+                            ctx.train_py.replace("import math\n", "import math" + CRASH_MARK, 1))
+        if self.calls == 3 and self.first is not None:
+            return self.first
+        proposal = self.explorer.propose(ctx)
+        proposal = Proposal(proposal.title, proposal.hypothesis,
+                            with_effect(proposal.train_py, +0.1, proposal.title), proposal.meta)
+        self.first = self.first or proposal
+        return proposal
+
+
+def test_the_loop_end_to_end_with_the_real_explorer(tmp_path: Path) -> None:
+    """The whole loop through the driver; the runner is a fake (the CLI's demo test trains for real)."""
+    forge = make_workdir(tmp_path, with_effect(TRAIN_PY, 0.0, "main"), program(first_baseline_runs=2, baseline_runs=2))
+    agent = CrashThenRepeat(seed=3)
+    loop = conductor(tmp_path, agent, experiments=4)
+    summary = Driver(loop, timer_s=0.05).run()
+    store = loop.store
+
+    experiments = store.experiments()
+    assert len(experiments) == summary.experiments == 4
+    assert all(e.state == "done" for e in experiments)
+    assert [e.status for e in experiments] == ["discard", "crash", "discard", "discard"]
+
+    # the deliberate crash is recorded with its traceback, and the loop went on after it
+    crashed = [e for e in experiments if e.status == "crash"]
+    assert [e.title for e in crashed] == ["Crash on purpose"]
+    assert "boom" in crashed[0].error_tail
+    assert crashed[0].id < experiments[-1].id
+
+    # the repeated proposal was refused, not run
+    refusals = [e["message"] for e in store.events() if e["kind"] == "refused"]
+    assert any(experiments[0].title in m and "repeats experiment 1" in m for m in refusals), refusals
+    assert len({e.code_hash for e in experiments}) == 4
+
+    # main advanced only through kept experiments, each commit naming its experiment
+    history = main_history(forge)
+    kept = [e for e in experiments if e.status == "keep"]
+    assert len(history) == 1 + len(kept)
+    assert [c.hexsha for c in reversed(history[:-1])] == [e.merged_sha for e in kept]
+    for commit, exp in zip(reversed(history[:-1]), kept):
+        assert f"autoresearch-experiment: {exp.id}" in commit.message
+
+    # every main commit that changed train.py has a measured val_bpb
+    for commit in history:
+        text = (commit.tree / "train.py").data_stream.read().decode()
+        measured = [r for r in store.runs(code_hash=code_hash(text)) if r.status == "ok" and r.val_bpb]
+        assert measured, f"main commit {commit.hexsha[:7]} has no measured val_bpb"
+
+    # discarded and crashed branches stay as a record
+    assert set(forge.list_branches()) == {e.branch for e in experiments}
+
+    # results.tsv: the baseline, then one row per experiment
+    lines = (tmp_path / "results.tsv").read_text().splitlines()
+    assert lines[0].split("\t") == ["commit", "val_bpb", "memory_gb", "status", "description"]
+    assert len(lines) == 1 + 1 + 4
+    assert lines[1].split("\t")[3:] == ["keep", "baseline"]
+    assert [line.split("\t")[3] for line in lines[2:]] == [e.status for e in experiments]
+
+
+
+
+KILL_SCRIPT = """
+import json, sys
+from pathlib import Path
+sys.path.insert(0, str(Path.cwd()))  # the project first (cwd): tests/bot/... must not shadow bot/...
+sys.path.append(sys.argv[2])  # tests/, for fakes
+from fakes import IDENTITY, FileRunner
+from bot.agent.scripted import ScriptedAgent
+from bot.loop.conductor import Conductor, ConductorConfig
+from bot.loop.driver import Driver
+from bot.forge.local import LocalForge
+from bot.store import Store
+
+work = Path(sys.argv[1])
+loop = Conductor(Store(work / "state.db"), LocalForge(work / "repo"), FileRunner(work / "runs", seconds=0.2),
+                 ScriptedAgent.from_jsonl(work / "proposals.jsonl"),
+                 ConductorConfig(profile="smoke", identity=IDENTITY, max_experiments=2),
+                 results_tsv=work / "results.tsv")
+summary = Driver(loop, timer_s=0.05).run()
+print(json.dumps({"experiments": summary.experiments, "kept": summary.kept, "crashed": summary.crashed}))
+"""
+MAIN_FOR_KILLS = with_effect(TRAIN_PY, 0.0, "main")
+
+
+def start_conductor(work: Path, failpoint: str | None = None) -> subprocess.Popen:
+    env = dict(os.environ)
+    env.pop("AUTORESEARCH_FAILPOINT", None)
+    if failpoint:
+        env["AUTORESEARCH_FAILPOINT"] = failpoint
+    return subprocess.Popen([sys.executable, str(work / "drive.py"), str(work), str(TESTS)], env=env, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def prepare_kill_workdir(work: Path) -> LocalForge:
+    forge = make_workdir(work, MAIN_FOR_KILLS, program(first_baseline_runs=2, baseline_runs=2))
+    (work / "drive.py").write_text(KILL_SCRIPT)
+    proposals = [{"title": "Fix MATRIX_LR", "hypothesis": "Far too low.", "train_py": with_effect(TRAIN_PY, -0.1)},
+                 {"title": "Crash", "hypothesis": "Crashes.",
+                  "train_py": MAIN_FOR_KILLS.replace("import math\n", "import math" + CRASH_MARK, 1)}]
+    (work / "proposals.jsonl").write_text("\n".join(json.dumps(p) for p in proposals) + "\n")
+    store = Store(work / "state.db")
+    submit(store, "steer", {"text": "be bold"}, author="alice", key="delivery-1")
+    store.close()
+    return forge
+
+
+def check_invariants(work: Path, forge: LocalForge) -> None:
+    store = Store(work / "state.db")
+    experiments = store.experiments()
+    # every experiment ended exactly once, with the status its code deserves
+    assert [(e.title, e.state, e.status) for e in experiments] == [
+        ("Fix MATRIX_LR", "done", "keep"), ("Crash", "done", "crash")]
+    for exp in experiments:
+        done_events = [e for e in store.events(exp.id) if e["kind"] == "done"]
+        assert len(done_events) == 1, f"experiment {exp.id} ended {len(done_events)} times"
+    # no branch duplicated, main merged once
+    assert forge.list_branches() == [e.branch for e in experiments]
+    history = main_history(forge)
+    assert len(history) == 2 and history[0].hexsha == experiments[0].merged_sha
+    # no result lost or measured twice: every run finished, or was cancelled unrun because main
+    # moved under it; none was lost (the fake runner goes on while the conductor is dead, and a
+    # resubmitted run id starts nothing new)
+    runs = store.runs()
+    assert [(r.id, r.state, r.note) for r in runs if r.state != "done"
+            and not (r.state == "cancelled" and "main moved" in (r.note or ""))] == []
+    for exp in experiments:
+        assert [r for r in runs if r.experiment_id == exp.id and r.state == "done"]
+    # main measured twice before the keep and twice after it (the kept runs do not stand in for main)
+    assert len([r for r in runs if r.purpose == "baseline"]) == 4
+    assert experiments[0].remeasured_delta == pytest.approx(-0.1, abs=0.002)
+    # the inbox entry was applied exactly once
+    assert store.recent_feedback() == ["be bold"] and all(e.processed_at for e in store.inbox())
+    lines = (work / "results.tsv").read_text().splitlines()
+    assert [line.split("\t")[3] for line in lines[1:]] == ["keep", "keep", "crash"]
+    store.close()
+
+
+FAILPOINTS = ["inbox_applied", "queued_baseline", "run_started", "run_done", "proposing", "proposed", "branched",
+              "queued_candidate", "merging", "closing", "done"]
+
+
+@pytest.mark.parametrize("failpoint", FAILPOINTS)
+def test_killed_at_each_transition_then_restarted(tmp_path: Path, failpoint: str) -> None:
+    forge = prepare_kill_workdir(tmp_path)
+    killed = start_conductor(tmp_path, failpoint)
+    _, err = killed.communicate(timeout=120)
+    assert killed.returncode == -signal.SIGKILL, f"the failpoint {failpoint} was never reached: {err[-2000:]}"
+
+    resumed = start_conductor(tmp_path)
+    out, err = resumed.communicate(timeout=120)
+    assert resumed.returncode == 0, err[-3000:]
+    assert json.loads(out.strip().splitlines()[-1]) == {"experiments": 2, "kept": 1, "crashed": 1}
+    check_invariants(tmp_path, forge)
+
+
+def test_scripted_agent_reports_a_bad_file(tmp_path: Path) -> None:
+    bad = tmp_path / "proposals.jsonl"
+    bad.write_text('{"title": "no code"}\n')
+    with pytest.raises(AgentError, match="proposals.jsonl:1"):
+        ScriptedAgent.from_jsonl(bad)

@@ -1,0 +1,202 @@
+"""Applying the inbox: a bad entry is rejected with its reason, a store that cannot take a write
+now loses nothing (the entry waits for a later tick), and entries are applied in batches of one
+transaction each, every entry exactly once even when the conductor is killed half-way."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from bot.loop import inbox as events
+from bot.loop.inbox import apply_inbox
+from bot.store import InboxEntry, Store
+
+
+def test_a_bad_entry_is_rejected_and_the_next_applied(tmp_path: Path) -> None:
+    store = Store(tmp_path / "state.db")
+    store.add_inbox(key="k1", kind="steer", payload={"text": ""}, author="bob")
+    store.add_inbox(key="k2", kind="pause", payload={}, author="bob")
+    assert apply_inbox(store) == 1
+    first, second = store.inbox()
+    assert first.outcome.startswith("rejected: steer needs a text") and second.outcome.startswith("paused")
+    store.close()
+
+
+def test_a_locked_store_leaves_the_entry_pending_for_the_next_tick(tmp_path: Path) -> None:
+    store = Store(tmp_path / "state.db")
+    store.add_inbox(key="k1", kind="pause", payload={}, author="bob")
+    store.db.execute("PRAGMA busy_timeout = 50")  # the service waits 30 s; the test need not
+    other = sqlite3.connect(tmp_path / "state.db", isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # another writer holds the lock (the web server, say)
+    try:
+        assert apply_inbox(store) == 0
+        [entry] = store.pending_inbox()
+        assert entry.outcome is None, "not rejected: the input is not lost"
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    assert apply_inbox(store) == 1
+    assert store.pending_inbox() == [] and store.inbox()[0].outcome.startswith("paused")
+    assert store.get_setting("paused") == "1"
+    store.close()
+
+
+# --- batches --------------------------------------------------------------------------------------
+
+def steers(store: Store, n: int, first: int = 0) -> None:
+    with store.transaction():
+        for i in range(first, first + n):
+            store.add_inbox(key=f"k{i}", kind="steer", payload={"text": f"note {i}"}, author="bob")
+
+
+def commits(store: Store) -> list[str]:
+    """The statements that end a transaction on this connection, as they run."""
+    seen: list[str] = []
+    store.db.set_trace_callback(lambda sql: seen.append(sql) if sql in ("COMMIT", "ROLLBACK") else None)
+    return seen
+
+
+def test_entries_are_applied_in_batches_of_one_transaction_each(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(events, "BATCH_SECONDS", 3600.0)  # only the count bounds a batch here
+    store = Store(tmp_path / "state.db")
+    steers(store, 450)
+    ended = commits(store)
+    assert apply_inbox(store) == 450
+    assert ended == ["COMMIT"] * 3, "200 + 200 + 50 entries"
+    assert store.pending_inbox() == [] and len(store.recent_feedback(1000)) == 450
+    store.close()
+
+
+def test_a_batch_ends_after_its_time_even_when_not_full(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(events, "BATCH_SECONDS", -1.0)  # every entry is past the time: one entry a batch
+    store = Store(tmp_path / "state.db")
+    steers(store, 3)
+    ended = commits(store)
+    assert apply_inbox(store) == 3
+    assert ended == ["COMMIT"] * 3
+    store.close()
+
+
+def test_a_failing_handler_rolls_back_only_its_own_writes_in_the_batch(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    def half_done(store: Store, entry: InboxEntry) -> str:
+        store.add_feedback(entry.author, "written before the failure")
+        store.set_setting("half", "1")
+        raise KeyError("a bug in the handler")
+
+    monkeypatch.setitem(events.HANDLERS, "half", half_done)
+    store = Store(tmp_path / "state.db")
+    steers(store, 1)
+    store.add_inbox(key="bad", kind="half", payload={}, author="eve")
+    steers(store, 1, first=1)
+    ended = commits(store)
+    assert apply_inbox(store) == 2
+    assert ended == ["COMMIT"], "one batch"
+    assert store.recent_feedback() == ["note 0", "note 1"] and store.get_setting("half") is None
+    outcomes = [e.outcome for e in store.inbox()]
+    assert outcomes[1] == "rejected: 'a bug in the handler'" and all(e.processed_at for e in store.inbox())
+    assert [e["message"] for e in store.events()] == [
+        "steer from bob: the agent will read: 'note 0'", "half from eve rejected: 'a bug in the handler'",
+        "steer from bob: the agent will read: 'note 1'"]
+    store.close()
+
+
+def test_a_store_error_in_a_batch_rolls_all_of_it_back_and_it_is_applied_once_later(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    failures = [sqlite3.OperationalError("disk I/O error")]
+
+    def flaky(store: Store, entry: InboxEntry) -> str:
+        store.add_feedback(entry.author, "flaky")
+        if failures:
+            raise failures.pop()
+        return "done"
+
+    monkeypatch.setitem(events.HANDLERS, "flaky", flaky)
+    store = Store(tmp_path / "state.db")
+    steers(store, 2)
+    store.add_inbox(key="flaky", kind="flaky", payload={}, author="bob")
+    steers(store, 1, first=2)
+    assert apply_inbox(store) == 0
+    assert len(store.pending_inbox()) == 4 and store.recent_feedback() == [], "the whole batch rolled back"
+    assert apply_inbox(store) == 4
+    assert store.recent_feedback() == ["note 0", "note 1", "flaky", "note 2"], "each entry once"
+    store.close()
+
+
+def test_the_batches_committed_before_the_store_locks_stay_and_the_rest_wait(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(events, "BATCH_ENTRIES", 2)
+    monkeypatch.setattr(events, "BATCH_SECONDS", 3600.0)
+    store = Store(tmp_path / "state.db")
+    store.db.execute("PRAGMA busy_timeout = 50")
+    steers(store, 5)
+    other = sqlite3.connect(tmp_path / "state.db", isolation_level=None)
+    committed: list[str] = []
+
+    def then_another_writer(name: str) -> None:  # right after a batch's commit, another writer takes the lock
+        committed.append(name)
+        if len(committed) == 1:
+            other.execute("BEGIN IMMEDIATE")
+
+    monkeypatch.setattr(events, "failpoint", then_another_writer)
+    try:
+        assert apply_inbox(store) == 2
+        assert [e.key for e in store.pending_inbox()] == ["k2", "k3", "k4"]
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    assert apply_inbox(store) == 3
+    assert committed == ["inbox_applied"] * 3
+    assert store.recent_feedback() == [f"note {i}" for i in range(5)]
+    store.close()
+
+
+CHILD = textwrap.dedent("""
+    import os, signal, sys
+    from pathlib import Path
+    from bot.loop import inbox as events
+    from bot.store import Store
+
+    store = Store(Path(sys.argv[1]))
+    events.BATCH_ENTRIES, events.BATCH_SECONDS = 3, 3600.0
+    steer = events.HANDLERS["steer"]
+
+    def steer_or_die(store, entry):
+        if entry.payload["text"] == sys.argv[2]:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return steer(store, entry)
+
+    events.HANDLERS["steer"] = steer_or_die
+    events.apply_inbox(store)
+    print("survived", flush=True)
+""")
+
+
+@pytest.mark.parametrize(("failpoint", "dies_at", "committed"), [
+    (None, "note 4", 3),  # killed half-way through the second batch: the first stays, the second is undone
+    ("inbox_applied", None, 3),  # killed right after the first batch's commit
+])
+def test_a_conductor_killed_during_the_inbox_applies_each_entry_once_after_restart(
+        tmp_path: Path, failpoint: str | None, dies_at: str | None, committed: int) -> None:
+    db_path = tmp_path / "state.db"
+    store = Store(db_path)
+    steers(store, 7)
+    env = {k: v for k, v in os.environ.items() if k != "AUTORESEARCH_FAILPOINT"}
+    if failpoint:
+        env["AUTORESEARCH_FAILPOINT"] = failpoint
+    child = subprocess.run([sys.executable, "-c", CHILD, str(db_path), dies_at or "-"], env=env, check=False,
+                           capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[3])
+    assert child.returncode == -signal.SIGKILL, child.stderr
+    assert len(store.recent_feedback(100)) == committed
+    assert [e.key for e in store.pending_inbox()] == [f"k{i}" for i in range(committed, 7)]
+    assert apply_inbox(store) == 7 - committed
+    assert store.recent_feedback(100) == [f"note {i}" for i in range(7)], "each entry applied once"
+    store.close()

@@ -1,0 +1,1088 @@
+"""The store on a real SQLite file: ids, transitions, transactions, the inbox, set-aside runs, the
+upgrade of a file written by the previous release, resume, and the crash failpoint."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+
+from bot.core.states import SET_ASIDE, TRANSITIONS, RunState, State
+from bot.store import InvalidTransition, Store, schema
+
+MAIN = "0123456789abcdef0123456789abcdef01234567"
+FIXTURES = Path(__file__).parent / "fixtures"
+
+# the states an experiment passes through to reach each state, in allowed moves
+PATH: dict[State, list[State]] = {
+    State.PROPOSING: [],
+    State.PROPOSED: [],  # fill_proposal
+    State.BRANCHED: [State.BRANCHED],
+    State.MEASURING: [State.BRANCHED, State.MEASURING],
+    State.REBASING: [State.BRANCHED, State.MEASURING, State.REBASING],
+    State.MERGING: [State.BRANCHED, State.MEASURING, State.MERGING],
+    State.CLOSING: [State.BRANCHED, State.MEASURING, State.CLOSING],
+    State.DONE: [State.BRANCHED, State.MEASURING, State.CLOSING, State.DONE],
+}
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    return tmp_path / "state" / "autoresearch.db"  # the parent does not exist yet: Store creates it
+
+
+@pytest.fixture
+def store(db_path: Path):
+    s = Store(db_path)
+    yield s
+    s.close()
+
+
+def new_experiment(store: Store, n: int = 1, *, base_sha: str = MAIN, **overrides):
+    """An experiment with a proposal: start_proposing, then fill_proposal."""
+    kwargs = dict(title=f"Experiment {n}", hypothesis=f"hypothesis {n}", slug=f"exp-{n}", code_hash=f"code-{n}",
+                  train_py=f"print({n})\n", meta={"changes": [{"name": "LR", "old": 0.04, "new": 0.05}]})
+    kwargs.update(overrides)
+    exp = store.start_proposing(base_sha)
+    return store.fill_proposal(exp.id, **kwargs)
+
+
+def experiment_in(store: Store, state: State, n: int = 1):
+    """An experiment moved to `state` along allowed transitions."""
+    if state is State.PROPOSING:
+        return store.start_proposing(MAIN)
+    exp = new_experiment(store, n)
+    for step in PATH[state]:
+        exp = store.update_experiment(exp.id, state=step, **({"status": "discard"} if step is State.DONE else {}))
+    assert exp.state == state
+    return exp
+
+
+def new_run(store: Store, experiment_id: int | None = None, purpose: str = "candidate", code_hash: str = "code-1",
+            profile: str = "cpu", **kwargs):
+    return store.add_run(experiment_id=experiment_id, purpose=purpose, code_hash=code_hash, commit_sha="c" * 40,
+                         base_sha=MAIN, asset="print(1)\n", profile=profile, **kwargs)
+
+
+def add_failing_trigger(store: Store, table: str, when: str) -> None:
+    """Make an INSERT into `table` fail inside SQLite (a real constraint failure, not a mock)."""
+    store.db.execute(f"CREATE TRIGGER fail_{table} BEFORE INSERT ON {table} WHEN {when} "
+                     "BEGIN SELECT RAISE(ABORT, 'injected failure'); END")
+
+
+def count(store: Store, table: str) -> int:
+    return store.db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
+
+
+# --- the file ------------------------------------------------------------------------------------
+
+def test_wal_mode_is_on(store: Store, db_path: Path):
+    assert store.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert db_path.exists()
+    # a fresh connection to the file sees WAL too: the mode is persistent in the file
+    other = sqlite3.connect(db_path)
+    try:
+        assert other.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    finally:
+        other.close()
+
+
+def test_a_new_file_gets_the_current_schema(store: Store):
+    tables = {r[0] for r in store.db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert {"experiments", "runs", "events", "feedback", "settings", "inbox"} <= tables
+    assert store.db.execute("PRAGMA user_version").fetchone()[0] == schema.VERSION
+    assert store.upgraded_from == 0  # a new, empty file starts at version 0 and runs the whole chain
+
+
+def test_a_file_in_place_of_the_work_directory_is_refused(tmp_path: Path):
+    blocker = tmp_path / "work"
+    blocker.write_text("not a directory\n")
+    with pytest.raises(NotADirectoryError, match=r"is a file, not a work directory.*--workdir"):
+        Store(blocker / "state.db")
+    assert blocker.read_text() == "not a directory\n"
+
+
+def test_settings_round_trip(store: Store):
+    assert store.get_setting("main_sha") is None
+    assert store.get_setting("main_sha", "none") == "none"
+    store.set_setting("main_sha", "abc")
+    store.set_setting("main_sha", "def")
+    assert store.get_setting("main_sha") == "def"
+
+
+# --- the upgrade of a file written by the previous release ---------------------------------------
+
+def _rows(db: sqlite3.Connection, table: str) -> list[dict]:
+    db.row_factory = sqlite3.Row
+    return [dict(r) for r in db.execute(f"SELECT * FROM {table} ORDER BY rowid")]
+
+
+@pytest.fixture
+def v0_copy(tmp_path: Path) -> Path:
+    """A copy of the fixture (never opened in place) inside a work directory."""
+    path = tmp_path / "work" / "state.db"
+    path.parent.mkdir()
+    shutil.copyfile(FIXTURES / "state_v0.db", path)
+    return path
+
+
+@pytest.fixture
+def v0_rows(tmp_path: Path) -> dict[str, list[dict]]:
+    """Every row of the fixture as the previous release wrote it, read from a second copy."""
+    path = tmp_path / "v0-readonly.db"
+    shutil.copyfile(FIXTURES / "state_v0.db", path)
+    db = sqlite3.connect(path)
+    try:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 0
+        return {t: _rows(db, t) for t in ("experiments", "runs", "events", "feedback", "settings")}
+    finally:
+        db.close()
+
+
+def test_upgrading_a_v0_file_keeps_every_row(v0_copy: Path, v0_rows: dict[str, list[dict]]):
+    fixture_hash = hashlib.sha256((FIXTURES / "state_v0.db").read_bytes()).hexdigest()
+    store = Store(v0_copy)
+    try:
+        assert store.upgraded_from == 0
+        assert store.db.execute("PRAGMA user_version").fetchone()[0] == schema.VERSION
+        for table, old_rows in v0_rows.items():
+            new_rows = _rows(store.db, table)
+            # every old column keeps its value, row for row
+            assert [{k: r[k] for k in old} for old, r in zip(old_rows, new_rows)] == old_rows, table
+            assert len(new_rows) == len(old_rows), table
+
+        exps = store.experiments()
+        assert [(e.id, e.state, e.status) for e in exps] == [(1, "done", "discard"), (2, "measuring", None)]
+        assert exps[0].title == "Raise MATRIX_LR" and exps[0].branch == "autoresearch/1-raise-matrix-lr"
+        assert exps[0].meta == {"changes": [{"name": "MATRIX_LR", "old": 0.04, "new": 0.06}]}
+        assert exps[0].val_bpb == 2.3 and exps[0].delta == 0.045 and exps[0].reason == "worse"
+        assert exps[1].head_sha == "c" * 40
+        # the new columns have their defaults
+        assert all(e.failures == 0 and e.retry_at is None and e.margin is None and e.remeasured_delta is None
+                   for e in exps)
+
+        runs = store.runs()
+        assert [(r.id, r.experiment_id, r.purpose, r.state, r.status) for r in runs] == [
+            (1, None, "baseline", "done", "ok"), (2, None, "baseline", "done", "ok"),
+            (3, 1, "candidate", "done", "ok"), (4, 2, "candidate", "running", None)]
+        assert [r.val_bpb for r in runs] == [2.25, 2.26, 2.3, None]
+        assert runs[0].metrics["num_steps"] == 60 and runs[0].harness_hash == "0123456789abcdef"
+        assert all(r.rerun_of is None and r.note is None for r in runs)
+
+        assert len(store.events()) == 10
+        assert [e["kind"] for e in store.events(1)] == ["proposed", "branched", "queued", "closing", "done"]
+        assert store.recent_feedback() == ["try a lower matrix_lr"]
+        assert store.inbox() == []
+        assert store.count_experiments() == 2 and store.counts_by_status() == {"discard": 1}
+        assert store.measured_values(profile="cpu", harness_hash="0123456789abcdef",
+                                     data_fingerprint="fedcba9876543210") == [
+            ("c0", None, "baseline", 2.25), ("c0", None, "baseline", 2.26), ("c1", 1, "candidate", 2.3)]
+    finally:
+        store.close()
+    assert hashlib.sha256((FIXTURES / "state_v0.db").read_bytes()).hexdigest() == fixture_hash
+
+
+def test_an_upgraded_v0_file_has_the_schema_of_a_new_file(v0_copy: Path, tmp_path: Path):
+    def shape(path: Path):
+        db = sqlite3.connect(path)
+        try:
+            tables = sorted(r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'"))
+            indexes = sorted(r[0] for r in db.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'index' AND name NOT LIKE 'sqlite_%'"))
+            columns = {t: [tuple(c)[1:] for c in db.execute(f"PRAGMA table_info({t})")] for t in tables}
+            return tables, indexes, columns
+        finally:
+            db.close()
+
+    Store(v0_copy).close()
+    Store(tmp_path / "new" / "state.db").close()
+    assert shape(v0_copy) == shape(tmp_path / "new" / "state.db")
+
+
+def test_the_store_works_after_the_upgrade(v0_copy: Path):
+    store = Store(v0_copy)
+    try:
+        exp = store.start_proposing("a" * 40)
+        assert exp.id == 3
+        exp = store.fill_proposal(exp.id, title="Wider MLP", hypothesis="h", slug="wider-mlp", code_hash="c3",
+                                  train_py="print(3)\n", meta={})
+        assert exp.branch == "autoresearch/3-wider-mlp"
+        assert new_run(store, exp.id, code_hash="c3").id == 5
+        # the run that was in flight when the old release stopped can be set aside and re-run
+        rerun = store.set_aside_run(4, RunState.LOST, "the runner restarted")
+        assert (rerun.id, rerun.rerun_of, rerun.experiment_id, rerun.code_hash) == (6, 4, 2, "c2")
+        assert store.add_inbox(key="k1", kind="steer", payload={"text": "hi"}, author="bob")
+        assert [e.id for e in store.pending_inbox()] == [1]
+        # the old experiment moves on along the transitions
+        assert store.update_experiment(2, state=State.CLOSING).state == "closing"
+    finally:
+        store.close()
+
+
+def test_an_upgraded_file_is_not_migrated_again(v0_copy: Path):
+    Store(v0_copy).close()
+    again = Store(v0_copy)
+    try:
+        assert again.upgraded_from == schema.VERSION
+        assert again.db.execute("PRAGMA user_version").fetchone()[0] == schema.VERSION
+        assert [e.id for e in again.experiments()] == [1, 2]
+        assert count(again, "runs") == 4
+    finally:
+        again.close()
+
+
+def test_a_file_from_a_newer_release_is_refused(db_path: Path):
+    Store(db_path).close()
+    db = sqlite3.connect(db_path)
+    db.execute(f"PRAGMA user_version = {schema.VERSION + 1}")
+    db.close()
+    with pytest.raises(schema.SchemaTooNew, match="upgrade autoresearch-bot"):
+        Store(db_path)
+    db = sqlite3.connect(db_path)
+    try:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == schema.VERSION + 1  # left as it was
+    finally:
+        db.close()
+
+
+def test_an_upgrade_that_fails_half_way_leaves_the_file_at_its_old_version(v0_copy: Path, monkeypatch):
+    # the second migration rebuilds the experiments table, then fails on its last statement
+    broken = schema.V2 + "\nINSERT INTO no_such_table VALUES (1);\n"
+    monkeypatch.setattr(schema, "MIGRATIONS", [schema.V1, broken])
+    with pytest.raises(sqlite3.OperationalError, match="no_such_table"):
+        Store(v0_copy)
+    db = sqlite3.connect(v0_copy)
+    try:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 1  # V1 committed, V2 did not
+        columns = [c[1] for c in db.execute("PRAGMA table_info(experiments)")]
+        assert "failures" not in columns
+        assert db.execute("SELECT name FROM sqlite_master WHERE name IN ('inbox', 'experiments_v2')").fetchall() == []
+        assert db.execute("SELECT COUNT(*) FROM experiments").fetchone()[0] == 2
+    finally:
+        db.close()
+    monkeypatch.undo()
+    store = Store(v0_copy)  # the release with a working migration finishes the upgrade
+    try:
+        assert store.upgraded_from == 1
+        assert [(e.id, e.state) for e in store.experiments()] == [(1, "done"), (2, "measuring")]
+    finally:
+        store.close()
+
+
+# --- transactions --------------------------------------------------------------------------------
+
+def test_a_nested_transaction_commits_only_with_the_outermost(store: Store, db_path: Path):
+    other = sqlite3.connect(db_path)
+    try:
+        with store.transaction():
+            with store.transaction():
+                store.add_feedback("alice", "inner")
+            assert store.db.in_transaction  # the inner block did not commit
+            assert other.execute("SELECT COUNT(*) FROM feedback").fetchone()[0] == 0
+            exp = store.start_proposing(MAIN)  # a method with its own transaction joins this one
+            assert store.db.in_transaction
+        assert not store.db.in_transaction
+        assert other.execute("SELECT COUNT(*) FROM feedback").fetchone()[0] == 1
+        assert other.execute("SELECT state FROM experiments WHERE id = ?", (exp.id,)).fetchone() == ("proposing",)
+    finally:
+        other.close()
+
+
+def test_an_exception_in_a_nested_transaction_rolls_back_everything(store: Store):
+    with pytest.raises(RuntimeError, match="inner"):
+        with store.transaction():
+            store.start_proposing(MAIN)
+            with store.transaction():
+                store.add_feedback("alice", "lost")
+                raise RuntimeError("inner")
+    assert not store.db.in_transaction
+    assert count(store, "experiments") == 0 and store.recent_feedback() == [] and store.events() == []
+    # the store still works, and a new transaction commits
+    with store.transaction():
+        store.add_feedback("alice", "kept")
+    assert store.recent_feedback() == ["kept"]
+
+
+def test_an_exception_after_a_nested_transaction_rolls_it_back(store: Store):
+    exp = new_experiment(store)
+    with pytest.raises(InvalidTransition):
+        with store.transaction():
+            store.update_experiment(exp.id, state=State.BRANCHED, head_sha="d" * 40, event="pushed")
+            store.add_feedback("alice", "lost")
+            store.update_experiment(exp.id, state=State.MERGING)  # forbidden: branched -> merging
+    assert not store.db.in_transaction
+    assert store.experiment(exp.id) == exp
+    assert store.recent_feedback() == []
+    assert [e["kind"] for e in store.events(exp.id)] == ["proposing", "proposed"]
+
+
+# --- experiments ---------------------------------------------------------------------------------
+
+def test_start_proposing_creates_an_experiment_without_a_proposal(store: Store):
+    exp = store.start_proposing(MAIN)
+    assert exp.id == 1 and exp.state == "proposing" and exp.base_sha == MAIN
+    assert (exp.status, exp.title, exp.hypothesis) == (None, "", "")
+    assert (exp.branch, exp.code_hash, exp.train_py, exp.head_sha) == (None, None, None, None)
+    assert exp.meta == {} and exp.failures == 0 and exp.retry_at is None
+    assert exp.created_at == exp.updated_at > 0
+    assert [(e["kind"], e["message"]) for e in store.events(exp.id)] == [
+        ("proposing", "asked the agent for a proposal on main 0123456")]
+
+
+def test_fill_proposal_records_the_proposal(store: Store):
+    started = store.start_proposing(MAIN)
+    exp = store.fill_proposal(started.id, title="Raise LR", hypothesis="faster", slug="raise-lr",
+                              code_hash="code-1", train_py="print(1)\n",
+                              meta={"changes": [{"name": "LR", "new": 0.05}]})
+    assert exp.state == "proposed"
+    assert exp.status is None
+    assert exp.title == "Raise LR" and exp.hypothesis == "faster"
+    assert exp.branch == "autoresearch/1-raise-lr"
+    assert exp.meta == {"changes": [{"name": "LR", "new": 0.05}]}
+    assert exp.base_sha == MAIN
+    assert exp.code_hash == "code-1" and exp.train_py == "print(1)\n"
+    assert (exp.head_sha, exp.merged_sha, exp.val_bpb, exp.delta, exp.reason) == (None,) * 5
+    assert exp.created_at == started.created_at <= exp.updated_at
+    assert store.experiment(exp.id) == exp
+    assert [(e["kind"], e["message"]) for e in store.events(exp.id)][1:] == [("proposed", "Raise LR")]
+
+
+def test_ids_increase_and_branches_carry_them(store: Store):
+    first = new_experiment(store, 1, slug="raise-lr")
+    second = new_experiment(store, 2, slug="deeper-model")
+    third = new_experiment(store, 3, slug="raise-lr")  # the same slug again: the id keeps the branch unique
+    assert [first.id, second.id, third.id] == [1, 2, 3]
+    assert first.branch == "autoresearch/1-raise-lr"
+    assert second.branch == "autoresearch/2-deeper-model"
+    assert third.branch == "autoresearch/3-raise-lr"
+
+
+def test_fill_proposal_resets_failures(store: Store):
+    exp = store.start_proposing(MAIN)
+    store.update_experiment(exp.id, failures=3, retry_at=123.0)
+    filled = store.fill_proposal(exp.id, title="t", hypothesis="h", slug="s", code_hash="c", train_py="p", meta={})
+    assert filled.failures == 0
+
+
+def test_fill_proposal_twice_is_refused(store: Store):
+    exp = new_experiment(store, 1)
+    with pytest.raises(InvalidTransition, match="proposed -> proposed"):
+        store.fill_proposal(exp.id, title="other", hypothesis="h", slug="other", code_hash="x", train_py="p",
+                            meta={})
+    assert store.experiment(exp.id) == exp
+
+
+def test_fill_proposal_of_a_missing_experiment_raises_key_error(store: Store):
+    with pytest.raises(KeyError):
+        store.fill_proposal(9, title="t", hypothesis="h", slug="s", code_hash="c", train_py="p", meta={})
+    assert count(store, "experiments") == 0 and store.events() == []
+
+
+def test_withdraw_proposing_deletes_the_row_and_its_id_is_never_reused(store: Store, db_path: Path):
+    first = store.start_proposing(MAIN)
+    store.withdraw_proposing(first.id, "the agent gave up")
+    with pytest.raises(KeyError):
+        store.experiment(first.id)
+    assert store.count_experiments() == 0
+    event = store.events()[-1]
+    assert (event["experiment_id"], event["kind"], event["message"]) == (None, "agent",
+                                                                         "no experiment 1: the agent gave up")
+    second = store.start_proposing(MAIN)
+    assert second.id == 2
+    store.withdraw_proposing(second.id, "again")  # the newest row is gone too
+    store.close()
+    reopened = Store(db_path)
+    try:
+        assert reopened.start_proposing(MAIN).id == 3
+    finally:
+        reopened.close()
+
+
+def test_withdraw_proposing_leaves_an_experiment_with_a_proposal_alone(store: Store):
+    exp = new_experiment(store)
+    store.withdraw_proposing(exp.id, "too late")
+    assert store.experiment(exp.id) == exp
+
+
+def test_missing_experiment_raises_key_error(store: Store):
+    with pytest.raises(KeyError):
+        store.experiment(42)
+    with pytest.raises(KeyError):
+        store.update_experiment(42, reason="x")
+    with pytest.raises(KeyError):
+        store.update_experiment(42, state=State.DONE, event="x")
+    assert store.events() == [] and not store.db.in_transaction
+
+
+def test_update_experiment_writes_fields_and_event(store: Store):
+    exp = new_experiment(store)
+    updated = store.update_experiment(exp.id, state="branched", head_sha="d" * 40, meta={"k": [1, 2]},
+                                      event="branch pushed")
+    assert updated.state == "branched"
+    assert updated.head_sha == "d" * 40
+    assert updated.meta == {"k": [1, 2]}
+    assert updated.updated_at >= exp.updated_at
+    assert updated.created_at == exp.created_at
+    assert [(e["kind"], e["message"]) for e in store.events(exp.id)][1:] == [
+        ("proposed", exp.title), ("branched", "branch pushed")]
+
+
+def test_update_experiment_event_kind_without_state_and_no_event(store: Store):
+    exp = new_experiment(store)
+    store.update_experiment(exp.id, reason="noted", event="a note")
+    store.update_experiment(exp.id, val_bpb=0.97, delta=-0.01, margin=0.02, remeasured_delta=-0.008)  # no event
+    assert [e["kind"] for e in store.events(exp.id)] == ["proposing", "proposed", "update"]
+    after = store.experiment(exp.id)
+    assert after.reason == "noted" and after.state == "proposed"
+    assert (after.val_bpb, after.delta, after.margin, after.remeasured_delta) == (0.97, -0.01, 0.02, -0.008)
+
+
+def test_update_experiment_is_atomic(store: Store):
+    exp = new_experiment(store)
+    add_failing_trigger(store, "events", "NEW.message = 'boom'")
+    with pytest.raises(sqlite3.IntegrityError, match="injected failure"):
+        store.update_experiment(exp.id, state="branched", head_sha="d" * 40, event="boom")
+    # the event failed after the UPDATE ran: the UPDATE is rolled back with it
+    after = store.experiment(exp.id)
+    assert after.state == "proposed" and after.head_sha is None
+    assert [e["kind"] for e in store.events(exp.id)] == ["proposing", "proposed"]
+    assert not store.db.in_transaction
+    # and the store still works
+    assert store.update_experiment(exp.id, state="branched", event="ok").state == "branched"
+
+
+def test_update_experiment_with_unknown_column_writes_nothing(store: Store):
+    exp = new_experiment(store)
+    with pytest.raises(sqlite3.OperationalError):
+        store.update_experiment(exp.id, state="branched", no_such_column=1, event="x")
+    assert store.experiment(exp.id) == exp
+    assert len(store.events(exp.id)) == 2
+    assert not store.db.in_transaction
+
+
+@pytest.mark.parametrize(("old", "new"), [
+    (State.PROPOSED, State.MERGING),
+    (State.PROPOSING, State.BRANCHED),
+    (State.PROPOSED, State.MEASURING),
+    (State.BRANCHED, State.REBASING),
+    (State.CLOSING, State.MEASURING),
+    (State.DONE, State.MEASURING),
+    (State.DONE, State.DONE),
+], ids=lambda s: str(s))
+def test_a_forbidden_transition_raises_and_leaves_the_row_unchanged(store: Store, old: State, new: State):
+    exp = experiment_in(store, old)
+    events = store.events()
+    with pytest.raises(InvalidTransition, match=f"experiment {exp.id}: {old} -> {new} is not allowed"):
+        store.update_experiment(exp.id, state=new, status="keep", head_sha="e" * 40, event="moved")
+    assert store.experiment(exp.id) == exp
+    assert store.events() == events
+    assert not store.db.in_transaction
+
+
+@pytest.mark.parametrize("old", list(State), ids=str)
+def test_every_move_is_allowed_exactly_when_transitions_lists_it(store: Store, old: State):
+    for n, new in enumerate(State, start=1):
+        exp = experiment_in(store, old, n)
+        if new in TRANSITIONS[old]:
+            assert store.update_experiment(exp.id, state=new).state == new
+        else:
+            with pytest.raises(InvalidTransition):
+                store.update_experiment(exp.id, state=new)
+            assert store.experiment(exp.id) == exp
+
+
+def test_any_active_state_may_end_as_failed(store: Store):
+    for n, state in enumerate(s for s in State if s is not State.DONE):
+        exp = experiment_in(store, state, n)
+        failed = store.update_experiment(exp.id, state=State.DONE, status="failed", reason="step failed")
+        assert (failed.state, failed.status) == ("done", "failed")
+
+
+def test_a_state_change_does_not_reset_failures(store: Store):
+    exp = experiment_in(store, State.BRANCHED)
+    store.update_experiment(exp.id, failures=2, retry_at=50.0)
+    moved = store.update_experiment(exp.id, state=State.MEASURING)
+    assert (moved.failures, moved.retry_at) == (2, 50.0)  # the caller resets them when it wants to
+
+
+def test_experiments_filters(store: Store):
+    a = new_experiment(store, 1)
+    b = new_experiment(store, 2)
+    c = new_experiment(store, 3)
+    d = store.start_proposing(MAIN)
+    for state in PATH[State.DONE]:
+        store.update_experiment(a.id, state=state, status="keep" if state is State.DONE else None)
+    store.update_experiment(b.id, state="branched")
+    store.update_experiment(b.id, state="measuring")
+    assert [e.id for e in store.experiments()] == [a.id, b.id, c.id]  # no proposing rows
+    assert [e.id for e in store.experiments(active=True)] == [b.id, c.id, d.id]
+    assert [e.id for e in store.experiments(active=False)] == [a.id]
+    assert [e.id for e in store.experiments(state="proposing")] == [d.id]
+    assert [e.id for e in store.experiments(state=State.MEASURING)] == [b.id]
+    assert store.experiments(state="rebasing") == []
+
+
+def test_count_experiments_and_counts_by_status(store: Store):
+    assert store.count_experiments() == 0 and store.counts_by_status() == {}
+    for n, status in enumerate(["keep", "discard", "discard", "crash", "failed"], start=1):
+        exp = experiment_in(store, State.MEASURING, n)
+        store.update_experiment(exp.id, state=State.DONE, status=status)
+    experiment_in(store, State.MEASURING, 9)
+    store.start_proposing(MAIN)
+    assert store.count_experiments() == 7  # every row, the proposing one included
+    assert store.counts_by_status() == {"keep": 1, "discard": 2, "crash": 1, "failed": 1}  # finished ones
+
+
+def test_experiment_by_code(store: Store):
+    store.start_proposing(MAIN)  # no code yet
+    new_experiment(store, 2, code_hash="same")
+    new_experiment(store, 3, code_hash="same")
+    assert store.experiment_by_code("same").id == 2
+    assert store.experiment_by_code("other") is None
+
+
+# --- runs ----------------------------------------------------------------------------------------
+
+def test_add_run_queues_with_a_seed_per_run(store: Store):
+    exp = new_experiment(store)
+    runs = [new_run(store, exp.id), new_run(store, exp.id, purpose="confirm"), new_run(store, None, "baseline")]
+    assert [r.id for r in runs] == [1, 2, 3]
+    assert [r.seed for r in runs] == [r.id for r in runs]
+    assert len({r.seed for r in runs}) == 3
+    assert all(r.state == "queued" and r.status is None and r.metrics == {} for r in runs)
+    assert all(r.rerun_of is None and r.note is None for r in runs)
+    assert runs[2].experiment_id is None and runs[2].purpose == "baseline"
+    messages = [e["message"] for e in store.events()]
+    assert "run 1 (candidate) queued" in messages
+    assert "run 3 (baseline) queued" in messages
+
+
+def test_add_run_reason_goes_into_the_event(store: Store):
+    new_run(store, None, "baseline", reason="replaces lost run 7")
+    assert store.events()[-1]["message"] == "run 1 (baseline) queued: replaces lost run 7"
+
+
+def test_add_run_with_experiment_fields_updates_both(store: Store):
+    exp = experiment_in(store, State.BRANCHED)
+    run = new_run(store, exp.id, experiment_fields={"state": "measuring", "head_sha": "e" * 40})
+    after = store.experiment(exp.id)
+    assert after.state == "measuring" and after.head_sha == "e" * 40
+    assert after.updated_at >= exp.updated_at
+    assert store.runs(experiment_id=exp.id) == [run]
+
+
+def test_add_run_with_a_bad_experiment_field_writes_neither(store: Store):
+    exp = experiment_in(store, State.BRANCHED)
+    events_before = count(store, "events")
+    # the INSERT of the run succeeds, then the experiment UPDATE fails: both must be rolled back
+    with pytest.raises(sqlite3.OperationalError, match="no_such_column"):
+        new_run(store, exp.id, experiment_fields={"state": "measuring", "no_such_column": 1})
+    assert count(store, "runs") == 0
+    assert store.runs() == []
+    assert store.experiment(exp.id) == exp
+    assert count(store, "events") == events_before
+    assert not store.db.in_transaction
+    # the id is not burnt: the next run is run 1
+    assert new_run(store, exp.id).id == 1
+
+
+def test_add_run_with_a_forbidden_state_change_writes_neither(store: Store):
+    exp = new_experiment(store)
+    with pytest.raises(InvalidTransition, match="proposed -> measuring"):
+        new_run(store, exp.id, experiment_fields={"state": "measuring"})
+    assert store.runs() == []
+    assert store.experiment(exp.id) == exp
+    assert not store.db.in_transaction
+
+
+def test_add_run_failing_at_its_event_writes_neither(store: Store):
+    exp = experiment_in(store, State.BRANCHED)
+    add_failing_trigger(store, "events", "NEW.kind = 'queued'")
+    with pytest.raises(sqlite3.IntegrityError, match="injected failure"):
+        new_run(store, exp.id, experiment_fields={"state": "measuring"})
+    assert store.runs() == []
+    assert store.experiment(exp.id).state == "branched"
+
+
+def test_mark_run_started(store: Store):
+    run = new_run(store)
+    store.mark_run_started(run.id, "/tmp/runs/1")
+    started = store.run(run.id)
+    assert started.state == "running" and started.run_dir == "/tmp/runs/1" and started.started_at > 0
+    assert store.runs(state="running") == [started]
+
+
+def test_finish_run_records_the_result(store: Store):
+    run = new_run(store)
+    metrics = {"peak_vram_mb": 2048.0, "harness_hash": "h1", "data_fingerprint": "d1", "steps": 10}
+    done = store.finish_run(run.id, status="ok", val_bpb=0.987, metrics=metrics, error=None, log_tail="tail")
+    assert done.state == "done" and done.status == "ok" and done.val_bpb == 0.987
+    assert done.metrics == metrics
+    assert done.harness_hash == "h1" and done.data_fingerprint == "d1"
+    assert done.log_tail == "tail" and done.error is None
+    assert done.finished_at > 0
+
+
+def test_finish_run_is_idempotent(store: Store):
+    run = new_run(store)
+    first = store.finish_run(run.id, status="ok", val_bpb=0.987, metrics={"peak_vram_mb": 1.0}, error=None,
+                             log_tail="first")
+    second = store.finish_run(run.id, status="crash", val_bpb=None, metrics={"peak_vram_mb": 9.0},
+                              error="Traceback", log_tail="second")
+    assert second == first
+    assert store.run(run.id).status == "ok" and store.run(run.id).val_bpb == 0.987
+
+
+RESULT = {"status": "ok", "val_bpb": 0.991, "metrics": {"val_bpb": 0.991, "cpu_share": 0.4, "num_steps": 12},
+          "log_tail": "step 12"}
+
+
+@pytest.mark.parametrize("state", SET_ASIDE, ids=str)
+def test_set_aside_run_and_rerun_it(store: Store, state: RunState):
+    exp = experiment_in(store, State.MEASURING)
+    run = new_run(store, exp.id)
+    store.mark_run_started(run.id, "/tmp/runs/1")
+    rerun = store.set_aside_run(run.id, state, "why not", result=RESULT)
+    old = store.run(run.id)
+    assert old.state == state.value and old.note == "why not" and old.finished_at > 0
+    assert (old.status, old.val_bpb, old.metrics, old.log_tail) == ("ok", 0.991, RESULT["metrics"], "step 12")
+    assert old.run_dir == "/tmp/runs/1" and old.seed == run.seed
+    assert rerun == store.run(rerun.id)
+    assert rerun.id == run.id + 1 and rerun.seed == rerun.id and rerun.rerun_of == run.id
+    assert rerun.state == "queued" and rerun.status is None and rerun.metrics == {} and rerun.note is None
+    assert (rerun.experiment_id, rerun.purpose, rerun.code_hash, rerun.commit_sha, rerun.base_sha, rerun.asset,
+            rerun.profile) == (run.experiment_id, run.purpose, run.code_hash, run.commit_sha, run.base_sha,
+                               run.asset, run.profile)
+    assert store.runs(state="running") == [] and store.runs(state="queued") == [rerun]
+    event = store.events()[-1]
+    assert (event["kind"], event["experiment_id"]) == (state.value, exp.id)
+    assert event["message"] == f"run {run.id}: why not; queued again as run {rerun.id}"
+
+
+@pytest.mark.parametrize("state", SET_ASIDE, ids=str)
+def test_set_aside_run_without_a_rerun(store: Store, state: RunState):
+    run = new_run(store, None, "baseline")
+    assert store.set_aside_run(run.id, state, "enough", rerun=False, result=RESULT) is None
+    old = store.run(run.id)
+    assert old.state == state.value and old.note == "enough" and old.val_bpb == 0.991
+    assert store.runs() == [old]
+    event = store.events()[-1]
+    assert (event["kind"], event["experiment_id"], event["message"]) == (state.value, None, f"run {run.id}: enough")
+
+
+def test_set_aside_run_without_a_result_keeps_what_the_run_had(store: Store):
+    run = new_run(store)
+    store.mark_run_started(run.id, "/tmp/runs/1")
+    store.set_aside_run(run.id, RunState.LOST, "its process was gone", rerun=False)
+    lost = store.run(run.id)
+    assert (lost.state, lost.status, lost.val_bpb, lost.metrics, lost.log_tail) == ("lost", None, None, {}, None)
+    store.set_aside_run(run.id, RunState.CANCELLED, "moved on", rerun=False, result={"log_tail": "partial"})
+    cancelled = store.run(run.id)
+    assert (cancelled.state, cancelled.status, cancelled.metrics, cancelled.log_tail) == (
+        "cancelled", None, {}, "partial")
+
+
+def test_a_set_aside_run_is_not_measured(store: Store):
+    run = new_run(store)
+    store.set_aside_run(run.id, RunState.DISTURBED, "busy machine", rerun=False,
+                        result={**RESULT, "metrics": {"harness_hash": "h", "data_fingerprint": "d"}})
+    assert store.measured_values(profile="cpu", harness_hash="h", data_fingerprint="d") == []
+    assert store.latest_ok_runs("candidate", 5) == []
+
+
+def test_a_rerun_can_be_set_aside_again(store: Store):
+    first = new_run(store)
+    second = store.set_aside_run(first.id, RunState.LOST, "gone")
+    third = store.set_aside_run(second.id, RunState.REFUSED, "wrong identity")
+    assert (second.rerun_of, third.rerun_of) == (first.id, second.id)
+    assert [r.state for r in store.runs()] == ["lost", "refused", "queued"]
+    assert len({r.seed for r in store.runs()}) == 3
+
+
+def test_set_aside_run_is_one_transaction(store: Store):
+    run = new_run(store)
+    store.mark_run_started(run.id, "/tmp/runs/1")
+    events = store.events()
+    add_failing_trigger(store, "runs", "NEW.rerun_of IS NOT NULL")
+    with pytest.raises(sqlite3.IntegrityError, match="injected failure"):
+        store.set_aside_run(run.id, RunState.LOST, "gone", result=RESULT)
+    assert store.runs() == [store.run(run.id)]
+    assert store.run(run.id).state == "running" and store.run(run.id).note is None
+    assert store.events() == events
+    assert not store.db.in_transaction
+
+
+def test_set_aside_run_of_a_missing_run_raises_key_error(store: Store):
+    with pytest.raises(KeyError):
+        store.set_aside_run(99, RunState.LOST, "gone")
+
+
+def test_runs_filters(store: Store):
+    e1 = new_experiment(store, 1)
+    e2 = new_experiment(store, 2)
+    r1 = new_run(store, e1.id, code_hash="x")
+    r2 = new_run(store, e2.id, code_hash="y")
+    r3 = new_run(store, e1.id, code_hash="y")
+    store.finish_run(r3.id, status="ok", val_bpb=1.0, metrics={}, error=None, log_tail=None)
+    assert [r.id for r in store.runs()] == [r1.id, r2.id, r3.id]
+    assert [r.id for r in store.runs(experiment_id=e1.id)] == [r1.id, r3.id]
+    assert [r.id for r in store.runs(code_hash="y")] == [r2.id, r3.id]
+    assert [r.id for r in store.runs(code_hash="y", state="queued")] == [r2.id]
+    assert [r.id for r in store.runs(state="done", experiment_id=e1.id, code_hash="y")] == [r3.id]
+
+
+def test_count_runs_by_state(store: Store):
+    runs = [new_run(store) for _ in range(5)]
+    store.mark_run_started(runs[0].id, "/r/1")
+    store.mark_run_started(runs[1].id, "/r/2")
+    store.finish_run(runs[1].id, status="ok", val_bpb=1.0, metrics={}, error=None, log_tail=None)
+    store.set_aside_run(runs[2].id, RunState.LOST, "gone")  # and a re-run queued
+    assert store.count_runs(RunState.QUEUED) == 3
+    assert store.count_runs(RunState.RUNNING) == 1
+    assert store.count_runs(RunState.QUEUED, RunState.RUNNING) == 4
+    assert store.count_runs("done", "lost") == 2
+    assert store.count_runs(RunState.REFUSED) == 0
+
+
+def test_latest_ok_runs_newest_first(store: Store):
+    def finished(purpose: str, status: str, value: float | None):
+        run = new_run(store, None, purpose)
+        return store.finish_run(run.id, status=status, val_bpb=value, metrics={}, error=None, log_tail=None)
+
+    a = finished("baseline", "ok", 1.0)
+    finished("baseline", "crash", None)
+    finished("candidate", "ok", 0.9)
+    b = finished("baseline", "ok", 1.1)
+    new_run(store, None, "baseline")  # queued: not finished
+    c = finished("baseline", "ok", 1.2)
+    assert [r.id for r in store.latest_ok_runs("baseline", 10)] == [c.id, b.id, a.id]
+    assert [r.id for r in store.latest_ok_runs("baseline", 2)] == [c.id, b.id]
+    assert store.latest_ok_runs("confirm", 5) == []
+
+
+def test_measured_values_only_ok_runs_under_one_identity(store: Store):
+    exp = new_experiment(store)
+    identity = {"harness_hash": "h1", "data_fingerprint": "d1"}
+
+    def finished(code: str, experiment_id, purpose: str, status: str, value, profile: str = "cpu", **metrics):
+        run = new_run(store, experiment_id, purpose, code_hash=code, profile=profile)
+        return store.finish_run(run.id, status=status, val_bpb=value, metrics={**identity, **metrics},
+                                error=None, log_tail=None)
+
+    finished("main", None, "baseline", "ok", 1.0)
+    finished("main", None, "baseline", "crash", None)
+    finished("main", None, "baseline", "ok", None)  # ok without a number
+    finished("main", None, "baseline", "ok", 1.5, harness_hash="h2")
+    finished("main", None, "baseline", "ok", 1.6, data_fingerprint="d2")
+    finished("main", None, "baseline", "ok", 1.7, profile="gpu")
+    finished("code-1", exp.id, "candidate", "ok", 0.9)
+    new_run(store, exp.id, "confirm", code_hash="code-1")  # still queued
+    assert store.measured_values(profile="cpu", harness_hash="h1", data_fingerprint="d1") == [
+        ("main", None, "baseline", 1.0), ("code-1", exp.id, "candidate", 0.9)]
+    assert store.measured_values(profile="gpu", harness_hash="h1", data_fingerprint="d1") == [
+        ("main", None, "baseline", 1.7)]
+    assert store.measured_values(profile="cpu", harness_hash="h3", data_fingerprint="d1") == []
+
+
+def test_seen_code_hashes_covers_experiments_and_runs(store: Store):
+    assert store.seen_code_hashes() == set()
+    store.start_proposing(MAIN)  # no code yet: nothing seen
+    assert store.seen_code_hashes() == set()
+    exp = new_experiment(store, 1, code_hash="exp-hash")
+    new_run(store, None, "baseline", code_hash="main-hash")
+    # a rebased experiment: its run has the new hash, the experiment row keeps the old one until updated
+    new_run(store, exp.id, "remeasure", code_hash="rebased-hash")
+    assert store.seen_code_hashes() == {"exp-hash", "main-hash", "rebased-hash"}
+
+
+# --- the inbox -----------------------------------------------------------------------------------
+
+def test_add_inbox_records_an_entry(store: Store):
+    assert store.last_inbox_id() == 0 and store.inbox() == [] and store.pending_inbox() == []
+    assert store.add_inbox(key="cli-1", kind="steer", payload={"text": "try SwiGLU", "n": [1, 2]}, author="alice")
+    [entry] = store.inbox()
+    assert (entry.id, entry.key, entry.kind, entry.author) == (1, "cli-1", "steer", "alice")
+    assert entry.payload == {"text": "try SwiGLU", "n": [1, 2]}
+    assert entry.received_at > 0 and entry.processed_at is None and entry.outcome is None
+    assert store.pending_inbox() == [entry]
+    assert store.last_inbox_id() == 1
+
+
+def test_a_duplicate_inbox_key_is_one_entry(store: Store):
+    assert store.add_inbox(key="delivery-7", kind="pause", payload={}, author="github")
+    assert not store.add_inbox(key="delivery-7", kind="pause", payload={}, author="github")
+    assert not store.add_inbox(key="delivery-7", kind="steer", payload={"text": "other"}, author="eve")
+    [entry] = store.inbox()
+    assert (entry.kind, entry.payload, entry.author) == ("pause", {}, "github")
+    store.mark_processed(entry.id, "paused")
+    assert not store.add_inbox(key="delivery-7", kind="pause", payload={}, author="github")  # also once processed
+    assert len(store.inbox()) == 1 and store.pending_inbox() == []
+
+
+def test_pending_inbox_lists_unprocessed_entries_in_order(store: Store):
+    for n, kind in enumerate(["steer", "pause", "resume", "steer"], start=1):
+        store.add_inbox(key=f"k{n}", kind=kind, payload={"n": n}, author="bob")
+    assert [e.key for e in store.pending_inbox()] == ["k1", "k2", "k3", "k4"]
+    store.mark_processed(2, "paused")
+    store.mark_processed(1, "rejected: empty text")
+    assert [e.key for e in store.pending_inbox()] == ["k3", "k4"]
+    done = {e.id: e for e in store.inbox()}
+    assert done[1].outcome == "rejected: empty text" and done[1].processed_at > 0
+    assert done[2].outcome == "paused" and done[3].processed_at is None
+    assert [e.id for e in store.inbox()] == [1, 2, 3, 4]
+    assert store.last_inbox_id() == 4
+
+
+def entry(key: str, text: str = "hi") -> dict:
+    return {"key": key, "kind": "steer", "payload": {"text": text}, "author": "github"}
+
+
+def test_add_inbox_many_stores_a_batch_and_says_which_keys_were_new(store: Store):
+    assert store.add_inbox(key="seen", kind="pause", payload={}, author="bob")
+    ended: list[str] = []
+    store.db.set_trace_callback(lambda sql: ended.append(sql) if sql in ("COMMIT", "ROLLBACK") else None)
+    assert store.add_inbox_many([entry("a"), entry("seen"), entry("b"), entry("a", "again")]) == [True, False, True, False]
+    assert ended == ["COMMIT"], "one transaction for the batch"
+    assert [(e.key, e.payload) for e in store.inbox()] == [
+        ("seen", {}), ("a", {"text": "hi"}), ("b", {"text": "hi"})]
+
+
+def test_add_inbox_many_stores_all_or_none(store: Store):
+    with pytest.raises(TypeError):  # json.dumps refuses the second payload: the first is rolled back too
+        store.add_inbox_many([entry("a"), {**entry("b"), "payload": {"x": object()}}])
+    assert store.inbox() == [] and not store.db.in_transaction
+    assert store.add_inbox_many([entry("a")]) == [True]
+
+
+def test_add_inbox_many_waits_for_another_writer_then_gives_up_and_keeps_its_busy_timeout(db_path: Path):
+    store = Store(db_path)
+    (timeout_ms,) = store.db.execute("PRAGMA busy_timeout").fetchone()
+    other = sqlite3.connect(db_path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # the conductor, say, holds the write lock
+    try:
+        with pytest.raises(sqlite3.OperationalError, match="locked"):
+            store.add_inbox_many([entry("a")], patience_s=0.05)
+        assert store.db.execute("PRAGMA busy_timeout").fetchone()[0] == timeout_ms == 30_000
+        assert not store.db.in_transaction
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    assert store.add_inbox_many([entry("a")]) == [True]
+    store.close()
+
+
+def test_add_inbox_many_is_stored_once_the_other_writer_commits(db_path: Path):
+    store = Store(db_path)
+    other = sqlite3.connect(db_path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    outcome: list = []
+    writer = threading.Thread(target=lambda: outcome.append(store.add_inbox_many([entry("a")])))
+    writer.start()  # it polls the lock (or, scheduled late, finds it free): either way it stores the row
+    other.execute("INSERT INTO inbox(key, kind, payload, author, received_at) VALUES ('b', 'pause', '{}', 'x', 0)")
+    other.execute("COMMIT")
+    writer.join(timeout=30)
+    other.close()
+    assert outcome == [[True]] and sorted(e.key for e in store.inbox()) == ["a", "b"]
+    store.close()
+
+
+def test_an_inbox_entry_written_by_another_process_is_seen(db_path: Path):
+    conductor = Store(db_path)
+    cli = Store(db_path)
+    try:
+        assert cli.add_inbox(key="cli-x", kind="steer", payload={"text": "hi"}, author="alice")
+        assert [e.key for e in conductor.pending_inbox()] == ["cli-x"]
+        conductor.mark_processed(1, "ok")
+        assert cli.pending_inbox() == []
+    finally:
+        conductor.close()
+        cli.close()
+
+
+# --- events and feedback -------------------------------------------------------------------------
+
+def test_event_round_trip(store: Store):
+    exp = new_experiment(store)
+    store.event(exp.id, "note", "hello")
+    store.event(None, "global", "world")
+    assert [e["message"] for e in store.events(exp.id)][1:] == [exp.title, "hello"]
+    assert [e["kind"] for e in store.events()] == ["proposing", "proposed", "note", "global"]
+
+
+def test_events_after_an_id(store: Store):
+    exp = new_experiment(store)  # events 1 and 2
+    store.event(exp.id, "note", "three")
+    store.event(None, "global", "four")
+    store.event(exp.id, "note", "five")
+    assert [e["id"] for e in store.events(after=3)] == [4, 5]
+    assert [e["message"] for e in store.events(exp.id, after=2)] == ["three", "five"]
+    assert store.events(after=5) == [] and store.events(exp.id, after=99) == []
+    assert [e["id"] for e in store.events(after=0)] == [1, 2, 3, 4, 5]
+
+
+def test_feedback_round_trip_oldest_first_and_limited(store: Store):
+    assert store.recent_feedback() == []
+    for i in range(12):
+        store.add_feedback("alice" if i % 2 else "bob", f"comment {i}")
+    assert store.recent_feedback(limit=3) == ["comment 9", "comment 10", "comment 11"]
+    assert store.recent_feedback() == [f"comment {i}" for i in range(2, 12)]  # default: the last 10
+    assert store.recent_feedback(limit=100) == [f"comment {i}" for i in range(12)]
+
+
+# --- resume --------------------------------------------------------------------------------------
+
+def test_reopened_store_sees_everything(db_path: Path):
+    first = Store(db_path)
+    exp = new_experiment(first, 1, slug="raise-lr")
+    first.update_experiment(exp.id, state="branched", event="pushed")
+    run = new_run(first, exp.id, experiment_fields={"state": "measuring"})
+    first.mark_run_started(run.id, "/tmp/runs/1")
+    first.add_feedback("alice", "try a smaller model")
+    first.set_setting("main_sha", MAIN)
+    first.add_inbox(key="k", kind="pause", payload={}, author="alice")
+    proposing = first.start_proposing(MAIN)
+    first.close()
+
+    second = Store(db_path)
+    try:
+        assert second.upgraded_from == schema.VERSION
+        assert second.experiment(exp.id).state == "measuring"
+        assert second.experiment(exp.id).branch == "autoresearch/1-raise-lr"
+        assert second.experiment(proposing.id).state == "proposing"
+        assert second.runs(state="running")[0].run_dir == "/tmp/runs/1"
+        assert second.recent_feedback() == ["try a smaller model"]
+        assert second.get_setting("main_sha") == MAIN
+        assert [e.key for e in second.pending_inbox()] == ["k"]
+        assert [e["kind"] for e in second.events(exp.id)] == ["proposing", "proposed", "branched", "queued"]
+        # numbering continues where it stopped
+        assert new_experiment(second, 3).id == proposing.id + 1
+        assert new_run(second, None, "baseline").id == run.id + 1
+    finally:
+        second.close()
+
+
+def test_two_open_stores_on_one_file_see_each_other(db_path: Path):
+    writer = Store(db_path)
+    reader = Store(db_path)
+    try:
+        exp = new_experiment(writer)
+        assert reader.experiment(exp.id).title == exp.title
+        reader.update_experiment(exp.id, state="branched")
+        assert writer.experiment(exp.id).state == "branched"
+    finally:
+        writer.close()
+        reader.close()
+
+
+# --- the failpoint -------------------------------------------------------------------------------
+
+CHILD = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+    from bot.store import Store
+
+    store = Store(Path(sys.argv[1]))
+    mode = sys.argv[2]
+    exp = store.start_proposing("abc")
+    print("started", exp.id, flush=True)
+    exp = store.fill_proposal(exp.id, title="Raise LR", hypothesis="faster", slug="raise-lr", code_hash="h1",
+                              train_py="print(1)\\n", meta={"n": 1})
+    print("added", exp.id, flush=True)
+    if mode == "nested":
+        with store.transaction():
+            store.update_experiment(exp.id, state="branched", head_sha="def", event="pushed")
+            print("inside", flush=True)
+        print("committed", flush=True)
+    else:
+        store.update_experiment(exp.id, state="branched", head_sha="def", event="pushed")
+    store.add_run(experiment_id=exp.id, purpose="candidate", code_hash="h1", commit_sha="def", base_sha="abc",
+                  asset="print(1)\\n", profile="cpu", experiment_fields={"state": "measuring"})
+    print("survived", flush=True)
+""")
+
+
+def run_child(db_path: Path, failpoint: str | None, mode: str = "plain") -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env.pop("AUTORESEARCH_FAILPOINT", None)
+    if failpoint is not None:
+        env["AUTORESEARCH_FAILPOINT"] = failpoint
+    db_path.parent.mkdir(parents=True, exist_ok=True)
+    return subprocess.run([sys.executable, "-c", CHILD, str(db_path), mode], env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_failpoint_kills_after_proposing_is_committed(db_path: Path):
+    result = run_child(db_path, "proposing")
+    assert result.returncode == -signal.SIGKILL, result.stderr
+    assert "started" not in result.stdout  # killed inside start_proposing, before it returned
+    store = Store(db_path)
+    try:
+        assert store.experiment(1).state == "proposing"
+        assert [e["kind"] for e in store.events(1)] == ["proposing"]
+    finally:
+        store.close()
+
+
+def test_failpoint_kills_after_the_proposal_is_committed(db_path: Path):
+    result = run_child(db_path, "proposed")
+    assert result.returncode == -signal.SIGKILL, result.stderr
+    assert "started 1" in result.stdout and "added" not in result.stdout
+    store = Store(db_path)
+    try:
+        exp = store.experiment(1)
+        assert exp.state == "proposed" and exp.title == "Raise LR"
+        assert exp.branch == "autoresearch/1-raise-lr" and exp.meta == {"n": 1}
+        assert [e["kind"] for e in store.events(1)] == ["proposing", "proposed"]
+    finally:
+        store.close()
+
+
+def test_failpoint_on_a_state_change_kills_after_commit(db_path: Path):
+    result = run_child(db_path, "branched")
+    assert result.returncode == -signal.SIGKILL, result.stderr
+    assert "added 1" in result.stdout and "survived" not in result.stdout
+    store = Store(db_path)
+    try:
+        exp = store.experiment(1)
+        assert exp.state == "branched" and exp.head_sha == "def"
+        assert [e["kind"] for e in store.events(1)] == ["proposing", "proposed", "branched"]
+    finally:
+        store.close()
+
+
+def test_failpoint_on_a_state_change_inside_an_outer_transaction_does_not_fire(db_path: Path):
+    result = run_child(db_path, "branched", mode="nested")
+    assert result.returncode == 0, result.stderr
+    assert "inside" in result.stdout and "committed" in result.stdout and "survived" in result.stdout
+
+
+def test_failpoint_of_a_state_change_written_with_a_run_fires_as_the_run_is_queued(db_path: Path):
+    # the state change inside add_run is not committed on its own: its failpoint does not fire...
+    assert run_child(db_path, "measuring").returncode == 0
+    # ...the run's does, once both are committed
+    other = db_path.parent / "other.db"
+    result = run_child(other, "queued_candidate")
+    assert result.returncode == -signal.SIGKILL, result.stderr
+    assert "survived" not in result.stdout
+    store = Store(other)
+    try:
+        assert store.experiment(1).state == "measuring"
+        assert [(r.id, r.state) for r in store.runs()] == [(1, "queued")]
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("failpoint", [None, "something_else"], ids=["unset", "other-name"])
+def test_no_failpoint_no_kill(db_path: Path, failpoint):
+    result = run_child(db_path, failpoint)
+    assert result.returncode == 0, result.stderr
+    assert "survived" in result.stdout
