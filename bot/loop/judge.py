@@ -53,8 +53,12 @@ import math
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from scipy import special  # not scipy.stats: that import alone takes seconds
+
+if TYPE_CHECKING:
+    from bot.loop.program import LoopSettings
 
 # How many times main is measured: the first main of a loop carries the whole noise estimate on
 # its own, so it gets enough runs for a usable sigma; later mains only need a fresh mean.
@@ -76,6 +80,13 @@ class JudgeConfig:
     min_margin: float = 0.0  # absolute floor on the margin, in val_bpb
     confirm: bool = True  # False: never confirm, decide on the first run
     confirm_main_runs: int = 1  # runs of main queued beside each confirmation run
+
+
+def judge_config(settings: LoopSettings) -> JudgeConfig:
+    """The judge's settings as program.md's front matter sets them."""
+    return JudgeConfig(noise_sigmas=settings.noise_sigmas, confirm_sigmas=settings.confirm_sigmas,
+                       confirm_below=settings.confirm_below, min_margin=settings.min_margin,
+                       confirm=settings.confirm)
 
 
 @dataclass(frozen=True)

@@ -1,22 +1,31 @@
-"""What counts as a measurement: the identity a work directory measures under, and whether one
-runner's result may count for the run it claims to answer.
+"""What counts as a measurement: the identity a work directory measures under, whether one
+runner's result may count for the run it claims to answer, and which finished runs make main's
+value, the noise and the margin now.
 
 The identity (profile, harness hash, data fingerprint, and on a CPU-clock profile the allotted
 thread count, because that budget is CPU time per thread) is pinned in the store when a conductor
 starts. A result counts only if it answers its run id, measured exactly the queued train.py, and
 carries that identity; a CPU run that got far less of its cores than main's recent runs did says
-more about a busy machine than about its train.py and is run once more. These are pure checks on
-numbers: the conductor decides what to do with their answers.
+more about a busy machine than about its train.py and is run once more.
+
+Of the finished runs, those that count are ok, carry a val_bpb and were measured under the pinned
+identity (`counted`). Main's value is the mean of its own baseline runs (`main_values`): a kept
+experiment's runs were selected for coming out low, so they feed the noise (`noise`) but never
+main's value. The baseline of a loop is its first main's value as the judge last compared against
+it (`baseline_value`). Everything here is pure: the conductor decides what to do with the answers,
+and every view (bot.views.read_model) shows the same numbers because it asks the same functions.
 """
 
 from __future__ import annotations
 
 import json
 import statistics
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple, Protocol
 
 from bot.core.records import RunResult, asset_sha256
-from bot.store import Run, Store
+from bot.loop.judge import JudgeConfig, Noise, margin, pooled_noise
+from bot.store import Experiment, Run, Store
 
 IDENTITY_KEYS = ("profile", "harness_hash", "data_fingerprint")
 OPTIONAL_KEYS = ("threads",)
@@ -63,12 +72,101 @@ def pin(store: Store, identity: dict[str, Any]) -> list[str]:
     return [message]
 
 
-def counts(run: Run, identity: dict[str, Any]) -> bool:
+class MeasuredRun(Protocol):
+    """What the rules read of a run: a store Run, or a lighter row with the same fields."""
+
+    experiment_id: int | None
+    purpose: str
+    code_hash: str
+    state: str
+    status: str | None
+    val_bpb: float | None
+    profile: str
+    harness_hash: str | None
+    data_fingerprint: str | None
+    metrics: dict[str, Any]
+
+
+class Value(NamedTuple):
+    """One counted run's val_bpb: the code it measured, its experiment (None for a run of main) and
+    why it ran (`baseline` for main's own runs). Store.measured_values gives the same tuples."""
+
+    code: str
+    experiment: int | None
+    purpose: str
+    val_bpb: float
+
+
+def counts(run: MeasuredRun, identity: dict[str, Any]) -> bool:
     """Whether a finished run was measured under `identity`."""
     threads = pinned_threads(identity)
     return (run.profile == identity["profile"] and run.harness_hash == identity["harness_hash"]
             and run.data_fingerprint == identity["data_fingerprint"]
             and (threads is None or run.metrics.get("clock") != "cpu" or run.metrics.get("threads") == threads))
+
+
+def counted(runs: Iterable[MeasuredRun], identity: dict[str, Any]) -> list[Value]:
+    """Which runs count toward a measurement, in the order given (run id): finished ok with a
+    val_bpb, measured under `identity` (before any identity is pinned, every such run)."""
+    return [Value(r.code_hash, r.experiment_id, r.purpose, r.val_bpb) for r in runs
+            if r.state == "done" and r.status == "ok" and r.val_bpb is not None
+            and (not identity or counts(r, identity))]
+
+
+def main_values(values: Iterable[tuple[str, int | None, str, float]], code: str) -> list[float]:
+    """Main's val_bpb values for the train.py `code`: its own baseline runs only, those queued
+    beside a confirmation included (a kept experiment's runs never count: they were selected)."""
+    return [v for c, _, purpose, v in values if c == code and purpose == "baseline"]
+
+
+def main_value(values: Iterable[tuple[str, int | None, str, float]], code: str) -> float | None:
+    """Main's val_bpb as the judge compares against it now: the mean of `main_values`."""
+    own = main_values(values, code)
+    return statistics.fmean(own) if own else None
+
+
+def first_main(values: Iterable[tuple[str, int | None, str, float]]) -> str | None:
+    """The code of the first main measured under the pinned identity: the loop's baseline."""
+    return next((c for c, _, purpose, _ in values if purpose == "baseline"), None)
+
+
+def is_first_main(values: Iterable[tuple[str, int | None, str, float]], code: str) -> bool:
+    """Whether `code` is the first main measured under the pinned identity (no other code has a
+    baseline run that counts), so the noise will rest on its runs alone (judge.main_runs_wanted)."""
+    return not any(c != code for c, _, purpose, _ in values if purpose == "baseline")
+
+
+def noise(values: Iterable[tuple[str, int | None, str, float]]) -> Noise | None:
+    """The run-to-run noise, pooled over groups of repeated runs of the same code: each main's own
+    runs, each experiment's runs. A kept experiment's runs stay apart from its new main's runs:
+    they were selected for coming out low."""
+    groups: dict[tuple[str, int | None], list[float]] = {}
+    for code, experiment, purpose, value in values:
+        groups.setdefault((code, None if purpose == "baseline" else experiment), []).append(value)
+    return pooled_noise(groups.values())
+
+
+def main_margin(values: Sequence[tuple[str, int | None, str, float]], code: str, config: JudgeConfig) -> float | None:
+    """The noise margin now: the improvement one candidate run must show against main's runs of
+    `code`; None while main has no run or the noise is not known."""
+    own = main_values(values, code)
+    found = noise(values)
+    return margin(found, 1, len(own), config) if found and own else None
+
+
+def baseline_value(values: Sequence[tuple[str, int | None, str, float]], kept: Iterable[Experiment]) -> float | None:
+    """The loop's baseline: the first main's val_bpb as the judge last compared against it. Once a
+    keep replaced it, that is the value the keep was judged against (its meta `main_val_bpb`, for
+    meta `main_code` the first main): a run of the old main that finished later (the one queued
+    beside a confirmation) changed no decision. While it is still main, its `main_value`."""
+    first = first_main(values)
+    if first is None:
+        return None
+    for exp in kept:
+        judged = exp.meta.get("main_val_bpb")
+        if exp.meta.get("main_code") == first and isinstance(judged, (int, float)):
+            return float(judged)
+    return main_value(values, first)
 
 
 def refusal(run: Run, result: RunResult, identity: dict[str, Any]) -> str | None:

@@ -380,3 +380,12 @@ def test_simulated_null_change_at_experiment_one_is_rarely_kept():
     # the same seed gives the same trajectories
     again = bench.simulate(new, trajectories=50, experiments=1, seed=7)
     assert again.first_probe_keeps == bench.simulate(new, trajectories=50, experiments=1, seed=7).first_probe_keeps
+
+
+def test_the_judges_settings_come_from_program_md():
+    from bot.loop.judge import judge_config
+    from bot.loop.program import LoopSettings
+
+    settings = LoopSettings(noise_sigmas=3.0, confirm_sigmas=2.0, confirm_below=1.0, min_margin=0.001, confirm=False)
+    assert judge_config(settings) == JudgeConfig(noise_sigmas=3.0, confirm_sigmas=2.0, confirm_below=1.0,
+                                                 min_margin=0.001, confirm=False)
