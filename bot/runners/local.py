@@ -44,8 +44,8 @@ from typing import Any
 from bot.core.records import Job, RunResult, RunStatus
 from bot.runners.specs import ResultRefused, checked_result, finished_status, job_spec
 from runner import files, launch, limits, sandbox
-from runner.isolated import read_regular
 from runner.profiles import get_profile, harness_hash
+from runner.progress import last_progress
 from runner.protocol import JobSpec, ResultSpec
 
 log = logging.getLogger(__name__)
@@ -289,23 +289,6 @@ def _lost_supervisor(out: Path, code: int | None, timed_out: bool) -> dict[str, 
     else:
         why = f"the run's supervisor exited with code {code} without writing a result"
     return {"status": "crash", "outcome": outcome, "error": why, "log_tail": launch.log_tail(out / "supervisor.log")}
-
-
-def last_progress(out: Path) -> dict[str, Any] | None:
-    """The latest progress line of a running job, for display. The file is the sandbox's: read
-    without following a link it may have planted there."""
-    path = out / "scratch" / "progress.jsonl"
-    try:
-        size = os.lstat(path).st_size
-    except OSError:
-        return None
-    chunk = read_regular(path, 4096, offset=max(0, size - 4096))
-    lines = chunk.decode(errors="replace").strip().splitlines() if chunk else []
-    try:
-        line = json.loads(lines[-1]) if lines else None
-    except json.JSONDecodeError:
-        return None
-    return line if isinstance(line, dict) else None
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
