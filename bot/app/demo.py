@@ -109,9 +109,7 @@ def build_conductor(options: DemoOptions, console: Console | None = None) -> tup
         usable, why = sandbox.available()
         console.print(f"sandbox: {why}" if usable else f"[bold yellow]WARNING: runs are NOT sandboxed[/] ({why}); "
                       "train.py can read what you can read")
-    identity = measurement_identity(options.profile, options.data)
-    if get_profile(options.profile).clock == "cpu":  # a CPU budget is CPU time per allotted thread
-        identity["threads"] = str(runner.threads)
+    identity = measurement_identity(options.profile, options.data, threads=runner.threads)
     agent, budget = make_agent(options.agent, script=options.agent_script, seed=options.seed)
     config = ConductorConfig(profile=options.profile, identity=identity, max_experiments=options.experiments,
                              agent_budget_usd=options.budget_usd if options.budget_usd is not None else budget)

@@ -117,13 +117,10 @@ def local_parts(settings: ServiceSettings, client: GitHubClient | None = None) -
     from bot.runners.local import LocalRunner  # the harness (and torch) only where runs happen here
     from runner.identity import measurement_identity
     from runner.prepare import prepare
-    from runner.profiles import get_profile
 
     prepare(settings.profile, None, progress=False)
     runner = LocalRunner(settings.state_dir / "runs", slots=settings.slots, warm=settings.warm_workers)
-    identity = measurement_identity(settings.profile, None)
-    if get_profile(settings.profile).clock == "cpu":
-        identity["threads"] = str(runner.threads)
+    identity = measurement_identity(settings.profile, None, threads=runner.threads)
     agent, budget = make_agent(settings.agent, script=settings.agent_script)
     return Parts(runner=runner, agent=agent, identity=identity, budget_usd=budget)
 

@@ -3,6 +3,7 @@ files, so a file changed after preparation is caught, and the error says how to 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -11,9 +12,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from runner import identity
 from runner.data import DataCorrupt, DataMissing, load_dataset, verify_dataset
 from runner.identity import measurement_identity
-from runner.profiles import harness_hash
+from runner.profiles import get_profile, harness_hash
 from runner.tokenizer import tokenizer_dir
 
 
@@ -72,6 +74,13 @@ def test_measurement_identity_of_the_prepared_data(smoke_prepared):
     assert measurement_identity("smoke") == {"profile": "smoke", "harness_hash": harness_hash(),
                                              "data_fingerprint": smoke_prepared.dataset.fingerprint}
     assert measurement_identity("smoke", "builtin") == measurement_identity("smoke")
+
+
+def test_a_cpu_clock_identity_pins_the_threads_a_run_gets(smoke_prepared, monkeypatch):
+    assert measurement_identity("smoke", threads=4) == dict(measurement_identity("smoke"), threads="4")
+    wall = dataclasses.replace(get_profile("smoke"), clock="wall")
+    monkeypatch.setattr(identity, "get_profile", lambda name: wall)
+    assert "threads" not in measurement_identity("smoke", threads=4)  # a wall-clock budget is not per thread
 
 
 def test_measurement_identity_refuses_corrupt_or_missing_data(private_copy, tmp_path, monkeypatch):
