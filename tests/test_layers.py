@@ -31,7 +31,6 @@ MAY_IMPORT: dict[str, set[str]] = {
 # it is fixed, and the list must end empty
 KNOWN_UPWARD: dict[str, set[str]] = {
     "bot.github.client": {"bot.app.settings"},
-    "bot.github.handlers": {"bot.loop.inbox"},
     "bot.loop.conductor": {"bot.views"},
     "bot.loop.driver": {"bot.views"},
     "bot.runners.actions": {"bot.github.client"},

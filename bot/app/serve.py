@@ -43,11 +43,13 @@ from typing import Any
 from bot.agent.choice import make_agent
 from bot.app.settings import ServiceSettings
 from bot.core.protocols import Agent, Runner
-from bot.github import handlers  # noqa: F401 - registers the inbox handler of GitHub events
+from bot.core.router import Router
+from bot.github import handlers
 from bot.github.client import BACKOFF_MAX_S, MAX_RATE_LIMIT_WAIT_S, RETRIES, GitHubClient
 from bot.github.forge import GitHubForge
 from bot.github.permissions import CollaboratorPermissions
 from bot.github.publisher import GitHubPublisher
+from bot.loop import inbox
 from bot.loop.conductor import Conductor, ConductorConfig
 from bot.loop.driver import Driver
 from bot.store import Store
@@ -343,15 +345,18 @@ class Service:
         self._set(ConductorState.STARTING, "connected to GitHub; preparing the runner and the agent")
         store = Store(self.store_path)
         store.set_setting(handlers.BOT_LOGIN, login)
-        # GitHub events act on this repository only, steered by people GitHub says have write access
-        handlers.GitHubEvents(settings.repository, CollaboratorPermissions.for_repository(repo)).install()
+        # the inbox's handlers: the loop's own inputs, and GitHub's events, which act on this repository
+        # only, steered by people GitHub says have write access
+        github = handlers.GitHubEvents(settings.repository, CollaboratorPermissions.for_repository(repo),
+                                       loop=inbox.router)
+        router = Router(inbox.router, github.router())
         parts = self.make_parts(settings, self.client)
         forge = GitHubForge(repo, main_branch=settings.main_branch, pace_write=self.client.pace_write)
         publisher = GitHubPublisher(store, repo, read_file=forge.read_file, uses_app=self.client.uses_app,
                                     main_branch=settings.main_branch, pace_write=self.client.pace_write)
         config = ConductorConfig(profile=settings.profile, identity=parts.identity, agent_budget_usd=parts.budget_usd)
         self.conductor = Conductor(store, forge, parts.runner, parts.agent, config,
-                                   results_tsv=settings.state_dir / "results.tsv", publisher=publisher)
+                                   results_tsv=settings.state_dir / "results.tsv", publisher=publisher, router=router)
         log.info("connected to %s as %s (%s)", repo.full_name, login, "App" if self.client.uses_app else "token")
         return self.conductor
 

@@ -6,7 +6,12 @@ writes: a person's request on an experiment (bot.core.states.Request), feedback 
 pause, or a reply to queue (on the pull request or plain issue the command was written in). The
 conductor acts on requests at its next tick; the publisher posts replies. Nothing here writes to
 GitHub or calls a runner; the one thing it asks GitHub is who may steer (bot.github.permissions),
-through the lookup bot.app.serve injects (`install`).
+through the lookup bot.app.serve gives it.
+
+`GitHubEvents.router()` is the inbox router (bot.core.router) of the `github` kind, which
+bot.app.serve joins with the loop's own; inside it, each kind of GitHubEvent has its action on
+`actions`. `/pause` and `/resume` are the loop's own pause and resume, applied through the loop's
+router the app gives (`loop`), so they are written once.
 
 Boundaries, checked here so the webhook and the poller paths give the same verdicts:
 - The research repository only. An App installation can cover other repositories, and their
@@ -29,7 +34,7 @@ Boundaries, checked here so the webhook and the poller paths give the same verdi
   (sender type Bot) never steers; the bot's own comments and the pull requests it closes itself are
   ignored by login. Anyone else's event is logged and dropped: it never reaches the agent, starts
   no run and gets no reply.
-- When GitHub cannot say whether someone may steer, the entry waits in the inbox (bot.loop.inbox.Deferred)
+- When GitHub cannot say whether someone may steer, the entry waits in the inbox (bot.core.router.Deferred)
   and is asked about again at the next tick; after WAIT_FOR_GITHUB_S of waiting it is dropped with
   an outcome that says so, so nothing waits forever.
 - Text people wrote (a comment, a /try idea) loses its control and bidirectional formatting
@@ -43,11 +48,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from bot.core.router import Deferred, RejectedInput, Router
 from bot.core.states import Request, State, Status
 from bot.github import render
 from bot.github.permissions import Permissions, PermissionUnknown, quick_no
 from bot.github.webhooks import GitHubEvent
-from bot.loop.inbox import Deferred, RejectedInput, on
 from bot.store import Experiment, InboxEntry, Store
 
 log = logging.getLogger(__name__)
@@ -94,6 +99,13 @@ class Context:
             return f"ignored: {who} has the {access.role} role, no write access, so cannot {what}"
         return None
 
+    def loop_input(self, kind: str) -> str:
+        """Apply the loop's own input `kind` (pause, resume) as part of this event; its outcome."""
+        handler = self.rules.loop.handler(kind)
+        if handler is None:
+            raise RejectedInput(f"the loop takes no {kind!r} input")
+        return handler(self.store, self.entry)
+
     def experiment(self) -> Experiment | None:
         """The experiment whose pull request the event is about (see the module docstring)."""
         event = self.event
@@ -108,31 +120,28 @@ class Context:
 
 
 Action = Callable[[Context], str]
-ACTIONS: dict[str, Action] = {}
-
-
-def when(kind: str) -> Callable[[Action], Action]:
-    def register(action: Action) -> Action:
-        ACTIONS[kind] = action
-        return action
-    return register
+actions: Router[Action] = Router()  # GitHubEvent.kind -> what it does
+InboxHandler = Callable[[Store, InboxEntry], str]
 
 
 @dataclass
 class GitHubEvents:
     """The inbox handler of kind `github` for one research repository (`owner/name`), asking
-    `permissions` who may steer. Unwired (None), every event waits, as if GitHub could not say."""
+    `permissions` who may steer; `loop` is the loop's own router, whose pause and resume the
+    commands apply. Unwired (None), every event waits, as if GitHub could not say."""
 
     repository: str | None = None
     permissions: Permissions | None = None
     clock: Callable[[], float] = time.monotonic
     wait_for_github_s: float = WAIT_FOR_GITHUB_S
+    loop: Router[InboxHandler] = field(kw_only=True)
     _waiting: dict[int, float] = field(default_factory=dict)  # inbox entry id -> when it first waited
 
-    def install(self) -> GitHubEvents:
-        """Make this the handler of the inbox's `github` entries (bot.app.serve calls it when it connects)."""
-        on("github")(self)
-        return self
+    def router(self) -> Router[InboxHandler]:
+        """The inbox router of `github` entries, applied by this handler (bot.app.serve joins it)."""
+        router: Router[InboxHandler] = Router()
+        router.on("github")(self)
+        return router
 
     def ours(self, repository: str | None) -> bool:
         return repository is not None and self.repository is not None and repository.lower() == self.repository.lower()
@@ -157,7 +166,7 @@ class GitHubEvents:
         except ValueError as error:
             raise RejectedInput(f"not a GitHub event: {error}") from error
         event = replace(event, body=render.plain(event.body), argument=render.plain(event.argument))
-        action = ACTIONS.get(event.kind)
+        action = actions.handler(event.kind)
         if action is None:
             return f"{event.event}.{event.action or ''}: nothing to do"
         if event.repository is not None and not self.ours(event.repository):
@@ -171,17 +180,15 @@ class GitHubEvents:
         return outcome
 
 
-GitHubEvents().install()  # until bot.app.serve installs the wired one, GitHub entries wait in the inbox
 
-
-@when("push")
+@actions.on("push")
 def push(ctx: Context) -> str:
     # The conductor reads main at every tick: a new program.md is used by the next proposal, a new
     # train.py gets a new baseline. The delivery only wakes it.
     return f"{ctx.event.ref} moved to {(ctx.event.after or '')[:7]}; read at the next tick"
 
 
-@when("pr_closed")
+@actions.on("pr_closed")
 def pr_closed(ctx: Context) -> str:
     event, store = ctx.event, ctx.store
     exp = ctx.experiment()
@@ -197,7 +204,7 @@ def pr_closed(ctx: Context) -> str:
     return f"experiment {exp.id} will be cancelled"
 
 
-@when("pr_reopened")
+@actions.on("pr_reopened")
 def pr_reopened(ctx: Context) -> str:
     event, store = ctx.event, ctx.store
     exp = ctx.experiment()
@@ -211,7 +218,7 @@ def pr_reopened(ctx: Context) -> str:
     return f"experiment {exp.id} will be measured again"
 
 
-@when("feedback")
+@actions.on("feedback")
 def feedback(ctx: Context) -> str:
     event = ctx.event
     if ctx.is_bot():
@@ -224,7 +231,7 @@ def feedback(ctx: Context) -> str:
     return "the agent will read it"
 
 
-@when("command")
+@actions.on("command")
 def command(ctx: Context) -> str:
     event, store = ctx.event, ctx.store
     if ctx.is_bot():
@@ -245,12 +252,9 @@ def command(ctx: Context) -> str:
 
 def _command(ctx: Context, name: str, argument: str, who: str) -> str:
     store = ctx.store
-    if name == "pause":
-        store.set_setting("paused", "1")
-        return "paused: running experiments finish, nothing new is proposed until /resume"
-    if name == "resume":
-        store.set_setting("paused", "0")
-        return "resumed"
+    if name in ("pause", "resume"):  # the loop's own inputs, as `autoresearch pause` and `resume` give them
+        outcome = ctx.loop_input(name)
+        return f"{outcome} until /resume" if name == "pause" else outcome
     if name == "try":
         store.add_feedback(who, f"{who} asks to try next: {argument}")
         return f"the agent will be asked to try: {argument}"
@@ -271,12 +275,12 @@ def _request(store: Store, exp: Experiment, request: Request, who: str) -> str:
             Request.DISCARD: f"experiment {exp.id} will be stopped and closed"}[request]
 
 
-@when("check_rerun")
+@actions.on("check_rerun")
 def check_rerun(ctx: Context) -> str:
     return _check_button(ctx, "rerun")
 
 
-@when("check_action")
+@actions.on("check_action")
 def check_action(ctx: Context) -> str:
     if ctx.event.requested_action not in ACTION_REQUEST:
         return f"unknown button {ctx.event.requested_action!r}"
@@ -297,7 +301,7 @@ def _check_button(ctx: Context, name: str) -> str:
     return _request(ctx.store, exp, ACTION_REQUEST[name], event.sender or "someone")
 
 
-@when("installation")
+@actions.on("installation")
 def installation(ctx: Context) -> str:
     # no effect: the bot acts on its one repository, through the installation it was configured with
     return f"installation {ctx.event.installation_id} {ctx.event.action}"

@@ -29,10 +29,11 @@ from typing import Any
 
 from bot.core.protocols import Agent, AgentError, Forge, MainMoved, MergeConflict, Publisher, Runner, Snapshot
 from bot.core.records import HistoryEntry, Job, Proposal, ProposalContext, RunResult, code_hash
+from bot.core.router import Router
 from bot.core.states import Request, RunState, State, Status
-from bot.loop import measurement, validation
+from bot.loop import inbox, measurement, validation
 from bot.loop.agent_worker import AgentWorker
-from bot.loop.inbox import apply_inbox
+from bot.loop.inbox import InboxHandler, apply_inbox
 from bot.loop.judge import JudgeConfig, Noise, decide, main_runs_wanted, margin, pooled_noise
 from bot.loop.program import LoopSettings, SettingsError, parse_program
 from bot.store import Experiment, Run, Store
@@ -110,8 +111,9 @@ class _Pending:
 class Conductor:
     def __init__(self, store: Store, forge: Forge, runner: Runner, agent: Agent, config: ConductorConfig,
                  *, results_tsv: Path, clock: Callable[[], float] = time.time,
-                 publisher: Publisher | None = None) -> None:
+                 publisher: Publisher | None = None, router: Router[InboxHandler] = inbox.router) -> None:
         self.store = store
+        self.router = router  # the inbox's handlers: the loop's own, or the app's join of it with others
         self.publisher = publisher or Publisher()
         self.forge = forge
         self.runner = runner
@@ -154,7 +156,7 @@ class Conductor:
         except Exception as error:  # noqa: BLE001 - the forge may be down for a while
             self._tick_error("reading main", error)
             return
-        self._guard("applying the inbox", apply_inbox, self.store)
+        self._guard("applying the inbox", apply_inbox, self.store, self.router)
         self._guard("collecting runs", self.collect)
         # A slot freed by a run that just ended takes the next queued experiment run now, before the
         # rest of the tick (advancing, merging, proposing): that work is the idle gap between two

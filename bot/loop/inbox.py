@@ -1,11 +1,14 @@
 """The inbox: every external input, written first, applied by the conductor exactly once.
 
-Senders (the CLI now, the webhook server later) call `submit()`, which only writes a row with the
-sender's idempotency key: the same key twice is one entry. On each tick the conductor calls
-`apply_inbox()`, which applies every new entry through the handler registered for its kind, and
+The CLI calls `submit()` for the loop's own inputs (`router` here: steer, pause, resume), which
+only writes a row with the sender's idempotency key: the same key twice is one entry; the webhook
+server and the poller write GitHub's events the same way. On each tick the conductor calls
+`apply_inbox()` with the router the app joined (bot.core.router: the service's adds the GitHub
+events of bot.github.handlers), which applies every new entry through the handler of its kind and
 marks it processed in the same transaction as the handler's own writes, so a conductor killed
-half-way applies it again from scratch, never twice. An entry that cannot be applied (an unknown
-kind, a bad payload) is marked processed with the reason and never blocks the ones after it.
+half-way applies it again from scratch, never twice. An entry that cannot be applied (a kind the
+router does not know, a bad payload) is marked processed with the reason and never blocks the ones
+after it.
 
 A handler that cannot decide yet (GitHub could not say whether a commenter may steer) raises
 Deferred: its writes are rolled back, the entry stays pending for the next tick, and so do the later
@@ -28,47 +31,33 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from bot.core.router import Deferred, RejectedInput, Router
 from bot.store import InboxEntry, Store, failpoint
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[[Store, InboxEntry], str]
-HANDLERS: dict[str, Handler] = {}
-
-
-class RejectedInput(ValueError):
-    """An inbox entry that cannot be applied; the message says why."""
-
-
-class Deferred(Exception):
-    """An inbox entry that cannot be applied yet: left pending for the next tick; the message says why."""
-
-
-def on(kind: str) -> Callable[[Handler], Handler]:
-    """Register the handler of one kind of entry; it writes through the store and says what it did."""
-    def register(handler: Handler) -> Handler:
-        HANDLERS[kind] = handler
-        return handler
-    return register
+InboxHandler = Callable[[Store, InboxEntry], str]  # writes through the store, returns what it did
+router: Router[InboxHandler] = Router()  # the loop's own inputs
 
 
 def submit(store: Store, kind: str, payload: dict[str, Any] | None = None, *, author: str,
            key: str | None = None) -> bool:
-    """Write one input to the inbox (a new key: a fresh uuid). False if `key` was seen before."""
-    if kind not in HANDLERS:
-        raise RejectedInput(f"unknown input {kind!r}: one of {', '.join(sorted(HANDLERS))}")
+    """Write one of the loop's own inputs to the inbox (a new key: a fresh uuid). False if `key`
+    was seen before."""
+    if router.handler(kind) is None:
+        raise RejectedInput(f"unknown input {kind!r}: one of {', '.join(router.kinds)}")
     return store.add_inbox(key=key or f"cli-{uuid.uuid4()}", kind=kind, payload=payload or {}, author=author)
 
 
-def apply_inbox(store: Store) -> int:
-    """Apply every entry not yet processed, in order; returns how many were applied."""
+def apply_inbox(store: Store, routes: Router[InboxHandler]) -> int:
+    """Apply every entry not yet processed, in order, through `routes`; returns how many were applied."""
     pending = store.pending_inbox()
     applied = done = 0
     waiting: dict[str, str] = {}  # kind -> why its entries wait for the next tick
     while done < len(pending):
         try:
             with store.transaction():
-                batch = _apply_batch(store, pending[done:], waiting)
+                batch = _apply_batch(store, routes, pending[done:], waiting)
         except sqlite3.OperationalError as error:  # the store's fault, not an entry's: they wait for a later tick
             log.warning("%d inbox entries from id %s on not applied yet, the store could not take them (%s): "
                         "trying again on the next tick", len(pending) - done, pending[done].id, error)
@@ -86,7 +75,8 @@ BATCH_ENTRIES = 200  # entries per transaction at most
 BATCH_SECONDS = 0.02  # and about this much work: the webhook server's inserts wait while it is held
 
 
-def _apply_batch(store: Store, entries: list[InboxEntry], waiting: dict[str, str]) -> list[bool | None]:
+def _apply_batch(store: Store, routes: Router[InboxHandler], entries: list[InboxEntry],
+                 waiting: dict[str, str]) -> list[bool | None]:
     """Apply entries, in order, inside the caller's transaction until the batch is full; for each
     entry taken, whether it was applied (False: rejected, None: deferred, left pending). An entry
     whose kind is in `waiting` (an earlier one of its kind was deferred) is deferred unread; a
@@ -105,7 +95,7 @@ def _apply_batch(store: Store, entries: list[InboxEntry], waiting: dict[str, str
             continue
         store.db.execute("SAVEPOINT inbox_entry")
         try:
-            _apply(store, entry)
+            _apply(store, routes, entry)
         except sqlite3.OperationalError:
             raise
         except Deferred as why:
@@ -127,8 +117,8 @@ def _apply_batch(store: Store, entries: list[InboxEntry], waiting: dict[str, str
     return taken
 
 
-def _apply(store: Store, entry: InboxEntry) -> None:
-    handler = HANDLERS.get(entry.kind)
+def _apply(store: Store, routes: Router[InboxHandler], entry: InboxEntry) -> None:
+    handler = routes.handler(entry.kind)
     if handler is None:
         raise RejectedInput(f"unknown input {entry.kind!r}")
     if not isinstance(entry.payload, dict):
@@ -138,7 +128,7 @@ def _apply(store: Store, entry: InboxEntry) -> None:
     store.event(None, "inbox", f"{entry.kind} from {entry.author}: {outcome}")
 
 
-@on("steer")
+@router.on("steer")
 def steer(store: Store, entry: InboxEntry) -> str:
     text = str(entry.payload.get("text", "")).strip()
     if not text:
@@ -147,13 +137,13 @@ def steer(store: Store, entry: InboxEntry) -> str:
     return f"the agent will read: {text!r}"
 
 
-@on("pause")
+@router.on("pause")
 def pause(store: Store, entry: InboxEntry) -> str:
     store.set_setting("paused", "1")
     return "paused: running experiments finish, nothing new is proposed"
 
 
-@on("resume")
+@router.on("resume")
 def resume(store: Store, entry: InboxEntry) -> str:
     store.set_setting("paused", "0")
     return "resumed"

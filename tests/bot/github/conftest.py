@@ -1,14 +1,15 @@
-"""A fake of who may steer (bot.github.permissions.Permissions), and the GitHub inbox handler wired
-with it for the research repository `octo/research`."""
+"""A fake of who may steer (bot.github.permissions.Permissions), the GitHub inbox handler wired with
+it for the research repository `octo/research`, and the router that joins it with the loop's own
+inputs, as bot.app.serve joins them."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
-from bot.github.handlers import GitHubEvents
+from bot.core.router import Router
+from bot.github.handlers import GitHubEvents, InboxHandler
 from bot.github.permissions import STEERING_ROLES, Access, PermissionUnknown
+from bot.loop import inbox
 
 REPOSITORY = "octo/research"
 
@@ -38,13 +39,15 @@ def permissions() -> FakePermissions:
 
 
 @pytest.fixture
-def github_events(permissions: FakePermissions) -> Iterator[GitHubEvents]:
-    """The handler of `github` inbox entries for REPOSITORY, asking `permissions`; the unwired
-    default is put back afterwards."""
+def github_events(permissions: FakePermissions) -> GitHubEvents:
+    """The handler of `github` inbox entries for REPOSITORY, asking `permissions`."""
     clock = [0.0]
-    events = GitHubEvents(REPOSITORY, permissions, clock=lambda: clock[0]).install()
+    events = GitHubEvents(REPOSITORY, permissions, clock=lambda: clock[0], loop=inbox.router)
     events.now = clock  # type: ignore[attr-defined] - the test moves it: events.now[0] += seconds
-    try:
-        yield events
-    finally:
-        GitHubEvents().install()
+    return events
+
+
+@pytest.fixture
+def routes(github_events: GitHubEvents) -> Router[InboxHandler]:
+    """The loop's own inputs and GitHub's events, joined as bot.app.serve joins them."""
+    return Router(inbox.router, github_events.router())

@@ -22,6 +22,7 @@ from github_standin import GitHubStandIn
 
 from bot.app.settings import load_service_settings
 from bot.core.protocols import Snapshot
+from bot.core.router import Router
 from bot.core.states import Request
 from bot.github import handlers
 from bot.github import poller as poller_module
@@ -30,6 +31,7 @@ from bot.github.permissions import CollaboratorPermissions
 from bot.github.poller import Poller
 from bot.github.publisher import GitHubPublisher
 from bot.github.webhooks import GitHubEvent, normalize
+from bot.loop import inbox
 from bot.loop.inbox import apply_inbox
 from bot.store import Store
 
@@ -49,9 +51,13 @@ class World:
     poller: Poller
     wakes: list[int]
     number: int  # the experiment's pull request
+    routes: Router[handlers.InboxHandler]  # the loop's own inputs and GitHub's events, as bot.app.serve joins them
 
     def events(self) -> list[GitHubEvent]:
         return [GitHubEvent.from_payload(e.payload) for e in self.store.inbox()]
+
+    def apply_inbox(self) -> int:
+        return apply_inbox(self.store, self.routes)
 
 
 @pytest.fixture
@@ -68,14 +74,11 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
         store = Store(tmp_path / "state" / "state.db")
         store.set_setting(handlers.BOT_LOGIN, BOT)
         # the same handler, asking the stand-in who may steer, as bot.app.serve wires it
-        handlers.GitHubEvents(REPO, CollaboratorPermissions.for_repository(client.repo())).install()
+        github = handlers.GitHubEvents(REPO, CollaboratorPermissions.for_repository(client.repo()), loop=inbox.router)
         wakes: list[int] = []
         poller = Poller(client, store, wake=lambda: wakes.append(1))
         assert poller.poll_once() == 0  # the first poll: the pull request is open, nothing happened yet
-        try:
-            yield World(standin, client, store, poller, wakes, number)
-        finally:
-            handlers.GitHubEvents().install()
+        yield World(standin, client, store, poller, wakes, number, Router(inbox.router, github.router()))
         client.close()
         assert standin.violations == [], "\n".join(standin.violations)
 
@@ -115,7 +118,7 @@ def test_a_trusted_comment_becomes_one_feedback_entry_however_often_it_is_read(w
     assert world.store.inbox()[0].key == f"github:poll-comment-{comment_id}"
     assert world.wakes == [1]  # woken for the poll that stored it, not for the one that found nothing
 
-    apply_inbox(world.store)  # the same handler as in webhook mode
+    world.apply_inbox()  # the same handler as in webhook mode
     assert world.store.recent_feedback() == [f"alice on #{world.number}: Try a lower learning rate."]
 
 
@@ -126,7 +129,7 @@ def test_a_rerun_comment_becomes_a_command(world: World) -> None:
     assert world.poller.poll_once() == 1
     [event] = world.events()
     assert (event.kind, event.command, event.argument, event.number) == ("command", "rerun", "please", world.number)
-    apply_inbox(world.store)
+    world.apply_inbox()
     assert world.store.experiment(exp_id).request == Request.RERUN
 
 
@@ -135,7 +138,7 @@ def test_an_untrusted_comment_is_stored_but_never_reaches_the_agent(world: World
 
     assert world.poller.poll_once() == 1
     assert world.events()[0].association == "NONE"
-    apply_inbox(world.store)
+    world.apply_inbox()
     assert world.store.recent_feedback() == []
 
 
@@ -159,7 +162,7 @@ def test_a_person_closing_the_pull_request_yields_pr_closed_and_reopening_pr_reo
     assert (closed.kind, closed.number, closed.branch, closed.merged) == ("pr_closed", world.number, BRANCH, False)
     assert closed.delivery.startswith(f"poll-pr-{world.number}-closed-")
     assert world.standin.calls("GET", rf"/issues/{world.number}/events$")  # who closed it: the issue's events
-    apply_inbox(world.store)
+    world.apply_inbox()
     assert world.store.experiment(exp_id).request == Request.CANCEL
 
     world.standin.reopen_pr(world.number, "alice")
@@ -266,7 +269,7 @@ def test_a_read_only_collaborator_gets_the_same_verdict_by_poll_as_by_webhook(wo
     world.standin.close_pr(world.number, "alice")  # alice writes: her close counts
 
     assert world.poller.poll_once() == 3
-    apply_inbox(world.store)
+    world.apply_inbox()
     outcomes = [e.outcome for e in world.store.inbox()]
     assert outcomes.count("ignored: rita has the read role, no write access, so cannot /discard") == 1
     assert "ignored: rita has the read role, no write access, so cannot steer the agent" in outcomes
@@ -282,7 +285,7 @@ def ended(world: World) -> int:
     world.store.db.execute("UPDATE experiments SET state = 'done', status = 'cancelled' WHERE id = ?", (exp_id,))
     world.client.repo().get_pull(world.number).edit(state="closed")
     assert world.poller.poll_once() == 1
-    apply_inbox(world.store)
+    world.apply_inbox()
     assert world.store.inbox()[-1].outcome == "closed by the bot itself"
     return exp_id
 
@@ -299,7 +302,7 @@ def by_webhook(world: World, action: str, sender: str) -> str:
     payload["sender"] = {"login": sender, "id": 4242, "type": "User"}
     event = normalize("pull_request", f"hook-{action}-{sender}", payload)
     world.store.add_inbox(key=f"github:{event.delivery}", kind="github", payload=event.to_payload(), author=sender)
-    apply_inbox(world.store)
+    world.apply_inbox()
     return world.store.inbox()[-1].outcome or "(pending)"
 
 
@@ -314,7 +317,7 @@ def test_a_writer_reopening_by_poll_measures_again(world: World) -> None:
     assert asked == [("pulls", 200), ("events", 200), ("comments", 304), ("reviews", 200)]
     reopened = world.events()[-1]
     assert (reopened.kind, reopened.sender, reopened.sender_type) == ("pr_reopened", "alice", "User")
-    apply_inbox(world.store)
+    world.apply_inbox()
     assert world.store.inbox()[-1].outcome == f"experiment {exp_id} will be measured again"
     assert world.store.experiment(exp_id).request == Request.REOPEN
     quiet = len(world.standin.requests)
@@ -331,7 +334,7 @@ def test_a_read_only_collaborator_reopening_by_poll_is_ignored(world: World) -> 
 
     assert world.poller.poll_once() == 1
     assert world.events()[-1].sender == "tom"
-    apply_inbox(world.store)
+    world.apply_inbox()
     by_poll = world.store.inbox()[-1].outcome
     assert by_poll == "ignored: tom has the triage role, no write access, so cannot measure an experiment again"
     assert world.store.experiment(exp_id).request is None
@@ -345,7 +348,7 @@ def test_a_close_by_someone_without_write_access_cancels_nothing_by_poll_as_by_w
     world.standin.close_pr(world.number, "tom")
 
     assert world.poller.poll_once() == 1
-    apply_inbox(world.store)
+    world.apply_inbox()
     by_poll = world.store.inbox()[-1].outcome
     assert by_poll == "ignored: tom has the triage role, no write access, so cannot cancel an experiment"
     assert by_webhook(world, "closed", "tom") == by_poll
@@ -400,7 +403,7 @@ def test_a_poll_that_failed_to_store_a_reopen_reads_its_events_again_for_free(
     assert world.poller.poll_once() == 1
     assert [r.status for r in world.standin.calls("GET", EVENTS)][-2:] == [200, 304]
     assert world.events()[-1].sender == "alice"
-    apply_inbox(world.store)
+    world.apply_inbox()
     assert world.store.experiment(exp_id).request == Request.REOPEN
 
 
@@ -416,7 +419,7 @@ def test_pause_in_a_tracking_issue_is_acknowledged_there(world: World) -> None:
     events = world.events()
     assert [(e.command, e.number, e.issue_number) for e in events] == [
         ("pause", None, tracking), ("keep", None, tracking)]
-    apply_inbox(world.store)
+    world.apply_inbox()
     assert world.store.get_setting("paused") == "1"
     assert [e.outcome for e in world.store.inbox()] == [
         "paused: running experiments finish, nothing new is proposed until /resume",

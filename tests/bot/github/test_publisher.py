@@ -13,12 +13,14 @@ import pytest
 from github_standin import GitHubStandIn
 
 from bot.core.protocols import Snapshot
+from bot.core.router import Router
 from bot.core.states import State
 from bot.github import render
 from bot.github.forge import GitHubForge
 from bot.github.handlers import BOT_LOGIN, GitHubEvents
 from bot.github.permissions import CollaboratorPermissions
 from bot.github.publisher import CHECK_NAME, REPLY_TRIES, GitHubPublisher
+from bot.loop import inbox
 from bot.loop.inbox import apply_inbox
 from bot.store import Store
 
@@ -279,11 +281,9 @@ def test_a_pull_request_closed_while_away_goes_through_the_same_permission_check
     world.publisher = restarted
     world.publish()
     [entry] = [e for e in world.store.inbox() if e.key.startswith("github:reconcile-pr-")]
-    GitHubEvents("octo-org/research", CollaboratorPermissions.for_repository(restarted.repo)).install()
-    try:
-        apply_inbox(world.store)
-    finally:
-        GitHubEvents().install()
+    events = GitHubEvents("octo-org/research", CollaboratorPermissions.for_repository(restarted.repo),
+                          loop=inbox.router)
+    apply_inbox(world.store, Router(inbox.router, events.router()))
     assert "triage role" in (world.store.inbox()[0].outcome or "")
     assert world.store.experiment(world.exp_id).request is None
     world.publish()  # judged already: the experiment is shown as usual, nothing stored twice

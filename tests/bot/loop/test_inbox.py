@@ -1,6 +1,8 @@
-"""Applying the inbox: a bad entry is rejected with its reason, a store that cannot take a write
-now loses nothing (the entry waits for a later tick), and entries are applied in batches of one
-transaction each, every entry exactly once even when the conductor is killed half-way."""
+"""Applying the inbox: each entry through the handler its router names (a kind no router handles is
+rejected, two handlers of one kind are refused), a bad entry is rejected with its reason, a store
+that cannot take a write now loses nothing (the entry waits for a later tick), and entries are
+applied in batches of one transaction each, every entry exactly once even when the conductor is
+killed half-way."""
 
 from __future__ import annotations
 
@@ -14,9 +16,22 @@ from pathlib import Path
 
 import pytest
 
+from bot.core.router import RejectedInput, Router
 from bot.loop import inbox as events
-from bot.loop.inbox import apply_inbox
+from bot.loop.inbox import InboxHandler
 from bot.store import InboxEntry, Store
+
+
+def apply_inbox(store: Store, routes: Router[InboxHandler] = events.router) -> int:
+    """The loop's own inputs unless `routes` says otherwise."""
+    return events.apply_inbox(store, routes)
+
+
+def with_handler(kind: str, handler: InboxHandler) -> Router[InboxHandler]:
+    """The loop's own router joined with one more handler, as an app joins its routers."""
+    extra: Router[InboxHandler] = Router()
+    extra.on(kind)(handler)
+    return Router(events.router, extra)
 
 
 def test_a_bad_entry_is_rejected_and_the_next_applied(tmp_path: Path) -> None:
@@ -26,6 +41,30 @@ def test_a_bad_entry_is_rejected_and_the_next_applied(tmp_path: Path) -> None:
     assert apply_inbox(store) == 1
     first, second = store.inbox()
     assert first.outcome.startswith("rejected: steer needs a text") and second.outcome.startswith("paused")
+    store.close()
+
+
+def test_an_entry_no_router_handles_is_rejected_and_a_joined_router_applies_it(tmp_path: Path) -> None:
+    store = Store(tmp_path / "state.db")
+    store.add_inbox(key="k1", kind="wave", payload={}, author="bob")
+    assert apply_inbox(store) == 0
+    assert store.inbox()[0].outcome == "rejected: unknown input 'wave'"
+    store.add_inbox(key="k2", kind="wave", payload={}, author="bob")
+    assert apply_inbox(store, with_handler("wave", lambda store, entry: "waved back")) == 1
+    assert store.inbox()[1].outcome == "waved back"
+    store.close()
+
+
+def test_two_handlers_of_one_kind_cannot_be_joined() -> None:
+    with pytest.raises(ValueError, match="two handlers for 'pause'"):
+        with_handler("pause", lambda store, entry: "paused twice")
+
+
+def test_only_the_loops_own_inputs_can_be_submitted(tmp_path: Path) -> None:
+    store = Store(tmp_path / "state.db")
+    with pytest.raises(RejectedInput, match="unknown input 'github': one of pause, resume, steer"):
+        events.submit(store, "github", {}, author="bob")
+    assert events.submit(store, "pause", author="bob") and store.inbox()[0].kind == "pause"
     store.close()
 
 
@@ -85,20 +124,18 @@ def test_a_batch_ends_after_its_time_even_when_not_full(tmp_path: Path, monkeypa
     store.close()
 
 
-def test_a_failing_handler_rolls_back_only_its_own_writes_in_the_batch(tmp_path: Path,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failing_handler_rolls_back_only_its_own_writes_in_the_batch(tmp_path: Path) -> None:
     def half_done(store: Store, entry: InboxEntry) -> str:
         store.add_feedback(entry.author, "written before the failure")
         store.set_setting("half", "1")
         raise KeyError("a bug in the handler")
 
-    monkeypatch.setitem(events.HANDLERS, "half", half_done)
     store = Store(tmp_path / "state.db")
     steers(store, 1)
     store.add_inbox(key="bad", kind="half", payload={}, author="eve")
     steers(store, 1, first=1)
     ended = commits(store)
-    assert apply_inbox(store) == 2
+    assert apply_inbox(store, with_handler("half", half_done)) == 2
     assert ended == ["COMMIT"], "one batch"
     assert store.recent_feedback() == ["note 0", "note 1"] and store.get_setting("half") is None
     outcomes = [e.outcome for e in store.inbox()]
@@ -109,8 +146,7 @@ def test_a_failing_handler_rolls_back_only_its_own_writes_in_the_batch(tmp_path:
     store.close()
 
 
-def test_a_store_error_in_a_batch_rolls_all_of_it_back_and_it_is_applied_once_later(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_store_error_in_a_batch_rolls_all_of_it_back_and_it_is_applied_once_later(tmp_path: Path) -> None:
     failures = [sqlite3.OperationalError("disk I/O error")]
 
     def flaky(store: Store, entry: InboxEntry) -> str:
@@ -119,14 +155,14 @@ def test_a_store_error_in_a_batch_rolls_all_of_it_back_and_it_is_applied_once_la
             raise failures.pop()
         return "done"
 
-    monkeypatch.setitem(events.HANDLERS, "flaky", flaky)
+    routes = with_handler("flaky", flaky)
     store = Store(tmp_path / "state.db")
     steers(store, 2)
     store.add_inbox(key="flaky", kind="flaky", payload={}, author="bob")
     steers(store, 1, first=2)
-    assert apply_inbox(store) == 0
+    assert apply_inbox(store, routes) == 0
     assert len(store.pending_inbox()) == 4 and store.recent_feedback() == [], "the whole batch rolled back"
-    assert apply_inbox(store) == 4
+    assert apply_inbox(store, routes) == 4
     assert store.recent_feedback() == ["note 0", "note 1", "flaky", "note 2"], "each entry once"
     store.close()
 
@@ -162,20 +198,21 @@ def test_the_batches_committed_before_the_store_locks_stay_and_the_rest_wait(
 CHILD = textwrap.dedent("""
     import os, signal, sys
     from pathlib import Path
+    from bot.core.router import Router
     from bot.loop import inbox as events
     from bot.store import Store
 
     store = Store(Path(sys.argv[1]))
     events.BATCH_ENTRIES, events.BATCH_SECONDS = 3, 3600.0
-    steer = events.HANDLERS["steer"]
+    routes = Router()
 
+    @routes.on("steer")
     def steer_or_die(store, entry):
         if entry.payload["text"] == sys.argv[2]:
             os.kill(os.getpid(), signal.SIGKILL)
-        return steer(store, entry)
+        return events.steer(store, entry)
 
-    events.HANDLERS["steer"] = steer_or_die
-    events.apply_inbox(store)
+    events.apply_inbox(store, routes)
     print("survived", flush=True)
 """)
 
