@@ -34,7 +34,6 @@ KNOWN_UPWARD: dict[str, set[str]] = {
     "bot.loop.conductor": {"bot.views"},
     "bot.loop.driver": {"bot.views"},
     "bot.runners.actions": {"bot.github.client"},
-    "bot.views.status": {"bot.runners.local"},
 }
 
 

@@ -217,11 +217,12 @@ def resume(workdir: Path = typer.Option(DEFAULT_WORKDIR, help="the work director
 @app.command()
 def status(workdir: Path = typer.Option(DEFAULT_WORKDIR, help="the work directory of the loop")) -> None:
     """What is running and queued, main's val_bpb, and the latest events."""
-    from bot.views.status import render_status
+    from bot.views.read_model import view_of
+    from bot.views.status import EVENTS, render_workdir_status
 
     store = _open_store(workdir)
     try:
-        console.print(render_status(store))
+        console.print(render_workdir_status(view_of(store, events=EVENTS)))
     finally:
         store.close()
 
@@ -232,8 +233,9 @@ def results(workdir: Path = typer.Option(DEFAULT_WORKDIR, help="the work directo
             as_tsv: bool = typer.Option(False, "--tsv", help="print results.tsv"),
             runs: bool = typer.Option(False, "--runs", help="one row per training run")) -> None:
     """Print the experiments of a work directory."""
-    from bot.app.demo import results_table, runs_table
     from bot.views import results as results_module
+    from bot.views.read_model import view_of
+    from bot.views.terminal import results_table, runs_table
 
     if sum((as_json, as_tsv)) > 1:
         console.print("[red]error:[/] choose one of --json and --tsv")
@@ -244,12 +246,12 @@ def results(workdir: Path = typer.Option(DEFAULT_WORKDIR, help="the work directo
     store = _open_store(workdir)
     try:
         if as_json:
-            rows = results_module.run_rows(store) if runs else results_module.rows(store)
+            rows = results_module.run_rows(store) if runs else results_module.rows(view_of(store))
             print(json.dumps(rows, indent=2))
         elif as_tsv:
-            print(results_module.to_tsv(store), end="")
+            print(results_module.to_tsv(view_of(store)), end="")
         else:
-            console.print(runs_table(store) if runs else results_table(store))
+            console.print(runs_table(store) if runs else results_table(view_of(store)))
     finally:
         store.close()
 

@@ -24,10 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from rich.console import Console, Group
+from rich.console import Console
 from rich.live import Live
 from rich.table import Table
-from rich.text import Text
 
 from bot.agent.choice import make_agent
 from bot.forge.local import init_research_repo
@@ -36,7 +35,8 @@ from bot.loop.conductor import Conductor, ConductorConfig, Summary
 from bot.loop.driver import Driver
 from bot.runners.local import LocalRunner
 from bot.store import Store
-from bot.views import results
+from bot.views.read_model import conductor_live, view_of
+from bot.views.terminal import render_live_progress
 from runner.identity import measurement_identity
 from runner.prepare import prepare
 from runner.profiles import get_profile
@@ -155,11 +155,13 @@ def _run_locked(options: DemoOptions, console: Console) -> Summary:
     dashboard = _start_dashboard(options, conductor, console)
     try:
         conductor.start()
+        report = conductor_live(lambda: conductor)
         if options.live:
             with Live(console=console, refresh_per_second=4, transient=True) as live:
                 def show(c: Conductor) -> None:
                     printer.print_new()
-                    live.update(render_status(c, options, started))
+                    now = report()
+                    live.update(render_live_progress(view_of(store, now), now, options.experiments, started))
                 summary = Driver(conductor, timer_s=2.0, on_pass=show, on_wait=show).run()
         else:
             summary = Driver(conductor, timer_s=2.0, on_pass=lambda c: printer.print_new()).run()
@@ -177,7 +179,7 @@ def _start_dashboard(options: DemoOptions, conductor: Conductor, console: Consol
     """The read-only dashboard of this work directory on a local port, for as long as the demo runs."""
     if options.dashboard_port is None:
         return None
-    from bot.views.dashboard import conductor_live, dashboard_app, serve_in_thread
+    from bot.views.dashboard import dashboard_app, serve_in_thread
 
     app = dashboard_app(store_path=options.workdir / "state.db",
                         live=conductor_live(lambda: conductor, conductor.config.agent_budget_usd))
@@ -206,27 +208,6 @@ class EventPrinter:
                                highlight=False, soft_wrap=True)
 
 
-def render_status(conductor: Conductor, options: DemoOptions, started: float) -> Group:
-    summary = conductor.summary()
-    table = Table(title=None, expand=False, box=None, padding=(0, 2))
-    for column in ("run", "experiment", "step", "loss", "budget", "left"):
-        table.add_column(column)
-    for row in conductor.in_flight():
-        progress = row["progress"]
-        title = row["title"] if row["experiment"] is None else f"#{row['experiment']} {row['title']}"
-        table.add_row(str(row["run"]), f"{title} [{row['purpose']}]", str(progress.get("step", "-")),
-                      f"{progress['loss']:.3f}" if "loss" in progress else "-",
-                      f"{100 * progress.get('progress', 0):.0f}%",
-                      f"{progress['remaining_seconds']:.0f}s" if "remaining_seconds" in progress else "-")
-    summary_line = Text.assemble(
-        ("experiments ", "bold"), f"{summary.experiments}/{options.experiments} done  ",
-        ("kept ", "green"), f"{summary.kept}  ", ("discarded ", "yellow"), f"{summary.discarded}  ",
-        ("crashed ", "red"), f"{summary.crashed}  ",
-        ("baseline ", "bold"), _fmt(summary.baseline_val_bpb), ("  best ", "bold"), _fmt(summary.best_val_bpb),
-        f"  elapsed {time.time() - started:.0f}s")
-    return Group(summary_line, table) if table.row_count else Group(summary_line)
-
-
 def render_summary(summary: Summary, wall_s: float) -> Table:
     table = Table(title="autoresearch: summary", show_header=False)
     table.add_column("what", style="bold")
@@ -240,46 +221,6 @@ def render_summary(summary: Summary, wall_s: float) -> Table:
     table.add_row("wall time", f"{wall_s:.0f}s")
     table.add_row("results.tsv", str(summary.results_tsv))
     return table
-
-
-def results_table(store: Store) -> Table:
-    table = Table(title="experiments")
-    rows = results.rows(store)
-    priced = any(row["cost_usd"] is not None for row in rows)  # an LLM agent: its cost per proposal
-    for column in ("#", "val_bpb", "delta", "margin", "re-measured", "steps", "tok/s", "runs", "status"):
-        table.add_column(column, no_wrap=True)
-    if priced:
-        table.add_column("cost", no_wrap=True)
-    table.add_column("description", ratio=1)
-    colours = {"keep": "green", "discard": "yellow", "crash": "red", "failed": "red", "cancelled": "yellow"}
-    for row in rows:
-        cost = [] if not priced else ["-" if row["cost_usd"] is None else f"${row['cost_usd']:.3f}"]
-        table.add_row(str(row["id"]), _fmt(row["val_bpb"]), _signed(row["delta"]), _fmt(row["margin"]),
-                      _signed(row["remeasured_delta"]), _whole(row["steps"]), _whole(row["tokens_per_second"]),
-                      str(row["runs"]), f"[{colours.get(row['status'], 'white')}]{row['status']}[/]", *cost,
-                      row["description"])
-    return table
-
-
-def runs_table(store: Store) -> Table:
-    table = Table(title="runs")
-    for column in ("run", "exp", "purpose", "state", "val_bpb", "steps", "tok/s", "cpu share", "seconds", "note"):
-        table.add_column(column)
-    for row in results.run_rows(store):
-        share = row["cpu_share"]
-        table.add_row(str(row["run"]), str(row["experiment"] or "main"), row["purpose"], row["state"],
-                      _fmt(row["val_bpb"]), _whole(row["steps"]), _whole(row["tokens_per_second"]),
-                      "-" if share is None else f"{share:.0%}", _whole(row["seconds"]),
-                      (row["note"] or "").strip().splitlines()[-1][:80] if row["note"] else "")
-    return table
-
-
-def _signed(value: float | None) -> str:
-    return "" if value is None else f"{value:+.6f}"
-
-
-def _whole(value: float | None) -> str:
-    return "-" if value is None else f"{value:.0f}"
 
 
 def _fmt(value: float | None) -> str:

@@ -260,7 +260,8 @@ class Service:
     def app(self):  # -> FastAPI
         """The webhook server (/webhook, /healthz) with the read-only dashboard at /."""
         from bot.app.web import create_app
-        from bot.views.dashboard import conductor_live, create_dashboard, exposure_warning, github_links
+        from bot.views.dashboard import create_dashboard, exposure_warning, github_links
+        from bot.views.read_model import conductor_live
 
         settings = self.settings
         secret = settings.webhook_secret.get_secret_value() if settings.webhook_secret else ""

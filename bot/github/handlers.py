@@ -38,7 +38,7 @@ Boundaries, checked here so the webhook and the poller paths give the same verdi
   and is asked about again at the next tick; after WAIT_FOR_GITHUB_S of waiting it is dropped with
   an outcome that says so, so nothing waits forever.
 - Text people wrote (a comment, a /try idea) loses its control and bidirectional formatting
-  characters (render.plain) before it is stored or repeated.
+  characters (bot.views.text.plain) before it is stored or repeated.
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ from bot.github import render
 from bot.github.permissions import Permissions, PermissionUnknown, quick_no
 from bot.github.webhooks import GitHubEvent
 from bot.store import Experiment, InboxEntry, Store
+from bot.views.text import plain
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +166,7 @@ class GitHubEvents:
             event = GitHubEvent.from_payload(entry.payload)
         except ValueError as error:
             raise RejectedInput(f"not a GitHub event: {error}") from error
-        event = replace(event, body=render.plain(event.body), argument=render.plain(event.argument))
+        event = replace(event, body=plain(event.body), argument=plain(event.argument))
         action = actions.handler(event.kind)
         if action is None:
             return f"{event.event}.{event.action or ''}: nothing to do"

@@ -24,6 +24,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from bot.store import Experiment, Run
+from bot.views.text import bpb as _bpb
+from bot.views.text import cell as _cell
+from bot.views.text import clean as _clean
+from bot.views.text import cut_to as _limit
+from bot.views.text import defang as _defang
+from bot.views.text import fits as _fits
+from bot.views.text import head as _head
+from bot.views.text import one_line as _one_line
+from bot.views.text import plural as _plural
+from bot.views.text import signed as _signed
 
 PR_TITLE_LIMIT = 256
 PR_BODY_LIMIT = 65_536  # also an issue comment's
@@ -62,42 +72,7 @@ def authored_by(login: str | None, bot_login: str | None) -> bool:
     return bool(login) and bool(bot_login) and (login or "").lower() == (bot_login or "").lower()
 
 
-def _defang(text: str) -> str:
-    """Break every HTML comment opener in text the bot did not write (a zero-width space keeps it
-    looking the same), so no hypothesis, log or comment can carry a marker of its own."""
-    return text.replace("<!--", "<!\u200b--")
-
-
 # --- limits ---------------------------------------------------------------------------------------
-
-# Control characters (Unicode category Cc) but newline and tab, and the bidirectional formatting
-# characters (embeddings and overrides U+202A-202E, isolates U+2066-2069, the marks U+200E, U+200F
-# and U+061C): a BEL or a right-to-left override in a comment must not come back in what the bot
-# writes, where it would ring a terminal or make text read other than it is.
-_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
-
-
-def plain(text: str) -> str:
-    """`text` without control characters (newline and tab stay; a carriage return goes, so CRLF
-    reads as LF) and without bidirectional formatting characters: the one sanitizer of everything
-    the bot repeats from outside (comments, commands, feedback, titles, logs)."""
-    return _UNSAFE.sub("", text)
-
-
-def _clean(text: str) -> str:
-    """Text GitHub's API accepts and that shows as it reads: no lone surrogate (a log decoded with
-    surrogateescape), no control or bidirectional formatting character (`plain`)."""
-    return plain(text.encode("utf-8", "replace").decode("utf-8"))
-
-
-def _fits(text: str, limit: int) -> bool:
-    return len(text.encode()) <= limit  # bytes >= characters, so characters fit too
-
-
-def _head(text: str, limit: int) -> str:
-    """The longest start of `text` within `limit` UTF-8 bytes, cut between characters."""
-    return text.encode()[:max(0, limit)].decode("utf-8", "ignore")
-
 
 def _tail(text: str, limit: int) -> str:
     """The longest end of `text` within `limit` UTF-8 bytes, cut between characters."""
@@ -105,30 +80,7 @@ def _tail(text: str, limit: int) -> str:
     return data[len(data) - max(0, limit):].decode("utf-8", "ignore") if limit > 0 else ""
 
 
-def _limit(text: str, limit: int) -> str:
-    """`text` cut to `limit` (characters and bytes) at its end, saying so where it was cut."""
-    text = _clean(text)
-    if _fits(text, limit):
-        return text
-    note = f"\n\n*… cut here: GitHub shows at most {limit:,} characters.*"
-    return _head(text, limit - len(note.encode())).rstrip() + note
-
-
-def _one_line(text: str | None, limit: int) -> str:
-    """Whitespace collapsed to single spaces, clipped to `limit` characters with an ellipsis."""
-    words = " ".join(plain(text or "").split())
-    return words if len(words) <= limit else words[:limit - 1].rstrip() + "…"
-
-
 # --- numbers --------------------------------------------------------------------------------------
-
-def _bpb(value: float | None, places: int = 6) -> str:
-    return "—" if value is None else f"{value:.{places}f}"
-
-
-def _signed(value: float | None, places: int = 6) -> str:
-    return "—" if value is None else f"{value:+.{places}f}"
-
 
 def _duration(seconds: float | None) -> str:
     if seconds is None:
@@ -139,10 +91,6 @@ def _duration(seconds: float | None) -> str:
     if hours:
         return f"{hours}h{minutes:02d}m"
     return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 def _delta(exp: Experiment, val_bpb: float | None, main_val_bpb: float | None) -> float | None:
@@ -163,11 +111,6 @@ def _main_value(exp: Experiment, main_val_bpb: float | None) -> float | None:
 def _counted(runs: Iterable[Run]) -> list[Run]:
     """The runs whose val_bpb counts: finished, ok, with a value."""
     return [r for r in runs if r.state == "done" and r.status == "ok" and r.val_bpb is not None]
-
-
-def _cell(text: str) -> str:
-    """Text safe inside one Markdown table cell."""
-    return _defang(" ".join(text.split()).replace("|", "\\|"))
 
 
 def _fenced(text: str, info: str = "") -> str:

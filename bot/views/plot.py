@@ -1,13 +1,13 @@
 """The progress chart: val_bpb of every experiment in order, the way the reference's progress.png
 draws it.
 
-x is the experiment number (0 = the baseline of the first main, then 1, 2, ... in the order of
-bot.views.results.rows), y is val_bpb (lower is better). Discarded experiments are light grey dots, kept
+x is the experiment number (0 = the loop's baseline, then 1, 2, ... for the finished experiments in
+order), y is val_bpb (lower is better). Discarded experiments are light grey dots, kept
 ones a strong colour with a short title, crashes and failures (no val_bpb) small marks on the bottom
-edge. A step line follows main's val_bpb after each keep, with the judge's noise margin drawn as a
-band around main's current value when one is known.
+edge. A step line follows main's val_bpb after each keep, with the noise margin now drawn as a band
+around it when one is known.
 
-chart_data() is pure (numbers out of the store); write_chart() draws them. matplotlib is imported
+chart_data() is pure (the read model's chart, bot.views.read_model); write_chart() draws it. matplotlib is imported
 inside write_chart, through the object-oriented Figure API with the Agg canvas: importing this module
 stays cheap and never touches a display or pyplot's global state.
 """
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bot.store import Store
-from bot.views import results
+from bot.views.read_model import View, view_of
 from runner import files
 
 MAX_LABELS = 30  # kept points labelled with their title; beyond that the chart becomes unreadable
@@ -52,7 +52,7 @@ class ChartData:
     best: float | None  # main's val_bpb now: the last step
     experiments: int = 0  # finished experiments (the baseline not counted)
     crashes: list[int] = field(default_factory=list)  # x of each crashed or failed experiment
-    margin: float | None = None  # the judge's latest noise margin, drawn around `best`
+    margin: float | None = None  # the noise margin now (what one run must improve on main by), drawn around `best`
 
     @property
     def gain(self) -> float | None:
@@ -62,49 +62,24 @@ class ChartData:
         return self.baseline - self.best
 
 
-def chart_data(store: Store) -> ChartData:
-    """The chart's numbers, from results.rows: nothing is drawn here."""
-    rows = results.rows(store)
-    points: list[Point] = []
-    steps: list[tuple[int, float]] = []
-    crashes: list[int] = []
-    baseline: float | None = None
-    margin: float | None = None
-    kept = experiments = 0
-    number = 0
-    for row in rows:
-        if row["id"] == 0:  # the baseline row, always first when present
-            baseline = row["val_bpb"]
-            if baseline is not None:
-                points.append(Point(x=0, val_bpb=baseline, status="baseline", title="baseline"))
-                steps.append((0, baseline))
-            continue
-        number += 1
-        experiments += 1
-        status, value = row["status"], row["val_bpb"]
-        if row["margin"] is not None:
-            margin = row["margin"]
-        if status in ("crash", "failed"):
-            crashes.append(number)
-            continue
-        if status == "keep":
-            kept += 1
-        if value is None:  # cancelled before it was measured: a number on the axis, nothing drawn
-            continue
-        points.append(Point(x=number, val_bpb=value, status=status, title=row["description"], id=row["id"]))
-        if status == "keep":
-            steps.append((number, value))
+def chart_data(view: View) -> ChartData:
+    """The chart's numbers, from the read model: nothing is drawn here."""
+    chart = view.chart
+    points = [Point(x=p.x, val_bpb=p.val_bpb, status=p.status, title=p.title, id=p.id) for p in chart.points]
+    steps = list(chart.main_steps)
+    crashes = [mark.x for mark in chart.crashes]
     _choose_labels(points, steps)
-    return ChartData(points=points, best_steps=steps, kept=kept, crashed=len(crashes), baseline=baseline,
-                     best=steps[-1][1] if steps else None, experiments=experiments, crashes=crashes,
-                     margin=margin)
+    return ChartData(points=points, best_steps=steps, kept=view.counts["keep"], crashed=len(crashes),
+                     baseline=view.baseline.val_bpb if view.baseline else None,
+                     best=steps[-1][1] if steps else None, experiments=chart.x_max, crashes=crashes,
+                     margin=view.main.margin)
 
 
 def _choose_labels(points: list[Point], steps: list[tuple[int, float]]) -> None:
     """Label the kept points; past MAX_LABELS, only those that moved main down the most."""
     kept = [p for p in points if p.status == "keep"]
     if len(kept) > MAX_LABELS:
-        previous = dict(zip([x for x, _ in steps[1:]], [v for _, v in steps]))  # x -> main before it
+        previous = dict(zip([x for x, _ in steps[1:]], [v for _, v in steps], strict=False))  # x -> main before it
         kept = sorted(kept, key=lambda p: (p.val_bpb - previous.get(p.x, p.val_bpb), p.x))[:MAX_LABELS]
     for point in kept:
         point.label = _short(point.title)
@@ -121,7 +96,7 @@ def write_chart(store: Store, out: Path) -> ChartData:
     kind = out.suffix.lower().lstrip(".")
     if kind not in FORMATS:
         raise ValueError(f"cannot write a chart to {out.name}: name it .png or .svg")
-    data = chart_data(store)
+    data = chart_data(view_of(store))
     figure = _draw(data)
     metadata = {"Date": None} if kind == "svg" else {"Software": None}  # same numbers, same bytes
     import matplotlib

@@ -307,7 +307,7 @@ def test_train_on_a_profile_whose_tokenizer_is_not_prepared_says_which_prepare_t
 
 def test_results_and_status_through_a_pipe_are_written_whole(tmp_path: Path) -> None:
     """Without a terminal (CI, nohup, `| less`) nothing is cut at 80 columns: no `purpo…`, `val_b…`."""
-    from tests.bot.test_results import experiment
+    from tests.bot.views.test_results import experiment
 
     from bot.store import Store
 

@@ -10,6 +10,7 @@ import pytest
 
 from bot.github import render
 from bot.store import Experiment, Run
+from bot.views.text import plain
 
 MAIN = "aaaaaaa" + "1" * 33
 HEAD = "bbbbbbb" + "2" * 33
@@ -341,7 +342,7 @@ def test_a_run_on_actions_links_its_log_and_an_unsandboxed_run_says_so() -> None
 
 def test_control_and_bidirectional_characters_never_come_back() -> None:
     hostile = "ring\x07 \u202eevil\u202c \u2066iso\u2069 \u200emark\u200f \u061carabic\x1b[31m\r\nnext\tline\x7f\x9b"
-    assert render.plain(hostile) == "ring evil iso mark arabic[31m\nnext\tline"
+    assert plain(hostile) == "ring evil iso mark arabic[31m\nnext\tline"
     reply = render.ack_comment("try", hostile, f"the agent will be asked to try: {hostile}", 5)
     assert not any(ch in reply for ch in "\x07\x1b\r\x7f\x9b\u202e\u202c\u2066\u2069\u200e\u200f\u061c")
     assert "next\tline" in reply

@@ -17,8 +17,9 @@ from github_standin import GitHubStandIn
 from bot.core.states import State
 from bot.github import render
 from bot.github.handlers import BOT_LOGIN
-from bot.github.research_log import LABEL, SETTING, TITLE, Facts, Kept, ResearchLog, content_digest, log_body
+from bot.github.research_log import LABEL, SETTING, TITLE, ResearchLog, log_body
 from bot.store import Store
+from bot.views.research_log import Facts, Kept, content_digest
 
 BOT = "autoresearch-bot[bot]"
 EVERY_S = 300.0

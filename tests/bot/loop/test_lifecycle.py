@@ -677,18 +677,18 @@ def test_a_result_with_another_seed_is_refused(tmp_path: Path) -> None:
 
 
 def test_the_baseline_shown_is_measured_under_the_pinned_identity(tmp_path: Path) -> None:
-    from bot.views import results
+    from bot.views.read_model import view_of
 
     first = make(tmp_path, ScriptedAgent([]))
     run_to_end(first)
-    old = results.baseline_val_bpb(first.store)
+    old = view_of(first.store).baseline.val_bpb
     first.store.close()
     new = dict(IDENTITY, harness_hash="harness-2")
     second = make(tmp_path, ScriptedAgent([]), identity=new,
                   runner=FakeRunner(outcome=lambda job: result_for(job, identity=new, val_bpb=3.0)))
     run_to_end(second)
     assert old == pytest.approx(2.0, abs=0.001)
-    assert results.baseline_val_bpb(second.store) == pytest.approx(3.0)  # not a mean over both harnesses
+    assert view_of(second.store).baseline.val_bpb == pytest.approx(3.0)  # not a mean over both harnesses
     assert second.summary().baseline_val_bpb == pytest.approx(3.0)
 
 

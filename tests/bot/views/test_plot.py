@@ -10,13 +10,16 @@ from pathlib import Path
 
 import pytest
 
+from bot.loop.judge import JudgeConfig, margin, pooled_noise
 from bot.store import Store
 from bot.views import plot
+from bot.views.read_model import view_of
 
 MAIN_A = "aaaaaaa" + "1" * 33
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # the allowed moves that take a new proposal to done (as in test_results.py)
 TO_DONE = ["branched", "measuring", "closing", "done"]
+SIX_RUNS = (0.995, 1.005, 0.998, 1.002, 1.0, 1.0)  # main measured six times: mean 1.0
 
 
 @pytest.fixture
@@ -55,9 +58,9 @@ def finished(store: Store, title: str, status: str, val_bpb: float | None = None
 
 @pytest.fixture
 def history(store: Store) -> Store:
-    """Baseline 1.0 (two runs and a crash), then 1 keep 0.98, 2 discard 0.99, 3 crash, 4 keep 0.95,
+    """Baseline 1.0 (six runs and a crash), then 1 keep 0.98, 2 discard 0.99, 3 crash, 4 keep 0.95,
     5 failed, 6 discard 1.30 (an outlier), 7 cancelled before measuring, 8 keep 0.94, 9 discard 0.96."""
-    baseline(store, 0.99, 1.01, None)
+    baseline(store, *SIX_RUNS, None)
     finished(store, "Raise the learning rate", "keep", 0.98, margin=0.01)
     finished(store, "Deeper model", "discard", 0.99, margin=0.01)
     finished(store, "Huge batch", "crash")
@@ -73,7 +76,7 @@ def history(store: Store) -> Store:
 # --- chart_data ----------------------------------------------------------------------------------
 
 def test_chart_data_has_the_baseline_then_one_point_per_experiment_with_a_val_bpb(history: Store):
-    data = plot.chart_data(history)
+    data = plot.chart_data(view_of(history))
     assert [(p.x, p.status) for p in data.points] == [
         (0, "baseline"), (1, "keep"), (2, "discard"), (4, "keep"), (6, "discard"), (8, "keep"), (9, "discard")]
     assert data.points[0].val_bpb == pytest.approx(1.0)
@@ -82,30 +85,31 @@ def test_chart_data_has_the_baseline_then_one_point_per_experiment_with_a_val_bp
 
 
 def test_main_steps_down_at_each_keep(history: Store):
-    data = plot.chart_data(history)
+    data = plot.chart_data(view_of(history))
     assert [x for x, _ in data.best_steps] == [0, 1, 4, 8]
     assert [v for _, v in data.best_steps] == pytest.approx([1.0, 0.98, 0.95, 0.94])
     assert data.baseline == pytest.approx(1.0) and data.best == 0.94
     assert data.gain == pytest.approx(0.06)
-    assert data.margin == 0.006  # the latest margin the judge gave
+    # the noise margin now, as the dashboard shows it: one run against main's six
+    assert data.margin == pytest.approx(margin(pooled_noise([SIX_RUNS]), 1, 6, JudgeConfig()))
 
 
 def test_crashes_and_failures_are_counted_and_placed_not_plotted(history: Store):
-    data = plot.chart_data(history)
+    data = plot.chart_data(view_of(history))
     assert data.crashed == 2 and data.crashes == [3, 5]
     assert data.kept == 3
     assert not {3, 5, 7} & {p.x for p in data.points}  # crash, failed, and cancelled-unmeasured: no dot
 
 
 def test_only_kept_points_carry_a_short_label(history: Store):
-    labels = {p.x: p.label for p in plot.chart_data(history).points if p.label}
+    labels = {p.x: p.label for p in plot.chart_data(view_of(history)).points if p.label}
     assert set(labels) == {1, 4, 8}
     assert labels[1] == "Raise the learning rate"
     assert len(labels[4]) <= plot.LABEL_CHARS and labels[4].endswith("…")
 
 
 def test_chart_data_of_an_empty_store(store: Store):
-    data = plot.chart_data(store)
+    data = plot.chart_data(view_of(store))
     assert (data.points, data.best_steps, data.kept, data.crashed) == ([], [], 0, 0)
     assert data.baseline is None and data.best is None and data.gain is None
 
@@ -114,14 +118,15 @@ def test_without_a_baseline_the_steps_start_at_the_first_keep(store: Store):
     baseline(store, None)  # the baseline crashed
     finished(store, "a", "discard", 1.1)
     finished(store, "b", "keep", 0.9)
-    data = plot.chart_data(store)
+    data = plot.chart_data(view_of(store))
     assert data.baseline is None and [p.x for p in data.points] == [1, 2]
     assert data.best_steps == [(2, 0.9)] and data.best == 0.9 and data.gain is None
 
 
 def test_a_diverged_run_does_not_squash_the_chart(history: Store):
-    low, high = plot._y_range(plot.chart_data(history))
-    assert low < 0.94 - 0.006 and 1.0 < high < 1.30  # the 1.30 outlier is pinned to the top edge
+    data = plot.chart_data(view_of(history))
+    low, high = plot._y_range(data)
+    assert low < 0.94 - data.margin and 1.0 < high < 1.30  # the 1.30 outlier is pinned to the top edge
 
 
 def many(store: Store, n: int, seed: int = 0) -> None:
@@ -142,7 +147,7 @@ def many(store: Store, n: int, seed: int = 0) -> None:
 
 def test_a_thousand_experiments_get_at_most_thirty_labels(store: Store, tmp_path: Path):
     many(store, 1000)
-    data = plot.chart_data(store)
+    data = plot.chart_data(view_of(store))
     assert data.experiments == 1000 and data.crashed == 50 and data.kept == 50
     assert len(data.points) == 1 + 950
     assert len(data.best_steps) == 1 + 50
@@ -159,7 +164,7 @@ def test_write_chart_png_reads_back(history: Store, tmp_path: Path):
 
     out = tmp_path / "progress.png"
     data = plot.write_chart(history, out)
-    assert data == plot.chart_data(history)
+    assert data == plot.chart_data(view_of(history))
     assert out.read_bytes()[:8] == PNG_SIGNATURE
     pixels = image.imread(out)
     assert pixels.ndim == 3 and pixels.shape[0] > 0 and pixels.shape[1] > 0

@@ -11,6 +11,7 @@ import pytest
 from bot.core.states import RunState
 from bot.store import Store
 from bot.views import results
+from bot.views.read_model import view_of
 
 MAIN_A = "aaaaaaa" + "1" * 33
 MAIN_B = "bbbbbbb" + "2" * 33
@@ -86,20 +87,26 @@ def history(store: Store) -> Store:
     return store
 
 
-# --- baseline_val_bpb ----------------------------------------------------------------------------
+# --- the baseline --------------------------------------------------------------------------------
+
+def baseline_val_bpb(store: Store) -> float | None:
+    """The loop's baseline as the results show it (its first row's val_bpb)."""
+    baseline = view_of(store).baseline
+    return baseline.val_bpb if baseline else None
+
 
 def test_baseline_val_bpb_empty_store(store: Store):
-    assert results.baseline_val_bpb(store) is None
+    assert baseline_val_bpb(store) is None
 
 
 def test_baseline_val_bpb_is_the_mean_of_the_first_mains_ok_runs(history: Store):
-    assert results.baseline_val_bpb(history) == pytest.approx(1.01)
+    assert baseline_val_bpb(history) == pytest.approx(1.01)
 
 
 def test_baseline_val_bpb_none_when_every_baseline_run_crashed(store: Store):
     measured(store, experiment_id=None, purpose="baseline", code_hash="A", commit_sha=MAIN_A, status="crash",
              val_bpb=None)
-    assert results.baseline_val_bpb(store) is None
+    assert baseline_val_bpb(store) is None
 
 
 def test_baseline_val_bpb_ignores_queued_runs(store: Store):
@@ -107,18 +114,18 @@ def test_baseline_val_bpb_ignores_queued_runs(store: Store):
              val_bpb=1.25)
     store.add_run(experiment_id=None, purpose="baseline", code_hash="A", commit_sha=MAIN_A, base_sha=MAIN_A,
                   asset="print()\n", profile="cpu")
-    assert results.baseline_val_bpb(store) == 1.25
+    assert baseline_val_bpb(store) == 1.25
 
 
 # --- rows ----------------------------------------------------------------------------------------
 
 def test_rows_of_an_empty_store(store: Store):
-    assert results.rows(store) == []
-    assert results.to_tsv(store) == HEADER + "\n"
+    assert results.rows(view_of(store)) == []
+    assert results.to_tsv(view_of(store)) == HEADER + "\n"
 
 
 def test_rows_baseline_first_then_finished_experiments_in_id_order(history: Store):
-    rows = results.rows(history)
+    rows = results.rows(view_of(history))
     assert [r["id"] for r in rows] == [0, 1, 2, 3, 5]  # 4 is still measuring: not a row
     baseline = rows[0]
     assert baseline["commit"] == MAIN_A[:7]
@@ -151,15 +158,15 @@ def test_active_experiments_are_not_rows(store: Store):
     for state in ("proposed", "branched", "measuring", "rebasing", "merging", "closing"):
         experiment(store, f"in {state}", code_hash=state, runs=[("ok", 1.0, {})], state=state, status="keep",
                    val_bpb=1.0)
-    assert results.rows(store) == []
-    assert results.to_tsv(store) == HEADER + "\n"
+    assert results.rows(view_of(store)) == []
+    assert results.to_tsv(view_of(store)) == HEADER + "\n"
 
 
 def test_experiments_finished_out_of_order_stay_in_id_order(store: Store):
     a = experiment(store, "first", code_hash="a", runs=[], state="measuring")
     experiment(store, "second", code_hash="b", runs=[("ok", 1.0, {})], status="discard", val_bpb=1.0)
     store.update_experiment(a.id, state="done", status="discard", val_bpb=1.1)
-    assert [r["description"] for r in results.rows(store)] == ["first", "second"]
+    assert [r["description"] for r in results.rows(view_of(store))] == ["first", "second"]
 
 
 def test_rows_carry_margin_remeasured_delta_steps_and_tokens_per_second(store: Store):
@@ -171,7 +178,7 @@ def test_rows_carry_margin_remeasured_delta_steps_and_tokens_per_second(store: S
                runs=[("ok", 0.97, {"num_steps": 120, "tokens_per_second": 6000.0}),
                      ("ok", 0.97, {"num_steps": 130, "tokens_per_second": 6400.0}),
                      ("crash", None, {"num_steps": 1, "tokens_per_second": 1.0})])  # a crash does not count
-    baseline, keep = results.rows(store)
+    baseline, keep = results.rows(view_of(store))
     assert (baseline["steps"], baseline["tokens_per_second"]) == (105, 5100.0)
     assert (keep["margin"], keep["remeasured_delta"]) == (0.012, -0.021)
     assert (keep["steps"], keep["tokens_per_second"]) == (125, 6200.0)
@@ -182,15 +189,15 @@ def test_a_failed_experiment_shows_like_a_crash(store: Store):
     experiment(store, "Gave up at rebasing", code_hash="F", head_sha="e" * 40, state="rebasing",
                runs=[("ok", 0.95, {"peak_vram_mb": 4096})], val_bpb=0.95, delta=-0.05)
     failed = store.update_experiment(1, state="done", status="failed", reason="its rebasing step failed 5 times")
-    row = results.rows(store)[0]
+    row = results.rows(view_of(store))[0]
     assert (row["status"], row["val_bpb"], row["delta"], row["memory_gb"]) == ("failed", None, None, 0.0)
     assert row["reason"] == failed.reason and row["runs"] == 1
-    assert results.to_tsv(store).splitlines()[1] == "eeeeeee\t0.000000\t0.0\tfailed\tGave up at rebasing"
+    assert results.to_tsv(view_of(store)).splitlines()[1] == "eeeeeee\t0.000000\t0.0\tfailed\tGave up at rebasing"
 
 
 def test_proposing_experiments_are_not_rows(store: Store):
     store.start_proposing(MAIN_A)
-    assert results.rows(store) == []
+    assert results.rows(view_of(store)) == []
 
 
 def test_the_baseline_row_counts_only_done_baseline_runs(store: Store):
@@ -208,9 +215,9 @@ def test_the_baseline_row_counts_only_done_baseline_runs(store: Store):
     running = store.add_run(experiment_id=None, purpose="baseline", code_hash="A", commit_sha=MAIN_A,
                             base_sha=MAIN_A, asset="print()\n", profile="cpu")
     store.mark_run_started(running.id, "/tmp/runs/x")
-    [baseline] = results.rows(store)
+    [baseline] = results.rows(view_of(store))
     assert baseline["commit"] == MAIN_A[:7]
-    assert baseline["val_bpb"] == 1.0 and results.baseline_val_bpb(store) == 1.0
+    assert baseline["val_bpb"] == 1.0 and baseline_val_bpb(store) == 1.0
     assert baseline["runs"] == 1 and baseline["memory_gb"] == 1.0 and baseline["steps"] == 10
 
 
@@ -253,12 +260,12 @@ def test_results_of_an_upgraded_v0_file(tmp_path: Path):
     shutil.copyfile(FIXTURES / "state_v0.db", path)
     store = Store(path)
     try:
-        assert results.to_tsv(store) == "\n".join([
+        assert results.to_tsv(view_of(store)) == "\n".join([
             HEADER,
             "aaaaaaa\t2.255000\t0.5\tkeep\tbaseline",
             "bbbbbbb\t2.300000\t0.5\tdiscard\tRaise MATRIX_LR",
         ]) + "\n"
-        rows = results.rows(store)
+        rows = results.rows(view_of(store))
         assert rows[0]["steps"] == 60 and rows[1]["margin"] is None and rows[1]["remeasured_delta"] is None
         assert [r["state"] for r in results.run_rows(store)] == ["done", "done", "done", "running"]
     finally:
@@ -268,7 +275,7 @@ def test_results_of_an_upgraded_v0_file(tmp_path: Path):
 # --- to_tsv --------------------------------------------------------------------------------------
 
 def test_to_tsv(history: Store):
-    assert results.to_tsv(history) == "\n".join([
+    assert results.to_tsv(view_of(history)) == "\n".join([
         HEADER,
         "aaaaaaa\t1.010000\t2.0\tkeep\tbaseline",
         "1234567\t0.975000\t3.0\tkeep\tRaise the learning rate",
@@ -279,7 +286,7 @@ def test_to_tsv(history: Store):
 
 
 def test_to_tsv_every_line_has_five_columns(history: Store):
-    lines = results.to_tsv(history).splitlines()
+    lines = results.to_tsv(view_of(history)).splitlines()
     assert lines[0].split("\t") == results.TSV_COLUMNS
     assert len(lines) == 1 + 5
     assert all(len(line.split("\t")) == 5 for line in lines)
@@ -295,14 +302,14 @@ def test_to_tsv_every_line_has_five_columns(history: Store):
 def test_to_tsv_replaces_tabs_and_newlines_in_titles(store: Store, title, description):
     experiment(store, title, code_hash="t", runs=[("ok", 1.0, {})], status="discard", val_bpb=1.0,
                head_sha="c" * 40)
-    line = results.to_tsv(store).splitlines()[1]
+    line = results.to_tsv(view_of(store)).splitlines()[1]
     assert line == f"ccccccc\t1.000000\t0.0\tdiscard\t{description}"
 
 
 def test_crash_row_without_experiment_numbers(store: Store):
     experiment(store, "boom", code_hash="c", runs=[("crash", None, {"peak_vram_mb": 4096})], status="crash",
                head_sha="d" * 40)
-    assert results.to_tsv(store).splitlines()[1] == "ddddddd\t0.000000\t0.0\tcrash\tboom"
+    assert results.to_tsv(view_of(store)).splitlines()[1] == "ddddddd\t0.000000\t0.0\tcrash\tboom"
 
 
 # --- export_tsv ----------------------------------------------------------------------------------
@@ -313,12 +320,12 @@ def test_export_tsv_writes_atomically(history: Store, tmp_path: Path):
     path = out / "results.tsv"
     path.write_text("stale\n")
     results.export_tsv(history, path)
-    assert path.read_text() == results.to_tsv(history)
+    assert path.read_text() == results.to_tsv(view_of(history))
     assert sorted(p.name for p in out.iterdir()) == ["results.tsv"]  # no results.tsv.tmp left behind
     # exporting again replaces it in place
     history.update_experiment(4, state="done", status="discard", val_bpb=0.96, delta=-0.05)
     results.export_tsv(history, path)
-    assert path.read_text() == results.to_tsv(history)
+    assert path.read_text() == results.to_tsv(view_of(history))
     assert "Still running" in path.read_text()
     assert sorted(p.name for p in out.iterdir()) == ["results.tsv"]
 
