@@ -3,27 +3,24 @@ from a phone.
 
     GET /               the page (bot/views/dashboard_static/index.html)
     GET /static/{name}  its script and style sheet (those files only, by name)
-    GET /api/state      everything the page shows, as JSON (build_state says what)
-    GET /api/stream     server-sent events: `state` (the whole state) when the store changed,
-                        `progress` (the running slots only) when only the runs' progress moved,
-                        `problem` when the store cannot be read, and a comment every 15 s
+    GET /api/state      everything the page shows, as JSON (bot.views.dashboard_state.build_state says what)
+    GET /api/stream     server-sent events (bot.views.dashboard_stream): `state` (the whole state) when
+                        the store changed, `progress` (the running slots only) when only the runs'
+                        progress moved, `problem` when the store cannot be read, and a comment every 15 s
 
 It only reads. The store is opened with SQLite's `mode=ro` and `query_only`, one connection per
 worker thread (as bot.app.web does), and each answer is read in one read transaction, so it is
-consistent and never blocks the conductor's writes for long. Many viewers cost little more than
+consistent and never blocks the conductor's writes for long. What it shows is the read model
+(bot.views.read_model), the numbers every other view shows too. Many viewers cost little more than
 one: the state is built and encoded once per change of the store, /api/state then reads only the
-running slots (Look), and every open stream on the server shares one look a second (_Feed). At most
-MAX_STREAMS streams are open at once (more answer 503 with Retry-After, and the page polls
-/api/state meanwhile); each ends after STREAM_S, or once its client has taken nothing for SEND_S, so
-a client that stops reading holds its place for at most STREAM_S + SEND_S, and never a thread (a
-stream is a coroutine; only the feed's look runs on a worker thread). Nothing here calls GitHub, a runner or
-an agent. What only a running conductor knows (its runs' latest progress, why it stopped, the
-agent's budget) comes from `live()`, passed in by the process that holds the conductor
-(conductor_live). With a token every route answers 401 without it (`?token=` or
-`Authorization: Bearer`), compared in constant time. Without one it is open to whoever reaches the
-server: exposure_warning says when that is a stranger (a server that takes webhooks is reachable by
-design). The page's files ship with the package and the page loads nothing else, so it works on a
-machine with no route to the internet.
+running slots (Look), and every open stream on the server shares one look a second (Feed); at most
+MAX_STREAMS streams are open at once. Nothing here calls GitHub, a runner or an agent. What only a
+running conductor knows (its runs' latest progress, why it stopped, the agent's budget) comes from
+`live()`, passed in by the process that holds the conductor (read_model.conductor_live). With a
+token every route answers 401 without it (`?token=` or `Authorization: Bearer`), compared in
+constant time. Without one it is open to whoever reaches the server: exposure_warning says when that
+is a stranger (a server that takes webhooks is reachable by design). The page's files ship with the
+package and the page loads nothing else, so it works on a machine with no route to the internet.
 """
 
 from __future__ import annotations
@@ -35,54 +32,36 @@ import html
 import ipaddress
 import json
 import logging
-import os
 import sqlite3
-import statistics
 import threading
 import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlparse
 
-import anyio
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
-from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
-from starlette.concurrency import run_in_threadpool
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import Message, Receive, Scope, Send
 
-from bot.core.states import RunState, State, Status
-from bot.loop.judge import JudgeConfig, margin, pooled_noise
-from bot.loop.program import LoopSettings
 from bot.store import Experiment, schema
+from bot.views import dashboard_state, dashboard_stream
+from bot.views.dashboard_state import Links, Look, encode, fingerprint, running_slots
+from bot.views.dashboard_stream import EventStream, Feed
+from bot.views.read_model import Live
 
 log = logging.getLogger(__name__)
 
 STATIC = Path(__file__).parent / "dashboard_static"
 FILES = {"index.html": "text/html; charset=utf-8", "app.js": "text/javascript; charset=utf-8",
          "style.css": "text/css; charset=utf-8"}
-CHECK_S = 1.0  # how often a stream looks for a change
-HEARTBEAT_S = 15.0  # a comment on a quiet stream, so proxies and phones keep it open
-STREAM_S = 60.0  # a stream ends after this long; the browser reconnects (a state only if it changed), so an
-# open page never holds up a server's shutdown for longer
-MAX_STREAMS = 16  # open /api/stream responses at once; past it 503 (the page polls /api/state meanwhile)
-SEND_S = 10.0  # a stream whose client has not taken an event for this long stopped reading: it is closed
-EVENTS = 12  # recent events shown
 HEADERS = {  # the token may sit in the page's URL: no referrer leaves it, nothing else may load
     "Referrer-Policy": "no-referrer", "X-Content-Type-Options": "nosniff", "X-Frame-Options": "DENY",
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
                                "img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"}
-_EXP_COLUMNS = ", ".join(f.name for f in fields(Experiment) if f.name != "train_py")  # train.py is heavy
-
-Live = Callable[[], dict[str, Any]]
-"""What the conductor's process knows beyond the store; every key optional: `progress` (run id ->
-its latest progress line), `stop_reason`, `blocked`, `budget_usd` (the agent's), `margin`."""
-Links = Callable[[Experiment, dict[str, str]], dict[str, str]]
-"""(experiment, what GitHub shows of it: store.published, "pr" among it) -> {label: URL}."""
 
 
 class StoreUnavailable(RuntimeError):
@@ -148,283 +127,14 @@ class _Readers:
             db.close()
 
 
-# --- the state: a few queries whatever the number of experiments ---------------------------------
-def build_state(db: sqlite3.Connection, *, live: dict[str, Any] | None = None,
-                links: Links | None = None) -> dict[str, Any]:
-    """Everything the page shows, from one connection (in a read transaction) and `live`:
-
-    updated_at   seconds since the epoch
-    main         {val_bpb, source ("baseline runs" | "kept experiment, not re-measured yet" | null), runs,
-                  commit, baseline_val_bpb (the first main's), margin (the noise margin now, or null)}
-    agent        {state: thinking | waiting | paused | stopped | blocked, detail, experiment (being
-                  proposed), budget_usd, budget_left_usd}
-    spent_usd    what the agent's answers cost so far
-    queued       runs waiting for a slot
-    counts       {keep, discard, crash, failed, cancelled (finished experiments), active}
-    slots        [{run, experiment, title, purpose, started_at, step, loss, progress (0-1),
-                  remaining_seconds, training_seconds}], one per running run
-    chart        {points: [{x, id, title, val_bpb, status, kept}] (the baseline at x 0, then each kept
-                  or discarded experiment at its place among the finished ones), crashes: [{x, id,
-                  title, status}], best: [[x, val_bpb], ...] (the running best's step vertices), x_max}
-    experiments  [{id, title, state, status, val_bpb, delta, margin, remeasured_delta, runs (finished),
-                  in_flight (queued or running), cost_usd, reason (first line), request, pr, links
-                  {label: url}, updated_at}] in id order; a proposal in the making is no row
-    events       the latest EVENTS events, newest first: [{id, at, experiment, kind, message}]
-    """
-    live = live or {}
-    settings = dict(db.execute("SELECT key, value FROM settings WHERE key IN "
-                               "('identity', 'paused', 'agent.spent_usd', 'program.settings')").fetchall())
-    experiments = [_experiment(row) for row in db.execute(f"SELECT {_EXP_COLUMNS} FROM experiments ORDER BY id")]
-    runs = db.execute("SELECT id, experiment_id, purpose, code_hash, commit_sha, state, status, val_bpb, profile,"
-                      " harness_hash, data_fingerprint, json_extract(metrics, '$.clock') AS clock,"
-                      " json_extract(metrics, '$.threads') AS threads, run_dir, started_at FROM runs ORDER BY id"
-                      ).fetchall()
-    published: dict[int, dict[str, str]] = {}
-    if links is not None:
-        for exp_id, key, value in db.execute("SELECT experiment_id, key, value FROM published"):
-            published.setdefault(exp_id, {})[key] = value
-    else:
-        for exp_id, value in db.execute("SELECT experiment_id, value FROM published WHERE key = 'pr'"):
-            published[exp_id] = {"pr": value}
-    events = db.execute("SELECT id, at, experiment_id, kind, message FROM events ORDER BY id DESC LIMIT ?",
-                        (EVENTS,)).fetchall()
-
-    identity = json.loads(settings.get("identity") or "{}")
-    counted = [r for r in runs if r["state"] == RunState.DONE and r["status"] == "ok" and r["val_bpb"] is not None
-               and _counts(r, identity)]
-    by_id = {e.id: e for e in experiments}
-    done_runs: dict[int, int] = {}
-    waiting: dict[int, int] = {}
-    for r in runs:
-        if r["experiment_id"] is not None and r["state"] == RunState.DONE:
-            done_runs[r["experiment_id"]] = done_runs.get(r["experiment_id"], 0) + 1
-        elif r["experiment_id"] is not None and r["state"] in (RunState.QUEUED, RunState.RUNNING):
-            waiting[r["experiment_id"]] = waiting.get(r["experiment_id"], 0) + 1
-    rows = [_row(e, done_runs.get(e.id, 0), waiting.get(e.id, 0), published.get(e.id, {}), links)
-            for e in experiments if e.state != State.PROPOSING]
-    main = _main(runs, counted, experiments, settings, live)
-    spent = float(settings.get("agent.spent_usd") or 0.0)
-    counts = {s.value: 0 for s in Status}
-    for e in experiments:
-        if e.state == State.DONE and e.status in counts:
-            counts[e.status] += 1
-    counts["active"] = sum(1 for e in experiments if e.state not in (State.DONE, State.PROPOSING))
-    return {
-        "updated_at": time.time(),
-        "main": main,
-        "agent": _agent(experiments, settings, live, spent),
-        "spent_usd": spent,
-        "queued": sum(1 for r in runs if r["state"] == RunState.QUEUED),
-        "counts": counts,
-        "slots": _slots([r for r in runs if r["state"] == RunState.RUNNING], by_id, live),
-        "chart": _chart(experiments, main["baseline_val_bpb"]),
-        "experiments": rows,
-        "events": [{"id": e["id"], "at": e["at"], "experiment": e["experiment_id"], "kind": e["kind"],
-                    "message": _first_line(e["message"], 240)} for e in events],
-    }
-
-
-def _experiment(row: sqlite3.Row) -> Experiment:
-    data = dict(row)
-    data["meta"] = json.loads(data["meta"] or "{}")
-    return Experiment(train_py=None, **data)
-
-
-def _counts(run: sqlite3.Row, identity: dict[str, Any]) -> bool:
-    """bot.loop.measurement.counts on the columns read here (a Run would drag its train.py along)."""
-    if not identity:
-        return True
-    threads = identity.get("threads")
-    return (run["profile"] == identity.get("profile") and run["harness_hash"] == identity.get("harness_hash")
-            and run["data_fingerprint"] == identity.get("data_fingerprint")
-            and (threads is None or run["clock"] != "cpu" or run["threads"] == int(threads)))
-
-
-def _row(e: Experiment, runs: int, waiting: int, shown: dict[str, str], links: Links | None) -> dict[str, Any]:
-    failed = e.status in (Status.CRASH, Status.FAILED)  # their numbers mean nothing (as in results.tsv)
-    found: dict[str, str] = {}
-    if links is not None:
-        try:
-            found = {str(k): str(v) for k, v in (links(e, shown) or {}).items() if v}
-        except Exception:  # noqa: BLE001 - a broken link helper must not take the page down
-            log.exception("links() failed for experiment %s", e.id)
-    pr = shown.get("pr")
-    return {"id": e.id, "title": e.title, "state": e.state, "status": e.status,
-            "val_bpb": None if failed else e.val_bpb, "delta": None if failed else e.delta, "margin": e.margin,
-            "remeasured_delta": e.remeasured_delta, "runs": runs, "in_flight": waiting,
-            "cost_usd": e.meta.get("cost_usd"), "reason": _first_line(e.reason, 240), "request": e.request,
-            "pr": int(pr) if pr and pr.isdigit() else None, "links": found, "updated_at": e.updated_at}
-
-
-def _main(runs: list[sqlite3.Row], counted: list[sqlite3.Row], experiments: list[Experiment],
-          settings: dict[str, str], live: dict[str, Any]) -> dict[str, Any]:
-    """Main's val_bpb: the mean of its own baseline runs (the latest baseline queued is of the current
-    main); until it has one, the latest kept experiment's number, flattering as it is."""
-    baselines = [r for r in runs if r["purpose"] == "baseline"]
-    code = baselines[-1]["code_hash"] if baselines else None
-    values = [r["val_bpb"] for r in counted if r["purpose"] == "baseline" and r["code_hash"] == code]
-    first = next((r["code_hash"] for r in counted if r["purpose"] == "baseline"), None)
-    first_values = [r["val_bpb"] for r in counted if r["purpose"] == "baseline" and r["code_hash"] == first]
-    kept = [e for e in experiments if e.state == State.DONE and e.status == Status.KEEP and e.val_bpb is not None]
-    value, source = (statistics.fmean(values), "baseline runs") if values else (None, None)
-    if value is None and kept:
-        value, source = kept[-1].val_bpb, "kept experiment, not re-measured yet"
-    band = live.get("margin")
-    if band is None and values:
-        groups: dict[tuple[str, int | None], list[float]] = {}  # as Conductor.noise groups them
-        for r in counted:
-            groups.setdefault((r["code_hash"], None if r["purpose"] == "baseline" else r["experiment_id"]),
-                              []).append(r["val_bpb"])
-        noise = pooled_noise(groups.values())
-        band = margin(noise, 1, len(values), _judge_config(settings)) if noise else None
-    return {"val_bpb": value, "source": source, "runs": len(values),
-            "commit": baselines[-1]["commit_sha"][:7] if baselines else None,
-            "baseline_val_bpb": statistics.fmean(first_values) if first_values else None, "margin": band}
-
-
-def _judge_config(settings: dict[str, str]) -> JudgeConfig:
-    """The judge's settings from program.md as the conductor last read them (as Conductor._judge_config)."""
-    try:
-        loop = LoopSettings.model_validate_json(settings["program.settings"])
-    except (KeyError, ValueError):
-        loop = LoopSettings()
-    return JudgeConfig(noise_sigmas=loop.noise_sigmas, confirm_sigmas=loop.confirm_sigmas,
-                       confirm_below=loop.confirm_below, min_margin=loop.min_margin, confirm=loop.confirm)
-
-
-def _agent(experiments: list[Experiment], settings: dict[str, str], live: dict[str, Any],
-           spent: float) -> dict[str, Any]:
-    budget = live.get("budget_usd")
-    stop, blocked = live.get("stop_reason") or "", live.get("blocked") or ""
-    proposing = next((e.id for e in experiments if e.state == State.PROPOSING), None)
-    if blocked:
-        state, detail = "blocked", blocked
-    elif settings.get("paused") == "1" or stop.startswith("paused"):
-        state, detail = "paused", stop or "paused: `autoresearch resume` (or /resume) lets it go on"
-    elif stop:
-        state, detail = "stopped", stop
-    elif budget is not None and spent >= budget:
-        state, detail = "stopped", f"its budget of ${budget:.2f} is spent"
-    elif proposing is not None:
-        state, detail = "thinking", f"proposing experiment {proposing}"
-    else:
-        state, detail = "waiting", "for runs to finish or a slot to free"
-    return {"state": state, "detail": detail, "experiment": proposing, "budget_usd": budget,
-            "budget_left_usd": None if budget is None else max(0.0, budget - spent)}
-
-
-def _slots(running: list[sqlite3.Row], by_id: dict[int, Experiment], live: dict[str, Any]) -> list[dict[str, Any]]:
-    progress = live.get("progress") or {}
-    slots = []
-    for r in running:
-        # the conductor's copy is as old as its last tick; a local run's file may be newer
-        lines = [progress.get(r["id"]) or progress.get(str(r["id"])), _last_progress(r["run_dir"])]
-        line = max((x for x in lines if isinstance(x, dict)), key=lambda x: x.get("step") or -1, default={})
-        exp = by_id.get(r["experiment_id"]) if r["experiment_id"] is not None else None
-        slots.append({"run": r["id"], "experiment": r["experiment_id"], "purpose": r["purpose"],
-                      "title": exp.title if exp else f"baseline of main {r['commit_sha'][:7]}",
-                      "started_at": r["started_at"], "step": line.get("step"), "loss": line.get("loss"),
-                      "progress": line.get("progress"), "remaining_seconds": line.get("remaining_seconds"),
-                      "training_seconds": line.get("training_seconds")})
-    return slots
-
-
-def _last_progress(run_dir: str | None) -> dict[str, Any] | None:
-    """The last whole line of a local run's progress.jsonl. Unlike runners.local.last_progress it
-    takes the line before one still being written, and treats any unreadable file as no progress
-    (a remote runner's handle is not a directory)."""
-    if not run_dir:
-        return None
-    try:
-        with open(Path(run_dir) / "progress.jsonl", "rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            handle.seek(max(0, handle.tell() - 4096))
-            lines = handle.read().decode(errors="replace").splitlines()
-    except OSError:
-        return None
-    for line in reversed(lines[-2:]):
-        try:
-            data = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(data, dict):
-            return data
-    return None
-
-
-def _chart(experiments: list[Experiment], baseline: float | None) -> dict[str, Any]:
-    """x is the position among finished experiments (the baseline at 0); a judged experiment is a
-    point, a crash or failure a mark on the axis; `best` is the running best as step vertices."""
-    points: list[dict[str, Any]] = []
-    crashes: list[dict[str, Any]] = []
-    if baseline is not None:
-        points.append({"x": 0, "id": 0, "title": "baseline", "val_bpb": baseline, "status": "baseline",
-                       "kept": True})
-    best: list[list[float]] = [[0, baseline]] if baseline is not None else []
-    x = 0
-    for e in experiments:
-        if e.state != State.DONE:
-            continue
-        x += 1
-        if e.status in (Status.KEEP, Status.DISCARD) and e.val_bpb is not None:
-            kept = e.status == Status.KEEP
-            points.append({"x": x, "id": e.id, "title": e.title, "val_bpb": e.val_bpb, "status": e.status,
-                           "kept": kept})
-            if kept and (not best or e.val_bpb < best[-1][1]):
-                if best:
-                    best.append([x, best[-1][1]])
-                best.append([x, e.val_bpb])
-        elif e.status in (Status.CRASH, Status.FAILED):
-            crashes.append({"x": x, "id": e.id, "title": e.title, "status": e.status})
-    if best and best[-1][0] < x:
-        best.append([x, best[-1][1]])
-    return {"points": points, "crashes": crashes, "best": best, "x_max": x}
-
-
-def _first_line(text: str | None, limit: int) -> str | None:
-    line = (text or "").strip().splitlines()[0] if (text or "").strip() else None
-    return line if line is None or len(line) <= limit else line[: limit - 1] + "…"
-
-
-def fingerprint(db: sqlite3.Connection) -> tuple[Any, ...]:
-    """Changes whenever build_state's store part would: an event, an experiment's update, a run
-    queued, started or ended, a setting or a pull request shown; one cheap query."""
-    return tuple(db.execute(
-        "SELECT (SELECT COALESCE(MAX(id), 0) FROM events),"
-        " (SELECT COUNT(*) || ':' || COALESCE(MAX(updated_at), 0) FROM experiments),"
-        " (SELECT group_concat(id || ':' || state || ':' || COALESCE(run_dir, '')) FROM runs"
-        "  WHERE state IN ('queued', 'running')),"
-        " (SELECT COUNT(*) || ':' || COALESCE(MAX(id), 0) FROM runs),"
-        " (SELECT group_concat(key || '=' || value) FROM settings"
-        "  WHERE key IN ('paused', 'agent.spent_usd', 'identity', 'program.settings')),"
-        " (SELECT COUNT(*) FROM published WHERE key = 'pr')").fetchone())
-
-
-# --- the routes ------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Look:
-    """One read of the store and of live(): what a page or a stream shows, already encoded."""
-
-    key: str | None  # the store key (the state event's id); None when the store could not be read
-    slots: list[dict[str, Any]] | None
-    body: bytes  # the whole state as JSON, or {"error": ...}
-    progress: bytes = b""  # {"slots", "updated_at"} as JSON
-    error: str | None = None
-    generation: int = 0  # which look of a stream feed this is
-
-
-def _json(data: Any) -> bytes:
-    return json.dumps(data, separators=(",", ":")).encode()
-
-
 class Dashboard:
     """The reads behind the routes. The store's part of the state is built and encoded once per
     change of the store (or of the conductor's report) and shared by every page and stream; the
     running slots are read afresh each time, since progress moves without the store changing, and
     spliced into the encoded state. Every open stream on an event loop shares one look a second
-    (_Feed); at most MAX_STREAMS are open at once."""
+    (Feed); at most dashboard_stream.MAX_STREAMS are open at once."""
 
-    def __init__(self, store_path: Path, live: Live | None, links: Links | None) -> None:
+    def __init__(self, store_path: Path, live: Callable[[], Live] | None, links: Links | None) -> None:
         self.readers = _Readers(store_path)
         self.live = live
         self.links = links
@@ -433,7 +143,7 @@ class Dashboard:
         self._built: tuple[str, bytes] | None = None
         self._lock = threading.Lock()
         self._streams = 0  # open /api/stream responses, all loops together
-        self._feeds: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Feed] = weakref.WeakKeyDictionary()
+        self._feeds: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Feed] = weakref.WeakKeyDictionary()
 
     def close(self) -> None:
         self.closing.set()
@@ -460,16 +170,16 @@ class Dashboard:
             with self._lock:
                 built = self._built
             if built is None or built[0] != key:
-                state = build_state(db, live=live, links=self.links)
+                state = dashboard_state.build_state(db, live=live, links=self.links)
                 slots = state["slots"]
-                built = (key, _json({k: v for k, v in state.items() if k not in ("slots", "updated_at")})[:-1])
+                built = (key, encode({k: v for k, v in state.items() if k not in ("slots", "updated_at")})[:-1])
                 with self._lock:
                     self._built = built
             else:
-                slots = self._slots(db, live)
+                slots = running_slots(db, live)
         now = time.time()
-        body = built[1] + b',"slots":' + _json(slots) + b',"updated_at":' + _json(now) + b"}"
-        return Look(key=key, slots=slots, body=body, progress=_json({"slots": slots, "updated_at": now}),
+        body = built[1] + b',"slots":' + encode(slots) + b',"updated_at":' + encode(now) + b"}"
+        return Look(key=key, slots=slots, body=body, progress=encode({"slots": slots, "updated_at": now}),
                     generation=generation)
 
     def look_or_problem(self, generation: int = 0) -> Look:
@@ -477,25 +187,25 @@ class Dashboard:
         try:
             return self.look(generation)
         except StoreUnavailable as error:
-            return Look(key=None, slots=None, body=_json({"error": str(error)}), error=str(error),
+            return Look(key=None, slots=None, body=encode({"error": str(error)}), error=str(error),
                         generation=generation)
 
     # --- the streams ---------------------------------------------------------------------------------
-    def open_stream(self) -> _Feed | None:
+    def open_stream(self) -> Feed | None:
         """A place among the open streams and the feed of this event loop, or None when
         MAX_STREAMS are open. Give it back with close_stream."""
         loop = asyncio.get_running_loop()
         with self._lock:
-            if self._streams >= MAX_STREAMS:
+            if self._streams >= dashboard_stream.MAX_STREAMS:
                 return None
             self._streams += 1
             feed = self._feeds.get(loop)
             if feed is None:
-                feed = self._feeds[loop] = _Feed(self)
+                feed = self._feeds[loop] = Feed(self)
         feed.join()
         return feed
 
-    def close_stream(self, feed: _Feed) -> None:
+    def close_stream(self, feed: Feed) -> None:
         feed.leave()
         with self._lock:
             self._streams -= 1
@@ -513,20 +223,11 @@ class Dashboard:
         if cached is None or cached[0] is not db or cached[1] != version:
             cached = (db, version, fingerprint(db))
             self.readers.local.fingerprint = cached
-        report = {k: live.get(k) for k in ("stop_reason", "blocked", "budget_usd", "margin")}
+        report = {k: live.get(k) for k in ("stop_reason", "blocked", "budget_usd")}
         return hashlib.sha256(repr((cached[2], report)).encode()).hexdigest()[:20]
 
-    @staticmethod
-    def _slots(db: sqlite3.Connection, live: dict[str, Any]) -> list[dict[str, Any]]:
-        running = db.execute("SELECT id, experiment_id, purpose, commit_sha, run_dir, started_at FROM runs "
-                             "WHERE state = 'running' ORDER BY id").fetchall()
-        titles = {r["id"]: _experiment(r) for r in db.execute(
-            f"SELECT {_EXP_COLUMNS} FROM experiments WHERE id IN (SELECT experiment_id FROM runs "
-            "WHERE state = 'running')")}
-        return _slots(running, titles, live)
 
-
-def create_dashboard(*, store_path: Path, token: str | None = None, live: Live | None = None,
+def create_dashboard(*, store_path: Path, token: str | None = None, live: Callable[[], Live] | None = None,
                      links: Links | None = None) -> APIRouter:
     """The dashboard's routes over the store at `store_path`, to include in an app (any prefix: the
     page's URLs are relative). `token`: required of every request when set. `live()`: see Live.
@@ -563,133 +264,10 @@ def create_dashboard(*, store_path: Path, token: str | None = None, live: Live |
 
     @router.get("/api/stream")
     async def stream(request: Request) -> Response:
-        return _EventStream(dash, request.headers.get("last-event-id"))
+        return EventStream(dash, request.headers.get("last-event-id"), HEADERS)
 
     router.dashboard = dash  # type: ignore[attr-defined] - for dashboard_app to close its connections
     return router
-
-
-class _Feed:
-    """The looks at the store for every stream open on one event loop: one look each CHECK_S,
-    however many streams wait for it, taken on a worker thread while at least one is open."""
-
-    def __init__(self, dash: Dashboard) -> None:
-        self.dash = dash
-        self.latest: Look | None = None
-        self.fresh = asyncio.Event()  # set when a look newer than the last one is in, then replaced
-        self.streams = 0  # this loop's open streams; used on the loop only
-        self.task: asyncio.Task[None] | None = None
-        self.looks = 0  # how many looks were taken (for the tests)
-
-    def join(self) -> None:
-        self.streams += 1
-        if self.task is None:
-            self.task = asyncio.get_running_loop().create_task(self._run(), name="dashboard-feed")
-
-    def leave(self) -> None:
-        self.streams -= 1
-
-    async def next(self, after: int) -> Look | None:
-        """The latest look if newer than generation `after`, else the next one, or None after CHECK_S
-        without one (a slow store, a server stopping: the caller checks its own limits)."""
-        if self.latest is not None and self.latest.generation > after:
-            return self.latest
-        with anyio.move_on_after(CHECK_S):  # in this task, so the server cancelling it reaches the wait
-            await self.fresh.wait()
-            return self.latest
-        return None
-
-    async def _run(self) -> None:
-        try:
-            while self.streams > 0 and not self.dash.closing.is_set():
-                self.looks += 1
-                try:
-                    look = await run_in_threadpool(self.dash.look_or_problem, self.looks)
-                except Exception as error:  # noqa: BLE001 - a bug: the streams say so, the feed goes on
-                    log.exception("the dashboard could not read the store")
-                    look = Look(key=None, slots=None, body=b"", error=f"the dashboard failed: {error}; see the log",
-                                generation=self.looks)
-                self.latest = look
-                fresh, self.fresh = self.fresh, asyncio.Event()
-                fresh.set()
-                await asyncio.sleep(CHECK_S)
-        finally:
-            self.task = None  # no await between the last check and here: a stream joining later starts another
-            self.latest = None  # a look older than CHECK_S is never shown as fresh
-
-
-class _StoppedReading(Exception):
-    """The client took no event for SEND_S."""
-
-
-class _EventStream(StreamingResponse):
-    """/api/stream for one client: a place among MAX_STREAMS or 503 with Retry-After, the shared
-    feed's looks as events, and an end after STREAM_S, or once the client has taken nothing for
-    SEND_S (a client that stopped reading holds neither a place nor a thread for longer)."""
-
-    def __init__(self, dash: Dashboard, last_event_id: str | None) -> None:
-        self.dash, self.last_event_id = dash, last_event_id
-        self.feed: _Feed | None = None
-        super().__init__(self._events(), media_type="text/event-stream",
-                         headers={**HEADERS, "Cache-Control": "no-store", "X-Accel-Buffering": "no"})
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        self.feed = self.dash.open_stream()
-        if self.feed is None:
-            await self.body_iterator.aclose()  # type: ignore[attr-defined] - never started
-            full = JSONResponse({"error": f"the dashboard has {MAX_STREAMS} live streams open, its most: the page "
-                                          "shows the state by polling meanwhile and tries again later. If there "
-                                          "should not be that many viewers, set AUTORESEARCH_DASHBOARD_TOKEN"},
-                                status_code=503,
-                                headers={"Retry-After": str(round(STREAM_S)), "Cache-Control": "no-store"})
-            await full(scope, receive, send)
-            return
-
-        async def patient(message: Message) -> None:
-            try:
-                with anyio.fail_after(SEND_S):
-                    await send(message)
-            except TimeoutError:
-                raise _StoppedReading from None
-
-        try:
-            await super().__call__(scope, receive, patient)
-        except _StoppedReading:
-            client = scope.get("client") or ("?",)
-            log.info("a dashboard stream to %s was closed: its client took nothing for %.0f s", client[0], SEND_S)
-        finally:
-            self.dash.close_stream(self.feed)
-            await self.body_iterator.aclose()  # type: ignore[attr-defined]
-
-    async def _events(self) -> AsyncIterator[bytes]:
-        dash, feed = self.dash, self.feed
-        assert feed is not None
-        seen: tuple[Any, Any] = (self.last_event_id, None)
-        problem = None
-        generation = 0
-        started = beat = time.monotonic()
-        yield b"retry: 2000\n\n"
-        while time.monotonic() - started < STREAM_S and not dash.closing.is_set():
-            look = await feed.next(generation)
-            event = b""
-            if look is not None:
-                generation = look.generation
-                if look.error is not None:
-                    if look.error != problem:
-                        event = b"event: problem\ndata: " + _json({"error": look.error}) + b"\n\n"
-                    problem, seen = look.error, (None, None)
-                elif look.key != seen[0]:
-                    event = f"id: {look.key}\nevent: state\ndata: ".encode() + look.body + b"\n\n"
-                    problem, seen = None, (look.key, look.slots)
-                elif look.slots != seen[1]:
-                    event = b"event: progress\ndata: " + look.progress + b"\n\n"
-                    problem, seen = None, (seen[0], look.slots)
-            if event:
-                yield event
-                beat = time.monotonic()
-            elif time.monotonic() - beat >= HEARTBEAT_S:
-                yield b": still here\n\n"
-                beat = time.monotonic()
 
 
 def _require(token: str) -> Callable[[Request], None]:
@@ -707,7 +285,7 @@ def _require(token: str) -> Callable[[Request], None]:
     return check
 
 
-def dashboard_app(*, store_path: Path, token: str | None = None, live: Live | None = None,
+def dashboard_app(*, store_path: Path, token: str | None = None, live: Callable[[], Live] | None = None,
                   links: Links | None = None) -> FastAPI:
     """The dashboard alone, at the root (`autoresearch dashboard`, the demo)."""
     router = create_dashboard(store_path=store_path, token=token, live=live, links=links)
@@ -754,20 +332,6 @@ def _loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:  # a host name: it may resolve anywhere
         return False
-
-
-# --- what the conductor's process passes in ---------------------------------------------------------
-def conductor_live(get: Callable[[], Any], budget_usd: float | None = None) -> Live:
-    """live() over the conductor `get()` returns (None until there is one), read from the web
-    threads: copies of plain attributes only, never a call that reads the forge or the store."""
-    def live() -> dict[str, Any]:
-        conductor = get()
-        if conductor is None:
-            return {"budget_usd": budget_usd}
-        return {"progress": dict(conductor.progress), "stop_reason": conductor.stop_reason,
-                "blocked": conductor.blocked,
-                "budget_usd": conductor.config.agent_budget_usd if budget_usd is None else budget_usd}
-    return live
 
 
 def github_links(repository: str, api_url: str = "https://api.github.com") -> Links:
