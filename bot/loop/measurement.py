@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import statistics
 from collections.abc import Iterable, Sequence
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 from bot.core.records import RunResult, asset_sha256
 from bot.loop.judge import JudgeConfig, Noise, margin, pooled_noise
@@ -87,6 +87,9 @@ class MeasuredRun(Protocol):
     metrics: dict[str, Any]
 
 
+R = TypeVar("R", bound=MeasuredRun)
+
+
 class Value(NamedTuple):
     """One counted run's val_bpb: the code it measured, its experiment (None for a run of main) and
     why it ran (`baseline` for main's own runs). Store.measured_values gives the same tuples."""
@@ -105,12 +108,16 @@ def counts(run: MeasuredRun, identity: dict[str, Any]) -> bool:
             and (threads is None or run.metrics.get("clock") != "cpu" or run.metrics.get("threads") == threads))
 
 
-def counted(runs: Iterable[MeasuredRun], identity: dict[str, Any]) -> list[Value]:
+def counted_runs(runs: Iterable[R], identity: dict[str, Any]) -> list[R]:
     """Which runs count toward a measurement, in the order given (run id): finished ok with a
     val_bpb, measured under `identity` (before any identity is pinned, every such run)."""
-    return [Value(r.code_hash, r.experiment_id, r.purpose, r.val_bpb) for r in runs
-            if r.state == "done" and r.status == "ok" and r.val_bpb is not None
+    return [r for r in runs if r.state == "done" and r.status == "ok" and r.val_bpb is not None
             and (not identity or counts(r, identity))]
+
+
+def counted(runs: Iterable[MeasuredRun], identity: dict[str, Any]) -> list[Value]:
+    """The values of `counted_runs`."""
+    return [Value(r.code_hash, r.experiment_id, r.purpose, r.val_bpb) for r in counted_runs(runs, identity)]
 
 
 def main_values(values: Iterable[tuple[str, int | None, str, float]], code: str) -> list[float]:

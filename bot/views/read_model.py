@@ -296,8 +296,8 @@ def _baseline(rows: StoreRows, identity: dict[str, Any], values: list[measuremen
     value = measurement.baseline_value(values, kept)
     if first is None or value is None:
         return None
-    own = tuple(r for r in rows.runs if r.purpose == "baseline" and r.code_hash == first and r.state == RunState.DONE
-                and r.status == "ok" and r.val_bpb is not None and (not identity or measurement.counts(r, identity)))
+    own = tuple(r for r in measurement.counted_runs(rows.runs, identity) if r.purpose == "baseline"
+                and r.code_hash == first)
     return Baseline(commit=own[0].commit_sha, val_bpb=value, runs=own)
 
 

@@ -39,6 +39,7 @@ class FakeKept:
 def test_only_finished_ok_runs_with_a_value_under_the_identity_count():
     runs = [FakeRun("A", 1.0), FakeRun("A", None, status="crash"), FakeRun("A", 1.1, state="running"),
             FakeRun("A", 0.5, harness_hash="old"), FakeRun("E1", 0.9, purpose="candidate", experiment_id=1)]
+    assert measurement.counted_runs(runs, IDENTITY) == [runs[0], runs[4]]
     assert measurement.counted(runs, IDENTITY) == [("A", None, "baseline", 1.0), ("E1", 1, "candidate", 0.9)]
     assert [v.val_bpb for v in measurement.counted(runs, {})] == [1.0, 0.5, 0.9]  # nothing pinned yet: all
 
