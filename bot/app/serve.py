@@ -318,7 +318,7 @@ class Service:
         from bot.github.poller import Poller
 
         assert self.client is not None
-        poller = Poller(self.client, Store(self.store_path), wake=self.wake)
+        poller = Poller(self.client, Store(self.store_path), interval_s=self.settings.poll_interval_s, wake=self.wake)
         threading.Thread(target=poller.run, args=(self._stop,), name="poller", daemon=True).start()
         log.info("polling GitHub every %.0fs (no webhooks)", self.settings.poll_interval_s)
 
@@ -329,7 +329,7 @@ class Service:
     def _connect(self) -> Conductor | None:
         """Reach GitHub (backing off while it is unreachable), then build the conductor."""
         settings = self.settings
-        self.client = GitHubClient(settings, sleep=self.github_sleep)
+        self.client = GitHubClient(settings.github(), sleep=self.github_sleep)
         wait = self.connect_backoff_s[0]
         while not self._stop.is_set():
             try:

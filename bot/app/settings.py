@@ -11,8 +11,9 @@ file (same names, one `NAME=value` a line):
     AUTORESEARCH_GITHUB_TOKEN=github_pat_...
 
 Overrides given to `load_service_settings` (the command line's flags) win over environment
-variables, which win over the .env file. Settings that do not validate raise ConfigError, whose
-message names every setting to fix, one per line, by its environment variable and says what to do.
+variables, which win over the .env file. Settings that do not validate raise ConfigError
+(bot.core.errors), whose message names every setting to fix, one per line, by its environment
+variable and says what to do. `github()` is what the GitHub client needs of them.
 Secrets are SecretStr: their repr, the error messages and describe() never show them, and
 redact() takes them out of any text the service shows (its health answer).
 
@@ -39,6 +40,8 @@ from pydantic import Field, SecretStr, TypeAdapter, ValidationError, field_valid
 from pydantic_core import InitErrorDetails, PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from bot.core.errors import ConfigError
+from bot.github.client import GitHubSettings
 from runner.profiles import PROFILES
 
 ENV_PREFIX = "AUTORESEARCH_"
@@ -57,10 +60,6 @@ RUNNER_NEEDS: dict[str, tuple[tuple[str, ...], str]] = {
 _OWNER = r"[A-Za-z0-9](?:[A-Za-z0-9]|-(?=[A-Za-z0-9])){0,38}"  # GitHub logins: no leading, trailing or double '-'
 _REPOSITORY = re.compile(rf"^{_OWNER}/[A-Za-z0-9._-]{{1,100}}$")
 _BRANCH = re.compile(r"^(?!/|-|.*(?:\.\.|//|@\{|\.lock$|/$|\.$))[A-Za-z0-9._/-]+$")
-
-
-class ConfigError(ValueError):
-    """The service's settings are missing or invalid; the message names each setting to fix, one per line."""
 
 
 def env_name(field: str) -> str:
@@ -204,6 +203,13 @@ class ServiceSettings(BaseSettings):
     def uses_app(self) -> bool:
         """True: the bot signs in as a GitHub App; False: as the user of a personal access token."""
         return self.github_app_id is not None
+
+    def github(self) -> GitHubSettings:
+        """What the GitHub client needs: the repository, the API, and how to sign in."""
+        return GitHubSettings(repository=self.repository, api_url=self.github_api_url,
+                              request_timeout_s=self.request_timeout_s, token=self.github_token,
+                              app_id=self.github_app_id, installation_id=self.github_installation_id,
+                              private_key=self.private_key)
 
     def private_key(self) -> str:
         """The GitHub App's private key (PEM text)."""

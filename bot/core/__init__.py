@@ -1,3 +1,4 @@
 """The ground floor: the vocabulary every layer speaks. `records` (what passes between the loop and
-its collaborators), `states` (an experiment's and a run's states, the moves between them) and
-`protocols` (Forge, Runner, Agent, Publisher). Nothing here imports another bot package."""
+its collaborators), `states` (an experiment's and a run's states, the moves between them),
+`protocols` (Forge, Runner, Agent, Publisher), `router` (which handler applies each kind of inbox
+entry) and `errors` (ConfigError, a setting to fix). Nothing here imports another bot package."""

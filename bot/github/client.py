@@ -1,5 +1,7 @@
 """One connection to GitHub for the whole service: how the bot signs in, what it does when GitHub or
-the network fails, how fast it writes, and when GitHub last answered.
+the network fails, how fast it writes, and when GitHub last answered. What it needs to know
+(GitHubSettings: the repository, the API, how to sign in) the app gives it, built from the
+service's settings (bot.app.settings).
 
 Signing in. With AUTORESEARCH_GITHUB_TOKEN the bot is the token's user (github.Auth.Token); it has
 no check runs then, and reports with commit statuses instead (`uses_app` is False). As a GitHub App
@@ -55,6 +57,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 from urllib.parse import urlparse
@@ -65,10 +68,11 @@ from github.Auth import AppInstallationAuth
 from github.GithubException import RateLimitExceededExceedsMaxWait
 from github.InstallationAuthorization import InstallationAuthorization
 from github.Repository import Repository
+from pydantic import SecretStr
 from urllib3.exceptions import InvalidHeader
 from urllib3.util import Retry
 
-from bot.app.settings import ConfigError, ServiceSettings, env_name
+from bot.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +86,25 @@ SECONDARY_RATE_WAIT_S = 60.0      # GitHub: without Retry-After, wait at least a
 RENEW_BEFORE = timedelta(seconds=MAX_RATE_LIMIT_WAIT_S + 5 * 60)
 WRITE_LIMITS = ((60.0, 80), (3600.0, 500))  # (window in seconds, most content-creating requests in it)
 USER_AGENT = "autoresearch-bot"
+
+
+@dataclass(frozen=True)
+class GitHubSettings:
+    """Where GitHub is, which repository, and how to sign in: with `token`, or as the App `app_id`
+    whose PEM key `private_key()` reads when it is first needed (ConfigError when it cannot)."""
+
+    repository: str  # owner/name
+    api_url: str = "https://api.github.com"
+    request_timeout_s: float = 15.0
+    token: SecretStr | None = None
+    app_id: int | None = None
+    installation_id: int | None = None  # None: asked of GitHub
+    private_key: Callable[[], str] | None = field(default=None, repr=False)
+
+    @property
+    def uses_app(self) -> bool:
+        """True: the bot signs in as a GitHub App; False: as the user of a personal access token."""
+        return self.app_id is not None
 
 
 class Contact:
@@ -250,7 +273,7 @@ class GitHubClient:
     """The service's connection to GitHub: `gh` for API calls on the repository, `repo()`, who the bot
     is (`bot_login`), write pacing, and health. Nothing is asked of GitHub until first needed."""
 
-    def __init__(self, settings: ServiceSettings, *, clock: Callable[[], float] = time.monotonic,
+    def __init__(self, settings: GitHubSettings, *, clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep) -> None:
         self.settings = settings
         self.uses_app: bool = settings.uses_app  # check runs need an App; with a token: commit statuses
@@ -327,24 +350,24 @@ class GitHubClient:
     # --- signing in -------------------------------------------------------------------------------
 
     def _connection(self) -> dict[str, Any]:
-        return dict(base_url=self.settings.github_api_url.rstrip("/"),
+        return dict(base_url=self.settings.api_url.rstrip("/"),
                     timeout=max(1, round(self.settings.request_timeout_s)),  # PyGithub asserts an int
                     user_agent=USER_AGENT, retry=self._retry,
                     seconds_between_requests=None, seconds_between_writes=None)
 
     def _auth(self) -> Auth.Auth:
         if not self.uses_app:
-            assert self.settings.github_token is not None  # ServiceSettings requires one way to sign in
-            return Auth.Token(self.settings.github_token.get_secret_value())
-        installation_id = self.settings.github_installation_id or self._find_installation()
+            assert self.settings.token is not None  # the service's settings require one way to sign in
+            return Auth.Token(self.settings.token.get_secret_value())
+        installation_id = self.settings.installation_id or self._find_installation()
         return RenewingInstallationAuth(self._app_auth(), installation_id)
 
     def _app_auth(self) -> Auth.AppAuth:
         """The App's own credentials (it signs a fresh JWT for each request), read from the key once."""
         with self._lock:
             if self._app_credentials is None:
-                assert self.settings.github_app_id is not None
-                self._app_credentials = Auth.AppAuth(self.settings.github_app_id, self.settings.private_key())
+                assert self.settings.app_id is not None and self.settings.private_key is not None
+                self._app_credentials = Auth.AppAuth(self.settings.app_id, self.settings.private_key())
             return self._app_credentials
 
     def _app(self) -> GithubIntegration:
@@ -360,12 +383,12 @@ class GitHubClient:
             return self._app().get_repo_installation(owner, name).id
         except GithubException as error:
             if error.status == 404:
-                raise ConfigError(f"the GitHub App {self.settings.github_app_id} is not installed on "
+                raise ConfigError(f"the GitHub App {self.settings.app_id} is not installed on "
                                   f"{self.settings.repository}: install it (the App's page, Install App) with access "
-                                  f"to that repository, or check {env_name('repository')}") from None
+                                  "to that repository, or check AUTORESEARCH_REPOSITORY") from None
             if error.status == 401:
-                raise ConfigError(f"GitHub refused the App's signature (HTTP 401): check {env_name('github_app_id')} "
-                                  f"and that the private key is the App's current one") from None
+                raise ConfigError("GitHub refused the App's signature (HTTP 401): check AUTORESEARCH_GITHUB_APP_ID "
+                                  "and that the private key is the App's current one") from None
             raise
 
 

@@ -134,14 +134,13 @@ class Poller:
     after a poll stored anything, so the conductor looks at the inbox now. `now` gives the time the
     horizon is taken from (UTC)."""
 
-    def __init__(self, client: GitHubClient, store: Store, *, wake: Callable[[], None] = lambda: None,
-                 interval_s: float | None = None,
+    def __init__(self, client: GitHubClient, store: Store, *, interval_s: float,
+                 wake: Callable[[], None] = lambda: None,
                  now: Callable[[], datetime] = lambda: datetime.now(timezone.utc)) -> None:
-        least = client.settings.poll_interval_s
         self.client = client
         self.store = store
         self.wake = wake
-        self.interval_s = least if interval_s is None else max(interval_s, least)
+        self.interval_s = interval_s
         self.repository = client.settings.repository
         self.last_report: PollReport | None = None
         self._now = now

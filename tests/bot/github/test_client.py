@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
+from typing import Any
 
 import jwt
 import pytest
@@ -22,9 +22,10 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from github import GithubException
 from github.GithubException import RateLimitExceededExceedsMaxWait
+from pydantic import SecretStr
 
-from bot.app.settings import ConfigError, ServiceSettings
-from bot.github.client import GitHubClient, WritePacer, retry_policy
+from bot.core.errors import ConfigError
+from bot.github.client import GitHubClient, GitHubSettings, WritePacer, retry_policy
 
 REPO_JSON = {"id": 1, "name": "r", "full_name": "o/r", "owner": {"login": "o", "type": "User"},
              "default_branch": "main", "url": "http://placeholder/repos/o/r"}
@@ -131,12 +132,12 @@ class Sleeps:
         self.asked.append(seconds)
 
 
-def token_settings(url: str, **extra: object) -> ServiceSettings:
-    values = dict(repository="o/r", github_token="ghp_secret_token_value", poll=True, github_api_url=url)
-    return ServiceSettings(_env_file=None, **{**values, **extra})
+def token_settings(url: str, **extra: Any) -> GitHubSettings:
+    values: dict[str, Any] = dict(repository="o/r", token=SecretStr("ghp_secret_token_value"), api_url=url)
+    return GitHubSettings(**{**values, **extra})
 
 
-def token_client(stand_in: StandIn, **extra: object) -> tuple[GitHubClient, Sleeps]:
+def token_client(stand_in: StandIn, **extra: Any) -> tuple[GitHubClient, Sleeps]:
     sleeps = Sleeps()
     return GitHubClient(token_settings(stand_in.url, **extra), sleep=sleeps), sleeps
 
@@ -305,14 +306,10 @@ def rsa_key() -> rsa.RSAPrivateKey:
     return rsa.generate_private_key(public_exponent=65537, key_size=2048)
 
 
-def app_settings(url: str, key: rsa.RSAPrivateKey, tmp_path: Path, **extra: object) -> ServiceSettings:
+def app_settings(url: str, key: rsa.RSAPrivateKey, **extra: Any) -> GitHubSettings:
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL,
-                            serialization.NoEncryption())
-    key_path = tmp_path / "app.private-key.pem"
-    key_path.write_bytes(pem)
-    values = dict(repository="o/r", github_app_id=42, github_private_key_path=key_path, poll=True,
-                  github_api_url=url)
-    return ServiceSettings(_env_file=None, **{**values, **extra})
+                            serialization.NoEncryption()).decode()
+    return GitHubSettings(**{**dict(repository="o/r", app_id=42, private_key=lambda: pem, api_url=url), **extra})
 
 
 def iso(moment: datetime) -> str:
@@ -320,7 +317,7 @@ def iso(moment: datetime) -> str:
 
 
 def test_an_app_signs_a_jwt_finds_its_installation_and_renews_its_token_before_expiry(
-        github_standin, rsa_key, tmp_path, caplog):
+        github_standin, rsa_key, caplog):
     caplog.set_level(logging.DEBUG)
     caplog.set_level(logging.DEBUG, logger="github")  # PyGithub's own DEBUG log shows response bodies
     now = datetime.now(timezone.utc)
@@ -329,7 +326,7 @@ def test_an_app_signs_a_jwt_finds_its_installation_and_renews_its_token_before_e
                       Answer(201, {"token": "ghs_first_token", "expires_at": iso(now + timedelta(minutes=4))}),
                       Answer(201, {"token": "ghs_second_token", "expires_at": iso(now + timedelta(hours=1))}))
     github_standin.on("GET /repos/o/r", Answer(200, REPO_JSON))
-    client = GitHubClient(app_settings(github_standin.url, rsa_key, tmp_path))
+    client = GitHubClient(app_settings(github_standin.url, rsa_key))
     assert client.uses_app
 
     client.repo()
@@ -352,27 +349,27 @@ def test_an_app_signs_a_jwt_finds_its_installation_and_renews_its_token_before_e
     assert "PRIVATE KEY" not in caplog.text
 
 
-def test_a_configured_installation_id_is_used_without_asking(github_standin, rsa_key, tmp_path):
+def test_a_configured_installation_id_is_used_without_asking(github_standin, rsa_key):
     an_hour = iso(datetime.now(timezone.utc) + timedelta(hours=1))
     github_standin.on("POST /app/installations/99/access_tokens", Answer(201, {"token": "ghs_t", "expires_at": an_hour}))
     github_standin.on("GET /repos/o/r", Answer(200, REPO_JSON))
-    client = GitHubClient(app_settings(github_standin.url, rsa_key, tmp_path, github_installation_id=99))
+    client = GitHubClient(app_settings(github_standin.url, rsa_key, installation_id=99))
 
     client.repo()
     assert github_standin.requests("GET /repos/o/r/installation") == []
 
 
-def test_an_app_not_installed_on_the_repository_says_so(github_standin, rsa_key, tmp_path):
+def test_an_app_not_installed_on_the_repository_says_so(github_standin, rsa_key):
     github_standin.on("GET /repos/o/r/installation", Answer(404, {"message": "Not Found"}))
-    client = GitHubClient(app_settings(github_standin.url, rsa_key, tmp_path))
+    client = GitHubClient(app_settings(github_standin.url, rsa_key))
 
     with pytest.raises(ConfigError, match="not installed on o/r"):
         client.repo()
 
 
-def test_bot_login_is_the_apps_slug_with_bot_for_an_app(github_standin, rsa_key, tmp_path):
+def test_bot_login_is_the_apps_slug_with_bot_for_an_app(github_standin, rsa_key):
     github_standin.on("GET /app", Answer(200, {"id": 42, "slug": "autoresearch", "name": "autoresearch"}))
-    client = GitHubClient(app_settings(github_standin.url, rsa_key, tmp_path))
+    client = GitHubClient(app_settings(github_standin.url, rsa_key))
 
     assert client.bot_login == "autoresearch[bot]"
     assert client.bot_login == "autoresearch[bot]"
@@ -416,4 +413,4 @@ def test_a_token_never_shows_in_errors_or_logs(github_standin, caplog):
         client.repo()
     assert raised.value.status == 401
     assert "ghp_secret_token_value" not in str(raised.value) + caplog.text + str(client.health())
-    assert "ghp_secret_token_value" not in repr(client.settings) + str(client.settings.describe())
+    assert "ghp_secret_token_value" not in repr(client.settings)

@@ -69,14 +69,14 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
                        collaborators={"alice": "write"}) as standin:
         settings = load_service_settings(repository=REPO, github_token="tok-bot", github_api_url=standin.api_url,
                                          poll=True, state_dir=tmp_path / "state")
-        client = GitHubClient(settings, sleep=lambda s: None)  # the retry backoff does not really wait
+        client = GitHubClient(settings.github(), sleep=lambda s: None)  # the retry backoff does not really wait
         number = open_experiment_pull(client)
         store = Store(tmp_path / "state" / "state.db")
         store.set_setting(handlers.BOT_LOGIN, BOT)
         # the same handler, asking the stand-in who may steer, as bot.app.serve wires it
         github = handlers.GitHubEvents(REPO, CollaboratorPermissions.for_repository(client.repo()), loop=inbox.router)
         wakes: list[int] = []
-        poller = Poller(client, store, wake=lambda: wakes.append(1))
+        poller = Poller(client, store, interval_s=settings.poll_interval_s, wake=lambda: wakes.append(1))
         assert poller.poll_once() == 0  # the first poll: the pull request is open, nothing happened yet
         yield World(standin, client, store, poller, wakes, number, Router(inbox.router, github.router()))
         client.close()
@@ -226,7 +226,8 @@ def test_a_502_fails_one_poll_and_the_next_catches_up(world: World) -> None:
 def test_comments_from_before_polling_began_are_not_replayed(world: World, tmp_path: Path) -> None:
     world.standin.comment(world.number, "alice", "/pause")
     fresh = Store(tmp_path / "fresh.db")  # a bot that starts polling now, with the comment already there
-    poller = Poller(world.client, fresh, now=lambda: datetime.now(timezone.utc) + timedelta(seconds=2))
+    poller = Poller(world.client, fresh, interval_s=world.poller.interval_s,
+                    now=lambda: datetime.now(timezone.utc) + timedelta(seconds=2))
 
     assert poller.poll_once() == 0
     assert fresh.inbox() == []
