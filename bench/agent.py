@@ -129,8 +129,7 @@ def idle_figures(experiments: int, run_s: float, turn_s: float, lookahead: int |
         runner = TimedRunner(run_s)
         client = anthropic.Anthropic(api_key=api.api_key, base_url=api.base_url, max_retries=0, timeout=30)
         loop = Conductor(Store(Path(tmp) / "state.db"), forge, runner, ClaudeAgent(ClaudeConfig(), client=client),
-                         ConductorConfig(profile="smoke", identity=dict(IDENTITY), lookahead=lookahead),
-                         results_tsv=Path(tmp) / "results.tsv")
+                         ConductorConfig(profile="smoke", identity=dict(IDENTITY), lookahead=lookahead))
         Driver(loop, timer_s=5.0).run()
     spans = sorted(runner.busy)[2:]  # after main's two baseline runs: the experiments' runs
     first, last = spans[0][0], spans[-1][1]

@@ -277,7 +277,10 @@ class StandInProcess:
 
 # --- the service, watched ---------------------------------------------------------------------------
 
-PHASES = ("read_main", "collect", "_advance_all", "schedule_baseline", "propose", "dispatch")
+# the tick's phases, as reported -> (the conductor's part, its method)
+PHASES = {"read_main": ("baseline", "read"), "collect": ("runs", "collect"),
+          "_advance_all": ("lifecycle", "advance_all"), "schedule_baseline": ("baseline", "schedule"),
+          "propose": ("proposals", "propose"), "dispatch": ("runs", "dispatch")}
 
 
 def bench_service(opts: Options):
@@ -285,7 +288,7 @@ def bench_service(opts: Options):
     of every tick in the conductor thread."""
     from bot.app.serve import Service
     from bot.github.client import WritePacer
-    from bot.github.publisher import PROGRESS_EVERY_S
+    from bot.github.publisher import PROGRESS_EVERY_S, GitHubPublisher
 
     class ScaledPacer(WritePacer):
         """GitHub's write windows (80 a minute, 500 an hour) on the scaled clock; counts its waits."""
@@ -312,7 +315,8 @@ def bench_service(opts: Options):
             self.ticks, self.cpu = [], []
             self.pacer = ScaledPacer()
             self.client._pacer = self.pacer  # the only way in: Service builds its client itself
-            conductor.publisher.progress_every_s = PROGRESS_EVERY_S / opts.scale  # the product's cadence, scaled
+            github = next(p for p in conductor.publishers if isinstance(p, GitHubPublisher))
+            github.progress_every_s = PROGRESS_EVERY_S / opts.scale  # the product's cadence, scaled
             tick = conductor.tick
 
             def timed_tick() -> None:
@@ -334,9 +338,10 @@ def bench_service(opts: Options):
                             self.ticks[-1]["phases"].append((name, started, time.monotonic()))
                 return run
 
-            for name in PHASES:
-                setattr(conductor, name, timed(name, getattr(conductor, name)))
-            conductor.publisher.publish = timed("publish", conductor.publisher.publish)
+            for name, (part, method) in PHASES.items():
+                setattr(getattr(conductor, part), method, timed(name, getattr(getattr(conductor, part), method)))
+            for publisher in conductor.publishers:
+                publisher.publish = timed("publish", publisher.publish)
             conductor.tick = timed_tick
             return conductor
 

@@ -109,8 +109,7 @@ def tick_cost(snap: Path, ticks: int = 30) -> dict[str, Any]:
         n = store.count_experiments()
         loop = Conductor(store, LocalForge(snap / "repo"), FakeRunner(slots=2, auto=False), ScriptedAgent([]),
                          ConductorConfig(profile=store.identity().get("profile", "smoke"), identity=store.identity(),
-                                         max_experiments=max(1, n), lookahead=0),
-                         results_tsv=snap / "results.tsv")
+                                         max_experiments=max(1, n), lookahead=0))
         loop.start()
         for _ in range(10):  # settle: runs of the killed bot are found lost and queued again on the fake
             loop.tick()

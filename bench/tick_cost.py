@@ -110,8 +110,7 @@ def measure(n: int, ticks: int) -> dict[str, float | int]:
     runner = FakeRunner(auto=False)  # the run in flight never ends during the measurement
     agent = ScriptedAgent([])
     loop = Conductor(store, LocalForge(work / "repo"), runner, agent,
-                     ConductorConfig(profile="smoke", identity=dict(IDENTITY), max_experiments=n + 1, lookahead=0),
-                     results_tsv=work / "results.tsv")
+                     ConductorConfig(profile="smoke", identity=dict(IDENTITY), max_experiments=n + 1, lookahead=0))
     # one more experiment, proposed and in flight: the idle state between two results
     asset = with_effect(MAIN, -0.01, "in flight")
     agent.proposals.append(Proposal("in flight", "a change in flight", asset))

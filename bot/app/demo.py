@@ -35,6 +35,7 @@ from bot.loop.conductor import Conductor, ConductorConfig, Summary
 from bot.loop.driver import Driver
 from bot.runners.local import LocalRunner
 from bot.store import Store
+from bot.views import results
 from bot.views.read_model import conductor_live, view_of
 from bot.views.terminal import render_live_progress
 from runner.identity import measurement_identity
@@ -114,7 +115,7 @@ def build_conductor(options: DemoOptions, console: Console | None = None) -> tup
     config = ConductorConfig(profile=options.profile, identity=identity, max_experiments=options.experiments,
                              agent_budget_usd=options.budget_usd if options.budget_usd is not None else budget)
     conductor = Conductor(store, forge, runner, agent, config,
-                          results_tsv=workdir / "results.tsv")
+                          publishers=[results.ResultsFile(store, workdir / "results.tsv")])
     return conductor, store, runner
 
 
@@ -171,7 +172,7 @@ def _run_locked(options: DemoOptions, console: Console) -> Summary:
             dashboard.stop()
         runner.shutdown()
         store.close()
-    console.print(render_summary(summary, time.time() - started))
+    console.print(render_summary(summary, time.time() - started, options.workdir / "results.tsv"))
     return summary
 
 
@@ -208,7 +209,7 @@ class EventPrinter:
                                highlight=False, soft_wrap=True)
 
 
-def render_summary(summary: Summary, wall_s: float) -> Table:
+def render_summary(summary: Summary, wall_s: float, results_tsv: Path) -> Table:
     table = Table(title="autoresearch: summary", show_header=False)
     table.add_column("what", style="bold")
     table.add_column("value")
@@ -219,7 +220,7 @@ def render_summary(summary: Summary, wall_s: float) -> Table:
     table.add_row("main's val_bpb now (its own runs)", _fmt(summary.best_val_bpb))
     table.add_row("stopped because", summary.stop_reason or "-")
     table.add_row("wall time", f"{wall_s:.0f}s")
-    table.add_row("results.tsv", str(summary.results_tsv))
+    table.add_row("results.tsv", str(results_tsv))
     return table
 
 

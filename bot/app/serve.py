@@ -53,6 +53,7 @@ from bot.loop import inbox
 from bot.loop.conductor import Conductor, ConductorConfig
 from bot.loop.driver import Driver
 from bot.store import Store
+from bot.views.results import ResultsFile
 
 log = logging.getLogger(__name__)
 DETAIL_CHARS = 500  # a reason shown by /healthz is cut here; the log has all of it
@@ -357,7 +358,8 @@ class Service:
                                     main_branch=settings.main_branch, pace_write=self.client.pace_write)
         config = ConductorConfig(profile=settings.profile, identity=parts.identity, agent_budget_usd=parts.budget_usd)
         self.conductor = Conductor(store, forge, parts.runner, parts.agent, config,
-                                   results_tsv=settings.state_dir / "results.tsv", publisher=publisher, router=router)
+                                   publishers=[ResultsFile(store, settings.state_dir / "results.tsv"), publisher],
+                                   router=router)
         log.info("connected to %s as %s (%s)", repo.full_name, login, "App" if self.client.uses_app else "token")
         return self.conductor
 

@@ -1,4 +1,4 @@
-"""The agent's own thread: the conductor asks for a proposal and collects the answer on a later
+"""The agent's own thread: bot.loop.proposals asks for a proposal and collects the answer on a later
 tick, so a slow model never holds up collecting results or dispatching runs.
 
 One question at a time, each on a fresh daemon thread. Whatever the agent does (returns a

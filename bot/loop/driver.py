@@ -15,7 +15,6 @@ import time
 from collections.abc import Callable
 
 from bot.loop.conductor import Conductor, ConductorError, Summary
-from bot.views import results
 
 
 class Driver:
@@ -62,7 +61,6 @@ class Driver:
             if conductor.finished() and not forever:
                 break
             self._wait(seen_inbox)
-        results.export_tsv(conductor.store, conductor.results_tsv)
         if conductor.blocked and not forever:
             raise ConductorError(conductor.blocked)
         return conductor.summary()

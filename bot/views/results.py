@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bot.core.protocols import Publisher, Snapshot
 from bot.store import Store
 from bot.views.read_model import RunRow, View, view_of
 from runner import files
@@ -75,3 +76,26 @@ def _mean_metric(runs: Sequence[RunRow], key: str) -> float | None:
 def _memory_gb(runs: Sequence[RunRow]) -> float:
     peaks = [r.metrics.get("peak_vram_mb", 0.0) or 0.0 for r in runs if r.status == "ok"]
     return max(peaks, default=0.0) / 1024
+
+
+class ResultsFile(Publisher):
+    """results.tsv at `path`, rewritten (by export_tsv) at the end of every tick that changed what it
+    shows: an experiment finished or was reopened, or a run finished. `store` must be the conductor's
+    own: a tick that wrote nothing to it costs nothing here, one that did costs two counts, and the
+    table is built again only when they moved."""
+
+    def __init__(self, store: Store, path: Path) -> None:
+        self.store = store
+        self.path = path
+        self._changes = -1  # the store connection's count of rows written when the file was last looked at
+        self._shown: tuple[dict[str, int], int] | None = None  # (finished experiments by status, finished runs)
+
+    def publish(self, snapshot: Snapshot) -> None:
+        changes = self.store.db.total_changes
+        if changes == self._changes:
+            return
+        shown = (self.store.counts_by_status(), self.store.count_runs("done"))
+        if shown != self._shown:
+            export_tsv(self.store, self.path)
+            self._shown = shown
+        self._changes = changes

@@ -26,6 +26,7 @@ from bot.loop.conductor import Conductor, ConductorConfig
 from bot.loop.driver import Driver
 from bot.loop.inbox import submit
 from bot.store import Store
+from bot.views.results import ResultsFile
 
 ROOT = Path(__file__).resolve().parents[3]
 TESTS = Path(__file__).resolve().parents[2]
@@ -50,9 +51,10 @@ def make_workdir(work: Path, train_py: str, program_md: str) -> LocalForge:
 
 
 def conductor(work: Path, agent, *, experiments: int = 0) -> Conductor:
-    return Conductor(Store(work / "state.db"), LocalForge(work / "repo"), FakeRunner(), agent,
+    store = Store(work / "state.db")
+    return Conductor(store, LocalForge(work / "repo"), FakeRunner(), agent,
                      ConductorConfig(profile="smoke", identity=IDENTITY, max_experiments=experiments),
-                     results_tsv=work / "results.tsv")
+                     publishers=[ResultsFile(store, work / "results.tsv")])
 
 
 def main_history(forge: LocalForge) -> list[git.Commit]:
@@ -111,7 +113,7 @@ def test_the_loop_end_to_end_with_the_real_explorer(tmp_path: Path) -> None:
     kept = [e for e in experiments if e.status == "keep"]
     assert len(history) == 1 + len(kept)
     assert [c.hexsha for c in reversed(history[:-1])] == [e.merged_sha for e in kept]
-    for commit, exp in zip(reversed(history[:-1]), kept):
+    for commit, exp in zip(reversed(history[:-1]), kept, strict=True):
         assert f"autoresearch-experiment: {exp.id}" in commit.message
 
     # every main commit that changed train.py has a measured val_bpb
@@ -144,12 +146,14 @@ from bot.loop.conductor import Conductor, ConductorConfig
 from bot.loop.driver import Driver
 from bot.forge.local import LocalForge
 from bot.store import Store
+from bot.views.results import ResultsFile
 
 work = Path(sys.argv[1])
-loop = Conductor(Store(work / "state.db"), LocalForge(work / "repo"), FileRunner(work / "runs", seconds=0.2),
+store = Store(work / "state.db")
+loop = Conductor(store, LocalForge(work / "repo"), FileRunner(work / "runs", seconds=0.2),
                  ScriptedAgent.from_jsonl(work / "proposals.jsonl"),
                  ConductorConfig(profile="smoke", identity=IDENTITY, max_experiments=2),
-                 results_tsv=work / "results.tsv")
+                 publishers=[ResultsFile(store, work / "results.tsv")])
 summary = Driver(loop, timer_s=0.05).run()
 print(json.dumps({"experiments": summary.experiments, "kept": summary.kept, "crashed": summary.crashed}))
 """

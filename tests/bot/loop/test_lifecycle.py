@@ -15,9 +15,10 @@ from bot.agent.scripted import ScriptedAgent
 from bot.core.protocols import ForgeError
 from bot.core.records import Proposal, RunResult, RunStatus, code_hash
 from bot.forge.local import LocalForge, init_research_repo
-from bot.loop.conductor import MAX_LOST_RUNS, Conductor, ConductorConfig
+from bot.loop.conductor import Conductor, ConductorConfig
 from bot.loop.inbox import submit
 from bot.loop.measurement import WrongProfile
+from bot.loop.runs import MAX_LOST_RUNS
 from bot.store import Store
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -55,8 +56,8 @@ def make(tmp_path: Path, agent, *, runner: FakeRunner | None = None, forge: Loca
                                                            "program.md": program(**(settings or FAST))})
     return Conductor(Store(tmp_path / "state.db"), forge, runner or FakeRunner(), agent,
                      ConductorConfig(profile="smoke", identity=dict(identity or IDENTITY),
-                                     max_experiments=experiments, retry_base_s=0.0, **config),
-                     results_tsv=tmp_path / "results.tsv", clock=clock or time.time)
+                                     max_experiments=experiments, **{"retry_base_s": 0.0, **config}),
+                     clock=clock or time.time)
 
 
 def tick_until(conductor: Conductor, done, *, ticks: int = 400) -> None:
@@ -292,8 +293,7 @@ def test_a_crashing_main_blocks_with_a_clear_message(tmp_path: Path) -> None:
 def test_an_agent_exception_is_retried_with_backoff_and_never_ends_the_loop(tmp_path: Path) -> None:
     clock = Clock()
     agent = FailingAgent([proposal(-0.1, "finally")], failures=2, error=RuntimeError("the API is down"))
-    loop = make(tmp_path, agent, experiments=1, clock=clock)
-    loop.config.retry_base_s = 10.0
+    loop = make(tmp_path, agent, experiments=1, clock=clock, retry_base_s=10.0)
     tick_until(loop, lambda: agent.calls == 1 and loop.store.experiments(state="proposing")[0].failures == 1)
     exp = loop.store.experiments(state="proposing")[0]
     assert exp.retry_at == pytest.approx(clock.now + 10.0)
@@ -379,7 +379,7 @@ def test_a_result_under_another_harness_never_counts(tmp_path: Path) -> None:
     run_to_end(loop)
     assert "cannot be measured" in loop.blocked
     assert [r.state for r in loop.store.runs()][:3] == ["refused"] * 3
-    assert loop.main_values(code_hash(MAIN)) == []
+    assert loop.baseline.main_values(code_hash(MAIN)) == []
 
 
 def test_a_result_that_measured_another_train_py_is_refused(tmp_path: Path) -> None:
@@ -498,7 +498,7 @@ def test_a_changed_harness_starts_a_new_baseline_and_says_so(tmp_path: Path) -> 
     run_to_end(second)
     changes = [e["message"] for e in second.store.events() if e["kind"] == "identity"]
     assert "harness_hash harness-1 -> harness-2" in changes[-1]
-    assert len(second.main_values(code_hash(MAIN))) == 2  # measured afresh under the new harness
+    assert len(second.baseline.main_values(code_hash(MAIN))) == 2  # measured afresh under the new harness
     assert len([r for r in second.store.runs() if r.purpose == "baseline"]) == 4
 
 
@@ -538,7 +538,7 @@ def test_on_a_cpu_clock_a_run_with_another_thread_count_is_refused(tmp_path: Pat
                 runner=FakeRunner(outcome=lambda job: result_for(job, threads=1 if job.run_id == 1 else 2)))
     run_to_end(loop)
     assert loop.store.run(1).state == "refused" and "1 CPU threads" in loop.store.run(1).note
-    assert len(loop.main_values(code_hash(MAIN))) == 2
+    assert len(loop.baseline.main_values(code_hash(MAIN))) == 2
 
 
 # --- what a review found --------------------------------------------------------------------------------
@@ -570,8 +570,7 @@ def test_an_agent_that_returns_no_proposal_is_retried_with_backoff(tmp_path: Pat
 
     clock = Clock()
     agent = Confused()
-    loop = make(tmp_path, agent, experiments=1, clock=clock)
-    loop.config.retry_base_s = 30.0
+    loop = make(tmp_path, agent, experiments=1, clock=clock, retry_base_s=30.0)
     tick_until(loop, lambda: loop.store.experiments(state="proposing")
                and loop.store.experiments(state="proposing")[0].failures == 1)
     for _ in range(20):
@@ -621,7 +620,7 @@ def test_main_crashing_once_is_bad_luck_twice_in_a_row_blocks(tmp_path: Path) ->
 
     loop = make(tmp_path, ScriptedAgent([]), runner=FakeRunner(outcome=first_crashes))
     run_to_end(loop)
-    assert not loop.blocked and len(loop.main_values(code_hash(MAIN))) == 2
+    assert not loop.blocked and len(loop.baseline.main_values(code_hash(MAIN))) == 2
 
 
 def test_a_blocked_main_ends_the_loop_and_spends_no_runs(tmp_path: Path) -> None:
@@ -780,13 +779,14 @@ class Priced:
 
 
 def test_every_answer_is_charged_and_the_budget_stops_proposing(tmp_path: Path) -> None:
-    answers = [RuntimeError("skipped: the model refused"), proposal(+0.1, "a"), proposal(+0.2, "b"), proposal(+0.3, "c")]
+    answers = [RuntimeError("skipped: the model refused"), proposal(+0.1, "a"), proposal(+0.2, "b"),
+               proposal(+0.3, "c")]
     loop = make(tmp_path, Priced(answers, usd=0.40), experiments=5, agent_budget_usd=1.0)
     run_to_end(loop)
     exps = loop.store.experiments()
     assert [e.title for e in exps] == ["a", "b"]
     assert exps[0].meta["cost_usd"] == pytest.approx(0.80)  # the skipped answer is charged to it
-    assert loop.spent_usd() == pytest.approx(1.20)
+    assert loop.proposals.spent_usd() == pytest.approx(1.20)
     assert "budget of $1.00 is spent ($1.20 so far)" in loop.stop_reason
 
 
@@ -820,13 +820,13 @@ def test_a_freed_slot_starts_the_next_experiment_run_before_the_rest_of_the_tick
     tick_until(loop, lambda: loop.store.run(first.id).state == "running")
     assert loop.store.run(second.id).state == "queued"  # one slot
     started_when_advancing: list[str] = []
-    advance = loop._advance_all
+    advance = loop.lifecycle.advance_all
 
-    def spy(main) -> None:
+    def spy(main) -> bool:
         started_when_advancing.append(loop.store.run(second.id).state)
-        advance(main)
+        return advance(main)
 
-    loop._advance_all = spy
+    loop.lifecycle.advance_all = spy
     runner.finish(first.id)
     loop.tick()
     assert started_when_advancing == ["running"]

@@ -32,8 +32,7 @@ def conductor(tmp_path: Path, api: AnthropicStandIn, runner: FakeRunner, lookahe
     client = anthropic.Anthropic(api_key=api.api_key, base_url=api.base_url, max_retries=0, timeout=10)
     agent = ClaudeAgent(ClaudeConfig(), client=client)
     return Conductor(Store(tmp_path / "state.db"), forge, runner, agent,
-                     ConductorConfig(profile="smoke", identity=dict(IDENTITY), lookahead=lookahead),
-                     results_tsv=tmp_path / "results.tsv")
+                     ConductorConfig(profile="smoke", identity=dict(IDENTITY), lookahead=lookahead))
 
 
 def tick_until(loop: Conductor, done, timeout: float = 30.0) -> None:
@@ -60,8 +59,13 @@ def busy_after_each_finish(tmp_path: Path, lookahead: int | None, finishes: int)
     with AnthropicStandIn([slow_model] * 40) as api:
         loop = conductor(tmp_path, api, runner, lookahead)
         loop.start()
-        tick_until(loop, lambda: [runner.finish(r.id) for r in running(loop, "baseline")] != None
-                   and len([r for r in loop.store.runs(state="done") if r.purpose == "baseline"]) >= 2)
+
+        def main_measured() -> bool:
+            for run in running(loop, "baseline"):
+                runner.finish(run.id)
+            return len([r for r in loop.store.runs(state="done") if r.purpose == "baseline"]) >= 2
+
+        tick_until(loop, main_measured)
         busy = []
         for _ in range(finishes):
             tick_until(loop, lambda: len(running(loop, "candidate")) == 2

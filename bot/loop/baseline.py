@@ -1,0 +1,173 @@
+"""Main as the loop sees it: read once per tick, measured by its own baseline runs, blocked when it
+cannot be measured.
+
+`read()` asks the forge for main's sha and, for a sha not seen last time, reads its train.py and
+program.md (the agent's instructions and the loop's settings; an invalid front matter keeps the
+last valid settings). What it read stays as `main`, so the live display and the snapshot show it
+without reading git again.
+
+Main's val_bpb is the mean of main's own baseline runs (the rules are bot.loop.measurement's): the
+first main is measured `first_baseline_runs` times, every later main (after a keep)
+`baseline_runs` times afresh; a kept experiment's runs were selected for coming out low, so they
+feed the noise but never main's value. `schedule()` queues the runs main still needs. A train.py on
+main that crashes MAX_BASELINE_CRASHES times in a row, or whose runs cannot be measured at all,
+blocks the loop until a human commits a new one. Once a kept experiment's new main has its fresh
+baseline, the experiment gets its re-measured delta (the unselected one to quote).
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+from dataclasses import dataclass
+
+from bot.core.protocols import Forge
+from bot.core.records import code_hash
+from bot.core.states import RunState, State, Status
+from bot.loop import measurement
+from bot.loop.judge import Noise, main_runs_wanted
+from bot.loop.program import LoopSettings, SettingsError, parse_program
+from bot.store import Store
+
+log = logging.getLogger(__name__)
+
+ASSET = "train.py"
+PROGRAM = "program.md"
+MAX_BASELINE_CRASHES = 2  # crashes of main's own train.py before the loop asks for a human
+
+
+@dataclass(frozen=True)
+class Main:
+    """Main as read once per tick."""
+
+    sha: str
+    train_py: str
+    code: str  # code_hash(train_py)
+    instructions: str  # program.md without its front matter
+    settings: LoopSettings
+
+
+class Baseline:
+    def __init__(self, store: Store, forge: Forge, *, identity: dict[str, str], profile: str) -> None:
+        self.store = store
+        self.forge = forge
+        self.identity = identity  # the pinned measurement identity: only runs under it count
+        self.profile = profile
+        self.main: Main | None = None  # main as last read: read() reads its files again only for a new sha
+        self.blocked = ""  # why main cannot be measured ('' while it can): a human must fix main
+        self._blocked_code = ""  # main's train.py when it was blocked: a new train.py on main lifts the block
+        # commit sha -> code_hash of its train.py: every tick compares experiments' bases with main,
+        # and a commit never changes
+        self._code_at: dict[str, str] = {}
+        # the values that count, read again only after a run finished, so an idle tick reads no history
+        self._values: list[tuple[str, int | None, str, float]] | None = None
+
+    # --- main ------------------------------------------------------------------------------------
+    def read(self) -> Main:
+        """Main now: its sha from the forge, its files only when the sha is new."""
+        sha = self.forge.main_sha()
+        if self.main is None or self.main.sha != sha:
+            text = self.forge.read_file(sha, ASSET)
+            try:
+                program_md = self.forge.read_file(sha, PROGRAM)
+            except FileNotFoundError:
+                program_md = ""
+            instructions, settings = self._program(sha, program_md)
+            self.main = Main(sha, text, code_hash(text), instructions, settings)
+            self._code_at[sha] = self.main.code
+        return self.main
+
+    def _program(self, sha: str, text: str) -> tuple[str, LoopSettings]:
+        """program.md's instructions and settings; an invalid front matter keeps the last valid
+        settings (stored, so a restart keeps them too) and records the error once per commit."""
+        try:
+            program = parse_program(text)
+        except SettingsError as error:
+            kept = self.store.get_setting("program.settings")
+            settings = LoopSettings.model_validate_json(kept) if kept else LoopSettings()
+            which = "the last valid settings stay" if kept else "the default settings are"
+            self.store.event(None, "settings_error", f"program.md on main {sha[:7]} is invalid, so {which} in "
+                             f"force until it is fixed: {error}")
+            log.error("program.md on main %s: %s", sha[:7], error)
+            return text, settings
+        self.store.set_setting("program.settings", program.settings.model_dump_json())
+        return program.instructions, program.settings
+
+    def code_at(self, sha: str) -> str:
+        """The code_hash of train.py at commit `sha`."""
+        if sha not in self._code_at:
+            self._code_at[sha] = code_hash(self.forge.read_file(sha, ASSET))
+        return self._code_at[sha]
+
+    # --- what the runs measured ------------------------------------------------------------------
+    def values(self) -> list[tuple[str, int | None, str, float]]:
+        """(code, experiment, purpose, val_bpb) of every run that counts, in run order: those
+        measurement.counted would pick, selected by the store's query."""
+        if self._values is None:
+            ident = self.identity
+            self._values = self.store.measured_values(
+                profile=ident["profile"], harness_hash=ident["harness_hash"],
+                data_fingerprint=ident["data_fingerprint"], threads=measurement.pinned_threads(ident))
+        return self._values
+
+    def run_finished(self) -> None:
+        """A run's result was recorded: the values are read again when next asked for."""
+        self._values = None
+
+    def main_values(self, code: str) -> list[float]:
+        """Main's val_bpb values for the train.py `code`: its own baseline runs only."""
+        return measurement.main_values(self.values(), code)
+
+    def noise(self) -> Noise | None:
+        return measurement.noise(self.values())
+
+    # --- main's own runs -------------------------------------------------------------------------
+    def schedule(self, main: Main) -> None:
+        """Queue the baseline runs main still needs, or block the loop when main keeps crashing."""
+        if self.blocked:
+            if self._blocked_code == main.code:
+                return  # main needs a human; a new train.py on main clears it
+            self.blocked = ""
+        runs = [r for r in self.store.runs(code_hash=main.code) if r.purpose == "baseline"]
+        crashed = []  # main's crashes since its last good run: one may be bad luck (an OOM, a NaN)
+        for run in (r for r in runs if r.state == RunState.DONE):
+            crashed = crashed + [run] if run.status == "crash" else []
+        if len(crashed) >= MAX_BASELINE_CRASHES:
+            self.block(main, f"train.py on main ({main.sha[:7]}) crashed in {len(crashed)} baseline runs in a row, "
+                       "so nothing can be judged against it. Commit a fixed train.py to main in the research "
+                       "repository (a new main gets a new baseline), then run the same command again. The last "
+                       f"run said:\n{crashed[-1].error}")
+            return
+        pending = [r for r in runs if r.state in (RunState.QUEUED, RunState.RUNNING)]
+        wanted = main_runs_wanted(measurement.is_first_main(self.values(), main.code),
+                                  main.settings.first_baseline_runs, main.settings.baseline_runs)
+        for _ in range(max(0, wanted - len(self.main_values(main.code)) - len(pending))):
+            self.queue_run(main, f"measure main {main.sha[:7]}")
+
+    def queue_run(self, main: Main, reason: str) -> None:
+        """Queue one more run of main's own train.py."""
+        self.store.add_run(experiment_id=None, purpose="baseline", code_hash=main.code, commit_sha=main.sha,
+                           base_sha=main.sha, asset=main.train_py, profile=self.profile, reason=reason)
+
+    def block(self, main: Main, message: str) -> None:
+        """Nothing can be judged until a human fixes main: say so once."""
+        self._blocked_code = main.code
+        if self.blocked != message:
+            self.blocked = message
+            self.store.event(None, "blocked", message)
+            log.error("%s", message)
+
+    def note_remeasured_delta(self, code: str, main: Main) -> None:
+        """Once a kept experiment's new main (train.py `code`) has its fresh baseline, record the
+        unselected delta: that baseline against the old main's."""
+        values = self.main_values(code)
+        if len(values) < main.settings.baseline_runs:
+            return
+        for exp in self.store.experiments(state=State.DONE):
+            if exp.status == Status.KEEP and exp.code_hash == code and exp.remeasured_delta is None:
+                old = self.main_values(exp.meta.get("main_code", ""))
+                if old:
+                    delta = statistics.fmean(values) - statistics.fmean(old)
+                    self.store.update_experiment(exp.id, remeasured_delta=delta,
+                                                 event=f"re-measured: the new main's fresh baseline is {delta:+.6f} "
+                                                       f"against the old main's ({len(values)} run(s))")

@@ -1,0 +1,251 @@
+"""The experiment lifecycle: each experiment moved from its proposal to its end, one state at a time.
+
+The states and the moves between them are bot.core.states'; each move is written to the store
+before its side effect, and every side effect is safe to repeat, so a conductor killed anywhere
+resumes where it stopped. First what people asked for (a Request: cancel, discard, reopen, rerun,
+keep anyway), then every active experiment as far as it goes without waiting:
+
+    proposed   push its branch (one commit on main)
+    branched   queue its candidate run
+    measuring  wait for its runs, then the judge (bot.loop.judge) decides from the numbers alone:
+               keep, discard, crash, one confirmation run more, or a re-measure on a newer main
+    rebasing   re-graft its change onto the new main and queue a re-measure (or follow a main whose
+               train.py did not change: its runs still count)
+    merging    squash-merge into main, compare-and-swap on the main it was measured against
+    closing    mark its branch closed with its verdict; done
+
+A step that fails is retried with backoff; after `step_retries` failures the experiment ends as
+`failed` and the loop goes on. `advance()` says when a merge moved main, so the tick reads it again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from bot.core.protocols import Forge, MainMoved, MergeConflict
+from bot.core.records import code_hash
+from bot.core.states import Request, RunState, State, Status
+from bot.loop import measurement
+from bot.loop.baseline import ASSET, Baseline, Main
+from bot.loop.judge import decide, judge_config
+from bot.loop.runs import Runs
+from bot.store import Experiment, Run, Store
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """The wait after the n-th failure in a row: base * 2**(n-1) seconds, at most `max_s`."""
+
+    base_s: float
+    max_s: float
+
+    def after(self, failures: int) -> float:
+        return min(self.max_s, self.base_s * 2 ** (failures - 1))
+
+
+class Lifecycle:
+    def __init__(self, store: Store, forge: Forge, baseline: Baseline, runs: Runs, *, identity: dict[str, str],
+                 profile: str, step_retries: int, backoff: Backoff, clock: Callable[[], float]) -> None:
+        self.store = store
+        self.forge = forge
+        self.baseline = baseline
+        self.runs = runs
+        self.identity = identity
+        self.profile = profile
+        self.step_retries = step_retries
+        self.backoff = backoff
+        self.clock = clock
+
+    def advance_all(self, main: Main) -> bool:
+        """Act on what people asked for, then advance every active experiment; True when a merge
+        moved main (the rest of the tick must read it again)."""
+        for exp in self.store.requested():
+            self._act_on_request(exp, main)
+        merged = False
+        for exp in self.store.experiments(active=True):
+            if exp.state != State.PROPOSING:
+                merged = self.advance(exp, main) or merged
+        return merged
+
+    # --- what people asked for (bot.core.states.Request), acted on before the lifecycle moves ---------
+    def _act_on_request(self, exp: Experiment, main: Main) -> None:
+        request, who = Request(exp.request), exp.request_by or "someone"
+        done = exp.state == State.DONE
+        if request in (Request.CANCEL, Request.DISCARD) and not done and exp.state not in (State.CLOSING,):
+            status = Status.CANCELLED if request == Request.CANCEL else Status.DISCARD
+            why = f"its pull request was closed by {who}" if request == Request.CANCEL else f"discarded by {who}"
+            self.runs.cancel(exp, why)
+            self.store.update_experiment(exp.id, state=State.CLOSING, status=status, reason=why, request=None,
+                                         event=why)
+            return
+        if request in (Request.REOPEN, Request.RERUN, Request.KEEP) and done and exp.status != Status.KEEP:
+            meta = dict(exp.meta, keep_anyway=who) if request == Request.KEEP else exp.meta
+            self.store.update_experiment(exp.id, state=State.BRANCHED, status=None, reason=None, val_bpb=None,
+                                         delta=None, margin=None, failures=0, retry_at=None, request=None,
+                                         meta=meta, event=f"{request} by {who}: measured again")
+            return
+        if request == Request.RERUN and exp.state == State.MEASURING:
+            self.runs.queue(exp, "confirm", f"/rerun by {who}")
+        if request == Request.KEEP and not done:
+            self.store.update_experiment(exp.id, meta=dict(exp.meta, keep_anyway=who))
+        self.store.update_experiment(exp.id, request=None, event=f"{request} by {who}: "
+                                     f"{'done' if not done else 'nothing to do, it is ' + str(exp.status)}")
+
+    # --- the moves -------------------------------------------------------------------------------
+    def advance(self, exp: Experiment, main: Main) -> bool:
+        """Do the next step of one experiment and the steps after it that need no waiting; True when
+        one of them merged it into main. A failing step stays with its experiment (retried with
+        backoff, then failed): it never stops the loop."""
+        if exp.retry_at and exp.retry_at > self.clock():
+            return False
+        merged = False
+        try:
+            while exp.state != State.DONE:
+                after = getattr(self, f"_step_{exp.state}")(exp, main)
+                if after is None:
+                    break
+                merged = merged or (after.merged_sha is not None and exp.merged_sha is None)
+                exp = after
+        except Exception as error:  # noqa: BLE001 - one experiment's failure must not stop the loop
+            self._step_failed(self.store.experiment(exp.id), f"{type(error).__name__}: {error}")
+        return merged
+
+    def _step_failed(self, exp: Experiment, what: str) -> None:
+        failures = exp.failures + 1
+        if failures >= self.step_retries and exp.merged_sha:  # main holds it: it stays kept
+            self.store.update_experiment(exp.id, state=State.DONE, failures=failures,
+                                         reason=f"{exp.reason} (closing its branch failed: {what})",
+                                         event=f"keep: merged, but closing its branch failed {failures} times "
+                                               f"({what})")
+            return
+        if failures >= self.step_retries:
+            self.runs.cancel(exp, "its experiment failed")
+            self.store.update_experiment(exp.id, state=State.DONE, status=Status.FAILED, failures=failures,
+                                         reason=f"its {exp.state} step failed {failures} times; last: {what}",
+                                         event=f"failed: the {exp.state} step failed {failures} times ({what})")
+            log.error("experiment %s failed at %s: %s", exp.id, exp.state, what)
+            return
+        wait = self.backoff.after(failures)
+        self.store.update_experiment(exp.id, failures=failures, retry_at=self.clock() + wait,
+                                     event=f"the {exp.state} step failed ({what}); retrying in {wait:.0f}s")
+        log.warning("experiment %s: %s step failed (%s); retrying in %.0fs", exp.id, exp.state, what, wait)
+
+    def _step_proposed(self, exp: Experiment, main: Main) -> Experiment:
+        head = self.forge.create_branch(exp.branch, exp.base_sha, {ASSET: exp.train_py},
+                                        f"{exp.title}\n\n{exp.hypothesis}\n\nautoresearch-experiment: {exp.id}")
+        return self.store.update_experiment(exp.id, state=State.BRANCHED, head_sha=head,
+                                            event=f"pushed {exp.branch} at {head[:7]}")
+
+    def _step_branched(self, exp: Experiment, main: Main) -> Experiment:
+        self.store.add_run(experiment_id=exp.id, purpose="candidate", code_hash=exp.code_hash,
+                           commit_sha=exp.head_sha or "", base_sha=exp.base_sha, asset=exp.train_py,
+                           profile=self.profile, experiment_fields={"state": State.MEASURING})
+        return self.store.experiment(exp.id)
+
+    def _step_measuring(self, exp: Experiment, main: Main) -> Experiment | None:
+        runs = [r for r in self.store.runs(experiment_id=exp.id) if r.code_hash == exp.code_hash]
+        waiting = [r for r in runs if r.state in (RunState.QUEUED, RunState.RUNNING)]
+        if exp.base_sha != main.sha:
+            if self.baseline.code_at(exp.base_sha) == main.code:  # main moved, its train.py did not (program.md)
+                return self._follow_main(exp, main.sha)
+            if any(r.state == RunState.RUNNING for r in waiting):
+                return None  # let it finish: the judge sends it to a re-measure
+            self.runs.cancel(exp, f"main moved to {main.sha[:7]} before it ran")
+            waiting = []
+        if waiting:
+            return None
+        counted = [r for r in runs if r.state == RunState.DONE]
+        crash = next((r for r in counted if r.status == "crash"), None)
+        candidate = [value.val_bpb for value in measurement.counted(counted, self.identity)]
+        if not candidate and crash is None and exp.base_sha == main.sha:
+            self.runs.queue(exp, "candidate", "no run under the pinned harness and data")
+            return None
+        decision = decide(candidate=candidate, crash=(crash.error or "crashed") if crash else None,
+                          main=self.baseline.main_values(main.code), noise=self.baseline.noise(),
+                          measured_on=exp.base_sha, current_main=main.sha, config=judge_config(main.settings))
+        if decision.action == "wait":
+            return None
+        who = exp.meta.get("keep_anyway")
+        if who and decision.action in ("confirm", "discard") and decision.val_bpb is not None:
+            decision = replace(decision, action="keep", reason=f"kept by {who} over the judge, who said: "
+                                                               f"{decision.reason}")
+        if decision.action == "confirm":
+            self.runs.queue(exp, "confirm", decision.reason)
+            for _ in range(decision.extra_main_runs):
+                self.baseline.queue_run(main, f"beside the confirmation of experiment {exp.id}")
+            return None
+        if decision.action == "remeasure":
+            return self.store.update_experiment(exp.id, state=State.REBASING, event=decision.reason)
+        numbers = dict(val_bpb=decision.val_bpb, delta=decision.delta, margin=decision.margin, reason=decision.reason)
+        if decision.action == "keep":
+            meta = dict(exp.meta, main_code=main.code, runs=len(candidate),
+                        main_val_bpb=measurement.main_value(self.baseline.values(), main.code))
+            return self.store.update_experiment(exp.id, state=State.MERGING, meta=meta, event=decision.reason,
+                                                **numbers)
+        status = Status.CRASH if decision.action == "crash" else Status.DISCARD
+        error_tail = _error_tail(crash) if crash else None
+        return self.store.update_experiment(exp.id, state=State.CLOSING, status=status, error_tail=error_tail,
+                                            event=decision.reason, **numbers)
+
+    def _follow_main(self, exp: Experiment, main_sha: str) -> Experiment:
+        """Move the branch onto a main whose train.py is the one it was measured against: its runs
+        still count, since the judge compares train.py, not the commit around it."""
+        head = self.forge.rebase_branch(exp.branch, main_sha, ASSET)
+        return self.store.update_experiment(exp.id, base_sha=main_sha, head_sha=head,
+                                            event=f"followed main to {main_sha[:7]} (train.py unchanged)")
+
+    def _step_rebasing(self, exp: Experiment, main: Main) -> Experiment:
+        if self.baseline.code_at(exp.base_sha) == main.code:
+            return self.store.update_experiment(self._follow_main(exp, main.sha).id, state=State.MEASURING)
+        try:
+            head = self.forge.rebase_branch(exp.branch, main.sha, ASSET)
+        except MergeConflict as error:
+            return self.store.update_experiment(
+                exp.id, state=State.CLOSING, status=Status.DISCARD, val_bpb=None, delta=None,
+                reason=f"its change to train.py conflicts with main {main.sha[:7]}: {error}", event="conflict")
+        text = self.forge.read_file(head, ASSET)
+        if code_hash(text) == main.code:
+            return self.store.update_experiment(exp.id, state=State.CLOSING, status=Status.DISCARD, val_bpb=None,
+                                                delta=None, reason="main already holds this change",
+                                                event="already in main")
+        self.store.add_run(experiment_id=exp.id, purpose="remeasure", code_hash=code_hash(text), commit_sha=head,
+                           base_sha=main.sha, asset=text, profile=self.profile,
+                           reason=f"rebased onto main {main.sha[:7]}",
+                           experiment_fields={"state": State.MEASURING, "base_sha": main.sha, "head_sha": head,
+                                              "train_py": text, "code_hash": code_hash(text)})
+        return self.store.experiment(exp.id)
+
+    def _step_merging(self, exp: Experiment, main: Main) -> Experiment | None:
+        runs = exp.meta.get("runs", 1)
+        message = (f"{exp.title} (val_bpb {exp.val_bpb:.6f}, {exp.delta:+.6f} vs main)\n\n{exp.hypothesis}\n\n"
+                   f"{exp.reason}\n\nval_bpb is the mean of its {runs} run{'s' if runs != 1 else ''}; the new main "
+                   f"is measured afresh, and that re-measured delta is the one to quote.\n\n"
+                   f"autoresearch-experiment: {exp.id}\nautoresearch-val-bpb: {exp.val_bpb:.6f}")
+        try:
+            merged = self.forge.merge(exp.branch, exp.base_sha, message)
+        except MainMoved as error:
+            # Someone moved main since the tick read it: only where it went matters here (its sha and
+            # its train.py); the rest of the tick goes on with the main it read, the next reads the new one.
+            moved_to = self.forge.main_sha()
+            if moved_to != exp.base_sha and self.baseline.code_at(exp.base_sha) == self.baseline.code_at(moved_to):
+                self._follow_main(exp, moved_to)  # only program.md or the like moved: no re-measure
+                return None
+            self.store.update_experiment(exp.id, state=State.REBASING, event=f"main moved before the merge: {error}")
+            return None
+        return self.store.update_experiment(exp.id, state=State.CLOSING, status=Status.KEEP, merged_sha=merged,
+                                            event=f"merged into main as {merged[:7]}")
+
+    def _step_closing(self, exp: Experiment, main: Main) -> Experiment:
+        self.forge.close(exp.branch, exp.status or Status.DISCARD)
+        exp = self.store.update_experiment(exp.id, state=State.DONE, event=f"{exp.status}: {exp.reason}")
+        log.info("experiment %s %s: %s", exp.id, exp.status, exp.reason)
+        return exp
+
+
+def _error_tail(run: Run, lines: int = 20) -> str:
+    text = (run.error or "").strip() or (run.log_tail or "").strip()
+    return "\n".join(text.splitlines()[-lines:])

@@ -1,0 +1,170 @@
+"""Runs: queued runs started on free slots, running ones asked about, and what comes back recorded.
+
+`dispatch()` starts queued runs while slots are free: main's baselines first, then re-measures,
+confirmations, candidates. `collect()` asks the runner about every running run (lookup(), never a
+wait) and records what finished, once its result passed measurement.refusal (it answers this job,
+this code, under the pinned identity) and measurement.disturbance (a CPU run slowed by a busy
+machine runs once more). A lost run runs again; so does a refused result. A code whose runs keep
+getting lost or refused is given up on: its experiment fails, or, for main's own train.py, the
+loop is blocked until a human fixes it. A run killed from outside is lost, but lost MAX_KILLED_RUNS
+times in a row it is charged as the crash it may be.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from bot.core.protocols import Runner
+from bot.core.records import Job, RunResult
+from bot.core.states import RunState, State, Status
+from bot.loop import measurement
+from bot.loop.baseline import Baseline, Main
+from bot.store import Experiment, Run, Store
+
+log = logging.getLogger(__name__)
+
+RUN_PRIORITY = {"baseline": 0, "remeasure": 1, "confirm": 2, "candidate": 3}
+MAX_REFUSED_RESULTS = 3  # results of one code refused (wrong identity) before giving up on it
+MAX_LOST_RUNS = 5  # runs of one code lost in a row (a machine gone, an answer refused) before giving up on it
+# A run whose training process was killed from outside is lost and runs again; lost this many times in a
+# row, it is charged as the crash it may be: a train.py can kill itself to look killed from outside.
+MAX_KILLED_RUNS = 2
+
+
+class Runs:
+    def __init__(self, store: Store, runner: Runner, baseline: Baseline, *, identity: dict[str, str], profile: str,
+                 disturbed_share: float, report: Callable[[str, Exception], None]) -> None:
+        self.store = store
+        self.runner = runner
+        self.baseline = baseline
+        self.identity = identity
+        self.profile = profile
+        self.disturbed_share = disturbed_share
+        self.report = report  # records a failure that holds up nothing else (the tick's error log)
+        self.progress: dict[int, dict[str, Any]] = {}  # run id -> its latest progress line (only the runner knows)
+
+    def dispatch(self, main: Main, on_main_only: bool = False) -> None:
+        """Start queued runs on free slots: baselines first, then re-measures, confirmations, candidates.
+        `on_main_only`: only experiment runs measured on main (early in a tick, before advancing)."""
+        free = self.runner.slots - self.store.count_runs(RunState.RUNNING)
+        if free <= 0 or self.baseline.blocked:  # nothing can be judged until main is fixed: spend no runs
+            return
+        queued = sorted(self.store.runs(state=RunState.QUEUED), key=lambda r: (RUN_PRIORITY[r.purpose], r.id))
+        if on_main_only:
+            queued = [r for r in queued if r.experiment_id is not None and r.base_sha == main.sha]
+        for run in queued[:free]:
+            try:
+                handle = self.runner.submit(_job(run))  # idempotent by run id: safe before the write
+            except Exception as error:  # noqa: BLE001 - one run the runner refuses must not hold up the rest
+                self.report(f"starting run {run.id}", error)
+                continue
+            self.store.mark_run_started(run.id, handle)
+            log.info("run %s (%s) started", run.id, run.purpose)
+
+    def collect(self, main: Main) -> None:
+        """Ask the runner about every running run; record what finished, re-run what was lost."""
+        for run in self.store.runs(state=RunState.RUNNING):
+            try:
+                status = self.runner.lookup(run.id)
+            except Exception as error:  # noqa: BLE001 - one run the runner cannot answer for holds up no other
+                self.report(f"asking about run {run.id}", error)
+                continue
+            if status.state in ("queued", "running"):
+                self.progress[run.id] = status.progress or self.progress.get(run.id, {})
+                continue
+            self.progress.pop(run.id, None)
+            if status.state == "unknown":  # written as started, never submitted: submit it now
+                self.store.mark_run_started(run.id, self.runner.submit(_job(run)))
+            elif status.state == "lost":
+                self._lost(run, status.detail or "the runner lost it", main, charge=status.result)
+            else:
+                assert status.result is not None
+                self._record(run, status.result, main)
+
+    def _lost(self, run: Run, why: str, main: Main, *, charge: RunResult | None = None) -> None:
+        """Run it again, unless this code's runs keep getting lost: a remote runner that refuses or
+        drops every result (another harness deployed, a profile it lacks) must not loop forever.
+        `charge`: the crash to record instead once MAX_KILLED_RUNS in a row were lost, for a run
+        killed from outside (see MAX_KILLED_RUNS)."""
+        streak = 0  # this code's runs lost since its last measured one
+        for earlier in sorted(self.store.runs(code_hash=run.code_hash), key=lambda r: r.id):
+            streak = 0 if earlier.state == RunState.DONE else streak + (earlier.state == RunState.LOST)
+        if charge is not None and streak + 1 >= MAX_KILLED_RUNS:
+            log.warning("run %s lost again (%s): charged as a crash of its train.py", run.id, why)
+            self._record(run, replace(charge, error=f"{why}; lost {streak + 1} times in a row, so "
+                                                     "charged as a crash of its train.py"), main)
+            return
+        again = streak + 1 < MAX_LOST_RUNS
+        self.store.set_aside_run(run.id, RunState.LOST, why, rerun=again)
+        log.warning("run %s lost: %s", run.id, why)
+        if not again:
+            self._give_up_on(run, f"{MAX_LOST_RUNS} runs of it were lost; the last: {why}", main)
+
+    def _record(self, run: Run, result: RunResult, main: Main) -> None:
+        kept = dict(status=result.status, val_bpb=result.val_bpb, metrics=result.metrics, log_tail=result.log_tail)
+        problem = measurement.refusal(run, result, self.identity)
+        if problem is not None:
+            refused = [r for r in self.store.runs(code_hash=run.code_hash) if r.state == RunState.REFUSED]
+            again = len(refused) + 1 < MAX_REFUSED_RESULTS
+            self.store.set_aside_run(run.id, RunState.REFUSED, f"result refused: {problem}", rerun=again, result=kept)
+            log.error("run %s: result refused: %s", run.id, problem)
+            if not again:
+                self._give_up_on(run, f"{MAX_REFUSED_RESULTS} results for it were refused; the last: {problem}", main)
+            return
+        disturbed = measurement.disturbance(run, result, self.store.latest_ok_runs("baseline", 6), self.disturbed_share)
+        if disturbed is not None:
+            self.store.set_aside_run(run.id, RunState.DISTURBED, disturbed, result=kept)
+            log.warning("run %s: %s; running it again", run.id, disturbed)
+            return
+        run = self.store.finish_run(run.id, status=result.status, val_bpb=result.val_bpb, metrics=result.metrics,
+                                    error=result.error, log_tail=result.log_tail)
+        log.info("run %s finished: %s %s", run.id, run.status,
+                 f"val_bpb {run.val_bpb:.6f}" if run.val_bpb is not None else (run.error or ""))
+        self.baseline.run_finished()
+        if run.experiment_id is None:
+            self.baseline.note_remeasured_delta(run.code_hash, main)
+
+    def _give_up_on(self, run: Run, why: str, main: Main) -> None:
+        if run.experiment_id is None:
+            self.baseline.block(main, f"main's runs cannot be measured: {why}. The runner must run the harness and "
+                                "data this conductor pinned when it started: update or re-prepare the runner, or "
+                                "restart the conductor to pin what the runner has.")
+            return
+        exp = self.store.experiment(run.experiment_id)
+        if exp.state != State.DONE:
+            self.cancel(exp, "its experiment failed")
+            self.store.update_experiment(exp.id, state=State.DONE, status=Status.FAILED, reason=why,
+                                         event=f"failed: {why}")
+
+    # --- an experiment's runs --------------------------------------------------------------------
+    def queue(self, exp: Experiment, purpose: str, reason: str) -> None:
+        """Queue one more run of the experiment as it stands (its state stays measuring)."""
+        self.store.add_run(experiment_id=exp.id, purpose=purpose, code_hash=exp.code_hash,
+                           commit_sha=exp.head_sha or "", base_sha=exp.base_sha, asset=exp.train_py,
+                           profile=self.profile, reason=reason)
+
+    def cancel(self, exp: Experiment, why: str) -> None:
+        """Stop the experiment's running runs and set aside its queued ones, none run again."""
+        for run in self.store.runs(experiment_id=exp.id):
+            if run.state in (RunState.QUEUED, RunState.RUNNING):
+                if run.state == RunState.RUNNING:
+                    self.runner.cancel(run.id)
+                self.store.set_aside_run(run.id, RunState.CANCELLED, why, rerun=False)
+
+    def in_flight(self) -> list[dict[str, Any]]:
+        """The runs now running, with their latest progress, for a live display."""
+        rows = []
+        for run in self.store.runs(state=RunState.RUNNING):
+            exp = self.store.experiment(run.experiment_id) if run.experiment_id else None
+            rows.append({"run": run.id, "purpose": run.purpose, "experiment": exp.id if exp else None,
+                         "title": exp.title if exp else "baseline of main",
+                         "progress": self.progress.get(run.id) or {}})
+        return rows
+
+
+def _job(run: Run) -> Job:
+    return Job(run_id=run.id, asset=run.asset, profile=run.profile, seed=run.seed, commit=run.commit_sha,
+               experiment_id=run.experiment_id)
