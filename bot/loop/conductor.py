@@ -221,10 +221,6 @@ class Conductor:
         self.proposals.worker.on_answer(callback)
         self.runner.on_change(callback)
 
-    def in_flight(self) -> list[dict[str, Any]]:
-        """The runs now running, with their latest progress, for a live display."""
-        return self.runs.in_flight()
-
     def summary(self) -> Summary:
         """Counts and main's numbers as the last tick read main: no git, cheap enough for a live display."""
         counts = self.store.counts_by_status()

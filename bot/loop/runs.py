@@ -154,16 +154,6 @@ class Runs:
                     self.runner.cancel(run.id)
                 self.store.set_aside_run(run.id, RunState.CANCELLED, why, rerun=False)
 
-    def in_flight(self) -> list[dict[str, Any]]:
-        """The runs now running, with their latest progress, for a live display."""
-        rows = []
-        for run in self.store.runs(state=RunState.RUNNING):
-            exp = self.store.experiment(run.experiment_id) if run.experiment_id else None
-            rows.append({"run": run.id, "purpose": run.purpose, "experiment": exp.id if exp else None,
-                         "title": exp.title if exp else "baseline of main",
-                         "progress": self.progress.get(run.id) or {}})
-        return rows
-
 
 def _job(run: Run) -> Job:
     return Job(run_id=run.id, asset=run.asset, profile=run.profile, seed=run.seed, commit=run.commit_sha,
