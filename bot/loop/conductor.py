@@ -222,13 +222,14 @@ class Conductor:
         self.runner.on_change(callback)
 
     def summary(self) -> Summary:
-        """Counts and main's numbers as the last tick read main: no git, cheap enough for a live display."""
+        """Counts and main's numbers, main as the last tick read it (no git): the baseline is the
+        one results.tsv and the dashboard show (measurement.baseline_value)."""
         counts = self.store.counts_by_status()
         values = self.baseline.values()
-        main, first = self.baseline.main, measurement.first_main(values)
+        kept = [e for e in self.store.experiments(state=State.DONE) if e.status == Status.KEEP]
+        main = self.baseline.main
         return Summary(experiments=sum(counts.values()), kept=counts.get(Status.KEEP, 0),
                        discarded=counts.get(Status.DISCARD, 0), crashed=counts.get(Status.CRASH, 0),
-                       failed=counts.get(Status.FAILED, 0),
-                       baseline_val_bpb=measurement.main_value(values, first) if first else None,
+                       failed=counts.get(Status.FAILED, 0), baseline_val_bpb=measurement.baseline_value(values, kept),
                        best_val_bpb=measurement.main_value(values, main.code) if main else None,
                        stop_reason=self.blocked or self.stop_reason)

@@ -165,6 +165,10 @@ def test_a_borderline_gain_gets_a_confirmation_and_one_more_run_of_main(tmp_path
     exp = loop.store.experiments()[0]
     # two runs (mean 1.9755) against main's four (mean 2.0), sigma from 4 degrees of freedom: kept
     assert exp.status == "keep" and exp.val_bpb == pytest.approx(1.9755)
+    # the loop's summary shows the baseline results.tsv shows: the one the keep was judged against
+    from bot.views.read_model import view_of
+
+    assert loop.summary().baseline_val_bpb == view_of(loop.store).baseline.val_bpb == exp.meta["main_val_bpb"]
 
 
 def test_a_change_to_program_md_alone_does_not_remeasure(tmp_path: Path) -> None:
