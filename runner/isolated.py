@@ -31,6 +31,10 @@ other train.py.
 What train.py says about itself (steps, tokens, memory, in scratch/claims.json) is kept as
 information; only the scorer's val_bpb and the supervisor's clocks decide anything.
 
+The supervisor's parts: runner.sandbox (the boxes), runner.limits (what a run may hold),
+runner.processes (the run's processes, and how they end), runner.run_log (DIR/log.txt) and
+runner.score_process (the scoring process's lifetime).
+
 Without a usable bubblewrap the run goes on unsandboxed, with a loud warning in the log and
 `sandboxed: false` in the result: train.py can then read what the user running it can read.
 """
@@ -50,24 +54,22 @@ import subprocess
 import sys
 import threading
 import time
-import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from runner import files, limits, proctree, sandbox
+from runner import files, limits, processes, proctree, run_log, sandbox
 from runner.data import DataMissing, cache_dir, load_dataset, verify_dataset
 from runner.handoff import MODEL_FILE
 from runner.proctree import TreeCPU
 from runner.profiles import Profile, get_profile, harness_hash
 from runner.protocol import Hashes, JobSpec, ResultSpec, RunnerIdentity, Timings
+from runner.score_process import ScoreProcess
 from runner.tokenizer import is_cached, tokenizer_dir
 
-LOG_LIMIT_BYTES = 4 << 20  # the log keeps its first 4 MiB; a run printing more loses the rest, not the disk
 MODEL_LIMIT_BYTES = 8 << 30  # the exported model handed to the scorer
 FILE_LIMIT_BYTES = limits.FILE_BYTES  # no single file written by a sandboxed process may be larger
 LIMITS_EVERY_S = 1.0  # how often the supervisor looks at the run's memory, tasks and scratch directory
-LOG_TAIL_LINES = 60
 CLAIMED_SCORE = b"val_bpb:"  # a line train.py prints this way is shown as its claim, not the score
 READY_LINE = b"[harness] ready"  # what the training process prints once it waits for its job (runner.execute)
 STANDBY_READY_S = 600.0  # how long a warm worker waits for its processes to say they are ready
@@ -100,16 +102,14 @@ class Supervisor:
         self.failure = ""  # why this run cannot happen, found while preparing it
         self.prepared_at: float | None = None
         self.trainer: subprocess.Popen[bytes] | None = None
-        self.scorer: subprocess.Popen[str] | None = None
+        self.scorer = ScoreProcess(self._spawn_scorer)
+        self.log = run_log.RunLog()
         self._data_views: tuple[list[Path], list[Path]] = ([], [])  # the data the trainer and the scorer see
-        self._trainer_ready, self._scorer_ready = threading.Event(), threading.Event()
-        self._scorer_errors: list[str] = []
+        self._trainer_ready = threading.Event()
         self._ready_cpu = 0.0
         self._warm = False  # the training process was ready (torch imported) when the job came
         self._inode = 0
         self._tree: TreeCPU | None = None
-        self._log = None
-        self._log_bytes = 0
         self._progress_at = 0
         self._job: JobSpec | None = None
         self._received = time.time()
@@ -117,11 +117,9 @@ class Supervisor:
         self._limit_hit = ""  # the limit the run crossed, in words, once the supervisor stopped it for that
         self._capped_at: float | None = None  # the clock's reading when the training process was stopped at its cap
         self._limits_due = 0.0
-        self._oom_kills = _oom_kills()
-        self._subreaper = False
+        self._oom_kills = processes.oom_kills()
         self._rlimits: list[tuple[int, int]] = []  # what _child_setup sets in each process it starts
         self._parent = os.getpid()
-        _SUPERVISORS.add(self)
 
     # --- before the job --------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -145,29 +143,27 @@ class Supervisor:
                             f"run `autoresearch prepare --profile {profile.name}` first")
             return
         if not self.sandboxed:
-            self._say(f"WARNING: running train.py WITHOUT a sandbox: {self.why_unsandboxed}. It can read every "
+            self.log.say(f"WARNING: running train.py WITHOUT a sandbox: {self.why_unsandboxed}. It can read every "
                       "file this user can and open network connections; the result is marked unsandboxed.")
         # Every process of the run stays below this one, whatever it forks or detaches (runner.proctree).
-        self._subreaper = proctree.become_subreaper()
+        proctree.become_subreaper()
         self._rlimits = limits.child_rlimits(self.limits, cuda=profile.device == "cuda")
         self._parent = os.getpid()
         manifest = dataset.root / "manifest.json"
         self._data_views = ([manifest, *dataset.paths("train"), tokens], [manifest, *dataset.paths("val"), tokens])
-        self.scorer = self._start_scorer(profile)
+        self.scorer.start()
         self.trainer = self._start_trainer(profile)
         self.prepared_at = time.time()
 
     def discard(self) -> None:
         """Stop whatever this supervisor started and still runs (a worker that was not needed, the
         end of a run), and every process those started, detached or not."""
-        for proc in (self.trainer, self.scorer):
+        for proc in (self.trainer, self.scorer.proc):
             if proc is not None and proc.poll() is None:
-                _kill_group(proc.pid)
+                processes.kill_group(proc.pid)
                 proc.wait()
-        _kill_leftovers(None)
-        if self._log is not None:
-            self._log.close()
-            self._log = None
+        processes.kill_leftovers(None)
+        self.log.close()
 
     # --- the run -----------------------------------------------------------------------------------
     def run(self, job: JobSpec, *, out: Path | None = None, received_at: float | None = None,
@@ -228,7 +224,7 @@ class Supervisor:
             return self._result("rejected", profile=profile, claims=claims, cpu=cpu, error=(
                 f"{MODEL_FILE} is not a regular file under {MODEL_LIMIT_BYTES >> 30} GiB (a link, a pipe, or too large)"))
         files.write_bytes(self.handoff / MODEL_FILE, graph)  # the scorer reads a copy no training process can reach
-        score = self._score(profile)
+        score, self.timings.evaluation = self.scorer.score(profile.score_limit_s)
         self.timings.probe = float(score.get("probe_seconds") or 0.0)
         if "rejected" in score:
             return self._result("rejected", profile=profile, claims=claims, cpu=cpu, error=str(score["rejected"]))
@@ -254,13 +250,14 @@ class Supervisor:
                               env=self._env(profile, home=self.scratch),
                               gpus=self._gpus(profile), cwd=self.scratch)
         argv = sandbox.wrap(cmd, box) if self.sandboxed else cmd
-        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                env=box.env, cwd=box.cwd, start_new_session=True, preexec_fn=self._child_setup)
+        proc = processes.started(subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=box.env, cwd=box.cwd,
+            start_new_session=True, preexec_fn=self._child_setup))
         # Only a CPU-clock budget needs the process tree's CPU time: walking /proc ten times a second
         # is not free on a busy GPU machine, whose budget is wall time. What it detaches comes to this
         # process (a subreaper): still its CPU time, as in _limit_crossed.
         orphans_of = os.getpid() if proctree.is_subreaper() else None
-        self._tree = (TreeCPU(proc.pid, orphans_of=orphans_of, spare=lambda: _managed() - {proc.pid})
+        self._tree = (TreeCPU(proc.pid, orphans_of=orphans_of, spare=lambda: processes.managed() - {proc.pid})
                       if profile.clock == "cpu" else None)
         self._trainer_ready.clear()
         self._pump = threading.Thread(target=self._pump_output, args=(proc,), daemon=True)
@@ -273,7 +270,7 @@ class Supervisor:
         cap the process is stopped and `_capped_at` set."""
         assert self._job is not None and self.trainer is not None
         if self.trainer.poll() is not None:  # a worker whose process died while it waited: start afresh
-            self._say(f"[supervisor] the waiting training process had ended (exit code {self.trainer.returncode}); "
+            self.log.say(f"[supervisor] the waiting training process had ended (exit code {self.trainer.returncode}); "
                       "starting a new one")
             self.trainer = self._start_trainer(profile)
         proc = self.trainer
@@ -304,18 +301,18 @@ class Supervisor:
                 pid, status, usage = os.wait4(proc.pid, 0)
                 break
             if self._past_cap(profile, go, ready_cpu):  # it trained past its budget, whatever its harness said
-                _kill_group(proc.pid)
+                processes.kill_group(proc.pid)
                 pid, status, usage = os.wait4(proc.pid, 0)
                 break
             if time.time() > deadline:
-                _kill_group(proc.pid)
+                processes.kill_group(proc.pid)
                 killed = True
                 pid, status, usage = os.wait4(proc.pid, 0)
                 break
             time.sleep(0.1)
         wall = time.time() - go
         proc.returncode = os.waitstatus_to_exitcode(status)
-        _kill_leftovers(proc.pid)  # unsandboxed: whatever it left behind; sandboxed: already gone
+        processes.kill_leftovers(proc.pid)  # unsandboxed: whatever it left behind; sandboxed: already gone
         self._pump.join(timeout=10)
         self._relay_progress()
         # The kernel's account of what was reaped, or what was seen running, whichever is more.
@@ -325,9 +322,11 @@ class Supervisor:
         self._ready_cpu = ready_cpu
         return proc.returncode, max(0.0, cpu - ready_cpu), wall, killed
 
-    def _start_scorer(self, profile: Profile) -> subprocess.Popen[str]:
+    def _spawn_scorer(self) -> subprocess.Popen[str]:
         """The scoring process, sandboxed, reading the handoff directory (empty until the model is
         copied there) and the validation split; it gets ready and waits for `go` on its stdin."""
+        profile = self.profile
+        assert profile is not None
         cmd = [sys.executable, "-m", "runner.score", "--model", MODEL_FILE, "--profile", profile.name,
                "--wait"]  # relative to its working directory, handoff: see _start_trainer
         if self.data:
@@ -335,63 +334,15 @@ class Supervisor:
         box = sandbox.Sandbox(read=[self.handoff, *self._data_views[1]], env=self._env(profile, home=self.handoff),
                               gpus=self._gpus(profile), cwd=self.handoff)
         argv = sandbox.wrap(cmd, box) if self.sandboxed else cmd
-        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True, env=box.env, cwd=self.handoff, start_new_session=True,
                                 preexec_fn=self._child_setup)
-        self._scorer_ready.clear()
-        self._scorer_errors = []
-        self._scorer_pump = threading.Thread(target=self._drain_scorer, args=(proc,), daemon=True)
-        self._scorer_pump.start()
-        return proc
-
-    def _drain_scorer(self, proc: subprocess.Popen[str]) -> None:
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            if line.startswith("[score] ready"):
-                self._scorer_ready.set()
-            else:
-                self._scorer_errors = (self._scorer_errors + [line.rstrip("\n")])[-20:]
-
-    def _score(self, profile: Profile) -> dict[str, Any]:
-        """Say `go` to the scorer and read its answer, within the profile's scoring limit."""
-        if self.scorer is None or self.scorer.poll() is not None:  # it died while it waited: start afresh
-            self.scorer = self._start_scorer(profile)
-        scorer = self.scorer
-        assert scorer.stdin is not None and scorer.stdout is not None
-        started = time.time()
-        answer_lines: list[str] = []
-        reader = threading.Thread(target=lambda: answer_lines.extend(scorer.stdout or ()), daemon=True)
-        reader.start()
-        try:
-            scorer.stdin.write("go\n")
-            scorer.stdin.close()
-        except BrokenPipeError:
-            pass  # it had already died: its exit code and errors say how
-        try:
-            scorer.wait(timeout=profile.score_limit_s)
-        except subprocess.TimeoutExpired:
-            _kill_group(scorer.pid)
-            scorer.wait()
-            return {"error": f"scoring took longer than {profile.score_limit_s:.0f} s and was stopped"}
-        finally:
-            self.timings.evaluation = time.time() - started
-        reader.join(timeout=10)
-        self._scorer_pump.join(timeout=10)
-        lines = "".join(answer_lines).strip().splitlines()
-        try:
-            answer = json.loads(lines[-1]) if lines else {}
-        except ValueError:
-            answer = {}
-        if not isinstance(answer, dict) or not answer:
-            tail = "\n".join(self._scorer_errors)
-            return {"error": f"the scoring process failed (exit code {scorer.returncode}): {tail}"}
-        return answer
 
     def wait_ready(self, timeout: float) -> bool:
         """True once both processes are ready for the job (torch imported, data loaded), within
         `timeout` seconds; False if one is not (it failed, or is slow: run() copes with both)."""
         deadline = time.time() + timeout
-        for ready in (self._trainer_ready, self._scorer_ready):
+        for ready in (self._trainer_ready, self.scorer.ready):
             if not ready.wait(max(0.0, deadline - time.time())):
                 return False
         return True
@@ -424,43 +375,19 @@ class Supervisor:
             proctree.die_with_parent(self._parent)
 
     def _over_limits(self, proc: subprocess.Popen[bytes]) -> bool:
-        """About once a second: has the run crossed a limit? If so it is stopped, with everything it
-        started, and `_limit_hit` says which limit, in words."""
+        """About once a second: has the run crossed a limit (runner.limits)? If so it is stopped, with
+        everything it started, and `_limit_hit` says which limit, in words."""
         now = time.monotonic()
         if now < self._limits_due:
             return False
         self._limits_due = now + LIMITS_EVERY_S
-        why = self._limit_crossed(proc.pid)
+        why = limits.crossed(self.limits, proc.pid, self.scratch, spare=processes.managed())
         if not why:
             return False
         self._limit_hit = why
-        self._say(f"[supervisor] {why}")
-        _kill_group(proc.pid)
+        self.log.say(f"[supervisor] {why}")
+        processes.kill_group(proc.pid)
         return True
-
-    def _limit_crossed(self, root: int) -> str:
-        procs = proctree.snapshot()
-        tops = {root}
-        if proctree.is_subreaper():  # what it detached came to this process: still the run's
-            tops |= {pid for pid, p in procs.items() if p.ppid == os.getpid()} - _managed()
-        held = proctree.usage(tops | proctree.descendants(tops, procs), procs)
-        memory, tasks, scratch = self.limits.memory, self.limits.tasks, self.limits.scratch
-        if held.memory > memory:
-            return (f"train.py used more than {limits.describe(memory)} of memory (the limit per run): its "
-                    f"{held.processes} process(es) held {limits.describe(held.memory)} when the supervisor stopped "
-                    "them. A run that needs more needs a smaller model or batch, or a larger share of the machine "
-                    f"({limits.ENV['memory']}, or fewer slots)")
-        if held.tasks > tasks:
-            return (f"train.py ran more than {tasks} processes and threads at once (the limit per run): "
-                    f"{held.tasks} when the supervisor stopped them")
-        size = limits.scratch_size(self.scratch)
-        if not size.complete:
-            return (f"train.py wrote more than {limits.SCRATCH_FILES} files and directories to its scratch "
-                    "directory (the limit per run)")
-        if size.bytes > scratch:
-            return (f"train.py wrote more than {limits.describe(scratch)} to its scratch directory (the limit per "
-                    f"run): {limits.describe(size.bytes)} when the supervisor stopped it")
-        return ""
 
     def _failure(self, code: int | None, claims: dict[str, Any]) -> tuple[str, str]:
         """Why the training process handed over no model, and whose failure that is: `crash` (its
@@ -471,16 +398,16 @@ class Supervisor:
         own = str(claims.get("error") or "")[-4000:]
         if self._limit_hit:
             return "crash", self._limit_hit + (f". Its own last words: {own}" if own else "")
-        signum = _signal_of(code)
+        signum = processes.signal_of(code)
         assert self.trainer is not None
-        if signum in OUTSIDE_SIGNALS and self.trainer.pid not in _KILLED:
+        if signum in processes.OUTSIDE_SIGNALS and not processes.killed_here(self.trainer.pid):
             name = signal.Signals(signum).name
             by = ("the kernel's OOM killer (this machine ran out of memory: it killed a process while the run "
-                  "went on)" if _oom_kills() > self._oom_kills else "something outside the run (an operator, "
+                  "went on)" if processes.oom_kills() > self._oom_kills else "something outside the run (an operator, "
                   "a shutdown, another process's memory)")
             return "lost", (f"the training process was killed by {name}, sent by {by}, not by its own code or "
                             "a limit of the run: the run is lost and runs again")
-        error = own or _exit_reason(code)
+        error = own or processes.exit_reason(code)
         if self.profile is not None and self.profile.device != "cuda" and OUT_OF_MEMORY.search(error):
             error = (f"train.py ran out of memory: a run may hold {limits.describe(self.limits.memory)} "
                      f"(the limit per run). {error}")
@@ -500,11 +427,7 @@ class Supervisor:
         (self.out / "asset").mkdir()  # train.py is written there when the job comes
         self.handoff.mkdir()
         self._inode = os.stat(self.out).st_ino
-        self._log = open(self.out / "log.txt", "wb")
-
-    def _say(self, line: str) -> None:
-        self._write_log((line + "\n").encode())
-        print(line, file=sys.stderr, flush=True)
+        self.log.open(self.out / "log.txt")
 
     def _pump_output(self, proc: subprocess.Popen[bytes]) -> None:
         assert proc.stdout is not None
@@ -514,20 +437,9 @@ class Supervisor:
                 continue
             if raw.startswith(CLAIMED_SCORE):  # only the supervisor's summary says val_bpb (see _result)
                 raw = b"(train.py printed) " + raw
-            self._write_log(raw)
+            self.log.write(raw)
             if self.on_line is not None:
                 self.on_line(raw.decode(errors="replace").rstrip("\n"))
-
-    def _write_log(self, data: bytes) -> None:
-        if self._log is None:
-            return
-        room = LOG_LIMIT_BYTES - self._log_bytes
-        if room > 0:
-            self._log.write(data[:room])
-            if len(data) > room:
-                self._log.write(f"\n[log cut at {LOG_LIMIT_BYTES} bytes: the rest of the output was dropped]\n".encode())
-            self._log.flush()
-        self._log_bytes += len(data)
 
     def _relay_progress(self) -> None:
         if self.on_progress is None:
@@ -567,7 +479,7 @@ class Supervisor:
         if used < profile.cap_s(self._clock_threads()):
             return False
         self._capped_at = used
-        self._say(f"[supervisor] the training process used {used:.1f} s on the {profile.clock} clock, its cap: stopped")
+        self.log.say(f"[supervisor] the training process used {used:.1f} s on the {profile.clock} clock, its cap: stopped")
         return True
 
     def _await_ready(self, proc: subprocess.Popen[bytes], profile: Profile) -> None:
@@ -605,27 +517,18 @@ class Supervisor:
         result = ResultSpec(
             run_id=job.run_id, experiment_id=job.experiment_id, status=status,  # type: ignore[arg-type]
             val_bpb=float(score["val_bpb"]) if score else None, error=error, metrics=metrics,
-            log_tail=self._log_tail(), timings=self.timings, hashes=self.hashes, runner=self.identity,
+            log_tail=run_log.tail(self.out / "log.txt"), timings=self.timings, hashes=self.hashes, runner=self.identity,
             sandboxed=self.sandboxed, profile=job.profile, seed=job.seed)
-        if self._log is not None:
+        if self.log.is_open:
             # the reference's summary block, with the scorer's number: `grep "^val_bpb:" log.txt`
-            self._log.write(("\n" + result.summary_block() + "\n").encode())
-            self._log.close()
-            self._log = None
-            result = result.model_copy(update={"log_tail": self._log_tail()})
+            self.log.close(summary=result.summary_block())
+            result = result.model_copy(update={"log_tail": run_log.tail(self.out / "log.txt")})
         for model in (self.scratch / MODEL_FILE, self.handoff / MODEL_FILE):  # scored: no use kept
             if not model.is_symlink():  # a link planted by train.py is left alone, not followed
                 model.unlink(missing_ok=True)
         self.out.mkdir(parents=True, exist_ok=True)
         files.write_text(self.out / "result.json", result.model_dump_json(indent=2))
         return result
-
-    def _log_tail(self) -> str:
-        try:
-            text = (self.out / "log.txt").read_bytes()[-65536:].decode(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-LOG_TAIL_LINES:])
 
 
 def read_regular(path: Path, limit: int, *, offset: int = 0) -> bytes | None:
@@ -653,78 +556,9 @@ def run_job(job: JobSpec, out: Path, **options: Any) -> ResultSpec:
     return supervisor.run(job, received_at=received)
 
 
-_SUPERVISORS: weakref.WeakSet[Supervisor] = weakref.WeakSet()  # of this process: whose processes are a run's
-_KILLED: set[int] = set()  # training and scoring processes this process killed itself (not killed from outside)
 _OWN_PROCESS = False  # main() runs here: this process serves its supervisor only, from its main thread
-OUTSIDE_SIGNALS = (signal.SIGKILL, signal.SIGTERM, signal.SIGHUP, signal.SIGINT)  # what an operator, a shutdown, the OOM killer send
 OUT_OF_MEMORY = re.compile(r"MemoryError|can't allocate memory|Cannot allocate memory|bad_alloc")
 OUT_OF_TASKS = re.compile(r"BlockingIOError|Resource temporarily unavailable|can't start new thread")
-
-
-def _managed() -> set[int]:
-    """The training and scoring processes this process's supervisors started and still wait for."""
-    return {proc.pid for supervisor in list(_SUPERVISORS) for proc in (supervisor.trainer, supervisor.scorer)
-            if proc is not None and proc.returncode is None}
-
-
-def _kill_group(pid: int) -> None:
-    """SIGKILL the process `pid` (a child not reaped yet), its process group, everything below it, and
-    the orphans this process adopted (runner.proctree): all a run's process started, however detached."""
-    _KILLED.add(pid)
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    proctree.kill_tree([pid], orphans_of=os.getpid() if proctree.is_subreaper() else None, spare=_managed() - {pid})
-
-
-def _kill_leftovers(pid: int | None) -> None:
-    """After a run's process ended and was reaped: what it left in its process group, and the
-    orphans this process adopted (another supervisor's processes in this process are spared)."""
-    if pid is not None:
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    if proctree.is_subreaper():
-        proctree.kill_tree([], orphans_of=os.getpid(), spare=_managed())
-
-
-def _terminate(signum: int, frame: object) -> None:
-    """SIGTERM (the run was cancelled, its runner shuts down): end every process of the run, then
-    this one, without a result (the runner records the run cancelled or lost)."""
-    for supervisor in list(_SUPERVISORS):
-        for proc in (supervisor.trainer, supervisor.scorer):
-            if proc is not None and proc.returncode is None:
-                _KILLED.add(proc.pid)
-                proctree.kill_tree([proc.pid])
-    _kill_leftovers(None)
-    os._exit(128 + signum)
-
-
-def _signal_of(code: int | None) -> int | None:
-    """The signal that ended a process with exit status `code` (Popen's), or None."""
-    if code is not None and code > 128 and code - 128 in signal.valid_signals():
-        return code - 128  # bubblewrap reports a command killed by signal N as exit code 128 + N
-    return -code if code is not None and code < 0 else None
-
-
-def _oom_kills() -> int:
-    """How many processes the kernel's OOM killer has killed on this machine since it started."""
-    try:
-        for line in Path("/proc/vmstat").read_text().splitlines():
-            if line.startswith("oom_kill "):
-                return int(line.split()[1])
-    except (OSError, ValueError):
-        pass
-    return 0
-
-
-def _exit_reason(code: int | None) -> str:
-    signum = _signal_of(code)
-    if signum is not None:
-        return f"the training process was killed by {signal.Signals(signum).name}"
-    return f"the training process exited with code {code} without handing over a model"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -747,7 +581,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give either --job or --standby")
     global _OWN_PROCESS
     _OWN_PROCESS = True  # its children die with it, and a SIGTERM ends the whole run
-    signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGTERM, processes.end_all_and_exit)
     args.out = args.out.resolve()  # the sandbox binds absolute paths
     echo = (lambda line: print(line, file=sys.stderr, flush=True)) if args.echo else None
     options: dict[str, Any] = {"backend": args.backend, "data": args.data, "threads": args.threads, "gpu": args.gpu,

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from runner import proctree
+from runner import proctree, run_log
 from runner.limits import RunLimits
 
 # The training child gets only what running Python and PyTorch needs (an allow-list: of the
@@ -37,7 +37,6 @@ ALLOWED_NAME = re.compile(
     r"PYTORCH_\w+|TRITON_\w+|OMP_\w+|MKL_\w+|OPENBLAS_\w+|KMP_\w+|HF_HOME|XDG_CACHE_HOME)$")
 SECRET_NAME = re.compile(r"(^|_)TOKEN($|_)|SECRET|PASSWORD|PASSWD|API_?KEY|PRIVATE_KEY|CREDENTIAL|"
                          r"^GITHUB_|^ANTHROPIC_|^MODAL_|^AWS_|^GH_", re.IGNORECASE)
-LOG_TAIL_LINES = 60
 STOP_GRACE_S = 10.0  # a supervisor told to stop (SIGTERM) has this long to end its run before it is killed
 
 
@@ -47,13 +46,6 @@ def training_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra or {})
     return env
-
-
-def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except FileNotFoundError:
-        return ""
 
 
 def command(asset: Path, profile: str, out: Path, *, seed: int = 0, data: str | None = None,
@@ -146,7 +138,7 @@ def collect(out: Path, returncode: int | None, *, timed_out: bool = False) -> di
     else:
         result = {"status": "crash", "error": f"the training process exited with code {returncode} "
                   "without a result"}
-    result["log_tail"] = log_tail(out / "log.txt")
+    result["log_tail"] = run_log.tail(out / "log.txt")
     return result
 
 

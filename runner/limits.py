@@ -37,6 +37,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from runner import proctree
+
 MEMORY_SHARE = 0.5  # of the machine's memory, for all slots' runs together: the rest is the bot's, warm workers', the cache's
 TASKS_BASE, TASKS_PER_CPU = 256, 16  # torch's threads, compile workers, a data loader's processes: 288 on 2 cores
 SCRATCH_BYTES = 20 << 30  # the exported model (at most 8 GiB), checkpoints, logs
@@ -152,3 +154,30 @@ def scratch_size(root: Path, max_entries: int = SCRATCH_FILES) -> ScratchSize:
         except OSError:
             continue
     return ScratchSize(total, entries, True)
+
+
+def crossed(limits: RunLimits, root: int, scratch: Path, *, spare: set[int]) -> str:
+    """Which limit the run whose training process is `root` crossed, in words ("" for none): the
+    memory and tasks of its whole tree (with what it detached, adopted by this process as a
+    subreaper, except `spare`: other runs' processes), and its scratch directory's size."""
+    procs = proctree.snapshot()
+    tops = {root}
+    if proctree.is_subreaper():  # what it detached came to this process: still the run's
+        tops |= {pid for pid, p in procs.items() if p.ppid == os.getpid()} - spare
+    held = proctree.usage(tops | proctree.descendants(tops, procs), procs)
+    if held.memory > limits.memory:
+        return (f"train.py used more than {describe(limits.memory)} of memory (the limit per run): its "
+                f"{held.processes} process(es) held {describe(held.memory)} when the supervisor stopped "
+                "them. A run that needs more needs a smaller model or batch, or a larger share of the machine "
+                f"({ENV['memory']}, or fewer slots)")
+    if held.tasks > limits.tasks:
+        return (f"train.py ran more than {limits.tasks} processes and threads at once (the limit per run): "
+                f"{held.tasks} when the supervisor stopped them")
+    size = scratch_size(scratch)
+    if not size.complete:
+        return (f"train.py wrote more than {SCRATCH_FILES} files and directories to its scratch "
+                "directory (the limit per run)")
+    if size.bytes > limits.scratch:
+        return (f"train.py wrote more than {describe(limits.scratch)} to its scratch directory (the limit per "
+                f"run): {describe(size.bytes)} when the supervisor stopped it")
+    return ""

@@ -43,7 +43,7 @@ from typing import Any
 
 from bot.core.records import Job, RunResult, RunStatus
 from bot.runners.specs import ResultRefused, checked_result, finished_status, job_spec
-from runner import files, launch, limits, sandbox
+from runner import files, launch, limits, run_log, sandbox
 from runner.profiles import get_profile, harness_hash
 from runner.progress import last_progress
 from runner.protocol import JobSpec, ResultSpec
@@ -288,7 +288,7 @@ def _lost_supervisor(out: Path, code: int | None, timed_out: bool) -> dict[str, 
         outcome = "lost"
     else:
         why = f"the run's supervisor exited with code {code} without writing a result"
-    return {"status": "crash", "outcome": outcome, "error": why, "log_tail": launch.log_tail(out / "supervisor.log")}
+    return {"status": "crash", "outcome": outcome, "error": why, "log_tail": run_log.tail(out / "supervisor.log")}
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:

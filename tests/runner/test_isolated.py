@@ -390,7 +390,7 @@ def test_an_endless_loop_is_killed_at_the_hard_limit(smoke_prepared, tmp_path: P
 
 
 def test_a_flood_of_output_is_capped(smoke_prepared, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("runner.isolated.LOG_LIMIT_BYTES", 100_000)
+    monkeypatch.setattr("runner.run_log.LOG_LIMIT_BYTES", 100_000)
     result = run(tmp_path, "import sys\nfor _ in range(20000):\n    sys.stdout.write('x' * 100 + '\\n')\nh.finish(model)\n")
     assert result.status == "ok"
     size = (tmp_path / "run" / "log.txt").stat().st_size

@@ -69,7 +69,7 @@ def wait_for_file(path: Path, proc: subprocess.Popen, timeout: float = READY_S) 
 def test_a_worker_prepared_before_its_job_runs_it_in_its_renamed_directory(smoke_prepared, tmp_path: Path,
                                                                           sandboxing: bool) -> None:
     worker = prepared(tmp_path)
-    pids = [worker.trainer.pid, worker.scorer.pid]
+    pids = [worker.trainer.pid, worker.scorer.proc.pid]
     run_dir = tmp_path / "runs-7"
     os.rename(tmp_path / "worker", run_dir)  # what the local runner does when the job comes
     result = worker.run(job(), out=run_dir)
@@ -118,7 +118,7 @@ def test_a_worker_whose_training_process_died_while_waiting_starts_a_new_one(smo
 
 def test_a_worker_refuses_a_job_of_another_profile(smoke_prepared, tmp_path: Path) -> None:
     worker = prepared(tmp_path)
-    pids = [worker.trainer.pid, worker.scorer.pid]
+    pids = [worker.trainer.pid, worker.scorer.proc.pid]
     result = worker.run(job(profile="cpu"))
     assert result.status == "crash" and "prepared for the smoke profile" in result.error
     assert not any(alive(pid) for pid in pids)
