@@ -1,8 +1,10 @@
-"""Atomic file writes: a reader sees the old file or the new one, never half of one."""
+"""Files of a run: atomic writes (a reader sees the old file or the new one, never half of one), and
+reads of what a sandboxed process left (`read_regular`: no link followed, no pipe or device read)."""
 
 from __future__ import annotations
 
 import os
+import stat
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -26,3 +28,20 @@ def write_bytes(path: Path, data: bytes) -> None:
 
 def write_text(path: Path, text: str) -> None:
     write_atomically(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def read_regular(path: Path, limit: int, *, offset: int = 0, from_end: bool = False) -> bytes | None:
+    """Up to `limit` bytes of a file a training process wrote (from `offset`, or its last `limit`
+    bytes with `from_end`), or None unless it is a regular file; read whole from the start, it must
+    also be within the limit. The process chose what lies at that path: a symbolic link to a secret
+    outside its sandbox is not followed, and a pipe or device that would block is not read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or (offset == 0 and not from_end and info.st_size > limit):
+            return None
+        handle.seek(max(0, info.st_size - limit) if from_end else offset)
+        return handle.read(limit)

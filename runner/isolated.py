@@ -49,7 +49,6 @@ import resource
 import shutil
 import signal
 import socket
-import stat
 import subprocess
 import sys
 import threading
@@ -219,7 +218,7 @@ class Supervisor:
         if code != 0 or claims.get("status") != "exported" or not os.path.lexists(model):
             status, error = self._failure(code, claims)  # its own crash, a limit it crossed, or a kill from outside
             return self._result(status, profile=profile, claims=claims, cpu=cpu, error=error)
-        graph = read_regular(model, MODEL_LIMIT_BYTES)
+        graph = files.read_regular(model, MODEL_LIMIT_BYTES)
         if graph is None:
             return self._result("rejected", profile=profile, claims=claims, cpu=cpu, error=(
                 f"{MODEL_FILE} is not a regular file under {MODEL_LIMIT_BYTES >> 30} GiB (a link, a pipe, or too large)"))
@@ -444,7 +443,7 @@ class Supervisor:
     def _relay_progress(self) -> None:
         if self.on_progress is None:
             return
-        chunk = read_regular(self.scratch / "progress.jsonl", 1 << 20, offset=self._progress_at)
+        chunk = files.read_regular(self.scratch / "progress.jsonl", 1 << 20, offset=self._progress_at)
         if chunk is None:
             return
         complete = chunk[:chunk.rfind(b"\n") + 1]
@@ -457,7 +456,7 @@ class Supervisor:
 
     def _read_claims(self) -> dict[str, Any]:
         try:
-            claims = json.loads(read_regular(self.scratch / "claims.json", 1 << 20) or b"{}")
+            claims = json.loads(files.read_regular(self.scratch / "claims.json", 1 << 20) or b"{}")
         except ValueError:
             return {}
         return claims if isinstance(claims, dict) else {}
@@ -529,22 +528,6 @@ class Supervisor:
         self.out.mkdir(parents=True, exist_ok=True)
         files.write_text(self.out / "result.json", result.model_dump_json(indent=2))
         return result
-
-
-def read_regular(path: Path, limit: int, *, offset: int = 0) -> bytes | None:
-    """Up to `limit` bytes of a file a training process wrote, or None unless it is a regular file
-    within the limit. The process chose what lies at that path: a symbolic link to a secret
-    outside its sandbox is not followed, and a pipe or device that would block is not read."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return None
-    with os.fdopen(fd, "rb") as handle:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or (offset == 0 and info.st_size > limit):
-            return None
-        handle.seek(offset)
-        return handle.read(limit)
 
 
 def run_job(job: JobSpec, out: Path, **options: Any) -> ResultSpec:

@@ -9,10 +9,10 @@ there is not followed, a pipe or device is not read, and only the end of the fil
 from __future__ import annotations
 
 import json
-import os
-import stat
 from pathlib import Path
 from typing import Any
+
+from runner import files
 
 PROGRESS_FILE = Path("scratch") / "progress.jsonl"
 TAIL_BYTES = 4096  # the end of the file read: a progress line is far shorter
@@ -21,16 +21,10 @@ TAIL_BYTES = 4096  # the end of the file read: a progress line is far shorter
 def last_progress(run_dir: Path | str) -> dict[str, Any] | None:
     """The latest whole progress line of the run in `run_dir` (the one before it while the last is
     still being written), or None: no file yet, not a regular file, no line that is a JSON object."""
-    try:
-        fd = os.open(Path(run_dir) / PROGRESS_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
+    tail = files.read_regular(Path(run_dir) / PROGRESS_FILE, TAIL_BYTES, from_end=True)
+    if tail is None:
         return None
-    with os.fdopen(fd, "rb") as handle:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            return None
-        handle.seek(max(0, info.st_size - TAIL_BYTES))
-        lines = handle.read(TAIL_BYTES).decode(errors="replace").splitlines()
+    lines = tail.decode(errors="replace").splitlines()
     for line in reversed(lines[-2:]):
         try:
             data = json.loads(line)
