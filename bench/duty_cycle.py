@@ -121,8 +121,17 @@ class SimRunner:
         self._lock = threading.Lock()
         self._notify: Callable[[], None] | None = None
 
+    def check_ready(self, identity: dict[str, str]) -> None:
+        pass
+
     def on_change(self, callback: Callable[[], None]) -> None:
         self._notify = callback
+
+    def notify(self) -> None:
+        pass  # nothing outside tells of simulated jobs
+
+    def close(self) -> None:
+        pass  # the timers are daemons: they end with the bench
 
     def submit(self, job: Any) -> str:
         with self._lock:

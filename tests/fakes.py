@@ -59,7 +59,8 @@ def result_for(job: Job, *, identity: dict[str, str] | None = None, crash: str |
 
 class FakeRunner:
     """The runner protocol in memory. `finish(run_id, ...)` ends a job; `auto` ends each one at its
-    first lookup. `submissions` counts submit() calls per run id (to check idempotency)."""
+    first lookup. `submissions` counts submit() calls per run id (to check idempotency); `notified`
+    counts notify() calls, `closed` says whether close() was called."""
 
     def __init__(self, slots: int = 1, *, auto: bool = True,
                  outcome: Callable[[Job], RunResult] | None = None) -> None:
@@ -71,10 +72,23 @@ class FakeRunner:
         self.cancelled: list[int] = []
         self.submissions: dict[int, int] = {}
         self.lost: set[int] = set()
+        self.notified = 0
+        self.closed = False
         self._notify: Callable[[], None] | None = None
+
+    def check_ready(self, identity: dict[str, str]) -> None:
+        pass
 
     def on_change(self, callback: Callable[[], None]) -> None:
         self._notify = callback
+
+    def notify(self) -> None:
+        self.notified += 1
+        if self._notify:
+            self._notify()
+
+    def close(self) -> None:
+        self.closed = True
 
     def submit(self, job: Job) -> str:
         self.submissions[job.run_id] = self.submissions.get(job.run_id, 0) + 1
@@ -114,8 +128,17 @@ class FileRunner:
         self.seconds = seconds
         root.mkdir(parents=True, exist_ok=True)
 
+    def check_ready(self, identity: dict[str, str]) -> None:
+        pass
+
     def on_change(self, callback: Callable[[], None]) -> None:
         pass  # the driver's timer finds finished jobs
+
+    def notify(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass  # the jobs are files: they survive the conductor
 
     def submit(self, job: Job) -> str:
         path = self.root / f"{job.run_id}.json"

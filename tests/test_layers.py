@@ -29,9 +29,7 @@ MAY_IMPORT: dict[str, set[str]] = {
 
 # imports that still run up the layers while the re-lay is under way (issue 17); each is removed as
 # it is fixed, and the list must end empty
-KNOWN_UPWARD: dict[str, set[str]] = {
-    "bot.runners.actions": {"bot.github.client"},
-}
+KNOWN_UPWARD: dict[str, set[str]] = {}
 
 
 def package_of(module: str) -> str:

@@ -170,7 +170,7 @@ def _run_locked(options: DemoOptions, console: Console) -> Summary:
     finally:
         if dashboard is not None:
             dashboard.stop()
-        runner.shutdown()
+        runner.close()
         store.close()
     console.print(render_summary(summary, time.time() - started, options.workdir / "results.tsv"))
     return summary

@@ -95,22 +95,22 @@ class Parts:
 
 
 def default_parts(settings: ServiceSettings, client: GitHubClient) -> Parts:
-    """The configured runner (local, Actions or Modal) and agent, with the identity to measure under."""
+    """The configured runner (local, Actions or Modal), checked ready to measure under the identity,
+    and the agent."""
     if settings.runner == "local":
         return local_parts(settings)
-    from bot.runners.modal import ModalRunner, modal_runner
+    from bot.runners.modal import modal_runner
     from runner.profiles import harness_hash
 
     if settings.runner == "actions":
         from bot.runners.actions import ActionsRunner, ActionsSettings
 
-        runner: Runner = ActionsRunner.from_client(client, settings.state_dir, ActionsSettings())
+        runner: Runner = ActionsRunner(client.repo, settings.state_dir, ActionsSettings(), pace_write=client.pace_write)
     else:
         runner = modal_runner(settings.state_dir)
     # The bot measures nothing itself: the harness is its own code, the data the runners' (a setting).
     identity = {"profile": settings.profile, "harness_hash": harness_hash(), "data_fingerprint": str(settings.data_fingerprint)}
-    if isinstance(runner, ModalRunner):
-        runner.check_deployment(identity)
+    runner.check_ready(identity)
     agent, budget = make_agent(settings.agent, script=settings.agent_script)
     return Parts(runner=runner, agent=agent, identity=identity, budget_usd=budget)
 
@@ -125,6 +125,7 @@ def local_parts(settings: ServiceSettings, client: GitHubClient | None = None) -
     runner = LocalRunner(settings.state_dir / "runs", slots=settings.slots, warm=settings.warm_workers)
     identity = measurement_identity(settings.profile, None, threads=runner.threads)
     agent, budget = make_agent(settings.agent, script=settings.agent_script)
+    runner.check_ready(identity)
     return Parts(runner=runner, agent=agent, identity=identity, budget_usd=budget)
 
 
@@ -159,10 +160,10 @@ class Service:
             self.driver.wake()
 
     def runs_changed(self) -> None:
-        """A workflow_run/workflow_job delivery: the Actions runner asks GitHub at once (and wakes the driver)."""
-        notify = getattr(self.conductor.runner, "notify", None) if self.conductor is not None else None
-        if notify is not None:
-            notify()
+        """A workflow_run/workflow_job delivery: the runner is told (the Actions runner asks GitHub at
+        once, and wakes the driver)."""
+        if self.conductor is not None:
+            self.conductor.runner.notify()
 
     @property
     def state(self) -> ConductorState:
@@ -293,10 +294,15 @@ class Service:
 
     def stop(self, timeout: float = 30.0) -> None:
         self._stop.set()
+        """Stop the conductor thread, then close its runner (not while a stuck tick may still use it)."""
         self.wake()
         if self._thread is not None:
             self._thread.join(timeout)
 
+            if self._thread.is_alive():
+                return
+        if self.conductor is not None:
+            self.conductor.runner.close()
     def _conduct(self) -> None:
         try:
             conductor = self._connect()

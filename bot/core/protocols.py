@@ -23,6 +23,11 @@ slots (from the store: runs in state running); a runner is asked, never waited o
   submitted here);
 - `cancel(run_id)` stops it; it reports nothing afterwards.
 
+Around those, what the app needs of every runner: `check_ready(identity)` once at the start (can
+runs happen here, measured under that identity?), `on_change(callback)` and `notify()` (a job may
+have changed: the runner tells the conductor's driver, or is told from outside, by a webhook), and
+`close()` when the bot stops.
+
 A result is checked by the conductor against its job (run id, asset sha256, profile, harness and
 data identity) before it counts; a runner does not judge its own results.
 
@@ -119,6 +124,10 @@ class Runner(Protocol):
 
     def submit(self, job: Job) -> str:
         """Start `job` (idempotent by run id); returns where its files or logs are."""
+    def check_ready(self, identity: dict[str, str]) -> None:
+        """At the bot's start: raise, saying what to do, when runs cannot happen here or would not be
+        measured under `identity` (every result would be refused). Asked once; it may take seconds."""
+
 
     def lookup(self, run_id: int) -> RunStatus:
         """The job's state now. Cheap: called for every running job on every tick."""
@@ -132,6 +141,15 @@ class Runner(Protocol):
 
 
 # --- Agent ------------------------------------------------------------------------------------
+    def notify(self) -> None:
+        """Told from outside (a workflow_run webhook, from any thread) that a job may have changed:
+        forget what was asked before and call the on_change callback. A runner that watches its
+        jobs itself ignores it."""
+
+    def close(self) -> None:
+        """The bot is stopping: end what this process started and holds for its jobs. Jobs that
+        run elsewhere go on, and the next bot finds them."""
+
 @runtime_checkable
 class Agent(Protocol):
     """Anything that proposes the next experiment."""

@@ -34,7 +34,7 @@ import time
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import quote
 
 from github import GithubException
@@ -46,9 +46,6 @@ from bot.core.records import Job, RunStatus
 from bot.runners.journal import RunRecords
 from bot.runners.specs import ResultRefused, checked_result, finished_status, job_spec
 from runner.protocol import JobSpec, ResultSpec
-
-if TYPE_CHECKING:
-    from bot.github.client import GitHubClient
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +72,9 @@ class ActionsSettings(BaseSettings):
 
 
 class ActionsRunner:
+    """`repo()` is the repository (the app gives its GitHub client's), and `pace_write()` is called
+    before each dispatch and cancel, to stay under GitHub's write limits."""
+
     def __init__(self, repo: Callable[[], Repository], state_dir: Path, settings: ActionsSettings | None = None, *,
                  pace_write: Callable[[], None] = lambda: None, harness: str | None = None,
                  clock: Callable[[], float] = time.time) -> None:
@@ -89,11 +89,11 @@ class ActionsRunner:
         self._lock = threading.Lock()
         self._notify: Callable[[], None] | None = None
 
-    @classmethod
-    def from_client(cls, client: GitHubClient, state_dir: Path, settings: ActionsSettings | None = None) -> ActionsRunner:
-        return cls(client.repo, state_dir, settings, pace_write=client.pace_write)
-
     # --- the protocol ----------------------------------------------------------------------------
+    def check_ready(self, identity: dict[str, str]) -> None:
+        """Nothing to ask before the first dispatch: a workflow GitHub cannot start says so then, and
+        a result measured under another identity is refused when it is read."""
+
     def on_change(self, callback: Callable[[], None]) -> None:
         self._notify = callback
 
@@ -136,6 +136,9 @@ class ActionsRunner:
             else:
                 self._seen.pop(run_id, None)
         return status
+
+    def close(self) -> None:
+        """Nothing held here: the workflow runs go on, and the next bot reads them from its records."""
 
     def cancel(self, run_id: int) -> None:
         record = self.records.read(run_id)

@@ -14,11 +14,11 @@ the data while the slot's current run trains. The next job of
 that slot and profile renames the worker's directory to its run directory and hands it the job on
 its stdin, so its start-up imports nothing. A worker serves one job and ends, like a cold one: a
 train.py cannot leave anything in it for the next. It costs about a run's memory per slot while
-it waits; it goes away when its pipe closes (shutdown, or this process killed).
+it waits; it goes away when its pipe closes (close(), or this process killed).
 
 Each run may hold a share of the machine (runner.limits: memory, tasks, scratch), by default half
 its memory divided among the slots; AUTORESEARCH_RUN_MEMORY, _TASKS, _SCRATCH set it. Cancel,
-the deadline and shutdown end a run's whole process tree, whatever train.py forked or detached:
+the deadline and close() end a run's whole process tree, whatever train.py forked or detached:
 the supervisor, told with SIGTERM, kills every process below it (it is their subreaper), and one
 that has not ended after launch.STOP_GRACE_S is killed with its tree from here. A run whose
 training process, or whose supervisor, was killed from outside (an operator, the OOM killer) is
@@ -97,10 +97,17 @@ class LocalRunner:
         self._standby_names = itertools.count()
         _sweep_standby_dirs(runs_dir)
 
+    # --- the protocol ----------------------------------------------------------------------------
+    def check_ready(self, identity: dict[str, str]) -> None:
+        """Nothing to ask: the app prepares this machine's data before it makes the runner, and the
+        identity is this machine's own."""
+
     def on_change(self, callback: Callable[[], None]) -> None:
         self._notify = callback
 
-    # --- the protocol ----------------------------------------------------------------------------
+    def notify(self) -> None:
+        """Nothing to forget: a process that ends tells on_change's callback itself."""
+
     def submit(self, job: Job) -> str:
         out = self.runs_dir / str(job.run_id)
         if (out / "job.json").exists():
@@ -167,9 +174,9 @@ class LocalRunner:
         """Stop the run and every process it started (see the module docstring)."""
         self._stop([run_id])
 
-    def shutdown(self) -> None:
-        """Stop every job this process started (the end of a demo, Ctrl-C), all at once, and its
-        warm workers; a restarted conductor finds the jobs lost and runs them again."""
+    def close(self) -> None:
+        """Stop every job this process started (the end of a demo or of the service, Ctrl-C), all
+        at once, and its warm workers; a restarted conductor finds the jobs lost and runs them again."""
         self._stop(list(self._procs))
         workers, self._standby = list(self._standby.values()), {}
         for worker in workers:

@@ -89,6 +89,12 @@ class ModalRunner:
     def on_change(self, callback: Callable[[], None]) -> None:
         """Modal tells nobody when a call ends: the driver's timer asks."""
 
+    def notify(self) -> None:
+        """No one outside tells of Modal's calls either."""
+
+    def close(self) -> None:
+        """Nothing held here: the calls go on, and the next bot reads them from its records."""
+
     def identity(self) -> dict[str, str]:
         """The identity to pin: the deployment's, refused if it runs another harness than this bot."""
         found = self.calls.identity()
@@ -97,17 +103,18 @@ class ModalRunner:
                                      f"with {self.harness}: deploy this version of the runner ({DEPLOY})")
         return found
 
-    def check_deployment(self, expected: dict[str, str]) -> None:
-        """At the bot's start: the deployed app must measure what the bot is configured for (its
-        profile, its data), or every result would be refused, one lost run after another. Asks
-        the deployment once; that may start a container (seconds when its data is cached)."""
+    def check_ready(self, identity: dict[str, str]) -> None:
+        """At the bot's start: the deployed app must measure what the bot is configured for
+        (`identity`: its profile, its data), or every result would be refused, one lost run after
+        another. Asks the deployment once; that may start a container (seconds when its data is
+        cached)."""
         found = self.identity()
         for key, what in (("profile", "AUTORESEARCH_PROFILE"), ("data_fingerprint", "AUTORESEARCH_DATA_FINGERPRINT")):
-            if found.get(key) != expected.get(key):
+            if found.get(key) != identity.get(key):
                 raise ModalNotConfigured(
-                    f"the Modal app measures {key} {found.get(key)!r}, this bot is configured for {expected.get(key)!r}: "
+                    f"the Modal app measures {key} {found.get(key)!r}, this bot is configured for {identity.get(key)!r}: "
                     f"set {what} to the deployment's, or deploy for this one "
-                    f"(AUTORESEARCH_PROFILE={expected.get('profile')} {DEPLOY})")
+                    f"(AUTORESEARCH_PROFILE={identity.get('profile')} {DEPLOY})")
 
     # --- the protocol ----------------------------------------------------------------------------
     def submit(self, job: Job) -> str:

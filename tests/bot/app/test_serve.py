@@ -316,6 +316,14 @@ def app_key() -> tuple[object, str]:
     return key, pem
 
 
+def test_a_workflow_run_delivery_tells_the_runner_and_stopping_the_service_closes_it(world: World) -> None:
+    world.until("the conductor running", lambda: world.service.state is ConductorState.RUNNING)
+    world.service.runs_changed()  # what bot.app.web calls on a workflow_run or workflow_job delivery
+    assert world.runner.notified == 1 and not world.runner.closed
+    world.service.stop()
+    assert world.runner.closed
+
+
 def wait_for(what: str, done: Callable[[], bool], log: Path, timeout: float = 90.0) -> None:
     deadline = time.monotonic() + timeout
     while not done():

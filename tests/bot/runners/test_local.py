@@ -163,8 +163,8 @@ def test_the_next_run_of_a_slot_starts_in_its_warm_worker(tmp_path: Path, smoke_
         assert second.status == "ok" and second.metrics["warm"] is True and second.run_id == 2, second.error
         assert second.val_bpb == pytest.approx(first.val_bpb, rel=0.1)  # the same untrained model, scored alike
     finally:
-        runner.shutdown()
-    assert not list(tmp_path.glob(".standby-*")), "shutdown leaves no worker behind"
+        runner.close()
+    assert not list(tmp_path.glob(".standby-*")), "close leaves no worker behind"
 
 
 def test_a_worker_not_ready_yet_is_sent_away_and_the_run_starts_cold(tmp_path: Path, smoke_prepared) -> None:
@@ -177,7 +177,7 @@ def test_a_worker_not_ready_yet_is_sent_away_and_the_run_starts_cold(tmp_path: P
         assert json.loads((tmp_path / "2" / "job.json").read_text())["warm"] is False
         wait_for_path(worker, exists=False)  # once ready, it reads the end of its input and removes itself
     finally:
-        runner.shutdown()
+        runner.close()
     assert not list(tmp_path.glob(".standby-*"))
 
 
@@ -206,7 +206,7 @@ def wait_for_log(path: Path, text: str, timeout: float = 120.0) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("how", ["cancel", "shutdown"])
+@pytest.mark.parametrize("how", ["cancel", "close"])
 @pytest.mark.parametrize("sandboxed", [True, False], ids=["sandboxed", "unsandboxed"])
 def test_stopping_a_run_ends_every_process_it_started(tmp_path: Path, smoke_prepared, monkeypatch: pytest.MonkeyPatch,
                                                       how: str, sandboxed: bool) -> None:
@@ -221,7 +221,7 @@ def test_stopping_a_run_ends_every_process_it_started(tmp_path: Path, smoke_prep
     supervisor = int((tmp_path / "3" / "pid").read_text())
     assert len(marked()) == 3
     started = time.time()
-    runner.cancel(3) if how == "cancel" else runner.shutdown()
+    runner.cancel(3) if how == "cancel" else runner.close()
     took = time.time() - started
     assert not marked() and not Path(f"/proc/{supervisor}").exists(), "a process of the run outlived its cancel"
     assert took < 10, f"stopping took {took:.1f} s"

@@ -247,11 +247,11 @@ def test_the_deployed_app_must_measure_with_this_bots_harness(tmp_path: Path) ->
 def test_a_deployment_for_another_profile_or_data_stops_the_bot_at_its_start(tmp_path: Path) -> None:
     runner = ModalRunner(tmp_path, FakeModal())
     ours = {"profile": "smoke", "harness_hash": harness_hash(), "data_fingerprint": "d" * 16}
-    runner.check_deployment(ours)
+    runner.check_ready(ours)
     with pytest.raises(ModalNotConfigured, match="AUTORESEARCH_PROFILE=h100 modal deploy"):
-        runner.check_deployment(dict(ours, profile="h100"))
+        runner.check_ready(dict(ours, profile="h100"))
     with pytest.raises(ModalNotConfigured, match="AUTORESEARCH_DATA_FINGERPRINT"):
-        runner.check_deployment(dict(ours, data_fingerprint="e" * 16))
+        runner.check_ready(dict(ours, data_fingerprint="e" * 16))
 
 
 def test_settings_come_from_autoresearch_modal_variables(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
