@@ -193,7 +193,7 @@ class FailingAgent:
         if self.calls <= self.failures:
             raise self.error
         if not self.proposals:
-            from bot.core.protocols import AgentError
+            from bot.core.protocols import AgentStopped
 
-            raise AgentError("no more proposals")
+            raise AgentStopped("no more proposals")
         return self.proposals.pop(0)

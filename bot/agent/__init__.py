@@ -1,5 +1,6 @@
 """Agents: whatever turns a `ProposalContext` into the next experiment's `Proposal`
-(the interface is bot.core.protocols.Agent, its one failure type `AgentError`).
+(the interface is bot.core.protocols.Agent; every failure an agent raises is an `AgentError`,
+`AgentStopped` when it can propose nothing more).
 
 Three kinds: `claude.ClaudeAgent` (an LLM with editor tools, when an API key is configured),
 `explorer.OfflineExplorer` (a deterministic bandit search over the hyperparameter block of

@@ -13,7 +13,7 @@ from pathlib import Path
 from pydantic import AliasChoices, Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from bot.core.protocols import Agent, AgentError
+from bot.core.protocols import Agent, AgentStopped
 
 AGENTS = ("explorer", "claude", "scripted")
 
@@ -46,11 +46,11 @@ def claude_settings() -> ClaudeSettings:
     except ValidationError as error:
         lines = [f"  AUTORESEARCH_ANTHROPIC_{str(e['loc'][0]).upper()}: {e['msg']}"
                  for e in error.errors(include_input=False)]
-        raise AgentError("the Claude agent's settings need fixing:\n" + "\n".join(lines)) from None
+        raise AgentStopped("the Claude agent's settings need fixing:\n" + "\n".join(lines)) from None
 
 
 def make_agent(kind: str, *, script: Path | None = None, seed: int = 0) -> tuple[Agent, float | None]:
-    """The agent of that kind and its budget in dollars (None: no limit). AgentError says what is
+    """The agent of that kind and its budget in dollars (None: no limit). AgentStopped says what is
     missing (a key, a file) and how to provide it."""
     if kind == "explorer":
         from bot.agent.explorer import OfflineExplorer
@@ -60,8 +60,8 @@ def make_agent(kind: str, *, script: Path | None = None, seed: int = 0) -> tuple
         from bot.agent.scripted import ScriptedAgent
 
         if script is None or not script.is_file():
-            raise AgentError(f"the scripted agent needs its proposals file (JSON lines of title, hypothesis, "
-                             f"train_py); {script or 'none'} is not a file")
+            raise AgentStopped(f"the scripted agent needs its proposals file (JSON lines of title, hypothesis, "
+                               f"train_py); {script or 'none'} is not a file")
         return ScriptedAgent.from_jsonl(script), None
     if kind == "claude":
         from bot.agent import pricing
@@ -80,4 +80,4 @@ def make_agent(kind: str, *, script: Path | None = None, seed: int = 0) -> tuple
                               max_input_tokens=s.max_input_tokens, temperature=s.temperature, timeout_s=s.timeout_s,
                               max_retries=s.max_retries, prices=prices, base_url=s.base_url)
         return ClaudeAgent(config, api_key=s.api_key.get_secret_value() if s.api_key else None), s.budget_usd
-    raise AgentError(f"unknown agent {kind!r}: one of {', '.join(AGENTS)}")
+    raise AgentStopped(f"unknown agent {kind!r}: one of {', '.join(AGENTS)}")

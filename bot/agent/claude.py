@@ -12,12 +12,12 @@ What can go wrong, and what it becomes:
   skipped. Ending a turn without submit gets one reminder, a reply cut off at max_tokens one
   warning; the last turn within the turn or token limit is announced, and going past it skips.
   A refusal, or a request the API rejects as invalid, skips at once.
-  Skipping raises `ProposalSkipped`: not an AgentError (which tells the conductor the agent has
-  nothing more to propose) but a failure of this one proposal, with its reason and cost.
+  Skipping raises `ProposalSkipped`, a failure of this one proposal with its reason and cost.
 - The API unavailable (429, 529, 5xx, timeouts, connection errors) after the SDK's own retries,
   with its backoff: `ClaudeUnavailable`, which the conductor retries later with its backoff.
-- No key, a key the API rejects, no access to the model or no credit: `AgentError`, which stops
+- No key, a key the API rejects, no access to the model or no credit: `AgentStopped`, which stops
   the loop with the message.
+Each is an AgentError (bot.core.protocols) whose `meta` holds what the session cost so far.
 
 Prompt caching: breakpoints on the last tool, on the system prompt, on the context's stable block
 (program.md and main's train.py) and one that moves to the newest user content each turn, so that
@@ -47,7 +47,7 @@ from bot.agent.editor import (
     parse_submit,
 )
 from bot.agent.prompt import EPHEMERAL, context_blocks, system_prompt
-from bot.core.protocols import AgentError
+from bot.core.protocols import AgentError, AgentStopped
 from bot.core.records import Proposal, ProposalContext, code_hash
 
 log = logging.getLogger(__name__)
@@ -76,22 +76,13 @@ class ClaudeConfig:
             self.prices = pricing.prices_for(self.model)
 
 
-class ProposalSkipped(Exception):
-    """This proposal was given up (the reason says why, in words for the record); `meta` holds the
+class ProposalSkipped(AgentError):
+    """This proposal was given up (the message says why, in words for the record); `meta` holds the
     model, the turns, the token usage and its cost. The agent can be asked again."""
 
-    def __init__(self, reason: str, meta: dict[str, Any] | None = None) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.meta = meta or {}
 
-
-class ClaudeUnavailable(Exception):
+class ClaudeUnavailable(AgentError):
     """The Anthropic API did not answer after the SDK's retries; ask again later. `meta` as above."""
-
-    def __init__(self, message: str, meta: dict[str, Any] | None = None) -> None:
-        super().__init__(message)
-        self.meta = meta or {}
 
 
 class ClaudeAgent:
@@ -105,7 +96,7 @@ class ClaudeAgent:
         if client is None:
             key = (api_key or os.environ.get("ANTHROPIC_API_KEY") or "").strip()
             if not key:
-                raise AgentError(NO_KEY)
+                raise AgentStopped(NO_KEY)
             client = anthropic.Anthropic(api_key=key, base_url=config.base_url, timeout=config.timeout_s,
                                          max_retries=config.max_retries)
         self.client = client
@@ -282,15 +273,16 @@ class _Session:
     def _api_error(self, error: anthropic.APIStatusError) -> NoReturn:
         status, message = error.status_code, _api_message(error)
         if status == 401:
-            raise AgentError(f"The Anthropic API rejected the API key (401: {message}). Set ANTHROPIC_API_KEY to a "
-                             "valid key from https://console.anthropic.com/settings/keys, or use the offline "
-                             "explorer (AUTORESEARCH_AGENT=explorer).") from error
+            raise AgentStopped(f"The Anthropic API rejected the API key (401: {message}). Set ANTHROPIC_API_KEY to a "
+                               "valid key from https://console.anthropic.com/settings/keys, or use the offline "
+                               "explorer (AUTORESEARCH_AGENT=explorer).", self._meta()) from error
         if status in (402, 403) or (status == 400 and "credit balance" in message.lower()):
-            raise AgentError(f"The Anthropic API refused to serve this key ({status}: {message}). Check the "
-                             "account's billing and the key's permissions in the Anthropic console.") from error
+            raise AgentStopped(f"The Anthropic API refused to serve this key ({status}: {message}). Check the "
+                               "account's billing and the key's permissions in the Anthropic console.",
+                               self._meta()) from error
         if status == 404:
-            raise AgentError(f"The Anthropic API does not offer model {self.config.model!r} to this key (404: "
-                             f"{message}). Configure a model the key can use.") from error
+            raise AgentStopped(f"The Anthropic API does not offer model {self.config.model!r} to this key (404: "
+                               f"{message}). Configure a model the key can use.", self._meta()) from error
         if status in (408, 409, 429) or status >= 500:
             raise ClaudeUnavailable(f"the Anthropic API answered {status} ({message}) after "
                                     f"{self.config.max_retries} retries; the proposal is asked again later",

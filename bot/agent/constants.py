@@ -11,7 +11,7 @@ import ast
 from dataclasses import dataclass
 
 from bot.agent.knobs import INT, MULT, POW2, Knob
-from bot.core.protocols import AgentError
+from bot.core.protocols import AgentStopped
 
 
 @dataclass
@@ -72,7 +72,7 @@ def find_constants(text: str) -> dict[str, Constant]:
     try:
         tree = ast.parse(text)
     except SyntaxError as exc:
-        raise AgentError(f"explorer cannot parse train.py: {exc}") from exc
+        raise AgentStopped(f"explorer cannot parse train.py: {exc}") from exc
     lines = text.splitlines(keepends=True)
     found: dict[str, Constant] = {}
     assigned: dict[str, int] = {}

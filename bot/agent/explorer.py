@@ -34,7 +34,7 @@ How it works
 * Mostly one change per proposal; during a losing streak it occasionally combines the two best
   arms that helped earlier.
 * Proposals whose code_hash was already seen (or equals main) are skipped in favour of the next
-  candidate; when nothing is left it raises ``AgentError("explorer exhausted: ...")``.
+  candidate; when nothing is left it raises ``AgentStopped("explorer exhausted: ...")``.
 
 Where it lives
 --------------
@@ -58,7 +58,7 @@ from bot.agent.crash_memory import CRASH_MEMORY, skeleton
 from bot.agent.feedback import apply_feedback
 from bot.agent.knobs import KNOBS, live, usable
 from bot.agent.writeup import describe, rationale, what_helped
-from bot.core.protocols import AgentError
+from bot.core.protocols import AgentStopped
 from bot.core.records import HistoryEntry, Proposal, ProposalContext, code_hash
 
 JITTER = 0.1  # seeded noise added to every arm's score (tie-breaking among untried arms)
@@ -93,11 +93,11 @@ class OfflineExplorer:
         knobs = [k for k in KNOBS if live(k, ctx.device_kind) and k.name in consts
                  and usable(k, consts[k.name].value)]
         if not knobs:
-            raise AgentError("explorer found no tunable constant in train.py. " + _block_help(ctx.device_kind))
+            raise AgentStopped("explorer found no tunable constant in train.py. " + _block_help(ctx.device_kind))
         seq_len = profile_seq_len(ctx.profile)
         if not batch_splits({n: c.value for n, c in consts.items()}, ctx.device_kind, seq_len):
             total_name, device_name = batch_names(ctx.device_kind)
-            raise AgentError(
+            raise AgentStopped(
                 f"train.py on main does not split its batch into whole forward passes: {total_name} = "
                 f"{consts[total_name].source} is not a positive multiple of {device_name} * seq_len = "
                 f"{consts[device_name].source} * {seq_len} (profile {ctx.profile}), so every run of it crashes. "
@@ -145,7 +145,7 @@ class OfflineExplorer:
                              "constant.")
                 return Proposal(title=title, hypothesis=body, train_py=text, meta=meta)
 
-        raise AgentError(
+        raise AgentStopped(
             f"explorer exhausted: all {tried} nearby edits of the tunable constants "
             f"({', '.join(k.name for k in knobs)}) from the current main were already tried, would not split "
             f"the batch into whole forward passes, or lie at or beyond a crash of the last {CRASH_MEMORY} "

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bot.core.protocols import AgentError
+from bot.core.protocols import AgentStopped
 from bot.core.records import Proposal, ProposalContext, code_hash
 
 
@@ -18,7 +18,7 @@ class ScriptedAgent:
         self.proposals = list(proposals)
 
     @classmethod
-    def from_jsonl(cls, path: Path) -> "ScriptedAgent":
+    def from_jsonl(cls, path: Path) -> ScriptedAgent:
         proposals = []
         for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
             if not line.strip():
@@ -28,12 +28,12 @@ class ScriptedAgent:
                 proposals.append(Proposal(title=item["title"], hypothesis=item.get("hypothesis", ""),
                                           train_py=item["train_py"], meta=item.get("meta", {})))
             except (json.JSONDecodeError, KeyError, TypeError) as error:
-                raise AgentError(f"{path}:{number}: each line must be a JSON object with 'title' and "
-                                 f"'train_py' ({error})") from None
+                raise AgentStopped(f"{path}:{number}: each line must be a JSON object with 'title' and "
+                                   f"'train_py' ({error})") from None
         return cls(proposals)
 
     def propose(self, ctx: ProposalContext) -> Proposal:
         for proposal in self.proposals:
             if code_hash(proposal.train_py) not in ctx.seen_hashes:
                 return proposal
-        raise AgentError(f"all {len(self.proposals)} scripted proposals have been tried")
+        raise AgentStopped(f"all {len(self.proposals)} scripted proposals have been tried")

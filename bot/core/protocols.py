@@ -12,8 +12,8 @@ closed without deleting them.
 
 Runner: a job (run id, train.py text, profile, seed) goes in, a RunResult comes out.
 
-One protocol for every place a run can happen: a local subprocess per slot here, GitHub Actions
-self-hosted runners or Modal later. The conductor is the only one that chooses run ids and counts
+One protocol for every place a run can happen: a local subprocess per slot, GitHub Actions on
+self-hosted runners, or Modal. The conductor is the only one that chooses run ids and counts
 slots (from the store: runs in state running); a runner is asked, never waited on:
 
 - `submit(job)` starts the job, or does nothing if a job with that run id was already submitted
@@ -32,8 +32,10 @@ A result is checked by the conductor against its job (run id, asset sha256, prof
 data identity) before it counts; a runner does not judge its own results.
 
 Agent: whatever turns a `ProposalContext` into the next experiment's `Proposal`: a new full
-asset, a short title and a plain-English hypothesis. An agent that cannot propose anything useful
-raises `AgentError` with a message meant for a human.
+asset, a short title and a plain-English hypothesis. Every failure an agent raises is an
+`AgentError`, with a message meant for a human and `meta`, what the failed attempt cost: a proposal
+that failed is asked for again later; `AgentStopped`, the agent can propose nothing more (it has
+tried everything, or cannot work here), stops the loop asking it.
 
 Publisher: shows the store's experiments to people (on GitHub: pull requests, checks, comments).
 """
@@ -46,8 +48,8 @@ from typing import Any, Protocol, runtime_checkable
 
 from bot.core.records import Job, Proposal, ProposalContext, RunStatus
 
-__all__ = ["Agent", "AgentError", "Forge", "ForgeError", "MainMoved", "MergeConflict", "Publisher", "Runner",
-           "Snapshot"]
+__all__ = ["Agent", "AgentError", "AgentStopped", "Forge", "ForgeError", "MainMoved", "MergeConflict", "Publisher",
+           "Runner", "Snapshot"]
 
 
 # --- Forge ------------------------------------------------------------------------------------
@@ -122,12 +124,12 @@ class Forge(Protocol):
 class Runner(Protocol):
     slots: int  # jobs it can run at once
 
-    def submit(self, job: Job) -> str:
-        """Start `job` (idempotent by run id); returns where its files or logs are."""
     def check_ready(self, identity: dict[str, str]) -> None:
         """At the bot's start: raise, saying what to do, when runs cannot happen here or would not be
         measured under `identity` (every result would be refused). Asked once; it may take seconds."""
 
+    def submit(self, job: Job) -> str:
+        """Start `job` (idempotent by run id); returns where its files or logs are."""
 
     def lookup(self, run_id: int) -> RunStatus:
         """The job's state now. Cheap: called for every running job on every tick."""
@@ -139,8 +141,6 @@ class Runner(Protocol):
         """Ask to be told (from any thread) when a job may have changed state, so the conductor's
         driver can tick at once instead of on its timer. A runner that cannot tell ignores it."""
 
-
-# --- Agent ------------------------------------------------------------------------------------
     def notify(self) -> None:
         """Told from outside (a workflow_run webhook, from any thread) that a job may have changed:
         forget what was asked before and call the on_change callback. A runner that watches its
@@ -150,6 +150,8 @@ class Runner(Protocol):
         """The bot is stopping: end what this process started and holds for its jobs. Jobs that
         run elsewhere go on, and the next bot finds them."""
 
+
+# --- Agent ------------------------------------------------------------------------------------
 @runtime_checkable
 class Agent(Protocol):
     """Anything that proposes the next experiment."""
@@ -160,7 +162,18 @@ class Agent(Protocol):
 
 
 class AgentError(Exception):
-    """The agent could not produce a proposal; the message says why and what to do about it."""
+    """The agent could not produce this proposal; asking again later may succeed. The message says
+    why, in words for a person; `meta` is what the attempt cost, as a Proposal's meta says it
+    (model, turns, usage, cost_usd), empty when it cost nothing."""
+
+    def __init__(self, message: str, meta: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.meta: dict[str, Any] = meta or {}
+
+
+class AgentStopped(AgentError):
+    """The agent can propose nothing more: it has tried everything, or cannot work here (no key, a
+    key the API refuses, settings to fix). The message says what to do about it."""
 
 
 # --- Publisher --------------------------------------------------------------------------------

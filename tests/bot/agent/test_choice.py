@@ -12,7 +12,7 @@ import pytest
 from bot.agent.choice import make_agent
 from bot.agent.explorer import OfflineExplorer
 from bot.agent.scripted import ScriptedAgent
-from bot.core.protocols import AgentError
+from bot.core.protocols import AgentStopped
 
 
 @pytest.fixture(autouse=True)
@@ -31,12 +31,12 @@ def test_the_scripted_agent_reads_its_file(tmp_path: Path) -> None:
     script = tmp_path / "p.jsonl"
     script.write_text(json.dumps({"title": "t", "train_py": "x = 1\n"}) + "\n")
     assert isinstance(make_agent("scripted", script=script)[0], ScriptedAgent)
-    with pytest.raises(AgentError, match="needs its proposals file"):
+    with pytest.raises(AgentStopped, match="needs its proposals file"):
         make_agent("scripted", script=tmp_path / "missing.jsonl")
 
 
 def test_claude_without_a_key_says_how_to_set_one() -> None:
-    with pytest.raises(AgentError, match="ANTHROPIC_API_KEY"):
+    with pytest.raises(AgentStopped, match="ANTHROPIC_API_KEY"):
         make_agent("claude")
 
 
@@ -53,10 +53,10 @@ def test_claude_settings_come_from_the_environment_or_dotenv(monkeypatch: pytest
 def test_a_bad_claude_setting_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-x")
     monkeypatch.setenv("AUTORESEARCH_ANTHROPIC_TEMPERATURE", "3")
-    with pytest.raises(AgentError, match="AUTORESEARCH_ANTHROPIC_TEMPERATURE"):
+    with pytest.raises(AgentStopped, match="AUTORESEARCH_ANTHROPIC_TEMPERATURE"):
         make_agent("claude")
 
 
 def test_an_unknown_agent_lists_the_known_ones() -> None:
-    with pytest.raises(AgentError, match="explorer, claude, scripted"):
+    with pytest.raises(AgentStopped, match="explorer, claude, scripted"):
         make_agent("gpt")

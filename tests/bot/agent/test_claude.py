@@ -12,7 +12,7 @@ from anthropic_standin import AnthropicStandIn, Reply
 
 from bot.agent.claude import ClaudeAgent, ClaudeConfig, ClaudeUnavailable, ProposalSkipped
 from bot.agent.pricing import Prices, cost_usd, prices_for
-from bot.core.protocols import Agent, AgentError
+from bot.core.protocols import Agent, AgentError, AgentStopped
 from bot.core.records import HistoryEntry, Proposal, ProposalContext, code_hash
 
 REPO = Path(__file__).resolve().parents[3]
@@ -172,9 +172,9 @@ def test_a_second_malformed_call_in_a_row_skips(api):
             Reply.tool_use(EDITOR, {"command": "remove", "path": "/repo/train.py"}))
     with pytest.raises(ProposalSkipped) as skipped:
         agent(api).propose(ctx())
-    assert "malformed tool call" in skipped.value.reason
+    assert "malformed tool call" in str(skipped.value)
     assert skipped.value.meta["turns"] == 2 and skipped.value.meta["cost_usd"] > 0
-    assert not isinstance(skipped.value, AgentError)
+    assert isinstance(skipped.value, AgentError) and not isinstance(skipped.value, AgentStopped)  # asked again
 
 
 def test_an_edit_that_does_not_apply_twice_in_a_row_skips(api):
@@ -292,8 +292,9 @@ def test_retries_exhausted_raise_claude_unavailable_for_a_later_try(api):
     api.add(Reply.error(529, headers={"retry-after-ms": "10"}), Reply.error(529, headers={"retry-after-ms": "10"}))
     with pytest.raises(ClaudeUnavailable, match="529") as unavailable:
         agent(api, max_retries=1).propose(ctx())
-    assert not isinstance(unavailable.value, (AgentError, ProposalSkipped))
+    assert isinstance(unavailable.value, AgentError) and not isinstance(unavailable.value, AgentStopped)
     assert isinstance(unavailable.value.__cause__, anthropic.InternalServerError)
+    assert unavailable.value.meta["turns"] == 0 and unavailable.value.meta["cost_usd"] == 0
 
 
 def test_a_hung_request_times_out_as_claude_unavailable(api):
@@ -316,7 +317,7 @@ def test_a_request_the_api_rejects_skips_the_proposal(api):
 
 def test_a_missing_key_says_how_to_set_one(monkeypatch):
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
-    with pytest.raises(AgentError) as error:
+    with pytest.raises(AgentStopped) as error:
         ClaudeAgent(ClaudeConfig())
     assert "ANTHROPIC_API_KEY" in str(error.value) and "explorer" in str(error.value)
 
@@ -328,17 +329,18 @@ def test_the_key_is_read_from_the_environment(api, monkeypatch):
     assert "MATRIX_LR = 0.05" in claude.propose(ctx()).train_py
 
 
-def test_an_invalid_key_stops_the_loop_with_agent_error(api):
+def test_an_invalid_key_stops_the_loop(api):
     claude = ClaudeAgent(ClaudeConfig(base_url=api.base_url, max_retries=0), api_key="sk-ant-wrong")
-    with pytest.raises(AgentError, match="ANTHROPIC_API_KEY"):
+    with pytest.raises(AgentStopped, match="ANTHROPIC_API_KEY"):
         claude.propose(ctx())
 
 
 @pytest.mark.parametrize("status, words", [(402, "billing"), (403, "permissions"), (404, "model")])
-def test_account_problems_stop_the_loop_with_agent_error(api, status, words):
-    api.add(Reply.error(status))
-    with pytest.raises(AgentError, match=words):
+def test_account_problems_stop_the_loop_with_what_the_session_cost(api, status, words):
+    api.add(RAISE_LR, Reply.error(status))
+    with pytest.raises(AgentStopped, match=words) as stopped:
         agent(api).propose(ctx())
+    assert stopped.value.meta["turns"] == 1 and stopped.value.meta["cost_usd"] > 0
 
 
 # --- cost -----------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from bot.agent.constants import find_constants
 from bot.agent.crash_memory import CRASH_MEMORY, skeleton
 from bot.agent.explorer import OfflineExplorer
 from bot.agent.knobs import KNOB_BY_NAME
-from bot.core.protocols import Agent, AgentError
+from bot.core.protocols import Agent, AgentStopped
 from bot.core.records import HistoryEntry, Proposal, ProposalContext, code_hash
 from runner.profiles import get_profile
 
@@ -437,7 +437,7 @@ def test_a_micro_batch_bigger_than_the_batch_is_never_proposed(profile, allowed)
 
 def test_a_main_that_does_not_split_its_batch_is_a_clear_error():
     broken = set_constant(TRAIN_PY, "CPU_TOTAL_BATCH_SIZE", "2**11")
-    with pytest.raises(AgentError, match=r"CPU_TOTAL_BATCH_SIZE = 2\*\*11 is not a positive multiple of "
+    with pytest.raises(AgentStopped, match=r"CPU_TOTAL_BATCH_SIZE = 2\*\*11 is not a positive multiple of "
                                          r"CPU_DEVICE_BATCH_SIZE \* seq_len = 16 \* 256 \(profile cpu\)"):
         OfflineExplorer(0).propose(ctx_for(broken))
     assert OfflineExplorer(0).propose(ctx_for(broken, profile="smoke")).meta["changes"]
@@ -494,7 +494,7 @@ def test_negative_feedback_steers_away():
 def test_exhaustion_raises():
     only = 'WINDOW_PATTERN = "SSSL"      # per layer\nprint(WINDOW_PATTERN)\n'
     seen = {code_hash(only.replace('"SSSL"', f'"{c}"')) for c in ("L", "SL", "SSL", "SSSSL")}
-    with pytest.raises(AgentError, match="explorer exhausted"):
+    with pytest.raises(AgentStopped, match="explorer exhausted"):
         OfflineExplorer(0).propose(ctx_for(only, seen_hashes=seen))
 
 
@@ -503,7 +503,7 @@ def test_exhaustion_after_a_loop():
     ctx = ctx_for(only)
     proposals = run_loop(OfflineExplorer(0), ctx, 3)
     assert {changes(p)[0]["new"] for p in proposals} == {"SSL", "SL", "SSSSL"}
-    with pytest.raises(AgentError, match="explorer exhausted"):
+    with pytest.raises(AgentStopped, match="explorer exhausted"):
         OfflineExplorer(0).propose(ctx)
 
 
@@ -513,7 +513,7 @@ def test_exhaustion_after_a_loop():
     "LR = compute()\n",
 ])
 def test_train_py_without_the_block_raises_a_clear_error(text):
-    with pytest.raises(AgentError, match="no tunable constant") as err:
+    with pytest.raises(AgentStopped, match="no tunable constant") as err:
         OfflineExplorer(0).propose(ctx_for(text))
     assert "MATRIX_LR = 0.04" in str(err.value)  # shows what the block must look like
 
@@ -521,7 +521,7 @@ def test_train_py_without_the_block_raises_a_clear_error(text):
 def test_cpu_block_on_cuda_has_nothing_live():
     cpu_only = "CPU_DEPTH = 2\nCPU_HEAD_DIM = 32\n"
     assert OfflineExplorer(0).propose(ctx_for(cpu_only, device_kind="cpu")).meta["changes"]
-    with pytest.raises(AgentError, match="no tunable constant"):
+    with pytest.raises(AgentStopped, match="no tunable constant"):
         OfflineExplorer(0).propose(ctx_for(cpu_only, device_kind="cuda"))
 
 
