@@ -124,8 +124,8 @@ def local_parts(settings: ServiceSettings, client: GitHubClient | None = None) -
     prepare(settings.profile, None, progress=False)
     runner = LocalRunner(settings.state_dir / "runs", slots=settings.slots, warm=settings.warm_workers)
     identity = measurement_identity(settings.profile, None, threads=runner.threads)
-    agent, budget = make_agent(settings.agent, script=settings.agent_script)
     runner.check_ready(identity)
+    agent, budget = make_agent(settings.agent, script=settings.agent_script)
     return Parts(runner=runner, agent=agent, identity=identity, budget_usd=budget)
 
 
@@ -293,16 +293,16 @@ class Service:
         self._thread.start()
 
     def stop(self, timeout: float = 30.0) -> None:
-        self._stop.set()
         """Stop the conductor thread, then close its runner (not while a stuck tick may still use it)."""
+        self._stop.set()
         self.wake()
         if self._thread is not None:
             self._thread.join(timeout)
-
             if self._thread.is_alive():
                 return
         if self.conductor is not None:
             self.conductor.runner.close()
+
     def _conduct(self) -> None:
         try:
             conductor = self._connect()
