@@ -6,8 +6,9 @@ and `lookahead` more prepared ahead, so a slot that frees never waits for the ag
 ProposalContext (program.md's instructions, main's train.py and val_bpb, the history with each
 experiment's lesson, people's feedback, the last unfixed crash) and never sees the store.
 
-An answer is a Proposal, an AgentError (the agent has nothing more to propose: the loop stops
-asking), or any other failure (asked again after a backoff). A proposal is refused, and the agent
+An answer is a Proposal, an AgentStopped (the agent has nothing more to propose: the loop stops
+asking), or any other failure, an AgentError or not (asked again after a backoff; what the failed
+attempt cost, AgentError.meta, is charged to the experiment). A proposal is refused, and the agent
 asked again with the reason, when it repeats an earlier experiment or fails bot.loop.validation;
 `max_refusals` in a row stop the asking. A proposal taken becomes an experiment and goes straight
 into the lifecycle. What answers cost (Proposal.meta["cost_usd"]) adds up; once it reaches the
@@ -21,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from bot.core.protocols import AgentError, Runner
+from bot.core.protocols import AgentError, AgentStopped, Runner
 from bot.core.records import HistoryEntry, Proposal, ProposalContext, code_hash
 from bot.core.states import RunState, State, Status
 from bot.loop import measurement, validation
@@ -116,12 +117,13 @@ class Proposals:
 
     def _take_answer(self, exp: Experiment, answer: Proposal | BaseException, main: Main, stop_reason: str) -> None:
         pending = self._pending or _Pending(exp.id)
-        if isinstance(answer, AgentError):
+        if isinstance(answer, AgentStopped):
             self.store.withdraw_proposing(exp.id, f"the agent has nothing more to propose ({answer})")
             self.stopped = f"the agent has nothing more to propose ({answer})"
             return
         if isinstance(answer, BaseException):
-            pending.cost_usd += self._spend(getattr(answer, "meta", None))  # a skipped proposal was paid for
+            if isinstance(answer, AgentError):  # a skipped proposal was paid for
+                pending.cost_usd += self._spend(answer.meta)
             failures = exp.failures + 1
             wait = self.backoff.after(failures)
             self.store.update_experiment(exp.id, failures=failures, retry_at=self.clock() + wait,

@@ -12,7 +12,7 @@ import pytest
 from fakes import CRASH_MARK, IDENTITY, FailingAgent, FakeRunner, SlowAgent, result_for, with_effect
 
 from bot.agent.scripted import ScriptedAgent
-from bot.core.protocols import ForgeError
+from bot.core.protocols import AgentError, ForgeError
 from bot.core.records import Proposal, RunResult, RunStatus, code_hash
 from bot.forge.local import LocalForge, init_research_repo
 from bot.loop.conductor import Conductor, ConductorConfig
@@ -294,9 +294,11 @@ def test_a_crashing_main_blocks_with_a_clear_message(tmp_path: Path) -> None:
     assert loop.store.experiments() == []
 
 
-def test_an_agent_exception_is_retried_with_backoff_and_never_ends_the_loop(tmp_path: Path) -> None:
+@pytest.mark.parametrize("error", [RuntimeError("the API is down"), AgentError("the API is down")],
+                         ids=["any exception", "an AgentError that is not AgentStopped"])
+def test_an_agent_exception_is_retried_with_backoff_and_never_ends_the_loop(tmp_path: Path, error) -> None:
     clock = Clock()
-    agent = FailingAgent([proposal(-0.1, "finally")], failures=2, error=RuntimeError("the API is down"))
+    agent = FailingAgent([proposal(-0.1, "finally")], failures=2, error=error)
     loop = make(tmp_path, agent, experiments=1, clock=clock, retry_base_s=10.0)
     tick_until(loop, lambda: agent.calls == 1 and loop.store.experiments(state="proposing")[0].failures == 1)
     exp = loop.store.experiments(state="proposing")[0]
@@ -767,8 +769,8 @@ def test_a_request_on_a_kept_experiment_changes_nothing(tmp_path: Path) -> None:
 # --- what proposals cost, and the one fix after a crash ------------------------------------------
 
 class Priced:
-    """Proposes from a list, each answer costing `usd`; a BaseException in the list is raised (with
-    its cost attached, as an LLM agent's skipped proposal carries it)."""
+    """Proposes from a list, each answer costing `usd`; an AgentError in the list is raised with its
+    cost attached, as an LLM agent's skipped proposal carries it."""
 
     def __init__(self, answers: list, usd: float) -> None:
         self.answers, self.usd, self.contexts = list(answers), usd, []
@@ -776,14 +778,14 @@ class Priced:
     def propose(self, ctx):
         self.contexts.append(ctx)
         answer = self.answers.pop(0)
-        if isinstance(answer, BaseException):
+        if isinstance(answer, AgentError):
             answer.meta = {"cost_usd": self.usd}
             raise answer
         return Proposal(answer.title, answer.hypothesis, answer.train_py, meta={"cost_usd": self.usd, **answer.meta})
 
 
 def test_every_answer_is_charged_and_the_budget_stops_proposing(tmp_path: Path) -> None:
-    answers = [RuntimeError("skipped: the model refused"), proposal(+0.1, "a"), proposal(+0.2, "b"),
+    answers = [AgentError("skipped: the model refused"), proposal(+0.1, "a"), proposal(+0.2, "b"),
                proposal(+0.3, "c")]
     loop = make(tmp_path, Priced(answers, usd=0.40), experiments=5, agent_budget_usd=1.0)
     run_to_end(loop)
