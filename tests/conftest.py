@@ -1,5 +1,6 @@
-"""Shared fixtures: a private data/tokenizer cache for the test session, and the smoke profile
-prepared in it once."""
+"""Shared fixtures, made once per test session: a private data/tokenizer cache, the smoke profile
+prepared in it, and a warm scorer (runner.score's Scorer, ready) for tests that score exported
+models in this process."""
 
 from __future__ import annotations
 
@@ -35,3 +36,13 @@ def smoke_prepared(autoresearch_cache: Path):
     from runner.prepare import prepare
 
     return prepare("smoke")
+
+
+@pytest.fixture(scope="session")
+def warm_scorer(smoke_prepared):
+    """The scoring process's Scorer for the smoke profile, made once: torch, the validation split,
+    the tokenizer and the probe's batch loaded. `warm_scorer.score(path)` answers as the scoring
+    process of an isolated run would for the exported model at `path`."""
+    from runner.score import Scorer
+
+    return Scorer("smoke")

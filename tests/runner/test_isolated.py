@@ -5,6 +5,12 @@ Runs go through `run_job` (the supervisor every runner uses) on the smoke profil
 model so that a run costs seconds. Where a test needs a shorter limit than the profile's, the
 supervisor's copy of the profile is changed (the supervisor enforces limits; the training
 process never sees them).
+
+The attacks on the machine and on the reported number share one run (`attacked`): its train.py
+tries each in turn, says what it could do, and hands over its model; then the same path runs an
+honest job. Two runs for all of them, in `make test`. Each attack that needs a run of its own
+(a model the scorer must refuse, a clock or a limit that ends the run) is in the slow tier; the
+scorer's verdict on each refused model is pinned in this process by tests/runner/test_score.py.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import json
 import os
 import socket
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -84,74 +91,176 @@ def short_limits(monkeypatch: pytest.MonkeyPatch):
     return set_limits
 
 
-# --- honest runs -----------------------------------------------------------------------------------
+# --- one run of every attack that leaves the run going, then an honest job -----------------------
 
-def test_an_honest_run_is_scored_outside_the_sandbox(smoke_prepared, tmp_path: Path) -> None:
-    result = run(tmp_path, "h.finish(model)\n")
-    assert result.status == "ok" and result.sandboxed and result.runner.sandbox.startswith("bubblewrap")
-    assert result.val_bpb > HONEST_FLOOR
-    assert "causal" in result.metrics["probe"]
-    assert result.hashes.data == smoke_prepared.dataset.fingerprint
-    assert result.timings.evaluation > 0 and result.timings.training_wall > 0
-    stored = ResultSpec.model_validate_json((tmp_path / "run" / "result.json").read_text())
-    assert stored == result
-    assert not list((tmp_path / "run").rglob("model.pt2")), "a scored model is not kept (hundreds of MB on a GPU)"
+SECRET = "ghp_" + "s3cr3t" * 6
+SECRET_FILES = (".netrc", ".config/gh/hosts.yml", ".aws/credentials", "project/.env", "state/app-key.pem")
+FAKE_RESULT = json.dumps({"status": "ok", "val_bpb": 0.1})
+LATE_MARK = "autoresearch-late-writer-marker"  # not MARK: escape(MARK) counts its own three processes
 
 
-# --- attacks on the number ------------------------------------------------------------------------
+@dataclasses.dataclass
+class Attacked:
+    directory: Path  # run/: the attacks' run; next/: the honest job after it
+    result: ResultSpec  # the attacks' run, which hands over the untrained model at its end
+    log: str
+    next: ResultSpec  # the honest job the same path ran right after
+    accepted: list[object]  # connections the host's loopback accepted from the attacks' run
+    harness_before: bytes  # runner/evaluate.py before the run
 
-def test_a_fake_summary_block_is_not_read(smoke_prepared, tmp_path: Path) -> None:
-    result = run(tmp_path, "print('---\\nval_bpb:          0.100000\\n', flush=True)\nh.finish(model)\n")
-    assert "val_bpb:          0.100000" in log(tmp_path)
-    assert result.status == "ok" and result.val_bpb > HONEST_FLOOR
-    serves_next_job(tmp_path)
 
-
-def test_result_json_written_by_train_py_or_a_detached_child_is_not_read(smoke_prepared, tmp_path: Path) -> None:
-    fake = json.dumps({"status": "ok", "val_bpb": 0.1})
+def attacks(directory: Path, *, val_file: Path, evaluate: Path, home: Path, port: int) -> str:
+    """train.py after HEADER: each attack in turn, each saying what it could do, none stopping the
+    others; then h.finish(model)."""
     late = (f"import time, pathlib; time.sleep(3); "
-            f"pathlib.Path({str(tmp_path / 'run' / 'result.json')!r}).write_text({fake!r})")
-    body = f"""
-import os, subprocess, sys
+            f"pathlib.Path({str(directory / 'run' / 'result.json')!r}).write_text({FAKE_RESULT!r})")
+    secret_paths = [str(home / name) for name in SECRET_FILES] + ["/root/.netrc", "/proc/1/environ"]
+    return f"""
+import os, socket, subprocess, sys
 from pathlib import Path
-fake = {fake!r}
+
+# the validation split
+val = Path({str(val_file)!r})
+print("val exists:", val.exists(), flush=True)
+try:
+    next(h.dataset.document_batches("val"))
+except Exception as error:
+    print("val read failed:", type(error).__name__, flush=True)
+print("train exists:", all(p.exists() for p in h.dataset.paths("train")), flush=True)
+
+# the harness's files
+try:
+    Path({str(evaluate)!r}).write_text("def evaluate_bpb(*a, **k): return 0.01\\n")
+    print("harness edited", flush=True)
+except OSError as error:
+    print("harness edit failed:", type(error).__name__, flush=True)
+
+# secrets in the environment and in files
+print("environment:", sorted(os.environ), flush=True)
+print("leaked:", [k for k, v in os.environ.items() if {SECRET!r} in v], flush=True)
+for path in map(Path, {secret_paths!r}):
+    try:
+        print("read", path, {SECRET!r} in path.read_text(errors="replace"), flush=True)
+    except OSError as error:
+        print("unreadable", path, type(error).__name__, flush=True)
+
+# the network: the host's loopback, and the internet
+for host in ("127.0.0.1", "pypi.org"):
+    try:
+        socket.create_connection((host, {port} if host == "127.0.0.1" else 443), timeout=3).close()
+        print("connected to", host, flush=True)
+    except OSError as error:
+        print("no connection to", host, type(error).__name__, flush=True)
+
+# result.json, written by train.py and by a detached child once the run has ended
 here = Path.cwd()
 for target in (here / "result.json", here.parent / "result.json", Path(h.out_dir) / "result.json"):
     try:
-        target.write_text(fake)
+        target.write_text({FAKE_RESULT!r})
         print("wrote", target, flush=True)
     except OSError as error:
         print("could not write", target, type(error).__name__, flush=True)
-# a detached child that waits for the run to end, then overwrites the result
-subprocess.Popen([sys.executable, "-c", {late!r}, "{MARK}"], start_new_session=True)
-h.finish(model)
-"""
-    result = run(tmp_path, body)
-    assert result.status == "ok" and result.val_bpb > HONEST_FLOOR
-    # Under /tmp the path resolves in the sandbox's private /tmp: a write there lands nowhere real.
-    assert not leftover_processes(), "the detached child died with the sandbox"
-    stored = ResultSpec.model_validate_json((tmp_path / "run" / "result.json").read_text())
-    assert stored.val_bpb == result.val_bpb
-    serves_next_job(tmp_path, scored=True)
+subprocess.Popen([sys.executable, "-c", {late!r}, "{LATE_MARK}"], start_new_session=True)
 
-
-def test_patching_the_loss_and_the_evaluation_changes_nothing(smoke_prepared, tmp_path: Path) -> None:
-    body = """
+# the loss and the evaluation, patched in this process
 import runner.evaluate, runner.harness
 class Fake:
     val_bpb, tokens, bytes = 0.01, 1, 1
 runner.evaluate.evaluate_bpb = lambda *args, **kwargs: Fake()
 runner.harness.evaluate_bpb = runner.evaluate.evaluate_bpb
 h.step_done(0.0)
+print("evaluation patched", flush=True)
+
+# a summary block of its own
+print('---\\nval_bpb:          0.100000\\n', flush=True)
+{escape(MARK)}
 h.finish(model)
 """
-    result = run(tmp_path, body)
-    assert result.status == "ok" and result.val_bpb > HONEST_FLOOR
-    serves_next_job(tmp_path)
 
 
+@pytest.fixture(scope="module")
+def attacked(smoke_prepared, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Attacked]:
+    """One run whose train.py tries every attack of the tests below (each is tried whatever came
+    of the others, and prints what it could do), with secrets in the supervisor's environment and
+    home and a listener on the host's loopback; then an honest job on the same path."""
+    directory = tmp_path_factory.mktemp("attacked")
+    dataset = smoke_prepared.dataset
+    evaluate = Path(profiles.__file__).parent / "evaluate.py"
+    home = directory / "home"
+    for relative in SECRET_FILES:
+        (home / relative).parent.mkdir(parents=True, exist_ok=True)
+        (home / relative).write_text(f"token {SECRET}\n")
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(0.2)
+    accepted: list[object] = []
+    stopped = threading.Event()
+
+    def accept() -> None:
+        while not stopped.is_set():
+            try:
+                accepted.append(server.accept())
+            except OSError:
+                continue
+
+    listener = threading.Thread(target=accept, daemon=True)
+    listener.start()
+    before = evaluate.read_bytes()
+    body = attacks(directory, val_file=dataset.root / dataset.val_file, evaluate=evaluate, home=home,
+                   port=server.getsockname()[1])
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            for name in ("GITHUB_TOKEN", "ANTHROPIC_API_KEY", "AUTORESEARCH_WEBHOOK_SECRET"):
+                patch.setenv(name, SECRET)
+            patch.setenv("HOME", str(home))
+            result = run(directory, body)
+    finally:
+        stopped.set()
+        listener.join(timeout=5)
+        server.close()
+    yield Attacked(directory=directory, result=result, log=log(directory), next=run(directory, "h.finish(model)\n",
+                   name="next"), accepted=accepted, harness_before=before)
+
+
+def test_an_honest_run_is_scored_outside_the_sandbox(attacked: Attacked, smoke_prepared) -> None:
+    """The honest job the path ran right after the attacks: nothing of them carried over."""
+    result = attacked.next
+    assert result.status == "ok" and result.sandboxed and result.runner.sandbox.startswith("bubblewrap"), result.error
+    assert result.val_bpb > HONEST_FLOOR
+    assert "causal" in result.metrics["probe"]
+    assert result.hashes.data == smoke_prepared.dataset.fingerprint
+    assert result.timings.evaluation > 0 and result.timings.training_wall > 0
+    stored = ResultSpec.model_validate_json((attacked.directory / "next" / "result.json").read_text())
+    assert stored == result
+    assert not list(attacked.directory.rglob("model.pt2")), "a scored model is not kept (hundreds of MB on a GPU)"
+    assert not leftover_processes()
+
+
+# --- attacks on the number ------------------------------------------------------------------------
+
+def test_a_fake_summary_block_is_not_read(attacked: Attacked) -> None:
+    assert "val_bpb:          0.100000" in attacked.log
+    assert attacked.result.status == "ok" and attacked.result.val_bpb > HONEST_FLOOR, attacked.result.error
+
+
+def test_result_json_written_by_train_py_or_a_detached_child_is_not_read(attacked: Attacked) -> None:
+    assert "wrote" in attacked.log or "could not write" in attacked.log
+    assert attacked.result.status == "ok" and attacked.result.val_bpb > HONEST_FLOOR, attacked.result.error
+    # Under /tmp the path resolves in the sandbox's private /tmp: a write there lands nowhere real.
+    assert not marked(LATE_MARK), "the detached child died with the sandbox"
+    stored = ResultSpec.model_validate_json((attacked.directory / "run" / "result.json").read_text())
+    assert stored.val_bpb == attacked.result.val_bpb
+
+
+def test_patching_the_loss_and_the_evaluation_changes_nothing(attacked: Attacked) -> None:
+    assert "evaluation patched" in attacked.log
+    assert attacked.result.status == "ok" and attacked.result.val_bpb > HONEST_FLOOR, attacked.result.error
+
+
+@pytest.mark.slow
 def test_a_patched_clock_that_trains_past_the_budget_is_rejected(smoke_prepared, tmp_path: Path,
                                                                   short_limits) -> None:
+    """Slow tier: it trains until the supervisor's real CPU clock reaches a 9 s cap, which only a
+    run of that length can show (the quicker clock attacks of test_budget.py run in `make test`)."""
     short_limits(allowance_s=6.0)  # a cap of 9 s; more ways around the harness's clock: test_budget.py
     body = """
 import time
@@ -170,7 +279,11 @@ h.finish(model)
     serves_next_job(tmp_path)
 
 
+@pytest.mark.slow
 def test_a_model_that_reads_later_tokens_is_rejected(smoke_prepared, tmp_path: Path) -> None:
+    """Slow tier: a refused model through the whole path (export in the sandbox, the scoring
+    process, the supervisor's verdict) needs a run of its own; each refusal is pinned in this
+    process, in `make test`, by tests/runner/test_score.py."""
     body = """
 class Peek(torch.nn.Module):
     def forward(self, idx):
@@ -183,169 +296,40 @@ h.finish(Peek())
     serves_next_job(tmp_path)
 
 
-def test_a_model_that_reads_the_next_row_of_its_batch_is_rejected(smoke_prepared, tmp_path: Path) -> None:
-    body = """
-class Across(torch.nn.Module):
-    def forward(self, idx):
-        nxt = torch.roll(idx, shifts=-1, dims=0)[:, :1].expand_as(idx)  # the next row's first token
-        return torch.nn.functional.one_hot(nxt, h.vocab_size).float()
-h.finish(Across())
-"""
-    result = run(tmp_path, body)
-    assert result.status == "rejected" and "across the batch" in result.error
-    serves_next_job(tmp_path)
-
-
-def test_a_model_with_state_between_calls_is_rejected(smoke_prepared, tmp_path: Path) -> None:
-    body = """
-class Counter(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.register_buffer("calls", torch.zeros(()))
-        self.inner = model
-    def forward(self, idx):
-        self.calls.add_(1)
-        return self.inner(idx) + self.calls
-h.finish(Counter())
-"""
-    result = run(tmp_path, body)
-    assert result.status == "rejected" and "pure function" in result.error
-    serves_next_job(tmp_path)
-
-
-def test_a_model_that_adds_noise_is_rejected(smoke_prepared, tmp_path: Path) -> None:
-    # Noise in the logits would widen the probe's tolerance for the jitter it sees, room for a leak.
-    body = """
-class Noisy(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.inner = model
-    def forward(self, idx):
-        logits = self.inner(idx)
-        return logits + 0.1 * torch.rand_like(logits)
-h.finish(Noisy())
-"""
-    result = run(tmp_path, body)
-    assert result.status == "rejected" and "random numbers" in result.error
-    serves_next_job(tmp_path)
-
-
 # --- attacks on the machine ---------------------------------------------------------------------------
 
-def test_the_validation_split_is_not_visible(smoke_prepared, tmp_path: Path) -> None:
-    dataset = smoke_prepared.dataset
-    body = f"""
-from pathlib import Path
-val = Path({str(dataset.root / dataset.val_file)!r})
-print("val exists:", val.exists(), flush=True)
-try:
-    next(h.dataset.document_batches("val"))
-except Exception as error:
-    print("val read failed:", type(error).__name__, flush=True)
-print("train exists:", all(p.exists() for p in h.dataset.paths("train")), flush=True)
-"""
-    result = run(tmp_path, body)
-    text = log(tmp_path)
-    assert "val exists: False" in text and "val read failed:" in text and "train exists: True" in text
-    assert result.status == "crash"  # it never called h.finish
-    serves_next_job(tmp_path)
+def test_the_validation_split_is_not_visible(attacked: Attacked) -> None:
+    assert "val exists: False" in attacked.log and "val read failed:" in attacked.log
+    assert "train exists: True" in attacked.log
 
 
-def test_the_harness_files_cannot_be_changed(smoke_prepared, tmp_path: Path) -> None:
+def test_the_harness_files_cannot_be_changed(attacked: Attacked) -> None:
     evaluate = Path(profiles.__file__).parent / "evaluate.py"
-    before = evaluate.read_bytes()
-    body = f"""
-from pathlib import Path
-try:
-    Path({str(evaluate)!r}).write_text("def evaluate_bpb(*a, **k): return 0.01\\n")
-    print("harness edited", flush=True)
-except OSError as error:
-    print("harness edit failed:", type(error).__name__, flush=True)
-h.finish(model)
-"""
-    result = run(tmp_path, body)
-    assert "harness edit failed:" in log(tmp_path) and evaluate.read_bytes() == before
-    assert result.status == "ok" and result.val_bpb > HONEST_FLOOR
-    serves_next_job(tmp_path, scored=True)
+    assert "harness edit failed:" in attacked.log and evaluate.read_bytes() == attacked.harness_before
+    assert attacked.result.status == "ok" and attacked.result.val_bpb > HONEST_FLOOR, attacked.result.error
 
 
-def test_secrets_are_not_reachable(smoke_prepared, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    secret = "ghp_" + "s3cr3t" * 6
-    monkeypatch.setenv("GITHUB_TOKEN", secret)
-    monkeypatch.setenv("ANTHROPIC_API_KEY", secret)
-    monkeypatch.setenv("AUTORESEARCH_WEBHOOK_SECRET", secret)
-    home = tmp_path / "home"
-    for relative in (".netrc", ".config/gh/hosts.yml", ".aws/credentials", "project/.env",
-                     "state/app-key.pem"):
-        (home / relative).parent.mkdir(parents=True, exist_ok=True)
-        (home / relative).write_text(f"token {secret}\n")
-    monkeypatch.setenv("HOME", str(home))
-    body = f"""
-import os
-from pathlib import Path
-print("environment:", sorted(os.environ), flush=True)
-print("leaked:", [k for k, v in os.environ.items() if {secret!r} in v], flush=True)
-for path in [Path({str(home)!r}) / p for p in (".netrc", ".config/gh/hosts.yml", ".aws/credentials",
-             "project/.env", "state/app-key.pem")] + [Path("/root/.netrc"), Path("/proc/1/environ")]:
-    try:
-        print("read", path, {secret!r} in path.read_text(errors="replace"), flush=True)
-    except OSError as error:
-        print("unreadable", path, type(error).__name__, flush=True)
-"""
-    run(tmp_path, body)
-    text = log(tmp_path)
-    assert secret not in text and "leaked: []" in text
+def test_secrets_are_not_reachable(attacked: Attacked) -> None:
+    text = attacked.log
+    assert SECRET not in text and "leaked: []" in text
     assert "GITHUB_TOKEN" not in text and "ANTHROPIC_API_KEY" not in text
     assert text.count("unreadable") >= 6
     assert " True" not in "\n".join(line for line in text.splitlines() if line.startswith("read "))
-    serves_next_job(tmp_path)
 
 
-def test_no_network_connection_can_be_opened(smoke_prepared, tmp_path: Path) -> None:
-    server = socket.create_server(("127.0.0.1", 0))
-    port = server.getsockname()[1]
-    accepted: list[object] = []
-    server.settimeout(0.2)
-
-    def accept() -> None:
-        while not stopped.is_set():
-            try:
-                accepted.append(server.accept())
-            except OSError:
-                continue
-
-    stopped = threading.Event()
-    listener = threading.Thread(target=accept, daemon=True)
-    listener.start()
-    body = f"""
-import socket
-for host in ("127.0.0.1", "pypi.org"):
-    try:
-        socket.create_connection((host, {port} if host == "127.0.0.1" else 443), timeout=3).close()
-        print("connected to", host, flush=True)
-    except OSError as error:
-        print("no connection to", host, type(error).__name__, flush=True)
-"""
-    try:
-        run(tmp_path, body)
-    finally:
-        stopped.set()
-        listener.join(timeout=5)
-        server.close()
-    text = log(tmp_path)
-    assert "no connection to 127.0.0.1" in text and "no connection to pypi.org" in text
-    assert not accepted, "the host's loopback is another network"
-    serves_next_job(tmp_path)
+def test_no_network_connection_can_be_opened(attacked: Attacked) -> None:
+    assert "no connection to 127.0.0.1" in attacked.log and "no connection to pypi.org" in attacked.log
+    assert not attacked.accepted, "the host's loopback is another network"
 
 
-def test_no_process_outlives_its_run(smoke_prepared, tmp_path: Path) -> None:
-    result = run(tmp_path, escape(MARK) + "h.finish(model)\n")
-    assert "escaped" in log(tmp_path) and result.status == "ok"  # all three were running when it ended
+def test_no_process_outlives_its_run(attacked: Attacked) -> None:
+    assert "escaped" in attacked.log and attacked.result.status == "ok"  # all three were running when it ended
     assert not leftover_processes()
-    serves_next_job(tmp_path, scored=True)
 
 
+@pytest.mark.slow
 def test_training_in_a_child_process_counts_on_the_clock(smoke_prepared, tmp_path: Path, short_limits) -> None:
+    """Slow tier: the child must train until the supervisor's real CPU clock reaches a 9 s cap."""
     short_limits(allowance_s=6.0)
     body = """
 import os, subprocess, sys, time
@@ -363,6 +347,7 @@ h.finish(model)
 
 # --- ways a run fails ---------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("body", "expected"), [
     ("raise KeyError('no such knob')\n", "KeyError: 'no such knob'"),
     ("import sys\nsys.exit(3)\n", "SystemExit: 3"),
@@ -372,14 +357,18 @@ h.finish(model)
      "            return model(idx)\n        return model(idx) * 2\nh.finish(Weird())\n", "exported"),
 ])
 def test_a_failing_run_is_a_crash_that_says_why(smoke_prepared, tmp_path: Path, body: str, expected: str) -> None:
+    """Slow tier: each way to fail is a run of its own (a crash through the isolated path runs in
+    `make test` as tests/bot/app/test_cli.py's `train --json` of a broken train.py)."""
     result = run(tmp_path, body)
     assert result.status == "crash" and expected.lower() in result.error.lower(), result.error
     assert result.val_bpb is None and result.log_tail is not None
     serves_next_job(tmp_path)
 
 
+@pytest.mark.slow
 def test_an_endless_loop_is_killed_at_the_hard_limit(smoke_prepared, tmp_path: Path, short_limits,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Slow tier: the run must last until the wall-clock hard limit, 8 s after its start."""
     short_limits(max_total_s=8.0)  # a loop that sleeps: a busy one would meet its CPU cap (rejected) first
     result = run(tmp_path, f"import subprocess, sys, time\nsubprocess.Popen({sleeper(MARK)})\nwhile True:\n"
                  "    time.sleep(0.1)\n")
@@ -389,15 +378,21 @@ def test_an_endless_loop_is_killed_at_the_hard_limit(smoke_prepared, tmp_path: P
     serves_next_job(tmp_path)
 
 
+@pytest.mark.slow
 def test_a_flood_of_output_is_capped(smoke_prepared, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Slow tier: a run of its own that floods its output (the cap itself: tests/runner/test_run_log.py)."""
     monkeypatch.setattr("runner.run_log.LOG_LIMIT_BYTES", 100_000)
-    result = run(tmp_path, "import sys\nfor _ in range(20000):\n    sys.stdout.write('x' * 100 + '\\n')\nh.finish(model)\n")
+    flood = "import sys\nfor _ in range(20000):\n    sys.stdout.write('x' * 100 + '\\n')\nh.finish(model)\n"
+    result = run(tmp_path, flood)
     assert result.status == "ok"
     size = (tmp_path / "run" / "log.txt").stat().st_size
     assert 100_000 <= size < 101_000 and "log cut at 100000 bytes" in log(tmp_path)
 
 
+@pytest.mark.slow
 def test_a_link_planted_in_scratch_is_not_followed(smoke_prepared, tmp_path: Path) -> None:
+    """Slow tier: a run of its own that ends without a model (the reader that refuses links:
+    tests/runner/test_files.py)."""
     secret = tmp_path / "secret.json"
     secret.write_text(json.dumps({"status": "exported", "error": "SECRET-VALUE"}))
     body = f"""
@@ -412,7 +407,10 @@ os.symlink({str(secret)!r}, "model.pt2")
     serves_next_job(tmp_path, scored=True)
 
 
+@pytest.mark.slow
 def test_without_a_sandbox_the_run_is_marked_and_warned(smoke_prepared, tmp_path: Path) -> None:
+    """Slow tier: one more cold run, unsandboxed (the warm worker's unsandboxed run in
+    tests/runner/test_isolated_warm.py checks the same mark and warning in `make test`)."""
     result = run(tmp_path, "h.finish(model)\n", use_sandbox=False)
     assert result.status == "ok" and not result.sandboxed and result.runner.sandbox == "none"
     assert "WARNING: running train.py WITHOUT a sandbox" in log(tmp_path)
