@@ -36,15 +36,15 @@ def main() -> None:
     wall = time.time() - started
 
     store = Store(workdir / "state.db")
-    runs = [r for r in store.runs() if r.state == "done"]
-    done = store.experiments(active=False)
+    runs = [r for r in store.runs.all() if r.state == "done"]
+    done = store.experiments.finished()
     training = sum(r.metrics.get("training_seconds", 0.0) for r in runs)
     startup = sum(r.metrics.get("startup_seconds", 0.0) for r in runs)
     evaluation = sum(r.metrics.get("eval_seconds", 0.0) for r in runs)
     in_process = sum((r.finished_at or 0) - (r.started_at or 0) for r in runs)
     other_in_run = in_process - training - startup - evaluation
     loop_work = wall - in_process
-    driver = json.loads(store.get_setting("driver.last_run") or "{}")
+    driver = store.state.driver_last_run
     figures = {
         "profile": args.profile,
         "experiments": len(done),

@@ -414,8 +414,8 @@ def _run(opts: Options) -> dict[str, Any]:
             service.start()
             store = Store(settings.state_dir / "state.db")
             while True:
-                exps = store.experiments()
-                if len(exps) == opts.experiments and all(e.state == State.DONE and store.published(e.id).get("final")
+                exps = store.experiments.all()
+                if len(exps) == opts.experiments and all(e.state == State.DONE and store.published.get(e.id).get("final")
                                                          == e.status for e in exps):
                     break
                 if time.monotonic() - started > opts.timeout_s:
@@ -429,7 +429,7 @@ def _run(opts: Options) -> dict[str, Any]:
             if service.profiler is not None:
                 service.profiler.disable()
                 service.profiler.dump_stats(opts.cprofile)
-            runs = store.runs()
+            runs = store.runs.all()
             statuses = Counter(e.status for e in exps)
         finally:
             served = gh.stop()

@@ -103,8 +103,8 @@ def run(n: int, token: bool) -> dict:
         service.start()
         store = Store(settings.state_dir / "state.db")
         while True:
-            exps = store.experiments()
-            if len(exps) == n and all(e.state == "done" and store.published(e.id).get("final") == e.status
+            exps = store.experiments.all()
+            if len(exps) == n and all(e.state == "done" and store.published.get(e.id).get("final") == e.status
                                       for e in exps):
                 break
             if time.monotonic() - started > 300:

@@ -106,9 +106,10 @@ def tick_cost(snap: Path, ticks: int = 30) -> dict[str, Any]:
 
     store = Store(snap / "state.db")
     try:
-        n = store.count_experiments()
+        n = store.experiments.count()
+        identity = store.state.identity
         loop = Conductor(store, LocalForge(snap / "repo"), FakeRunner(slots=2, auto=False), ScriptedAgent([]),
-                         ConductorConfig(profile=store.identity().get("profile", "smoke"), identity=store.identity(),
+                         ConductorConfig(profile=identity.get("profile", "smoke"), identity=identity,
                                          max_experiments=max(1, n), lookahead=0))
         loop.start()
         for _ in range(10):  # settle: runs of the killed bot are found lost and queued again on the fake

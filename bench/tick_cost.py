@@ -59,28 +59,28 @@ class CountingForge:
 def populate(store: Store, main_sha: str, n: int) -> None:
     """N finished experiments (a candidate run each, every third confirmed), main measured twice."""
     def run(exp_id: int | None, purpose: str, asset: str) -> None:
-        queued = store.add_run(experiment_id=exp_id, purpose=purpose, code_hash=code_hash(asset),
-                               commit_sha=main_sha, base_sha=main_sha, asset=asset, profile="smoke")
-        store.mark_run_started(queued.id, f"fake://{queued.id}")
+        queued = store.runs.add(experiment_id=exp_id, purpose=purpose, code_hash=code_hash(asset),
+                                commit_sha=main_sha, base_sha=main_sha, asset=asset, profile="smoke")
+        store.runs.mark_started(queued.id, f"fake://{queued.id}")
         result = result_for(Job(run_id=queued.id, asset=asset, profile="smoke", seed=queued.id))
-        store.finish_run(queued.id, status=result.status, val_bpb=result.val_bpb, metrics=result.metrics,
-                         error=None, log_tail=result.log_tail)
+        store.runs.finish(queued.id, status=result.status, val_bpb=result.val_bpb, metrics=result.metrics,
+                          error=None, log_tail=result.log_tail)
 
     for _ in range(2):
         run(None, "baseline", MAIN)
     for i in range(n):
         asset = with_effect(MAIN, 0.01 + i * 1e-6, f"experiment {i}")
-        exp = store.start_proposing(main_sha)
-        store.fill_proposal(exp.id, title=f"experiment {i}", hypothesis="a change", slug=f"e{i}",
-                            code_hash=code_hash(asset), train_py=asset, meta={})
-        store.update_experiment(exp.id, state=State.BRANCHED, head_sha=main_sha)
-        store.update_experiment(exp.id, state=State.MEASURING)
+        exp = store.experiments.start_proposing(main_sha)
+        store.experiments.fill_proposal(exp.id, title=f"experiment {i}", hypothesis="a change", slug=f"e{i}",
+                                        code_hash=code_hash(asset), train_py=asset, meta={})
+        store.experiments.update(exp.id, state=State.BRANCHED, head_sha=main_sha)
+        store.experiments.update(exp.id, state=State.MEASURING)
         run(exp.id, "candidate", asset)
         if i % 3 == 0:
             run(exp.id, "confirm", asset)
-        store.update_experiment(exp.id, state=State.CLOSING, status=Status.DISCARD, val_bpb=2.01, delta=0.01,
-                                reason="worse")
-        store.update_experiment(exp.id, state=State.DONE, event="discard: worse")
+        store.experiments.update(exp.id, state=State.CLOSING, status=Status.DISCARD, val_bpb=2.01, delta=0.01,
+                                 reason="worse")
+        store.experiments.update(exp.id, state=State.DONE, event="discard: worse")
 
 
 def time_ticks(loop: Conductor, store: Store, ticks: int) -> tuple[list[float], list[float], int]:
@@ -119,14 +119,14 @@ def measure(n: int, ticks: int) -> dict[str, float | int]:
         if runner.running():
             break
         time.sleep(0.005)
-    assert runner.running() and store.count_experiments() == n + 1, "no run in flight"
+    assert runner.running() and store.experiments.count() == n + 1, "no run in flight"
     for _ in range(5):
         loop.tick()  # warm caches (main, its values) as a long-running conductor has them
 
     forge_calls = CountingForge(loop.forge)
     loop.forge = forge_calls  # type: ignore[assignment]
     walls, cpus, statements = time_ticks(loop, store, ticks)
-    assert store.count_runs(RunState.RUNNING) == 1
+    assert store.runs.count(RunState.RUNNING) == 1
     store.close()
     return {"experiments": n, "wall_ms_median": 1000 * statistics.median(walls),
             "wall_ms_p95": 1000 * sorted(walls)[int(0.95 * len(walls))],

@@ -150,20 +150,20 @@ def child_main(run_seconds: float, quiet: bool, trace: Path | None, web_module: 
     if trace is None:
         app(["serve"], prog_name="autoresearch")
         return
-    from bot.store import Store
+    from bot.store.db import Database
+    from bot.store.inbox import Inbox
 
     spans: dict[str, Any] = {"inbox_insert": [], "conductor_write": [], "writer_commit": []}
-    add_inbox, transaction = Store.add_inbox, Store.transaction
-    add_inbox_many = getattr(Store, "add_inbox_many", None)  # the web's batches (a --web-module may not use it)
+    add_inbox, add_inbox_many, transaction = Inbox.add, Inbox.add_many, Database.transaction
 
-    def timed_add_inbox(self: Store, **kwargs: Any) -> bool:
+    def timed_add_inbox(self: Inbox, **kwargs: Any) -> bool:
         start = time.time()
         try:
             return add_inbox(self, **kwargs)
         finally:
             spans["inbox_insert"].append((start, time.time()))
 
-    def timed_add_inbox_many(self: Store, entries: list[dict[str, Any]], **kwargs: Any) -> list[bool]:
+    def timed_add_inbox_many(self: Inbox, entries: list[dict[str, Any]], **kwargs: Any) -> list[bool]:
         start = time.time()
         try:
             return add_inbox_many(self, entries, **kwargs)
@@ -171,7 +171,7 @@ def child_main(run_seconds: float, quiet: bool, trace: Path | None, web_module: 
             spans["writer_commit"].append((start, time.time(), len(entries)))
 
     @contextlib.contextmanager
-    def timed_transaction(self: Store) -> Any:
+    def timed_transaction(self: Database) -> Any:
         outer, start = not self._depth, time.time()
         try:
             with transaction(self) as db:
@@ -185,9 +185,8 @@ def child_main(run_seconds: float, quiet: bool, trace: Path | None, web_module: 
         trace.write_text(json.dumps(spans))
         sys.exit(0)
 
-    Store.add_inbox, Store.transaction = timed_add_inbox, timed_transaction  # type: ignore[method-assign]
-    if add_inbox_many is not None:
-        Store.add_inbox_many = timed_add_inbox_many  # type: ignore[method-assign]
+    Inbox.add, Inbox.add_many = timed_add_inbox, timed_add_inbox_many  # type: ignore[method-assign]
+    Database.transaction = timed_transaction  # type: ignore[method-assign]
     # uvicorn restores this handler after its shutdown and raises SIGTERM again
     signal.signal(signal.SIGTERM, write_trace)
     app(["serve"], prog_name="autoresearch")

@@ -352,7 +352,7 @@ class Service:
             return None
         self._set(ConductorState.STARTING, "connected to GitHub; preparing the runner and the agent")
         store = Store(self.store_path)
-        store.set_setting(handlers.BOT_LOGIN, login)
+        store.state.bot_login = login
         # the inbox's handlers: the loop's own inputs, and GitHub's events, which act on this repository
         # only, steered by people GitHub says have write access
         github = handlers.GitHubEvents(settings.repository, CollaboratorPermissions.for_repository(repo),

@@ -30,7 +30,7 @@ microseconds; a body over 1 MB is checked on a worker thread) and hands its row 
 thread, which writes the rows of all waiting requests in one transaction and then answers each
 request from its own row's insert: so an answer still means the row is committed, and 202 or 200
 is exact even for two copies of a delivery in one transaction. /healthz runs in FastAPI's thread
-pool, each worker thread with its own connection (a connection is never shared between threads).
+pool and reads through the store's read-only pool (bot.store.pool: one connection per worker thread).
 `wake` is called from the writer thread, once per new row, so it must be thread-safe (setting a
 threading.Event is). The secret is never logged.
 
@@ -48,7 +48,6 @@ import logging
 import re
 import sqlite3
 import threading
-import weakref
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -62,7 +61,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from bot.github.webhooks import MalformedPayload, normalize, verify_signature
-from bot.store import Store
+from bot.store import ReadPool, Store, StoreUnavailable
 from bot.store.schema import SchemaTooNew
 
 log = logging.getLogger(__name__)
@@ -106,51 +105,12 @@ class _Buffered:
         self.held -= size
 
 
-class _ThreadStores:
-    """One Store (one SQLite connection) per worker thread. A thread's connection closes when the
-    thread ends (the pool retires idle threads), when it failed, or when the app shuts down."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.local = threading.local()
-        self.opened: weakref.WeakSet[Store] = weakref.WeakSet()
-        self.lock = threading.Lock()
-
-    def get(self) -> Store:
-        store = getattr(self.local, "store", None)
-        if store is None:
-            store = Store(self.path)
-            self.local.store = store
-            with self.lock:
-                self.opened.add(store)
-        return store
-
-    def discard(self) -> None:
-        """Drop this thread's connection after an error; the next request opens a fresh one."""
-        store = getattr(self.local, "store", None)
-        self.local.store = None
-        if store is not None:
-            try:
-                store.close()
-            except sqlite3.Error:
-                pass
-
-    def close_all(self) -> None:
-        with self.lock:
-            stores = list(self.opened)
-        for store in stores:
-            try:
-                store.close()
-            except sqlite3.Error:
-                pass
-
-
 class _InboxWriter:
     """The one thread that writes deliveries to the inbox. A request hands over its row and awaits
     the outcome; the thread takes every row waiting, writes them all in one transaction (one fsync),
     and then settles each request: True stored, False already stored, or the store's error. So an
     answer still means the row is on disk, a burst costs a few commits rather than one per row, and
-    no request waits in SQLite's busy handler (Store.add_inbox_many polls the lock instead)."""
+    no request waits in SQLite's busy handler (Inbox.add_many polls the lock instead)."""
 
     def __init__(self, path: Path, wake: Callable[[], None]) -> None:
         self.path, self.wake = path, wake
@@ -160,7 +120,7 @@ class _InboxWriter:
         self.closing = False
 
     async def add(self, **entry: Any) -> bool:
-        """Store one row (add_inbox's arguments); False if its key was already stored."""
+        """Store one row (Inbox.add's arguments); False if its key was already stored."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         with self.ready:
@@ -210,7 +170,7 @@ class _InboxWriter:
         """The connection to use next, and for each entry True, False or the exception to raise."""
         try:
             store = store or Store(self.path)
-            stored = store.add_inbox_many(entries)
+            stored = store.inbox.add_many(entries)
         except Exception as error:  # every request waiting must get an answer (503, or 500 for a bug)
             log.exception("could not write %d deliveries to the inbox", len(entries))
             if store is not None:  # a fresh connection for the next batch
@@ -298,14 +258,14 @@ def create_app(*, store_path: Path, secret: str, wake: Callable[[], None] = lamb
                          "(without it anyone could post deliveries)")
     key = secret.encode("utf-8")
     Store(store_path).close()  # schema created or migrated once, before any worker opens its own
-    stores = _ThreadStores(store_path)  # /healthz reads through these
+    readers = ReadPool(store_path)  # /healthz reads through these
     writer = _InboxWriter(store_path, wake)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
         await run_in_threadpool(writer.close)
-        stores.close_all()
+        readers.close_all()
 
     # no /docs or /openapi.json: this server answers GitHub, not people
     app = FastAPI(title="autoresearch-bot webhooks", lifespan=lifespan, docs_url=None, redoc_url=None,
@@ -407,11 +367,10 @@ def create_app(*, store_path: Path, secret: str, wake: Callable[[], None] = lamb
         """200 when the store answers and health() says all is well, 503 otherwise, with what failed."""
         healthy = True
         try:
-            stores.get().last_inbox_id()
+            readers.check()
             store = "ok"
-        except STORE_ERRORS as error:
-            stores.discard()
-            store, healthy = f"cannot read the store: {error}", False
+        except StoreUnavailable as error:
+            store, healthy = f"cannot read the store: {error.reason}", False
         try:
             info: dict[str, Any] = jsonable_encoder(dict(health()))
         except Exception as error:  # a health report must not fail with a traceback

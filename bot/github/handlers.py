@@ -19,11 +19,11 @@ Boundaries, checked here so the webhook and the poller paths give the same verdi
   `repository.full_name`, compared without case) is logged and processed as "not the research
   repository", with no effect. Installation events name no repository and are only logged.
 - Experiments by the pull request the bot opened. An event names an experiment only by the number
-  of the pull request the publisher recorded for it (store.experiment_by_pull); an event about a
+  of the pull request the publisher recorded for it (store.published.experiment_of_pull); an event about a
   pull request must also have its head on the research repository, at the experiment's branch (a
   fork's pull request has its own head repository, whatever its branch is called). A check run's
   event names an experiment only by the id of a check run the publisher created
-  (store.experiment_by_check_run): `check_run.pull_requests` is empty for forks, and another App
+  (store.published.experiment_of_check_run): `check_run.pull_requests` is empty for forks, and another App
   can create check runs with any name and external_id.
 - Only people with write access steer (admin, maintain or write; asked of GitHub, see
   bot.github.permissions): comments, reviews and commands (feedback reaches the agent only from an
@@ -75,7 +75,7 @@ class Context:
     rules: GitHubEvents
 
     def is_bot(self) -> bool:
-        login = self.store.get_setting(BOT_LOGIN)
+        login = self.store.state.bot_login
         return bool(login) and (self.event.sender or "").lower() == (login or "").lower()
 
     def refused(self, *, what: str, asking_again: bool = False) -> str | None:
@@ -112,7 +112,7 @@ class Context:
         event = self.event
         if event.number is None:
             return None
-        exp = self.store.experiment_by_pull(event.number)
+        exp = self.store.published.experiment_of_pull(event.number)
         if exp is None:
             return None
         if event.branch is not None and (not self.rules.ours(event.head_repository) or event.branch != exp.branch):
@@ -201,7 +201,7 @@ def pr_closed(ctx: Context) -> str:
         return f"experiment {exp.id} had already ended ({exp.status})"
     if (refused := ctx.refused(what="cancel an experiment")) is not None:
         return refused
-    store.request(exp.id, Request.CANCEL, event.sender or "someone")
+    store.experiments.request(exp.id, Request.CANCEL, event.sender or "someone")
     return f"experiment {exp.id} will be cancelled"
 
 
@@ -215,7 +215,7 @@ def pr_reopened(ctx: Context) -> str:
         return f"experiment {exp.id} is {exp.status or exp.state}: nothing to reopen"
     if (refused := ctx.refused(what="measure an experiment again")) is not None:
         return refused
-    store.request(exp.id, Request.REOPEN, event.sender or "someone")
+    store.experiments.request(exp.id, Request.REOPEN, event.sender or "someone")
     return f"experiment {exp.id} will be measured again"
 
 
@@ -228,7 +228,7 @@ def feedback(ctx: Context) -> str:
         return "not an experiment's pull request: not feedback for the agent"
     if (refused := ctx.refused(what="steer the agent")) is not None:
         return refused
-    ctx.store.add_feedback(event.sender or "someone", f"{event.sender} on #{event.number}: {event.body.strip()}")
+    ctx.store.feedback.add(event.sender or "someone", f"{event.sender} on #{event.number}: {event.body.strip()}")
     return "the agent will read it"
 
 
@@ -247,7 +247,7 @@ def command(ctx: Context) -> str:
     where = event.issue_number if event.issue_number is not None else event.number
     if event.event == "issue_comment" and event.comment_id is not None and where is not None:
         # a review's id is not a comment's: reviews get no reaction and no reply
-        store.add_reply(event.comment_id, where, render.ack_comment(name, argument, outcome, event.comment_id))
+        store.replies.add(event.comment_id, where, render.ack_comment(name, argument, outcome, event.comment_id))
     return outcome
 
 
@@ -257,7 +257,7 @@ def _command(ctx: Context, name: str, argument: str, who: str) -> str:
         outcome = ctx.loop_input(name)
         return f"{outcome} until /resume" if name == "pause" else outcome
     if name == "try":
-        store.add_feedback(who, f"{who} asks to try next: {argument}")
+        store.feedback.add(who, f"{who} asks to try next: {argument}")
         return f"the agent will be asked to try: {argument}"
     exp = ctx.experiment()
     if exp is None:
@@ -270,7 +270,7 @@ def _request(store: Store, exp: Experiment, request: Request, who: str) -> str:
         return f"experiment {exp.id} is already kept"
     if request == Request.DISCARD and exp.state == State.DONE:
         return f"experiment {exp.id} already ended ({exp.status})"
-    store.request(exp.id, request, who)
+    store.experiments.request(exp.id, request, who)
     return {Request.RERUN: f"experiment {exp.id} will be measured once more",
             Request.KEEP: f"experiment {exp.id} will be merged once measured on the current main",
             Request.DISCARD: f"experiment {exp.id} will be stopped and closed"}[request]
@@ -292,7 +292,7 @@ def _check_button(ctx: Context, name: str) -> str:
     # GitHub lets any App with checks:read re-request a check run, and its documentation does not
     # say who may press a check run's buttons: the sender is checked like a command's author.
     event = ctx.event
-    exp = ctx.store.experiment_by_check_run(event.check_run_id) if event.check_run_id is not None else None
+    exp = ctx.store.published.experiment_of_check_run(event.check_run_id) if event.check_run_id is not None else None
     if exp is None:
         return "not an autoresearch check run"
     if ctx.is_bot():

@@ -6,7 +6,7 @@ Each poll asks, in this order (the pull requests first: the other two read what 
 
 1. `GET /repos/{o}/{r}/pulls?state=all&sort=updated&direction=desc&per_page=100` (one page). Each
    pull request from an `autoresearch/` branch of this repository is compared with the state seen
-   last (the store's setting `poller.pulls`, JSON): open -> closed is pr_closed (`merged` from
+   last (store.state.poller_pulls): open -> closed is pr_closed (`merged` from
    `merged_at`), closed -> open is pr_reopened. The list does not say who closed or reopened a pull
    request, so for each such change (and only then) the poller asks the issue's events,
    `GET /repos/{o}/{r}/issues/{n}/events?per_page=100`, and the sender is the `actor` of the newest
@@ -79,7 +79,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import requests
@@ -94,9 +94,6 @@ log = logging.getLogger(__name__)
 
 PER_PAGE = 100          # GitHub's largest page
 MAX_PAGES = 10          # pages of comments read in one poll
-HORIZON = "poller.horizon"                # store settings: when polling first began (ISO 8601, UTC)
-COMMENTS_SINCE = "poller.comments_since"  # the `since` of the comments query
-PULLS = "poller.pulls"                    # {"<number>": {"state", "branch", "sha"}} as last seen
 STATE_CHANGES = ("closed", "reopened")    # the issue events that name who closed or reopened a pull request
 
 
@@ -136,7 +133,7 @@ class Poller:
 
     def __init__(self, client: GitHubClient, store: Store, *, interval_s: float,
                  wake: Callable[[], None] = lambda: None,
-                 now: Callable[[], datetime] = lambda: datetime.now(timezone.utc)) -> None:
+                 now: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
         self.client = client
         self.store = store
         self.wake = wake
@@ -215,7 +212,7 @@ class Poller:
             if changed:
                 self._store(self._pull_event(pull, seen))
             known[number] = seen
-        self.store.set_setting(PULLS, json.dumps({str(n): v for n, v in sorted(known.items())}))
+        self.store.state.poller_pulls = {str(n): v for n, v in sorted(known.items())}
         self._remember(answer)
         return known
 
@@ -265,13 +262,12 @@ class Poller:
         return actor
 
     def _known_pulls(self) -> dict[int, dict[str, Any]]:
-        raw = json.loads(self.store.get_setting(PULLS) or "{}")
-        return {int(number): seen for number, seen in raw.items()}
+        return {int(number): seen for number, seen in self.store.state.poller_pulls.items()}
 
     # --- (2) comments -----------------------------------------------------------------------------
 
     def _poll_comments(self, horizon: datetime, pulls: dict[int, dict[str, Any]]) -> None:
-        since = self.store.get_setting(COMMENTS_SINCE) or _iso(horizon)
+        since = self.store.state.poller_comments_since or _iso(horizon)
         for _ in range(MAX_PAGES):
             answer = self._get(f"{self._repo_path()}/issues/comments",
                                {"since": since, "sort": "updated", "direction": "asc", "per_page": PER_PAGE})
@@ -292,7 +288,7 @@ class Poller:
                 log.warning("over %d comments updated at %s: some of them are not read", PER_PAGE, since)
                 return
             since = newest
-            self.store.set_setting(COMMENTS_SINCE, since)
+            self.store.state.poller_comments_since = since
 
     def _comment_event(self, comment: dict[str, Any], pulls: dict[int, dict[str, Any]]) -> GitHubEvent | None:
         number = _number_of(comment.get("issue_url"))
@@ -334,7 +330,7 @@ class Poller:
         comment, review or state change read again is stored once); ignored kinds are not stored."""
         if event is None or event.kind == "ignored":
             return
-        if self.store.add_inbox(key=f"github:{event.delivery}", kind="github", payload=event.to_payload(),
+        if self.store.inbox.add(key=f"github:{event.delivery}", kind="github", payload=event.to_payload(),
                                 author=event.sender or "github"):
             self._report.stored += 1
             log.info("stored %s.%s (%s) as %s", event.event, event.action or "-", event.delivery, event.kind)
@@ -373,11 +369,11 @@ class Poller:
     # --- small things -----------------------------------------------------------------------------
 
     def _horizon(self) -> datetime:
-        stored = self.store.get_setting(HORIZON)
+        stored = self.store.state.poller_horizon
         if stored:
             return _parse(stored) or self._now()
-        now = self._now().astimezone(timezone.utc).replace(microsecond=0)
-        self.store.set_setting(HORIZON, _iso(now))
+        now = self._now().astimezone(UTC).replace(microsecond=0)
+        self.store.state.poller_horizon = _iso(now)
         log.info("polling starts at %s: nothing from before it is replayed", _iso(now))
         return now
 
@@ -433,7 +429,7 @@ def _parse(text: Any) -> datetime | None:
         value = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
         return None
-    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
 def _after(text: Any, horizon: datetime) -> bool:
@@ -443,4 +439,4 @@ def _after(text: Any, horizon: datetime) -> bool:
 
 
 def _iso(when: datetime) -> str:
-    return when.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -49,7 +49,6 @@ from github.Repository import Repository
 from bot.core.protocols import Publisher, Snapshot
 from bot.core.states import RunState, State
 from bot.github import render
-from bot.github.handlers import BOT_LOGIN
 from bot.github.research_log import ResearchLog
 from bot.github.webhooks import GitHubEvent
 from bot.store import Experiment, Store, failpoint
@@ -95,7 +94,7 @@ class GitHubPublisher(Publisher):
             self._post_replies()
         except Exception as error:  # noqa: BLE001 - replies wait for the next tick
             failures.append(f"replies: {type(error).__name__}: {error}")
-        for exp in self.store.unpublished():
+        for exp in self.store.published.behind():
             try:
                 self._publish(exp, snapshot)
             except Exception as error:  # noqa: BLE001 - one experiment's trouble must not hold up the others
@@ -109,7 +108,7 @@ class GitHubPublisher(Publisher):
             raise RuntimeError("; ".join(failures))
 
     def _publish(self, exp: Experiment, snapshot: Snapshot) -> None:
-        running = [r for r in self.store.runs(experiment_id=exp.id) if r.state == RunState.RUNNING]
+        running = [r for r in self.store.runs.all(experiment_id=exp.id) if r.state == RunState.RUNNING]
         phase = "completed" if exp.state == State.DONE else ("in_progress" if running else "queued")
         progress = snapshot.progress.get(running[0].id) if running else None
         due = phase == "in_progress" and progress and \
@@ -117,16 +116,16 @@ class GitHubPublisher(Publisher):
         shown = (exp.state, exp.status, exp.head_sha, phase)
         if self._shown.get(exp.id) == shown and not due:
             return
-        published = self.store.published(exp.id)
+        published = self.store.published.get(exp.id)
         if exp.id not in self._shown and exp.state != State.DONE and "pr" in published:
             if self._closed_while_away(exp, int(published["pr"])):
                 return
         if exp.state != State.DONE and published.get("final"):  # reopened: a new round of checks and comments
             self._reopen(exp, int(published["pr"]))
             round_ = str(int(published.get("round", "0")) + 1)
-            self.store.set_published(exp.id, "round", round_)
-            self.store.set_published(exp.id, "final", "")
-            published = self.store.published(exp.id)
+            self.store.published.set(exp.id, "round", round_)
+            self.store.published.set(exp.id, "final", "")
+            published = self.store.published.get(exp.id)
         number = self._pull_request(exp, published, snapshot)
         if exp.state != State.DONE:
             self._drop_old_label(exp, number, published)
@@ -134,14 +133,14 @@ class GitHubPublisher(Publisher):
         if exp.state == State.DONE:
             self._decision(exp, number, published, snapshot)
             self._label_and_close(exp, number, published)
-            self.store.set_published(exp.id, "final", exp.status or "")
+            self.store.published.set(exp.id, "final", exp.status or "")
         if phase == "in_progress" and progress:
             self._progress_at[exp.id] = self.clock()
         self._shown[exp.id] = shown
 
     def _bot_login(self) -> str | None:
         """The login the bot's own content carries (written by bot.app.serve when it connects)."""
-        return self.store.get_setting(BOT_LOGIN)
+        return self.store.state.bot_login
 
     def _ours(self, user: Any) -> bool:
         """Whether a PyGithub NamedUser (an author) is the bot itself: only its own pull requests and
@@ -157,7 +156,7 @@ class GitHubPublisher(Publisher):
         (noted, never finished): then, and only then, the caller looks for it before creating."""
         tried = bool(published.get(f"attempt:{key}"))
         if not tried:
-            self.store.set_published(exp.id, f"attempt:{key}", "1")
+            self.store.published.set(exp.id, f"attempt:{key}", "1")
             published[f"attempt:{key}"] = "1"
         return tried
 
@@ -172,7 +171,7 @@ class GitHubPublisher(Publisher):
         if existing:
             number = existing[0].number
         else:
-            history = [e for e in self.store.experiments(state=State.DONE) if e.id != exp.id][-5:]
+            history = [e for e in self.store.experiments.in_state(State.DONE) if e.id != exp.id][-5:]
             body = render.pr_body(exp, main_sha=exp.base_sha, main_val_bpb=snapshot.main_val_bpb,
                                   base_train_py=self._base_text(exp), history=history)
             self.pace_write()
@@ -180,7 +179,7 @@ class GitHubPublisher(Publisher):
                                            body=body).number
             failpoint("pull_request_created")  # the crash tests: created on GitHub, not yet in the store
             log.info("experiment %s: opened pull request #%s", exp.id, number)
-        self.store.set_published(exp.id, "pr", str(number))
+        self.store.published.set(exp.id, "pr", str(number))
         published["pr"] = str(number)
         return number
 
@@ -208,7 +207,7 @@ class GitHubPublisher(Publisher):
                             sender_type=closer.type if closer else None, association=None, number=number,
                             branch=pull.head.ref, head_sha=pull.head.sha, ref=None, before=None, after=None,
                             head_repository=pull.head.repo.full_name if pull.head.repo else None)
-        if not self.store.add_inbox(key=f"github:{event.delivery}", kind="github", payload=event.to_payload(),
+        if not self.store.inbox.add(key=f"github:{event.delivery}", kind="github", payload=event.to_payload(),
                                     author=event.sender or "github"):
             return False  # stored before: the handler has its verdict (a closer without write access cancels nothing)
         log.info("experiment %s: its pull request #%s was closed while the bot was away", exp.id, number)
@@ -232,7 +231,7 @@ class GitHubPublisher(Publisher):
         except GithubException as error:
             if error.status != 404:
                 raise
-        self.store.set_published(exp.id, "label", "")
+        self.store.published.set(exp.id, "label", "")
         published["label"] = ""
 
     def _label_and_close(self, exp: Experiment, number: int, published: dict[str, str]) -> None:
@@ -254,7 +253,7 @@ class GitHubPublisher(Publisher):
             self._api("PATCH", f"/issues/{number}", input=fields)
         if "state" in fields:
             log.info("experiment %s: closed pull request #%s (%s)", exp.id, number, exp.status)
-        self.store.set_published(exp.id, "label", wanted.name)
+        self.store.published.set(exp.id, "label", wanted.name)
 
     def _ensure_label(self, label: render.Label) -> None:
         if label.name in self._labels_ready:
@@ -276,7 +275,7 @@ class GitHubPublisher(Publisher):
         key = f"comment:decision:{published.get('round', '0')}"
         if key in published:
             return
-        runs = self.store.runs(experiment_id=exp.id)
+        runs = self.store.runs.all(experiment_id=exp.id)
         body = render.decision_comment(exp, main_val_bpb=exp.meta.get("main_val_bpb", snapshot.main_val_bpb),
                                        runs=runs)
         wanted = render.find_marker(body)
@@ -288,7 +287,7 @@ class GitHubPublisher(Publisher):
             self.pace_write()
             found = self._api("POST", f"/issues/{number}/comments", input={"body": body})["id"]
             failpoint("comment_posted")
-        self.store.set_published(exp.id, key, str(found))
+        self.store.published.set(exp.id, key, str(found))
 
     # --- the val_bpb check -----------------------------------------------------------------------------
     def _check(self, exp: Experiment, published: dict[str, str], phase: str, progress: dict[str, Any] | None,
@@ -297,7 +296,7 @@ class GitHubPublisher(Publisher):
         status = exp.status if phase == "completed" else phase
         title = render.check_title(exp, status=status or "failed", progress=progress)
         if phase == "completed":
-            runs = self.store.runs(experiment_id=exp.id)
+            runs = self.store.runs.all(experiment_id=exp.id)
             summary = render.check_summary(exp, runs, main_val_bpb=exp.meta.get("main_val_bpb", snapshot.main_val_bpb),
                                            noise_margin=exp.margin)
             tails = [r.log_tail for r in runs if r.log_tail]
@@ -327,17 +326,17 @@ class GitHubPublisher(Publisher):
                                                                 "external_id": external_id, **fields})
                 failpoint("check_run_created")
                 log.info("experiment %s: check run %s on %s (%s)", exp.id, check["id"], head[:7], phase)
-                self.store.set_published(exp.id, key, str(check["id"]))
+                self.store.published.set(exp.id, key, str(check["id"]))
                 published[key] = str(check["id"])
                 if phase == "completed":
-                    self.store.set_published(exp.id, key + ":done", "1")
+                    self.store.published.set(exp.id, key + ":done", "1")
                 return
-            self.store.set_published(exp.id, key, str(found))
+            self.store.published.set(exp.id, key, str(found))
             published[key] = str(found)
         self.pace_write()
         self._api("PATCH", f"/check-runs/{published[key]}", input=fields)
         if phase == "completed":
-            self.store.set_published(exp.id, key + ":done", "1")
+            self.store.published.set(exp.id, key + ":done", "1")
 
     def _find_check(self, head: str, external_id: str) -> int | None:
         """The id of the check run an earlier attempt may have created (one GET, by its external_id)."""
@@ -356,7 +355,7 @@ class GitHubPublisher(Publisher):
             "status": "completed", "conclusion": "neutral",
             "output": {"title": "superseded: rebased onto a newer main and measured again",
                        "summary": f"Experiment {exp.id} now lives on {exp.head_sha}."}})
-        self.store.set_published(exp.id, key + ":done", "1")
+        self.store.published.set(exp.id, key + ":done", "1")
         published[key + ":done"] = "1"
 
     def _status(self, exp: Experiment, published: dict[str, str], head: str, status: str) -> None:
@@ -370,7 +369,7 @@ class GitHubPublisher(Publisher):
             return
         self.pace_write()
         self._api("POST", f"/statuses/{head}", input=fields)
-        self.store.set_published(exp.id, key, shown)
+        self.store.published.set(exp.id, key, shown)
         published[key] = shown
 
     # --- answers to commands ---------------------------------------------------------------------------
@@ -380,7 +379,7 @@ class GitHubPublisher(Publisher):
         on GitHub's side (5xx, no answer) is tried again at the next ticks, REPLY_TRIES in all. The
         rest go on either way; a rate limit stops them all until the next tick."""
         failed: list[str] = []
-        for comment_id, number, body in self.store.pending_replies():
+        for comment_id, number, body in self.store.replies.pending():
             try:
                 self._post_reply(comment_id, number, body)
             except RateLimitExceededException:
@@ -406,7 +405,7 @@ class GitHubPublisher(Publisher):
             if error.status != 404:
                 raise
             log.info("command comment %s on #%s is gone: no reply", comment_id, number)
-            self.store.mark_replied(comment_id)
+            self.store.replies.mark_posted(comment_id)
             return
         self.pace_write()
         comment.create_reaction("+1")  # GitHub answers 200 with the same reaction when it exists
@@ -414,7 +413,7 @@ class GitHubPublisher(Publisher):
         if not any(self._ours(c.user) and render.find_marker(c.body) == wanted for c in issue.get_comments()):
             self.pace_write()
             issue.create_comment(body)
-        self.store.mark_replied(comment_id)
+        self.store.replies.mark_posted(comment_id)
         self._reply_failures.pop(comment_id, None)
 
     def _reply_failed(self, comment_id: int, number: int, why: str) -> str:
@@ -425,6 +424,6 @@ class GitHubPublisher(Publisher):
 
     def _give_up_reply(self, comment_id: int, number: int, why: str) -> None:
         log.warning("the reply to the command in comment %s on #%s is given up: %s", comment_id, number, why)
-        self.store.event(None, "github", f"reply to comment {comment_id} on #{number} given up: {why}")
-        self.store.mark_replied(comment_id)
+        self.store.events.add(None, "github", f"reply to comment {comment_id} on #{number} given up: {why}")
+        self.store.replies.mark_posted(comment_id)
         self._reply_failures.pop(comment_id, None)

@@ -8,8 +8,8 @@ from a phone.
                         the store changed, `progress` (the running slots only) when only the runs'
                         progress moved, `problem` when the store cannot be read, and a comment every 15 s
 
-It only reads. The store is opened with SQLite's `mode=ro` and `query_only`, one connection per
-worker thread (as bot.app.web does), and each answer is read in one read transaction, so it is
+It only reads, through the store's read-only pool (bot.store.pool, as bot.app.web's /healthz does:
+one connection per worker thread), and each answer is read in one read transaction, so it is
 consistent and never blocks the conductor's writes for long. What it shows is the read model
 (bot.views.read_model), the numbers every other view shows too. Many viewers cost little more than
 one: the state is built and encoded once per change of the store, /api/state then reads only the
@@ -36,8 +36,8 @@ import sqlite3
 import threading
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,7 +47,7 @@ from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from bot.store import Experiment, schema
+from bot.store import Experiment, ReadPool, StoreUnavailable
 from bot.views import dashboard_state, dashboard_stream
 from bot.views.dashboard_state import Links, Look, encode, fingerprint, running_slots
 from bot.views.dashboard_stream import EventStream, Feed
@@ -64,69 +64,6 @@ HEADERS = {  # the token may sit in the page's URL: no referrer leaves it, nothi
                                "img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"}
 
 
-class StoreUnavailable(RuntimeError):
-    """The store cannot be read now; the message says why and what to do."""
-
-
-class _Readers:
-    """One read-only connection per worker thread; a connection that failed is dropped."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.uri = path.resolve().as_uri() + "?mode=ro"
-        self.local = threading.local()
-        self.opened: list[sqlite3.Connection] = []
-        self.lock = threading.Lock()
-
-    def get(self) -> sqlite3.Connection:
-        db = getattr(self.local, "db", None)
-        if db is not None:
-            return db
-        if not self.path.is_file():
-            raise StoreUnavailable(f"no store at {self.path} yet: start the loop there (autoresearch demo or "
-                                   "serve), and this page fills in by itself")
-        try:
-            db = sqlite3.connect(self.uri, uri=True, timeout=5, isolation_level=None, check_same_thread=False)
-            db.row_factory = sqlite3.Row
-            db.execute("PRAGMA query_only = ON")
-            version = db.execute("PRAGMA user_version").fetchone()[0]
-        except sqlite3.Error as error:
-            raise StoreUnavailable(f"cannot read the store at {self.path}: {error}") from None
-        if version != schema.VERSION:
-            db.close()
-            which = "an older" if version < schema.VERSION else "a newer"
-            raise StoreUnavailable(f"the store at {self.path} was written by {which} release (schema {version}, "
-                                   f"this one reads {schema.VERSION}): run this release's bot on it once, or "
-                                   "the dashboard of the release that wrote it")
-        self.local.db = db
-        with self.lock:
-            self.opened.append(db)
-        return db
-
-    @contextmanager
-    def snapshot(self) -> Iterator[sqlite3.Connection]:
-        """A connection inside one read transaction: everything read in it is from one moment."""
-        db = self.get()
-        try:
-            db.execute("BEGIN")
-            try:
-                yield db
-            finally:
-                db.execute("COMMIT")  # ends the read: the conductor's checkpoints are never held up
-        except sqlite3.Error as error:
-            self.local.db = None
-            with self.lock:
-                self.opened = [d for d in self.opened if d is not db]
-            db.close()
-            raise StoreUnavailable(f"cannot read the store at {self.path}: {error}") from None
-
-    def close_all(self) -> None:
-        with self.lock:
-            opened, self.opened = self.opened, []
-        for db in opened:
-            db.close()
-
-
 class Dashboard:
     """The reads behind the routes. The store's part of the state is built and encoded once per
     change of the store (or of the conductor's report) and shared by every page and stream; the
@@ -135,7 +72,8 @@ class Dashboard:
     (Feed); at most dashboard_stream.MAX_STREAMS are open at once."""
 
     def __init__(self, store_path: Path, live: Callable[[], Live] | None, links: Links | None) -> None:
-        self.readers = _Readers(store_path)
+        self.readers = ReadPool(store_path)
+        self._fingerprints = threading.local()  # this thread's (connection, data_version, fingerprint)
         self.live = live
         self.links = links
         self.closing = threading.Event()  # set: open streams end within a second (a server stopping)
@@ -219,10 +157,10 @@ class Dashboard:
         when another connection has committed since (PRAGMA data_version), so an idle stream reads
         next to nothing."""
         version = db.execute("PRAGMA data_version").fetchone()[0]
-        cached = getattr(self.readers.local, "fingerprint", None)
+        cached = getattr(self._fingerprints, "cached", None)
         if cached is None or cached[0] is not db or cached[1] != version:
             cached = (db, version, fingerprint(db))
-            self.readers.local.fingerprint = cached
+            self._fingerprints.cached = cached
         report = {k: live.get(k) for k in ("stop_reason", "blocked", "budget_usd")}
         return hashlib.sha256(repr((cached[2], report)).encode()).hexdigest()[:20]
 

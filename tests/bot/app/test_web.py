@@ -28,6 +28,7 @@ import bot.app.web
 from bot.app.web import STORE_FAILED, create_app
 from bot.github.webhooks import normalize
 from bot.store import Store
+from bot.store.inbox import Inbox
 
 SECRET = "s3cret-for-the-tests"
 EXAMPLES = Path(__file__).parents[1] / "github" / "webhook_examples"
@@ -94,7 +95,7 @@ def deliver(client: TestClient, event: str, payload: Any = None, *, body: bytes 
 def inbox(store_path: Path):
     store = Store(store_path)
     try:
-        return store.inbox()
+        return store.inbox.all()
     finally:
         store.close()
 
@@ -334,16 +335,16 @@ def test_deliveries_waiting_together_are_written_in_one_transaction_and_each_ans
     row's insert."""
     batches: list[list[str]] = []
     entered, release = threading.Event(), threading.Event()
-    real = Store.add_inbox_many
+    real = Inbox.add_many
 
-    def gated(self: Store, entries: list[dict[str, Any]], **kwargs: Any) -> list[bool]:
+    def gated(self: Inbox, entries: list[dict[str, Any]], **kwargs: Any) -> list[bool]:
         batches.append(sorted(e["key"] for e in entries))
         if len(batches) == 1:
             entered.set()
             release.wait(timeout=30)
         return real(self, entries, **kwargs)
 
-    monkeypatch.setattr(Store, "add_inbox_many", gated)
+    monkeypatch.setattr(Inbox, "add_many", gated)
     app = create_app(store_path=store_path, secret=SECRET, wake=wakes)
     writer = app.state.inbox_writer
     payload = vendored("pull_request", "closed")
@@ -372,13 +373,13 @@ def test_a_delivery_is_answered_once_another_writer_lets_go_of_the_store(
     """The conductor holds the write lock: the delivery waits (polling, not in SQLite's busy
     handler) and is answered 202 once the lock is free, its row committed."""
     entered = threading.Event()
-    real = Store.add_inbox_many
+    real = Inbox.add_many
 
-    def watched(self: Store, entries: list[dict[str, Any]], **kwargs: Any) -> list[bool]:
+    def watched(self: Inbox, entries: list[dict[str, Any]], **kwargs: Any) -> list[bool]:
         entered.set()
         return real(self, entries, **kwargs)
 
-    monkeypatch.setattr(Store, "add_inbox_many", watched)
+    monkeypatch.setattr(Inbox, "add_many", watched)
     app = create_app(store_path=store_path, secret=SECRET, wake=wakes)
     other = sqlite3.connect(store_path, isolation_level=None)
     other.execute("BEGIN IMMEDIATE")
@@ -415,11 +416,11 @@ def test_the_writer_stops_with_the_app_and_starts_again_with_it(store_path: Path
 
 def test_a_store_failure_is_503_without_a_traceback_and_a_redelivery_then_stores_it(
         client: TestClient, store_path: Path, wakes: Wakes, monkeypatch: pytest.MonkeyPatch) -> None:
-    def full_disk(self: Store, **kwargs: Any) -> bool:
+    def full_disk(self: Inbox, **kwargs: Any) -> bool:
         raise sqlite3.OperationalError("database or disk is full")
     payload = vendored("pull_request", "closed")
     with monkeypatch.context() as patch:
-        patch.setattr(Store, "add_inbox", full_disk)
+        patch.setattr(Inbox, "add", full_disk)
         response = deliver(client, "pull_request", payload, delivery="retry-me")
     assert_clean_error(response, 503)
     assert response.json() == {"error": STORE_FAILED}
@@ -474,10 +475,10 @@ def test_healthz_is_503_when_health_says_the_service_is_not_ok(store_path: Path)
     assert response.json() == {**report, "store": "ok"}
 
 
-def test_healthz_is_503_when_the_store_cannot_be_read(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
-    def unreadable(self: Store) -> int:
-        raise sqlite3.DatabaseError("file is not a database")
-    monkeypatch.setattr(Store, "last_inbox_id", unreadable)
+def test_healthz_is_503_when_the_store_cannot_be_read(client: TestClient, store_path: Path) -> None:
+    for leftover in store_path.parent.glob(store_path.name + "*"):  # the file, its WAL and shared memory
+        leftover.unlink()
+    store_path.write_bytes(b"not a database, but long enough to have a header " * 4)
     response = client.get("/healthz")
     assert response.status_code == 503
     assert response.json() == {"ok": False, "store": "cannot read the store: file is not a database", **HEALTH}
@@ -499,7 +500,7 @@ def test_the_secret_never_reaches_the_log(client: TestClient, caplog: pytest.Log
         deliver(client, "pull_request", vendored("pull_request", "closed"))
         deliver(client, "pull_request", vendored("pull_request", "closed"), signed=False)
         deliver(client, "star", vendored("star", "created"))
-        monkeypatch.setattr(Store, "add_inbox", lambda self, **kw: (_ for _ in ()).throw(sqlite3.OperationalError()))
+        monkeypatch.setattr(Inbox, "add", lambda self, **kw: (_ for _ in ()).throw(sqlite3.OperationalError()))
         deliver(client, "pull_request", vendored("pull_request", "reopened"))
     assert caplog.records and SECRET not in caplog.text
 

@@ -34,6 +34,7 @@ from bot.github.webhooks import GitHubEvent, normalize
 from bot.loop import inbox
 from bot.loop.inbox import apply_inbox
 from bot.store import Store
+from bot.store.inbox import Inbox
 
 REPO = "octo-org/research"
 BOT = "autoresearch-bot[bot]"
@@ -54,7 +55,7 @@ class World:
     routes: Router[handlers.InboxHandler]  # the loop's own inputs and GitHub's events, as bot.app.serve joins them
 
     def events(self) -> list[GitHubEvent]:
-        return [GitHubEvent.from_payload(e.payload) for e in self.store.inbox()]
+        return [GitHubEvent.from_payload(e.payload) for e in self.store.inbox.all()]
 
     def apply_inbox(self) -> int:
         return apply_inbox(self.store, self.routes)
@@ -72,7 +73,7 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
         client = GitHubClient(settings.github(), sleep=lambda s: None)  # the retry backoff does not really wait
         number = open_experiment_pull(client)
         store = Store(tmp_path / "state" / "state.db")
-        store.set_setting(handlers.BOT_LOGIN, BOT)
+        store.state.bot_login = BOT
         # the same handler, asking the stand-in who may steer, as bot.app.serve wires it
         github = handlers.GitHubEvents(REPO, CollaboratorPermissions.for_repository(client.repo()), loop=inbox.router)
         wakes: list[int] = []
@@ -97,11 +98,11 @@ def open_experiment_pull(client: GitHubClient) -> int:
 
 def experiment(store: Store, number: int) -> int:
     """The store's experiment behind the pull request, being measured."""
-    exp = store.start_proposing("a" * 40)
-    store.fill_proposal(exp.id, title="lr 0.02", hypothesis="h", slug="x", code_hash="c1", train_py="x", meta={})
-    store.update_experiment(exp.id, branch=BRANCH, head_sha="b" * 40)
+    exp = store.experiments.start_proposing("a" * 40)
+    store.experiments.fill_proposal(exp.id, title="lr 0.02", hypothesis="h", slug="x", code_hash="c1", train_py="x", meta={})
+    store.experiments.update(exp.id, branch=BRANCH, head_sha="b" * 40)
     store.db.execute("UPDATE experiments SET state = 'measuring' WHERE id = ?", (exp.id,))
-    store.set_published(exp.id, "pr", str(number))
+    store.published.set(exp.id, "pr", str(number))
     return exp.id
 
 
@@ -115,11 +116,11 @@ def test_a_trusted_comment_becomes_one_feedback_entry_however_often_it_is_read(w
     assert (event.kind, event.event, event.action) == ("feedback", "issue_comment", "created")
     assert (event.delivery, event.comment_id, event.number) == (f"poll-comment-{comment_id}", comment_id, world.number)
     assert (event.sender, event.sender_type, event.association) == ("alice", "User", "COLLABORATOR")
-    assert world.store.inbox()[0].key == f"github:poll-comment-{comment_id}"
+    assert world.store.inbox.all()[0].key == f"github:poll-comment-{comment_id}"
     assert world.wakes == [1]  # woken for the poll that stored it, not for the one that found nothing
 
     world.apply_inbox()  # the same handler as in webhook mode
-    assert world.store.recent_feedback() == [f"alice on #{world.number}: Try a lower learning rate."]
+    assert world.store.feedback.recent() == [f"alice on #{world.number}: Try a lower learning rate."]
 
 
 def test_a_rerun_comment_becomes_a_command(world: World) -> None:
@@ -130,7 +131,7 @@ def test_a_rerun_comment_becomes_a_command(world: World) -> None:
     [event] = world.events()
     assert (event.kind, event.command, event.argument, event.number) == ("command", "rerun", "please", world.number)
     world.apply_inbox()
-    assert world.store.experiment(exp_id).request == Request.RERUN
+    assert world.store.experiments.get(exp_id).request == Request.RERUN
 
 
 def test_an_untrusted_comment_is_stored_but_never_reaches_the_agent(world: World) -> None:
@@ -139,7 +140,7 @@ def test_an_untrusted_comment_is_stored_but_never_reaches_the_agent(world: World
     assert world.poller.poll_once() == 1
     assert world.events()[0].association == "NONE"
     world.apply_inbox()
-    assert world.store.recent_feedback() == []
+    assert world.store.feedback.recent() == []
 
 
 def test_a_review_with_a_body_becomes_feedback_on_the_experiment_branch(world: World) -> None:
@@ -163,7 +164,7 @@ def test_a_person_closing_the_pull_request_yields_pr_closed_and_reopening_pr_reo
     assert closed.delivery.startswith(f"poll-pr-{world.number}-closed-")
     assert world.standin.calls("GET", rf"/issues/{world.number}/events$")  # who closed it: the issue's events
     world.apply_inbox()
-    assert world.store.experiment(exp_id).request == Request.CANCEL
+    assert world.store.experiments.get(exp_id).request == Request.CANCEL
 
     world.standin.reopen_pr(world.number, "alice")
     assert world.poller.poll_once() == 1
@@ -230,7 +231,7 @@ def test_comments_from_before_polling_began_are_not_replayed(world: World, tmp_p
                     now=lambda: datetime.now(timezone.utc) + timedelta(seconds=2))
 
     assert poller.poll_once() == 0
-    assert fresh.inbox() == []
+    assert fresh.inbox.all() == []
 
 
 def test_run_survives_a_poll_that_raises_and_stops_when_asked(world: World) -> None:
@@ -271,10 +272,10 @@ def test_a_read_only_collaborator_gets_the_same_verdict_by_poll_as_by_webhook(wo
 
     assert world.poller.poll_once() == 3
     world.apply_inbox()
-    outcomes = [e.outcome for e in world.store.inbox()]
+    outcomes = [e.outcome for e in world.store.inbox.all()]
     assert outcomes.count("ignored: rita has the read role, no write access, so cannot /discard") == 1
     assert "ignored: rita has the read role, no write access, so cannot steer the agent" in outcomes
-    assert world.store.experiment(exp_id).request == Request.CANCEL and world.store.recent_feedback() == []
+    assert world.store.experiments.get(exp_id).request == Request.CANCEL and world.store.feedback.recent() == []
     # one question per person however many of their events: the answers are remembered
     assert len(world.standin.calls("GET", r"/collaborators/rita/permission$")) == 1
 
@@ -287,7 +288,7 @@ def ended(world: World) -> int:
     world.client.repo().get_pull(world.number).edit(state="closed")
     assert world.poller.poll_once() == 1
     world.apply_inbox()
-    assert world.store.inbox()[-1].outcome == "closed by the bot itself"
+    assert world.store.inbox.all()[-1].outcome == "closed by the bot itself"
     return exp_id
 
 
@@ -302,9 +303,9 @@ def by_webhook(world: World, action: str, sender: str) -> str:
     payload["pull_request"]["head"]["repo"]["full_name"] = REPO
     payload["sender"] = {"login": sender, "id": 4242, "type": "User"}
     event = normalize("pull_request", f"hook-{action}-{sender}", payload)
-    world.store.add_inbox(key=f"github:{event.delivery}", kind="github", payload=event.to_payload(), author=sender)
+    world.store.inbox.add(key=f"github:{event.delivery}", kind="github", payload=event.to_payload(), author=sender)
     world.apply_inbox()
-    return world.store.inbox()[-1].outcome or "(pending)"
+    return world.store.inbox.all()[-1].outcome or "(pending)"
 
 
 def test_a_writer_reopening_by_poll_measures_again(world: World) -> None:
@@ -319,8 +320,8 @@ def test_a_writer_reopening_by_poll_measures_again(world: World) -> None:
     reopened = world.events()[-1]
     assert (reopened.kind, reopened.sender, reopened.sender_type) == ("pr_reopened", "alice", "User")
     world.apply_inbox()
-    assert world.store.inbox()[-1].outcome == f"experiment {exp_id} will be measured again"
-    assert world.store.experiment(exp_id).request == Request.REOPEN
+    assert world.store.inbox.all()[-1].outcome == f"experiment {exp_id} will be measured again"
+    assert world.store.experiments.get(exp_id).request == Request.REOPEN
     quiet = len(world.standin.requests)
     assert world.poller.poll_once() == 0  # nothing changed since: no events asked
     assert [r.status for r in world.standin.requests[quiet:]] == [304, 304, 304]
@@ -336,9 +337,9 @@ def test_a_read_only_collaborator_reopening_by_poll_is_ignored(world: World) -> 
     assert world.poller.poll_once() == 1
     assert world.events()[-1].sender == "tom"
     world.apply_inbox()
-    by_poll = world.store.inbox()[-1].outcome
+    by_poll = world.store.inbox.all()[-1].outcome
     assert by_poll == "ignored: tom has the triage role, no write access, so cannot measure an experiment again"
-    assert world.store.experiment(exp_id).request is None
+    assert world.store.experiments.get(exp_id).request is None
     assert by_webhook(world, "reopened", "tom") == by_poll  # the same verdict for the same person
     assert by_webhook(world, "reopened", "alice") == f"experiment {exp_id} will be measured again"
 
@@ -350,10 +351,10 @@ def test_a_close_by_someone_without_write_access_cancels_nothing_by_poll_as_by_w
 
     assert world.poller.poll_once() == 1
     world.apply_inbox()
-    by_poll = world.store.inbox()[-1].outcome
+    by_poll = world.store.inbox.all()[-1].outcome
     assert by_poll == "ignored: tom has the triage role, no write access, so cannot cancel an experiment"
     assert by_webhook(world, "closed", "tom") == by_poll
-    assert world.store.experiment(exp_id).request is None
+    assert world.store.experiments.get(exp_id).request is None
 
 
 def test_who_reopened_is_the_newest_reopen_even_past_the_first_page_of_events(
@@ -391,21 +392,21 @@ def test_a_poll_that_failed_to_store_a_reopen_reads_its_events_again_for_free(
         world: World, monkeypatch: pytest.MonkeyPatch) -> None:
     exp_id = ended(world)
     world.standin.reopen_pr(world.number, "alice")
-    real = Store.add_inbox
+    real = Inbox.add
 
-    def locked(self: Store, **kw: object) -> bool:
+    def locked(self: Inbox, **kw: object) -> bool:
         raise sqlite3.OperationalError("database is locked")
 
-    monkeypatch.setattr(Store, "add_inbox", locked)
+    monkeypatch.setattr(Inbox, "add", locked)
     assert world.poller.poll_once() == 0
     assert world.poller.last_report is not None and "locked" in world.poller.last_report.errors[0]
-    monkeypatch.setattr(Store, "add_inbox", real)
+    monkeypatch.setattr(Inbox, "add", real)
 
     assert world.poller.poll_once() == 1
     assert [r.status for r in world.standin.calls("GET", EVENTS)][-2:] == [200, 304]
     assert world.events()[-1].sender == "alice"
     world.apply_inbox()
-    assert world.store.experiment(exp_id).request == Request.REOPEN
+    assert world.store.experiments.get(exp_id).request == Request.REOPEN
 
 
 def test_pause_in_a_tracking_issue_is_acknowledged_there(world: World) -> None:
@@ -421,14 +422,14 @@ def test_pause_in_a_tracking_issue_is_acknowledged_there(world: World) -> None:
     assert [(e.command, e.number, e.issue_number) for e in events] == [
         ("pause", None, tracking), ("keep", None, tracking)]
     world.apply_inbox()
-    assert world.store.get_setting("paused") == "1"
-    assert [e.outcome for e in world.store.inbox()] == [
+    assert world.store.state.paused
+    assert [e.outcome for e in world.store.inbox.all()] == [
         "paused: running experiments finish, nothing new is proposed until /resume",
         "/keep works on an experiment's pull request"]  # a plain issue names no experiment
 
     publisher = GitHubPublisher(world.store, world.client.repo(), read_file=lambda sha, path: "", uses_app=True)
     publisher.publish(Snapshot(main_sha="", main_val_bpb=None, margin=0.01, progress={}, budget_s=300.0))
-    assert world.store.pending_replies() == []
+    assert world.store.replies.pending() == []
     answers = [c["body"] for c in world.standin.comments(tracking) if c["user"]["login"] == BOT]
     assert len(answers) == 2 and "paused" in answers[0] and "works on an experiment's pull request" in answers[1]
     assert [r["content"] for r in world.standin.reactions(pause)] == ["+1"]

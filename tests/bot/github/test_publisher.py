@@ -17,7 +17,7 @@ from bot.core.router import Router
 from bot.core.states import State
 from bot.github import render
 from bot.github.forge import GitHubForge
-from bot.github.handlers import BOT_LOGIN, GitHubEvents
+from bot.github.handlers import GitHubEvents
 from bot.github.permissions import CollaboratorPermissions
 from bot.github.publisher import CHECK_NAME, REPLY_TRIES, GitHubPublisher
 from bot.loop import inbox
@@ -57,15 +57,15 @@ def world_for(tmp_path: Path, token_user: str) -> Iterator[World]:
         forge = GitHubForge(repo)
         main = forge.main_sha()
         store = Store(tmp_path / "state.db")
-        exp = store.start_proposing(main)
-        store.fill_proposal(exp.id, title="higher lr", hypothesis="faster", slug="higher-lr", code_hash="c1",
+        exp = store.experiments.start_proposing(main)
+        store.experiments.fill_proposal(exp.id, title="higher lr", hypothesis="faster", slug="higher-lr", code_hash="c1",
                             train_py="lr = 0.02\n", meta={})
         head = forge.create_branch("autoresearch/1-higher-lr", main, {"train.py": "lr = 0.02\n"}, "higher lr")
-        store.update_experiment(exp.id, state=State.BRANCHED, head_sha=head)
-        run = store.add_run(experiment_id=exp.id, purpose="candidate", code_hash="c1", commit_sha=head,
+        store.experiments.update(exp.id, state=State.BRANCHED, head_sha=head)
+        run = store.runs.add(experiment_id=exp.id, purpose="candidate", code_hash="c1", commit_sha=head,
                             base_sha=main, asset="lr = 0.02\n", profile="smoke",
                             experiment_fields={"state": State.MEASURING})
-        store.set_setting(BOT_LOGIN, token_user)  # as bot.app.serve writes it when it connects
+        store.state.bot_login = token_user  # as bot.app.serve writes it when it connects
         clock = Clock()
         publisher = GitHubPublisher(store, repo, read_file=forge.read_file, uses_app=token_user.endswith("[bot]"),
                                     clock=clock)
@@ -85,17 +85,17 @@ def token_world(tmp_path: Path) -> Iterator[World]:
 
 def finish(world: World, status: str, val_bpb: float) -> None:
     store = world.store
-    store.finish_run(world.run_id, status="ok", val_bpb=val_bpb, metrics={"num_steps": 100}, error=None,
+    store.runs.finish(world.run_id, status="ok", val_bpb=val_bpb, metrics={"num_steps": 100}, error=None,
                      log_tail="step 100 loss 3.2")
-    store.update_experiment(world.exp_id, state=State.CLOSING, status=status, val_bpb=val_bpb, delta=val_bpb - 2.0,
+    store.experiments.update(world.exp_id, state=State.CLOSING, status=status, val_bpb=val_bpb, delta=val_bpb - 2.0,
                             margin=0.01, reason=f"{status}: numbers")
-    store.update_experiment(world.exp_id, state=State.DONE)
+    store.experiments.update(world.exp_id, state=State.DONE)
 
 
 def test_progress_updates_the_check_at_most_every_120_seconds(app_world: World) -> None:
     gh, world = app_world.standin, app_world
     world.publish()
-    world.store.mark_run_started(world.run_id, "fake://1")
+    world.store.runs.mark_started(world.run_id, "fake://1")
     world.publish(step=10, loss=4.1, progress=0.1)
     patches = len(gh.calls("PATCH", r"/check-runs/\d+$"))
     for step in (20, 30, 35):
@@ -120,7 +120,7 @@ def test_a_finished_experiment_is_shown_once_however_often_it_is_published(app_w
     [check] = [c for c in gh.check_runs() if c["name"] == CHECK_NAME]
     assert check["conclusion"] == "neutral" and check["output"]["title"].startswith("val_bpb 2.10000")
     assert len(gh.comments(pull["number"])) == 1
-    assert world.store.unpublished() == []
+    assert world.store.published.behind() == []
 
 
 def test_a_lost_answer_creates_nothing_twice(app_world: World) -> None:
@@ -146,7 +146,7 @@ def test_with_a_token_the_verdict_is_a_commit_status(token_world: World) -> None
     world.publish()
     finish(world, "keep", 1.9)
     world.publish()
-    head = world.store.experiment(world.exp_id).head_sha
+    head = world.store.experiments.get(world.exp_id).head_sha
     statuses = gh.statuses(head)  # oldest first
     assert [s["state"] for s in statuses] == ["pending", "success"] and statuses[-1]["context"] == CHECK_NAME
     assert all(len(s["description"]) <= 140 for s in statuses)
@@ -181,11 +181,11 @@ def test_the_verdict_is_one_edit_that_keeps_peoples_labels_and_closes_the_pull_r
 def test_with_a_token_a_run_in_progress_posts_no_status_per_progress(token_world: World) -> None:
     gh, world = token_world.standin, token_world
     world.publish()
-    world.store.mark_run_started(world.run_id, "fake://1")
+    world.store.runs.mark_started(world.run_id, "fake://1")
     for step in (10, 20, 30):
         world.clock.now += 60
         world.publish(step=step, loss=4.0, progress=step / 100)
-    head = world.store.experiment(world.exp_id).head_sha
+    head = world.store.experiments.get(world.exp_id).head_sha
     assert len(gh.statuses(head)) <= 2  # queued, then running: the progress itself shows nowhere in a status
     finish(world, "discard", 2.1)
     world.publish()
@@ -199,7 +199,7 @@ def test_an_experiment_measured_again_loses_its_verdict_label_until_the_new_verd
     world.publish()
     [pull] = gh.pulls()
     gh.state.add_labels(pull["number"], ["needs a GPU"], "researcher")
-    world.store.update_experiment(world.exp_id, state=State.BRANCHED)  # reopened by a person
+    world.store.experiments.update(world.exp_id, state=State.BRANCHED)  # reopened by a person
     before = len(gh.requests)
     world.publish()
     assert [r.operation for r in gh.requests[before:] if r.method != "GET"] == [
@@ -226,7 +226,7 @@ def test_a_persons_comment_with_the_bots_decision_marker_is_not_adopted(app_worl
     world.publish()
     decisions = [c for c in gh.comments(number) if c["user"]["login"] == "autoresearch-bot[bot]"]
     assert len(decisions) == 1 and "Kept" in decisions[0]["body"]
-    assert world.store.published(world.exp_id)["comment:decision:0"] == str(decisions[0]["id"])
+    assert world.store.published.get(world.exp_id)["comment:decision:0"] == str(decisions[0]["id"])
 
 
 def test_a_reply_that_cannot_be_posted_is_given_up_and_the_rest_go_on(app_world: World) -> None:
@@ -234,13 +234,13 @@ def test_a_reply_that_cannot_be_posted_is_given_up_and_the_rest_go_on(app_world:
     world.publish()
     number = gh.pulls()[0]["number"]
     command = gh.comment(number, "researcher", "/rerun")
-    world.store.add_reply(424242, 9999, render.ack_comment("pause", "", "paused", 424242))  # no issue #9999 here
-    world.store.add_reply(command, number, render.ack_comment("rerun", "", "measured once more", command))
+    world.store.replies.add(424242, 9999, render.ack_comment("pause", "", "paused", 424242))  # no issue #9999 here
+    world.store.replies.add(command, number, render.ack_comment("rerun", "", "measured once more", command))
     world.publish()
-    assert world.store.pending_replies() == []
+    assert world.store.replies.pending() == []
     assert [c["body"] for c in gh.comments(number) if c["user"]["login"] == "autoresearch-bot[bot]"] == [
         render.ack_comment("rerun", "", "measured once more", command)]
-    assert any("given up" in e["message"] and "9999" in e["message"] for e in world.store.events())
+    assert any("given up" in e["message"] and "9999" in e["message"] for e in world.store.events.all())
 
 
 def test_a_reply_failing_on_githubs_side_is_tried_a_bounded_number_of_times(app_world: World) -> None:
@@ -248,12 +248,12 @@ def test_a_reply_failing_on_githubs_side_is_tried_a_bounded_number_of_times(app_
     world.publish()
     number = gh.pulls()[0]["number"]
     command = gh.comment(number, "researcher", "/rerun")
-    world.store.add_reply(command, number, render.ack_comment("rerun", "", "measured once more", command))
+    world.store.replies.add(command, number, render.ack_comment("rerun", "", "measured once more", command))
     gh.inject("POST", r"/issues/\d+/comments$", "502", times=REPLY_TRIES)
     for _ in range(REPLY_TRIES):
         with pytest.raises(RuntimeError, match="reply to comment"):
             world.publish()
-    assert world.store.pending_replies() == []
+    assert world.store.replies.pending() == []
     world.publish()  # given up: not tried again
     assert [r.status for r in gh.calls("POST", r"/issues/\d+/comments$")] == [502] * REPLY_TRIES
 
@@ -264,7 +264,7 @@ def test_a_persons_comment_with_the_bots_ack_marker_does_not_stand_for_the_reply
     number = gh.pulls()[0]["number"]
     command = gh.comment(number, "researcher", "/rerun")
     gh.comment(number, "mallory", f"{render.marker('ack', command)}\nsure, done")
-    world.store.add_reply(command, number, render.ack_comment("rerun", "", "measured once more", command))
+    world.store.replies.add(command, number, render.ack_comment("rerun", "", "measured once more", command))
     world.publish()
     assert [c["user"]["login"] for c in gh.comments(number)
             if (render.find_marker(c["body"]) or ("",))[0] == "ack"] == ["mallory", "autoresearch-bot[bot]"]
@@ -280,11 +280,11 @@ def test_a_pull_request_closed_while_away_goes_through_the_same_permission_check
                                 uses_app=True, clock=world.clock)
     world.publisher = restarted
     world.publish()
-    [entry] = [e for e in world.store.inbox() if e.key.startswith("github:reconcile-pr-")]
+    [entry] = [e for e in world.store.inbox.all() if e.key.startswith("github:reconcile-pr-")]
     events = GitHubEvents("octo-org/research", CollaboratorPermissions.for_repository(restarted.repo),
                           loop=inbox.router)
     apply_inbox(world.store, Router(inbox.router, events.router()))
-    assert "triage role" in (world.store.inbox()[0].outcome or "")
-    assert world.store.experiment(world.exp_id).request is None
+    assert "triage role" in (world.store.inbox.all()[0].outcome or "")
+    assert world.store.experiments.get(world.exp_id).request is None
     world.publish()  # judged already: the experiment is shown as usual, nothing stored twice
-    assert len([e for e in world.store.inbox() if e.key == entry.key]) == 1
+    assert len([e for e in world.store.inbox.all() if e.key == entry.key]) == 1

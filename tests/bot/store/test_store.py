@@ -52,24 +52,24 @@ def new_experiment(store: Store, n: int = 1, *, base_sha: str = MAIN, **override
     kwargs = dict(title=f"Experiment {n}", hypothesis=f"hypothesis {n}", slug=f"exp-{n}", code_hash=f"code-{n}",
                   train_py=f"print({n})\n", meta={"changes": [{"name": "LR", "old": 0.04, "new": 0.05}]})
     kwargs.update(overrides)
-    exp = store.start_proposing(base_sha)
-    return store.fill_proposal(exp.id, **kwargs)
+    exp = store.experiments.start_proposing(base_sha)
+    return store.experiments.fill_proposal(exp.id, **kwargs)
 
 
 def experiment_in(store: Store, state: State, n: int = 1):
     """An experiment moved to `state` along allowed transitions."""
     if state is State.PROPOSING:
-        return store.start_proposing(MAIN)
+        return store.experiments.start_proposing(MAIN)
     exp = new_experiment(store, n)
     for step in PATH[state]:
-        exp = store.update_experiment(exp.id, state=step, **({"status": "discard"} if step is State.DONE else {}))
+        exp = store.experiments.update(exp.id, state=step, **({"status": "discard"} if step is State.DONE else {}))
     assert exp.state == state
     return exp
 
 
 def new_run(store: Store, experiment_id: int | None = None, purpose: str = "candidate", code_hash: str = "code-1",
             profile: str = "cpu", **kwargs):
-    return store.add_run(experiment_id=experiment_id, purpose=purpose, code_hash=code_hash, commit_sha="c" * 40,
+    return store.runs.add(experiment_id=experiment_id, purpose=purpose, code_hash=code_hash, commit_sha="c" * 40,
                          base_sha=MAIN, asset="print(1)\n", profile=profile, **kwargs)
 
 
@@ -111,12 +111,59 @@ def test_a_file_in_place_of_the_work_directory_is_refused(tmp_path: Path):
     assert blocker.read_text() == "not a directory\n"
 
 
-def test_settings_round_trip(store: Store):
-    assert store.get_setting("main_sha") is None
-    assert store.get_setting("main_sha", "none") == "none"
-    store.set_setting("main_sha", "abc")
-    store.set_setting("main_sha", "def")
-    assert store.get_setting("main_sha") == "def"
+# --- the loop's state (the settings table) --------------------------------------------------------
+
+def test_the_loop_state_has_its_defaults_before_anything_is_written(store: Store):
+    state = store.state
+    assert (state.paused, state.identity, state.spent_usd, state.program_settings) == (False, {}, 0.0, None)
+    assert (state.driver_last_run, state.bot_login, state.research_log) == ({}, None, {})
+    assert (state.poller_horizon, state.poller_comments_since, state.poller_pulls) == (None, None, {})
+    assert count(store, "settings") == 0
+
+
+def test_the_loop_state_round_trips_and_the_latest_write_wins(store: Store):
+    state = store.state
+    state.paused = True
+    state.paused = False
+    state.spent_usd += 0.25
+    state.spent_usd += 1.0
+    state.identity = {"profile": "cpu", "harness_hash": "h"}
+    state.poller_pulls = {"7": {"state": "open", "branch": "autoresearch/1-x", "sha": MAIN}}
+    assert (state.paused, state.spent_usd, state.identity) == (False, 1.25, {"profile": "cpu", "harness_hash": "h"})
+    assert state.poller_pulls == {"7": {"state": "open", "branch": "autoresearch/1-x", "sha": MAIN}}
+
+
+# (key, property, the text every release wrote, the value read): an older state.db must read the same
+AS_WRITTEN = [
+    ("paused", "paused", "1", True),
+    ("identity", "identity", '{"profile": "cpu"}', {"profile": "cpu"}),
+    ("agent.spent_usd", "spent_usd", "0.5", 0.5),
+    ("program.settings", "program_settings", '{"a": 1}', '{"a": 1}'),
+    ("driver.last_run", "driver_last_run", '{"ticks": 3}', {"ticks": 3}),
+    ("github.bot_login", "bot_login", "autoresearch[bot]", "autoresearch[bot]"),
+    ("poller.horizon", "poller_horizon", "2024-01-01T00:00:00Z", "2024-01-01T00:00:00Z"),
+    ("poller.comments_since", "poller_comments_since", "2024-01-02T00:00:00Z", "2024-01-02T00:00:00Z"),
+    ("poller.pulls", "poller_pulls", '{"7": {"state": "open"}}', {"7": {"state": "open"}}),
+    ("github.research_log", "research_log", '{"number": 9}', {"number": 9}),
+]
+
+
+def test_the_loop_state_reads_and_writes_the_settings_as_every_release_wrote_them(store: Store):
+    store.db.executemany("INSERT INTO settings(key, value) VALUES (?, ?)", [(k, text) for k, _, text, _ in AS_WRITTEN])
+    assert [getattr(store.state, name) for _, name, _, _ in AS_WRITTEN] == [value for *_, value in AS_WRITTEN]
+    store.db.execute("DELETE FROM settings")
+    for _, name, _, value in AS_WRITTEN:
+        setattr(store.state, name, value)
+    assert sorted(tuple(r) for r in store.db.execute("SELECT key, value FROM settings")) == sorted(
+        (k, text) for k, _, text, _ in AS_WRITTEN)
+    store.state.paused = False
+    assert store.db.execute("SELECT value FROM settings WHERE key = 'paused'").fetchone()[0] == "0"
+
+
+def test_an_unreadable_research_log_record_reads_as_none(store: Store):
+    for text in ("not json", "[1, 2]"):
+        store.db.execute("INSERT OR REPLACE INTO settings(key, value) VALUES ('github.research_log', ?)", (text,))
+        assert store.state.research_log == {}  # the log is found again on GitHub
 
 
 # --- the upgrade of a file written by the previous release ---------------------------------------
@@ -156,11 +203,11 @@ def test_upgrading_a_v0_file_keeps_every_row(v0_copy: Path, v0_rows: dict[str, l
         assert store.db.execute("PRAGMA user_version").fetchone()[0] == schema.VERSION
         for table, old_rows in v0_rows.items():
             new_rows = _rows(store.db, table)
-            # every old column keeps its value, row for row
-            assert [{k: r[k] for k in old} for old, r in zip(old_rows, new_rows)] == old_rows, table
             assert len(new_rows) == len(old_rows), table
+            # every old column keeps its value, row for row
+            assert [{k: r[k] for k in old} for old, r in zip(old_rows, new_rows, strict=True)] == old_rows, table
 
-        exps = store.experiments()
+        exps = store.experiments.all()
         assert [(e.id, e.state, e.status) for e in exps] == [(1, "done", "discard"), (2, "measuring", None)]
         assert exps[0].title == "Raise MATRIX_LR" and exps[0].branch == "autoresearch/1-raise-matrix-lr"
         assert exps[0].meta == {"changes": [{"name": "MATRIX_LR", "old": 0.04, "new": 0.06}]}
@@ -170,7 +217,7 @@ def test_upgrading_a_v0_file_keeps_every_row(v0_copy: Path, v0_rows: dict[str, l
         assert all(e.failures == 0 and e.retry_at is None and e.margin is None and e.remeasured_delta is None
                    for e in exps)
 
-        runs = store.runs()
+        runs = store.runs.all()
         assert [(r.id, r.experiment_id, r.purpose, r.state, r.status) for r in runs] == [
             (1, None, "baseline", "done", "ok"), (2, None, "baseline", "done", "ok"),
             (3, 1, "candidate", "done", "ok"), (4, 2, "candidate", "running", None)]
@@ -178,12 +225,12 @@ def test_upgrading_a_v0_file_keeps_every_row(v0_copy: Path, v0_rows: dict[str, l
         assert runs[0].metrics["num_steps"] == 60 and runs[0].harness_hash == "0123456789abcdef"
         assert all(r.rerun_of is None and r.note is None for r in runs)
 
-        assert len(store.events()) == 10
-        assert [e["kind"] for e in store.events(1)] == ["proposed", "branched", "queued", "closing", "done"]
-        assert store.recent_feedback() == ["try a lower matrix_lr"]
-        assert store.inbox() == []
-        assert store.count_experiments() == 2 and store.counts_by_status() == {"discard": 1}
-        assert store.measured_values(profile="cpu", harness_hash="0123456789abcdef",
+        assert len(store.events.all()) == 10
+        assert [e["kind"] for e in store.events.all(1)] == ["proposed", "branched", "queued", "closing", "done"]
+        assert store.feedback.recent() == ["try a lower matrix_lr"]
+        assert store.inbox.all() == []
+        assert store.experiments.count() == 2 and store.experiments.counts_by_status() == {"discard": 1}
+        assert store.runs.measured_values(profile="cpu", harness_hash="0123456789abcdef",
                                      data_fingerprint="fedcba9876543210") == [
             ("c0", None, "baseline", 2.25), ("c0", None, "baseline", 2.26), ("c1", 1, "candidate", 2.3)]
     finally:
@@ -211,19 +258,19 @@ def test_an_upgraded_v0_file_has_the_schema_of_a_new_file(v0_copy: Path, tmp_pat
 def test_the_store_works_after_the_upgrade(v0_copy: Path):
     store = Store(v0_copy)
     try:
-        exp = store.start_proposing("a" * 40)
+        exp = store.experiments.start_proposing("a" * 40)
         assert exp.id == 3
-        exp = store.fill_proposal(exp.id, title="Wider MLP", hypothesis="h", slug="wider-mlp", code_hash="c3",
-                                  train_py="print(3)\n", meta={})
+        exp = store.experiments.fill_proposal(exp.id, title="Wider MLP", hypothesis="h", slug="wider-mlp",
+                                              code_hash="c3", train_py="print(3)\n", meta={})
         assert exp.branch == "autoresearch/3-wider-mlp"
         assert new_run(store, exp.id, code_hash="c3").id == 5
         # the run that was in flight when the old release stopped can be set aside and re-run
-        rerun = store.set_aside_run(4, RunState.LOST, "the runner restarted")
+        rerun = store.runs.set_aside(4, RunState.LOST, "the runner restarted")
         assert (rerun.id, rerun.rerun_of, rerun.experiment_id, rerun.code_hash) == (6, 4, 2, "c2")
-        assert store.add_inbox(key="k1", kind="steer", payload={"text": "hi"}, author="bob")
-        assert [e.id for e in store.pending_inbox()] == [1]
+        assert store.inbox.add(key="k1", kind="steer", payload={"text": "hi"}, author="bob")
+        assert [e.id for e in store.inbox.pending()] == [1]
         # the old experiment moves on along the transitions
-        assert store.update_experiment(2, state=State.CLOSING).state == "closing"
+        assert store.experiments.update(2, state=State.CLOSING).state == "closing"
     finally:
         store.close()
 
@@ -234,7 +281,7 @@ def test_an_upgraded_file_is_not_migrated_again(v0_copy: Path):
     try:
         assert again.upgraded_from == schema.VERSION
         assert again.db.execute("PRAGMA user_version").fetchone()[0] == schema.VERSION
-        assert [e.id for e in again.experiments()] == [1, 2]
+        assert [e.id for e in again.experiments.all()] == [1, 2]
         assert count(again, "runs") == 4
     finally:
         again.close()
@@ -273,7 +320,7 @@ def test_an_upgrade_that_fails_half_way_leaves_the_file_at_its_old_version(v0_co
     store = Store(v0_copy)  # the release with a working migration finishes the upgrade
     try:
         assert store.upgraded_from == 1
-        assert [(e.id, e.state) for e in store.experiments()] == [(1, "done"), (2, "measuring")]
+        assert [(e.id, e.state) for e in store.experiments.all()] == [(1, "done"), (2, "measuring")]
     finally:
         store.close()
 
@@ -285,10 +332,10 @@ def test_a_nested_transaction_commits_only_with_the_outermost(store: Store, db_p
     try:
         with store.transaction():
             with store.transaction():
-                store.add_feedback("alice", "inner")
+                store.feedback.add("alice", "inner")
             assert store.db.in_transaction  # the inner block did not commit
             assert other.execute("SELECT COUNT(*) FROM feedback").fetchone()[0] == 0
-            exp = store.start_proposing(MAIN)  # a method with its own transaction joins this one
+            exp = store.experiments.start_proposing(MAIN)  # a method with its own transaction joins this one
             assert store.db.in_transaction
         assert not store.db.in_transaction
         assert other.execute("SELECT COUNT(*) FROM feedback").fetchone()[0] == 1
@@ -300,47 +347,80 @@ def test_a_nested_transaction_commits_only_with_the_outermost(store: Store, db_p
 def test_an_exception_in_a_nested_transaction_rolls_back_everything(store: Store):
     with pytest.raises(RuntimeError, match="inner"):
         with store.transaction():
-            store.start_proposing(MAIN)
+            store.experiments.start_proposing(MAIN)
             with store.transaction():
-                store.add_feedback("alice", "lost")
+                store.feedback.add("alice", "lost")
                 raise RuntimeError("inner")
     assert not store.db.in_transaction
-    assert count(store, "experiments") == 0 and store.recent_feedback() == [] and store.events() == []
+    assert count(store, "experiments") == 0 and store.feedback.recent() == [] and store.events.all() == []
     # the store still works, and a new transaction commits
     with store.transaction():
-        store.add_feedback("alice", "kept")
-    assert store.recent_feedback() == ["kept"]
+        store.feedback.add("alice", "kept")
+    assert store.feedback.recent() == ["kept"]
 
 
 def test_an_exception_after_a_nested_transaction_rolls_it_back(store: Store):
     exp = new_experiment(store)
     with pytest.raises(InvalidTransition):
         with store.transaction():
-            store.update_experiment(exp.id, state=State.BRANCHED, head_sha="d" * 40, event="pushed")
-            store.add_feedback("alice", "lost")
-            store.update_experiment(exp.id, state=State.MERGING)  # forbidden: branched -> merging
+            store.experiments.update(exp.id, state=State.BRANCHED, head_sha="d" * 40, event="pushed")
+            store.feedback.add("alice", "lost")
+            store.experiments.update(exp.id, state=State.MERGING)  # forbidden: branched -> merging
     assert not store.db.in_transaction
-    assert store.experiment(exp.id) == exp
-    assert store.recent_feedback() == []
-    assert [e["kind"] for e in store.events(exp.id)] == ["proposing", "proposed"]
+    assert store.experiments.get(exp.id) == exp
+    assert store.feedback.recent() == []
+    assert [e["kind"] for e in store.events.all(exp.id)] == ["proposing", "proposed"]
+
+
+def test_a_savepoint_undoes_only_its_own_writes_and_the_transaction_goes_on(store: Store, db_path: Path):
+    with store.transaction():
+        store.feedback.add("alice", "before")
+        with pytest.raises(RuntimeError, match="one entry"):
+            with store.savepoint():
+                store.feedback.add("alice", "undone")
+                store.experiments.start_proposing(MAIN)
+                raise RuntimeError("one entry failed")
+        with store.savepoint():
+            store.feedback.add("alice", "after")
+        assert store.db.in_transaction
+    assert store.feedback.recent() == ["before", "after"]
+    assert count(store, "experiments") == 0 and store.events.all() == []
+
+
+def test_nested_savepoints_undo_the_inner_one_alone(store: Store):
+    with store.transaction():
+        with store.savepoint():
+            store.feedback.add("alice", "outer")
+            with pytest.raises(ValueError):
+                with store.savepoint():
+                    store.feedback.add("alice", "inner")
+                    raise ValueError
+    assert store.feedback.recent() == ["outer"]
+
+
+def test_a_savepoint_belongs_inside_a_transaction(store: Store):
+    with pytest.raises(RuntimeError, match="inside store.transaction"):
+        with store.savepoint():
+            pass
+    assert not store.db.in_transaction
 
 
 # --- experiments ---------------------------------------------------------------------------------
 
 def test_start_proposing_creates_an_experiment_without_a_proposal(store: Store):
-    exp = store.start_proposing(MAIN)
+    exp = store.experiments.start_proposing(MAIN)
     assert exp.id == 1 and exp.state == "proposing" and exp.base_sha == MAIN
     assert (exp.status, exp.title, exp.hypothesis) == (None, "", "")
     assert (exp.branch, exp.code_hash, exp.train_py, exp.head_sha) == (None, None, None, None)
     assert exp.meta == {} and exp.failures == 0 and exp.retry_at is None
     assert exp.created_at == exp.updated_at > 0
-    assert [(e["kind"], e["message"]) for e in store.events(exp.id)] == [
+    assert [(e["kind"], e["message"]) for e in store.events.all(exp.id)] == [
         ("proposing", "asked the agent for a proposal on main 0123456")]
 
 
 def test_fill_proposal_records_the_proposal(store: Store):
-    started = store.start_proposing(MAIN)
-    exp = store.fill_proposal(started.id, title="Raise LR", hypothesis="faster", slug="raise-lr",
+    started = store.experiments.start_proposing(MAIN)
+    exp = store.experiments.fill_proposal(started.id, title="Raise LR", hypothesis="faster", slug="raise-lr",
                               code_hash="code-1", train_py="print(1)\n",
                               meta={"changes": [{"name": "LR", "new": 0.05}]})
     assert exp.state == "proposed"
@@ -352,8 +432,8 @@ def test_fill_proposal_records_the_proposal(store: Store):
     assert exp.code_hash == "code-1" and exp.train_py == "print(1)\n"
     assert (exp.head_sha, exp.merged_sha, exp.val_bpb, exp.delta, exp.reason) == (None,) * 5
     assert exp.created_at == started.created_at <= exp.updated_at
-    assert store.experiment(exp.id) == exp
-    assert [(e["kind"], e["message"]) for e in store.events(exp.id)][1:] == [("proposed", "Raise LR")]
+    assert store.experiments.get(exp.id) == exp
+    assert [(e["kind"], e["message"]) for e in store.events.all(exp.id)][1:] == [("proposed", "Raise LR")]
 
 
 def test_ids_increase_and_branches_carry_them(store: Store):
@@ -367,81 +447,82 @@ def test_ids_increase_and_branches_carry_them(store: Store):
 
 
 def test_fill_proposal_resets_failures(store: Store):
-    exp = store.start_proposing(MAIN)
-    store.update_experiment(exp.id, failures=3, retry_at=123.0)
-    filled = store.fill_proposal(exp.id, title="t", hypothesis="h", slug="s", code_hash="c", train_py="p", meta={})
+    exp = store.experiments.start_proposing(MAIN)
+    store.experiments.update(exp.id, failures=3, retry_at=123.0)
+    filled = store.experiments.fill_proposal(exp.id, title="t", hypothesis="h", slug="s", code_hash="c", train_py="p",
+                                             meta={})
     assert filled.failures == 0
 
 
 def test_fill_proposal_twice_is_refused(store: Store):
     exp = new_experiment(store, 1)
     with pytest.raises(InvalidTransition, match="proposed -> proposed"):
-        store.fill_proposal(exp.id, title="other", hypothesis="h", slug="other", code_hash="x", train_py="p",
-                            meta={})
-    assert store.experiment(exp.id) == exp
+        store.experiments.fill_proposal(exp.id, title="other", hypothesis="h", slug="other", code_hash="x",
+                                        train_py="p", meta={})
+    assert store.experiments.get(exp.id) == exp
 
 
 def test_fill_proposal_of_a_missing_experiment_raises_key_error(store: Store):
     with pytest.raises(KeyError):
-        store.fill_proposal(9, title="t", hypothesis="h", slug="s", code_hash="c", train_py="p", meta={})
-    assert count(store, "experiments") == 0 and store.events() == []
+        store.experiments.fill_proposal(9, title="t", hypothesis="h", slug="s", code_hash="c", train_py="p", meta={})
+    assert count(store, "experiments") == 0 and store.events.all() == []
 
 
 def test_withdraw_proposing_deletes_the_row_and_its_id_is_never_reused(store: Store, db_path: Path):
-    first = store.start_proposing(MAIN)
-    store.withdraw_proposing(first.id, "the agent gave up")
+    first = store.experiments.start_proposing(MAIN)
+    store.experiments.withdraw_proposing(first.id, "the agent gave up")
     with pytest.raises(KeyError):
-        store.experiment(first.id)
-    assert store.count_experiments() == 0
-    event = store.events()[-1]
+        store.experiments.get(first.id)
+    assert store.experiments.count() == 0
+    event = store.events.all()[-1]
     assert (event["experiment_id"], event["kind"], event["message"]) == (None, "agent",
                                                                          "no experiment 1: the agent gave up")
-    second = store.start_proposing(MAIN)
+    second = store.experiments.start_proposing(MAIN)
     assert second.id == 2
-    store.withdraw_proposing(second.id, "again")  # the newest row is gone too
+    store.experiments.withdraw_proposing(second.id, "again")  # the newest row is gone too
     store.close()
     reopened = Store(db_path)
     try:
-        assert reopened.start_proposing(MAIN).id == 3
+        assert reopened.experiments.start_proposing(MAIN).id == 3
     finally:
         reopened.close()
 
 
 def test_withdraw_proposing_leaves_an_experiment_with_a_proposal_alone(store: Store):
     exp = new_experiment(store)
-    store.withdraw_proposing(exp.id, "too late")
-    assert store.experiment(exp.id) == exp
+    store.experiments.withdraw_proposing(exp.id, "too late")
+    assert store.experiments.get(exp.id) == exp
 
 
 def test_missing_experiment_raises_key_error(store: Store):
     with pytest.raises(KeyError):
-        store.experiment(42)
+        store.experiments.get(42)
     with pytest.raises(KeyError):
-        store.update_experiment(42, reason="x")
+        store.experiments.update(42, reason="x")
     with pytest.raises(KeyError):
-        store.update_experiment(42, state=State.DONE, event="x")
-    assert store.events() == [] and not store.db.in_transaction
+        store.experiments.update(42, state=State.DONE, event="x")
+    assert store.events.all() == [] and not store.db.in_transaction
 
 
 def test_update_experiment_writes_fields_and_event(store: Store):
     exp = new_experiment(store)
-    updated = store.update_experiment(exp.id, state="branched", head_sha="d" * 40, meta={"k": [1, 2]},
+    updated = store.experiments.update(exp.id, state="branched", head_sha="d" * 40, meta={"k": [1, 2]},
                                       event="branch pushed")
     assert updated.state == "branched"
     assert updated.head_sha == "d" * 40
     assert updated.meta == {"k": [1, 2]}
     assert updated.updated_at >= exp.updated_at
     assert updated.created_at == exp.created_at
-    assert [(e["kind"], e["message"]) for e in store.events(exp.id)][1:] == [
+    assert [(e["kind"], e["message"]) for e in store.events.all(exp.id)][1:] == [
         ("proposed", exp.title), ("branched", "branch pushed")]
 
 
 def test_update_experiment_event_kind_without_state_and_no_event(store: Store):
     exp = new_experiment(store)
-    store.update_experiment(exp.id, reason="noted", event="a note")
-    store.update_experiment(exp.id, val_bpb=0.97, delta=-0.01, margin=0.02, remeasured_delta=-0.008)  # no event
-    assert [e["kind"] for e in store.events(exp.id)] == ["proposing", "proposed", "update"]
-    after = store.experiment(exp.id)
+    store.experiments.update(exp.id, reason="noted", event="a note")
+    store.experiments.update(exp.id, val_bpb=0.97, delta=-0.01, margin=0.02, remeasured_delta=-0.008)  # no event
+    assert [e["kind"] for e in store.events.all(exp.id)] == ["proposing", "proposed", "update"]
+    after = store.experiments.get(exp.id)
     assert after.reason == "noted" and after.state == "proposed"
     assert (after.val_bpb, after.delta, after.margin, after.remeasured_delta) == (0.97, -0.01, 0.02, -0.008)
 
@@ -450,22 +531,22 @@ def test_update_experiment_is_atomic(store: Store):
     exp = new_experiment(store)
     add_failing_trigger(store, "events", "NEW.message = 'boom'")
     with pytest.raises(sqlite3.IntegrityError, match="injected failure"):
-        store.update_experiment(exp.id, state="branched", head_sha="d" * 40, event="boom")
+        store.experiments.update(exp.id, state="branched", head_sha="d" * 40, event="boom")
     # the event failed after the UPDATE ran: the UPDATE is rolled back with it
-    after = store.experiment(exp.id)
+    after = store.experiments.get(exp.id)
     assert after.state == "proposed" and after.head_sha is None
-    assert [e["kind"] for e in store.events(exp.id)] == ["proposing", "proposed"]
+    assert [e["kind"] for e in store.events.all(exp.id)] == ["proposing", "proposed"]
     assert not store.db.in_transaction
     # and the store still works
-    assert store.update_experiment(exp.id, state="branched", event="ok").state == "branched"
+    assert store.experiments.update(exp.id, state="branched", event="ok").state == "branched"
 
 
 def test_update_experiment_with_unknown_column_writes_nothing(store: Store):
     exp = new_experiment(store)
     with pytest.raises(sqlite3.OperationalError):
-        store.update_experiment(exp.id, state="branched", no_such_column=1, event="x")
-    assert store.experiment(exp.id) == exp
-    assert len(store.events(exp.id)) == 2
+        store.experiments.update(exp.id, state="branched", no_such_column=1, event="x")
+    assert store.experiments.get(exp.id) == exp
+    assert len(store.events.all(exp.id)) == 2
     assert not store.db.in_transaction
 
 
@@ -480,11 +561,11 @@ def test_update_experiment_with_unknown_column_writes_nothing(store: Store):
 ], ids=lambda s: str(s))
 def test_a_forbidden_transition_raises_and_leaves_the_row_unchanged(store: Store, old: State, new: State):
     exp = experiment_in(store, old)
-    events = store.events()
+    events = store.events.all()
     with pytest.raises(InvalidTransition, match=f"experiment {exp.id}: {old} -> {new} is not allowed"):
-        store.update_experiment(exp.id, state=new, status="keep", head_sha="e" * 40, event="moved")
-    assert store.experiment(exp.id) == exp
-    assert store.events() == events
+        store.experiments.update(exp.id, state=new, status="keep", head_sha="e" * 40, event="moved")
+    assert store.experiments.get(exp.id) == exp
+    assert store.events.all() == events
     assert not store.db.in_transaction
 
 
@@ -493,24 +574,24 @@ def test_every_move_is_allowed_exactly_when_transitions_lists_it(store: Store, o
     for n, new in enumerate(State, start=1):
         exp = experiment_in(store, old, n)
         if new in TRANSITIONS[old]:
-            assert store.update_experiment(exp.id, state=new).state == new
+            assert store.experiments.update(exp.id, state=new).state == new
         else:
             with pytest.raises(InvalidTransition):
-                store.update_experiment(exp.id, state=new)
-            assert store.experiment(exp.id) == exp
+                store.experiments.update(exp.id, state=new)
+            assert store.experiments.get(exp.id) == exp
 
 
 def test_any_active_state_may_end_as_failed(store: Store):
     for n, state in enumerate(s for s in State if s is not State.DONE):
         exp = experiment_in(store, state, n)
-        failed = store.update_experiment(exp.id, state=State.DONE, status="failed", reason="step failed")
+        failed = store.experiments.update(exp.id, state=State.DONE, status="failed", reason="step failed")
         assert (failed.state, failed.status) == ("done", "failed")
 
 
 def test_a_state_change_does_not_reset_failures(store: Store):
     exp = experiment_in(store, State.BRANCHED)
-    store.update_experiment(exp.id, failures=2, retry_at=50.0)
-    moved = store.update_experiment(exp.id, state=State.MEASURING)
+    store.experiments.update(exp.id, failures=2, retry_at=50.0)
+    moved = store.experiments.update(exp.id, state=State.MEASURING)
     assert (moved.failures, moved.retry_at) == (2, 50.0)  # the caller resets them when it wants to
 
 
@@ -518,36 +599,36 @@ def test_experiments_filters(store: Store):
     a = new_experiment(store, 1)
     b = new_experiment(store, 2)
     c = new_experiment(store, 3)
-    d = store.start_proposing(MAIN)
+    d = store.experiments.start_proposing(MAIN)
     for state in PATH[State.DONE]:
-        store.update_experiment(a.id, state=state, status="keep" if state is State.DONE else None)
-    store.update_experiment(b.id, state="branched")
-    store.update_experiment(b.id, state="measuring")
-    assert [e.id for e in store.experiments()] == [a.id, b.id, c.id]  # no proposing rows
-    assert [e.id for e in store.experiments(active=True)] == [b.id, c.id, d.id]
-    assert [e.id for e in store.experiments(active=False)] == [a.id]
-    assert [e.id for e in store.experiments(state="proposing")] == [d.id]
-    assert [e.id for e in store.experiments(state=State.MEASURING)] == [b.id]
-    assert store.experiments(state="rebasing") == []
+        store.experiments.update(a.id, state=state, status="keep" if state is State.DONE else None)
+    store.experiments.update(b.id, state="branched")
+    store.experiments.update(b.id, state="measuring")
+    assert [e.id for e in store.experiments.all()] == [a.id, b.id, c.id]  # no proposing rows
+    assert [e.id for e in store.experiments.active()] == [b.id, c.id, d.id]
+    assert [e.id for e in store.experiments.finished()] == [a.id]
+    assert [e.id for e in store.experiments.in_state("proposing")] == [d.id]
+    assert [e.id for e in store.experiments.in_state(State.MEASURING)] == [b.id]
+    assert store.experiments.in_state("rebasing") == []
 
 
 def test_count_experiments_and_counts_by_status(store: Store):
-    assert store.count_experiments() == 0 and store.counts_by_status() == {}
+    assert store.experiments.count() == 0 and store.experiments.counts_by_status() == {}
     for n, status in enumerate(["keep", "discard", "discard", "crash", "failed"], start=1):
         exp = experiment_in(store, State.MEASURING, n)
-        store.update_experiment(exp.id, state=State.DONE, status=status)
+        store.experiments.update(exp.id, state=State.DONE, status=status)
     experiment_in(store, State.MEASURING, 9)
-    store.start_proposing(MAIN)
-    assert store.count_experiments() == 7  # every row, the proposing one included
-    assert store.counts_by_status() == {"keep": 1, "discard": 2, "crash": 1, "failed": 1}  # finished ones
+    store.experiments.start_proposing(MAIN)
+    assert store.experiments.count() == 7  # every row, the proposing one included
+    assert store.experiments.counts_by_status() == {"keep": 1, "discard": 2, "crash": 1, "failed": 1}  # finished ones
 
 
 def test_experiment_by_code(store: Store):
-    store.start_proposing(MAIN)  # no code yet
+    store.experiments.start_proposing(MAIN)  # no code yet
     new_experiment(store, 2, code_hash="same")
     new_experiment(store, 3, code_hash="same")
-    assert store.experiment_by_code("same").id == 2
-    assert store.experiment_by_code("other") is None
+    assert store.experiments.by_code("same").id == 2
+    assert store.experiments.by_code("other") is None
 
 
 # --- runs ----------------------------------------------------------------------------------------
@@ -561,23 +642,23 @@ def test_add_run_queues_with_a_seed_per_run(store: Store):
     assert all(r.state == "queued" and r.status is None and r.metrics == {} for r in runs)
     assert all(r.rerun_of is None and r.note is None for r in runs)
     assert runs[2].experiment_id is None and runs[2].purpose == "baseline"
-    messages = [e["message"] for e in store.events()]
+    messages = [e["message"] for e in store.events.all()]
     assert "run 1 (candidate) queued" in messages
     assert "run 3 (baseline) queued" in messages
 
 
 def test_add_run_reason_goes_into_the_event(store: Store):
     new_run(store, None, "baseline", reason="replaces lost run 7")
-    assert store.events()[-1]["message"] == "run 1 (baseline) queued: replaces lost run 7"
+    assert store.events.all()[-1]["message"] == "run 1 (baseline) queued: replaces lost run 7"
 
 
 def test_add_run_with_experiment_fields_updates_both(store: Store):
     exp = experiment_in(store, State.BRANCHED)
     run = new_run(store, exp.id, experiment_fields={"state": "measuring", "head_sha": "e" * 40})
-    after = store.experiment(exp.id)
+    after = store.experiments.get(exp.id)
     assert after.state == "measuring" and after.head_sha == "e" * 40
     assert after.updated_at >= exp.updated_at
-    assert store.runs(experiment_id=exp.id) == [run]
+    assert store.runs.all(experiment_id=exp.id) == [run]
 
 
 def test_add_run_with_a_bad_experiment_field_writes_neither(store: Store):
@@ -587,8 +668,8 @@ def test_add_run_with_a_bad_experiment_field_writes_neither(store: Store):
     with pytest.raises(sqlite3.OperationalError, match="no_such_column"):
         new_run(store, exp.id, experiment_fields={"state": "measuring", "no_such_column": 1})
     assert count(store, "runs") == 0
-    assert store.runs() == []
-    assert store.experiment(exp.id) == exp
+    assert store.runs.all() == []
+    assert store.experiments.get(exp.id) == exp
     assert count(store, "events") == events_before
     assert not store.db.in_transaction
     # the id is not burnt: the next run is run 1
@@ -599,8 +680,8 @@ def test_add_run_with_a_forbidden_state_change_writes_neither(store: Store):
     exp = new_experiment(store)
     with pytest.raises(InvalidTransition, match="proposed -> measuring"):
         new_run(store, exp.id, experiment_fields={"state": "measuring"})
-    assert store.runs() == []
-    assert store.experiment(exp.id) == exp
+    assert store.runs.all() == []
+    assert store.experiments.get(exp.id) == exp
     assert not store.db.in_transaction
 
 
@@ -609,22 +690,22 @@ def test_add_run_failing_at_its_event_writes_neither(store: Store):
     add_failing_trigger(store, "events", "NEW.kind = 'queued'")
     with pytest.raises(sqlite3.IntegrityError, match="injected failure"):
         new_run(store, exp.id, experiment_fields={"state": "measuring"})
-    assert store.runs() == []
-    assert store.experiment(exp.id).state == "branched"
+    assert store.runs.all() == []
+    assert store.experiments.get(exp.id).state == "branched"
 
 
 def test_mark_run_started(store: Store):
     run = new_run(store)
-    store.mark_run_started(run.id, "/tmp/runs/1")
-    started = store.run(run.id)
+    store.runs.mark_started(run.id, "/tmp/runs/1")
+    started = store.runs.get(run.id)
     assert started.state == "running" and started.run_dir == "/tmp/runs/1" and started.started_at > 0
-    assert store.runs(state="running") == [started]
+    assert store.runs.all(state="running") == [started]
 
 
 def test_finish_run_records_the_result(store: Store):
     run = new_run(store)
     metrics = {"peak_vram_mb": 2048.0, "harness_hash": "h1", "data_fingerprint": "d1", "steps": 10}
-    done = store.finish_run(run.id, status="ok", val_bpb=0.987, metrics=metrics, error=None, log_tail="tail")
+    done = store.runs.finish(run.id, status="ok", val_bpb=0.987, metrics=metrics, error=None, log_tail="tail")
     assert done.state == "done" and done.status == "ok" and done.val_bpb == 0.987
     assert done.metrics == metrics
     assert done.harness_hash == "h1" and done.data_fingerprint == "d1"
@@ -634,12 +715,12 @@ def test_finish_run_records_the_result(store: Store):
 
 def test_finish_run_is_idempotent(store: Store):
     run = new_run(store)
-    first = store.finish_run(run.id, status="ok", val_bpb=0.987, metrics={"peak_vram_mb": 1.0}, error=None,
+    first = store.runs.finish(run.id, status="ok", val_bpb=0.987, metrics={"peak_vram_mb": 1.0}, error=None,
                              log_tail="first")
-    second = store.finish_run(run.id, status="crash", val_bpb=None, metrics={"peak_vram_mb": 9.0},
+    second = store.runs.finish(run.id, status="crash", val_bpb=None, metrics={"peak_vram_mb": 9.0},
                               error="Traceback", log_tail="second")
     assert second == first
-    assert store.run(run.id).status == "ok" and store.run(run.id).val_bpb == 0.987
+    assert store.runs.get(run.id).status == "ok" and store.runs.get(run.id).val_bpb == 0.987
 
 
 RESULT = {"status": "ok", "val_bpb": 0.991, "metrics": {"val_bpb": 0.991, "cpu_share": 0.4, "num_steps": 12},
@@ -650,20 +731,20 @@ RESULT = {"status": "ok", "val_bpb": 0.991, "metrics": {"val_bpb": 0.991, "cpu_s
 def test_set_aside_run_and_rerun_it(store: Store, state: RunState):
     exp = experiment_in(store, State.MEASURING)
     run = new_run(store, exp.id)
-    store.mark_run_started(run.id, "/tmp/runs/1")
-    rerun = store.set_aside_run(run.id, state, "why not", result=RESULT)
-    old = store.run(run.id)
+    store.runs.mark_started(run.id, "/tmp/runs/1")
+    rerun = store.runs.set_aside(run.id, state, "why not", result=RESULT)
+    old = store.runs.get(run.id)
     assert old.state == state.value and old.note == "why not" and old.finished_at > 0
     assert (old.status, old.val_bpb, old.metrics, old.log_tail) == ("ok", 0.991, RESULT["metrics"], "step 12")
     assert old.run_dir == "/tmp/runs/1" and old.seed == run.seed
-    assert rerun == store.run(rerun.id)
+    assert rerun == store.runs.get(rerun.id)
     assert rerun.id == run.id + 1 and rerun.seed == rerun.id and rerun.rerun_of == run.id
     assert rerun.state == "queued" and rerun.status is None and rerun.metrics == {} and rerun.note is None
     assert (rerun.experiment_id, rerun.purpose, rerun.code_hash, rerun.commit_sha, rerun.base_sha, rerun.asset,
             rerun.profile) == (run.experiment_id, run.purpose, run.code_hash, run.commit_sha, run.base_sha,
                                run.asset, run.profile)
-    assert store.runs(state="running") == [] and store.runs(state="queued") == [rerun]
-    event = store.events()[-1]
+    assert store.runs.all(state="running") == [] and store.runs.all(state="queued") == [rerun]
+    event = store.events.all()[-1]
     assert (event["kind"], event["experiment_id"]) == (state.value, exp.id)
     assert event["message"] == f"run {run.id}: why not; queued again as run {rerun.id}"
 
@@ -671,59 +752,59 @@ def test_set_aside_run_and_rerun_it(store: Store, state: RunState):
 @pytest.mark.parametrize("state", SET_ASIDE, ids=str)
 def test_set_aside_run_without_a_rerun(store: Store, state: RunState):
     run = new_run(store, None, "baseline")
-    assert store.set_aside_run(run.id, state, "enough", rerun=False, result=RESULT) is None
-    old = store.run(run.id)
+    assert store.runs.set_aside(run.id, state, "enough", rerun=False, result=RESULT) is None
+    old = store.runs.get(run.id)
     assert old.state == state.value and old.note == "enough" and old.val_bpb == 0.991
-    assert store.runs() == [old]
-    event = store.events()[-1]
+    assert store.runs.all() == [old]
+    event = store.events.all()[-1]
     assert (event["kind"], event["experiment_id"], event["message"]) == (state.value, None, f"run {run.id}: enough")
 
 
 def test_set_aside_run_without_a_result_keeps_what_the_run_had(store: Store):
     run = new_run(store)
-    store.mark_run_started(run.id, "/tmp/runs/1")
-    store.set_aside_run(run.id, RunState.LOST, "its process was gone", rerun=False)
-    lost = store.run(run.id)
+    store.runs.mark_started(run.id, "/tmp/runs/1")
+    store.runs.set_aside(run.id, RunState.LOST, "its process was gone", rerun=False)
+    lost = store.runs.get(run.id)
     assert (lost.state, lost.status, lost.val_bpb, lost.metrics, lost.log_tail) == ("lost", None, None, {}, None)
-    store.set_aside_run(run.id, RunState.CANCELLED, "moved on", rerun=False, result={"log_tail": "partial"})
-    cancelled = store.run(run.id)
+    store.runs.set_aside(run.id, RunState.CANCELLED, "moved on", rerun=False, result={"log_tail": "partial"})
+    cancelled = store.runs.get(run.id)
     assert (cancelled.state, cancelled.status, cancelled.metrics, cancelled.log_tail) == (
         "cancelled", None, {}, "partial")
 
 
 def test_a_set_aside_run_is_not_measured(store: Store):
     run = new_run(store)
-    store.set_aside_run(run.id, RunState.DISTURBED, "busy machine", rerun=False,
+    store.runs.set_aside(run.id, RunState.DISTURBED, "busy machine", rerun=False,
                         result={**RESULT, "metrics": {"harness_hash": "h", "data_fingerprint": "d"}})
-    assert store.measured_values(profile="cpu", harness_hash="h", data_fingerprint="d") == []
-    assert store.latest_ok_runs("candidate", 5) == []
+    assert store.runs.measured_values(profile="cpu", harness_hash="h", data_fingerprint="d") == []
+    assert store.runs.latest_ok("candidate", 5) == []
 
 
 def test_a_rerun_can_be_set_aside_again(store: Store):
     first = new_run(store)
-    second = store.set_aside_run(first.id, RunState.LOST, "gone")
-    third = store.set_aside_run(second.id, RunState.REFUSED, "wrong identity")
+    second = store.runs.set_aside(first.id, RunState.LOST, "gone")
+    third = store.runs.set_aside(second.id, RunState.REFUSED, "wrong identity")
     assert (second.rerun_of, third.rerun_of) == (first.id, second.id)
-    assert [r.state for r in store.runs()] == ["lost", "refused", "queued"]
-    assert len({r.seed for r in store.runs()}) == 3
+    assert [r.state for r in store.runs.all()] == ["lost", "refused", "queued"]
+    assert len({r.seed for r in store.runs.all()}) == 3
 
 
 def test_set_aside_run_is_one_transaction(store: Store):
     run = new_run(store)
-    store.mark_run_started(run.id, "/tmp/runs/1")
-    events = store.events()
+    store.runs.mark_started(run.id, "/tmp/runs/1")
+    events = store.events.all()
     add_failing_trigger(store, "runs", "NEW.rerun_of IS NOT NULL")
     with pytest.raises(sqlite3.IntegrityError, match="injected failure"):
-        store.set_aside_run(run.id, RunState.LOST, "gone", result=RESULT)
-    assert store.runs() == [store.run(run.id)]
-    assert store.run(run.id).state == "running" and store.run(run.id).note is None
-    assert store.events() == events
+        store.runs.set_aside(run.id, RunState.LOST, "gone", result=RESULT)
+    assert store.runs.all() == [store.runs.get(run.id)]
+    assert store.runs.get(run.id).state == "running" and store.runs.get(run.id).note is None
+    assert store.events.all() == events
     assert not store.db.in_transaction
 
 
 def test_set_aside_run_of_a_missing_run_raises_key_error(store: Store):
     with pytest.raises(KeyError):
-        store.set_aside_run(99, RunState.LOST, "gone")
+        store.runs.set_aside(99, RunState.LOST, "gone")
 
 
 def test_runs_filters(store: Store):
@@ -732,31 +813,31 @@ def test_runs_filters(store: Store):
     r1 = new_run(store, e1.id, code_hash="x")
     r2 = new_run(store, e2.id, code_hash="y")
     r3 = new_run(store, e1.id, code_hash="y")
-    store.finish_run(r3.id, status="ok", val_bpb=1.0, metrics={}, error=None, log_tail=None)
-    assert [r.id for r in store.runs()] == [r1.id, r2.id, r3.id]
-    assert [r.id for r in store.runs(experiment_id=e1.id)] == [r1.id, r3.id]
-    assert [r.id for r in store.runs(code_hash="y")] == [r2.id, r3.id]
-    assert [r.id for r in store.runs(code_hash="y", state="queued")] == [r2.id]
-    assert [r.id for r in store.runs(state="done", experiment_id=e1.id, code_hash="y")] == [r3.id]
+    store.runs.finish(r3.id, status="ok", val_bpb=1.0, metrics={}, error=None, log_tail=None)
+    assert [r.id for r in store.runs.all()] == [r1.id, r2.id, r3.id]
+    assert [r.id for r in store.runs.all(experiment_id=e1.id)] == [r1.id, r3.id]
+    assert [r.id for r in store.runs.all(code_hash="y")] == [r2.id, r3.id]
+    assert [r.id for r in store.runs.all(code_hash="y", state="queued")] == [r2.id]
+    assert [r.id for r in store.runs.all(state="done", experiment_id=e1.id, code_hash="y")] == [r3.id]
 
 
 def test_count_runs_by_state(store: Store):
     runs = [new_run(store) for _ in range(5)]
-    store.mark_run_started(runs[0].id, "/r/1")
-    store.mark_run_started(runs[1].id, "/r/2")
-    store.finish_run(runs[1].id, status="ok", val_bpb=1.0, metrics={}, error=None, log_tail=None)
-    store.set_aside_run(runs[2].id, RunState.LOST, "gone")  # and a re-run queued
-    assert store.count_runs(RunState.QUEUED) == 3
-    assert store.count_runs(RunState.RUNNING) == 1
-    assert store.count_runs(RunState.QUEUED, RunState.RUNNING) == 4
-    assert store.count_runs("done", "lost") == 2
-    assert store.count_runs(RunState.REFUSED) == 0
+    store.runs.mark_started(runs[0].id, "/r/1")
+    store.runs.mark_started(runs[1].id, "/r/2")
+    store.runs.finish(runs[1].id, status="ok", val_bpb=1.0, metrics={}, error=None, log_tail=None)
+    store.runs.set_aside(runs[2].id, RunState.LOST, "gone")  # and a re-run queued
+    assert store.runs.count(RunState.QUEUED) == 3
+    assert store.runs.count(RunState.RUNNING) == 1
+    assert store.runs.count(RunState.QUEUED, RunState.RUNNING) == 4
+    assert store.runs.count("done", "lost") == 2
+    assert store.runs.count(RunState.REFUSED) == 0
 
 
 def test_latest_ok_runs_newest_first(store: Store):
     def finished(purpose: str, status: str, value: float | None):
         run = new_run(store, None, purpose)
-        return store.finish_run(run.id, status=status, val_bpb=value, metrics={}, error=None, log_tail=None)
+        return store.runs.finish(run.id, status=status, val_bpb=value, metrics={}, error=None, log_tail=None)
 
     a = finished("baseline", "ok", 1.0)
     finished("baseline", "crash", None)
@@ -764,9 +845,9 @@ def test_latest_ok_runs_newest_first(store: Store):
     b = finished("baseline", "ok", 1.1)
     new_run(store, None, "baseline")  # queued: not finished
     c = finished("baseline", "ok", 1.2)
-    assert [r.id for r in store.latest_ok_runs("baseline", 10)] == [c.id, b.id, a.id]
-    assert [r.id for r in store.latest_ok_runs("baseline", 2)] == [c.id, b.id]
-    assert store.latest_ok_runs("confirm", 5) == []
+    assert [r.id for r in store.runs.latest_ok("baseline", 10)] == [c.id, b.id, a.id]
+    assert [r.id for r in store.runs.latest_ok("baseline", 2)] == [c.id, b.id]
+    assert store.runs.latest_ok("confirm", 5) == []
 
 
 def test_measured_values_only_ok_runs_under_one_identity(store: Store):
@@ -775,7 +856,7 @@ def test_measured_values_only_ok_runs_under_one_identity(store: Store):
 
     def finished(code: str, experiment_id, purpose: str, status: str, value, profile: str = "cpu", **metrics):
         run = new_run(store, experiment_id, purpose, code_hash=code, profile=profile)
-        return store.finish_run(run.id, status=status, val_bpb=value, metrics={**identity, **metrics},
+        return store.runs.finish(run.id, status=status, val_bpb=value, metrics={**identity, **metrics},
                                 error=None, log_tail=None)
 
     finished("main", None, "baseline", "ok", 1.0)
@@ -786,60 +867,60 @@ def test_measured_values_only_ok_runs_under_one_identity(store: Store):
     finished("main", None, "baseline", "ok", 1.7, profile="gpu")
     finished("code-1", exp.id, "candidate", "ok", 0.9)
     new_run(store, exp.id, "confirm", code_hash="code-1")  # still queued
-    assert store.measured_values(profile="cpu", harness_hash="h1", data_fingerprint="d1") == [
+    assert store.runs.measured_values(profile="cpu", harness_hash="h1", data_fingerprint="d1") == [
         ("main", None, "baseline", 1.0), ("code-1", exp.id, "candidate", 0.9)]
-    assert store.measured_values(profile="gpu", harness_hash="h1", data_fingerprint="d1") == [
+    assert store.runs.measured_values(profile="gpu", harness_hash="h1", data_fingerprint="d1") == [
         ("main", None, "baseline", 1.7)]
-    assert store.measured_values(profile="cpu", harness_hash="h3", data_fingerprint="d1") == []
+    assert store.runs.measured_values(profile="cpu", harness_hash="h3", data_fingerprint="d1") == []
 
 
 def test_seen_code_hashes_covers_experiments_and_runs(store: Store):
-    assert store.seen_code_hashes() == set()
-    store.start_proposing(MAIN)  # no code yet: nothing seen
-    assert store.seen_code_hashes() == set()
+    assert store.experiments.seen_code_hashes() == set()
+    store.experiments.start_proposing(MAIN)  # no code yet: nothing seen
+    assert store.experiments.seen_code_hashes() == set()
     exp = new_experiment(store, 1, code_hash="exp-hash")
     new_run(store, None, "baseline", code_hash="main-hash")
     # a rebased experiment: its run has the new hash, the experiment row keeps the old one until updated
     new_run(store, exp.id, "remeasure", code_hash="rebased-hash")
-    assert store.seen_code_hashes() == {"exp-hash", "main-hash", "rebased-hash"}
+    assert store.experiments.seen_code_hashes() == {"exp-hash", "main-hash", "rebased-hash"}
 
 
 # --- the inbox -----------------------------------------------------------------------------------
 
 def test_add_inbox_records_an_entry(store: Store):
-    assert store.last_inbox_id() == 0 and store.inbox() == [] and store.pending_inbox() == []
-    assert store.add_inbox(key="cli-1", kind="steer", payload={"text": "try SwiGLU", "n": [1, 2]}, author="alice")
-    [entry] = store.inbox()
+    assert store.inbox.last_id() == 0 and store.inbox.all() == [] and store.inbox.pending() == []
+    assert store.inbox.add(key="cli-1", kind="steer", payload={"text": "try SwiGLU", "n": [1, 2]}, author="alice")
+    [entry] = store.inbox.all()
     assert (entry.id, entry.key, entry.kind, entry.author) == (1, "cli-1", "steer", "alice")
     assert entry.payload == {"text": "try SwiGLU", "n": [1, 2]}
     assert entry.received_at > 0 and entry.processed_at is None and entry.outcome is None
-    assert store.pending_inbox() == [entry]
-    assert store.last_inbox_id() == 1
+    assert store.inbox.pending() == [entry]
+    assert store.inbox.last_id() == 1
 
 
 def test_a_duplicate_inbox_key_is_one_entry(store: Store):
-    assert store.add_inbox(key="delivery-7", kind="pause", payload={}, author="github")
-    assert not store.add_inbox(key="delivery-7", kind="pause", payload={}, author="github")
-    assert not store.add_inbox(key="delivery-7", kind="steer", payload={"text": "other"}, author="eve")
-    [entry] = store.inbox()
+    assert store.inbox.add(key="delivery-7", kind="pause", payload={}, author="github")
+    assert not store.inbox.add(key="delivery-7", kind="pause", payload={}, author="github")
+    assert not store.inbox.add(key="delivery-7", kind="steer", payload={"text": "other"}, author="eve")
+    [entry] = store.inbox.all()
     assert (entry.kind, entry.payload, entry.author) == ("pause", {}, "github")
-    store.mark_processed(entry.id, "paused")
-    assert not store.add_inbox(key="delivery-7", kind="pause", payload={}, author="github")  # also once processed
-    assert len(store.inbox()) == 1 and store.pending_inbox() == []
+    store.inbox.mark_processed(entry.id, "paused")
+    assert not store.inbox.add(key="delivery-7", kind="pause", payload={}, author="github")  # also once processed
+    assert len(store.inbox.all()) == 1 and store.inbox.pending() == []
 
 
 def test_pending_inbox_lists_unprocessed_entries_in_order(store: Store):
     for n, kind in enumerate(["steer", "pause", "resume", "steer"], start=1):
-        store.add_inbox(key=f"k{n}", kind=kind, payload={"n": n}, author="bob")
-    assert [e.key for e in store.pending_inbox()] == ["k1", "k2", "k3", "k4"]
-    store.mark_processed(2, "paused")
-    store.mark_processed(1, "rejected: empty text")
-    assert [e.key for e in store.pending_inbox()] == ["k3", "k4"]
-    done = {e.id: e for e in store.inbox()}
+        store.inbox.add(key=f"k{n}", kind=kind, payload={"n": n}, author="bob")
+    assert [e.key for e in store.inbox.pending()] == ["k1", "k2", "k3", "k4"]
+    store.inbox.mark_processed(2, "paused")
+    store.inbox.mark_processed(1, "rejected: empty text")
+    assert [e.key for e in store.inbox.pending()] == ["k3", "k4"]
+    done = {e.id: e for e in store.inbox.all()}
     assert done[1].outcome == "rejected: empty text" and done[1].processed_at > 0
     assert done[2].outcome == "paused" and done[3].processed_at is None
-    assert [e.id for e in store.inbox()] == [1, 2, 3, 4]
-    assert store.last_inbox_id() == 4
+    assert [e.id for e in store.inbox.all()] == [1, 2, 3, 4]
+    assert store.inbox.last_id() == 4
 
 
 def entry(key: str, text: str = "hi") -> dict:
@@ -847,20 +928,21 @@ def entry(key: str, text: str = "hi") -> dict:
 
 
 def test_add_inbox_many_stores_a_batch_and_says_which_keys_were_new(store: Store):
-    assert store.add_inbox(key="seen", kind="pause", payload={}, author="bob")
+    assert store.inbox.add(key="seen", kind="pause", payload={}, author="bob")
     ended: list[str] = []
     store.db.set_trace_callback(lambda sql: ended.append(sql) if sql in ("COMMIT", "ROLLBACK") else None)
-    assert store.add_inbox_many([entry("a"), entry("seen"), entry("b"), entry("a", "again")]) == [True, False, True, False]
+    stored = store.inbox.add_many([entry("a"), entry("seen"), entry("b"), entry("a", "again")])
+    assert stored == [True, False, True, False]
     assert ended == ["COMMIT"], "one transaction for the batch"
-    assert [(e.key, e.payload) for e in store.inbox()] == [
+    assert [(e.key, e.payload) for e in store.inbox.all()] == [
         ("seen", {}), ("a", {"text": "hi"}), ("b", {"text": "hi"})]
 
 
 def test_add_inbox_many_stores_all_or_none(store: Store):
     with pytest.raises(TypeError):  # json.dumps refuses the second payload: the first is rolled back too
-        store.add_inbox_many([entry("a"), {**entry("b"), "payload": {"x": object()}}])
-    assert store.inbox() == [] and not store.db.in_transaction
-    assert store.add_inbox_many([entry("a")]) == [True]
+        store.inbox.add_many([entry("a"), {**entry("b"), "payload": {"x": object()}}])
+    assert store.inbox.all() == [] and not store.db.in_transaction
+    assert store.inbox.add_many([entry("a")]) == [True]
 
 
 def test_add_inbox_many_waits_for_another_writer_then_gives_up_and_keeps_its_busy_timeout(db_path: Path):
@@ -870,13 +952,13 @@ def test_add_inbox_many_waits_for_another_writer_then_gives_up_and_keeps_its_bus
     other.execute("BEGIN IMMEDIATE")  # the conductor, say, holds the write lock
     try:
         with pytest.raises(sqlite3.OperationalError, match="locked"):
-            store.add_inbox_many([entry("a")], patience_s=0.05)
+            store.inbox.add_many([entry("a")], patience_s=0.05)
         assert store.db.execute("PRAGMA busy_timeout").fetchone()[0] == timeout_ms == 30_000
         assert not store.db.in_transaction
     finally:
         other.execute("ROLLBACK")
         other.close()
-    assert store.add_inbox_many([entry("a")]) == [True]
+    assert store.inbox.add_many([entry("a")]) == [True]
     store.close()
 
 
@@ -885,13 +967,13 @@ def test_add_inbox_many_is_stored_once_the_other_writer_commits(db_path: Path):
     other = sqlite3.connect(db_path, isolation_level=None)
     other.execute("BEGIN IMMEDIATE")
     outcome: list = []
-    writer = threading.Thread(target=lambda: outcome.append(store.add_inbox_many([entry("a")])))
+    writer = threading.Thread(target=lambda: outcome.append(store.inbox.add_many([entry("a")])))
     writer.start()  # it polls the lock (or, scheduled late, finds it free): either way it stores the row
     other.execute("INSERT INTO inbox(key, kind, payload, author, received_at) VALUES ('b', 'pause', '{}', 'x', 0)")
     other.execute("COMMIT")
     writer.join(timeout=30)
     other.close()
-    assert outcome == [[True]] and sorted(e.key for e in store.inbox()) == ["a", "b"]
+    assert outcome == [[True]] and sorted(e.key for e in store.inbox.all()) == ["a", "b"]
     store.close()
 
 
@@ -899,43 +981,89 @@ def test_an_inbox_entry_written_by_another_process_is_seen(db_path: Path):
     conductor = Store(db_path)
     cli = Store(db_path)
     try:
-        assert cli.add_inbox(key="cli-x", kind="steer", payload={"text": "hi"}, author="alice")
-        assert [e.key for e in conductor.pending_inbox()] == ["cli-x"]
-        conductor.mark_processed(1, "ok")
-        assert cli.pending_inbox() == []
+        assert cli.inbox.add(key="cli-x", kind="steer", payload={"text": "hi"}, author="alice")
+        assert [e.key for e in conductor.inbox.pending()] == ["cli-x"]
+        conductor.inbox.mark_processed(1, "ok")
+        assert cli.inbox.pending() == []
     finally:
         conductor.close()
         cli.close()
+
+
+# --- a person's requests, what GitHub shows, the replies owed ------------------------------------
+
+def test_a_request_waits_on_its_experiment_and_the_latest_one_wins(store: Store):
+    first, second = new_experiment(store, 1), new_experiment(store, 2)
+    store.experiments.request(second.id, "rerun", "alice")
+    store.experiments.request(second.id, "keep", "bob")
+    assert [(e.id, e.request, e.request_by) for e in store.experiments.requested()] == [(second.id, "keep", "bob")]
+    assert store.events.all(second.id)[-1]["message"] == "bob asked for keep"
+    assert store.experiments.get(first.id).request is None
+
+
+def test_published_keys_find_their_experiment(store: Store):
+    exp, other = new_experiment(store, 1), new_experiment(store, 2)
+    store.published.set(exp.id, "pr", "7")
+    store.published.set(exp.id, "pr", "8")  # the latest value wins
+    store.published.set(exp.id, f"check:{MAIN}:0", "111")
+    store.published.set(other.id, f"check:{MAIN}:0:done", "1")
+    assert store.published.get(exp.id) == {"pr": "8", f"check:{MAIN}:0": "111"}
+    assert store.published.experiment_of_pull(8) == store.experiments.get(exp.id)
+    assert store.published.experiment_of_pull(7) is None
+    assert store.published.experiment_of_check_run(111).id == exp.id
+    assert store.published.experiment_of_check_run(1) is None  # a `:done` mark is no check run id
+
+
+def test_an_experiment_is_behind_on_github_until_its_final_status_is_shown(store: Store):
+    exp = experiment_in(store, State.BRANCHED)
+    assert store.published.behind() == []  # no head pushed yet
+    exp = store.experiments.update(exp.id, head_sha="d" * 40)
+    assert [e.id for e in store.published.behind()] == [exp.id]  # active: always looked at
+    for step in (State.MEASURING, State.CLOSING, State.DONE):
+        exp = store.experiments.update(exp.id, state=step, status="discard")
+    store.published.set(exp.id, "final", "keep")
+    assert [e.id for e in store.published.behind()] == [exp.id]  # shown with another status
+    store.published.set(exp.id, "final", "discard")
+    assert store.published.behind() == []
+
+
+def test_a_reply_is_owed_once_per_comment_until_posted(store: Store):
+    store.replies.add(41, 7, "first")
+    store.replies.add(41, 7, "again")  # the same comment's command applied twice
+    store.replies.add(42, 9, "other")
+    assert store.replies.pending() == [(41, 7, "first"), (42, 9, "other")]
+    store.replies.mark_posted(41)
+    assert store.replies.pending() == [(42, 9, "other")]
 
 
 # --- events and feedback -------------------------------------------------------------------------
 
 def test_event_round_trip(store: Store):
     exp = new_experiment(store)
-    store.event(exp.id, "note", "hello")
-    store.event(None, "global", "world")
-    assert [e["message"] for e in store.events(exp.id)][1:] == [exp.title, "hello"]
-    assert [e["kind"] for e in store.events()] == ["proposing", "proposed", "note", "global"]
+    store.events.add(exp.id, "note", "hello")
+    store.events.add(None, "global", "world")
+    assert [e["message"] for e in store.events.all(exp.id)][1:] == [exp.title, "hello"]
+    assert [e["kind"] for e in store.events.all()] == ["proposing", "proposed", "note", "global"]
 
 
 def test_events_after_an_id(store: Store):
     exp = new_experiment(store)  # events 1 and 2
-    store.event(exp.id, "note", "three")
-    store.event(None, "global", "four")
-    store.event(exp.id, "note", "five")
-    assert [e["id"] for e in store.events(after=3)] == [4, 5]
-    assert [e["message"] for e in store.events(exp.id, after=2)] == ["three", "five"]
-    assert store.events(after=5) == [] and store.events(exp.id, after=99) == []
-    assert [e["id"] for e in store.events(after=0)] == [1, 2, 3, 4, 5]
+    store.events.add(exp.id, "note", "three")
+    store.events.add(None, "global", "four")
+    store.events.add(exp.id, "note", "five")
+    assert [e["id"] for e in store.events.all(after=3)] == [4, 5]
+    assert [e["message"] for e in store.events.all(exp.id, after=2)] == ["three", "five"]
+    assert store.events.all(after=5) == [] and store.events.all(exp.id, after=99) == []
+    assert [e["id"] for e in store.events.all(after=0)] == [1, 2, 3, 4, 5]
 
 
 def test_feedback_round_trip_oldest_first_and_limited(store: Store):
-    assert store.recent_feedback() == []
+    assert store.feedback.recent() == []
     for i in range(12):
-        store.add_feedback("alice" if i % 2 else "bob", f"comment {i}")
-    assert store.recent_feedback(limit=3) == ["comment 9", "comment 10", "comment 11"]
-    assert store.recent_feedback() == [f"comment {i}" for i in range(2, 12)]  # default: the last 10
-    assert store.recent_feedback(limit=100) == [f"comment {i}" for i in range(12)]
+        store.feedback.add("alice" if i % 2 else "bob", f"comment {i}")
+    assert store.feedback.recent(limit=3) == ["comment 9", "comment 10", "comment 11"]
+    assert store.feedback.recent() == [f"comment {i}" for i in range(2, 12)]  # default: the last 10
+    assert store.feedback.recent(limit=100) == [f"comment {i}" for i in range(12)]
 
 
 # --- resume --------------------------------------------------------------------------------------
@@ -943,26 +1071,26 @@ def test_feedback_round_trip_oldest_first_and_limited(store: Store):
 def test_reopened_store_sees_everything(db_path: Path):
     first = Store(db_path)
     exp = new_experiment(first, 1, slug="raise-lr")
-    first.update_experiment(exp.id, state="branched", event="pushed")
+    first.experiments.update(exp.id, state="branched", event="pushed")
     run = new_run(first, exp.id, experiment_fields={"state": "measuring"})
-    first.mark_run_started(run.id, "/tmp/runs/1")
-    first.add_feedback("alice", "try a smaller model")
-    first.set_setting("main_sha", MAIN)
-    first.add_inbox(key="k", kind="pause", payload={}, author="alice")
-    proposing = first.start_proposing(MAIN)
+    first.runs.mark_started(run.id, "/tmp/runs/1")
+    first.feedback.add("alice", "try a smaller model")
+    first.state.paused = True
+    first.inbox.add(key="k", kind="pause", payload={}, author="alice")
+    proposing = first.experiments.start_proposing(MAIN)
     first.close()
 
     second = Store(db_path)
     try:
         assert second.upgraded_from == schema.VERSION
-        assert second.experiment(exp.id).state == "measuring"
-        assert second.experiment(exp.id).branch == "autoresearch/1-raise-lr"
-        assert second.experiment(proposing.id).state == "proposing"
-        assert second.runs(state="running")[0].run_dir == "/tmp/runs/1"
-        assert second.recent_feedback() == ["try a smaller model"]
-        assert second.get_setting("main_sha") == MAIN
-        assert [e.key for e in second.pending_inbox()] == ["k"]
-        assert [e["kind"] for e in second.events(exp.id)] == ["proposing", "proposed", "branched", "queued"]
+        assert second.experiments.get(exp.id).state == "measuring"
+        assert second.experiments.get(exp.id).branch == "autoresearch/1-raise-lr"
+        assert second.experiments.get(proposing.id).state == "proposing"
+        assert second.runs.all(state="running")[0].run_dir == "/tmp/runs/1"
+        assert second.feedback.recent() == ["try a smaller model"]
+        assert second.state.paused
+        assert [e.key for e in second.inbox.pending()] == ["k"]
+        assert [e["kind"] for e in second.events.all(exp.id)] == ["proposing", "proposed", "branched", "queued"]
         # numbering continues where it stopped
         assert new_experiment(second, 3).id == proposing.id + 1
         assert new_run(second, None, "baseline").id == run.id + 1
@@ -975,9 +1103,9 @@ def test_two_open_stores_on_one_file_see_each_other(db_path: Path):
     reader = Store(db_path)
     try:
         exp = new_experiment(writer)
-        assert reader.experiment(exp.id).title == exp.title
-        reader.update_experiment(exp.id, state="branched")
-        assert writer.experiment(exp.id).state == "branched"
+        assert reader.experiments.get(exp.id).title == exp.title
+        reader.experiments.update(exp.id, state="branched")
+        assert writer.experiments.get(exp.id).state == "branched"
     finally:
         writer.close()
         reader.close()
@@ -992,19 +1120,19 @@ CHILD = textwrap.dedent("""
 
     store = Store(Path(sys.argv[1]))
     mode = sys.argv[2]
-    exp = store.start_proposing("abc")
+    exp = store.experiments.start_proposing("abc")
     print("started", exp.id, flush=True)
-    exp = store.fill_proposal(exp.id, title="Raise LR", hypothesis="faster", slug="raise-lr", code_hash="h1",
-                              train_py="print(1)\\n", meta={"n": 1})
+    exp = store.experiments.fill_proposal(exp.id, title="Raise LR", hypothesis="faster", slug="raise-lr",
+                                          code_hash="h1", train_py="print(1)\\n", meta={"n": 1})
     print("added", exp.id, flush=True)
     if mode == "nested":
         with store.transaction():
-            store.update_experiment(exp.id, state="branched", head_sha="def", event="pushed")
+            store.experiments.update(exp.id, state="branched", head_sha="def", event="pushed")
             print("inside", flush=True)
         print("committed", flush=True)
     else:
-        store.update_experiment(exp.id, state="branched", head_sha="def", event="pushed")
-    store.add_run(experiment_id=exp.id, purpose="candidate", code_hash="h1", commit_sha="def", base_sha="abc",
+        store.experiments.update(exp.id, state="branched", head_sha="def", event="pushed")
+    store.runs.add(experiment_id=exp.id, purpose="candidate", code_hash="h1", commit_sha="def", base_sha="abc",
                   asset="print(1)\\n", profile="cpu", experiment_fields={"state": "measuring"})
     print("survived", flush=True)
 """)
@@ -1026,8 +1154,8 @@ def test_failpoint_kills_after_proposing_is_committed(db_path: Path):
     assert "started" not in result.stdout  # killed inside start_proposing, before it returned
     store = Store(db_path)
     try:
-        assert store.experiment(1).state == "proposing"
-        assert [e["kind"] for e in store.events(1)] == ["proposing"]
+        assert store.experiments.get(1).state == "proposing"
+        assert [e["kind"] for e in store.events.all(1)] == ["proposing"]
     finally:
         store.close()
 
@@ -1038,10 +1166,10 @@ def test_failpoint_kills_after_the_proposal_is_committed(db_path: Path):
     assert "started 1" in result.stdout and "added" not in result.stdout
     store = Store(db_path)
     try:
-        exp = store.experiment(1)
+        exp = store.experiments.get(1)
         assert exp.state == "proposed" and exp.title == "Raise LR"
         assert exp.branch == "autoresearch/1-raise-lr" and exp.meta == {"n": 1}
-        assert [e["kind"] for e in store.events(1)] == ["proposing", "proposed"]
+        assert [e["kind"] for e in store.events.all(1)] == ["proposing", "proposed"]
     finally:
         store.close()
 
@@ -1052,9 +1180,9 @@ def test_failpoint_on_a_state_change_kills_after_commit(db_path: Path):
     assert "added 1" in result.stdout and "survived" not in result.stdout
     store = Store(db_path)
     try:
-        exp = store.experiment(1)
+        exp = store.experiments.get(1)
         assert exp.state == "branched" and exp.head_sha == "def"
-        assert [e["kind"] for e in store.events(1)] == ["proposing", "proposed", "branched"]
+        assert [e["kind"] for e in store.events.all(1)] == ["proposing", "proposed", "branched"]
     finally:
         store.close()
 
@@ -1075,8 +1203,8 @@ def test_failpoint_of_a_state_change_written_with_a_run_fires_as_the_run_is_queu
     assert "survived" not in result.stdout
     store = Store(other)
     try:
-        assert store.experiment(1).state == "measuring"
-        assert [(r.id, r.state) for r in store.runs()] == [(1, "queued")]
+        assert store.experiments.get(1).state == "measuring"
+        assert [(r.id, r.state) for r in store.runs.all()] == [(1, "queued")]
     finally:
         store.close()
 

@@ -17,7 +17,7 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from bot.store import Store
+from bot.store import ReadPool, Store
 from bot.views import dashboard, dashboard_state, dashboard_stream
 from bot.views.dashboard import dashboard_app, serve_in_thread
 from bot.views.dashboard_state import build_state
@@ -252,7 +252,7 @@ def test_only_get_routes_and_the_store_is_never_written(client: TestClient, seed
     for path in ("/", "/api/state", "/static/app.js"):
         assert client.get(path).status_code == 200
     assert (store.db.execute("PRAGMA data_version").fetchone()[0], store.path.stat().st_mtime_ns) == before
-    readers = dashboard._Readers(store.path)
+    readers = ReadPool(store.path)
     with pytest.raises(sqlite3.OperationalError, match="readonly|read-only"):
         readers.get().execute("INSERT INTO settings(key, value) VALUES ('x', 'y')")
     readers.close_all()
@@ -283,7 +283,7 @@ def _big_store(path: Path, experiments: int) -> None:
 
 
 def _selects(path: Path) -> tuple[int, float, dict]:
-    readers = dashboard._Readers(path)
+    readers = ReadPool(path)
     statements: list[str] = []
     with readers.snapshot() as db:
         db.set_trace_callback(statements.append)
