@@ -7,6 +7,10 @@ machine can make a sandbox and unsandboxed where it cannot (the clock is the sam
 The supervisor's copy of the profile gets a shorter budget so that an attack costs seconds; the
 training process never sees the supervisor's limits. Nothing here compares val_bpb: only what is
 sure (a status, a bound on the time measured outside the training process).
+
+`make test` runs one attack (the budget replaced by train.py's own) to its cap; every other attack,
+the orphan that trains, the hard limit and the honest train.py are the slow tier: each is a run of
+its own to the cap or the limit, and the cap is what is under test.
 """
 
 from __future__ import annotations
@@ -19,8 +23,6 @@ import pytest
 from runner import profiles, sandbox
 from runner.isolated import run_job
 from runner.protocol import JobSpec, ResultSpec
-
-pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 SESSION = """
@@ -139,9 +141,15 @@ h.finish(model)
 }
 
 
-@pytest.mark.parametrize("attack", sorted(ATTACKS))
+FAST_ATTACK = "replaced_time_up"  # the one attack `make test` runs
+
+
+@pytest.mark.parametrize("attack", [name if name == FAST_ATTACK else pytest.param(name, marks=pytest.mark.slow)
+                                    for name in sorted(ATTACKS)])
 def test_training_past_the_budget_is_stopped_at_the_cap_and_rejected(smoke_prepared, tmp_path: Path,
                                                                      short_budget, attack: str) -> None:
+    """Slow tier, all but FAST_ATTACK: each attack trains to the supervisor's cap on its real clock,
+    a run of its own."""
     result = run(tmp_path, ATTACKS[attack])
     assert_stopped_at_the_cap(result, short_budget)
 
@@ -160,11 +168,13 @@ h.finish(model)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sandboxed", [True, False], ids=["sandboxed", "unsandboxed"])
 def test_a_detached_process_that_trains_counts_on_the_clock(smoke_prepared, tmp_path: Path, short_budget,
                                                             sandboxed: bool) -> None:
     """In the sandbox the orphan comes back to the training process; without it, to the supervisor
-    (a subreaper), whose clock counts what came to it too."""
+    (a subreaper), whose clock counts what came to it too. Slow tier: the orphan trains to the cap
+    on the supervisor's real clock."""
     if sandboxed and not sandbox.available()[0]:
         pytest.skip(f"no sandbox here: {sandbox.available()[1]}")
     job = JobSpec(run_id=1, asset=DETACHED, profile="smoke", seed=0)
@@ -173,8 +183,10 @@ def test_a_detached_process_that_trains_counts_on_the_clock(smoke_prepared, tmp_
     assert_stopped_at_the_cap(result, short_budget)
 
 
+@pytest.mark.slow
 def test_sleeping_costs_no_cpu_budget_and_meets_the_hard_limit(smoke_prepared, tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Slow tier: the run must sleep until the wall-clock hard limit, 6 s after its start."""
     smoke = profiles.PROFILES["smoke"]
     monkeypatch.setitem(profiles.PROFILES, "smoke", dataclasses.replace(smoke, max_total_s=6.0))
     result = run(tmp_path, SESSION + MODEL + "time.sleep(600)\nh.finish(model)\n")
@@ -183,7 +195,10 @@ def test_sleeping_costs_no_cpu_budget_and_meets_the_hard_limit(smoke_prepared, t
     assert result.timings.training_wall < 6.0 + 5.0
 
 
+@pytest.mark.slow
 def test_the_honest_train_py_ends_inside_its_cap(smoke_prepared, tmp_path: Path) -> None:
+    """Slow tier: the repository's train.py trains its whole budget (3 s on the CPU clock, about
+    10 s of a run) and the export: what is under test is that all of it fits the cap."""
     smoke = profiles.get_profile("smoke")
     result = run(tmp_path, (REPO / "train.py").read_text())
     assert result.status == "ok", result.error

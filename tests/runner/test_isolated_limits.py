@@ -5,6 +5,10 @@ each, the same path serves the next job.
 
 Limits are set small through the supervisor's environment (runner.limits); each run costs the
 smoke profile's seconds with a tiny untrained model.
+
+All of these are the slow tier: each is a run of its own, and what is under test is the real
+supervisor ending it. `make test` checks the same limits on a tree of plain processes
+(tests/runner/test_limits.py).
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ def serves_next_job(tmp_path: Path, use_sandbox: bool | None) -> None:
 @pytest.mark.slow
 def test_a_run_past_its_memory_limit_crashes_saying_so(smoke_prepared, tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Slow tier: a run whose processes take 2.4 GB until the supervisor stops them, then the next job."""
     # Three processes of 800 MB each: none passes the per-process limit, the tree does.
     monkeypatch.setenv(limits.ENV["memory"], "1500M")
     body = """
@@ -68,10 +73,9 @@ for w in workers:
     w.start()
 time.sleep(120)
 """
-    started = time.time()
     result = run_job(job(body), tmp_path / "run", threads=1)
+    # a crash for the limit, not a timeout at the hard limit: stopped when it crossed it
     assert result.status == "crash" and "more than 1.5 GiB of memory (the limit per run)" in result.error, result.error
-    assert time.time() - started < 100  # stopped when it crossed the limit, not at the hard limit
     monkeypatch.delenv(limits.ENV["memory"])
     serves_next_job(tmp_path, None)
 
@@ -79,6 +83,7 @@ time.sleep(120)
 @pytest.mark.slow
 def test_one_allocation_past_the_memory_limit_fails_inside_train_py(smoke_prepared, tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Slow tier: the kernel's limit must fail an allocation inside a real run."""
     monkeypatch.setenv(limits.ENV["memory"], "2G")
     result = run_job(job("block = bytearray(3 << 30)\n"), tmp_path / "run", threads=1)
     assert result.status == "crash" and "ran out of memory: a run may hold 2 GiB" in result.error, result.error
@@ -87,6 +92,7 @@ def test_one_allocation_past_the_memory_limit_fails_inside_train_py(smoke_prepar
 
 @pytest.mark.slow
 def test_a_bounded_fork_bomb_is_stopped(smoke_prepared, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Slow tier: a run that forks until the limit stops it, then the next job."""
     monkeypatch.setenv(limits.ENV["tasks"], "64")
     body = f"""
 for _ in range(200):
@@ -107,6 +113,7 @@ time.sleep(120)
 @pytest.mark.slow
 def test_filling_scratch_past_its_limit_is_stopped(smoke_prepared, tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Slow tier: a run that writes until the supervisor stops it, then the next job."""
     monkeypatch.setenv(limits.ENV["scratch"], "50M")
     body = """
 with open("filler", "wb") as out:
@@ -125,6 +132,7 @@ time.sleep(120)
 @pytest.mark.parametrize("use_sandbox", BOTH)
 def test_a_training_process_killed_from_outside_is_lost_not_a_crash(smoke_prepared, tmp_path: Path,
                                                                     use_sandbox: bool | None) -> None:
+    """Slow tier: a real training process must be running to be killed, then the next job."""
     supervisor = Supervisor(tmp_path / "run", "smoke", threads=1, use_sandbox=use_sandbox)
     supervisor.prepare()
     results: list[ResultSpec] = []
@@ -151,6 +159,7 @@ def test_a_training_process_killed_from_outside_is_lost_not_a_crash(smoke_prepar
 @pytest.mark.parametrize("use_sandbox", BOTH)
 def test_a_timeout_ends_every_process_of_the_run(smoke_prepared, tmp_path: Path, use_sandbox: bool | None,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Slow tier: the run must last until the wall-clock hard limit, 8 s after its start, then the next job."""
     smoke = profiles.PROFILES["smoke"]
     monkeypatch.setitem(profiles.PROFILES, "smoke", dataclasses.replace(smoke, max_total_s=8.0))
     # a loop that sleeps: a busy one would meet its CPU cap first (rejected), not the hard limit

@@ -4,6 +4,9 @@ exactly as a cold one, and a worker that is not needed, or breaks while it waits
 
 Jobs hand over an untrained model at once (the Tiny model of test_isolated), so a run costs the
 imports, the export and the scoring: seconds, and no verdict depends on training noise.
+
+`make test` runs a worker's job in its renamed directory, both ways; the rest is the slow tier,
+each test a worker of its own (two processes that import torch) for one more way a worker is used.
 """
 
 from __future__ import annotations
@@ -74,6 +77,9 @@ def test_a_worker_prepared_before_its_job_runs_it_in_its_renamed_directory(smoke
     os.rename(tmp_path / "worker", run_dir)  # what the local runner does when the job comes
     result = worker.run(job(), out=run_dir)
     assert result.status == "ok" and result.sandboxed is sandboxing and result.val_bpb > HONEST_FLOOR, result.error
+    assert result.runner.sandbox.startswith("bubblewrap") if sandboxing else result.runner.sandbox == "none"
+    warned = "WARNING: running train.py WITHOUT a sandbox" in (run_dir / "log.txt").read_text()
+    assert warned is not sandboxing  # unsandboxed: marked, and said loudly
     assert result.metrics["warm"] is True
     assert result.metrics["ready_cpu_seconds"] > 0  # importing torch took CPU time, and it is not the run's
     assert result.seed == 3 and result.hashes.data == smoke_prepared.dataset.fingerprint
@@ -84,7 +90,9 @@ def test_a_worker_prepared_before_its_job_runs_it_in_its_renamed_directory(smoke
     assert not any(alive(pid) for pid in pids)
 
 
+@pytest.mark.slow
 def test_a_cold_run_is_not_warm(smoke_prepared, tmp_path: Path) -> None:
+    """Slow tier: a cold run of its own, both ways, to read one flag of it."""
     from runner.isolated import run_job
 
     result = run_job(job(), tmp_path / "cold", threads=1)
@@ -92,7 +100,9 @@ def test_a_cold_run_is_not_warm(smoke_prepared, tmp_path: Path) -> None:
     assert result.metrics["warm"] is False  # its training process had not imported torch when the job came
 
 
+@pytest.mark.slow
 def test_each_job_gets_a_fresh_process_so_nothing_carries_over(smoke_prepared, tmp_path: Path) -> None:
+    """Slow tier: two workers, each with a run, both ways."""
     # The first job changes torch in its process and leaves a file in its temporary directory (the
     # sandbox's /tmp; unsandboxed, its run directory's); the next job, in the next worker, finds neither.
     first = prepared(tmp_path, "a").run(job(
@@ -106,8 +116,10 @@ def test_each_job_gets_a_fresh_process_so_nothing_carries_over(smoke_prepared, t
     assert second.status == "ok", second.error
 
 
+@pytest.mark.slow
 def test_a_worker_whose_training_process_died_while_waiting_starts_a_new_one(smoke_prepared,
                                                                              tmp_path: Path) -> None:
+    """Slow tier: a worker, then a training process started afresh and its run, both ways."""
     worker = prepared(tmp_path)
     os.killpg(worker.trainer.pid, 9)
     worker.trainer.wait()
@@ -116,7 +128,9 @@ def test_a_worker_whose_training_process_died_while_waiting_starts_a_new_one(smo
     assert "starting a new one" in (tmp_path / "worker" / "log.txt").read_text()
 
 
+@pytest.mark.slow
 def test_a_worker_refuses_a_job_of_another_profile(smoke_prepared, tmp_path: Path) -> None:
+    """Slow tier: a worker of its own (two processes that import torch), both ways."""
     worker = prepared(tmp_path)
     pids = [worker.trainer.pid, worker.scorer.proc.pid]
     result = worker.run(job(profile="cpu"))
@@ -124,7 +138,9 @@ def test_a_worker_refuses_a_job_of_another_profile(smoke_prepared, tmp_path: Pat
     assert not any(alive(pid) for pid in pids)
 
 
+@pytest.mark.slow
 def test_a_worker_moved_elsewhere_is_refused(smoke_prepared, tmp_path: Path) -> None:
+    """Slow tier: a worker of its own (two processes that import torch), both ways."""
     worker = prepared(tmp_path)
     (tmp_path / "other").mkdir()
     with pytest.raises(RuntimeError, match="renamed"):
@@ -142,7 +158,9 @@ def standby(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
     return proc, out
 
 
+@pytest.mark.slow
 def test_a_standby_worker_runs_the_job_it_is_handed(smoke_prepared, tmp_path: Path) -> None:
+    """Slow tier: a worker started on the command line and its run, both ways."""
     proc, out = standby(tmp_path)
     run_dir = tmp_path / "9"
     os.rename(out, run_dir)
@@ -155,7 +173,9 @@ def test_a_standby_worker_runs_the_job_it_is_handed(smoke_prepared, tmp_path: Pa
     assert not (run_dir / "ready").exists()
 
 
+@pytest.mark.slow
 def test_a_standby_worker_not_needed_leaves_nothing(smoke_prepared, tmp_path: Path) -> None:
+    """Slow tier: a worker started on the command line, both ways, to see it leave nothing."""
     proc, out = standby(tmp_path)
     inside = [int(pid) for pid in os.listdir("/proc") if pid.isdigit() and _started_by(int(pid), proc.pid)]
     proc.stdin.close()  # what happens when its runner shuts down, or is killed
@@ -164,7 +184,9 @@ def test_a_standby_worker_not_needed_leaves_nothing(smoke_prepared, tmp_path: Pa
     assert inside and not any(alive(pid) for pid in inside)
 
 
+@pytest.mark.slow
 def test_a_standby_worker_handed_an_unreadable_job_says_so_and_stops(smoke_prepared, tmp_path: Path) -> None:
+    """Slow tier: a worker started on the command line, both ways, for one refusal."""
     proc, _ = standby(tmp_path)
     output, _ = proc.communicate(b'{"job": "/nonexistent/jobspec.json", "out": "/nonexistent"}\n', timeout=60)
     assert proc.returncode == 2 and b"got no job it can read" in output

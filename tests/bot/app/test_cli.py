@@ -43,48 +43,69 @@ h = harness.session()
 model = torch.nn.Sequential(torch.nn.Embedding(h.vocab_size, 8), torch.nn.Linear(8, h.vocab_size))
 print(h.finish(model).summary_block())
 """
+# ... and one that also prints a val_bpb of its own, as a train.py may
+LIAR = "print('val_bpb:          0.100000', flush=True)\n" + UNTRAINED
 
 
-@pytest.mark.slow
-def test_train_measures_like_the_runners_and_fails_loudly(tmp_path: Path, smoke_prepared) -> None:
-    untrained = tmp_path / "untrained.py"
-    untrained.write_text(UNTRAINED)
-    ok = cli.invoke(app, ["train", "--profile", "smoke", "--asset", str(untrained), "--out", str(tmp_path / "ok")])
-    assert ok.exit_code == 0, ok.output
-    assert "scored outside the sandbox" in said(ok)
-    result = json.loads((tmp_path / "ok" / "result.json").read_text())
+@pytest.fixture(scope="module")
+def measured(smoke_prepared, tmp_path_factory: pytest.TempPathFactory):
+    """One real `autoresearch train` of LIAR on the smoke profile: (the command's result, its run
+    directory). The run is the one every runner makes, sandboxed and scored outside."""
+    work = tmp_path_factory.mktemp("train")
+    liar = work / "liar.py"
+    liar.write_text(LIAR)
+    out = work / "run"
+    return cli.invoke(app, ["train", "--profile", "smoke", "--asset", str(liar), "--out", str(out)]), out
+
+
+def test_train_measures_like_the_runners(measured) -> None:
+    run, out = measured
+    assert run.exit_code == 0, run.output
+    assert "scored outside the sandbox" in said(run)
+    result = json.loads((out / "result.json").read_text())
     assert result["status"] == "ok" and result["runner"]["backend"] == "manual" and result["val_bpb"] > 0
-    # the reference's `grep "^val_bpb:" run.log` finds the scorer's number, once, on stdout and in the log
-    scored = f"val_bpb:          {result['val_bpb']:.6f}"
-    assert [line for line in ok.output.splitlines() if line.startswith("val_bpb:")] == [scored]
-    assert [line for line in (tmp_path / "ok" / "log.txt").read_text().splitlines()
-            if line.startswith("val_bpb:")] == [scored]
+    assert f"result: {out / 'result.json'}" in said(run)
 
+
+def test_a_train_py_that_prints_its_own_val_bpb_is_not_what_grep_finds(measured) -> None:
+    # the reference's `grep "^val_bpb:" run.log` finds the scorer's number, once, on stdout and in the log
+    run, out = measured
+    scored = json.loads((out / "result.json").read_text())["val_bpb"]
+    for text in (run.output, (out / "log.txt").read_text()):
+        grepped = [line for line in text.splitlines() if line.startswith("val_bpb:")]
+        assert grepped == [f"val_bpb:          {scored:.6f}"]
+        assert "(train.py printed) val_bpb:          0.100000" in text
+
+
+class CrashingRun:
+    """runner.isolated.run_job for `train` where the CLI's own output is under test: train.py says a
+    line, then the run is the crash of a broken train.py (the real one: tests/runner/test_isolated.py)."""
+
+    def __call__(self, job, out: Path, *, on_line, **options):
+        from runner.protocol import Hashes, ResultSpec, RunnerIdentity
+
+        on_line("training output")
+        return ResultSpec(run_id=job.run_id, status="crash", error="SystemExit: this train.py is broken",
+                          hashes=Hashes(asset=job.asset_sha256, harness="h", data="d"),
+                          runner=RunnerIdentity(backend=options["backend"]), profile=job.profile)
+
+
+def test_train_fails_loudly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("runner.isolated.run_job", CrashingRun())
     broken = tmp_path / "broken.py"
     broken.write_text("raise SystemExit('this train.py is broken')\n")
     failed = cli.invoke(app, ["train", "--profile", "smoke", "--asset", str(broken), "--out", str(tmp_path / "bad")])
     assert failed.exit_code == 1
-    assert "crash:" in said(failed) and "broken" in said(failed)
+    assert "crash:" in said(failed) and "broken" in said(failed) and "training output" in said(failed)
     assert not [line for line in failed.output.splitlines() if line.startswith("val_bpb:")]  # as the reference
 
 
-@pytest.mark.slow
-def test_a_train_py_that_prints_its_own_val_bpb_is_not_what_grep_finds(tmp_path: Path, smoke_prepared) -> None:
-    liar = tmp_path / "liar.py"
-    liar.write_text("print('val_bpb:          0.100000', flush=True)\n" + UNTRAINED)
-    run = cli.invoke(app, ["train", "--profile", "smoke", "--asset", str(liar), "--out", str(tmp_path / "lie")])
-    assert run.exit_code == 0, run.output
-    scored = json.loads((tmp_path / "lie" / "result.json").read_text())["val_bpb"]
-    for text in (run.output, (tmp_path / "lie" / "log.txt").read_text()):
-        assert [line for line in text.splitlines() if line.startswith("val_bpb:")] == [f"val_bpb:          {scored:.6f}"]
-        assert "(train.py printed) val_bpb:          0.100000" in text
-
-
-def test_train_json_prints_only_the_result_on_stdout(tmp_path: Path, smoke_prepared) -> None:
+def test_train_json_prints_only_the_result_on_stdout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from runner.protocol import ResultSpec
 
+    monkeypatch.setattr("runner.isolated.run_job", CrashingRun())
     broken = tmp_path / "broken.py"
-    broken.write_text("print('training output', flush=True)\nraise SystemExit('this train.py is broken')\n")
+    broken.write_text("raise SystemExit('this train.py is broken')\n")
     failed = cli.invoke(app, ["train", "--profile", "smoke", "--asset", str(broken), "--out",
                                  str(tmp_path / "bad"), "--json"])
     assert failed.exit_code == 1
@@ -107,7 +128,9 @@ def seeded_workdir(work: Path, **settings: object) -> None:
 def test_demo_runs_then_resumes_to_a_larger_target(tmp_path: Path, smoke_prepared, monkeypatch,
                                                    sandboxing: str) -> None:
     """The whole loop end to end, in bubblewrap and without it (a machine without bubblewrap: the
-    warm workers' renamed directories once crashed every other run there)."""
+    warm workers' renamed directories once crashed every other run there). Slow tier: what is under
+    test is the loop on real runs of the real train.py (main measured twice, three experiments, the
+    resume), each a smoke run of seconds; the loop's every step on fake runs is tests/bot/loop/."""
     from runner import sandbox
 
     if sandboxing == "sandboxed" and not sandbox.available()[0]:
@@ -158,7 +181,7 @@ def check_the_research_repository(work: Path) -> None:
     history = list(forge.repo.iter_commits("main", first_parent=True))
     kept = [e for e in experiments if e.status == "keep"]
     assert [c.hexsha for c in reversed(history[:-1])] == [e.merged_sha for e in kept]
-    for commit, exp in zip(reversed(history[:-1]), kept):
+    for commit, exp in zip(reversed(history[:-1]), kept, strict=True):
         assert f"autoresearch-experiment: {exp.id}" in commit.message
     # every commit of main has a measured val_bpb of its own train.py
     for commit in history:
@@ -244,6 +267,7 @@ def test_a_second_conductor_on_the_same_workdir_is_refused(tmp_path: Path) -> No
 
 @pytest.mark.slow
 def test_ctrl_c_says_it_stopped_and_that_the_same_command_resumes(tmp_path: Path, smoke_prepared) -> None:
+    """Slow tier: a real demo must be running a real training run when it is interrupted."""
     import signal
     import subprocess
     import sys
@@ -266,7 +290,8 @@ def test_ctrl_c_says_it_stopped_and_that_the_same_command_resumes(tmp_path: Path
     assert "stopped. Nothing was lost: run the same command again to resume" in " ".join(out.split())
     run_dir = next((work / "runs").glob("*/pid")).parent
     pid = int((run_dir / "pid").read_text())
-    assert not Path(f"/proc/{pid}/cmdline").exists() or b"runner.execute" not in Path(f"/proc/{pid}/cmdline").read_bytes()
+    cmdline = Path(f"/proc/{pid}/cmdline")
+    assert not cmdline.exists() or b"runner.execute" not in cmdline.read_bytes()
     # the interrupted run is lost, to be run again on resume: never counted as a crash of train.py
     from bot.runners.local import LocalRunner
 
@@ -307,18 +332,25 @@ def test_train_on_a_profile_whose_tokenizer_is_not_prepared_says_which_prepare_t
 
 def test_results_and_status_through_a_pipe_are_written_whole(tmp_path: Path) -> None:
     """Without a terminal (CI, nohup, `| less`) nothing is cut at 80 columns: no `purpo…`, `val_b…`."""
-    from tests.bot.views.test_results import experiment
-
     from bot.store import Store
+    from tests.bot.views.test_results import experiment
 
     store = Store(tmp_path / "state.db")
     title = "a rather long title for an experiment that changes the learning rate schedule of the model"
     experiment(store, title, code_hash="c1", runs=[("ok", 2.91, {})], status="discard", val_bpb=2.91, delta=0.01)
     store.close()
-    for command in (["results"], ["results", "--runs"], ["status"]):
-        proc = subprocess.run([sys.executable, "-m", "bot.app.cli", *command, "--workdir", str(tmp_path)],
-                              capture_output=True, text=True, timeout=120, cwd=ROOT)
-        assert proc.returncode == 0, proc.stderr
-        assert "…" not in proc.stdout, (command, proc.stdout)
-    assert title in subprocess.run([sys.executable, "-m", "bot.app.cli", "results", "--workdir", str(tmp_path)],
-                                   capture_output=True, text=True, timeout=120, cwd=ROOT).stdout
+    # one Python that runs the three commands with its stdout a pipe, as `autoresearch ... | less` does
+    driver = ("import sys\nfrom bot.app.cli import app\n"
+              "for command in (['results'], ['results', '--runs'], ['status']):\n"
+              "    print('=== ' + ' '.join(command), flush=True)\n"
+              "    try:\n"
+              f"        app([*command, '--workdir', {str(tmp_path)!r}])\n"
+              "    except SystemExit as end:\n"
+              "        assert not end.code, (command, end.code)\n")
+    proc = subprocess.run([sys.executable, "-c", driver], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    outputs = dict(part.split("\n", 1) for part in proc.stdout.split("=== ")[1:])
+    assert set(outputs) == {"results", "results --runs", "status"}
+    for command, output in outputs.items():
+        assert "…" not in output, (command, output)
+    assert title in outputs["results"]
