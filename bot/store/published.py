@@ -46,7 +46,3 @@ class Published:
                               "WHERE p.key LIKE 'check:%' AND p.key NOT LIKE '%:done' AND p.value = ?",
                               (str(check_run_id),)).fetchone()
         return experiment_of(row) if row else None
-
-    # --- delegate until issue 17's sweep: remove
-    def __call__(self, exp_id: int) -> dict[str, str]:
-        return self.get(exp_id)
