@@ -335,7 +335,9 @@ def main() -> None:
     bare = [r for r in runs if r["sandboxed"] is False and isinstance(r["total_s"], float)]
     summary: dict[str, Any] = {"all_ok": all(r["status"] == "ok" for r in runs)}
     if boxed and bare:
-        mean = lambda rows, key: sum(r[key] for r in rows) / len(rows)
+        def mean(rows: list[dict[str, Any]], key: str) -> float:
+            return sum(r[key] for r in rows) / len(rows)
+
         summary["sandbox_cost_s"] = {key: round(mean(boxed, key) - mean(bare, key), 3)
                                      for key in ("total_s", "overhead_s", "sandbox_setup_s", "evaluation_s")}
     report = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": ["bench/gpu.py", *sys.argv[1:]],

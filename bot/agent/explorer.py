@@ -175,7 +175,7 @@ class OfflineExplorer:
         sources and the followers; None when the result is main or was seen before, does not
         compile, or would not split its batch into whole forward passes."""
         sources = [format_value(arm.knob, arm.const, new) for arm, new in moves]
-        edits = [(arm.const, src) for (arm, _), src in zip(moves, sources)]
+        edits = [(arm.const, src) for (arm, _), src in zip(moves, sources, strict=True)]
         values = {n: c.value for n, c in consts.items()} | {arm.knob.name: new for arm, new in moves}
         followed: list[dict[str, Any]] = []
         moved = {arm.knob.name for arm, _ in moves}

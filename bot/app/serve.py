@@ -36,7 +36,7 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +70,7 @@ def stall_bound_s(request_timeout_s: float) -> float:
     return max(STALL_FLOOR_S, one_request)
 
 
-class ConductorState(str, Enum):
+class ConductorState(StrEnum):
     """What the conductor thread is doing, as /healthz reports it. Transitions:
     STARTING -> WAITING_FOR_GITHUB (until GitHub answers) -> STARTING (building the rest) -> RUNNING;
     any state -> STOPPED (an error, or the service shutting down). STOPPED is final. STALLED is

@@ -156,7 +156,7 @@ class _InboxWriter:
                 break
             store, outcomes = self._write(store, [entry for entry, _, _ in batch])
             loops: dict[asyncio.AbstractEventLoop, list] = {}
-            for (_, loop, future), outcome in zip(batch, outcomes):
+            for (_, loop, future), outcome in zip(batch, outcomes, strict=True):
                 loops.setdefault(loop, []).append((future, outcome))
             for loop, settled in loops.items():
                 try:

@@ -58,7 +58,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlparse
 
@@ -220,7 +220,7 @@ class RenewingInstallationAuth(AppInstallationAuth):
     instead of PyGithub's 20 s; one renewal at a time."""
 
     def __init__(self, app_auth: Auth.AppAuth, installation_id: int, *, renew_before: timedelta = RENEW_BEFORE,
-                 now: Callable[[], datetime] = lambda: datetime.now(timezone.utc)) -> None:
+                 now: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
         super().__init__(app_auth, installation_id)
         self._renew_before = renew_before
         self._now = now

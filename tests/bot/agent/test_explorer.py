@@ -91,7 +91,7 @@ def changed_lines(old: str, new: str) -> list[tuple[str, str]]:
     """(old line, new line) for every line that differs; both texts must have the same line count."""
     a, b = old.splitlines(), new.splitlines()
     assert len(a) == len(b)
-    return [(x, y) for x, y in zip(a, b) if x != y]
+    return [(x, y) for x, y in zip(a, b, strict=True) if x != y]
 
 
 def set_constant(text: str, name: str, value: str) -> str:
@@ -172,7 +172,7 @@ def test_every_line_but_one_is_byte_identical_including_crlf():
     p = OfflineExplorer(0).propose(ctx_for(crlf))
     old, new = crlf.splitlines(keepends=True), p.train_py.splitlines(keepends=True)
     assert len(old) == len(new)
-    assert sum(a != b for a, b in zip(old, new)) == 1
+    assert sum(a != b for a, b in zip(old, new, strict=True)) == 1
     assert all(line.endswith("\r\n") for line in new)
 
 

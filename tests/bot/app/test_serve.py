@@ -416,7 +416,7 @@ def test_serve_with_the_local_runner_trains_and_reports_on_github(tmp_path: Path
             wait_for("the experiment decided and shown", lambda: final(store), tmp_path / "no-log", timeout=400)
         except AssertionError:
             recent = [e["message"] for e in store.events.all()][-10:]
-            raise AssertionError(f"conductor: {service.status}; events: {recent}")
+            raise AssertionError(f"conductor: {service.status}; events: {recent}") from None
         finally:
             service.stop()
     exp = store.experiments.all()[0]

@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -320,7 +320,7 @@ def test_an_app_signs_a_jwt_finds_its_installation_and_renews_its_token_before_e
         github_standin, rsa_key, caplog):
     caplog.set_level(logging.DEBUG)
     caplog.set_level(logging.DEBUG, logger="github")  # PyGithub's own DEBUG log shows response bodies
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     github_standin.on("GET /repos/o/r/installation", Answer(200, {"id": 7, "app_id": 42}))
     github_standin.on("POST /app/installations/7/access_tokens",
                       Answer(201, {"token": "ghs_first_token", "expires_at": iso(now + timedelta(minutes=4))}),
@@ -350,7 +350,7 @@ def test_an_app_signs_a_jwt_finds_its_installation_and_renews_its_token_before_e
 
 
 def test_a_configured_installation_id_is_used_without_asking(github_standin, rsa_key):
-    an_hour = iso(datetime.now(timezone.utc) + timedelta(hours=1))
+    an_hour = iso(datetime.now(UTC) + timedelta(hours=1))
     github_standin.on("POST /app/installations/99/access_tokens", Answer(201, {"token": "ghs_t", "expires_at": an_hour}))
     github_standin.on("GET /repos/o/r", Answer(200, REPO_JSON))
     client = GitHubClient(app_settings(github_standin.url, rsa_key, installation_id=99))

@@ -13,7 +13,7 @@ import sqlite3
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -228,7 +228,7 @@ def test_comments_from_before_polling_began_are_not_replayed(world: World, tmp_p
     world.standin.comment(world.number, "alice", "/pause")
     fresh = Store(tmp_path / "fresh.db")  # a bot that starts polling now, with the comment already there
     poller = Poller(world.client, fresh, interval_s=world.poller.interval_s,
-                    now=lambda: datetime.now(timezone.utc) + timedelta(seconds=2))
+                    now=lambda: datetime.now(UTC) + timedelta(seconds=2))
 
     assert poller.poll_once() == 0
     assert fresh.inbox.all() == []
