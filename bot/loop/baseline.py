@@ -83,14 +83,14 @@ class Baseline:
         try:
             program = parse_program(text)
         except SettingsError as error:
-            kept = self.store.get_setting("program.settings")
+            kept = self.store.state.program_settings
             settings = LoopSettings.model_validate_json(kept) if kept else LoopSettings()
             which = "the last valid settings stay" if kept else "the default settings are"
-            self.store.event(None, "settings_error", f"program.md on main {sha[:7]} is invalid, so {which} in "
-                             f"force until it is fixed: {error}")
+            self.store.events.add(None, "settings_error", f"program.md on main {sha[:7]} is invalid, so {which} in "
+                                  f"force until it is fixed: {error}")
             log.error("program.md on main %s: %s", sha[:7], error)
             return text, settings
-        self.store.set_setting("program.settings", program.settings.model_dump_json())
+        self.store.state.program_settings = program.settings.model_dump_json()
         return program.instructions, program.settings
 
     def code_at(self, sha: str) -> str:
@@ -105,7 +105,7 @@ class Baseline:
         measurement.counted would pick, selected by the store's query."""
         if self._values is None:
             ident = self.identity
-            self._values = self.store.measured_values(
+            self._values = self.store.runs.measured_values(
                 profile=ident["profile"], harness_hash=ident["harness_hash"],
                 data_fingerprint=ident["data_fingerprint"], threads=measurement.pinned_threads(ident))
         return self._values
@@ -128,7 +128,7 @@ class Baseline:
             if self._blocked_code == main.code:
                 return  # main needs a human; a new train.py on main clears it
             self.blocked = ""
-        runs = [r for r in self.store.runs(code_hash=main.code) if r.purpose == "baseline"]
+        runs = [r for r in self.store.runs.all(code_hash=main.code) if r.purpose == "baseline"]
         crashed = []  # main's crashes since its last good run: one may be bad luck (an OOM, a NaN)
         for run in (r for r in runs if r.state == RunState.DONE):
             crashed = crashed + [run] if run.status == "crash" else []
@@ -146,15 +146,15 @@ class Baseline:
 
     def queue_run(self, main: Main, reason: str) -> None:
         """Queue one more run of main's own train.py."""
-        self.store.add_run(experiment_id=None, purpose="baseline", code_hash=main.code, commit_sha=main.sha,
-                           base_sha=main.sha, asset=main.train_py, profile=self.profile, reason=reason)
+        self.store.runs.add(experiment_id=None, purpose="baseline", code_hash=main.code, commit_sha=main.sha,
+                            base_sha=main.sha, asset=main.train_py, profile=self.profile, reason=reason)
 
     def block(self, main: Main, message: str) -> None:
         """Nothing can be judged until a human fixes main: say so once."""
         self._blocked_code = main.code
         if self.blocked != message:
             self.blocked = message
-            self.store.event(None, "blocked", message)
+            self.store.events.add(None, "blocked", message)
             log.error("%s", message)
 
     def note_remeasured_delta(self, code: str, main: Main) -> None:
@@ -163,11 +163,11 @@ class Baseline:
         values = self.main_values(code)
         if len(values) < main.settings.baseline_runs:
             return
-        for exp in self.store.experiments(state=State.DONE):
+        for exp in self.store.experiments.in_state(State.DONE):
             if exp.status == Status.KEEP and exp.code_hash == code and exp.remeasured_delta is None:
                 old = self.main_values(exp.meta.get("main_code", ""))
                 if old:
                     delta = statistics.fmean(values) - statistics.fmean(old)
-                    self.store.update_experiment(exp.id, remeasured_delta=delta,
-                                                 event=f"re-measured: the new main's fresh baseline is {delta:+.6f} "
-                                                       f"against the old main's ({len(values)} run(s))")
+                    self.store.experiments.update(exp.id, remeasured_delta=delta,
+                                                  event=f"re-measured: the new main's fresh baseline is {delta:+.6f} "
+                                                        f"against the old main's ({len(values)} run(s))")

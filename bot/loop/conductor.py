@@ -109,7 +109,7 @@ class Conductor:
         for message in measurement.pin(self.store, self.config.identity):
             log.warning("%s", message)
         self._started = True
-        for exp in self.store.experiments(state=State.DONE):  # a kill may have come between a run and this
+        for exp in self.store.experiments.in_state(State.DONE):  # a kill may have come between a run and this
             if exp.status == Status.KEEP and exp.remeasured_delta is None and exp.code_hash:
                 self.baseline.note_remeasured_delta(exp.code_hash, self.baseline.read())
 
@@ -162,7 +162,7 @@ class Conductor:
         if message != self._last_error:
             self._last_error = message
             try:
-                self.store.event(None, "error", message)
+                self.store.events.add(None, "error", message)
             except Exception:  # noqa: BLE001 - the store itself may be what failed (a full disk)
                 log.exception("could not record the error in the store")
 
@@ -171,7 +171,7 @@ class Conductor:
         target = self.config.max_experiments or settings.max_experiments
         if self.proposals.stopped:
             return self.proposals.stopped
-        if target and self.store.count_experiments() >= target and not self.store.experiments(state=State.PROPOSING):
+        if target and self.store.experiments.count() >= target and not self.store.experiments.in_state(State.PROPOSING):
             return f"reached {target} experiments"
         if settings.target_val_bpb is not None:
             value = measurement.main_value(self.baseline.values(), main.code)
@@ -179,7 +179,7 @@ class Conductor:
                 return f"main reached the target val_bpb {settings.target_val_bpb}"
         if settings.paused:
             return "paused in program.md"
-        if self.store.get_setting("paused") == "1":
+        if self.store.state.paused:
             return f"{PAUSED_BY_INBOX}: waiting for `autoresearch resume`"
         return ""
 
@@ -210,11 +210,11 @@ class Conductor:
         """Nothing more will happen without a new input: stopped (or blocked on main), nothing in
         flight. A pause from the inbox is not an end: `autoresearch resume` must reach the loop."""
         if self.blocked:
-            return not self.store.count_runs(RunState.RUNNING)  # queued runs wait for a fixed main
+            return not self.store.runs.count(RunState.RUNNING)  # queued runs wait for a fixed main
         if not self.stop_reason or self.stop_reason.startswith(PAUSED_BY_INBOX):
             return False
-        busy = [e for e in self.store.experiments(active=True) if e.state != State.PROPOSING]
-        return not busy and not self.store.count_runs(RunState.QUEUED, RunState.RUNNING)
+        busy = [e for e in self.store.experiments.active() if e.state != State.PROPOSING]
+        return not busy and not self.store.runs.count(RunState.QUEUED, RunState.RUNNING)
 
     def wake_on(self, callback: Callable[[], None]) -> None:
         """Call `callback` (from any thread) when the agent answers or a runner has news."""
@@ -224,9 +224,9 @@ class Conductor:
     def summary(self) -> Summary:
         """Counts and main's numbers, main as the last tick read it (no git): the baseline is the
         one results.tsv and the dashboard show (measurement.baseline_value)."""
-        counts = self.store.counts_by_status()
+        counts = self.store.experiments.counts_by_status()
         values = self.baseline.values()
-        kept = [e for e in self.store.experiments(state=State.DONE) if e.status == Status.KEEP]
+        kept = [e for e in self.store.experiments.in_state(State.DONE) if e.status == Status.KEEP]
         main = self.baseline.main
         return Summary(experiments=sum(counts.values()), kept=counts.get(Status.KEEP, 0),
                        discarded=counts.get(Status.DISCARD, 0), crashed=counts.get(Status.CRASH, 0),

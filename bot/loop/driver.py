@@ -9,7 +9,6 @@ driver runs `autoresearch demo` now and the long-running service later.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable
@@ -45,14 +44,14 @@ class Driver:
         try:
             return self._loop(forever, stop or threading.Event())
         finally:  # the conductor process's own CPU (agent thread included, training children not)
-            conductor.store.set_setting("driver.last_run", json.dumps({
+            conductor.store.state.driver_last_run = {
                 "ticks": self.ticks, "cpu_seconds": round(time.process_time() - cpu, 3),
-                "wall_seconds": round(time.monotonic() - wall, 3)}))
+                "wall_seconds": round(time.monotonic() - wall, 3)}
 
     def _loop(self, forever: bool, stop: threading.Event) -> Summary:
         conductor = self.conductor
         while not stop.is_set():
-            seen_inbox = conductor.store.last_inbox_id()
+            seen_inbox = conductor.store.inbox.last_id()
             self._wake.clear()
             conductor.tick()
             self.ticks += 1
@@ -75,5 +74,5 @@ class Driver:
                 return
             if self.on_wait:
                 self.on_wait(self.conductor)
-            if self.conductor.store.last_inbox_id() != seen_inbox:
+            if self.conductor.store.inbox.last_id() != seen_inbox:
                 return

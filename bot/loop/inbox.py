@@ -46,12 +46,12 @@ def submit(store: Store, kind: str, payload: dict[str, Any] | None = None, *, au
     was seen before."""
     if router.handler(kind) is None:
         raise RejectedInput(f"unknown input {kind!r}: one of {', '.join(router.kinds)}")
-    return store.add_inbox(key=key or f"cli-{uuid.uuid4()}", kind=kind, payload=payload or {}, author=author)
+    return store.inbox.add(key=key or f"cli-{uuid.uuid4()}", kind=kind, payload=payload or {}, author=author)
 
 
 def apply_inbox(store: Store, routes: Router[InboxHandler]) -> int:
     """Apply every entry not yet processed, in order, through `routes`; returns how many were applied."""
-    pending = store.pending_inbox()
+    pending = store.inbox.pending()
     applied = done = 0
     waiting: dict[str, str] = {}  # kind -> why its entries wait for the next tick
     while done < len(pending):
@@ -66,7 +66,7 @@ def apply_inbox(store: Store, routes: Router[InboxHandler]) -> int:
         done += len(batch)
         applied += sum(taken is True for taken in batch)
     for kind, why in waiting.items():
-        left = sum(entry.kind == kind for entry in store.pending_inbox())
+        left = sum(entry.kind == kind for entry in store.inbox.pending())
         log.warning("%d %s inbox entries wait for the next tick: %s", left, kind, why)
     return applied
 
@@ -93,26 +93,21 @@ def _apply_batch(store: Store, routes: Router[InboxHandler], entries: list[Inbox
         if entry.kind in waiting:
             taken.append(None)
             continue
-        store.db.execute("SAVEPOINT inbox_entry")
         try:
-            _apply(store, routes, entry)
+            with store.savepoint():
+                _apply(store, routes, entry)
         except sqlite3.OperationalError:
             raise
         except Deferred as why:
-            store.db.execute("ROLLBACK TO inbox_entry")
-            store.db.execute("RELEASE inbox_entry")
             waiting[entry.kind] = f"entry {entry.id} ({entry.author}): {why}"
             taken.append(None)
             continue
         except Exception as error:  # noqa: BLE001 - one bad entry must never block the ones after it
-            store.db.execute("ROLLBACK TO inbox_entry")
-            store.db.execute("RELEASE inbox_entry")
-            store.mark_processed(entry.id, f"rejected: {error}")
-            store.event(None, "inbox", f"{entry.kind} from {entry.author} rejected: {error}")
+            store.inbox.mark_processed(entry.id, f"rejected: {error}")
+            store.events.add(None, "inbox", f"{entry.kind} from {entry.author} rejected: {error}")
             log.warning("inbox entry %s (%s) rejected: %s", entry.id, entry.kind, error)
             taken.append(False)
             continue
-        store.db.execute("RELEASE inbox_entry")
         taken.append(True)
     return taken
 
@@ -124,8 +119,8 @@ def _apply(store: Store, routes: Router[InboxHandler], entry: InboxEntry) -> Non
     if not isinstance(entry.payload, dict):
         raise RejectedInput(f"its payload must be a JSON object, not {type(entry.payload).__name__}")
     outcome = handler(store, entry)
-    store.mark_processed(entry.id, outcome)
-    store.event(None, "inbox", f"{entry.kind} from {entry.author}: {outcome}")
+    store.inbox.mark_processed(entry.id, outcome)
+    store.events.add(None, "inbox", f"{entry.kind} from {entry.author}: {outcome}")
 
 
 @router.on("steer")
@@ -133,17 +128,17 @@ def steer(store: Store, entry: InboxEntry) -> str:
     text = str(entry.payload.get("text", "")).strip()
     if not text:
         raise RejectedInput("steer needs a text, e.g. autoresearch steer \"try a lower learning rate\"")
-    store.add_feedback(entry.author, text)
+    store.feedback.add(entry.author, text)
     return f"the agent will read: {text!r}"
 
 
 @router.on("pause")
 def pause(store: Store, entry: InboxEntry) -> str:
-    store.set_setting("paused", "1")
+    store.state.paused = True
     return "paused: running experiments finish, nothing new is proposed"
 
 
 @router.on("resume")
 def resume(store: Store, entry: InboxEntry) -> str:
-    store.set_setting("paused", "0")
+    store.state.paused = False
     return "resumed"

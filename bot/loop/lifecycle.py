@@ -63,10 +63,10 @@ class Lifecycle:
     def advance_all(self, main: Main) -> bool:
         """Act on what people asked for, then advance every active experiment; True when a merge
         moved main (the rest of the tick must read it again)."""
-        for exp in self.store.requested():
+        for exp in self.store.experiments.requested():
             self._act_on_request(exp, main)
         merged = False
-        for exp in self.store.experiments(active=True):
+        for exp in self.store.experiments.active():
             if exp.state != State.PROPOSING:
                 merged = self.advance(exp, main) or merged
         return merged
@@ -79,21 +79,21 @@ class Lifecycle:
             status = Status.CANCELLED if request == Request.CANCEL else Status.DISCARD
             why = f"its pull request was closed by {who}" if request == Request.CANCEL else f"discarded by {who}"
             self.runs.cancel(exp, why)
-            self.store.update_experiment(exp.id, state=State.CLOSING, status=status, reason=why, request=None,
-                                         event=why)
+            self.store.experiments.update(exp.id, state=State.CLOSING, status=status, reason=why, request=None,
+                                          event=why)
             return
         if request in (Request.REOPEN, Request.RERUN, Request.KEEP) and done and exp.status != Status.KEEP:
             meta = dict(exp.meta, keep_anyway=who) if request == Request.KEEP else exp.meta
-            self.store.update_experiment(exp.id, state=State.BRANCHED, status=None, reason=None, val_bpb=None,
-                                         delta=None, margin=None, failures=0, retry_at=None, request=None,
-                                         meta=meta, event=f"{request} by {who}: measured again")
+            self.store.experiments.update(exp.id, state=State.BRANCHED, status=None, reason=None, val_bpb=None,
+                                          delta=None, margin=None, failures=0, retry_at=None, request=None,
+                                          meta=meta, event=f"{request} by {who}: measured again")
             return
         if request == Request.RERUN and exp.state == State.MEASURING:
             self.runs.queue(exp, "confirm", f"/rerun by {who}")
         if request == Request.KEEP and not done:
-            self.store.update_experiment(exp.id, meta=dict(exp.meta, keep_anyway=who))
-        self.store.update_experiment(exp.id, request=None, event=f"{request} by {who}: "
-                                     f"{'done' if not done else 'nothing to do, it is ' + str(exp.status)}")
+            self.store.experiments.update(exp.id, meta=dict(exp.meta, keep_anyway=who))
+        self.store.experiments.update(exp.id, request=None, event=f"{request} by {who}: "
+                                      f"{'done' if not done else 'nothing to do, it is ' + str(exp.status)}")
 
     # --- the moves -------------------------------------------------------------------------------
     def advance(self, exp: Experiment, main: Main) -> bool:
@@ -111,43 +111,43 @@ class Lifecycle:
                 merged = merged or (after.merged_sha is not None and exp.merged_sha is None)
                 exp = after
         except Exception as error:  # noqa: BLE001 - one experiment's failure must not stop the loop
-            self._step_failed(self.store.experiment(exp.id), f"{type(error).__name__}: {error}")
+            self._step_failed(self.store.experiments.get(exp.id), f"{type(error).__name__}: {error}")
         return merged
 
     def _step_failed(self, exp: Experiment, what: str) -> None:
         failures = exp.failures + 1
         if failures >= self.step_retries and exp.merged_sha:  # main holds it: it stays kept
-            self.store.update_experiment(exp.id, state=State.DONE, failures=failures,
-                                         reason=f"{exp.reason} (closing its branch failed: {what})",
-                                         event=f"keep: merged, but closing its branch failed {failures} times "
-                                               f"({what})")
+            self.store.experiments.update(exp.id, state=State.DONE, failures=failures,
+                                          reason=f"{exp.reason} (closing its branch failed: {what})",
+                                          event=f"keep: merged, but closing its branch failed {failures} times "
+                                                f"({what})")
             return
         if failures >= self.step_retries:
             self.runs.cancel(exp, "its experiment failed")
-            self.store.update_experiment(exp.id, state=State.DONE, status=Status.FAILED, failures=failures,
-                                         reason=f"its {exp.state} step failed {failures} times; last: {what}",
-                                         event=f"failed: the {exp.state} step failed {failures} times ({what})")
+            self.store.experiments.update(exp.id, state=State.DONE, status=Status.FAILED, failures=failures,
+                                          reason=f"its {exp.state} step failed {failures} times; last: {what}",
+                                          event=f"failed: the {exp.state} step failed {failures} times ({what})")
             log.error("experiment %s failed at %s: %s", exp.id, exp.state, what)
             return
         wait = self.backoff.after(failures)
-        self.store.update_experiment(exp.id, failures=failures, retry_at=self.clock() + wait,
-                                     event=f"the {exp.state} step failed ({what}); retrying in {wait:.0f}s")
+        self.store.experiments.update(exp.id, failures=failures, retry_at=self.clock() + wait,
+                                      event=f"the {exp.state} step failed ({what}); retrying in {wait:.0f}s")
         log.warning("experiment %s: %s step failed (%s); retrying in %.0fs", exp.id, exp.state, what, wait)
 
     def _step_proposed(self, exp: Experiment, main: Main) -> Experiment:
         head = self.forge.create_branch(exp.branch, exp.base_sha, {ASSET: exp.train_py},
                                         f"{exp.title}\n\n{exp.hypothesis}\n\nautoresearch-experiment: {exp.id}")
-        return self.store.update_experiment(exp.id, state=State.BRANCHED, head_sha=head,
-                                            event=f"pushed {exp.branch} at {head[:7]}")
+        return self.store.experiments.update(exp.id, state=State.BRANCHED, head_sha=head,
+                                             event=f"pushed {exp.branch} at {head[:7]}")
 
     def _step_branched(self, exp: Experiment, main: Main) -> Experiment:
-        self.store.add_run(experiment_id=exp.id, purpose="candidate", code_hash=exp.code_hash,
-                           commit_sha=exp.head_sha or "", base_sha=exp.base_sha, asset=exp.train_py,
-                           profile=self.profile, experiment_fields={"state": State.MEASURING})
-        return self.store.experiment(exp.id)
+        self.store.runs.add(experiment_id=exp.id, purpose="candidate", code_hash=exp.code_hash,
+                            commit_sha=exp.head_sha or "", base_sha=exp.base_sha, asset=exp.train_py,
+                            profile=self.profile, experiment_fields={"state": State.MEASURING})
+        return self.store.experiments.get(exp.id)
 
     def _step_measuring(self, exp: Experiment, main: Main) -> Experiment | None:
-        runs = [r for r in self.store.runs(experiment_id=exp.id) if r.code_hash == exp.code_hash]
+        runs = [r for r in self.store.runs.all(experiment_id=exp.id) if r.code_hash == exp.code_hash]
         waiting = [r for r in runs if r.state in (RunState.QUEUED, RunState.RUNNING)]
         if exp.base_sha != main.sha:
             if self.baseline.code_at(exp.base_sha) == main.code:  # main moved, its train.py did not (program.md)
@@ -179,45 +179,45 @@ class Lifecycle:
                 self.baseline.queue_run(main, f"beside the confirmation of experiment {exp.id}")
             return None
         if decision.action == "remeasure":
-            return self.store.update_experiment(exp.id, state=State.REBASING, event=decision.reason)
+            return self.store.experiments.update(exp.id, state=State.REBASING, event=decision.reason)
         numbers = dict(val_bpb=decision.val_bpb, delta=decision.delta, margin=decision.margin, reason=decision.reason)
         if decision.action == "keep":
             meta = dict(exp.meta, main_code=main.code, runs=len(candidate),
                         main_val_bpb=measurement.main_value(self.baseline.values(), main.code))
-            return self.store.update_experiment(exp.id, state=State.MERGING, meta=meta, event=decision.reason,
-                                                **numbers)
+            return self.store.experiments.update(exp.id, state=State.MERGING, meta=meta, event=decision.reason,
+                                                 **numbers)
         status = Status.CRASH if decision.action == "crash" else Status.DISCARD
         error_tail = _error_tail(crash) if crash else None
-        return self.store.update_experiment(exp.id, state=State.CLOSING, status=status, error_tail=error_tail,
-                                            event=decision.reason, **numbers)
+        return self.store.experiments.update(exp.id, state=State.CLOSING, status=status, error_tail=error_tail,
+                                             event=decision.reason, **numbers)
 
     def _follow_main(self, exp: Experiment, main_sha: str) -> Experiment:
         """Move the branch onto a main whose train.py is the one it was measured against: its runs
         still count, since the judge compares train.py, not the commit around it."""
         head = self.forge.rebase_branch(exp.branch, main_sha, ASSET)
-        return self.store.update_experiment(exp.id, base_sha=main_sha, head_sha=head,
-                                            event=f"followed main to {main_sha[:7]} (train.py unchanged)")
+        return self.store.experiments.update(exp.id, base_sha=main_sha, head_sha=head,
+                                             event=f"followed main to {main_sha[:7]} (train.py unchanged)")
 
     def _step_rebasing(self, exp: Experiment, main: Main) -> Experiment:
         if self.baseline.code_at(exp.base_sha) == main.code:
-            return self.store.update_experiment(self._follow_main(exp, main.sha).id, state=State.MEASURING)
+            return self.store.experiments.update(self._follow_main(exp, main.sha).id, state=State.MEASURING)
         try:
             head = self.forge.rebase_branch(exp.branch, main.sha, ASSET)
         except MergeConflict as error:
-            return self.store.update_experiment(
+            return self.store.experiments.update(
                 exp.id, state=State.CLOSING, status=Status.DISCARD, val_bpb=None, delta=None,
                 reason=f"its change to train.py conflicts with main {main.sha[:7]}: {error}", event="conflict")
         text = self.forge.read_file(head, ASSET)
         if code_hash(text) == main.code:
-            return self.store.update_experiment(exp.id, state=State.CLOSING, status=Status.DISCARD, val_bpb=None,
-                                                delta=None, reason="main already holds this change",
-                                                event="already in main")
-        self.store.add_run(experiment_id=exp.id, purpose="remeasure", code_hash=code_hash(text), commit_sha=head,
-                           base_sha=main.sha, asset=text, profile=self.profile,
-                           reason=f"rebased onto main {main.sha[:7]}",
-                           experiment_fields={"state": State.MEASURING, "base_sha": main.sha, "head_sha": head,
-                                              "train_py": text, "code_hash": code_hash(text)})
-        return self.store.experiment(exp.id)
+            return self.store.experiments.update(exp.id, state=State.CLOSING, status=Status.DISCARD, val_bpb=None,
+                                                 delta=None, reason="main already holds this change",
+                                                 event="already in main")
+        self.store.runs.add(experiment_id=exp.id, purpose="remeasure", code_hash=code_hash(text), commit_sha=head,
+                            base_sha=main.sha, asset=text, profile=self.profile,
+                            reason=f"rebased onto main {main.sha[:7]}",
+                            experiment_fields={"state": State.MEASURING, "base_sha": main.sha, "head_sha": head,
+                                               "train_py": text, "code_hash": code_hash(text)})
+        return self.store.experiments.get(exp.id)
 
     def _step_merging(self, exp: Experiment, main: Main) -> Experiment | None:
         runs = exp.meta.get("runs", 1)
@@ -234,14 +234,14 @@ class Lifecycle:
             if moved_to != exp.base_sha and self.baseline.code_at(exp.base_sha) == self.baseline.code_at(moved_to):
                 self._follow_main(exp, moved_to)  # only program.md or the like moved: no re-measure
                 return None
-            self.store.update_experiment(exp.id, state=State.REBASING, event=f"main moved before the merge: {error}")
+            self.store.experiments.update(exp.id, state=State.REBASING, event=f"main moved before the merge: {error}")
             return None
-        return self.store.update_experiment(exp.id, state=State.CLOSING, status=Status.KEEP, merged_sha=merged,
-                                            event=f"merged into main as {merged[:7]}")
+        return self.store.experiments.update(exp.id, state=State.CLOSING, status=Status.KEEP, merged_sha=merged,
+                                             event=f"merged into main as {merged[:7]}")
 
     def _step_closing(self, exp: Experiment, main: Main) -> Experiment:
         self.forge.close(exp.branch, exp.status or Status.DISCARD)
-        exp = self.store.update_experiment(exp.id, state=State.DONE, event=f"{exp.status}: {exp.reason}")
+        exp = self.store.experiments.update(exp.id, state=State.DONE, event=f"{exp.status}: {exp.reason}")
         log.info("experiment %s %s: %s", exp.id, exp.status, exp.reason)
         return exp
 

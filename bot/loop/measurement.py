@@ -18,7 +18,6 @@ and every view (bot.views.read_model) shows the same numbers because it asks the
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple, Protocol, TypeVar
@@ -54,12 +53,11 @@ def pin(store: Store, identity: dict[str, Any]) -> list[str]:
     count."""
     current = {k: str(identity[k]) for k in IDENTITY_KEYS}
     current.update({k: str(identity[k]) for k in OPTIONAL_KEYS if k in identity})
-    stored_text = store.get_setting("identity")
-    if stored_text is None:
-        store.set_setting("identity", json.dumps(current))
-        store.event(None, "identity", "measuring under " + ", ".join(f"{k} {v}" for k, v in current.items()))
+    stored = store.state.identity
+    if not stored:
+        store.state.identity = current
+        store.events.add(None, "identity", "measuring under " + ", ".join(f"{k} {v}" for k, v in current.items()))
         return []
-    stored = json.loads(stored_text)
     refuse_other_profile(stored.get("profile") or "?", current["profile"])
     changed = [f"{k} {stored.get(k)} -> {current[k]}" for k in (*IDENTITY_KEYS[1:], *OPTIONAL_KEYS)
                if k in current and stored.get(k) != current[k]]
@@ -67,8 +65,8 @@ def pin(store: Store, identity: dict[str, Any]) -> list[str]:
         return []
     message = (f"the measurement changed ({'; '.join(changed)}): earlier runs no longer count, main is measured "
                "afresh and open experiments are measured again")
-    store.set_setting("identity", json.dumps(current))
-    store.event(None, "identity", message)
+    store.state.identity = current
+    store.events.add(None, "identity", message)
     return [message]
 
 
@@ -92,7 +90,7 @@ R = TypeVar("R", bound=MeasuredRun)
 
 class Value(NamedTuple):
     """One counted run's val_bpb: the code it measured, its experiment (None for a run of main) and
-    why it ran (`baseline` for main's own runs). Store.measured_values gives the same tuples."""
+    why it ran (`baseline` for main's own runs). store.runs.measured_values gives the same tuples."""
 
     code: str
     experiment: int | None

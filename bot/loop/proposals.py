@@ -71,10 +71,10 @@ class Proposals:
         """Whether to start preparing another proposal: the loop goes on, and the slots with the
         proposals prepared ahead are not yet all spoken for."""
         target = self.max_experiments or main.settings.max_experiments
-        if stop_reason or self.baseline.blocked or (target and self.store.count_experiments() >= target):
+        if stop_reason or self.baseline.blocked or (target and self.store.experiments.count() >= target):
             return False
-        waiting = self.store.count_runs(RunState.QUEUED, RunState.RUNNING)
-        unqueued = sum(len(self.store.experiments(state=s)) for s in (State.PROPOSED, State.BRANCHED))
+        waiting = self.store.runs.count(RunState.QUEUED, RunState.RUNNING)
+        unqueued = sum(len(self.store.experiments.in_state(s)) for s in (State.PROPOSED, State.BRANCHED))
         lookahead = self.runner.slots if self.lookahead is None else self.lookahead
         return self.runner.slots + lookahead - waiting - unqueued > 0
 
@@ -83,7 +83,7 @@ class Proposals:
         answer taken as a proposal makes room for the next question in the same tick: waiting for
         the next tick would leave the agent idle for up to the driver's timer, and with many slots
         the runners would wait for proposals (bench/duty_cycle.py)."""
-        proposing = self.store.experiments(state=State.PROPOSING)
+        proposing = self.store.experiments.in_state(State.PROPOSING)
         if proposing:
             exp = proposing[0]
             if self._pending is None or self._pending.exp_id != exp.id:
@@ -91,14 +91,14 @@ class Proposals:
             answer = self.worker.answer(exp.id)
             if answer is not None:
                 self._take_answer(exp, answer, main, stop_reason)
-                if self._pending is not None or self.store.experiments(state=State.PROPOSING):
+                if self._pending is not None or self.store.experiments.in_state(State.PROPOSING):
                     return  # refused, failed or withdrawn: the next tick decides
             else:
                 if not self.worker.busy(exp.id) and (exp.retry_at or 0) <= self.clock() and not stop_reason:
                     self._ask(exp, main)
                 return
         if self.room(main, stop_reason):
-            exp = self.store.start_proposing(main.sha)
+            exp = self.store.experiments.start_proposing(main.sha)
             self._pending = _Pending(exp.id)
             self._ask(exp, main)
 
@@ -107,18 +107,18 @@ class Proposals:
         if budget is not None and spent >= budget:
             reason = (f"the agent's budget of ${budget:.2f} is spent (${spent:.2f} so far); raise "
                       "AUTORESEARCH_ANTHROPIC_BUDGET_USD (or --budget) to let it propose again")
-            self.store.withdraw_proposing(exp.id, reason)
+            self.store.experiments.withdraw_proposing(exp.id, reason)
             self.stopped = reason
             log.warning("%s", reason)
             return
         if exp.base_sha != main.sha:
-            exp = self.store.update_experiment(exp.id, base_sha=main.sha)
+            exp = self.store.experiments.update(exp.id, base_sha=main.sha)
         self.worker.ask(exp.id, self.context(main))
 
     def _take_answer(self, exp: Experiment, answer: Proposal | BaseException, main: Main, stop_reason: str) -> None:
         pending = self._pending or _Pending(exp.id)
         if isinstance(answer, AgentStopped):
-            self.store.withdraw_proposing(exp.id, f"the agent has nothing more to propose ({answer})")
+            self.store.experiments.withdraw_proposing(exp.id, f"the agent has nothing more to propose ({answer})")
             self.stopped = f"the agent has nothing more to propose ({answer})"
             return
         if isinstance(answer, BaseException):
@@ -126,9 +126,9 @@ class Proposals:
                 pending.cost_usd += self._spend(answer.meta)
             failures = exp.failures + 1
             wait = self.backoff.after(failures)
-            self.store.update_experiment(exp.id, failures=failures, retry_at=self.clock() + wait,
-                                         event=f"the agent failed ({type(answer).__name__}: {answer}); "
-                                               f"asking again in {wait:.0f}s (failure {failures})")
+            self.store.experiments.update(exp.id, failures=failures, retry_at=self.clock() + wait,
+                                          event=f"the agent failed ({type(answer).__name__}: {answer}); "
+                                                f"asking again in {wait:.0f}s (failure {failures})")
             log.warning("agent failed (%s: %s); retrying in %.0fs", type(answer).__name__, answer, wait)
             return
         cost = self._spend(answer.meta)
@@ -136,47 +136,48 @@ class Proposals:
         if problem is None:
             meta = dict(answer.meta, cost_usd=round(cost + pending.cost_usd, 6)) if cost or pending.cost_usd \
                 else answer.meta
-            exp = self.store.fill_proposal(exp.id, title=answer.title, hypothesis=answer.hypothesis,
-                                           slug=answer.slug, code_hash=code_hash(answer.train_py),
-                                           train_py=answer.train_py, meta=meta)
+            exp = self.store.experiments.fill_proposal(exp.id, title=answer.title, hypothesis=answer.hypothesis,
+                                                       slug=answer.slug, code_hash=code_hash(answer.train_py),
+                                                       train_py=answer.train_py, meta=meta)
             if meta.get("fixes"):
-                self.store.event(exp.id, "fix", f"proposed as a fix of the crash of experiment {meta['fixes']}")
+                self.store.events.add(exp.id, "fix", f"proposed as a fix of the crash of experiment {meta['fixes']}")
             log.info("experiment %s proposed: %s", exp.id, exp.title)
             self._pending = None
             self.lifecycle.advance(exp, main)  # as far as its first run: a new experiment cannot merge yet
             return
         pending.cost_usd += cost
-        self.store.event(None, "refused", f"proposal {answer.title!r} refused: {problem}")
+        self.store.events.add(None, "refused", f"proposal {answer.title!r} refused: {problem}")
         log.warning("proposal %r refused: %s", answer.title, problem)
         pending.seen.add(code_hash(answer.train_py))
         pending.notes.append(f"(conductor) your proposal {answer.title!r} was refused: {problem}")
         refusals = len(pending.notes)
         if refusals >= self.max_refusals:
             reason = f"the agent's last {refusals} proposals were all refused"
-            self.store.withdraw_proposing(exp.id, reason)
+            self.store.experiments.withdraw_proposing(exp.id, reason)
             self.stopped = reason
             return
         if not stop_reason:
-            self._ask(self.store.experiment(exp.id), main)
+            self._ask(self.store.experiments.get(exp.id), main)
 
     def validate(self, proposal: Proposal, main: Main, seen: set[str]) -> str | None:
         """Why the proposal cannot run, or None: it repeats no earlier experiment and passes
         bot.loop.validation's checks."""
         digest = code_hash(proposal.train_py)
-        if digest in seen or (digest != main.code and digest in self.store.seen_code_hashes()):
-            earlier = self.store.experiment_by_code(digest)
+        if digest in seen or (digest != main.code and digest in self.store.experiments.seen_code_hashes()):
+            earlier = self.store.experiments.by_code(digest)
             return f"it repeats experiment {earlier.id} ({earlier.title!r})" if earlier else "it repeats an earlier run"
-        earlier = [(exp_id, title, self._normal_hash(code, exp_id)) for exp_id, title, code in self.store.codes()]
+        earlier = [(exp_id, title, self._normal_hash(code, exp_id))
+                   for exp_id, title, code in self.store.experiments.codes()]
         return validation.problem(proposal.title, proposal.train_py, main_train_py=main.train_py, earlier=earlier)
 
     def _normal_hash(self, code: str, exp_id: int) -> str | None:
         if code not in self._normal:
-            self._normal[code] = validation.normal_hash(self.store.experiment(exp_id).train_py or "")
+            self._normal[code] = validation.normal_hash(self.store.experiments.get(exp_id).train_py or "")
         return self._normal[code]
 
     def context(self, main: Main) -> ProposalContext:
         """What the agent is told: everything it needs, nothing of the store itself."""
-        done = self.store.experiments()
+        done = self.store.experiments.all()
         history = [HistoryEntry(id=e.id, title=e.title, hypothesis=e.hypothesis,
                                 status=e.status or "running", val_bpb=e.val_bpb, delta=e.delta,
                                 code_hash=e.code_hash or "", meta=e.meta, error_tail=e.error_tail,
@@ -186,20 +187,20 @@ class Proposals:
         seen = self._pending.seen if self._pending else set()
         return ProposalContext(program_md=main.instructions, train_py=main.train_py, main_sha=main.sha,
                                main_val_bpb=measurement.main_value(self.baseline.values(), main.code),
-                               history=history, feedback=self.store.recent_feedback() + notes,
+                               history=history, feedback=self.store.feedback.recent() + notes,
                                last_crash=crash.error_tail if crash else None,
                                last_crash_id=crash.id if crash else None,
-                               seen_hashes=self.store.seen_code_hashes() | seen | {main.code},
+                               seen_hashes=self.store.experiments.seen_code_hashes() | seen | {main.code},
                                profile=self.profile.name, device_kind=self.profile.device, spent_usd=self.spent_usd())
 
     # --- what proposals cost (an LLM agent reports it in Proposal.meta["cost_usd"]) ----------------
     def spent_usd(self) -> float:
-        return float(self.store.get_setting("agent.spent_usd") or 0.0)
+        return self.store.state.spent_usd
 
     def _spend(self, meta: dict[str, Any] | None) -> float:
         cost = float((meta or {}).get("cost_usd") or 0.0)
         if cost:
-            self.store.set_setting("agent.spent_usd", repr(self.spent_usd() + cost))
+            self.store.state.spent_usd += cost
         return cost
 
 

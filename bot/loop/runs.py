@@ -49,10 +49,10 @@ class Runs:
     def dispatch(self, main: Main, on_main_only: bool = False) -> None:
         """Start queued runs on free slots: baselines first, then re-measures, confirmations, candidates.
         `on_main_only`: only experiment runs measured on main (early in a tick, before advancing)."""
-        free = self.runner.slots - self.store.count_runs(RunState.RUNNING)
+        free = self.runner.slots - self.store.runs.count(RunState.RUNNING)
         if free <= 0 or self.baseline.blocked:  # nothing can be judged until main is fixed: spend no runs
             return
-        queued = sorted(self.store.runs(state=RunState.QUEUED), key=lambda r: (RUN_PRIORITY[r.purpose], r.id))
+        queued = sorted(self.store.runs.all(state=RunState.QUEUED), key=lambda r: (RUN_PRIORITY[r.purpose], r.id))
         if on_main_only:
             queued = [r for r in queued if r.experiment_id is not None and r.base_sha == main.sha]
         for run in queued[:free]:
@@ -61,12 +61,12 @@ class Runs:
             except Exception as error:  # noqa: BLE001 - one run the runner refuses must not hold up the rest
                 self.report(f"starting run {run.id}", error)
                 continue
-            self.store.mark_run_started(run.id, handle)
+            self.store.runs.mark_started(run.id, handle)
             log.info("run %s (%s) started", run.id, run.purpose)
 
     def collect(self, main: Main) -> None:
         """Ask the runner about every running run; record what finished, re-run what was lost."""
-        for run in self.store.runs(state=RunState.RUNNING):
+        for run in self.store.runs.all(state=RunState.RUNNING):
             try:
                 status = self.runner.lookup(run.id)
             except Exception as error:  # noqa: BLE001 - one run the runner cannot answer for holds up no other
@@ -77,7 +77,7 @@ class Runs:
                 continue
             self.progress.pop(run.id, None)
             if status.state == "unknown":  # written as started, never submitted: submit it now
-                self.store.mark_run_started(run.id, self.runner.submit(_job(run)))
+                self.store.runs.mark_started(run.id, self.runner.submit(_job(run)))
             elif status.state == "lost":
                 self._lost(run, status.detail or "the runner lost it", main, charge=status.result)
             else:
@@ -90,7 +90,7 @@ class Runs:
         `charge`: the crash to record instead once MAX_KILLED_RUNS in a row were lost, for a run
         killed from outside (see MAX_KILLED_RUNS)."""
         streak = 0  # this code's runs lost since its last measured one
-        for earlier in sorted(self.store.runs(code_hash=run.code_hash), key=lambda r: r.id):
+        for earlier in sorted(self.store.runs.all(code_hash=run.code_hash), key=lambda r: r.id):
             streak = 0 if earlier.state == RunState.DONE else streak + (earlier.state == RunState.LOST)
         if charge is not None and streak + 1 >= MAX_KILLED_RUNS:
             log.warning("run %s lost again (%s): charged as a crash of its train.py", run.id, why)
@@ -98,7 +98,7 @@ class Runs:
                                                      "charged as a crash of its train.py"), main)
             return
         again = streak + 1 < MAX_LOST_RUNS
-        self.store.set_aside_run(run.id, RunState.LOST, why, rerun=again)
+        self.store.runs.set_aside(run.id, RunState.LOST, why, rerun=again)
         log.warning("run %s lost: %s", run.id, why)
         if not again:
             self._give_up_on(run, f"{MAX_LOST_RUNS} runs of it were lost; the last: {why}", main)
@@ -107,20 +107,20 @@ class Runs:
         kept = dict(status=result.status, val_bpb=result.val_bpb, metrics=result.metrics, log_tail=result.log_tail)
         problem = measurement.refusal(run, result, self.identity)
         if problem is not None:
-            refused = [r for r in self.store.runs(code_hash=run.code_hash) if r.state == RunState.REFUSED]
+            refused = [r for r in self.store.runs.all(code_hash=run.code_hash) if r.state == RunState.REFUSED]
             again = len(refused) + 1 < MAX_REFUSED_RESULTS
-            self.store.set_aside_run(run.id, RunState.REFUSED, f"result refused: {problem}", rerun=again, result=kept)
+            self.store.runs.set_aside(run.id, RunState.REFUSED, f"result refused: {problem}", rerun=again, result=kept)
             log.error("run %s: result refused: %s", run.id, problem)
             if not again:
                 self._give_up_on(run, f"{MAX_REFUSED_RESULTS} results for it were refused; the last: {problem}", main)
             return
-        disturbed = measurement.disturbance(run, result, self.store.latest_ok_runs("baseline", 6), self.disturbed_share)
+        disturbed = measurement.disturbance(run, result, self.store.runs.latest_ok("baseline", 6), self.disturbed_share)
         if disturbed is not None:
-            self.store.set_aside_run(run.id, RunState.DISTURBED, disturbed, result=kept)
+            self.store.runs.set_aside(run.id, RunState.DISTURBED, disturbed, result=kept)
             log.warning("run %s: %s; running it again", run.id, disturbed)
             return
-        run = self.store.finish_run(run.id, status=result.status, val_bpb=result.val_bpb, metrics=result.metrics,
-                                    error=result.error, log_tail=result.log_tail)
+        run = self.store.runs.finish(run.id, status=result.status, val_bpb=result.val_bpb, metrics=result.metrics,
+                                     error=result.error, log_tail=result.log_tail)
         log.info("run %s finished: %s %s", run.id, run.status,
                  f"val_bpb {run.val_bpb:.6f}" if run.val_bpb is not None else (run.error or ""))
         self.baseline.run_finished()
@@ -133,26 +133,26 @@ class Runs:
                                 "data this conductor pinned when it started: update or re-prepare the runner, or "
                                 "restart the conductor to pin what the runner has.")
             return
-        exp = self.store.experiment(run.experiment_id)
+        exp = self.store.experiments.get(run.experiment_id)
         if exp.state != State.DONE:
             self.cancel(exp, "its experiment failed")
-            self.store.update_experiment(exp.id, state=State.DONE, status=Status.FAILED, reason=why,
-                                         event=f"failed: {why}")
+            self.store.experiments.update(exp.id, state=State.DONE, status=Status.FAILED, reason=why,
+                                          event=f"failed: {why}")
 
     # --- an experiment's runs --------------------------------------------------------------------
     def queue(self, exp: Experiment, purpose: str, reason: str) -> None:
         """Queue one more run of the experiment as it stands (its state stays measuring)."""
-        self.store.add_run(experiment_id=exp.id, purpose=purpose, code_hash=exp.code_hash,
-                           commit_sha=exp.head_sha or "", base_sha=exp.base_sha, asset=exp.train_py,
-                           profile=self.profile, reason=reason)
+        self.store.runs.add(experiment_id=exp.id, purpose=purpose, code_hash=exp.code_hash,
+                            commit_sha=exp.head_sha or "", base_sha=exp.base_sha, asset=exp.train_py,
+                            profile=self.profile, reason=reason)
 
     def cancel(self, exp: Experiment, why: str) -> None:
         """Stop the experiment's running runs and set aside its queued ones, none run again."""
-        for run in self.store.runs(experiment_id=exp.id):
+        for run in self.store.runs.all(experiment_id=exp.id):
             if run.state in (RunState.QUEUED, RunState.RUNNING):
                 if run.state == RunState.RUNNING:
                     self.runner.cancel(run.id)
-                self.store.set_aside_run(run.id, RunState.CANCELLED, why, rerun=False)
+                self.store.runs.set_aside(run.id, RunState.CANCELLED, why, rerun=False)
 
 
 def _job(run: Run) -> Job:

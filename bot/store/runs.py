@@ -166,7 +166,11 @@ class Runs:
     def measured_values(self, *, profile: str, harness_hash: str, data_fingerprint: str, threads: int | None = None
                         ) -> list[tuple[str, int | None, str, float]]:
         """(code_hash, experiment_id, purpose, val_bpb) of every ok run under one identity (and, for
-        CPU-clock runs, one thread count when `threads` is given)."""
+        CPU-clock runs, one thread count when `threads` is given), in run order.
+
+        The values bot.loop.measurement.counted gives of every run: this query must match its rule
+        (tests/bot/loop/test_measurement.py pins the two equal). The conductor asks again after each
+        run it records, and reading whole runs (their logs among them) to apply the rule costs ten times this."""
         rows = self.db.execute(
             "SELECT code_hash, experiment_id, purpose, val_bpb FROM runs WHERE state = 'done' AND status = 'ok'"
             " AND val_bpb IS NOT NULL AND profile = ? AND harness_hash = ? AND data_fingerprint = ?"

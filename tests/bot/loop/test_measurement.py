@@ -9,8 +9,10 @@ from typing import Any
 
 import pytest
 
+from bot.core.states import RunState
 from bot.loop import measurement
 from bot.loop.judge import JudgeConfig, margin, pooled_noise
+from bot.store import Store
 
 IDENTITY = {"profile": "cpu", "harness_hash": "h1", "data_fingerprint": "d1"}
 
@@ -100,3 +102,38 @@ def test_the_baseline_is_the_first_mains_value_the_keep_was_judged_against():
     assert measurement.baseline_value(values, [FakeKept({"main_code": "Z", "main_val_bpb": 1.0})]) == \
         pytest.approx(statistics.fmean([*six, 2.84]))  # a keep of another main says nothing of this one
     assert measurement.baseline_value([], [keep]) is None
+
+
+def test_the_stores_measured_values_are_the_runs_counted_under_each_identity(tmp_path):
+    """store.runs.measured_values (the conductor's query) must select what counted() does of whole runs."""
+    store = Store(tmp_path / "state.db")
+
+    def finished(code: str, value: float | None, *, status: str = "ok", profile: str = "cpu",
+                 purpose: str = "baseline", **metrics: Any):
+        run = store.runs.add(experiment_id=None, purpose=purpose, code_hash=code, commit_sha="c", base_sha="c",
+                             asset="print()", profile=profile)
+        return store.runs.finish(run.id, status=status, val_bpb=value, error=None, log_tail=None,
+                                 metrics={"harness_hash": "h1", "data_fingerprint": "d1"} | metrics)
+
+    finished("A", 1.0, clock="cpu", threads=4)
+    finished("A", 1.1, clock="cpu", threads=2)
+    finished("A", 1.2, clock="wall")
+    finished("A", 1.3)
+    finished("A", None, status="crash", clock="cpu", threads=4)
+    finished("A", None, clock="cpu", threads=4)  # ok without a number
+    finished("A", 1.4, harness_hash="h2", clock="cpu", threads=4)
+    finished("A", 1.5, data_fingerprint="d2")
+    finished("A", 1.6, profile="gpu")
+    finished("B", 0.9, purpose="candidate", clock="cpu", threads=4)
+    disturbed = finished("A", 0.8, clock="cpu", threads=4)
+    store.runs.set_aside(disturbed.id, RunState.DISTURBED, "it got a quarter of its cores", rerun=False)
+    store.runs.add(experiment_id=None, purpose="baseline", code_hash="A", commit_sha="c", base_sha="c",
+                   asset="print()", profile="cpu")  # still queued
+    runs = store.runs.all()
+    for identity in (IDENTITY, dict(IDENTITY, threads="4"), dict(IDENTITY, threads="2"),
+                     dict(IDENTITY, profile="gpu"), dict(IDENTITY, harness_hash="h2", threads="4")):
+        measured = store.runs.measured_values(profile=identity["profile"], harness_hash=identity["harness_hash"],
+                                              data_fingerprint=identity["data_fingerprint"],
+                                              threads=measurement.pinned_threads(identity))
+        assert measured == measurement.counted(runs, identity), identity
+    store.close()
