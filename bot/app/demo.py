@@ -126,7 +126,7 @@ def check_profile(workdir: Path, profile: str) -> None:
         return
     store = Store(db)
     try:
-        pinned = store.identity().get("profile")
+        pinned = store.state.identity.get("profile")
     finally:
         store.close()
     measurement.refuse_other_profile(pinned, profile)
@@ -198,10 +198,10 @@ class EventPrinter:
     def __init__(self, store: Store, console: Console) -> None:
         self.store = store
         self.console = console
-        self.last = store.db.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0]
+        self.last = store.events.last_id()
 
     def print_new(self) -> None:
-        for event in self.store.events(after=self.last):
+        for event in self.store.events.all(after=self.last):
             self.last = event["id"]
             where = f"#{event['experiment_id']} " if event["experiment_id"] is not None else ""
             stamp = time.strftime("%H:%M:%S", time.localtime(event["at"]))

@@ -58,7 +58,6 @@ from bot.views.text import plain
 
 log = logging.getLogger(__name__)
 
-BOT_LOGIN = "github.bot_login"  # store setting: the bot's own login, written when the service starts
 BRANCH_PREFIX = "autoresearch/"
 ACTION_REQUEST = {"rerun": Request.RERUN, "keep": Request.KEEP, "discard": Request.DISCARD}
 WAIT_FOR_GITHUB_S = 600.0  # how long an entry waits for GitHub to say whether its sender may steer

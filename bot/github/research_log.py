@@ -4,7 +4,7 @@ commented on, so watching it costs nobody a notification per experiment.
 
 Level-triggered like the publisher: each update renders the summary from the store and writes only
 when the text differs from what was last written (its digest, kept with the issue's number in the
-store setting `github.research_log`). The "Updated ..." line at its end is left out of the digest,
+store as store.state.research_log). The "Updated ..." line at its end is left out of the digest,
 or every tick would differ. Writes are paced: at most one edit every `every_s` seconds, unless a
 change was kept since (the news the log exists for: a new best, a new row), so neither a busy run
 nor a stream of discarded and crashed experiments edits the issue at every tick: their counts wait
@@ -21,17 +21,14 @@ who closes the issue is respected: its body is kept up to date, it is never reop
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
 
 from github import GithubException
 from github.Repository import Repository
 
 from bot.github import render
-from bot.github.handlers import BOT_LOGIN
 from bot.store import Store
 from bot.views.read_model import view_of
 from bot.views.research_log import Facts, content_digest, facts, log_text
@@ -42,7 +39,6 @@ log = logging.getLogger(__name__)
 
 TITLE = "autoresearch: research log"
 LABEL = render.Label("autoresearch: log", "1d76db", "The research log: one issue the bot keeps up to date")
-SETTING = "github.research_log"  # {"number", "digest", "edited_at", "kept"}
 MARKER = render.marker("log", 0)
 BODY_LIMIT = render.PR_BODY_LIMIT  # an issue body's limit too: 65,536 characters
 
@@ -67,9 +63,9 @@ class ResearchLog:
     def update(self) -> None:
         """Bring the issue up to date: create it once, else edit its body when the text changed
         (and the last edit is `every_s` old, or a change was kept since); nothing otherwise."""
-        saved = self._saved()
+        saved = self.store.state.research_log
         now = self.clock()
-        kept = self.store.counts_by_status().get("keep", 0)
+        kept = self.store.experiments.counts_by_status().get("keep", 0)
         number = saved.get("number")
         if number and saved.get("kept") == kept and now - float(saved.get("edited_at", 0.0)) < self.every_s:
             return  # paced: the next edit waits for a kept change or the end of the interval
@@ -93,16 +89,8 @@ class ResearchLog:
         self._save(number, digest, now, kept)
 
     # --- the store ---------------------------------------------------------------------------------
-    def _saved(self) -> dict[str, Any]:
-        try:
-            saved = json.loads(self.store.get_setting(SETTING) or "{}")
-        except ValueError:
-            return {}
-        return saved if isinstance(saved, dict) else {}
-
     def _save(self, number: int, digest: str, now: float, kept: int) -> None:
-        self.store.set_setting(SETTING, json.dumps({"number": number, "digest": digest, "edited_at": now,
-                                                    "kept": kept}))
+        self.store.state.research_log = {"number": number, "digest": digest, "edited_at": now, "kept": kept}
 
     # --- GitHub ------------------------------------------------------------------------------------
     def _find(self) -> tuple[int, str] | None:
@@ -114,7 +102,7 @@ class ResearchLog:
         for issue in issues:
             author = (issue.get("user") or {}).get("login")
             if "pull_request" not in issue and render.find_marker(issue.get("body")) == ("log", 0, "") \
-                    and render.authored_by(author, self.store.get_setting(BOT_LOGIN)):
+                    and render.authored_by(author, self.store.state.bot_login):
                 return int(issue["number"]), issue.get("body") or ""
         return None
 

@@ -29,6 +29,10 @@ class Events:
         return list(self.db.execute("SELECT * FROM events WHERE experiment_id = ? AND id > ? ORDER BY id",
                                     (experiment_id, after)))
 
+    def last_id(self) -> int:
+        """The id of the latest event (0 before any)."""
+        return self.db.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0]
+
     # --- delegate until issue 17's sweep: remove
     def __call__(self, experiment_id: int | None = None, *, after: int = 0) -> list[sqlite3.Row]:
         return self.all(experiment_id, after=after)

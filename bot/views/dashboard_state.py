@@ -20,6 +20,7 @@ from bot.views.read_model import (
     View,
     build_view,
     progress_of,
+    read_loop,
     read_rows,
     read_runs,
     run_title,
@@ -87,16 +88,15 @@ def running_slots(db: sqlite3.Connection, live: dict[str, Any]) -> list[dict[str
 
 def fingerprint(db: sqlite3.Connection) -> tuple[Any, ...]:
     """Changes whenever build_state's store part would: an event, an experiment's update, a run
-    queued, started or ended, a setting or a pull request shown; one cheap query."""
-    return tuple(db.execute(
+    queued, started or ended, the loop's state (read_loop) or a pull request shown; one cheap query
+    and the loop's few settings rows."""
+    return (*db.execute(
         "SELECT (SELECT COALESCE(MAX(id), 0) FROM events),"
         " (SELECT COUNT(*) || ':' || COALESCE(MAX(updated_at), 0) FROM experiments),"
         " (SELECT group_concat(id || ':' || state || ':' || COALESCE(run_dir, '')) FROM runs"
         "  WHERE state IN ('queued', 'running')),"
         " (SELECT COUNT(*) || ':' || COALESCE(MAX(id), 0) FROM runs),"
-        " (SELECT group_concat(key || '=' || value) FROM settings"
-        "  WHERE key IN ('paused', 'agent.spent_usd', 'identity', 'program.settings')),"
-        " (SELECT COUNT(*) FROM published WHERE key = 'pr')").fetchone())
+        " (SELECT COUNT(*) FROM published WHERE key = 'pr')").fetchone(), read_loop(db))
 
 
 @dataclass(frozen=True)

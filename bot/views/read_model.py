@@ -26,11 +26,10 @@ from bot.core.states import RunState, State, Status
 from bot.loop import measurement
 from bot.loop.judge import judge_config
 from bot.loop.program import LoopSettings
-from bot.store import Experiment, Store
+from bot.store import Experiment, LoopState, Store
 from runner.progress import last_progress
 
 EVENTS = 12  # recent events read, newest first
-SETTINGS = ("identity", "paused", "agent.spent_usd", "program.settings")
 FROM_BASELINE_RUNS = "baseline runs"
 FROM_KEPT_EXPERIMENT = "kept experiment, not re-measured yet"
 _EXPERIMENT_COLUMNS = ", ".join(f.name for f in fields(Experiment) if f.name != "train_py")  # train.py is heavy
@@ -64,6 +63,16 @@ class RunRow:
 
 
 @dataclass(frozen=True)
+class LoopRow:
+    """The loop's state that people see, as bot.store.LoopState reads it."""
+
+    paused: bool
+    identity: dict[str, Any]  # the measurement identity pinned ({} before the first start)
+    spent_usd: float  # what the agent's answers cost so far
+    program_settings: str | None  # program.md's settings as the conductor last read them (JSON)
+
+
+@dataclass(frozen=True)
 class EventRow:
     id: int
     at: float
@@ -74,7 +83,7 @@ class EventRow:
 
 @dataclass(frozen=True)
 class StoreRows:
-    settings: dict[str, str]  # those named in SETTINGS that are set
+    loop: LoopRow
     experiments: tuple[Experiment, ...]  # in id order, without their train.py
     runs: tuple[RunRow, ...]  # in id order
     published: dict[int, dict[str, str]]  # experiment id -> what GitHub shows of it (store.published)
@@ -82,10 +91,8 @@ class StoreRows:
 
 
 def read_rows(db: sqlite3.Connection, *, events: int = EVENTS) -> StoreRows:
-    """The rows a View is built from, in five queries; call it inside one read transaction for a
-    consistent picture."""
-    marks = ", ".join("?" for _ in SETTINGS)
-    settings = {r[0]: r[1] for r in db.execute(f"SELECT key, value FROM settings WHERE key IN ({marks})", SETTINGS)}
+    """The rows a View is built from, in a few queries whatever the number of experiments; call it
+    inside one read transaction for a consistent picture."""
     experiments = []
     for row in db.execute(f"SELECT {_EXPERIMENT_COLUMNS} FROM experiments ORDER BY id"):
         data = dict(zip(_EXPERIMENT_COLUMNS.split(", "), row, strict=True))
@@ -96,8 +103,19 @@ def read_rows(db: sqlite3.Connection, *, events: int = EVENTS) -> StoreRows:
         published.setdefault(exp_id, {})[key] = value
     latest = [EventRow(*row) for row in db.execute(
         "SELECT id, at, experiment_id, kind, message FROM events ORDER BY id DESC LIMIT ?", (events,))]
-    return StoreRows(settings=settings, experiments=tuple(experiments), runs=runs, published=published,
+    return StoreRows(loop=read_loop(db), experiments=tuple(experiments), runs=runs, published=published,
                      events=tuple(latest))
+
+
+def read_loop(db: sqlite3.Connection) -> LoopRow:
+    """The loop's state, one settings row each; a spend that is no number reads as nothing spent."""
+    state = LoopState(db)
+    try:
+        spent = state.spent_usd
+    except ValueError:
+        spent = 0.0
+    return LoopRow(paused=state.paused, identity=state.identity, spent_usd=spent,
+                   program_settings=state.program_settings)
 
 
 def read_runs(db: sqlite3.Connection, where: str = "1") -> tuple[RunRow, ...]:
@@ -224,7 +242,7 @@ def run_title(run: RunRow, experiment_title: str | None) -> str:
 def build_view(rows: StoreRows, live: Live | None = None) -> View:
     """What people see of `rows` (and of `live`), by the loop's rules."""
     live = live or {}
-    identity = json.loads(rows.settings.get("identity") or "{}")
+    identity = rows.loop.identity
     values = measurement.counted(rows.runs, identity)
     kept = [e for e in rows.experiments if e.state == State.DONE and e.status == Status.KEEP]
     done: dict[int, list[RunRow]] = {}
@@ -243,7 +261,7 @@ def build_view(rows: StoreRows, live: Live | None = None) -> View:
         if e.state == State.DONE and e.status in counts:
             counts[e.status] += 1
     counts["active"] = sum(1 for e in rows.experiments if e.state not in (State.DONE, State.PROPOSING))
-    spent = _spent(rows.settings)
+    spent = rows.loop.spent_usd
     return View(identity=identity, main=_main(rows, values, kept), baseline=baseline,
                 agent=_agent(rows, live, spent), counts=counts, spent_usd=spent,
                 running=tuple(r for r in rows.runs if r.state == RunState.RUNNING),
@@ -269,11 +287,13 @@ def progress_of(run: RunRow, live: Live | None = None) -> dict[str, Any]:
     return max((x for x in lines if isinstance(x, dict)), key=lambda x: x.get("step") or -1, default={})
 
 
-def loop_settings(settings: dict[str, str]) -> LoopSettings:
+def loop_settings(loop: LoopRow) -> LoopSettings:
     """program.md's settings as the conductor last read them (the defaults before it did)."""
+    if loop.program_settings is None:
+        return LoopSettings()
     try:
-        return LoopSettings.model_validate_json(settings["program.settings"])
-    except (KeyError, ValueError):
+        return LoopSettings.model_validate_json(loop.program_settings)
+    except ValueError:
         return LoopSettings()
 
 
@@ -285,7 +305,7 @@ def _main(rows: StoreRows, values: list[measurement.Value], kept: list[Experimen
     measured = [e for e in kept if e.val_bpb is not None]
     if value is None and measured:
         value, source = measured[-1].val_bpb, FROM_KEPT_EXPERIMENT
-    band = measurement.main_margin(values, code, judge_config(loop_settings(rows.settings))) if code else None
+    band = measurement.main_margin(values, code, judge_config(loop_settings(rows.loop))) if code else None
     return MainView(commit=baselines[-1].commit_sha if baselines else None, val_bpb=value, source=source,
                     runs=len(own), margin=band)
 
@@ -307,7 +327,7 @@ def _agent(rows: StoreRows, live: Live, spent: float) -> AgentView:
     proposing = next((e.id for e in rows.experiments if e.state == State.PROPOSING), None)
     if blocked:
         state, detail = "blocked", blocked
-    elif rows.settings.get("paused") == "1" or stop.startswith("paused"):
+    elif rows.loop.paused or stop.startswith("paused"):
         state, detail = "paused", stop or "paused: `autoresearch resume` (or /resume) lets it go on"
     elif stop:
         state, detail = "stopped", stop
@@ -353,13 +373,6 @@ def _chart(experiments: tuple[ExperimentView, ...], baseline: Baseline | None) -
     if best and best[-1][0] < x:
         best.append((x, best[-1][1]))
     return Chart(points=tuple(points), crashes=tuple(crashes), main_steps=tuple(steps), best=tuple(best), x_max=x)
-
-
-def _spent(settings: dict[str, str]) -> float:
-    try:
-        return float(settings.get("agent.spent_usd") or 0.0)
-    except ValueError:
-        return 0.0
 
 
 def conductor_live(get: Callable[[], Any], budget_usd: float | None = None) -> Callable[[], dict[str, Any]]:

@@ -52,7 +52,7 @@ def run_rows(store: Store) -> list[dict[str, Any]]:
              "status": r.status, "val_bpb": r.val_bpb, "steps": r.metrics.get("num_steps"),
              "tokens_per_second": r.metrics.get("tokens_per_second"), "cpu_share": r.metrics.get("cpu_share"),
              "seconds": r.metrics.get("total_seconds"), "commit": r.commit_sha[:7], "note": r.note or r.error}
-            for r in store.runs()]
+            for r in store.runs.all()]
 
 
 def to_tsv(view: View) -> str:
@@ -94,7 +94,7 @@ class ResultsFile(Publisher):
         changes = self.store.db.total_changes
         if changes == self._changes:
             return
-        shown = (self.store.counts_by_status(), self.store.count_runs("done"))
+        shown = (self.store.experiments.counts_by_status(), self.store.runs.count("done"))
         if shown != self._shown:
             export_tsv(self.store, self.path)
             self._shown = shown

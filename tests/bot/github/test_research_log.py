@@ -4,7 +4,6 @@ changed and at most once per interval unless a change was kept, and a closed log
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -16,8 +15,7 @@ from github_standin import GitHubStandIn
 
 from bot.core.states import State
 from bot.github import render
-from bot.github.handlers import BOT_LOGIN
-from bot.github.research_log import LABEL, SETTING, TITLE, ResearchLog, log_body
+from bot.github.research_log import LABEL, TITLE, ResearchLog, log_body
 from bot.store import Store
 from bot.views.research_log import Facts, Kept, content_digest
 
@@ -50,29 +48,29 @@ class World:
     def keep(self, title: str, val_bpb: float, pull: int | None = None) -> int:
         """An experiment that ran, was kept, and (with `pull`) was shown as that pull request."""
         store = self.store
-        exp = store.start_proposing(self.main)
-        store.fill_proposal(exp.id, title=title, hypothesis="h", slug=f"exp-{exp.id}", code_hash=f"c{exp.id}",
+        exp = store.experiments.start_proposing(self.main)
+        store.experiments.fill_proposal(exp.id, title=title, hypothesis="h", slug=f"exp-{exp.id}", code_hash=f"c{exp.id}",
                             train_py=f"# {title}\n", meta={})
-        store.update_experiment(exp.id, state=State.BRANCHED, head_sha="b" * 40)
-        store.update_experiment(exp.id, state=State.MEASURING)
-        store.update_experiment(exp.id, state=State.CLOSING, status="keep", val_bpb=val_bpb, delta=val_bpb - 1.0,
+        store.experiments.update(exp.id, state=State.BRANCHED, head_sha="b" * 40)
+        store.experiments.update(exp.id, state=State.MEASURING)
+        store.experiments.update(exp.id, state=State.CLOSING, status="keep", val_bpb=val_bpb, delta=val_bpb - 1.0,
                                 margin=0.01, reason="keep: better")
-        store.update_experiment(exp.id, state=State.DONE)
+        store.experiments.update(exp.id, state=State.DONE)
         if pull is not None:
-            store.set_published(exp.id, "pr", str(pull))
+            store.published.set(exp.id, "pr", str(pull))
         return exp.id
 
     def start(self, title: str) -> tuple[int, int]:
         """An experiment whose candidate run is training now: (experiment id, run id)."""
         store = self.store
-        exp = store.start_proposing(self.main)
-        store.fill_proposal(exp.id, title=title, hypothesis="h", slug=f"exp-{exp.id}", code_hash=f"c{exp.id}",
+        exp = store.experiments.start_proposing(self.main)
+        store.experiments.fill_proposal(exp.id, title=title, hypothesis="h", slug=f"exp-{exp.id}", code_hash=f"c{exp.id}",
                             train_py=f"# {title}\n", meta={})
-        store.update_experiment(exp.id, state=State.BRANCHED, head_sha="c" * 40)
-        run = store.add_run(experiment_id=exp.id, purpose="candidate", code_hash=f"c{exp.id}", commit_sha="c" * 40,
+        store.experiments.update(exp.id, state=State.BRANCHED, head_sha="c" * 40)
+        run = store.runs.add(experiment_id=exp.id, purpose="candidate", code_hash=f"c{exp.id}", commit_sha="c" * 40,
                             base_sha=self.main, asset=f"# {title}\n", profile="smoke",
                             experiment_fields={"state": State.MEASURING})
-        store.mark_run_started(run.id, "fake://1")
+        store.runs.mark_started(run.id, "fake://1")
         return exp.id, run.id
 
     def issue(self) -> dict:
@@ -93,11 +91,11 @@ def world(tmp_path: Path) -> Iterator[World]:
         repo = github.Github(auth=github.Auth.Token("tok"), base_url=gh.api_url, retry=None,
                              seconds_between_requests=None, seconds_between_writes=None).get_repo("octo-org/research")
         store = Store(tmp_path / "state.db")
-        store.set_setting(BOT_LOGIN, BOT)  # as bot.app.serve writes it when it connects
+        store.state.bot_login = BOT  # as bot.app.serve writes it when it connects
         main = gh.ref("heads/main") or ""
-        run = store.add_run(experiment_id=None, purpose="baseline", code_hash="main", commit_sha=main, base_sha=main,
+        run = store.runs.add(experiment_id=None, purpose="baseline", code_hash="main", commit_sha=main, base_sha=main,
                             asset="lr = 0.01\n", profile="smoke")
-        store.finish_run(run.id, status="ok", val_bpb=1.0, metrics={}, error=None, log_tail=None)
+        store.runs.finish(run.id, status="ok", val_bpb=1.0, metrics={}, error=None, log_tail=None)
         yield World(gh, store, repo, Clock(), main)
         assert gh.violations == []
 
@@ -109,7 +107,7 @@ def test_the_log_is_created_once_and_edited_in_place_when_a_change_is_kept(world
     assert render.find_marker(issue["body"]) == ("log", 0, "") and "No change has been kept yet." in issue["body"]
     world.clock.now += 1  # an experiment finishing is shown at once, however soon after the last edit
     world.keep("raise the learning rate", 0.98, pull=7)
-    world.store.set_setting("agent.spent_usd", "1.25")
+    world.store.state.spent_usd = 1.25
     world.log().update()
     body = world.issue()["body"]
     assert "raise the learning rate" in body and "#7" in body and "-0.020000" in body
@@ -117,7 +115,7 @@ def test_the_log_is_created_once_and_edited_in_place_when_a_change_is_kept(world
     assert "1 finished: 1 kept, 0 discarded, 0 crashed" in body and "$1.25" in body
     assert len(world.standin.issues()) == 1 and world.creates() == 1 and world.edits() == 1
     assert len(world.writes) == 3  # the label, the issue, one edit: each write paced
-    assert json.loads(world.store.get_setting(SETTING) or "{}")["number"] == world.issue()["number"]
+    assert world.store.state.research_log["number"] == world.issue()["number"]
 
 
 def test_an_unchanged_summary_is_not_written_again(world: World) -> None:
@@ -133,9 +131,9 @@ def test_a_busy_run_edits_at_most_once_per_interval(world: World) -> None:
     world.log().update()
     assert "Nothing is running." in world.issue()["body"]
     exp_id, run_id = world.start("deeper model")
-    for spent in ("0.10", "0.20", "0.30"):  # the agent spends, a run trains: no experiment finishes
+    for spent in (0.10, 0.20, 0.30):  # the agent spends, a run trains: no experiment finishes
         world.clock.now += EVERY_S / 4
-        world.store.set_setting("agent.spent_usd", spent)
+        world.store.state.spent_usd = spent
         world.log().update()
     assert world.edits() == 0
     world.clock.now += EVERY_S
@@ -150,7 +148,7 @@ def test_discarded_experiments_wait_for_the_interval_and_a_kept_change_does_not(
     for _ in range(3):  # experiments that finish without a kept change: their counts wait
         world.clock.now += 1
         exp_id = world.keep("a worse idea", 1.1)
-        world.store.update_experiment(exp_id, status="discard")
+        world.store.experiments.update(exp_id, status="discard")
         world.log().update()
     assert world.edits() == 0
     world.clock.now += 1
@@ -176,13 +174,13 @@ def test_a_restart_finds_the_log_again_without_creating_it(world: World, tmp_pat
     world.log().update()  # a restart with its store: the number is known, nothing is asked
     assert len(world.standin.requests) == requests
     lost = Store(tmp_path / "lost.db")  # a restart without it: one search by label and marker
-    lost.set_setting("agent.spent_usd", "2.50")
-    lost.set_setting(BOT_LOGIN, BOT)
+    lost.state.spent_usd = 2.50
+    lost.state.bot_login = BOT
     world.log(lost).update()
     assert [r.operation for r in world.standin.requests[requests:]] == ["issues/list-for-repo", "issues/update"]
     assert world.creates() == 1
     assert world.edits() == 1 and "$2.50" in world.issue()["body"]
-    assert json.loads(lost.get_setting(SETTING) or "{}")["number"] == number
+    assert lost.state.research_log["number"] == number
 
 
 def test_a_persons_issue_quoting_the_marker_is_not_taken_for_the_log(world: World) -> None:
@@ -230,4 +228,4 @@ def test_a_persons_labelled_issue_with_the_marker_is_not_taken_for_the_log(world
     world.log().update()
     [log] = [i for i in world.standin.issues() if i["user"]["login"] == BOT]
     assert world.creates() == 1 and log["title"] == TITLE
-    assert json.loads(world.store.get_setting(SETTING) or "{}")["number"] == log["number"]
+    assert world.store.state.research_log["number"] == log["number"]

@@ -1214,3 +1214,11 @@ def test_no_failpoint_no_kill(db_path: Path, failpoint):
     result = run_child(db_path, failpoint)
     assert result.returncode == 0, result.stderr
     assert "survived" in result.stdout
+
+
+def test_the_events_after_the_last_id_are_the_new_ones(store: Store):
+    assert store.events.last_id() == 0
+    store.events.add(None, "note", "first")
+    seen = store.events.last_id()
+    store.events.add(None, "note", "second")
+    assert [e["message"] for e in store.events.all(after=seen)] == ["second"]

@@ -300,7 +300,7 @@ def test_a_thousand_experiments_take_the_same_few_queries(tmp_path: Path):
     _big_store(tmp_path / "big.db", 1000)
     small, _, _ = _selects(tmp_path / "small.db")
     big, _, state = _selects(tmp_path / "big.db")
-    assert small == big <= 6  # no query per experiment
+    assert small == big <= 8  # no query per experiment: one per table, and one per setting of the loop's state
     assert len(state["experiments"]) == 1000 and len(state["chart"]["points"]) == 1 + 750
     # its time is a benchmark's question (docs/benchmarks.md), not a test's: machines here are shared
 
