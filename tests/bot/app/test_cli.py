@@ -175,7 +175,7 @@ def check_the_research_repository(work: Path) -> None:
     from bot.store import Store
 
     forge, store = LocalForge(work / "repo"), Store(work / "state.db")
-    experiments = store.experiments()
+    experiments = store.experiments.all()
     assert all(e.state == "done" for e in experiments)
     # main advanced only through kept experiments, each merge naming its experiment
     history = list(forge.repo.iter_commits("main", first_parent=True))
@@ -186,7 +186,7 @@ def check_the_research_repository(work: Path) -> None:
     # every commit of main has a measured val_bpb of its own train.py
     for commit in history:
         text = (commit.tree / "train.py").data_stream.read().decode()
-        assert [r for r in store.runs(code_hash=code_hash(text)) if r.purpose == "baseline" and r.val_bpb], commit
+        assert [r for r in store.runs.all(code_hash=code_hash(text)) if r.purpose == "baseline" and r.val_bpb], commit
     # every experiment keeps its branch as a record; results.tsv has the baseline and one row each
     assert set(forge.list_branches()) == {e.branch for e in experiments}
     lines = (work / "results.tsv").read_text().splitlines()
@@ -214,7 +214,7 @@ def test_steer_pause_and_resume_go_through_the_inbox(tmp_path: Path) -> None:
         assert result.exit_code == 0, result.output
         assert "a running loop applies it" in said(result)
     store = Store(tmp_path / "state.db")
-    entries = store.inbox()
+    entries = store.inbox.all()
     store.close()
     assert [(e.kind, e.payload) for e in entries] == [("steer", {"text": "try a deeper model"}), ("pause", {}),
                                                       ("resume", {})]
@@ -246,7 +246,7 @@ def test_another_profile_in_a_work_directory_is_refused_before_preparing(tmp_pat
     from bot.store import Store
 
     store = Store(tmp_path / "state.db")
-    store.set_setting("identity", json.dumps({"profile": "smoke", "harness_hash": "h", "data_fingerprint": "d"}))
+    store.state.identity = {"profile": "smoke", "harness_hash": "h", "data_fingerprint": "d"}
     store.close()
     result = cli.invoke(app, ["demo", "--workdir", str(tmp_path), "--profile", "cpu"])
     assert result.exit_code == 1

@@ -92,7 +92,7 @@ def test_the_loop_end_to_end_with_the_real_explorer(tmp_path: Path) -> None:
     summary = Driver(loop, timer_s=0.05).run()
     store = loop.store
 
-    experiments = store.experiments()
+    experiments = store.experiments.all()
     assert len(experiments) == summary.experiments == 4
     assert all(e.state == "done" for e in experiments)
     assert [e.status for e in experiments] == ["discard", "crash", "discard", "discard"]
@@ -104,7 +104,7 @@ def test_the_loop_end_to_end_with_the_real_explorer(tmp_path: Path) -> None:
     assert crashed[0].id < experiments[-1].id
 
     # the repeated proposal was refused, not run
-    refusals = [e["message"] for e in store.events() if e["kind"] == "refused"]
+    refusals = [e["message"] for e in store.events.all() if e["kind"] == "refused"]
     assert any(experiments[0].title in m and "repeats experiment 1" in m for m in refusals), refusals
     assert len({e.code_hash for e in experiments}) == 4
 
@@ -119,7 +119,7 @@ def test_the_loop_end_to_end_with_the_real_explorer(tmp_path: Path) -> None:
     # every main commit that changed train.py has a measured val_bpb
     for commit in history:
         text = (commit.tree / "train.py").data_stream.read().decode()
-        measured = [r for r in store.runs(code_hash=code_hash(text)) if r.status == "ok" and r.val_bpb]
+        measured = [r for r in store.runs.all(code_hash=code_hash(text)) if r.status == "ok" and r.val_bpb]
         assert measured, f"main commit {commit.hexsha[:7]} has no measured val_bpb"
 
     # discarded and crashed branches stay as a record
@@ -184,12 +184,12 @@ def prepare_kill_workdir(work: Path) -> LocalForge:
 
 def check_invariants(work: Path, forge: LocalForge) -> None:
     store = Store(work / "state.db")
-    experiments = store.experiments()
+    experiments = store.experiments.all()
     # every experiment ended exactly once, with the status its code deserves
     assert [(e.title, e.state, e.status) for e in experiments] == [
         ("Fix MATRIX_LR", "done", "keep"), ("Crash", "done", "crash")]
     for exp in experiments:
-        done_events = [e for e in store.events(exp.id) if e["kind"] == "done"]
+        done_events = [e for e in store.events.all(exp.id) if e["kind"] == "done"]
         assert len(done_events) == 1, f"experiment {exp.id} ended {len(done_events)} times"
     # no branch duplicated, main merged once
     assert forge.list_branches() == [e.branch for e in experiments]
@@ -198,7 +198,7 @@ def check_invariants(work: Path, forge: LocalForge) -> None:
     # no result lost or measured twice: every run finished, or was cancelled unrun because main
     # moved under it; none was lost (the fake runner goes on while the conductor is dead, and a
     # resubmitted run id starts nothing new)
-    runs = store.runs()
+    runs = store.runs.all()
     assert [(r.id, r.state, r.note) for r in runs if r.state != "done"
             and not (r.state == "cancelled" and "main moved" in (r.note or ""))] == []
     for exp in experiments:
@@ -207,7 +207,7 @@ def check_invariants(work: Path, forge: LocalForge) -> None:
     assert len([r for r in runs if r.purpose == "baseline"]) == 4
     assert experiments[0].remeasured_delta == pytest.approx(-0.1, abs=0.002)
     # the inbox entry was applied exactly once
-    assert store.recent_feedback() == ["be bold"] and all(e.processed_at for e in store.inbox())
+    assert store.feedback.recent() == ["be bold"] and all(e.processed_at for e in store.inbox.all())
     lines = (work / "results.tsv").read_text().splitlines()
     assert [line.split("\t")[3] for line in lines[1:]] == ["keep", "keep", "crash"]
     store.close()

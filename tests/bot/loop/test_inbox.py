@@ -36,22 +36,22 @@ def with_handler(kind: str, handler: InboxHandler) -> Router[InboxHandler]:
 
 def test_a_bad_entry_is_rejected_and_the_next_applied(tmp_path: Path) -> None:
     store = Store(tmp_path / "state.db")
-    store.add_inbox(key="k1", kind="steer", payload={"text": ""}, author="bob")
-    store.add_inbox(key="k2", kind="pause", payload={}, author="bob")
+    store.inbox.add(key="k1", kind="steer", payload={"text": ""}, author="bob")
+    store.inbox.add(key="k2", kind="pause", payload={}, author="bob")
     assert apply_inbox(store) == 1
-    first, second = store.inbox()
+    first, second = store.inbox.all()
     assert first.outcome.startswith("rejected: steer needs a text") and second.outcome.startswith("paused")
     store.close()
 
 
 def test_an_entry_no_router_handles_is_rejected_and_a_joined_router_applies_it(tmp_path: Path) -> None:
     store = Store(tmp_path / "state.db")
-    store.add_inbox(key="k1", kind="wave", payload={}, author="bob")
+    store.inbox.add(key="k1", kind="wave", payload={}, author="bob")
     assert apply_inbox(store) == 0
-    assert store.inbox()[0].outcome == "rejected: unknown input 'wave'"
-    store.add_inbox(key="k2", kind="wave", payload={}, author="bob")
+    assert store.inbox.all()[0].outcome == "rejected: unknown input 'wave'"
+    store.inbox.add(key="k2", kind="wave", payload={}, author="bob")
     assert apply_inbox(store, with_handler("wave", lambda store, entry: "waved back")) == 1
-    assert store.inbox()[1].outcome == "waved back"
+    assert store.inbox.all()[1].outcome == "waved back"
     store.close()
 
 
@@ -64,26 +64,26 @@ def test_only_the_loops_own_inputs_can_be_submitted(tmp_path: Path) -> None:
     store = Store(tmp_path / "state.db")
     with pytest.raises(RejectedInput, match="unknown input 'github': one of pause, resume, steer"):
         events.submit(store, "github", {}, author="bob")
-    assert events.submit(store, "pause", author="bob") and store.inbox()[0].kind == "pause"
+    assert events.submit(store, "pause", author="bob") and store.inbox.all()[0].kind == "pause"
     store.close()
 
 
 def test_a_locked_store_leaves_the_entry_pending_for_the_next_tick(tmp_path: Path) -> None:
     store = Store(tmp_path / "state.db")
-    store.add_inbox(key="k1", kind="pause", payload={}, author="bob")
+    store.inbox.add(key="k1", kind="pause", payload={}, author="bob")
     store.db.execute("PRAGMA busy_timeout = 50")  # the service waits 30 s; the test need not
     other = sqlite3.connect(tmp_path / "state.db", isolation_level=None)
     other.execute("BEGIN IMMEDIATE")  # another writer holds the lock (the web server, say)
     try:
         assert apply_inbox(store) == 0
-        [entry] = store.pending_inbox()
+        [entry] = store.inbox.pending()
         assert entry.outcome is None, "not rejected: the input is not lost"
     finally:
         other.execute("ROLLBACK")
         other.close()
     assert apply_inbox(store) == 1
-    assert store.pending_inbox() == [] and store.inbox()[0].outcome.startswith("paused")
-    assert store.get_setting("paused") == "1"
+    assert store.inbox.pending() == [] and store.inbox.all()[0].outcome.startswith("paused")
+    assert store.state.paused
     store.close()
 
 
@@ -92,7 +92,7 @@ def test_a_locked_store_leaves_the_entry_pending_for_the_next_tick(tmp_path: Pat
 def steers(store: Store, n: int, first: int = 0) -> None:
     with store.transaction():
         for i in range(first, first + n):
-            store.add_inbox(key=f"k{i}", kind="steer", payload={"text": f"note {i}"}, author="bob")
+            store.inbox.add(key=f"k{i}", kind="steer", payload={"text": f"note {i}"}, author="bob")
 
 
 def commits(store: Store) -> list[str]:
@@ -110,7 +110,7 @@ def test_entries_are_applied_in_batches_of_one_transaction_each(tmp_path: Path,
     ended = commits(store)
     assert apply_inbox(store) == 450
     assert ended == ["COMMIT"] * 3, "200 + 200 + 50 entries"
-    assert store.pending_inbox() == [] and len(store.recent_feedback(1000)) == 450
+    assert store.inbox.pending() == [] and len(store.feedback.recent(1000)) == 450
     store.close()
 
 
@@ -126,21 +126,21 @@ def test_a_batch_ends_after_its_time_even_when_not_full(tmp_path: Path, monkeypa
 
 def test_a_failing_handler_rolls_back_only_its_own_writes_in_the_batch(tmp_path: Path) -> None:
     def half_done(store: Store, entry: InboxEntry) -> str:
-        store.add_feedback(entry.author, "written before the failure")
-        store.set_setting("half", "1")
+        store.feedback.add(entry.author, "written before the failure")
+        store.state.paused = True
         raise KeyError("a bug in the handler")
 
     store = Store(tmp_path / "state.db")
     steers(store, 1)
-    store.add_inbox(key="bad", kind="half", payload={}, author="eve")
+    store.inbox.add(key="bad", kind="half", payload={}, author="eve")
     steers(store, 1, first=1)
     ended = commits(store)
     assert apply_inbox(store, with_handler("half", half_done)) == 2
     assert ended == ["COMMIT"], "one batch"
-    assert store.recent_feedback() == ["note 0", "note 1"] and store.get_setting("half") is None
-    outcomes = [e.outcome for e in store.inbox()]
-    assert outcomes[1] == "rejected: 'a bug in the handler'" and all(e.processed_at for e in store.inbox())
-    assert [e["message"] for e in store.events()] == [
+    assert store.feedback.recent() == ["note 0", "note 1"] and not store.state.paused
+    outcomes = [e.outcome for e in store.inbox.all()]
+    assert outcomes[1] == "rejected: 'a bug in the handler'" and all(e.processed_at for e in store.inbox.all())
+    assert [e["message"] for e in store.events.all()] == [
         "steer from bob: the agent will read: 'note 0'", "half from eve rejected: 'a bug in the handler'",
         "steer from bob: the agent will read: 'note 1'"]
     store.close()
@@ -150,7 +150,7 @@ def test_a_store_error_in_a_batch_rolls_all_of_it_back_and_it_is_applied_once_la
     failures = [sqlite3.OperationalError("disk I/O error")]
 
     def flaky(store: Store, entry: InboxEntry) -> str:
-        store.add_feedback(entry.author, "flaky")
+        store.feedback.add(entry.author, "flaky")
         if failures:
             raise failures.pop()
         return "done"
@@ -158,12 +158,12 @@ def test_a_store_error_in_a_batch_rolls_all_of_it_back_and_it_is_applied_once_la
     routes = with_handler("flaky", flaky)
     store = Store(tmp_path / "state.db")
     steers(store, 2)
-    store.add_inbox(key="flaky", kind="flaky", payload={}, author="bob")
+    store.inbox.add(key="flaky", kind="flaky", payload={}, author="bob")
     steers(store, 1, first=2)
     assert apply_inbox(store, routes) == 0
-    assert len(store.pending_inbox()) == 4 and store.recent_feedback() == [], "the whole batch rolled back"
+    assert len(store.inbox.pending()) == 4 and store.feedback.recent() == [], "the whole batch rolled back"
     assert apply_inbox(store, routes) == 4
-    assert store.recent_feedback() == ["note 0", "note 1", "flaky", "note 2"], "each entry once"
+    assert store.feedback.recent() == ["note 0", "note 1", "flaky", "note 2"], "each entry once"
     store.close()
 
 
@@ -185,13 +185,13 @@ def test_the_batches_committed_before_the_store_locks_stay_and_the_rest_wait(
     monkeypatch.setattr(events, "failpoint", then_another_writer)
     try:
         assert apply_inbox(store) == 2
-        assert [e.key for e in store.pending_inbox()] == ["k2", "k3", "k4"]
+        assert [e.key for e in store.inbox.pending()] == ["k2", "k3", "k4"]
     finally:
         other.execute("ROLLBACK")
         other.close()
     assert apply_inbox(store) == 3
     assert committed == ["inbox_applied"] * 3
-    assert store.recent_feedback() == [f"note {i}" for i in range(5)]
+    assert store.feedback.recent() == [f"note {i}" for i in range(5)]
     store.close()
 
 
@@ -232,8 +232,8 @@ def test_a_conductor_killed_during_the_inbox_applies_each_entry_once_after_resta
     child = subprocess.run([sys.executable, "-c", CHILD, str(db_path), dies_at or "-"], env=env, check=False,
                            capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[3])
     assert child.returncode == -signal.SIGKILL, child.stderr
-    assert len(store.recent_feedback(100)) == committed
-    assert [e.key for e in store.pending_inbox()] == [f"k{i}" for i in range(committed, 7)]
+    assert len(store.feedback.recent(100)) == committed
+    assert [e.key for e in store.inbox.pending()] == [f"k{i}" for i in range(committed, 7)]
     assert apply_inbox(store) == 7 - committed
-    assert store.recent_feedback(100) == [f"note {i}" for i in range(7)], "each entry applied once"
+    assert store.feedback.recent(100) == [f"note {i}" for i in range(7)], "each entry applied once"
     store.close()

@@ -73,7 +73,7 @@ def tick_until(conductor: Conductor, done, *, ticks: int = 400) -> None:
 def until_candidate_runs(conductor: Conductor, runner: FakeRunner) -> None:
     """Finish every other job (main's baseline) until the experiment's run is in flight."""
     def candidate_running() -> bool:
-        if [r for r in conductor.store.runs(state="running") if r.purpose == "candidate"]:
+        if [r for r in conductor.store.runs.all(state="running") if r.purpose == "candidate"]:
             return True
         for run_id in runner.running():
             runner.finish(run_id)
@@ -86,7 +86,7 @@ def run_to_end(conductor: Conductor) -> None:
 
 
 def statuses(conductor: Conductor) -> list[tuple[str, str | None]]:
-    return [(e.title, e.status) for e in conductor.store.experiments()]
+    return [(e.title, e.status) for e in conductor.store.experiments.all()]
 
 
 def commit_to_main(forge: LocalForge, files: dict[str, str], message: str = "a human commit") -> str:
@@ -101,9 +101,9 @@ def test_a_clear_gain_is_kept_and_main_measured_afresh(tmp_path: Path) -> None:
     loop = make(tmp_path, ScriptedAgent([proposal(-0.1, "better"), proposal(+0.1, "worse")]), experiments=2)
     run_to_end(loop)
     assert statuses(loop) == [("better", "keep"), ("worse", "discard")]
-    kept = loop.store.experiments()[0]
+    kept = loop.store.experiments.all()[0]
     assert loop.forge.main_sha() == kept.merged_sha
-    baselines = [r for r in loop.store.runs() if r.purpose == "baseline" and r.state == "done"]
+    baselines = [r for r in loop.store.runs.all() if r.purpose == "baseline" and r.state == "done"]
     assert len(baselines) == 4  # the first main twice, the new main twice afresh
     assert kept.remeasured_delta == pytest.approx(-0.1, abs=0.002)  # unselected: the fresh baseline
     merge_message = loop.forge.repo.commit(kept.merged_sha).message
@@ -115,14 +115,14 @@ def test_a_crash_is_recorded_with_its_traceback_and_the_loop_goes_on(tmp_path: P
     loop = make(tmp_path, ScriptedAgent([crash, proposal(+0.1, "worse")]), experiments=2)
     run_to_end(loop)
     assert statuses(loop) == [("crash", "crash"), ("worse", "discard")]
-    assert "boom" in loop.store.experiments()[0].error_tail
+    assert "boom" in loop.store.experiments.all()[0].error_tail
 
 
 def test_the_target_number_of_experiments_stops_proposing(tmp_path: Path) -> None:
     agent = ScriptedAgent([proposal(+0.1 * i, f"p{i}") for i in range(1, 6)])
     loop = make(tmp_path, agent, experiments=3)
     run_to_end(loop)
-    assert len(loop.store.experiments()) == 3
+    assert len(loop.store.experiments.all()) == 3
     assert loop.stop_reason == "reached 3 experiments"
 
 
@@ -137,7 +137,7 @@ def test_the_target_val_bpb_stops_proposing(tmp_path: Path) -> None:
 def test_an_exhausted_agent_ends_the_loop(tmp_path: Path) -> None:
     loop = make(tmp_path, ScriptedAgent([]), experiments=3)
     run_to_end(loop)
-    assert loop.store.experiments() == [] and loop.store.count_experiments() == 0
+    assert loop.store.experiments.all() == [] and loop.store.experiments.count() == 0
     assert "nothing more to propose" in loop.stop_reason
 
 
@@ -146,7 +146,7 @@ def test_an_exhausted_agent_ends_the_loop(tmp_path: Path) -> None:
 def test_the_first_main_is_measured_first_baseline_runs_times(tmp_path: Path) -> None:
     loop = make(tmp_path, ScriptedAgent([]), settings=dict(first_baseline_runs=5, baseline_runs=2))
     run_to_end(loop)
-    assert len([r for r in loop.store.runs() if r.purpose == "baseline"]) == 5
+    assert len([r for r in loop.store.runs.all() if r.purpose == "baseline"]) == 5
 
 
 def test_a_borderline_gain_gets_a_confirmation_and_one_more_run_of_main(tmp_path: Path) -> None:
@@ -158,11 +158,11 @@ def test_a_borderline_gain_gets_a_confirmation_and_one_more_run_of_main(tmp_path
     loop = make(tmp_path, ScriptedAgent([proposal(-0.025, "borderline")]), runner=runner, experiments=1,
                 settings=dict(first_baseline_runs=3, baseline_runs=2))
     run_to_end(loop)
-    runs = loop.store.runs()
+    runs = loop.store.runs.all()
     assert [(r.id, r.purpose) for r in runs[:6]] == [(1, "baseline"), (2, "baseline"), (3, "baseline"),
                                                      (4, "candidate"), (5, "confirm"), (6, "baseline")]
-    assert "beside the confirmation of experiment 1" in " ".join(e["message"] for e in loop.store.events())
-    exp = loop.store.experiments()[0]
+    assert "beside the confirmation of experiment 1" in " ".join(e["message"] for e in loop.store.events.all())
+    exp = loop.store.experiments.all()[0]
     # two runs (mean 1.9755) against main's four (mean 2.0), sigma from 4 degrees of freedom: kept
     assert exp.status == "keep" and exp.val_bpb == pytest.approx(1.9755)
     # the loop's summary shows the baseline results.tsv shows: the one the keep was judged against
@@ -181,8 +181,8 @@ def test_a_change_to_program_md_alone_does_not_remeasure(tmp_path: Path) -> None
     runner.auto = True
     run_to_end(loop)
     assert statuses(loop) == [("better", "keep")]
-    assert not [r for r in loop.store.runs() if r.purpose == "remeasure"]
-    assert "followed main" in " ".join(e["message"] for e in loop.store.events(1))
+    assert not [r for r in loop.store.runs.all() if r.purpose == "remeasure"]
+    assert "followed main" in " ".join(e["message"] for e in loop.store.events.all(1))
 
 
 def test_main_moving_under_a_measured_change_sends_it_to_a_remeasure(tmp_path: Path) -> None:
@@ -195,8 +195,8 @@ def test_main_moving_under_a_measured_change_sends_it_to_a_remeasure(tmp_path: P
     for run_id in runner.running():
         runner.finish(run_id)
     run_to_end(loop)
-    exp = loop.store.experiments()[0]
-    remeasures = [r for r in loop.store.runs(experiment_id=exp.id) if r.purpose == "remeasure"]
+    exp = loop.store.experiments.all()[0]
+    remeasures = [r for r in loop.store.runs.all(experiment_id=exp.id) if r.purpose == "remeasure"]
     assert len(remeasures) == 1 and "WARMDOWN_RATIO = 0.45" in remeasures[0].asset
     assert exp.status == "keep" and exp.val_bpb == pytest.approx(remeasures[0].val_bpb)
 
@@ -216,9 +216,9 @@ def test_main_moving_at_the_merge_rebases_and_remeasures(tmp_path: Path) -> None
     forge = MovesMainAtMerge(tmp_path / "repo")
     loop = make(tmp_path, ScriptedAgent([proposal(-0.1, "better")]), forge=forge, experiments=1)
     run_to_end(loop)
-    exp = loop.store.experiments()[0]
+    exp = loop.store.experiments.all()[0]
     assert exp.status == "keep"
-    assert "main moved before the merge" in " ".join(e["message"] for e in loop.store.events(exp.id))
+    assert "main moved before the merge" in " ".join(e["message"] for e in loop.store.events.all(exp.id))
     assert loop.forge.repo.commit(exp.merged_sha).parents[0].hexsha != exp.meta.get("never")
     assert "WARMDOWN_RATIO = 0.45" in loop.forge.read_file(exp.merged_sha, "train.py")
 
@@ -237,9 +237,9 @@ def test_main_moving_at_the_merge_without_touching_train_py_merges_without_a_rem
     forge = CommitsProgramAtMerge(tmp_path / "repo")
     loop = make(tmp_path, ScriptedAgent([proposal(-0.1, "better")]), forge=forge, experiments=1)
     run_to_end(loop)
-    exp = loop.store.experiments()[0]
+    exp = loop.store.experiments.all()[0]
     assert exp.status == "keep"
-    assert not [r for r in loop.store.runs() if r.purpose == "remeasure"]
+    assert not [r for r in loop.store.runs.all() if r.purpose == "remeasure"]
     assert "A human note." in loop.forge.read_file(exp.merged_sha, "program.md")
 
 
@@ -253,7 +253,7 @@ def test_a_merge_conflict_discards_with_the_reason(tmp_path: Path) -> None:
     for run_id in runner.running():
         runner.finish(run_id)
     run_to_end(loop)
-    exp = loop.store.experiments()[0]
+    exp = loop.store.experiments.all()[0]
     assert exp.status == "discard" and "conflicts with main" in exp.reason
 
 
@@ -271,7 +271,7 @@ def test_a_forge_step_failing_is_retried_then_the_experiment_fails_and_the_loop_
                 forge=BrokenBranches(tmp_path / "repo"), experiments=2)
     run_to_end(loop)
     assert statuses(loop) == [("doomed", "failed"), ("next", "discard")]
-    doomed = loop.store.experiments()[0]
+    doomed = loop.store.experiments.all()[0]
     assert "failed 3 times" in doomed.reason and "deleted by hand" in doomed.reason
 
 
@@ -280,8 +280,8 @@ def test_an_invalid_program_md_keeps_the_last_valid_settings_and_says_so(tmp_pat
     loop.tick()
     commit_to_main(loop.forge, {"program.md": "---\nautoresearch:\n  baseline_runs: many\n---\nx\n"})
     run_to_end(loop)
-    assert len(loop.store.experiments()) == 1  # max_experiments: 1 stayed in force
-    errors = [e["message"] for e in loop.store.events() if e["kind"] == "settings_error"]
+    assert len(loop.store.experiments.all()) == 1  # max_experiments: 1 stayed in force
+    errors = [e["message"] for e in loop.store.events.all() if e["kind"] == "settings_error"]
     assert len(errors) == 1 and "baseline_runs" in errors[0] and "last valid settings" in errors[0]
 
 
@@ -291,7 +291,7 @@ def test_a_crashing_main_blocks_with_a_clear_message(tmp_path: Path) -> None:
     loop = make(tmp_path, ScriptedAgent([proposal(-0.1, "x")]), forge=forge)
     run_to_end(loop)
     assert "crashed in 2 baseline runs" in loop.blocked
-    assert loop.store.experiments() == []
+    assert loop.store.experiments.all() == []
 
 
 @pytest.mark.parametrize("error", [RuntimeError("the API is down"), AgentError("the API is down")],
@@ -300,19 +300,19 @@ def test_an_agent_exception_is_retried_with_backoff_and_never_ends_the_loop(tmp_
     clock = Clock()
     agent = FailingAgent([proposal(-0.1, "finally")], failures=2, error=error)
     loop = make(tmp_path, agent, experiments=1, clock=clock, retry_base_s=10.0)
-    tick_until(loop, lambda: agent.calls == 1 and loop.store.experiments(state="proposing")[0].failures == 1)
-    exp = loop.store.experiments(state="proposing")[0]
+    tick_until(loop, lambda: agent.calls == 1 and loop.store.experiments.in_state("proposing")[0].failures == 1)
+    exp = loop.store.experiments.in_state("proposing")[0]
     assert exp.retry_at == pytest.approx(clock.now + 10.0)
     for _ in range(5):
         loop.tick()
     assert agent.calls == 1  # still backing off
     clock.now += 10.0
-    tick_until(loop, lambda: agent.calls == 2 and loop.store.experiments(state="proposing")[0].failures == 2)
-    assert loop.store.experiments(state="proposing")[0].retry_at == pytest.approx(clock.now + 20.0)  # doubled
+    tick_until(loop, lambda: agent.calls == 2 and loop.store.experiments.in_state("proposing")[0].failures == 2)
+    assert loop.store.experiments.in_state("proposing")[0].retry_at == pytest.approx(clock.now + 20.0)  # doubled
     clock.now += 20.0
     run_to_end(loop)
     assert statuses(loop) == [("finally", "keep")]
-    assert [e for e in loop.store.events() if "the API is down" in e["message"]]
+    assert [e for e in loop.store.events.all() if "the API is down" in e["message"]]
 
 
 def test_a_slow_agent_does_not_hold_up_results_or_dispatch(tmp_path: Path) -> None:
@@ -325,8 +325,8 @@ def test_a_slow_agent_does_not_hold_up_results_or_dispatch(tmp_path: Path) -> No
         tick_until(loop, lambda: runner.running())
         runner.finish(runner.running()[0])
         loop.tick()
-    assert agent.asked == 1 and loop.store.experiments(state="proposing")
-    assert len([r for r in loop.store.runs() if r.state == "done"]) == 3  # collected while it thought
+    assert agent.asked == 1 and loop.store.experiments.in_state("proposing")
+    assert len([r for r in loop.store.runs.all() if r.state == "done"]) == 3  # collected while it thought
     agent.release(2)
     runner.auto = True
     run_to_end(loop)
@@ -339,11 +339,11 @@ def test_the_agent_is_asked_again_in_the_tick_that_takes_its_answer(tmp_path: Pa
     runner = FakeRunner(slots=2, auto=False)
     agent = SlowAgent([proposal(+0.1, "first"), proposal(+0.1, "second"), proposal(+0.1, "third")])
     loop = make(tmp_path, agent, runner=runner, experiments=3)
-    tick_until(loop, lambda: len(loop.store.experiments(state="proposing")) == 1)
-    [first] = loop.store.experiments(state="proposing")
+    tick_until(loop, lambda: len(loop.store.experiments.in_state("proposing")) == 1)
+    [first] = loop.store.experiments.in_state("proposing")
     agent.release(1)
-    tick_until(loop, lambda: loop.store.experiment(first.id).state != "proposing")
-    [second] = loop.store.experiments(state="proposing")  # asked in that same tick
+    tick_until(loop, lambda: loop.store.experiments.get(first.id).state != "proposing")
+    [second] = loop.store.experiments.in_state("proposing")  # asked in that same tick
     assert second.id != first.id
     agent.release(2)
     runner.auto = True
@@ -359,7 +359,7 @@ def test_refused_proposals_are_fed_back_and_five_in_a_row_stop_the_agent(tmp_pat
     loop = make(tmp_path, Stubborn(), experiments=3)
     run_to_end(loop)
     assert "refused" in loop.stop_reason
-    refusals = [e for e in loop.store.events() if e["kind"] == "refused"]
+    refusals = [e for e in loop.store.events.all() if e["kind"] == "refused"]
     assert len(refusals) == 5 and "identical to main" in refusals[0]["message"]
 
 
@@ -374,9 +374,9 @@ def test_a_result_for_the_wrong_job_is_refused_and_run_again(tmp_path: Path) -> 
 
     loop = make(tmp_path, ScriptedAgent([]), runner=FakeRunner(outcome=wrong_first))
     run_to_end(loop)
-    first = loop.store.run(1)
+    first = loop.store.runs.get(1)
     assert first.state == "refused" and "answers run 99" in first.note
-    assert all(r.val_bpb != 0.5 for r in loop.store.runs() if r.state == "done")
+    assert all(r.val_bpb != 0.5 for r in loop.store.runs.all() if r.state == "done")
 
 
 def test_a_result_under_another_harness_never_counts(tmp_path: Path) -> None:
@@ -384,7 +384,7 @@ def test_a_result_under_another_harness_never_counts(tmp_path: Path) -> None:
     loop = make(tmp_path, ScriptedAgent([]), runner=FakeRunner(outcome=lambda job: result_for(job, identity=other)))
     run_to_end(loop)
     assert "cannot be measured" in loop.blocked
-    assert [r.state for r in loop.store.runs()][:3] == ["refused"] * 3
+    assert [r.state for r in loop.store.runs.all()][:3] == ["refused"] * 3
     assert loop.baseline.main_values(code_hash(MAIN)) == []
 
 
@@ -396,7 +396,7 @@ def test_a_result_that_measured_another_train_py_is_refused(tmp_path: Path) -> N
 
     loop = make(tmp_path, ScriptedAgent([]), runner=FakeRunner(outcome=swapped))
     run_to_end(loop)
-    assert "another train.py" in loop.store.run(1).note
+    assert "another train.py" in loop.store.runs.get(1).note
 
 
 def test_a_run_on_a_busy_machine_is_run_again_once(tmp_path: Path) -> None:
@@ -406,9 +406,9 @@ def test_a_run_on_a_busy_machine_is_run_again_once(tmp_path: Path) -> None:
     loop = make(tmp_path, ScriptedAgent([]), runner=FakeRunner(outcome=busy_third),
                 settings=dict(first_baseline_runs=3, baseline_runs=2))
     run_to_end(loop)
-    third = loop.store.run(3)
+    third = loop.store.runs.get(3)
     assert third.state == "disturbed" and "40%" in third.note
-    rerun = [r for r in loop.store.runs() if r.rerun_of == 3]
+    rerun = [r for r in loop.store.runs.all() if r.rerun_of == 3]
     assert len(rerun) == 1 and rerun[0].state == "done"
 
 
@@ -417,8 +417,8 @@ def test_a_lost_run_is_queued_again(tmp_path: Path) -> None:
     runner.lost.add(1)
     loop = make(tmp_path, ScriptedAgent([]), runner=runner)
     run_to_end(loop)
-    assert loop.store.run(1).state == "lost"
-    assert [r.rerun_of for r in loop.store.runs()].count(1) == 1
+    assert loop.store.runs.get(1).state == "lost"
+    assert [r.rerun_of for r in loop.store.runs.all()].count(1) == 1
 
 
 class EveryRun(set):
@@ -432,7 +432,7 @@ def test_a_code_whose_runs_keep_getting_lost_is_given_up(tmp_path: Path) -> None
     runner.lost = EveryRun()
     loop = make(tmp_path, ScriptedAgent([]), runner=runner)
     run_to_end(loop)
-    states = [r.state for r in loop.store.runs()]
+    states = [r.state for r in loop.store.runs.all()]
     assert states.count("lost") == MAX_LOST_RUNS and "running" not in states
     assert f"{MAX_LOST_RUNS} runs of it were lost" in loop.blocked and "the fake machine vanished" in loop.blocked
 
@@ -457,10 +457,10 @@ class KilledFromOutside(FakeRunner):
 def test_a_run_killed_from_outside_is_run_again_not_charged(tmp_path: Path) -> None:
     loop = make(tmp_path, ScriptedAgent([]), runner=KilledFromOutside({1}))
     run_to_end(loop)
-    assert loop.store.run(1).state == "lost" and "SIGKILL" in loop.store.run(1).note
-    rerun = [r for r in loop.store.runs() if r.rerun_of == 1]
+    assert loop.store.runs.get(1).state == "lost" and "SIGKILL" in loop.store.runs.get(1).note
+    rerun = [r for r in loop.store.runs.all() if r.rerun_of == 1]
     assert len(rerun) == 1 and rerun[0].state == "done" and rerun[0].status == "ok"
-    assert not [r for r in loop.store.runs() if r.status == "crash"]
+    assert not [r for r in loop.store.runs.all() if r.status == "crash"]
 
 
 def test_a_run_killed_from_outside_twice_in_a_row_is_charged_as_a_crash(tmp_path: Path) -> None:
@@ -469,7 +469,7 @@ def test_a_run_killed_from_outside_twice_in_a_row_is_charged_as_a_crash(tmp_path
     loop = make(tmp_path, ScriptedAgent([]), runner=KilledFromOutside(EveryRun()))
     for _ in range(40):
         loop.tick()
-    runs = sorted(loop.store.runs(), key=lambda r: r.id)  # all of main's one code
+    runs = sorted(loop.store.runs.all(), key=lambda r: r.id)  # all of main's one code
     assert [r.state for r in runs][:4] == ["lost", "done", "lost", "done"]  # lost once, then charged
     charged = [r for r in runs if r.state == "done"]
     assert all(r.status == "crash" and "charged as a crash" in (r.error or "") for r in charged)
@@ -502,10 +502,10 @@ def test_a_changed_harness_starts_a_new_baseline_and_says_so(tmp_path: Path) -> 
     second = make(tmp_path, ScriptedAgent([]), identity=new,
                   runner=FakeRunner(outcome=lambda job: result_for(job, identity=new)))
     run_to_end(second)
-    changes = [e["message"] for e in second.store.events() if e["kind"] == "identity"]
+    changes = [e["message"] for e in second.store.events.all() if e["kind"] == "identity"]
     assert "harness_hash harness-1 -> harness-2" in changes[-1]
     assert len(second.baseline.main_values(code_hash(MAIN))) == 2  # measured afresh under the new harness
-    assert len([r for r in second.store.runs() if r.purpose == "baseline"]) == 4
+    assert len([r for r in second.store.runs.all() if r.purpose == "baseline"]) == 4
 
 
 # --- the inbox -------------------------------------------------------------------------------------------
@@ -515,27 +515,27 @@ def test_inbox_entries_apply_exactly_once_and_pause_resume_work(tmp_path: Path) 
     assert submit(loop.store, "pause", author="alice", key="delivery-1")
     assert not submit(loop.store, "pause", author="alice", key="delivery-1")  # a redelivery
     assert submit(loop.store, "steer", {"text": "try a deeper model"}, author="bob")
-    tick_until(loop, lambda: len([r for r in loop.store.runs() if r.state == "done"]) == 2)
+    tick_until(loop, lambda: len([r for r in loop.store.runs.all() if r.state == "done"]) == 2)
     for _ in range(10):
         loop.tick()
-    assert loop.store.experiments() == [] and "paused" in loop.stop_reason
-    assert loop.store.recent_feedback() == ["try a deeper model"]
-    assert all(entry.processed_at for entry in loop.store.inbox())
+    assert loop.store.experiments.all() == [] and "paused" in loop.stop_reason
+    assert loop.store.feedback.recent() == ["try a deeper model"]
+    assert all(entry.processed_at for entry in loop.store.inbox.all())
     submit(loop.store, "resume", author="alice")
     run_to_end(loop)
-    assert len(loop.store.experiments()) == 2
-    assert loop.store.recent_feedback() == ["try a deeper model"]  # applied once, not per tick
+    assert len(loop.store.experiments.all()) == 2
+    assert loop.store.feedback.recent() == ["try a deeper model"]  # applied once, not per tick
 
 
 def test_a_bad_inbox_entry_is_rejected_with_its_reason_and_blocks_nothing(tmp_path: Path) -> None:
     loop = make(tmp_path, ScriptedAgent([]))
-    loop.store.add_inbox(key="x", kind="teleport", payload={}, author="mallory")
+    loop.store.inbox.add(key="x", kind="teleport", payload={}, author="mallory")
     submit(loop.store, "steer", {"text": "  "}, author="bob")
     submit(loop.store, "steer", {"text": "fine"}, author="bob")
     loop.tick()
-    outcomes = [e.outcome for e in loop.store.inbox()]
+    outcomes = [e.outcome for e in loop.store.inbox.all()]
     assert outcomes[0].startswith("rejected: unknown input") and outcomes[1].startswith("rejected: steer needs")
-    assert loop.store.recent_feedback() == ["fine"]
+    assert loop.store.feedback.recent() == ["fine"]
 
 
 def test_on_a_cpu_clock_a_run_with_another_thread_count_is_refused(tmp_path: Path) -> None:
@@ -543,7 +543,7 @@ def test_on_a_cpu_clock_a_run_with_another_thread_count_is_refused(tmp_path: Pat
     loop = make(tmp_path, ScriptedAgent([]), identity=pinned,
                 runner=FakeRunner(outcome=lambda job: result_for(job, threads=1 if job.run_id == 1 else 2)))
     run_to_end(loop)
-    assert loop.store.run(1).state == "refused" and "1 CPU threads" in loop.store.run(1).note
+    assert loop.store.runs.get(1).state == "refused" and "1 CPU threads" in loop.store.runs.get(1).note
     assert len(loop.baseline.main_values(code_hash(MAIN))) == 2
 
 
@@ -577,12 +577,12 @@ def test_an_agent_that_returns_no_proposal_is_retried_with_backoff(tmp_path: Pat
     clock = Clock()
     agent = Confused()
     loop = make(tmp_path, agent, experiments=1, clock=clock, retry_base_s=30.0)
-    tick_until(loop, lambda: loop.store.experiments(state="proposing")
-               and loop.store.experiments(state="proposing")[0].failures == 1)
+    tick_until(loop, lambda: loop.store.experiments.in_state("proposing")
+               and loop.store.experiments.in_state("proposing")[0].failures == 1)
     for _ in range(20):
         loop.tick()
     assert agent.calls == 1  # no tight loop
-    assert any("returned NoneType, not a Proposal" in e["message"] for e in loop.store.events())
+    assert any("returned NoneType, not a Proposal" in e["message"] for e in loop.store.events.all())
     clock.now += 30.0
     run_to_end(loop)
     assert statuses(loop) == [("good", "keep")]
@@ -613,7 +613,7 @@ def test_a_timed_out_agent_is_never_asked_twice_at_once(tmp_path: Path) -> None:
         clock.now += 1000.0
         loop.tick()
     assert agent.most == 1
-    assert any("no proposal after 10s" in e["message"] for e in loop.store.events())
+    assert any("no proposal after 10s" in e["message"] for e in loop.store.events.all())
     agent.release.set()
     clock.now += 1000.0
     run_to_end(loop)
@@ -648,7 +648,7 @@ def test_a_merged_experiment_whose_branch_cannot_be_closed_stays_kept(tmp_path: 
     loop = make(tmp_path, ScriptedAgent([proposal(-0.1, "better")]), forge=CannotClose(tmp_path / "repo"),
                 experiments=1)
     run_to_end(loop)
-    exp = loop.store.experiments()[0]
+    exp = loop.store.experiments.all()[0]
     assert exp.status == "keep" and loop.forge.main_sha() == exp.merged_sha
     assert "closing its branch failed" in exp.reason
 
@@ -659,7 +659,7 @@ def test_a_pause_from_the_inbox_keeps_the_loop_alive_for_resume(tmp_path: Path) 
     for _ in range(30):
         loop.tick()
     assert not loop.finished() and "waiting for `autoresearch resume`" in loop.stop_reason
-    assert loop.store.experiments() == []
+    assert loop.store.experiments.all() == []
     submit(loop.store, "resume", author="alice")
     run_to_end(loop)
     assert statuses(loop) == [("a", "discard")]
@@ -667,10 +667,10 @@ def test_a_pause_from_the_inbox_keeps_the_loop_alive_for_resume(tmp_path: Path) 
 
 def test_a_malformed_inbox_payload_is_rejected_and_blocks_nothing(tmp_path: Path) -> None:
     loop = make(tmp_path, ScriptedAgent([]))
-    loop.store.add_inbox(key="x", kind="steer", payload=["not", "an", "object"], author="webhook")  # type: ignore[arg-type]
+    loop.store.inbox.add(key="x", kind="steer", payload=["not", "an", "object"], author="webhook")  # type: ignore[arg-type]
     submit(loop.store, "pause", author="alice")
     loop.tick()
-    outcomes = [e.outcome for e in loop.store.inbox()]
+    outcomes = [e.outcome for e in loop.store.inbox.all()]
     assert outcomes[0].startswith("rejected: its payload must be a JSON object") and outcomes[1].startswith("paused")
 
 
@@ -678,7 +678,7 @@ def test_a_result_with_another_seed_is_refused(tmp_path: Path) -> None:
     loop = make(tmp_path, ScriptedAgent([]), runner=FakeRunner(
         outcome=lambda job: result_for(job, seed=job.seed + 1 if job.run_id == 1 else job.seed)))
     run_to_end(loop)
-    assert loop.store.run(1).state == "refused" and "seed" in loop.store.run(1).note
+    assert loop.store.runs.get(1).state == "refused" and "seed" in loop.store.runs.get(1).note
 
 
 def test_the_baseline_shown_is_measured_under_the_pinned_identity(tmp_path: Path) -> None:
@@ -703,44 +703,44 @@ def test_a_pull_request_closed_by_a_person_cancels_its_runs_and_ends_it_cancelle
     runner = FakeRunner(auto=False)
     loop = make(tmp_path, ScriptedAgent([proposal(-0.1, "x")]), runner=runner, experiments=1)
     until_candidate_runs(loop, runner)
-    exp = loop.store.experiments()[0]
-    loop.store.request(exp.id, "cancel", "alice")
+    exp = loop.store.experiments.all()[0]
+    loop.store.experiments.request(exp.id, "cancel", "alice")
     loop.tick()
-    exp = loop.store.experiment(exp.id)
+    exp = loop.store.experiments.get(exp.id)
     assert (exp.state, exp.status, exp.request) == ("done", "cancelled", None)
     assert "closed by alice" in exp.reason
-    assert runner.cancelled and [r.state for r in loop.store.runs(experiment_id=exp.id)] == ["cancelled"]
+    assert runner.cancelled and [r.state for r in loop.store.runs.all(experiment_id=exp.id)] == ["cancelled"]
 
 
 def test_discard_stops_a_running_experiment_as_discarded(tmp_path: Path) -> None:
     runner = FakeRunner(auto=False)
     loop = make(tmp_path, ScriptedAgent([proposal(-0.1, "x")]), runner=runner, experiments=1)
     until_candidate_runs(loop, runner)
-    exp = loop.store.experiments()[0]
-    loop.store.request(exp.id, "discard", "bob")
+    exp = loop.store.experiments.all()[0]
+    loop.store.experiments.request(exp.id, "discard", "bob")
     loop.tick()
     assert statuses(loop) == [("x", "discard")]
-    assert loop.store.experiment(exp.id).reason == "discarded by bob"
+    assert loop.store.experiments.get(exp.id).reason == "discarded by bob"
 
 
 def test_a_reopened_experiment_is_measured_again_on_main_and_judged_afresh(tmp_path: Path) -> None:
     loop = make(tmp_path, ScriptedAgent([proposal(+0.1, "worse")]), experiments=1)
     run_to_end(loop)
-    exp = loop.store.experiments()[0]
+    exp = loop.store.experiments.all()[0]
     assert exp.status == "discard"
-    loop.store.request(exp.id, "reopen", "carol")
-    tick_until(loop, lambda: loop.store.experiment(exp.id).state == "done")
-    candidates = [r for r in loop.store.runs(experiment_id=exp.id) if r.state == "done"]
-    assert len(candidates) == 2 and loop.store.experiment(exp.id).status == "discard"
+    loop.store.experiments.request(exp.id, "reopen", "carol")
+    tick_until(loop, lambda: loop.store.experiments.get(exp.id).state == "done")
+    candidates = [r for r in loop.store.runs.all(experiment_id=exp.id) if r.state == "done"]
+    assert len(candidates) == 2 and loop.store.experiments.get(exp.id).status == "discard"
 
 
 def test_keep_anyway_merges_a_change_the_judge_would_discard(tmp_path: Path) -> None:
     loop = make(tmp_path, ScriptedAgent([proposal(+0.1, "worse")]), experiments=1)
     run_to_end(loop)
-    exp = loop.store.experiments()[0]
-    loop.store.request(exp.id, "keep", "dora")
-    tick_until(loop, lambda: loop.store.experiment(exp.id).state == "done")
-    exp = loop.store.experiment(exp.id)
+    exp = loop.store.experiments.all()[0]
+    loop.store.experiments.request(exp.id, "keep", "dora")
+    tick_until(loop, lambda: loop.store.experiments.get(exp.id).state == "done")
+    exp = loop.store.experiments.get(exp.id)
     assert exp.status == "keep" and loop.forge.main_sha() == exp.merged_sha
     assert exp.reason.startswith("kept by dora over the judge")
 
@@ -749,20 +749,20 @@ def test_rerun_of_a_measuring_experiment_queues_one_more_run(tmp_path: Path) -> 
     runner = FakeRunner(auto=False)
     loop = make(tmp_path, ScriptedAgent([proposal(-0.1, "x")]), runner=runner, experiments=1)
     until_candidate_runs(loop, runner)
-    exp = loop.store.experiments()[0]
-    loop.store.request(exp.id, "rerun", "erin")
+    exp = loop.store.experiments.all()[0]
+    loop.store.experiments.request(exp.id, "rerun", "erin")
     loop.tick()
-    purposes = sorted(r.purpose for r in loop.store.runs(experiment_id=exp.id))
-    assert purposes == ["candidate", "confirm"] and loop.store.experiment(exp.id).request is None
+    purposes = sorted(r.purpose for r in loop.store.runs.all(experiment_id=exp.id))
+    assert purposes == ["candidate", "confirm"] and loop.store.experiments.get(exp.id).request is None
 
 
 def test_a_request_on_a_kept_experiment_changes_nothing(tmp_path: Path) -> None:
     loop = make(tmp_path, ScriptedAgent([proposal(-0.1, "better")]), experiments=1)
     run_to_end(loop)
-    exp = loop.store.experiments()[0]
-    loop.store.request(exp.id, "reopen", "frank")
+    exp = loop.store.experiments.all()[0]
+    loop.store.experiments.request(exp.id, "reopen", "frank")
     loop.tick()
-    after = loop.store.experiment(exp.id)
+    after = loop.store.experiments.get(exp.id)
     assert (after.state, after.status, after.request) == ("done", "keep", None)
 
 
@@ -789,7 +789,7 @@ def test_every_answer_is_charged_and_the_budget_stops_proposing(tmp_path: Path) 
                proposal(+0.3, "c")]
     loop = make(tmp_path, Priced(answers, usd=0.40), experiments=5, agent_budget_usd=1.0)
     run_to_end(loop)
-    exps = loop.store.experiments()
+    exps = loop.store.experiments.all()
     assert [e.title for e in exps] == ["a", "b"]
     assert exps[0].meta["cost_usd"] == pytest.approx(0.80)  # the skipped answer is charged to it
     assert loop.proposals.spent_usd() == pytest.approx(1.20)
@@ -805,7 +805,7 @@ def test_a_crash_traceback_is_given_until_one_fix_is_proposed(tmp_path: Path) ->
     run_to_end(loop)
     shown = [(c.last_crash_id, bool(c.last_crash)) for c in agent.contexts]
     assert shown == [(None, False), (1, True), (None, False)]
-    assert loop.store.experiments()[1].meta["fixes"] == 1
+    assert loop.store.experiments.all()[1].meta["fixes"] == 1
 
 
 def test_a_freed_slot_starts_the_next_experiment_run_before_the_rest_of_the_tick(tmp_path: Path) -> None:
@@ -819,17 +819,17 @@ def test_a_freed_slot_starts_the_next_experiment_run_before_the_rest_of_the_tick
         for run_id in runner.running():
             if runner.jobs[run_id].experiment_id is None:
                 runner.finish(run_id)  # main's baseline runs end at once
-        return len([r for r in loop.store.runs() if r.purpose == "candidate"]) == 2
+        return len([r for r in loop.store.runs.all() if r.purpose == "candidate"]) == 2
 
     tick_until(loop, both_candidates_queued)
-    first, second = sorted((r for r in loop.store.runs() if r.purpose == "candidate"), key=lambda r: r.id)
-    tick_until(loop, lambda: loop.store.run(first.id).state == "running")
-    assert loop.store.run(second.id).state == "queued"  # one slot
+    first, second = sorted((r for r in loop.store.runs.all() if r.purpose == "candidate"), key=lambda r: r.id)
+    tick_until(loop, lambda: loop.store.runs.get(first.id).state == "running")
+    assert loop.store.runs.get(second.id).state == "queued"  # one slot
     started_when_advancing: list[str] = []
     advance = loop.lifecycle.advance_all
 
     def spy(main) -> bool:
-        started_when_advancing.append(loop.store.run(second.id).state)
+        started_when_advancing.append(loop.store.runs.get(second.id).state)
         return advance(main)
 
     loop.lifecycle.advance_all = spy

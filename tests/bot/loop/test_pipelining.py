@@ -44,11 +44,11 @@ def tick_until(loop: Conductor, done, timeout: float = 30.0) -> None:
 
 
 def running(loop: Conductor, purpose: str | None = None) -> list:
-    return [r for r in loop.store.runs(state="running") if purpose in (None, r.purpose)]
+    return [r for r in loop.store.runs.all(state="running") if purpose in (None, r.purpose)]
 
 
 def queued_candidates(loop: Conductor) -> int:
-    return len([r for r in loop.store.runs(state="queued") if r.purpose == "candidate"])
+    return len([r for r in loop.store.runs.all(state="queued") if r.purpose == "candidate"])
 
 
 def busy_after_each_finish(tmp_path: Path, lookahead: int | None, finishes: int) -> list[int]:
@@ -63,7 +63,7 @@ def busy_after_each_finish(tmp_path: Path, lookahead: int | None, finishes: int)
         def main_measured() -> bool:
             for run in running(loop, "baseline"):
                 runner.finish(run.id)
-            return len([r for r in loop.store.runs(state="done") if r.purpose == "baseline"]) >= 2
+            return len([r for r in loop.store.runs.all(state="done") if r.purpose == "baseline"]) >= 2
 
         tick_until(loop, main_measured)
         busy = []

@@ -82,7 +82,7 @@ def test_a_tick_reads_main_once_and_again_only_after_its_own_merge(tmp_path: Pat
     before = {"reads": 0, "merged": False}
 
     def count() -> None:
-        merged = any(e.merged_sha for e in loop.store.experiments())
+        merged = any(e.merged_sha for e in loop.store.experiments.all())
         ticks.append((forge.main_reads - before["reads"], merged and not before["merged"]))
         before.update(reads=forge.main_reads, merged=merged)
 
@@ -106,7 +106,7 @@ def test_a_failing_publisher_holds_up_no_other(tmp_path: Path) -> None:
     loop = make(tmp_path, [better()], publishers=[Broken(), recording])
     loop.tick()
     assert len(recording.snapshots) == 1 and recording.snapshots[0].main_sha == loop.forge.main_sha()
-    assert any("publishing failed: RuntimeError: GitHub is down" in e["message"] for e in loop.store.events())
+    assert any("publishing failed: RuntimeError: GitHub is down" in e["message"] for e in loop.store.events.all())
 
 
 def test_results_tsv_follows_each_decision_and_idle_ticks_leave_it_alone(tmp_path: Path) -> None:

@@ -35,24 +35,24 @@ PATH = {"measuring": ["branched", "measuring"], "done": ["branched", "measuring"
 
 def measured(store: Store, *, experiment_id: int | None, purpose: str, code: str, commit: str, status: str,
              val_bpb: float | None, metrics: dict | None = None) -> int:
-    run = store.add_run(experiment_id=experiment_id, purpose=purpose, code_hash=code, commit_sha=commit,
-                        base_sha=MAIN_A, asset="print()\n", profile="cpu")
-    store.finish_run(run.id, status=status, val_bpb=val_bpb, metrics=COUNTED if metrics is None else metrics,
-                     error="Traceback\nRuntimeError: boom" if status == "crash" else None, log_tail="")
+    run = store.runs.add(experiment_id=experiment_id, purpose=purpose, code_hash=code, commit_sha=commit,
+                         base_sha=MAIN_A, asset="print()\n", profile="cpu")
+    store.runs.finish(run.id, status=status, val_bpb=val_bpb, metrics=COUNTED if metrics is None else metrics,
+                      error="Traceback\nRuntimeError: boom" if status == "crash" else None, log_tail="")
     return run.id
 
 
 def experiment(store: Store, title: str, *, code: str, runs: list[tuple[str, float | None]], state: str = "done",
                **fields) -> int:
-    exp = store.start_proposing(MAIN_A)
-    store.fill_proposal(exp.id, title=title, hypothesis="because", slug="x", code_hash=code, train_py="print()\n",
-                        meta={"cost_usd": 0.012})
+    exp = store.experiments.start_proposing(MAIN_A)
+    store.experiments.fill_proposal(exp.id, title=title, hypothesis="because", slug="x", code_hash=code,
+                                    train_py="print()\n", meta={"cost_usd": 0.012})
     for status, value in runs:
         measured(store, experiment_id=exp.id, purpose="candidate", code=code, commit="f" * 40, status=status,
                  val_bpb=value)
     for step in PATH[state][:-1]:
-        store.update_experiment(exp.id, state=step)
-    store.update_experiment(exp.id, state=PATH[state][-1], head_sha=code[0] * 40, **fields)
+        store.experiments.update(exp.id, state=step)
+    store.experiments.update(exp.id, state=PATH[state][-1], head_sha=code[0] * 40, **fields)
     return exp.id
 
 
@@ -67,7 +67,7 @@ def seeded(tmp_path: Path):
     main B measured twice, 2 discarded, 3 crashed, 4 measuring with run 11 running, whose
     progress.jsonl (where the harness writes it, under scratch/) has two lines and a half-written third."""
     store = Store(tmp_path / "state.db")
-    store.set_setting("identity", json.dumps(IDENTITY))
+    store.state.identity = IDENTITY
     for value in (1.0, 1.02):
         measured(store, experiment_id=None, purpose="baseline", code="A", commit=MAIN_A, status="ok", val_bpb=value)
     measured(store, experiment_id=None, purpose="baseline", code="A", commit=MAIN_A, status="ok", val_bpb=0.5,
@@ -80,17 +80,17 @@ def seeded(tmp_path: Path):
     experiment(store, "Huge <b>batch</b>", code="E3", runs=[("crash", None)], status="crash", val_bpb=0.7,
                delta=-0.3)
     running = experiment(store, "Still running", code="E4", runs=[], state="measuring")
-    run = store.add_run(experiment_id=running, purpose="candidate", code_hash="E4", commit_sha="4" * 40,
-                        base_sha=MAIN_B, asset="print()\n", profile="cpu")
+    run = store.runs.add(experiment_id=running, purpose="candidate", code_hash="E4", commit_sha="4" * 40,
+                         base_sha=MAIN_B, asset="print()\n", profile="cpu")
     run_dir = tmp_path / "runs" / str(run.id)
     (run_dir / PROGRESS_FILE).parent.mkdir(parents=True)
     (run_dir / PROGRESS_FILE).write_text(progress_line(100, 3.5, 0.4, 36.0) + progress_line(120, 3.2141, 0.5, 30.0)
                                             + '{"step": 13')
-    store.mark_run_started(run.id, str(run_dir))
-    store.add_run(experiment_id=None, purpose="baseline", code_hash="B", commit_sha=MAIN_B, base_sha=MAIN_B,
-                  asset="print()\n", profile="cpu")  # queued
-    store.set_setting("agent.spent_usd", "1.25")
-    store.set_published(1, "pr", "7")
+    store.runs.mark_started(run.id, str(run_dir))
+    store.runs.add(experiment_id=None, purpose="baseline", code_hash="B", commit_sha=MAIN_B, base_sha=MAIN_B,
+                   asset="print()\n", profile="cpu")  # queued
+    store.state.spent_usd = 1.25
+    store.published.set(1, "pr", "7")
     yield store, run.id
     store.close()
 
@@ -174,9 +174,9 @@ def test_a_failing_live_leaves_the_store_view(seeded):
 
 @pytest.mark.parametrize(("setup", "live", "expected"), [
     (lambda s: None, {}, "waiting"),
-    (lambda s: s.start_proposing(MAIN_B), {}, "thinking"),
-    (lambda s: s.set_setting("paused", "1"), {}, "paused"),
-    (lambda s: s.start_proposing(MAIN_B), {"blocked": "main's train.py crashed twice"}, "blocked"),
+    (lambda s: s.experiments.start_proposing(MAIN_B), {}, "thinking"),
+    (lambda s: setattr(s.state, "paused", True), {}, "paused"),
+    (lambda s: s.experiments.start_proposing(MAIN_B), {"blocked": "main's train.py crashed twice"}, "blocked"),
     (lambda s: None, {"budget_usd": 1.0}, "stopped"),  # 1.25 spent
 ])
 def test_the_agents_state(seeded, setup, live, expected):
@@ -197,7 +197,7 @@ def test_links_get_the_experiment_and_what_github_shows_of_it(seeded):
                                 "branch": "https://github.com/owner/repo/tree/autoresearch/1-x",
                                 "diff": f"https://github.com/owner/repo/compare/{MAIN_A}...{'E' * 40}"}
     enterprise = dashboard.github_links("o/r", "https://ghe.example.com/api/v3")
-    assert enterprise(store.experiment(1), {"pr": "7"})["PR #7"] == "https://ghe.example.com/o/r/pull/7"
+    assert enterprise(store.experiments.get(1), {"pr": "7"})["PR #7"] == "https://ghe.example.com/o/r/pull/7"
 
 
 def test_it_mounts_under_a_prefix_next_to_other_routes(seeded):
@@ -380,7 +380,7 @@ def test_the_stream_sends_progress_then_a_new_state_through_uvicorn(seeded, tmp_
                 f.write('9, "x": 1}\n' + progress_line(140, 3.1, 0.6, 24.0))
             name, data = read_event(lines)
             assert name == "progress" and data["slots"][0]["step"] == 140
-            store.finish_run(run_id, status="ok", val_bpb=0.965, metrics=COUNTED, error=None, log_tail="")
+            store.runs.finish(run_id, status="ok", val_bpb=0.965, metrics=COUNTED, error=None, log_tail="")
             name, data = read_event(lines)
             assert name == "state" and data["slots"] == []
     finally:
@@ -465,9 +465,9 @@ def test_the_page_in_a_browser_draws_the_state_and_follows_a_finished_run(seeded
                             {"features": [{"name": "prefers-color-scheme", "value": "dark"}]})
     screenshot(browser, "dashboard-dark.png", tmp_path)
 
-    store.finish_run(run_id, status="ok", val_bpb=0.965, metrics=COUNTED, error=None, log_tail="")
-    store.update_experiment(4, state="done", status="discard", val_bpb=0.965, delta=-0.006,
-                            reason="within the noise margin")
+    store.runs.finish(run_id, status="ok", val_bpb=0.965, metrics=COUNTED, error=None, log_tail="")
+    store.experiments.update(4, state="done", status="discard", val_bpb=0.965, delta=-0.006,
+                             reason="within the noise margin")
     wait.until(lambda _: count("#slots .slot") == 0 and count("#chart svg circle") == 4)
     assert "nothing running" in browser.find_element(By.ID, "slots").text
     assert "discard" in browser.find_element(By.CSS_SELECTOR, "tr[data-id='4'] .pill").text
@@ -493,7 +493,7 @@ def test_the_state_is_built_and_encoded_once_per_change_of_the_store(seeded, tmp
             f.write('9, "x": 1}\n' + progress_line(140, 3.1, 0.6, 24.0))
         moved = c.get("/api/state").json()
         assert len(built) == 1  # progress moves without the store changing: only the slots are read again
-        store.finish_run(run_id, status="ok", val_bpb=0.965, metrics=COUNTED, error=None, log_tail="")
+        store.runs.finish(run_id, status="ok", val_bpb=0.965, metrics=COUNTED, error=None, log_tail="")
         finished = c.get("/api/state").json()
     assert len(built) == 2
     assert all({k: v for k, v in s.items() if k != "updated_at"} == {k: v for k, v in states[0].items()

@@ -32,28 +32,28 @@ def store(tmp_path: Path):
 def baseline(store: Store, *values: float | None) -> None:
     """Finished baseline runs of the first main (None: a crashed one)."""
     for value in values:
-        run = store.add_run(experiment_id=None, purpose="baseline", code_hash="A", commit_sha=MAIN_A,
-                            base_sha=MAIN_A, asset="print()\n", profile="cpu")
-        store.finish_run(run.id, status="ok" if value is not None else "crash", val_bpb=value, metrics={},
-                         error=None if value is not None else "boom", log_tail="")
+        run = store.runs.add(experiment_id=None, purpose="baseline", code_hash="A", commit_sha=MAIN_A,
+                             base_sha=MAIN_A, asset="print()\n", profile="cpu")
+        store.runs.finish(run.id, status="ok" if value is not None else "crash", val_bpb=value, metrics={},
+                          error=None if value is not None else "boom", log_tail="")
 
 
 def finished(store: Store, title: str, status: str, val_bpb: float | None = None, *,
              margin: float | None = None, run: bool = True) -> None:
     """One experiment taken through the allowed moves to done with `status` and numbers."""
-    started = store.start_proposing(MAIN_A)
-    exp = store.fill_proposal(started.id, title=title, hypothesis="because", slug="x",
-                              code_hash=f"code-{started.id}", train_py="print()\n", meta={})
+    started = store.experiments.start_proposing(MAIN_A)
+    exp = store.experiments.fill_proposal(started.id, title=title, hypothesis="because", slug="x",
+                                          code_hash=f"code-{started.id}", train_py="print()\n", meta={})
     if run:
-        queued = store.add_run(experiment_id=exp.id, purpose="candidate", code_hash=f"code-{exp.id}",
-                               commit_sha="f" * 40, base_sha=MAIN_A, asset="print()\n", profile="cpu")
+        queued = store.runs.add(experiment_id=exp.id, purpose="candidate", code_hash=f"code-{exp.id}",
+                                commit_sha="f" * 40, base_sha=MAIN_A, asset="print()\n", profile="cpu")
         ok = status not in ("crash", "failed")
-        store.finish_run(queued.id, status="ok" if ok else "crash", val_bpb=val_bpb if ok else None,
-                         metrics={}, error=None if ok else "boom", log_tail="")
+        store.runs.finish(queued.id, status="ok" if ok else "crash", val_bpb=val_bpb if ok else None,
+                          metrics={}, error=None if ok else "boom", log_tail="")
     for step in TO_DONE:
-        store.update_experiment(exp.id, state=step)
-    store.update_experiment(exp.id, status=status, val_bpb=val_bpb, margin=margin,
-                            delta=None if val_bpb is None else val_bpb - 1.0, reason=f"{status} because")
+        store.experiments.update(exp.id, state=step)
+    store.experiments.update(exp.id, status=status, val_bpb=val_bpb, margin=margin,
+                             delta=None if val_bpb is None else val_bpb - 1.0, reason=f"{status} because")
 
 
 @pytest.fixture

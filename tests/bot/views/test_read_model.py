@@ -5,7 +5,6 @@ mean that takes in main's run queued beside the confirmation, which finished aft
 
 from __future__ import annotations
 
-import json
 import sqlite3
 import statistics
 from pathlib import Path
@@ -37,18 +36,18 @@ DISCARDED = 2.87
 
 def run(store: Store, value: float, *, code: str, commit: str, identity: dict, experiment: int | None = None,
         purpose: str = "baseline") -> None:
-    queued = store.add_run(experiment_id=experiment, purpose=purpose, code_hash=code, commit_sha=commit,
-                           base_sha=MAIN_A, asset="print()\n", profile="cpu")
+    queued = store.runs.add(experiment_id=experiment, purpose=purpose, code_hash=code, commit_sha=commit,
+                            base_sha=MAIN_A, asset="print()\n", profile="cpu")
     measured_under = {"harness_hash": identity["harness_hash"], "data_fingerprint": identity["data_fingerprint"]}
-    store.finish_run(queued.id, status="ok", val_bpb=value, error=None, log_tail="", metrics=measured_under)
+    store.runs.finish(queued.id, status="ok", val_bpb=value, error=None, log_tail="", metrics=measured_under)
 
 
 def experiment(store: Store, title: str, code: str) -> int:
-    exp = store.start_proposing(MAIN_A)
-    store.fill_proposal(exp.id, title=title, hypothesis="because", slug="x", code_hash=code, train_py="print()\n",
-                        meta={})
-    store.update_experiment(exp.id, state=State.BRANCHED, head_sha=code[0] * 40)
-    store.update_experiment(exp.id, state=State.MEASURING)
+    exp = store.experiments.start_proposing(MAIN_A)
+    store.experiments.fill_proposal(exp.id, title=title, hypothesis="because", slug="x", code_hash=code,
+                                    train_py="print()\n", meta={})
+    store.experiments.update(exp.id, state=State.BRANCHED, head_sha=code[0] * 40)
+    store.experiments.update(exp.id, state=State.MEASURING)
     return exp.id
 
 
@@ -58,29 +57,29 @@ def store(tmp_path: Path):
     1 confirmed (one more run of main beside it) and kept against main's six runs while the seventh
     still ran; the new main B measured twice; experiment 2 discarded against it."""
     s = Store(tmp_path / "state.db")
-    s.set_setting("identity", json.dumps(OLD))
+    s.state.identity = OLD
     for value in (3.1, 3.2):
         run(s, value, code="A", commit=MAIN_A, identity=OLD)
-    s.set_setting("identity", json.dumps(IDENTITY))  # the harness changed: the runs above no longer count
+    s.state.identity = IDENTITY  # the harness changed: the runs above no longer count
     for value in SIX:
         run(s, value, code="A", commit=MAIN_A, identity=IDENTITY)
     kept = experiment(s, "Raise the learning rate", "E1")
     run(s, CANDIDATE[0], code="E1", commit="e" * 40, identity=IDENTITY, experiment=kept, purpose="candidate")
     run(s, CANDIDATE[1], code="E1", commit="e" * 40, identity=IDENTITY, experiment=kept, purpose="confirm")
     value, base = statistics.fmean(CANDIDATE), statistics.fmean(SIX)
-    s.update_experiment(kept, state=State.MERGING, status="keep", val_bpb=value, delta=value - base, margin=0.0123,
-                        reason=f"val_bpb {value:.6f} beats main {base:.6f}",
-                        meta={"main_code": "A", "main_val_bpb": base, "runs": 2})
-    s.update_experiment(kept, state=State.CLOSING, merged_sha=MAIN_B)
-    s.update_experiment(kept, state=State.DONE)
+    s.experiments.update(kept, state=State.MERGING, status="keep", val_bpb=value, delta=value - base, margin=0.0123,
+                         reason=f"val_bpb {value:.6f} beats main {base:.6f}",
+                         meta={"main_code": "A", "main_val_bpb": base, "runs": 2})
+    s.experiments.update(kept, state=State.CLOSING, merged_sha=MAIN_B)
+    s.experiments.update(kept, state=State.DONE)
     run(s, BESIDE, code="A", commit=MAIN_A, identity=IDENTITY)
     for value in MAIN_B_RUNS:
         run(s, value, code="E1", commit=MAIN_B, identity=IDENTITY)
     discarded = experiment(s, "Deeper model", "E2")
     run(s, DISCARDED, code="E2", commit="f" * 40, identity=IDENTITY, experiment=discarded, purpose="candidate")
-    s.update_experiment(discarded, state=State.CLOSING, status="discard", val_bpb=DISCARDED,
-                        delta=DISCARDED - statistics.fmean(MAIN_B_RUNS), margin=0.0456, reason="worse")
-    s.update_experiment(discarded, state=State.DONE)
+    s.experiments.update(discarded, state=State.CLOSING, status="discard", val_bpb=DISCARDED,
+                         delta=DISCARDED - statistics.fmean(MAIN_B_RUNS), margin=0.0456, reason="worse")
+    s.experiments.update(discarded, state=State.DONE)
     yield s
     s.close()
 
@@ -90,7 +89,7 @@ def test_every_view_gives_the_same_baseline_margin_and_deltas(store: Store):
     baseline = statistics.fmean(SIX)
     assert baseline != pytest.approx(statistics.fmean([*SIX, BESIDE]))  # the run beside the confirmation matters
     assert view.baseline is not None and view.baseline.val_bpb == pytest.approx(baseline)
-    values = measurement.counted(store.runs(), IDENTITY)
+    values = measurement.counted(store.runs.all(), IDENTITY)
     noise = measurement.noise(values)
     assert noise is not None
     now = margin(noise, 1, len(MAIN_B_RUNS), JudgeConfig())  # one run against main B's two
@@ -133,7 +132,7 @@ def test_the_dashboards_connection_and_the_stores_read_the_same_view(store: Stor
 
 def test_before_the_keep_the_baseline_is_main_now_with_every_run_that_counts(tmp_path: Path):
     store = Store(tmp_path / "state.db")
-    store.set_setting("identity", json.dumps(IDENTITY))
+    store.state.identity = IDENTITY
     for value in [*SIX, BESIDE]:
         run(store, value, code="A", commit=MAIN_A, identity=IDENTITY)
     view = view_of(store)

@@ -39,26 +39,26 @@ def store(tmp_path: Path):
 
 def measured(store: Store, *, experiment_id: int | None, purpose: str, code_hash: str, commit_sha: str,
              status: str, val_bpb: float | None, metrics: dict | None = None):
-    run = store.add_run(experiment_id=experiment_id, purpose=purpose, code_hash=code_hash, commit_sha=commit_sha,
-                        base_sha=MAIN_A, asset="print()\n", profile="cpu")
-    return store.finish_run(run.id, status=status, val_bpb=val_bpb, metrics=metrics or {},
-                            error="Traceback\nRuntimeError: boom" if status == "crash" else None, log_tail="")
+    run = store.runs.add(experiment_id=experiment_id, purpose=purpose, code_hash=code_hash, commit_sha=commit_sha,
+                         base_sha=MAIN_A, asset="print()\n", profile="cpu")
+    return store.runs.finish(run.id, status=status, val_bpb=val_bpb, metrics=metrics or {},
+                             error="Traceback\nRuntimeError: boom" if status == "crash" else None, log_tail="")
 
 
 def experiment(store: Store, title: str, *, code_hash: str, runs: list[tuple[str, float | None, dict]],
                state: str = "done", status: str | None = None, val_bpb: float | None = None,
                delta: float | None = None, head_sha: str | None = None, **fields):
-    started = store.start_proposing(MAIN_A)
-    exp = store.fill_proposal(started.id, title=title, hypothesis="because", slug="x", code_hash=code_hash,
-                              train_py="print()\n", meta={})
+    started = store.experiments.start_proposing(MAIN_A)
+    exp = store.experiments.fill_proposal(started.id, title=title, hypothesis="because", slug="x", code_hash=code_hash,
+                                          train_py="print()\n", meta={})
     for run_status, value, metrics in runs:
         measured(store, experiment_id=exp.id, purpose="candidate", code_hash=code_hash,
                  commit_sha=head_sha or "f" * 40, status=run_status, val_bpb=value, metrics=metrics)
     for step in PATH[state][:-1]:
-        store.update_experiment(exp.id, state=step)
+        store.experiments.update(exp.id, state=step)
     last = {"state": PATH[state][-1]} if PATH[state] else {}
-    return store.update_experiment(exp.id, **last, status=status, val_bpb=val_bpb, delta=delta,
-                                   head_sha=head_sha, reason=f"{status} because", **fields)
+    return store.experiments.update(exp.id, **last, status=status, val_bpb=val_bpb, delta=delta,
+                                    head_sha=head_sha, reason=f"{status} because", **fields)
 
 
 @pytest.fixture
@@ -112,8 +112,8 @@ def test_baseline_val_bpb_none_when_every_baseline_run_crashed(store: Store):
 def test_baseline_val_bpb_ignores_queued_runs(store: Store):
     measured(store, experiment_id=None, purpose="baseline", code_hash="A", commit_sha=MAIN_A, status="ok",
              val_bpb=1.25)
-    store.add_run(experiment_id=None, purpose="baseline", code_hash="A", commit_sha=MAIN_A, base_sha=MAIN_A,
-                  asset="print()\n", profile="cpu")
+    store.runs.add(experiment_id=None, purpose="baseline", code_hash="A", commit_sha=MAIN_A, base_sha=MAIN_A,
+                   asset="print()\n", profile="cpu")
     assert baseline_val_bpb(store) == 1.25
 
 
@@ -165,7 +165,7 @@ def test_active_experiments_are_not_rows(store: Store):
 def test_experiments_finished_out_of_order_stay_in_id_order(store: Store):
     a = experiment(store, "first", code_hash="a", runs=[], state="measuring")
     experiment(store, "second", code_hash="b", runs=[("ok", 1.0, {})], status="discard", val_bpb=1.0)
-    store.update_experiment(a.id, state="done", status="discard", val_bpb=1.1)
+    store.experiments.update(a.id, state="done", status="discard", val_bpb=1.1)
     assert [r["description"] for r in results.rows(view_of(store))] == ["first", "second"]
 
 
@@ -188,7 +188,7 @@ def test_rows_carry_margin_remeasured_delta_steps_and_tokens_per_second(store: S
 def test_a_failed_experiment_shows_like_a_crash(store: Store):
     experiment(store, "Gave up at rebasing", code_hash="F", head_sha="e" * 40, state="rebasing",
                runs=[("ok", 0.95, {"peak_vram_mb": 4096})], val_bpb=0.95, delta=-0.05)
-    failed = store.update_experiment(1, state="done", status="failed", reason="its rebasing step failed 5 times")
+    failed = store.experiments.update(1, state="done", status="failed", reason="its rebasing step failed 5 times")
     row = results.rows(view_of(store))[0]
     assert (row["status"], row["val_bpb"], row["delta"], row["memory_gb"]) == ("failed", None, None, 0.0)
     assert row["reason"] == failed.reason and row["runs"] == 1
@@ -196,25 +196,25 @@ def test_a_failed_experiment_shows_like_a_crash(store: Store):
 
 
 def test_proposing_experiments_are_not_rows(store: Store):
-    store.start_proposing(MAIN_A)
+    store.experiments.start_proposing(MAIN_A)
     assert results.rows(view_of(store)) == []
 
 
 def test_the_baseline_row_counts_only_done_baseline_runs(store: Store):
     # a set-aside run of another code first: it does not decide which main is the first one
-    lost = store.add_run(experiment_id=None, purpose="baseline", code_hash="Z", commit_sha="9" * 40,
-                         base_sha=MAIN_A, asset="print()\n", profile="cpu")
-    store.set_aside_run(lost.id, RunState.LOST, "the runner restarted", rerun=False)
+    lost = store.runs.add(experiment_id=None, purpose="baseline", code_hash="Z", commit_sha="9" * 40,
+                          base_sha=MAIN_A, asset="print()\n", profile="cpu")
+    store.runs.set_aside(lost.id, RunState.LOST, "the runner restarted", rerun=False)
     measured(store, experiment_id=None, purpose="baseline", code_hash="A", commit_sha=MAIN_A, status="ok",
              val_bpb=1.0, metrics={"peak_vram_mb": 1024, "num_steps": 10})
-    disturbed = store.add_run(experiment_id=None, purpose="baseline", code_hash="A", commit_sha=MAIN_A,
-                              base_sha=MAIN_A, asset="print()\n", profile="cpu")
-    store.set_aside_run(disturbed.id, RunState.DISTURBED, "cpu_share 0.3", result={
+    disturbed = store.runs.add(experiment_id=None, purpose="baseline", code_hash="A", commit_sha=MAIN_A,
+                               base_sha=MAIN_A, asset="print()\n", profile="cpu")
+    store.runs.set_aside(disturbed.id, RunState.DISTURBED, "cpu_share 0.3", result={
         "status": "ok", "val_bpb": 2.0, "metrics": {"peak_vram_mb": 9999, "num_steps": 3}})
     # the disturbed run's re-run is still queued; another one is running
-    running = store.add_run(experiment_id=None, purpose="baseline", code_hash="A", commit_sha=MAIN_A,
-                            base_sha=MAIN_A, asset="print()\n", profile="cpu")
-    store.mark_run_started(running.id, "/tmp/runs/x")
+    running = store.runs.add(experiment_id=None, purpose="baseline", code_hash="A", commit_sha=MAIN_A,
+                             base_sha=MAIN_A, asset="print()\n", profile="cpu")
+    store.runs.mark_started(running.id, "/tmp/runs/x")
     [baseline] = results.rows(view_of(store))
     assert baseline["commit"] == MAIN_A[:7]
     assert baseline["val_bpb"] == 1.0 and baseline_val_bpb(store) == 1.0
@@ -233,9 +233,9 @@ def test_run_rows_list_every_run(store: Store):
                                    "total_seconds": 61.5})
     exp = experiment(store, "Crashy", code_hash="E1", head_sha="1234567890" * 4, state="measuring",
                      runs=[("crash", None, {})])
-    refused = store.add_run(experiment_id=exp.id, purpose="confirm", code_hash="E1", commit_sha=exp.head_sha,
-                            base_sha=MAIN_A, asset="print()\n", profile="cpu")
-    rerun = store.set_aside_run(refused.id, RunState.REFUSED, "result refused: wrong harness", result={
+    refused = store.runs.add(experiment_id=exp.id, purpose="confirm", code_hash="E1", commit_sha=exp.head_sha,
+                             base_sha=MAIN_A, asset="print()\n", profile="cpu")
+    rerun = store.runs.set_aside(refused.id, RunState.REFUSED, "result refused: wrong harness", result={
         "status": "ok", "val_bpb": 0.9, "metrics": {"num_steps": 90, "cpu_share": 0.5}})
     rows = results.run_rows(store)
     assert [(r["run"], r["experiment"], r["purpose"], r["state"], r["status"]) for r in rows] == [
@@ -323,7 +323,7 @@ def test_export_tsv_writes_atomically(history: Store, tmp_path: Path):
     assert path.read_text() == results.to_tsv(view_of(history))
     assert sorted(p.name for p in out.iterdir()) == ["results.tsv"]  # no results.tsv.tmp left behind
     # exporting again replaces it in place
-    history.update_experiment(4, state="done", status="discard", val_bpb=0.96, delta=-0.05)
+    history.experiments.update(4, state="done", status="discard", val_bpb=0.96, delta=-0.05)
     results.export_tsv(history, path)
     assert path.read_text() == results.to_tsv(view_of(history))
     assert "Still running" in path.read_text()
