@@ -35,6 +35,8 @@ def steps_reported(tmp_path: Path) -> str:
 
 @pytest.mark.slow
 def test_a_width_that_is_not_whole_heads_is_rounded_up_and_trains(smoke_prepared, tmp_path):
+    """Slow tier: what is under test is that the rounded model trains and scores, a whole smoke run
+    (the two checks below end the run before or at its first step)."""
     # 3 * 20 = 60 is not a multiple of CPU_HEAD_DIM 32: the model is built 64 wide (2 heads)
     source = set_constant(set_constant(TRAIN_PY, "CPU_DEPTH", "3"), "CPU_ASPECT_RATIO", "20")
     result = run(tmp_path, source)

@@ -74,10 +74,20 @@ def test_the_image_installs_the_training_dependencies_pyproject_pins() -> None:
     assert wanted == set(modal_app.TRAIN_PACKAGES)
 
 
-def test_a_crashing_train_py_comes_back_as_a_crash_result_through_local(smoke_prepared: Any) -> None:
-    job = JobSpec(run_id=7, experiment_id=3, asset=CRASH, profile="smoke", seed=1)
-    result = ResultSpec.model_validate_json(_run_locally(job, spawned_at=100.0))
-    check_result(job, result, harness=harness_hash())
+CRASH_JOB = JobSpec(run_id=7, experiment_id=3, asset=CRASH, profile="smoke", seed=1)
+
+
+@pytest.fixture(scope="module")
+def deployed(smoke_prepared: Any) -> tuple[dict[str, str], str]:
+    """One container's life through Modal's `.local()`: (what Trainer().identity answers, what
+    Trainer().run answers for CRASH_JOB), from one Trainer, entered once as a container is."""
+    return _run_locally(CRASH_JOB, spawned_at=100.0)
+
+
+def test_a_crashing_train_py_comes_back_as_a_crash_result_through_local(deployed: tuple[dict[str, str], str],
+                                                                          smoke_prepared: Any) -> None:
+    result = ResultSpec.model_validate_json(deployed[1])
+    check_result(CRASH_JOB, result, harness=harness_hash())
     assert result.status == "crash" and "crashes on purpose" in (result.error or "")
     assert result.runner.backend == "modal" and result.hashes.data == smoke_prepared.dataset.fingerprint
     assert result.timings.queued is not None and result.timings.queued > 0  # spawned at t=100 s (1970)
@@ -85,40 +95,42 @@ def test_a_crashing_train_py_comes_back_as_a_crash_result_through_local(smoke_pr
 
 @pytest.mark.slow
 def test_the_repository_train_py_measures_through_local(smoke_prepared: Any) -> None:
+    """Slow tier: the real train.py trains its whole budget; `make test` sends a crash the same way."""
     job = JobSpec(run_id=8, asset=(ROOT / "train.py").read_text(), profile="smoke")
-    result = ResultSpec.model_validate_json(_run_locally(job))
+    result = ResultSpec.model_validate_json(_run_locally(job)[1])
     check_result(job, result, harness=harness_hash())
     assert result.status == "ok", result.error
     assert result.val_bpb is not None and result.val_bpb > 0 and result.timings.queued is None
 
 
-def test_the_deployment_tells_its_measurement_identity(smoke_prepared: Any) -> None:
-    code = "import json, runner.modal_app as m; print(json.dumps(m.Trainer().identity.local()))"
-    done = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, cwd=ROOT,
-                          env=dict(os.environ, AUTORESEARCH_PROFILE="smoke", PYTHONPATH=str(ROOT)), timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == {
+def test_the_deployment_tells_its_measurement_identity(deployed: tuple[dict[str, str], str],
+                                                       smoke_prepared: Any) -> None:
+    assert deployed[0] == {
         "profile": "smoke", "harness_hash": harness_hash(), "data_fingerprint": smoke_prepared.dataset.fingerprint}
 
 
 LOCAL = """
-import sys, warnings
+import json, sys, warnings
 import runner.modal_app as m
 warnings.simplefilter("ignore")  # Modal: "executing locally ... no access to the mounted Volume"
 spawned_at = float(sys.argv[1]) if len(sys.argv) > 1 else None
-print(m.Trainer().run.local(sys.stdin.read(), spawned_at))
+trainer = m.Trainer()
+print(json.dumps(trainer.identity.local()))
+print(trainer.run.local(sys.stdin.read(), spawned_at))
 """
 
 
-def _run_locally(job: JobSpec, spawned_at: float | None = None) -> str:
-    """`Trainer().run.local(job)` in a fresh Python, whose `runner` is the package itself (under
-    pytest it is tests/runner/'s namespace package), with the session's data cache."""
+def _run_locally(job: JobSpec, spawned_at: float | None = None) -> tuple[dict[str, str], str]:
+    """`Trainer().identity.local()` and `.run.local(job)` on one Trainer in a fresh Python, whose
+    `runner` is the package itself (under pytest it is tests/runner/'s namespace package), with the
+    session's data cache: (the identity, the run's ResultSpec JSON)."""
     env = dict(os.environ, AUTORESEARCH_PROFILE="smoke", PYTHONPATH=str(ROOT))
     done = subprocess.run([sys.executable, "-c", LOCAL, *([str(spawned_at)] if spawned_at else [])],
                           check=False, input=job.model_dump_json(), capture_output=True, text=True, env=env, cwd=ROOT,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout.strip().splitlines()[-1]
+    identity, answer = done.stdout.strip().splitlines()[-2:]
+    return json.loads(identity), answer
 
 
 def test_a_job_for_another_profile_is_refused_with_what_to_deploy() -> None:
@@ -191,7 +203,11 @@ def _result(job: JobSpec) -> ResultSpec:
                       runner=RunnerIdentity(backend="modal"), profile=job.profile)
 
 
+@pytest.mark.slow
 def test_each_job_gets_a_worker_prepared_before_it_came(smoke_prepared: Any) -> None:
+    """Slow tier: two workers (each two processes that import torch) for one crash, to see a job take
+    a ready worker and the next one prepared while it runs (`.local()` in `make test` takes the
+    container's worker the same way, ready or not)."""
     # What Trainer does: one worker prepared at the container's start, the next one while a job runs.
     workers = modal_app.NextRun("smoke")
     try:

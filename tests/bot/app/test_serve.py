@@ -396,7 +396,8 @@ def test_a_pull_request_closed_while_the_server_was_down_cancels_its_experiment(
 def test_serve_with_the_local_runner_trains_and_reports_on_github(tmp_path: Path, smoke_prepared,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """Real runs decide this experiment, so only what is sure is asserted: it ends, GitHub shows
-    the verdict it reached, and nothing is shown twice."""
+    the verdict it reached, and nothing is shown twice. Slow tier: the service on real training runs
+    of the real train.py (main's baselines and the experiment's) is what is under test."""
     from bot.app.serve import local_parts
 
     for name in [n for n in os.environ if n.startswith("AUTORESEARCH_") and n != "AUTORESEARCH_CACHE"]:

@@ -129,8 +129,11 @@ def test_a_crashing_train_py_comes_back_as_its_checked_crash_result(runner: Acti
     assert dispatches(standin) == 1
 
 
+@pytest.mark.slow
 def test_a_result_for_another_train_py_is_refused_not_finished(runner: ActionsRunner, standin: GitHubStandIn,
                                                                tmp_path: Path) -> None:
+    """Slow tier: it waits for the project's own workflow to run to its end, a real isolated run (`make
+    test` runs one, the crash above)."""
     runner.submit(job_at(standin))
     workflow_run = standin.actions.wait(record(tmp_path, 1)["workflow_run_id"], timeout=DEADLINE_S)
     artifact = standin.actions.artifacts[workflow_run.artifacts[0]]
@@ -164,8 +167,11 @@ def test_a_lost_run_is_dispatched_again_exactly_once_then_lost(runner: ActionsRu
     assert runner.lookup(1).state == "lost" and dispatches(standin) == 2
 
 
+@pytest.mark.slow
 def test_a_deleted_run_is_dispatched_again_and_finishes(runner: ActionsRunner, standin: GitHubStandIn,
                                                         tmp_path: Path) -> None:
+    """Slow tier: it waits for the project's own workflow to run to its end, a real isolated run (`make
+    test` runs one, the crash above)."""
     standin.actions.hold()
     runner.submit(job_at(standin))
     first = record(tmp_path, 1)["workflow_run_id"]
@@ -177,8 +183,11 @@ def test_a_deleted_run_is_dispatched_again_and_finishes(runner: ActionsRunner, s
     assert status.state == "finished" and dispatches(standin) == 2, f"{status}\n{workflow_logs(standin)}"
 
 
+@pytest.mark.slow
 def test_a_run_queued_past_the_limit_is_cancelled_and_dispatched_again(repo: Any, standin: GitHubStandIn,
                                                                        tmp_path: Path, clock: Clock) -> None:
+    """Slow tier: it waits for the project's own workflow to run to its end, a real isolated run (`make
+    test` runs one, the crash above)."""
     runner = make_runner(repo, tmp_path / "state", clock, queued_limit_s=600)
     standin.actions.hold()
     runner.submit(job_at(standin))
@@ -220,8 +229,11 @@ def test_a_cancelled_run_ends_cancelled_and_reports_nothing_more(runner: Actions
     assert make_runner(runner._repo(), tmp_path / "state", Clock()).lookup(1).state == "lost"
 
 
+@pytest.mark.slow
 def test_a_restarted_runner_finds_its_run(repo: Any, runner: ActionsRunner, standin: GitHubStandIn, tmp_path: Path,
                                           clock: Clock) -> None:
+    """Slow tier: it waits for the project's own workflow to run to its end, a real isolated run (`make
+    test` runs one, the crash above)."""
     url = runner.submit(job_at(standin))
     again = make_runner(repo, tmp_path / "state", clock)
     assert again.submit(job_at(standin)) == url
@@ -260,6 +272,7 @@ def test_settings_read_the_environment_and_count_slots(monkeypatch: pytest.Monke
 @pytest.mark.slow
 def test_the_repository_s_train_py_trains_and_scores_on_actions(repo: Any, standin: GitHubStandIn, tmp_path: Path,
                                                                  clock: Clock) -> None:
+    """Slow tier: the real train.py trains its whole budget in the project's own workflow."""
     train_py = (ROOT / "train.py").read_text()
     standin.push_file("train.py", train_py, user="octo-org", message="the real train.py")
     runner = make_runner(repo, tmp_path / "state", clock)

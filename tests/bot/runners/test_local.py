@@ -54,6 +54,7 @@ def test_an_unknown_run_is_unknown(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_a_run_reports_its_measurement_and_progress(tmp_path: Path, smoke_prepared) -> None:
+    """Slow tier: the real train.py trains its whole budget through the runner."""
     runner = LocalRunner(tmp_path, slots=1)
     job = Job(run_id=7, asset=TRAIN_PY, profile="smoke", seed=7)
     handle = runner.submit(job)
@@ -98,7 +99,9 @@ def test_cancel_stops_the_job(tmp_path: Path, smoke_prepared) -> None:
     assert LocalRunner(tmp_path).lookup(2).state == "lost"
 
 
+@pytest.mark.slow
 def test_a_restarted_runner_finds_its_jobs_from_the_files(tmp_path: Path, smoke_prepared) -> None:
+    """Slow tier: a real run (three processes that import torch) must still run when the runner restarts."""
     first = LocalRunner(tmp_path, slots=1)
     first.submit(Job(run_id=3, asset="import time\ntime.sleep(3)\nraise SystemExit(3)\n", profile="smoke", seed=3))
     time.sleep(0.5)
@@ -150,6 +153,7 @@ def wait_for_path(path: Path, *, exists: bool, timeout: float = 300.0) -> None:
 
 @pytest.mark.slow
 def test_the_next_run_of_a_slot_starts_in_its_warm_worker(tmp_path: Path, smoke_prepared) -> None:
+    """Slow tier: two runs, the second in the warm worker the first one's submit started."""
     runner = LocalRunner(tmp_path, slots=1, warm=True)
     try:
         runner.submit(Job(run_id=1, asset=UNTRAINED, profile="smoke", seed=1))
@@ -167,7 +171,9 @@ def test_the_next_run_of_a_slot_starts_in_its_warm_worker(tmp_path: Path, smoke_
     assert not list(tmp_path.glob(".standby-*")), "close leaves no worker behind"
 
 
+@pytest.mark.slow
 def test_a_worker_not_ready_yet_is_sent_away_and_the_run_starts_cold(tmp_path: Path, smoke_prepared) -> None:
+    """Slow tier: two runs and a warm worker that must get ready (torch imported) to go away."""
     runner = LocalRunner(tmp_path, slots=1, warm=True)
     sleeper = "import time\ntime.sleep(60)\n"
     try:
@@ -210,6 +216,7 @@ def wait_for_log(path: Path, text: str, timeout: float = 120.0) -> None:
 @pytest.mark.parametrize("sandboxed", [True, False], ids=["sandboxed", "unsandboxed"])
 def test_stopping_a_run_ends_every_process_it_started(tmp_path: Path, smoke_prepared, monkeypatch: pytest.MonkeyPatch,
                                                       how: str, sandboxed: bool) -> None:
+    """Slow tier: a real run must be running, its escaped processes with it, to be stopped."""
     from runner import sandbox
     if sandboxed and not sandbox.available()[0]:
         pytest.skip(f"no sandbox here: {sandbox.available()[1]}")

@@ -302,7 +302,10 @@ class ThreadedModal(FakeModal):
         return call_id
 
 
+@pytest.mark.slow
 def test_a_job_runs_through_the_isolated_path_on_a_modal_call(tmp_path: Path, smoke_prepared: Any) -> None:
+    """Slow tier: a real isolated run behind the call, to read a real answer (the same run through
+    Modal's own `.local()` is tests/runner/test_modal_app.py's, in `make test`)."""
     pytest.importorskip("modal")
     modal = ThreadedModal()
     runner = ModalRunner(tmp_path, modal)
