@@ -26,9 +26,7 @@ from __future__ import annotations
 import sqlite3
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
 
-from bot.core.states import RunState
 from bot.store.db import Database, failpoint
 from bot.store.events import Events
 from bot.store.experiments import Experiment, Experiments, InvalidTransition
@@ -73,98 +71,3 @@ class Store:
     def savepoint(self) -> AbstractContextManager[None]:
         """Inside transaction(): writes that an exception leaving this block undoes alone."""
         return self._database.savepoint()
-
-    # --- delegates until issue 17's sweep: remove
-    def get_setting(self, key: str, default: str | None = None) -> str | None:
-        value = self.state._read(key)
-        return default if value is None else value
-
-    def set_setting(self, key: str, value: str) -> None:
-        self.state._write(key, value)
-
-    def identity(self) -> dict[str, Any]:
-        return self.state.identity
-
-    def add_inbox(self, **entry: Any) -> bool:
-        return self.inbox.add(**entry)
-
-    def pending_inbox(self) -> list[InboxEntry]:
-        return self.inbox.pending()
-
-    def mark_processed(self, entry_id: int, outcome: str) -> None:
-        self.inbox.mark_processed(entry_id, outcome)
-
-    def last_inbox_id(self) -> int:
-        return self.inbox.last_id()
-
-    def start_proposing(self, base_sha: str) -> Experiment:
-        return self.experiments.start_proposing(base_sha)
-
-    def fill_proposal(self, exp_id: int, **proposal: Any) -> Experiment:
-        return self.experiments.fill_proposal(exp_id, **proposal)
-
-    def withdraw_proposing(self, exp_id: int, why: str) -> None:
-        self.experiments.withdraw_proposing(exp_id, why)
-
-    def update_experiment(self, exp_id: int, **fields: Any) -> Experiment:
-        return self.experiments.update(exp_id, **fields)
-
-    def experiment(self, exp_id: int) -> Experiment:
-        return self.experiments.get(exp_id)
-
-    def count_experiments(self) -> int:
-        return self.experiments.count()
-
-    def counts_by_status(self) -> dict[str, int]:
-        return self.experiments.counts_by_status()
-
-    def experiment_by_code(self, code_hash: str) -> Experiment | None:
-        return self.experiments.by_code(code_hash)
-
-    def codes(self) -> list[tuple[int, str, str]]:
-        return self.experiments.codes()
-
-    def requested(self) -> list[Experiment]:
-        return self.experiments.requested()
-
-    def request(self, exp_id: int, request: str, by: str) -> Experiment:
-        return self.experiments.request(exp_id, request, by)
-
-    def set_published(self, exp_id: int, key: str, value: str) -> None:
-        self.published.set(exp_id, key, value)
-
-    def seen_code_hashes(self) -> set[str]:
-        return self.experiments.seen_code_hashes()
-
-    def add_run(self, **run: Any) -> Run:
-        return self.runs.add(**run)
-
-    def mark_run_started(self, run_id: int, run_dir: str) -> None:
-        self.runs.mark_started(run_id, run_dir)
-
-    def finish_run(self, run_id: int, **result: Any) -> Run:
-        return self.runs.finish(run_id, **result)
-
-    def set_aside_run(self, run_id: int, state: RunState, why: str, **how: Any) -> Run | None:
-        return self.runs.set_aside(run_id, state, why, **how)
-
-    def run(self, run_id: int) -> Run:
-        return self.runs.get(run_id)
-
-    def count_runs(self, *states: str) -> int:
-        return self.runs.count(*states)
-
-    def latest_ok_runs(self, purpose: str, limit: int) -> list[Run]:
-        return self.runs.latest_ok(purpose, limit)
-
-    def measured_values(self, **identity: Any) -> list[tuple[str, int | None, str, float]]:
-        return self.runs.measured_values(**identity)
-
-    def event(self, experiment_id: int | None, kind: str, message: str) -> None:
-        self.events.add(experiment_id, kind, message)
-
-    def add_feedback(self, author: str, text: str) -> None:
-        self.feedback.add(author, text)
-
-    def recent_feedback(self, limit: int = 10) -> list[str]:
-        return self.feedback.recent(limit)

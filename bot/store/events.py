@@ -32,7 +32,3 @@ class Events:
     def last_id(self) -> int:
         """The id of the latest event (0 before any)."""
         return self.db.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0]
-
-    # --- delegate until issue 17's sweep: remove
-    def __call__(self, experiment_id: int | None = None, *, after: int = 0) -> list[sqlite3.Row]:
-        return self.all(experiment_id, after=after)

@@ -168,8 +168,3 @@ class Experiments:
 
     def _select(self, where: str, params: tuple = ()) -> list[Experiment]:
         return [experiment_of(r) for r in self.db.execute(f"SELECT * FROM experiments {where} ORDER BY id", params)]
-
-    # --- delegate until issue 17's sweep: remove
-    def __call__(self, *, active: bool | None = None, state: str | None = None) -> list[Experiment]:
-        return (self.in_state(state) if state is not None else self.active() if active
-                else self.finished() if active is False else self.all())

@@ -71,10 +71,6 @@ class Inbox:
     def last_id(self) -> int:
         return self.db.execute("SELECT COALESCE(MAX(id), 0) FROM inbox").fetchone()[0]
 
-    # --- delegate until issue 17's sweep: remove
-    def __call__(self) -> list[InboxEntry]:
-        return self.all()
-
 
 class Replies:
     def __init__(self, db: Database) -> None:

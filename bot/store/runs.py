@@ -178,8 +178,3 @@ class Runs:
             " OR json_extract(metrics, '$.threads') = ?) ORDER BY id",
             (profile, harness_hash, data_fingerprint, threads, threads))
         return [(r[0], r[1], r[2], r[3]) for r in rows]
-
-    # --- delegate until issue 17's sweep: remove
-    def __call__(self, *, state: str | None = None, experiment_id: int | None = None,
-                 code_hash: str | None = None) -> list[Run]:
-        return self.all(state=state, experiment_id=experiment_id, code_hash=code_hash)
