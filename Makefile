@@ -1,15 +1,20 @@
 # The two commands of the README. Each creates or reuses .venv and installs what it needs.
+# `make test` is the fast tier (minutes); `make test-slow` the tests marked slow (pyproject.toml's
+# [tool.pytest.ini_options] says what that means); CI (.ci/run) runs both, the fast tier first.
 PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: demo test venv clean
+.PHONY: demo test test-slow venv clean
 
 demo: $(STAMP)
 	$(VENV)/bin/autoresearch demo $(ARGS)
 
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest $(ARGS)
+	$(VENV)/bin/python -m pytest -m "not slow" $(ARGS)
+
+test-slow: $(STAMP)
+	$(VENV)/bin/python -m pytest -m slow $(ARGS)
 
 venv: $(STAMP)
 
