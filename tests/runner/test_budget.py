@@ -192,7 +192,7 @@ def test_sleeping_costs_no_cpu_budget_and_meets_the_hard_limit(smoke_prepared, t
     result = run(tmp_path, SESSION + MODEL + "time.sleep(600)\nh.finish(model)\n")
     assert result.status == "timeout" and "hard limit" in result.error
     assert result.metrics["training_seconds"] < smoke.cap_s(THREADS)  # asleep, it spent next to nothing
-    assert result.timings.training_wall < 6.0 + 5.0
+    assert result.timings.training_wall >= 6.0  # ended by the hard limit on wall time, not before it
 
 
 @pytest.mark.slow
