@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: demo test test-slow venv clean
+.PHONY: demo test test-slow lint venv clean
 
 demo: $(STAMP)
 	$(VENV)/bin/autoresearch demo $(ARGS)
@@ -15,6 +15,11 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	$(VENV)/bin/python -m pytest -m slow $(ARGS)
+
+# ruff's lint and format rules (pyproject.toml); `ruff format .` fixes what the second one finds
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 venv: $(STAMP)
 

@@ -53,13 +53,31 @@ def model(delay_s: float):
 
 
 def context(n_history: int) -> ProposalContext:
-    history = [HistoryEntry(id=i, title=f"experiment {i}: change knob {i % 7} by {i % 5 + 1}0%",
-                            hypothesis="", status=("keep", "discard", "discard", "crash")[i % 4],
-                            val_bpb=1.0 + i / 1000, delta=(-0.002, 0.001, 0.0004, None)[i % 4], code_hash=f"{i:064d}",
-                            margin=0.0015, lesson="within the noise margin 0.00150 (2 runs)") for i in range(1, n_history + 1)]
-    return ProposalContext(program_md=PROGRAM, train_py=MAIN, main_val_bpb=1.01, history=history,
-                           feedback=["alice on #12: try a longer warmdown", "bob asks to try next: a deeper model"],
-                           seen_hashes={code_hash(MAIN)}, profile="h100", device_kind="cuda", main_sha="a" * 40)
+    history = [
+        HistoryEntry(
+            id=i,
+            title=f"experiment {i}: change knob {i % 7} by {i % 5 + 1}0%",
+            hypothesis="",
+            status=("keep", "discard", "discard", "crash")[i % 4],
+            val_bpb=1.0 + i / 1000,
+            delta=(-0.002, 0.001, 0.0004, None)[i % 4],
+            code_hash=f"{i:064d}",
+            margin=0.0015,
+            lesson="within the noise margin 0.00150 (2 runs)",
+        )
+        for i in range(1, n_history + 1)
+    ]
+    return ProposalContext(
+        program_md=PROGRAM,
+        train_py=MAIN,
+        main_val_bpb=1.01,
+        history=history,
+        feedback=["alice on #12: try a longer warmdown", "bob asks to try next: a deeper model"],
+        seen_hashes={code_hash(MAIN)},
+        profile="h100",
+        device_kind="cuda",
+        main_sha="a" * 40,
+    )
 
 
 def prompt_figures(n_history: int) -> dict:
@@ -87,8 +105,12 @@ def latency_figures(n: int = 10) -> dict:
             agent.propose(ctx)
             times.append(time.perf_counter() - start)
     times.sort()
-    return {"proposals": n, "median_ms": round(1000 * times[n // 2], 1), "max_ms": round(1000 * times[-1], 1),
-            "note": "two model calls over loopback included"}
+    return {
+        "proposals": n,
+        "median_ms": round(1000 * times[n // 2], 1),
+        "max_ms": round(1000 * times[-1], 1),
+        "note": "two model calls over loopback included",
+    }
 
 
 class TimedRunner:
@@ -122,20 +144,31 @@ class TimedRunner:
 
 
 def idle_figures(experiments: int, run_s: float, turn_s: float, lookahead: int | None) -> dict:
-    program = (f"---\nautoresearch:\n  first_baseline_runs: 2\n  baseline_runs: 2\n  max_experiments: {experiments}\n"
-               "  confirm: false\n---\n\nLower val_bpb.\n")
+    program = (
+        f"---\nautoresearch:\n  first_baseline_runs: 2\n  baseline_runs: 2\n  max_experiments: {experiments}\n"
+        "  confirm: false\n---\n\nLower val_bpb.\n"
+    )
     with tempfile.TemporaryDirectory() as tmp, AnthropicStandIn([model(turn_s)] * (4 * experiments + 8)) as api:
         forge = init_research_repo(Path(tmp) / "repo", {"train.py": MAIN, "program.md": program})
         runner = TimedRunner(run_s)
         client = anthropic.Anthropic(api_key=api.api_key, base_url=api.base_url, max_retries=0, timeout=30)
-        loop = Conductor(Store(Path(tmp) / "state.db"), forge, runner, ClaudeAgent(ClaudeConfig(), client=client),
-                         ConductorConfig(profile="smoke", identity=dict(IDENTITY), lookahead=lookahead))
+        loop = Conductor(
+            Store(Path(tmp) / "state.db"),
+            forge,
+            runner,
+            ClaudeAgent(ClaudeConfig(), client=client),
+            ConductorConfig(profile="smoke", identity=dict(IDENTITY), lookahead=lookahead),
+        )
         Driver(loop, timer_s=5.0).run()
     spans = sorted(runner.busy)[2:]  # after main's two baseline runs: the experiments' runs
     first, last = spans[0][0], spans[-1][1]
     busy = sum(end - start for start, end in spans)
-    return {"lookahead": "one per slot" if lookahead is None else lookahead, "runs": len(spans),
-            "idle_share": round(1 - busy / (last - first), 4), "wall_s": round(last - first, 2)}
+    return {
+        "lookahead": "one per slot" if lookahead is None else lookahead,
+        "runs": len(spans),
+        "idle_share": round(1 - busy / (last - first), 4),
+        "wall_s": round(last - first, 2),
+    }
 
 
 def main() -> None:
@@ -144,16 +177,23 @@ def main() -> None:
     parser.add_argument("--history", type=int, default=50)
     args = parser.parse_args()
     os.environ.pop("ANTHROPIC_API_KEY", None)
-    report = {"prompt": prompt_figures(args.history), "agent_latency": latency_figures(),
-              "idle": [idle_figures(args.experiments, 3.0, 0.1, None), idle_figures(args.experiments, 3.0, 0.1, 0)]}
+    report = {
+        "prompt": prompt_figures(args.history),
+        "agent_latency": latency_figures(),
+        "idle": [idle_figures(args.experiments, 3.0, 0.1, None), idle_figures(args.experiments, 3.0, 0.1, 0)],
+    }
     for i, p in enumerate(report["prompt"]["proposals"], 1):
-        print(f"proposal {i}: input {p['input_tokens']}, cache write {p['cache_creation_input_tokens']}, cache read "
-              f"{p['cache_read_input_tokens']}, output {p['output_tokens']} tokens over {p['turns']} turns: "
-              f"${p['cost_usd']:.4f}")
+        print(
+            f"proposal {i}: input {p['input_tokens']}, cache write {p['cache_creation_input_tokens']}, cache read "
+            f"{p['cache_read_input_tokens']}, output {p['output_tokens']} tokens over {p['turns']} turns: "
+            f"${p['cost_usd']:.4f}"
+        )
     print(f"agent latency (model answering at once): {report['agent_latency']}")
     for row in report["idle"]:
-        print(f"runner idle with lookahead {row['lookahead']}: {row['idle_share']:.1%} of {row['wall_s']} s "
-              f"({row['runs']} runs)")
+        print(
+            f"runner idle with lookahead {row['lookahead']}: {row['idle_share']:.1%} of {row['wall_s']} s "
+            f"({row['runs']} runs)"
+        )
     print(json.dumps(report))
 
 

@@ -39,11 +39,13 @@ LOOP = "while not h.time_up():"
 def greedy(source: str, tail: float) -> str:
     """train.py, training until the next step would end `tail` seconds before the supervisor's cap."""
     assert source.count(LOOP) == 1, "train.py's loop is not where this bench expects it"
-    rule = (f"_steps = []\n"
-            f"def _greedy_time_up():\n"
-            f"    _steps.append(h.elapsed())\n"
-            f"    step = max((b - a for a, b in zip(_steps[-5:], _steps[-4:])), default=0.0)\n"
-            f"    return h.elapsed() + step >= h.profile.cap_s(h.threads) - {tail}\n")
+    rule = (
+        f"_steps = []\n"
+        f"def _greedy_time_up():\n"
+        f"    _steps.append(h.elapsed())\n"
+        f"    step = max((b - a for a, b in zip(_steps[-5:], _steps[-4:])), default=0.0)\n"
+        f"    return h.elapsed() + step >= h.profile.cap_s(h.threads) - {tail}\n"
+    )
     return source.replace(LOOP, rule + "while not _greedy_time_up():")
 
 
@@ -55,10 +57,16 @@ def run(profile: str, threads: int, asset: str, out: Path) -> dict[str, Any]:
     started = time.time()
     result = worker.run(JobSpec(run_id=0, asset=asset, profile=profile, seed=0))
     last = lines[-1] if lines else {}
-    return {"status": result.status, "supervisor_s": result.metrics.get("training_seconds"),
-            "last_step_at_s": last.get("elapsed_seconds"), "trained_s": last.get("training_seconds"),
-            "steps": last.get("step"), "val_bpb": result.val_bpb, "wall_s": round(time.time() - started, 1),
-            "error": (result.error or "")[:160]}
+    return {
+        "status": result.status,
+        "supervisor_s": result.metrics.get("training_seconds"),
+        "last_step_at_s": last.get("elapsed_seconds"),
+        "trained_s": last.get("training_seconds"),
+        "steps": last.get("step"),
+        "val_bpb": result.val_bpb,
+        "wall_s": round(time.time() - started, 1),
+        "error": (result.error or "")[:160],
+    }
 
 
 def main() -> None:
@@ -70,8 +78,11 @@ def main() -> None:
     args = parser.parse_args()
     profile = get_profile(args.profile)
     prepare(profile.name)
-    print(f"profile {profile.name}, {args.threads} thread(s): cap {profile.cap_s(args.threads):.2f} s, training "
-          f"ends by {profile.training_ends_s(args.threads):.2f} s on the {profile.clock} clock", flush=True)
+    print(
+        f"profile {profile.name}, {args.threads} thread(s): cap {profile.cap_s(args.threads):.2f} s, training "
+        f"ends by {profile.training_ends_s(args.threads):.2f} s on the {profile.clock} clock",
+        flush=True,
+    )
     source = (ROOT / "train.py").read_text()
     with tempfile.TemporaryDirectory(prefix="bench-budget-") as scratch:
         for repeat in range(args.repeats):

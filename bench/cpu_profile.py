@@ -36,8 +36,11 @@ def main() -> None:
             if result["status"] != "ok":
                 raise SystemExit(f"run {i} failed: {result.get('error')}")
             results.append(result)
-            print(f"run {i}: val_bpb {result['val_bpb']:.4f}, {result['tokens_per_second']:.0f} tok/s, "
-                  f"{result['num_steps']} steps", flush=True)
+            print(
+                f"run {i}: val_bpb {result['val_bpb']:.4f}, {result['tokens_per_second']:.0f} tok/s, "
+                f"{result['num_steps']} steps",
+                flush=True,
+            )
     figures = {
         "profile": args.profile,
         "runs": args.runs,
@@ -54,10 +57,12 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%d"),
     }
     print(json.dumps(figures, indent=2))
-    print(f"| {figures['date']} | {args.profile} | {figures['tokens_per_second_median']:.0f} | "
-          f"{figures['val_bpb_median']:.4f} ({', '.join(map(str, figures['val_bpb_all']))}) | "
-          f"{figures['startup_seconds_median']:.1f} | {figures['eval_seconds_median']:.1f} | "
-          f"{figures['num_steps_median']:.0f} | {figures['total_seconds_median']:.1f} |")
+    print(
+        f"| {figures['date']} | {args.profile} | {figures['tokens_per_second_median']:.0f} | "
+        f"{figures['val_bpb_median']:.4f} ({', '.join(map(str, figures['val_bpb_all']))}) | "
+        f"{figures['startup_seconds_median']:.1f} | {figures['eval_seconds_median']:.1f} | "
+        f"{figures['num_steps_median']:.0f} | {figures['total_seconds_median']:.1f} |"
+    )
 
 
 if __name__ == "__main__":

@@ -58,6 +58,7 @@ MAX_CONFIRMATIONS = 5  # a rule that keeps asking for runs is cut off here (none
 @dataclass(frozen=True)
 class Effects:
     """A distribution of the true effects of proposed changes, in sigma (negative is better)."""
+
     name: str
     description: str
     null: float  # share of changes with no effect
@@ -79,14 +80,24 @@ EFFECTS = {
     # The default: an agent editing a tuned train.py. Most edits break something, often clearly
     # (karpathy's own run kept 22 of 126 with no margin at all); a fifth do nothing measurable; a
     # fifth help, by 1, 2 or 3 sigma.
-    "mixed": Effects("mixed", "20% no effect; 60% harmful, +Exponential(mean 4 sigma); "
-                     "20% helpful, a gain of 1, 2 or 3 sigma equally likely",
-                     null=0.2, harmful=0.6, harm=4.0, helpful_gains=(1.0, 2.0, 3.0)),
+    "mixed": Effects(
+        "mixed",
+        "20% no effect; 60% harmful, +Exponential(mean 4 sigma); 20% helpful, a gain of 1, 2 or 3 sigma equally likely",
+        null=0.2,
+        harmful=0.6,
+        harm=4.0,
+        helpful_gains=(1.0, 2.0, 3.0),
+    ),
     # A harder world: half the edits do nothing and the helpful ones are mostly small, so few
     # keeps are possible and false keeps weigh more among them.
-    "sparse": Effects("sparse", "50% no effect; 30% harmful, +Exponential(mean 2 sigma); "
-                      "20% helpful, -Exponential(mean 1.5 sigma)",
-                      null=0.5, harmful=0.3, harm=2.0, help_mean=1.5),
+    "sparse": Effects(
+        "sparse",
+        "50% no effect; 30% harmful, +Exponential(mean 2 sigma); 20% helpful, -Exponential(mean 1.5 sigma)",
+        null=0.5,
+        harmful=0.3,
+        harm=2.0,
+        help_mean=1.5,
+    ),
 }
 
 
@@ -106,8 +117,10 @@ def new_rule(config: JudgeConfig | None = None) -> JudgeFn:
     config = config or JudgeConfig()
 
     def judge(candidate: list[float], main: list[float], noise: Noise | None) -> Decision:
-        return decide(candidate=candidate, crash=None, main=main, noise=noise, measured_on=MAIN,
-                      current_main=MAIN, config=config)
+        return decide(
+            candidate=candidate, crash=None, main=main, noise=noise, measured_on=MAIN, current_main=MAIN, config=config
+        )
+
     return judge
 
 
@@ -161,6 +174,7 @@ class Draws:
 @dataclass
 class Tally:
     """What one rule did over all trajectories."""
+
     experiments: int = 0
     runs: int = 0
     keeps: int = 0
@@ -226,8 +240,7 @@ class Loop:
         return self.main
 
 
-def simulate(rule: Rule, trajectories: int, experiments: int, seed: int,
-             effects: Effects = EFFECTS["mixed"]) -> Tally:
+def simulate(rule: Rule, trajectories: int, experiments: int, seed: int, effects: Effects = EFFECTS["mixed"]) -> Tally:
     """Run `trajectories` loops of `experiments` experiments under `rule` and count what happened."""
     tally = Tally()
     for trajectory in range(trajectories):
@@ -276,9 +289,11 @@ def mean(values: list[float]) -> str:
 
 
 def table(results: list[tuple[Rule, Tally]]) -> str:
-    head = ("| rule | main runs (first/later) | false keeps, exp 1-10 | false keeps, all | null kept at exp 1 "
-            "| P(keep) at exp 1: 1 / 2 / 3 sigma | P(keep) over the loop: 0 / 1 / 2 / 3 sigma "
-            "| runs per experiment | kept-delta bias (sigma) | re-measured-delta bias (sigma) |")
+    head = (
+        "| rule | main runs (first/later) | false keeps, exp 1-10 | false keeps, all | null kept at exp 1 "
+        "| P(keep) at exp 1: 1 / 2 / 3 sigma | P(keep) over the loop: 0 / 1 / 2 / 3 sigma "
+        "| runs per experiment | kept-delta bias (sigma) | re-measured-delta bias (sigma) |"
+    )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for rule, t in results:
         at_first = " / ".join(pct(ratio(t.first_probe_keeps[g], t.first_probes)) for g in PROBE_GAINS[1:])
@@ -288,7 +303,8 @@ def table(results: list[tuple[Rule, Tally]]) -> str:
             f"| {pct(ratio(t.early_false_keeps, t.early_keeps))} ({t.early_false_keeps}/{t.early_keeps}) "
             f"| {pct(ratio(t.false_keeps, t.keeps))} ({t.false_keeps}/{t.keeps}) "
             f"| {pct(ratio(t.first_probe_keeps[0.0], t.first_probes))} | {at_first} | {over_loop} "
-            f"| {ratio(t.runs, t.experiments):.3f} | {mean(t.kept_bias)} | {mean(t.remeasured_bias)} |")
+            f"| {ratio(t.runs, t.experiments):.3f} | {mean(t.kept_bias)} | {mean(t.remeasured_bias)} |"
+        )
     return "\n".join(lines)
 
 
@@ -299,11 +315,13 @@ def targets(t: Tally) -> list[tuple[str, float, bool]]:
     null = ratio(t.first_probe_keeps[0.0], t.first_probes)
     power = ratio(t.first_probe_keeps[3.0], t.first_probes)
     runs = ratio(t.runs, t.experiments)
-    return [("false keeps in experiments 1-10 <= 5% of keeps", early, early <= 0.05),
-            ("false keeps overall <= 5% of keeps", overall, overall <= 0.05),
-            ("a null change kept at experiment 1 <= 5%", null, null <= 0.05),
-            ("P(keep) of a true 3-sigma gain at experiment 1 >= 80%", power, power >= 0.80),
-            ("runs per experiment <= 1.45", runs, runs <= 1.45)]
+    return [
+        ("false keeps in experiments 1-10 <= 5% of keeps", early, early <= 0.05),
+        ("false keeps overall <= 5% of keeps", overall, overall <= 0.05),
+        ("a null change kept at experiment 1 <= 5%", null, null <= 0.05),
+        ("P(keep) of a true 3-sigma gain at experiment 1 >= 80%", power, power >= 0.80),
+        ("runs per experiment <= 1.45", runs, runs <= 1.45),
+    ]
 
 
 def machine() -> str:
@@ -313,8 +331,11 @@ def machine() -> str:
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
                 break
-        kib = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
-                   if line.startswith("MemTotal"))
+        kib = next(
+            int(line.split()[1])
+            for line in Path("/proc/meminfo").read_text().splitlines()
+            if line.startswith("MemTotal")
+        )
         memory = f", {kib / 2**20:.0f} GiB"
     except (OSError, StopIteration, ValueError):
         memory = ""
@@ -332,12 +353,16 @@ def main(argv: list[str] | None = None) -> None:
     started = time.perf_counter()
     results = [(rule, simulate(rule, args.trajectories, args.experiments, args.seed, effects)) for rule in RULES]
     elapsed = time.perf_counter() - started
-    command = " ".join(shlex.quote(a) for a in [".venv/bin/python", "bench/decision_accuracy.py",
-                                                 *(sys.argv[1:] if argv is None else argv)])
+    command = " ".join(
+        shlex.quote(a)
+        for a in [".venv/bin/python", "bench/decision_accuracy.py", *(sys.argv[1:] if argv is None else argv)]
+    )
     print(f"Command: `{command}`  ")
     print(f"Date: {time.strftime('%Y-%m-%d')}; machine: {machine()}; {elapsed:.0f} s  ")
-    print(f"{args.trajectories} trajectories x {args.experiments} experiments, seed {args.seed}; one slot, "
-          f"Gaussian noise (sigma 1); true effects ({effects.name}): {effects.description}.\n")
+    print(
+        f"{args.trajectories} trajectories x {args.experiments} experiments, seed {args.seed}; one slot, "
+        f"Gaussian noise (sigma 1); true effects ({effects.name}): {effects.description}.\n"
+    )
     print(table(results))
     new = next(t for rule, t in results if rule.name.startswith("NEW"))
     print("\nTargets for NEW:")

@@ -31,8 +31,21 @@ def main() -> None:
     args = parser.parse_args()
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="demo-bench-"))
     started = time.time()
-    subprocess.run([sys.executable, "-m", "bot.app.cli", "demo", "--workdir", str(workdir), "--profile", args.profile,
-                    "--experiments", str(args.experiments)], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bot.app.cli",
+            "demo",
+            "--workdir",
+            str(workdir),
+            "--profile",
+            args.profile,
+            "--experiments",
+            str(args.experiments),
+        ],
+        check=True,
+    )
     wall = time.time() - started
 
     store = Store(workdir / "state.db")
@@ -49,7 +62,9 @@ def main() -> None:
         "profile": args.profile,
         "experiments": len(done),
         "runs": len(runs),
-        "runs_by_purpose": {p: sum(r.purpose == p for r in runs) for p in ("baseline", "candidate", "confirm", "remeasure")},
+        "runs_by_purpose": {
+            p: sum(r.purpose == p for r in runs) for p in ("baseline", "candidate", "confirm", "remeasure")
+        },
         "kept": sum(e.status == "keep" for e in done),
         "wall_seconds": round(wall, 1),
         "experiments_per_hour": round(len(done) / wall * 3600, 1),

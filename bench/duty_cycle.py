@@ -93,6 +93,7 @@ class Options:
 
 # --- the simulated runner -------------------------------------------------------------------------
 
+
 @dataclass
 class Slot:
     run: int | None = None  # the run it holds now
@@ -160,14 +161,18 @@ class SimRunner:
                 return
             job, index, start = self.jobs[run_id]
             end = time.monotonic()
-        spec = ResultSpec(run_id=job.run_id, experiment_id=job.experiment_id, status="ok",
-                          val_bpb=self.value(job.asset, job.seed),
-                          metrics={"num_steps": 1000, "simulated": True},
-                          timings=Timings(training=self.budget_s, training_wall=end - start, total=end - start),
-                          hashes=Hashes(asset=job.asset_sha256, harness=self.harness,
-                                        data=self.identity["data_fingerprint"]),
-                          runner=RunnerIdentity(backend="sim", host=platform.node(), device="sim"),
-                          profile=job.profile, seed=job.seed)
+        spec = ResultSpec(
+            run_id=job.run_id,
+            experiment_id=job.experiment_id,
+            status="ok",
+            val_bpb=self.value(job.asset, job.seed),
+            metrics={"num_steps": 1000, "simulated": True},
+            timings=Timings(training=self.budget_s, training_wall=end - start, total=end - start),
+            hashes=Hashes(asset=job.asset_sha256, harness=self.harness, data=self.identity["data_fingerprint"]),
+            runner=RunnerIdentity(backend="sim", host=platform.node(), device="sim"),
+            profile=job.profile,
+            seed=job.seed,
+        )
         result = checked_result(job_spec(job), spec, harness=self.harness)
         with self._lock:
             self.results[run_id] = result
@@ -192,8 +197,15 @@ class SimRunner:
                 return RunStatus("unknown")
             start = self.jobs[run_id][2]
         done = min(1.0, (time.monotonic() - start) / self.budget_s)
-        return RunStatus("running", progress={"step": int(done * 1000), "loss": 3.0 - done, "progress": done,
-                                              "remaining_seconds": (1 - done) * REAL_BUDGET_S})
+        return RunStatus(
+            "running",
+            progress={
+                "step": int(done * 1000),
+                "loss": 3.0 - done,
+                "progress": done,
+                "remaining_seconds": (1 - done) * REAL_BUDGET_S,
+            },
+        )
 
     def cancel(self, run_id: int) -> None:
         with self._lock:
@@ -208,6 +220,7 @@ class SimRunner:
 
 
 # --- the simulated agent --------------------------------------------------------------------------
+
 
 class SimAgent:
     """Thinks `seconds`, then adds one new top-level constant to main's train.py: a clear gain
@@ -242,6 +255,7 @@ class SimAgent:
 
 # --- the GitHub stand-in, in its own process --------------------------------------------------------
 
+
 def standin_main(root: str, latency_ms: float, key_file: str) -> None:
     """The child: a GitHubStandIn with latency on every REST call; prints its URL, serves until
     stdin closes, then prints what it served."""
@@ -250,8 +264,9 @@ def standin_main(root: str, latency_ms: float, key_file: str) -> None:
 
     files = {name: (Path(root) / "files" / name).read_text() for name in ("train.py", "program.md")}
     public = serialization.load_pem_public_key(Path(key_file).read_bytes())
-    with GitHubStandIn(Path(root) / "github", files=files, collaborators={"researcher": "admin"},
-                       app_public_key=public) as gh:
+    with GitHubStandIn(
+        Path(root) / "github", files=files, collaborators={"researcher": "admin"}, app_public_key=public
+    ) as gh:
         # The stand-in has no latency knob (tests/github_standin/faults.py only fails requests),
         # so every call through its gateway is held here, without blocking the others.
         handle = gh.gateway.handle
@@ -264,16 +279,37 @@ def standin_main(root: str, latency_ms: float, key_file: str) -> None:
         print(json.dumps({"api_url": gh.api_url}), flush=True)
         sys.stdin.read()
         requests = gh.requests
-        print(json.dumps({"requests": len(requests), "creating": sum(r.created for r in requests),
-                          "methods": dict(Counter(r.method for r in requests)),
-                          "violations": gh.violations[:5], "violation_count": len(gh.violations)}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "requests": len(requests),
+                    "creating": sum(r.created for r in requests),
+                    "methods": dict(Counter(r.method for r in requests)),
+                    "violations": gh.violations[:5],
+                    "violation_count": len(gh.violations),
+                }
+            ),
+            flush=True,
+        )
 
 
 class StandInProcess:
     def __init__(self, root: Path, latency_ms: float, key_file: Path) -> None:
-        self.proc = subprocess.Popen([sys.executable, __file__, "--standin", str(root), "--latency-ms",
-                                      str(latency_ms), "--key-file", str(key_file)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                __file__,
+                "--standin",
+                str(root),
+                "--latency-ms",
+                str(latency_ms),
+                "--key-file",
+                str(key_file),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         line = self.proc.stdout.readline()
         if not line:
             raise RuntimeError("the GitHub stand-in did not start; see its output above")
@@ -287,9 +323,14 @@ class StandInProcess:
 # --- the service, watched ---------------------------------------------------------------------------
 
 # the tick's phases, as reported -> (the conductor's part, its method)
-PHASES = {"read_main": ("baseline", "read"), "collect": ("runs", "collect"),
-          "_advance_all": ("lifecycle", "advance_all"), "schedule_baseline": ("baseline", "schedule"),
-          "propose": ("proposals", "propose"), "dispatch": ("runs", "dispatch")}
+PHASES = {
+    "read_main": ("baseline", "read"),
+    "collect": ("runs", "collect"),
+    "_advance_all": ("lifecycle", "advance_all"),
+    "schedule_baseline": ("baseline", "schedule"),
+    "propose": ("proposals", "propose"),
+    "dispatch": ("runs", "dispatch"),
+}
 
 
 def bench_service(opts: Options):
@@ -345,6 +386,7 @@ def bench_service(opts: Options):
                     finally:
                         if self.ticks:
                             self.ticks[-1]["phases"].append((name, started, time.monotonic()))
+
                 return run
 
             for name, (part, method) in PHASES.items():
@@ -363,9 +405,12 @@ def bench_service(opts: Options):
 
 # --- one K --------------------------------------------------------------------------------------------
 
+
 def program(opts: Options) -> str:
-    return (f"---\nautoresearch:\n  first_baseline_runs: {opts.first_baseline_runs}\n"
-            f"  baseline_runs: {opts.baseline_runs}\n  max_experiments: {opts.experiments}\n---\n\nLower val_bpb.\n")
+    return (
+        f"---\nautoresearch:\n  first_baseline_runs: {opts.first_baseline_runs}\n"
+        f"  baseline_runs: {opts.baseline_runs}\n  max_experiments: {opts.experiments}\n---\n\nLower val_bpb.\n"
+    )
 
 
 def run(opts: Options) -> dict[str, Any]:
@@ -389,8 +434,9 @@ def _run(opts: Options) -> dict[str, Any]:
     from runner.profiles import harness_hash
 
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                            serialization.NoEncryption()).decode()
+    pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    ).decode()
     identity = {"profile": "h100", "harness_hash": harness_hash(), "data_fingerprint": "sim-data-1"}
     runner = SimRunner(opts.slots, opts.budget_s, identity, opts.sigma, opts.seed)
     agent = SimAgent(opts.think_s, opts.keep_share, opts.sigma, opts.seed)
@@ -400,28 +446,39 @@ def _run(opts: Options) -> dict[str, Any]:
         (root / "files" / "train.py").write_text((ROOT / "train.py").read_text())
         (root / "files" / "program.md").write_text(program(opts))
         key_file = root / "app.pub"
-        key_file.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                           serialization.PublicFormat.SubjectPublicKeyInfo))
+        key_file.write_bytes(
+            key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        )
         gh = StandInProcess(root, opts.latency_ms, key_file)
         served: dict[str, Any] = {}
         try:
-            settings = load_service_settings(repository="octo-org/research", github_api_url=gh.api_url, poll=True,
-                                             state_dir=root / "state", profile="h100", github_app_id=1,
-                                             github_private_key=pem)
-            service = bench_service(opts)(settings, make_parts=lambda s, c: Parts(runner, agent, dict(identity)),
-                                          timer_s=30.0 / opts.scale)
+            settings = load_service_settings(
+                repository="octo-org/research",
+                github_api_url=gh.api_url,
+                poll=True,
+                state_dir=root / "state",
+                profile="h100",
+                github_app_id=1,
+                github_private_key=pem,
+            )
+            service = bench_service(opts)(
+                settings, make_parts=lambda s, c: Parts(runner, agent, dict(identity)), timer_s=30.0 / opts.scale
+            )
             main_cpu0, cpu0, started = time.thread_time(), time.process_time(), time.monotonic()
             service.start()
             store = Store(settings.state_dir / "state.db")
             while True:
                 exps = store.experiments.all()
-                if len(exps) == opts.experiments and all(e.state == State.DONE and store.published.get(e.id).get("final")
-                                                         == e.status for e in exps):
+                if len(exps) == opts.experiments and all(
+                    e.state == State.DONE and store.published.get(e.id).get("final") == e.status for e in exps
+                ):
                     break
                 if time.monotonic() - started > opts.timeout_s:
-                    raise SystemExit(f"K={opts.slots}: timed out after {opts.timeout_s:.0f}s with "
-                                     f"{sum(e.state == State.DONE for e in exps)} of {opts.experiments} done; "
-                                     f"conductor: {service.status}")
+                    raise SystemExit(
+                        f"K={opts.slots}: timed out after {opts.timeout_s:.0f}s with "
+                        f"{sum(e.state == State.DONE for e in exps)} of {opts.experiments} done; "
+                        f"conductor: {service.status}"
+                    )
                 time.sleep(0.25)
             wall = time.monotonic() - started
             process_cpu = time.process_time() - cpu0 - (time.thread_time() - main_cpu0)
@@ -443,8 +500,17 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
-def report(opts: Options, runner: SimRunner, agent: SimAgent, service: Any, runs: list[Any], statuses: Counter,
-           wall: float, process_cpu: float, served: dict[str, Any]) -> dict[str, Any]:
+def report(
+    opts: Options,
+    runner: SimRunner,
+    agent: SimAgent,
+    service: Any,
+    runs: list[Any],
+    statuses: Counter,
+    wall: float,
+    process_cpu: float,
+    served: dict[str, Any],
+) -> dict[str, Any]:
     k, budget = opts.slots, opts.budget_s
     history = [(i, *h) for i, slot in enumerate(runner.slot) for h in slot.history]
     starts = sorted(start for _, _, start, _, _ in history)
@@ -453,8 +519,9 @@ def report(opts: Options, runner: SimRunner, agent: SimAgent, service: Any, runs
     span = window[1] - window[0]
 
     def busy(baseline: bool) -> float:
-        return sum(max(0.0, min(end, window[1]) - max(start, window[0]))
-                   for _, _, start, end, b in history if b == baseline)
+        return sum(
+            max(0.0, min(end, window[1]) - max(start, window[0])) for _, _, start, end, b in history if b == baseline
+        )
 
     purpose = {r.id: r.purpose for r in runs}
     experiment_of = {r.id: r.experiment_id for r in runs}
@@ -489,27 +556,42 @@ def report(opts: Options, runner: SimRunner, agent: SimAgent, service: Any, runs
     between = [b[0] - a[1] for a, b in itertools.pairwise(asked)]
     conductor_cpu = (service.cpu[-1] - service.cpu[0]) if len(service.cpu) > 1 else float("nan")
     return {
-        "K": k, "experiments": n, "statuses": dict(statuses), "wall_s": round(wall, 1),
-        "runs": dict(counts), "runs_per_experiment": round(sum(c for p, c in counts.items() if p != "baseline") / n, 2),
-        "window_s": round(span, 2), "exp_per_h": round(exp_per_h, 1), "ideal_per_h": ideal,
+        "K": k,
+        "experiments": n,
+        "statuses": dict(statuses),
+        "wall_s": round(wall, 1),
+        "runs": dict(counts),
+        "runs_per_experiment": round(sum(c for p, c in counts.items() if p != "baseline") / n, 2),
+        "window_s": round(span, 2),
+        "exp_per_h": round(exp_per_h, 1),
+        "ideal_per_h": ideal,
         "share_of_ideal": round(exp_per_h / ideal, 3),
         "utilisation": round((busy(False) + busy(True)) / (k * span), 3) if span > 0 else None,
         "utilisation_experiments": round(busy(False) / (k * span), 3) if span > 0 else None,
         "utilisation_baselines": round(busy(True) / (k * span), 3) if span > 0 else None,
-        "gap_n": len(gaps), "gap_p50": round(percentile(gaps, 0.5) / budget, 4),
-        "gap_p95": round(percentile(gaps, 0.95) / budget, 4), "gap_max": round(max(gaps, default=0) / budget, 4),
-        "gap_p50_s": round(percentile(gaps, 0.5), 3), "gap_p95_s": round(percentile(gaps, 0.95), 3),
+        "gap_n": len(gaps),
+        "gap_p50": round(percentile(gaps, 0.5) / budget, 4),
+        "gap_p95": round(percentile(gaps, 0.95) / budget, 4),
+        "gap_max": round(max(gaps, default=0) / budget, 4),
+        "gap_p50_s": round(percentile(gaps, 0.5), 3),
+        "gap_p95_s": round(percentile(gaps, 0.95), 3),
         "gap_parts_s": {name: round(v / max(1, len(gaps)), 3) for name, v in parts.items()},
-        "cpu_per_exp": round(process_cpu / n, 3), "conductor_cpu_per_exp": round(conductor_cpu / n, 3),
-        "ticks": len(ticks), "tick_s_per_exp": {name: round(v / n, 3) for name, v in tick_time.most_common()},
+        "cpu_per_exp": round(process_cpu / n, 3),
+        "conductor_cpu_per_exp": round(conductor_cpu / n, 3),
+        "ticks": len(ticks),
+        "tick_s_per_exp": {name: round(v / n, 3) for name, v in tick_time.most_common()},
         "agent_busy": round(sum(b - a for a, b in asked) / span, 3) if span > 0 else None,
         "agent_answer_to_next_ask_s": round(sum(between) / len(between), 3) if between else None,
         "proposals_per_budget": round(len(asked) / span * budget, 2) if span > 0 else None,
         "api_requests_per_exp": round(served.get("requests", 0) / n, 1),
         "api_creating_per_exp": round(served.get("creating", 0) / n, 1),
         "pacer_waited_s": round(service.pacer.waited, 2) if service.pacer else None,
-        "violations": served.get("violation_count"), "overbooked": runner.overbooked,
-        "scale": opts.scale, "budget_s": budget, "agent_s": opts.think_s, "latency_ms": opts.latency_ms,
+        "violations": served.get("violation_count"),
+        "overbooked": runner.overbooked,
+        "scale": opts.scale,
+        "budget_s": budget,
+        "agent_s": opts.think_s,
+        "latency_ms": opts.latency_ms,
     }
 
 
@@ -548,17 +630,22 @@ def gap_parts(end: float, start: float, ticks: list[dict[str, Any]]) -> Counter:
 
 # --- the command ----------------------------------------------------------------------------------
 
+
 def table(rows: list[dict[str, Any]]) -> str:
-    head = (f"{'K':>3} {'exps':>5} {'runs/exp':>8} {'exp/h':>7} {'ideal':>6} {'of ideal':>8} {'util':>6} "
-            f"{'util exp':>8} {'gap p50':>8} {'gap p95':>8} {'gap max':>8} {'cpu/exp':>8} {'cond cpu':>8} "
-            f"{'api/exp':>7} {'pacer s':>7}")
+    head = (
+        f"{'K':>3} {'exps':>5} {'runs/exp':>8} {'exp/h':>7} {'ideal':>6} {'of ideal':>8} {'util':>6} "
+        f"{'util exp':>8} {'gap p50':>8} {'gap p95':>8} {'gap max':>8} {'cpu/exp':>8} {'cond cpu':>8} "
+        f"{'api/exp':>7} {'pacer s':>7}"
+    )
     lines = [head]
     for r in rows:
-        lines.append(f"{r['K']:>3} {r['experiments']:>5} {r['runs_per_experiment']:>8.2f} {r['exp_per_h']:>7.1f} "
-                     f"{r['ideal_per_h']:>6.0f} {r['share_of_ideal']:>8.1%} {r['utilisation']:>6.1%} "
-                     f"{r['utilisation_experiments']:>8.1%} {r['gap_p50']:>8.2%} {r['gap_p95']:>8.2%} "
-                     f"{r['gap_max']:>8.2%} {r['cpu_per_exp']:>8.3f} {r['conductor_cpu_per_exp']:>8.3f} "
-                     f"{r['api_requests_per_exp']:>7.1f} {r['pacer_waited_s']:>7.2f}")
+        lines.append(
+            f"{r['K']:>3} {r['experiments']:>5} {r['runs_per_experiment']:>8.2f} {r['exp_per_h']:>7.1f} "
+            f"{r['ideal_per_h']:>6.0f} {r['share_of_ideal']:>8.1%} {r['utilisation']:>6.1%} "
+            f"{r['utilisation_experiments']:>8.1%} {r['gap_p50']:>8.2%} {r['gap_p95']:>8.2%} "
+            f"{r['gap_max']:>8.2%} {r['cpu_per_exp']:>8.3f} {r['conductor_cpu_per_exp']:>8.3f} "
+            f"{r['api_requests_per_exp']:>7.1f} {r['pacer_waited_s']:>7.2f}"
+        )
     return "\n".join(lines)
 
 
@@ -567,15 +654,21 @@ def main() -> None:
     parser.add_argument("--slots", type=int, nargs="+", default=[1, 2, 4, 8, 16], help="the values of K")
     parser.add_argument("--per-slot", type=int, default=10, help="experiments per slot (at least --min-experiments)")
     parser.add_argument("--min-experiments", type=int, default=30)
-    parser.add_argument("--scale", type=float, default=100.0,
-                        help="real seconds per bench second: a job sleeps 300/scale s, the agent 20/scale s")
+    parser.add_argument(
+        "--scale",
+        type=float,
+        default=100.0,
+        help="real seconds per bench second: a job sleeps 300/scale s, the agent 20/scale s",
+    )
     parser.add_argument("--agent-s", type=float, help="one proposal, in bench seconds (default 20/scale)")
     parser.add_argument("--latency-ms", type=float, default=100.0, help="added to every GitHub REST call")
     parser.add_argument("--keep-share", type=float, default=0.1)
     parser.add_argument("--first-baseline-runs", type=int, default=6)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cprofile", help="write the conductor thread's cProfile here (the last K run)")
-    parser.add_argument("--quick", action="store_true", help="K = 1 2, 4 experiments of 1 s (scale 300), 2 first baselines")
+    parser.add_argument(
+        "--quick", action="store_true", help="K = 1 2, 4 experiments of 1 s (scale 300), 2 first baselines"
+    )
     parser.add_argument("--standin", help=argparse.SUPPRESS)
     parser.add_argument("--key-file", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -584,15 +677,25 @@ def main() -> None:
     if args.quick:
         args.slots, args.per_slot, args.min_experiments, args.scale, args.first_baseline_runs = [1, 2], 2, 4, 300.0, 2
     think = 20.0 / args.scale if args.agent_s is None else args.agent_s
-    print(f"# {time.strftime('%Y-%m-%d %H:%M')} {platform.node()} {os.cpu_count()} cores, python "
-          f"{platform.python_version()}; job {REAL_BUDGET_S / args.scale:g} s = {REAL_BUDGET_S:.0f} s, agent "
-          f"{think:g} s, latency {args.latency_ms:g} ms per GitHub call, scale {args.scale:g}", flush=True)
+    print(
+        f"# {time.strftime('%Y-%m-%d %H:%M')} {platform.node()} {os.cpu_count()} cores, python "
+        f"{platform.python_version()}; job {REAL_BUDGET_S / args.scale:g} s = {REAL_BUDGET_S:.0f} s, agent "
+        f"{think:g} s, latency {args.latency_ms:g} ms per GitHub call, scale {args.scale:g}",
+        flush=True,
+    )
     rows = []
     for k in args.slots:
-        opts = Options(slots=k, experiments=max(args.min_experiments, args.per_slot * k), scale=args.scale,
-                       agent_s=args.agent_s, latency_ms=args.latency_ms,
-                       keep_share=args.keep_share, seed=args.seed, first_baseline_runs=args.first_baseline_runs,
-                       cprofile=args.cprofile)
+        opts = Options(
+            slots=k,
+            experiments=max(args.min_experiments, args.per_slot * k),
+            scale=args.scale,
+            agent_s=args.agent_s,
+            latency_ms=args.latency_ms,
+            keep_share=args.keep_share,
+            seed=args.seed,
+            first_baseline_runs=args.first_baseline_runs,
+            cprofile=args.cprofile,
+        )
         row = run(opts)
         rows.append(row)
         print(json.dumps(row), flush=True)

@@ -68,8 +68,10 @@ def proposals(n: int) -> list[Proposal]:
 
 
 def program(n: int) -> str:
-    return (f"---\nautoresearch:\n  first_baseline_runs: 2\n  baseline_runs: 2\n  max_experiments: {n}\n---\n\n"
-            "Lower val_bpb.\n")
+    return (
+        f"---\nautoresearch:\n  first_baseline_runs: 2\n  baseline_runs: 2\n  max_experiments: {n}\n---\n\n"
+        "Lower val_bpb.\n"
+    )
 
 
 def endpoint(method: str, path: str) -> str:
@@ -87,25 +89,41 @@ def run(n: int, token: bool) -> dict:
     for name in [k for k in os.environ if k.startswith("AUTORESEARCH_")]:
         del os.environ[name]
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                            serialization.NoEncryption()).decode()
-    with tempfile.TemporaryDirectory() as tmp, \
-            GitHubStandIn(Path(tmp) / "github", files={"train.py": MAIN, "program.md": program(n)},
-                          token_users={"tok-bot": "researcher"} if token else None,
-                          collaborators={"researcher": "admin"},
-                          app_public_key=key.public_key()) as gh:
+    pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    ).decode()
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        GitHubStandIn(
+            Path(tmp) / "github",
+            files={"train.py": MAIN, "program.md": program(n)},
+            token_users={"tok-bot": "researcher"} if token else None,
+            collaborators={"researcher": "admin"},
+            app_public_key=key.public_key(),
+        ) as gh,
+    ):
         auth = dict(github_token="tok-bot") if token else dict(github_app_id=1, github_private_key=pem)
-        settings = load_service_settings(repository="octo-org/research", github_api_url=gh.api_url, poll=True,
-                                         state_dir=Path(tmp) / "state", profile="smoke", **auth)
-        service = Service(settings, make_parts=lambda s, c: Parts(FakeRunner(), ScriptedAgent(proposals(n)),
-                                                                dict(IDENTITY)), timer_s=0.1)
+        settings = load_service_settings(
+            repository="octo-org/research",
+            github_api_url=gh.api_url,
+            poll=True,
+            state_dir=Path(tmp) / "state",
+            profile="smoke",
+            **auth,
+        )
+        service = Service(
+            settings,
+            make_parts=lambda s, c: Parts(FakeRunner(), ScriptedAgent(proposals(n)), dict(IDENTITY)),
+            timer_s=0.1,
+        )
         started = time.monotonic()
         service.start()
         store = Store(settings.state_dir / "state.db")
         while True:
             exps = store.experiments.all()
-            if len(exps) == n and all(e.state == "done" and store.published.get(e.id).get("final") == e.status
-                                      for e in exps):
+            if len(exps) == n and all(
+                e.state == "done" and store.published.get(e.id).get("final") == e.status for e in exps
+            ):
                 break
             if time.monotonic() - started > 300:
                 raise SystemExit(f"timed out; conductor: {service.status}")
@@ -116,16 +134,26 @@ def run(n: int, token: bool) -> dict:
         free = collections.Counter(endpoint(r.method, r.path) for r in gh.requests if r.status == 304)
         statuses = collections.Counter(e.status for e in exps)
         assert not gh.violations, gh.violations
-    return {"experiments": n, "statuses": dict(statuses), "auth": "token" if token else "app",
-            "requests": sum(calls.values()), "creating": sum(creating.values()), "not_modified": sum(free.values()),
-            "by_endpoint": {k: [v, creating.get(k, 0), free.get(k, 0)]
-                            for k, v in sorted(calls.items(), key=lambda kv: -kv[1])},
-            "seconds": round(time.monotonic() - started, 1)}
+    return {
+        "experiments": n,
+        "statuses": dict(statuses),
+        "auth": "token" if token else "app",
+        "requests": sum(calls.values()),
+        "creating": sum(creating.values()),
+        "not_modified": sum(free.values()),
+        "by_endpoint": {
+            k: [v, creating.get(k, 0), free.get(k, 0)] for k, v in sorted(calls.items(), key=lambda kv: -kv[1])
+        },
+        "seconds": round(time.monotonic() - started, 1),
+    }
 
 
 SECONDARY_PER_HOUR, SECONDARY_PER_MINUTE = 500, 80
-PRIMARY = {"token, or an App's minimum": 5000, "App, most (repositories/users)": 12500,
-           "App on Enterprise Cloud": 15000}
+PRIMARY = {
+    "token, or an App's minimum": 5000,
+    "App, most (repositories/users)": 12500,
+    "App on Enterprise Cloud": 15000,
+}
 
 
 def sustainable(report: dict, run_minutes: float) -> list[str]:
@@ -137,22 +165,32 @@ def sustainable(report: dict, run_minutes: float) -> list[str]:
     # while it trains: the check's move to in_progress, then one update per PROGRESS_EVERY_S (at 0, 120, 240 s
     # of a 5-minute run: 3); a token's commit status says "training" once
     progress = 1.0 if report["auth"] == "token" else float(math.ceil(run_minutes * 60 / PROGRESS_EVERY_S))
-    lines = [(f"per experiment: {billable:.2f} requests that count (304s apart), {creating:.2f} content-creating; "
-              f"plus {progress:.0f} {'status' if report['auth'] == 'token' else 'check'} updates while a "
-              f"{run_minutes:g}-minute candidate run trains (content-creating)")]
+    lines = [
+        (
+            f"per experiment: {billable:.2f} requests that count (304s apart), {creating:.2f} content-creating; "
+            f"plus {progress:.0f} {'status' if report['auth'] == 'token' else 'check'} updates while a "
+            f"{run_minutes:g}-minute candidate run trains (content-creating)"
+        )
+    ]
     for extra, what in ((0.0, "as measured"), (progress, f"with {run_minutes:g}-minute runs")):
         if what != "as measured" and not progress:
             continue
         per_hour = min(SECONDARY_PER_HOUR, SECONDARY_PER_MINUTE * 60) / (creating + extra)
         per_minute = SECONDARY_PER_MINUTE / (creating + extra)
-        lines.append(f"secondary limit ({what}): {per_hour:.1f} experiments an hour "
-                     f"(500 content-creating an hour / {creating + extra:.2f}); a burst of {per_minute:.1f} a minute")
-        for name, limit in list(PRIMARY.items())[:1 if report["auth"] == "token" else None]:
-            lines.append(f"primary limit, {name} ({limit:,}/h, {what}): {limit / (billable + extra):.0f} experiments an hour")
-    lines.append("idle, per hour (not per experiment): main's head read every 30 s idle tick: 120 conditional "
-                 "GETs, 304 while main stands still (free); poll mode only: 2 + 1 per open pull request every 60 s, "
-                 "120 + 60 per open PR conditional GETs, free while nothing changed; research log: at most 12 edits "
-                 "(one per 300 s) besides one per kept change")
+        lines.append(
+            f"secondary limit ({what}): {per_hour:.1f} experiments an hour "
+            f"(500 content-creating an hour / {creating + extra:.2f}); a burst of {per_minute:.1f} a minute"
+        )
+        for name, limit in list(PRIMARY.items())[: 1 if report["auth"] == "token" else None]:
+            lines.append(
+                f"primary limit, {name} ({limit:,}/h, {what}): {limit / (billable + extra):.0f} experiments an hour"
+            )
+    lines.append(
+        "idle, per hour (not per experiment): main's head read every 30 s idle tick: 120 conditional "
+        "GETs, 304 while main stands still (free); poll mode only: 2 + 1 per open pull request every 60 s, "
+        "120 + 60 per open PR conditional GETs, free while nothing changed; research log: at most 12 edits "
+        "(one per 300 s) besides one per kept change"
+    )
     return lines
 
 
@@ -160,15 +198,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--experiments", type=int, default=6)
     parser.add_argument("--token", action="store_true")
-    parser.add_argument("--run-minutes", type=float, default=5.0, help="a candidate run's length, for the check "
-                        "updates while it trains (default 5: autoresearch's budget)")
+    parser.add_argument(
+        "--run-minutes",
+        type=float,
+        default=5.0,
+        help="a candidate run's length, for the check updates while it trains (default 5: autoresearch's budget)",
+    )
     args = parser.parse_args()
     report = run(args.experiments, args.token)
     n = report["experiments"]
-    print(f"{n} experiments {report['statuses']} ({report['auth']}): {report['requests']} requests "
-          f"({report['requests'] / n:.1f} per experiment), {report['creating']} created content "
-          f"({report['creating'] / n:.1f} per experiment), {report['not_modified']} answered 304 (free), "
-          f"in {report['seconds']} s")
+    print(
+        f"{n} experiments {report['statuses']} ({report['auth']}): {report['requests']} requests "
+        f"({report['requests'] / n:.1f} per experiment), {report['creating']} created content "
+        f"({report['creating'] / n:.1f} per experiment), {report['not_modified']} answered 304 (free), "
+        f"in {report['seconds']} s"
+    )
     print(f"{'endpoint':64} {'calls':>6} {'/exp':>6} {'creating':>8} {'304':>5}")
     for name, (count, made, unchanged) in report["by_endpoint"].items():
         print(f"{name:64} {count:6d} {count / n:6.2f} {made:8d} {unchanged:5d}")

@@ -55,17 +55,26 @@ from runner.profiles import REFERENCE_VAL_SHARD, Profile, get_profile
 
 AUTORESEARCH = Path(sys.executable).parent / "autoresearch"
 # karpathy/autoresearch's README, baseline train.py on one H100 (the figures this is compared to)
-REFERENCE = {"val_bpb": 0.9979, "mfu_percent": 39.8, "num_steps": 953, "overhead_s": 25.8, "total_s": 325.9,
-             "training_s": 300.1, "tokens_per_second": round(953 * 2**19 / 300),  # derived: steps x batch / budget
-             "source": "karpathy/autoresearch, baseline train.py on one H100 (as quoted in issue 11)"}
+REFERENCE = {
+    "val_bpb": 0.9979,
+    "mfu_percent": 39.8,
+    "num_steps": 953,
+    "overhead_s": 25.8,
+    "total_s": 325.9,
+    "training_s": 300.1,
+    "tokens_per_second": round(953 * 2**19 / 300),  # derived: steps x batch / budget
+    "source": "karpathy/autoresearch, baseline train.py on one H100 (as quoted in issue 11)",
+}
 STAND_IN_PORT = 8731  # fixed, so that the stand-in's source URL (and its prepared cache) is the same each call
 CHARS_PER_TOKEN = 4.5  # a generous guess for English with a BPE tokenizer of 1-8k tokens
 DOC_CHARS = 1500  # stand-in documents: a few paragraphs each, at most this long and ...
 DOC_CHARS_PER_SEQ = 2  # ... at most this many characters per token of a row: whole documents fill the rows
 
-STAND_IN_LOUD = ("STAND-IN DATA: the runs train and score on shuffled paragraphs of the built-in corpus, not on "
-                 "the reference's shards. val_bpb DOES NOT COMPARE with the reference's "
-                 "0.9979; steps, tokens/s, MFU and the overheads do.")
+STAND_IN_LOUD = (
+    "STAND-IN DATA: the runs train and score on shuffled paragraphs of the built-in corpus, not on "
+    "the reference's shards. val_bpb DOES NOT COMPARE with the reference's "
+    "0.9979; steps, tokens/s, MFU and the overheads do."
+)
 
 
 def say(line: str) -> None:
@@ -74,30 +83,46 @@ def say(line: str) -> None:
 
 # --- the machine ----------------------------------------------------------------------------------------
 
+
 def machine() -> dict[str, Any]:
-    info: dict[str, Any] = {"host": platform.node(), "cpu": platform.processor() or platform.machine(),
-                            "cores": os.cpu_count(), "python": platform.python_version()}
+    info: dict[str, Any] = {
+        "host": platform.node(),
+        "cpu": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+    }
     try:
         info["memory_gib"] = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
     except (ValueError, OSError):
         pass
     if shutil.which("nvidia-smi"):
-        done = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
-                               "--format=csv,noheader"], capture_output=True, text=True, timeout=60, check=False)
+        done = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
         info["nvidia_smi"] = done.stdout.strip() or done.stderr.strip()
     else:
         info["nvidia_smi"] = None
-    probe = ("import torch; c = torch.cuda.is_available(); print(torch.__version__, torch.version.cuda, c, "
-             "torch.cuda.get_device_name(0) if c else '-')")
+    probe = (
+        "import torch; c = torch.cuda.is_available(); print(torch.__version__, torch.version.cuda, c, "
+        "torch.cuda.get_device_name(0) if c else '-')"
+    )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, check=False)
     info["torch"] = done.stdout.strip() or done.stderr.strip()[-300:]
     bwrap = shutil.which("bwrap")
-    info["bwrap"] = subprocess.run([bwrap, "--version"], capture_output=True, text=True, check=False).stdout.strip() \
-        if bwrap else None
+    info["bwrap"] = (
+        subprocess.run([bwrap, "--version"], capture_output=True, text=True, check=False).stdout.strip()
+        if bwrap
+        else None
+    )
     return info
 
 
 # --- the data ---------------------------------------------------------------------------------------------
+
 
 def reachable(url: str, timeout_s: float) -> str:
     """'' when the reference's first shard answers, else why not."""
@@ -132,8 +157,15 @@ def stand_in_shards(profile: Profile, root: Path, seed: int = 0) -> dict[str, An
     n_train = max(1, profile.train_shards)
     names = [shard_name(i) for i in range(n_train)] + [shard_name(REFERENCE_VAL_SHARD)]
     per_shard = math.ceil(train_chars / n_train)
-    info = {"train_shards": n_train, "doc_chars": doc_chars, "train_chars": per_shard * n_train,
-            "val_chars": val_chars, "files": names, "made_from": str(BUILTIN_CORPUS.relative_to(ROOT)), "seed": seed}
+    info = {
+        "train_shards": n_train,
+        "doc_chars": doc_chars,
+        "train_chars": per_shard * n_train,
+        "val_chars": val_chars,
+        "files": names,
+        "made_from": str(BUILTIN_CORPUS.relative_to(ROOT)),
+        "seed": seed,
+    }
     info["directory"] = f"{profile.name}-{hashlib.sha256(json.dumps(info).encode()).hexdigest()[:8]}"
     directory = root / info["directory"]
     done = directory / "complete.json"
@@ -142,8 +174,13 @@ def stand_in_shards(profile: Profile, root: Path, seed: int = 0) -> dict[str, An
     shutil.rmtree(directory, ignore_errors=True)
     directory.mkdir(parents=True)
     with gzip.open(BUILTIN_CORPUS, "rt", encoding="utf-8") as handle:
-        paragraphs = [p for line in handle if line.strip() for p in json.loads(line)["text"].split("\n\n")
-                      if p.strip() and len(p) <= doc_chars // 2]
+        paragraphs = [
+            p
+            for line in handle
+            if line.strip()
+            for p in json.loads(line)["text"].split("\n\n")
+            if p.strip() and len(p) <= doc_chars // 2
+        ]
     val_pool = paragraphs[9::10]  # every 10th paragraph is validation-only
     train_pool = [p for i, p in enumerate(paragraphs) if i % 10 != 9]
     rng = random.Random(seed)
@@ -160,10 +197,16 @@ def stand_in_shards(profile: Profile, root: Path, seed: int = 0) -> dict[str, An
         return docs
 
     for name in names[:-1]:
-        pq.write_table(pa.table({"text": pa.array(documents(train_pool, per_shard), type=pa.string())}),
-                       directory / name, row_group_size=1024)
-    pq.write_table(pa.table({"text": pa.array(documents(val_pool, val_chars), type=pa.string())}),
-                   directory / names[-1], row_group_size=1024)
+        pq.write_table(
+            pa.table({"text": pa.array(documents(train_pool, per_shard), type=pa.string())}),
+            directory / name,
+            row_group_size=1024,
+        )
+    pq.write_table(
+        pa.table({"text": pa.array(documents(val_pool, val_chars), type=pa.string())}),
+        directory / names[-1],
+        row_group_size=1024,
+    )
     done.write_text(json.dumps(info))
     return info
 
@@ -210,8 +253,10 @@ def prepare_data(args: argparse.Namespace, profile: Profile) -> dict[str, Any]:
     started = time.time()
     info = stand_in_shards(profile, root, args.seed)
     directory = root / info["directory"]
-    say(f"stand-in shards in {directory} ({time.time() - started:.0f} s): {info['train_shards']} training "
-        f"shard(s), {info['train_chars'] / 1e6:.1f} M chars; validation {info['val_chars'] / 1e6:.1f} M chars")
+    say(
+        f"stand-in shards in {directory} ({time.time() - started:.0f} s): {info['train_shards']} training "
+        f"shard(s), {info['train_chars'] / 1e6:.1f} M chars; validation {info['val_chars'] / 1e6:.1f} M chars"
+    )
     server, url = serve_directory(root)
     url = f"{url}/{info['directory']}"  # the URL names the stand-in's settings: another one is prepared afresh
     try:
@@ -225,8 +270,10 @@ def prepare_data(args: argparse.Namespace, profile: Profile) -> dict[str, Any]:
 
 # --- the runs ---------------------------------------------------------------------------------------------
 
-def train(args: argparse.Namespace, label: str, source: str | None, out: Path, budget_s: float, *,
-          sandbox: bool = True) -> dict[str, Any]:
+
+def train(
+    args: argparse.Namespace, label: str, source: str | None, out: Path, budget_s: float, *, sandbox: bool = True
+) -> dict[str, Any]:
     cmd = [str(AUTORESEARCH), "train", "--profile", args.profile, "--json", "--out", str(out)]
     cmd += ["--data", source] if source else []
     cmd += [] if sandbox else ["--no-sandbox"]
@@ -242,21 +289,39 @@ def train(args: argparse.Namespace, label: str, source: str | None, out: Path, b
     timings = result.get("timings") or {}
     metrics = result.get("metrics") or {}
     total = timings.get("total")
-    row = {"label": label, "exit": done.returncode, "status": result.get("status"), "error": result.get("error"),
-           "val_bpb": result.get("val_bpb"), "mfu_percent": metrics.get("mfu_percent"),
-           "num_steps": metrics.get("num_steps"), "tokens_per_second": metrics.get("tokens_per_second"),
-           "startup_s": timings.get("startup"), "training_s": timings.get("training"), "training_wall_s": timings.get("training_wall"),
-           "export_s": timings.get("export"), "evaluation_s": timings.get("evaluation"), "probe_s": timings.get("probe"),
-           "sandbox_setup_s": timings.get("sandbox_setup"), "total_s": total,
-           # as the reference counts it: everything but the training budget (start-up, compile, export, scoring)
-           "overhead_s": round(total - budget_s, 3) if total is not None else None,
-           "command_wall_s": round(wall, 3), "sandboxed": result.get("sandboxed"),
-           "device": (result.get("runner") or {}).get("device"), "sandbox": (result.get("runner") or {}).get("sandbox"),
-           "peak_vram_mb": metrics.get("peak_vram_mb"), "cpu_share": metrics.get("cpu_share"),
-           "run_dir": str(out), "result": result}
+    row = {
+        "label": label,
+        "exit": done.returncode,
+        "status": result.get("status"),
+        "error": result.get("error"),
+        "val_bpb": result.get("val_bpb"),
+        "mfu_percent": metrics.get("mfu_percent"),
+        "num_steps": metrics.get("num_steps"),
+        "tokens_per_second": metrics.get("tokens_per_second"),
+        "startup_s": timings.get("startup"),
+        "training_s": timings.get("training"),
+        "training_wall_s": timings.get("training_wall"),
+        "export_s": timings.get("export"),
+        "evaluation_s": timings.get("evaluation"),
+        "probe_s": timings.get("probe"),
+        "sandbox_setup_s": timings.get("sandbox_setup"),
+        "total_s": total,
+        # as the reference counts it: everything but the training budget (start-up, compile, export, scoring)
+        "overhead_s": round(total - budget_s, 3) if total is not None else None,
+        "command_wall_s": round(wall, 3),
+        "sandboxed": result.get("sandboxed"),
+        "device": (result.get("runner") or {}).get("device"),
+        "sandbox": (result.get("runner") or {}).get("sandbox"),
+        "peak_vram_mb": metrics.get("peak_vram_mb"),
+        "cpu_share": metrics.get("cpu_share"),
+        "run_dir": str(out),
+        "result": result,
+    }
     row["attention_note"] = attention_note(out / "log.txt")
-    say(f"  {row['status']}: val_bpb {row['val_bpb']}  steps {row['num_steps']}  total {total} s"
-        + (f"  ({row['error']})" if row["error"] else ""))
+    say(
+        f"  {row['status']}: val_bpb {row['val_bpb']}  steps {row['num_steps']}  total {total} s"
+        + (f"  ({row['error']})" if row["error"] else "")
+    )
     return row
 
 
@@ -270,20 +335,33 @@ def attention_note(log: Path) -> str | None:
     return next((line.strip() for line in text.splitlines() if "Flash Attention" in line), None)
 
 
-ROWS = [("val_bpb", "val_bpb", "{:.4f}"), ("MFU %", "mfu_percent", "{:.1f}"), ("steps", "num_steps", "{:.0f}"),
-        ("tokens/s", "tokens_per_second", "{:,.0f}"), ("start-up s", "startup_s", "{:.1f}"),
-        ("training s (wall)", "training_wall_s", "{:.1f}"), ("export s", "export_s", "{:.1f}"),
-        ("evaluation s", "evaluation_s", "{:.1f}"), ("sandbox set-up s", "sandbox_setup_s", "{:.2f}"),
-        ("overhead s (total - budget)", "overhead_s", "{:.1f}"), ("total s", "total_s", "{:.1f}"),
-        ("sandboxed", "sandboxed", "")]
+ROWS = [
+    ("val_bpb", "val_bpb", "{:.4f}"),
+    ("MFU %", "mfu_percent", "{:.1f}"),
+    ("steps", "num_steps", "{:.0f}"),
+    ("tokens/s", "tokens_per_second", "{:,.0f}"),
+    ("start-up s", "startup_s", "{:.1f}"),
+    ("training s (wall)", "training_wall_s", "{:.1f}"),
+    ("export s", "export_s", "{:.1f}"),
+    ("evaluation s", "evaluation_s", "{:.1f}"),
+    ("sandbox set-up s", "sandbox_setup_s", "{:.2f}"),
+    ("overhead s (total - budget)", "overhead_s", "{:.1f}"),
+    ("total s", "total_s", "{:.1f}"),
+    ("sandboxed", "sandboxed", ""),
+]
 
 
 def table(runs: list[dict[str, Any]], reference: bool) -> str:
     heads = [r["label"] for r in runs] + (["reference (H100)"] if reference else [])
-    ref = {"val_bpb": REFERENCE["val_bpb"], "mfu_percent": REFERENCE["mfu_percent"],
-           "num_steps": REFERENCE["num_steps"], "tokens_per_second": REFERENCE["tokens_per_second"],
-           "training_wall_s": REFERENCE["training_s"],
-           "overhead_s": REFERENCE["overhead_s"], "total_s": REFERENCE["total_s"]}
+    ref = {
+        "val_bpb": REFERENCE["val_bpb"],
+        "mfu_percent": REFERENCE["mfu_percent"],
+        "num_steps": REFERENCE["num_steps"],
+        "tokens_per_second": REFERENCE["tokens_per_second"],
+        "training_wall_s": REFERENCE["training_s"],
+        "overhead_s": REFERENCE["overhead_s"],
+        "total_s": REFERENCE["total_s"],
+    }
     lines = ["| | " + " | ".join(heads) + " |", "|---" * (len(heads) + 1) + "|"]
     for name, key, form in ROWS:
         cells = [form.format(r[key]) if isinstance(r.get(key), (int, float)) else "-" for r in runs]
@@ -315,8 +393,10 @@ def main() -> None:
     runs_dir = (args.runs_dir or ROOT / "runs" / f"bench-gpu-{stamp}").resolve()
     runs_dir.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    say(f"# bench/gpu.py {' '.join(sys.argv[1:])}  |  {time.strftime('%Y-%m-%d %H:%M')}  |  profile {profile.name} "
-        f"({profile.device}, {profile.time_budget_s:.0f} s budget)  |  runs in {runs_dir}")
+    say(
+        f"# bench/gpu.py {' '.join(sys.argv[1:])}  |  {time.strftime('%Y-%m-%d %H:%M')}  |  profile {profile.name} "
+        f"({profile.device}, {profile.time_budget_s:.0f} s budget)  |  runs in {runs_dir}"
+    )
     info = machine()
     say(f"machine: {info}")
     if profile.device == "cuda" and not info.get("nvidia_smi"):
@@ -328,21 +408,34 @@ def main() -> None:
     plan += [] if args.no_warm else [("warm-cache start-up", True)]
     plan += [] if args.no_unsandboxed else [("no sandbox", False)]
     plan = [] if args.prepare_only else plan
-    runs = [train(args, label, source, runs_dir / label.replace(" ", "-"), profile.time_budget_s, sandbox=box)
-            for label, box in plan]
+    runs = [
+        train(args, label, source, runs_dir / label.replace(" ", "-"), profile.time_budget_s, sandbox=box)
+        for label, box in plan
+    ]
 
     boxed = [r for r in runs if r["sandboxed"] and isinstance(r["total_s"], float)]
     bare = [r for r in runs if r["sandboxed"] is False and isinstance(r["total_s"], float)]
     summary: dict[str, Any] = {"all_ok": all(r["status"] == "ok" for r in runs)}
     if boxed and bare:
+
         def mean(rows: list[dict[str, Any]], key: str) -> float:
             return sum(r[key] for r in rows) / len(rows)
 
-        summary["sandbox_cost_s"] = {key: round(mean(boxed, key) - mean(bare, key), 3)
-                                     for key in ("total_s", "overhead_s", "sandbox_setup_s", "evaluation_s")}
-    report = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": ["bench/gpu.py", *sys.argv[1:]],
-              "profile": profile.name, "machine": info, "data": data, "runs": runs, "reference": REFERENCE,
-              "summary": summary, "wall_s": round(time.time() - started, 1)}
+        summary["sandbox_cost_s"] = {
+            key: round(mean(boxed, key) - mean(bare, key), 3)
+            for key in ("total_s", "overhead_s", "sandbox_setup_s", "evaluation_s")
+        }
+    report = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "command": ["bench/gpu.py", *sys.argv[1:]],
+        "profile": profile.name,
+        "machine": info,
+        "data": data,
+        "runs": runs,
+        "reference": REFERENCE,
+        "summary": summary,
+        "wall_s": round(time.time() - started, 1),
+    }
     args.out.write_text(json.dumps(report, indent=2, default=str))
 
     say("")
@@ -355,8 +448,10 @@ def main() -> None:
     notes = sorted({r["attention_note"] for r in runs if r.get("attention_note")})
     for note in notes:
         say(f"train.py said: {note}")
-    say("warm-cache start-up: the same machine with the data, tokenizer and Python files already read once; every "
-        "run gets a fresh HOME and /tmp, so torch.compile's and the kernels package's caches never carry over")
+    say(
+        "warm-cache start-up: the same machine with the data, tokenizer and Python files already read once; every "
+        "run gets a fresh HOME and /tmp, so torch.compile's and the kernels package's caches never carry over"
+    )
     if "sandbox_cost_s" in summary:
         say(f"sandbox cost (sandboxed mean minus the unsandboxed run): {summary['sandbox_cost_s']}")
     failed = [r for r in runs if r["status"] != "ok"]

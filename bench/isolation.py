@@ -48,8 +48,15 @@ def bare(profile: str, out: Path) -> dict[str, float]:
     result = launch.run(ROOT / "train.py", profile, out, threads=0)
     wall = time.time() - started
     assert result["status"] == "ok", result.get("error")
-    return {"wall": wall, "startup": result["startup_seconds"], "evaluation": result["eval_seconds"],
-            "probe": 0.0, "sandbox_setup": 0.0, "export": 0.0, "training_wall": result["training_wall_seconds"]}
+    return {
+        "wall": wall,
+        "startup": result["startup_seconds"],
+        "evaluation": result["eval_seconds"],
+        "probe": 0.0,
+        "sandbox_setup": 0.0,
+        "export": 0.0,
+        "training_wall": result["training_wall_seconds"],
+    }
 
 
 def isolated(profile: str, out: Path, sandboxed: bool, warm: bool = False) -> dict[str, float]:
@@ -68,9 +75,15 @@ def isolated(profile: str, out: Path, sandboxed: bool, warm: bool = False) -> di
     assert result.status == "ok", result.error
     assert result.sandboxed == sandboxed, "bubblewrap is not usable here" if sandboxed else "unexpected sandbox"
     t = result.timings
-    return {"wall": wall, "startup": t.startup, "evaluation": t.evaluation, "probe": t.probe,
-            "sandbox_setup": t.sandbox_setup, "export": t.export,
-            "training_wall": float(result.metrics.get("training_wall_seconds") or 0.0)}
+    return {
+        "wall": wall,
+        "startup": t.startup,
+        "evaluation": t.evaluation,
+        "probe": t.probe,
+        "sandbox_setup": t.sandbox_setup,
+        "export": t.export,
+        "training_wall": float(result.metrics.get("training_wall_seconds") or 0.0),
+    }
 
 
 def main() -> None:
@@ -81,10 +94,12 @@ def main() -> None:
     args = parser.parse_args()
     prepare(args.profile, None, progress=False)
     budget = get_profile(args.profile).time_budget_s
-    kinds = {"bare (in-process eval)": lambda out: bare(args.profile, out),
-             "isolated, no sandbox": lambda out: isolated(args.profile, out, False),
-             "isolated, sandboxed": lambda out: isolated(args.profile, out, True),
-             "isolated, sandboxed, warm": lambda out: isolated(args.profile, out, True, warm=True)}
+    kinds = {
+        "bare (in-process eval)": lambda out: bare(args.profile, out),
+        "isolated, no sandbox": lambda out: isolated(args.profile, out, False),
+        "isolated, sandboxed": lambda out: isolated(args.profile, out, True),
+        "isolated, sandboxed, warm": lambda out: isolated(args.profile, out, True, warm=True),
+    }
     rows: dict[str, list[dict[str, float]]] = {k: [] for k in kinds}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.repeats):
@@ -94,14 +109,20 @@ def main() -> None:
                 row["cold"] = float(cold)
                 rows[name].append(row)
                 print(json.dumps({"kind": name, "repeat": i, **{k: round(v, 2) for k, v in row.items()}}), flush=True)
-    print(f"\nprofile {args.profile}, budget {budget:.0f} s; seconds per run, median of {args.repeats} "
-          "(overhead = wall - the training loop's own wall time)")
-    print(f"{'kind':28} {'wall':>6} {'overhead':>8} {'setup':>6} {'start-up':>8} {'export':>6} {'scoring':>7} {'probe':>6}")
+    print(
+        f"\nprofile {args.profile}, budget {budget:.0f} s; seconds per run, median of {args.repeats} "
+        "(overhead = wall - the training loop's own wall time)"
+    )
+    print(
+        f"{'kind':28} {'wall':>6} {'overhead':>8} {'setup':>6} {'start-up':>8} {'export':>6} {'scoring':>7} {'probe':>6}"
+    )
     for name, runs in rows.items():
         med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
         overhead = statistics.median(r["wall"] - r["training_wall"] for r in runs)
-        print(f"{name:28} {med['wall']:6.1f} {overhead:8.1f} {med['sandbox_setup']:6.2f} {med['startup']:8.1f} "
-              f"{med['export']:6.1f} {med['evaluation']:7.1f} {med['probe']:6.2f}")
+        print(
+            f"{name:28} {med['wall']:6.1f} {overhead:8.1f} {med['sandbox_setup']:6.2f} {med['startup']:8.1f} "
+            f"{med['export']:6.1f} {med['evaluation']:7.1f} {med['probe']:6.2f}"
+        )
 
 
 if __name__ == "__main__":

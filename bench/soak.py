@@ -108,16 +108,25 @@ def tick_cost(snap: Path, ticks: int = 30) -> dict[str, Any]:
     try:
         n = store.experiments.count()
         identity = store.state.identity
-        loop = Conductor(store, LocalForge(snap / "repo"), FakeRunner(slots=2, auto=False), ScriptedAgent([]),
-                         ConductorConfig(profile=identity.get("profile", "smoke"), identity=identity,
-                                         max_experiments=max(1, n), lookahead=0))
+        loop = Conductor(
+            store,
+            LocalForge(snap / "repo"),
+            FakeRunner(slots=2, auto=False),
+            ScriptedAgent([]),
+            ConductorConfig(
+                profile=identity.get("profile", "smoke"), identity=identity, max_experiments=max(1, n), lookahead=0
+            ),
+        )
         loop.start()
         for _ in range(10):  # settle: runs of the killed bot are found lost and queued again on the fake
             loop.tick()
         walls, cpus, statements = time_ticks(loop, store, ticks)
-        return {"tick_experiments": n, "tick_wall_ms_median": round(1000 * statistics.median(walls), 2),
-                "tick_cpu_ms_median": round(1000 * statistics.median(cpus), 2),
-                "tick_sql_per_tick": statements / ticks}
+        return {
+            "tick_experiments": n,
+            "tick_wall_ms_median": round(1000 * statistics.median(walls), 2),
+            "tick_cpu_ms_median": round(1000 * statistics.median(cpus), 2),
+            "tick_sql_per_tick": statements / ticks,
+        }
     except Exception as error:  # noqa: BLE001 (a measurement, not a check: say why and go on)
         return {"tick_error": f"{type(error).__name__}: {error}"}
     finally:
@@ -129,14 +138,28 @@ def run_soak(args: argparse.Namespace) -> tuple[list[dict[str, Any]], int]:
     rng = random.Random(args.seed)
     workdir = args.workdir
     workdir.mkdir(parents=True, exist_ok=True)
-    cmd = [str(AUTORESEARCH), "demo", "--workdir", str(workdir), "--profile", args.profile, "--slots",
-           str(args.slots), "--experiments", str(args.experiments), "--seed", str(args.seed), "--no-dashboard"]
+    cmd = [
+        str(AUTORESEARCH),
+        "demo",
+        "--workdir",
+        str(workdir),
+        "--profile",
+        args.profile,
+        "--slots",
+        str(args.slots),
+        "--experiments",
+        str(args.experiments),
+        "--seed",
+        str(args.seed),
+        "--no-dashboard",
+    ]
     lives: list[dict[str, Any]] = []
     kills = 0
     started = time.time()
     proc: subprocess.Popen[bytes] | None = None
     born = started
     with open(workdir / "soak-demo.log", "ab") as log, open(args.out, "w") as out:
+
         def start() -> subprocess.Popen[bytes]:
             return subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -162,9 +185,13 @@ def run_soak(args: argparse.Namespace) -> tuple[list[dict[str, Any]], int]:
                 life["ended"] = "SIGKILL"
             else:
                 life["ended"] = f"exit {code}"
-            life.update(lived_s=round(time.time() - born, 1), rss_start_kib=first,
-                        rss_end_kib=last, store_bytes=store_bytes(workdir) if (workdir / "state.db").exists() else 0,
-                        db_bytes=(workdir / "state.db").stat().st_size if (workdir / "state.db").exists() else 0)
+            life.update(
+                lived_s=round(time.time() - born, 1),
+                rss_start_kib=first,
+                rss_end_kib=last,
+                store_bytes=store_bytes(workdir) if (workdir / "state.db").exists() else 0,
+                db_bytes=(workdir / "state.db").stat().st_size if (workdir / "state.db").exists() else 0,
+            )
             snap = snapshot(workdir) if (workdir / "state.db").exists() else None
             if snap is not None:
                 life.update(counts(workdir))
@@ -175,10 +202,12 @@ def run_soak(args: argparse.Namespace) -> tuple[list[dict[str, Any]], int]:
             lives.append(life)
             out.write(json.dumps(life) + "\n")
             out.flush()
-            print(f"life {life['life']:3d}: {life['ended']:8s} after {life['lived_s']:6.1f}s  done "
-                  f"{life.get('done', 0):3d}/{args.experiments}  store {life['store_bytes'] / 1024:7.0f} KiB  "
-                  f"RSS {fmt_kib(first)} -> {fmt_kib(last)}  tick {life.get('tick_cpu_ms_median', '-')} ms CPU",
-                  flush=True)
+            print(
+                f"life {life['life']:3d}: {life['ended']:8s} after {life['lived_s']:6.1f}s  done "
+                f"{life.get('done', 0):3d}/{args.experiments}  store {life['store_bytes'] / 1024:7.0f} KiB  "
+                f"RSS {fmt_kib(first)} -> {fmt_kib(last)}  tick {life.get('tick_cpu_ms_median', '-')} ms CPU",
+                flush=True,
+            )
             if code == 0:
                 return lives, kills
             if time.time() - started > args.max_hours * 3600:  # stop here; the check says what is unfinished
@@ -225,8 +254,12 @@ def check(workdir: Path, experiments: int) -> dict[str, Any]:
         problems.append(f"experiments decided more than once (events): {twice}")
 
     git = ["git", "-C", str(workdir / "repo")]
-    branches = subprocess.run([*git, "for-each-ref", "--format=%(refname:short)", "refs/heads/autoresearch/"],
-                              capture_output=True, text=True, check=True).stdout.split()
+    branches = subprocess.run(
+        [*git, "for-each-ref", "--format=%(refname:short)", "refs/heads/autoresearch/"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     by_exp: dict[int, list[str]] = {}
     for branch in branches:
         number = branch.split("/", 1)[1].split("-", 1)[0]
@@ -241,8 +274,11 @@ def check(workdir: Path, experiments: int) -> dict[str, Any]:
     if missing:
         problems.append(f"experiments whose branch is missing: {missing}")
     for e in exps:
-        if e["status"] == "keep" and (not e["merged_sha"] or subprocess.run(
-                [*git, "merge-base", "--is-ancestor", e["merged_sha"], "main"], check=False).returncode != 0):
+        if e["status"] == "keep" and (
+            not e["merged_sha"]
+            or subprocess.run([*git, "merge-base", "--is-ancestor", e["merged_sha"], "main"], check=False).returncode
+            != 0
+        ):
             problems.append(f"kept experiment {e['id']} is not on main")
 
     run_states: dict[str, int] = {}
@@ -258,7 +294,11 @@ def check(workdir: Path, experiments: int) -> dict[str, Any]:
         elif r["state"] == "done" and r["status"] not in ("ok", "crash", "timeout", "rejected"):
             problems.append(f"run {r['id']} done without a status")
     run_ids = {r["id"] for r in runs}
-    dirs = {int(p.name) for p in (workdir / "runs").iterdir() if p.name.isdigit()} if (workdir / "runs").is_dir() else set()
+    dirs = (
+        {int(p.name) for p in (workdir / "runs").iterdir() if p.name.isdigit()}
+        if (workdir / "runs").is_dir()
+        else set()
+    )
     if dirs - run_ids:
         problems.append(f"run directories without a run: {sorted(dirs - run_ids)}")
     started = {r["id"] for r in runs if r["run_dir"]}
@@ -270,8 +310,15 @@ def check(workdir: Path, experiments: int) -> dict[str, Any]:
 
     finished = [e for e in exps if e["state"] == "done"]
     tsv = (workdir / "results.tsv").read_text().splitlines() if (workdir / "results.tsv").exists() else []
-    as_json = json.loads(subprocess.run([str(AUTORESEARCH), "results", "--workdir", str(workdir), "--json"],
-                                        cwd=ROOT, capture_output=True, text=True, check=True).stdout)
+    as_json = json.loads(
+        subprocess.run(
+            [str(AUTORESEARCH), "results", "--workdir", str(workdir), "--json"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
     json_ids = [row["id"] for row in as_json if row["id"] != 0]
     if sorted(json_ids) != sorted(e["id"] for e in finished) or len(json_ids) != len(set(json_ids)):
         problems.append(f"results --json lists experiments {json_ids}, the store {[e['id'] for e in finished]}")
@@ -283,16 +330,29 @@ def check(workdir: Path, experiments: int) -> dict[str, Any]:
     by_status: dict[str, int] = {}
     for e in finished:
         by_status[e["status"]] = by_status.get(e["status"], 0) + 1
-    return {"experiments": len(exps), "by_status": by_status, "runs": len(runs), "run_states": run_states,
-            "branches": len(branches), "duplicate_code": dup_codes, "tsv_rows": len(tsv) - 1,
-            "problems": problems}
+    return {
+        "experiments": len(exps),
+        "by_status": by_status,
+        "runs": len(runs),
+        "run_states": run_states,
+        "branches": len(branches),
+        "duplicate_code": dup_codes,
+        "tsv_rows": len(tsv) - 1,
+        "problems": problems,
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--experiments", type=int, default=200)
-    parser.add_argument("--kill-every", type=float, nargs=2, metavar=("MIN", "MAX"), default=None,
-                        help="seconds between kills (default 180 360, scaled to --experiments / 200, at least 15 30)")
+    parser.add_argument(
+        "--kill-every",
+        type=float,
+        nargs=2,
+        metavar=("MIN", "MAX"),
+        default=None,
+        help="seconds between kills (default 180 360, scaled to --experiments / 200, at least 15 30)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seeds the kill times and the explorer")
     parser.add_argument("--slots", type=int, default=2)
     parser.add_argument("--profile", default="smoke")
@@ -312,29 +372,46 @@ def main() -> None:
     if not 0 < args.kill_every[0] <= args.kill_every[1]:
         parser.error("--kill-every needs 0 < MIN <= MAX")
     args.workdir = (args.workdir or Path(tempfile.mkdtemp(prefix="soak-"))).resolve()
-    print(f"# {' '.join(sys.argv)}  |  {time.strftime('%Y-%m-%d %H:%M')}  |  {platform.processor() or platform.machine()}, "
-          f"{os.cpu_count()} cores, Python {platform.python_version()}  |  work directory {args.workdir}", flush=True)
-    print(f"# {args.experiments} experiments, profile {args.profile}, {args.slots} slots, SIGKILL every "
-          f"{args.kill_every[0]:.0f}-{args.kill_every[1]:.0f} s (seed {args.seed})", flush=True)
+    print(
+        f"# {' '.join(sys.argv)}  |  {time.strftime('%Y-%m-%d %H:%M')}  |  {platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} cores, Python {platform.python_version()}  |  work directory {args.workdir}",
+        flush=True,
+    )
+    print(
+        f"# {args.experiments} experiments, profile {args.profile}, {args.slots} slots, SIGKILL every "
+        f"{args.kill_every[0]:.0f}-{args.kill_every[1]:.0f} s (seed {args.seed})",
+        flush=True,
+    )
     started = time.time()
     lives, kills = run_soak(args)
     result = check(args.workdir, args.experiments)
     first, last = lives[0], lives[-1]
     rss_end = [x["rss_end_kib"] for x in lives if x.get("rss_end_kib")]
     ticks = [x for x in lives if "tick_cpu_ms_median" in x]
-    summary = {"summary": True, "wall_s": round(time.time() - started), "lives": len(lives), "kills": kills,
-               "restarts": len(lives) - 1, "store_bytes_first": first["store_bytes"], "store_bytes_last": last["store_bytes"],
-               "rss_start_kib": [x["rss_start_kib"] for x in lives], "rss_end_kib": [x["rss_end_kib"] for x in lives],
-               "rss_end_max_kib": max(rss_end) if rss_end else None,
-               "tick_cpu_ms": [(x["tick_experiments"], x["tick_cpu_ms_median"]) for x in ticks],
-               "tick_wall_ms": [(x["tick_experiments"], x["tick_wall_ms_median"]) for x in ticks],
-               "tick_errors": [x["tick_error"] for x in lives if "tick_error" in x], **result}
+    summary = {
+        "summary": True,
+        "wall_s": round(time.time() - started),
+        "lives": len(lives),
+        "kills": kills,
+        "restarts": len(lives) - 1,
+        "store_bytes_first": first["store_bytes"],
+        "store_bytes_last": last["store_bytes"],
+        "rss_start_kib": [x["rss_start_kib"] for x in lives],
+        "rss_end_kib": [x["rss_end_kib"] for x in lives],
+        "rss_end_max_kib": max(rss_end) if rss_end else None,
+        "tick_cpu_ms": [(x["tick_experiments"], x["tick_cpu_ms_median"]) for x in ticks],
+        "tick_wall_ms": [(x["tick_experiments"], x["tick_wall_ms_median"]) for x in ticks],
+        "tick_errors": [x["tick_error"] for x in lives if "tick_error" in x],
+        **result,
+    }
     with open(args.out, "a") as out:
         out.write(json.dumps(summary) + "\n")
     for key, value in summary.items():
         print(f"{key}: {json.dumps(value)}")
-    print(f"soak: {result['experiments']} experiments, {kills} kills, {len(lives) - 1} restarts, "
-          f"{len(result['problems'])} problems; lives in {args.out}")
+    print(
+        f"soak: {result['experiments']} experiments, {kills} kills, {len(lives) - 1} restarts, "
+        f"{len(result['problems'])} problems; lives in {args.out}"
+    )
     sys.exit(1 if result["problems"] else 0)
 
 

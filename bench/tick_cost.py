@@ -53,33 +53,56 @@ class CountingForge:
         def counted(*args, **kwargs):
             self.calls += 1
             return attribute(*args, **kwargs)
+
         return counted
 
 
 def populate(store: Store, main_sha: str, n: int) -> None:
     """N finished experiments (a candidate run each, every third confirmed), main measured twice."""
+
     def run(exp_id: int | None, purpose: str, asset: str) -> None:
-        queued = store.runs.add(experiment_id=exp_id, purpose=purpose, code_hash=code_hash(asset),
-                                commit_sha=main_sha, base_sha=main_sha, asset=asset, profile="smoke")
+        queued = store.runs.add(
+            experiment_id=exp_id,
+            purpose=purpose,
+            code_hash=code_hash(asset),
+            commit_sha=main_sha,
+            base_sha=main_sha,
+            asset=asset,
+            profile="smoke",
+        )
         store.runs.mark_started(queued.id, f"fake://{queued.id}")
         result = result_for(Job(run_id=queued.id, asset=asset, profile="smoke", seed=queued.id))
-        store.runs.finish(queued.id, status=result.status, val_bpb=result.val_bpb, metrics=result.metrics,
-                          error=None, log_tail=result.log_tail)
+        store.runs.finish(
+            queued.id,
+            status=result.status,
+            val_bpb=result.val_bpb,
+            metrics=result.metrics,
+            error=None,
+            log_tail=result.log_tail,
+        )
 
     for _ in range(2):
         run(None, "baseline", MAIN)
     for i in range(n):
         asset = with_effect(MAIN, 0.01 + i * 1e-6, f"experiment {i}")
         exp = store.experiments.start_proposing(main_sha)
-        store.experiments.fill_proposal(exp.id, title=f"experiment {i}", hypothesis="a change", slug=f"e{i}",
-                                        code_hash=code_hash(asset), train_py=asset, meta={})
+        store.experiments.fill_proposal(
+            exp.id,
+            title=f"experiment {i}",
+            hypothesis="a change",
+            slug=f"e{i}",
+            code_hash=code_hash(asset),
+            train_py=asset,
+            meta={},
+        )
         store.experiments.update(exp.id, state=State.BRANCHED, head_sha=main_sha)
         store.experiments.update(exp.id, state=State.MEASURING)
         run(exp.id, "candidate", asset)
         if i % 3 == 0:
             run(exp.id, "confirm", asset)
-        store.experiments.update(exp.id, state=State.CLOSING, status=Status.DISCARD, val_bpb=2.01, delta=0.01,
-                                 reason="worse")
+        store.experiments.update(
+            exp.id, state=State.CLOSING, status=Status.DISCARD, val_bpb=2.01, delta=0.01, reason="worse"
+        )
         store.experiments.update(exp.id, state=State.DONE, event="discard: worse")
 
 
@@ -109,8 +132,13 @@ def measure(n: int, ticks: int) -> dict[str, float | int]:
     populate(store, forge.main_sha(), n)
     runner = FakeRunner(auto=False)  # the run in flight never ends during the measurement
     agent = ScriptedAgent([])
-    loop = Conductor(store, LocalForge(work / "repo"), runner, agent,
-                     ConductorConfig(profile="smoke", identity=dict(IDENTITY), max_experiments=n + 1, lookahead=0))
+    loop = Conductor(
+        store,
+        LocalForge(work / "repo"),
+        runner,
+        agent,
+        ConductorConfig(profile="smoke", identity=dict(IDENTITY), max_experiments=n + 1, lookahead=0),
+    )
     # one more experiment, proposed and in flight: the idle state between two results
     asset = with_effect(MAIN, -0.01, "in flight")
     agent.proposals.append(Proposal("in flight", "a change in flight", asset))
@@ -128,10 +156,14 @@ def measure(n: int, ticks: int) -> dict[str, float | int]:
     walls, cpus, statements = time_ticks(loop, store, ticks)
     assert store.runs.count(RunState.RUNNING) == 1
     store.close()
-    return {"experiments": n, "wall_ms_median": 1000 * statistics.median(walls),
-            "wall_ms_p95": 1000 * sorted(walls)[int(0.95 * len(walls))],
-            "cpu_ms_median": 1000 * statistics.median(cpus), "sql_statements_per_tick": statements / ticks,
-            "forge_calls_per_tick": forge_calls.calls / ticks}
+    return {
+        "experiments": n,
+        "wall_ms_median": 1000 * statistics.median(walls),
+        "wall_ms_p95": 1000 * sorted(walls)[int(0.95 * len(walls))],
+        "cpu_ms_median": 1000 * statistics.median(cpus),
+        "sql_statements_per_tick": statements / ticks,
+        "forge_calls_per_tick": forge_calls.calls / ticks,
+    }
 
 
 def main() -> None:
@@ -139,15 +171,21 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[10, 100, 1000])
     parser.add_argument("--ticks", type=int, default=300)
     args = parser.parse_args()
-    print(f"# {' '.join(sys.argv)}  |  {time.strftime('%Y-%m-%d')}  |  {platform.processor() or platform.machine()}, "
-          f"Python {platform.python_version()}")
+    print(
+        f"# {' '.join(sys.argv)}  |  {time.strftime('%Y-%m-%d')}  |  {platform.processor() or platform.machine()}, "
+        f"Python {platform.python_version()}"
+    )
     rows = [measure(n, args.ticks) for n in args.sizes]
-    print("| experiments in the store | idle tick wall ms (median) | p95 | CPU ms (median) | SQL statements per tick "
-          "| forge calls per tick |")
+    print(
+        "| experiments in the store | idle tick wall ms (median) | p95 | CPU ms (median) | SQL statements per tick "
+        "| forge calls per tick |"
+    )
     print("|---|---|---|---|---|---|")
     for row in rows:
-        print(f"| {row['experiments']} | {row['wall_ms_median']:.2f} | {row['wall_ms_p95']:.2f} | "
-              f"{row['cpu_ms_median']:.2f} | {row['sql_statements_per_tick']:.0f} | {row['forge_calls_per_tick']:.0f} |")
+        print(
+            f"| {row['experiments']} | {row['wall_ms_median']:.2f} | {row['wall_ms_p95']:.2f} | "
+            f"{row['cpu_ms_median']:.2f} | {row['sql_statements_per_tick']:.0f} | {row['forge_calls_per_tick']:.0f} |"
+        )
     print(json.dumps(rows))
 
 

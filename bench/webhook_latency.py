@@ -53,6 +53,7 @@ SECRET = "bench-webhook-secret"
 
 # --- deliveries ------------------------------------------------------------------------------------
 
+
 def template() -> dict:
     """The first `issue_comment.created` example, moved onto a pull request, by a MEMBER."""
     example = next(p for p in json.loads(EXAMPLE.read_text()) if p["action"] == "created")
@@ -60,8 +61,13 @@ def template() -> dict:
     issue = payload["issue"]
     api = issue["url"].replace("/issues/", "/pulls/")
     html = issue["html_url"].replace("/issues/", "/pull/")
-    issue["pull_request"] = {"url": api, "html_url": html, "diff_url": html + ".diff",
-                             "patch_url": html + ".patch", "merged_at": None}
+    issue["pull_request"] = {
+        "url": api,
+        "html_url": html,
+        "diff_url": html + ".diff",
+        "patch_url": html + ".patch",
+        "merged_at": None,
+    }
     payload["comment"]["author_association"] = "MEMBER"
     return payload
 
@@ -99,6 +105,7 @@ class Deliveries:
 
 # --- the server ------------------------------------------------------------------------------------
 
+
 class Server:
     """create_app under uvicorn, in a daemon thread, on a free loopback port."""
 
@@ -112,11 +119,13 @@ class Server:
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
-        config = uvicorn.Config(self.app, log_level="warning", access_log=False, backlog=4096,
-                                timeout_graceful_shutdown=5)
+        config = uvicorn.Config(
+            self.app, log_level="warning", access_log=False, backlog=4096, timeout_graceful_shutdown=5
+        )
         self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
-                                       name="bench-uvicorn", daemon=True)
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self.sock]}, name="bench-uvicorn", daemon=True
+        )
 
     def _wake(self) -> None:
         with self._lock:
@@ -138,6 +147,7 @@ class Server:
 
 
 # --- the client ------------------------------------------------------------------------------------
+
 
 def fire(port: int, deliveries: list[Delivery]) -> tuple[list[tuple[int | None, float]], float]:
     """Send every delivery at once, one thread each. Returns (status, seconds) per request (status
@@ -176,6 +186,7 @@ def fire(port: int, deliveries: list[Delivery]) -> tuple[list[tuple[int | None, 
 
 # --- reporting -------------------------------------------------------------------------------------
 
+
 def percentile(values: list[float], p: float) -> float:
     """Nearest-rank percentile (p in 0..100)."""
     ordered = sorted(values)
@@ -184,11 +195,16 @@ def percentile(values: list[float], p: float) -> float:
 
 def summarize(name: str, results: list[tuple[int | None, float]], wall: float) -> dict:
     ms = [1000 * seconds for _, seconds in results]
-    return {"round": name, "requests": len(results),
-            "p50_ms": round(percentile(ms, 50), 2), "p90_ms": round(percentile(ms, 90), 2),
-            "p99_ms": round(percentile(ms, 99), 2), "max_ms": round(max(ms), 2),
-            "requests_per_s": round(len(results) / wall, 1),
-            "non_2xx": sum(1 for status, _ in results if status is None or not 200 <= status < 300)}
+    return {
+        "round": name,
+        "requests": len(results),
+        "p50_ms": round(percentile(ms, 50), 2),
+        "p90_ms": round(percentile(ms, 90), 2),
+        "p99_ms": round(percentile(ms, 99), 2),
+        "max_ms": round(max(ms), 2),
+        "requests_per_s": round(len(results) / wall, 1),
+        "non_2xx": sum(1 for status, _ in results if status is None or not 200 <= status < 300),
+    }
 
 
 def main() -> int:
@@ -199,11 +215,17 @@ def main() -> int:
     if args.rounds < 1 or args.concurrency < 1:
         parser.error("--rounds and --concurrency must be at least 1")
 
-    machine = {"cpu_count": os.cpu_count(), "platform": platform.platform(),
-               "processor": platform.processor() or platform.machine(),
-               "python": platform.python_version(), "sqlite": sqlite3.sqlite_version}
-    print(f"# {' '.join(sys.argv)}  |  {time.strftime('%Y-%m-%d')}  |  {machine['processor']}, "
-          f"{machine['cpu_count']} CPUs, {machine['platform']}, Python {machine['python']}, SQLite {machine['sqlite']}")
+    machine = {
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "python": platform.python_version(),
+        "sqlite": sqlite3.sqlite_version,
+    }
+    print(
+        f"# {' '.join(sys.argv)}  |  {time.strftime('%Y-%m-%d')}  |  {machine['processor']}, "
+        f"{machine['cpu_count']} CPUs, {machine['platform']}, Python {machine['python']}, SQLite {machine['sqlite']}"
+    )
 
     deliveries = Deliveries()
     failures: list[str] = []
@@ -230,9 +252,11 @@ def main() -> int:
             sent += [d.id for d in race]
             wakes = server.wakes
 
-        rows = [summarize("cold (first round)", cold, cold_wall),
-                summarize(f"{args.rounds} rounds x {args.concurrency}", measured, measured_wall),
-                summarize(f"redelivery race ({args.concurrency} ids x 2)", race_results, race_wall)]
+        rows = [
+            summarize("cold (first round)", cold, cold_wall),
+            summarize(f"{args.rounds} rounds x {args.concurrency}", measured, measured_wall),
+            summarize(f"redelivery race ({args.concurrency} ids x 2)", race_results, race_wall),
+        ]
 
         # the checks
         for row in rows:
@@ -261,17 +285,26 @@ def main() -> int:
     print("| round | requests | p50 ms | p90 ms | p99 ms | max ms | requests/s | non-2xx |")
     print("|---|---|---|---|---|---|---|---|")
     for row in rows:
-        print(f"| {row['round']} | {row['requests']} | {row['p50_ms']:.2f} | {row['p90_ms']:.2f} | "
-              f"{row['p99_ms']:.2f} | {row['max_ms']:.2f} | {row['requests_per_s']:.0f} | {row['non_2xx']} |")
+        print(
+            f"| {row['round']} | {row['requests']} | {row['p50_ms']:.2f} | {row['p90_ms']:.2f} | "
+            f"{row['p99_ms']:.2f} | {row['max_ms']:.2f} | {row['requests_per_s']:.0f} | {row['non_2xx']} |"
+        )
     for failure in failures:
         print(f"FAILED: {failure}", file=sys.stderr)
     main_row = rows[1]
-    summary = {"rounds": args.rounds, "concurrency": args.concurrency,
-               **{k: v for k, v in main_row.items() if k != "round"},
-               "cold_p99_ms": rows[0]["p99_ms"], "race_p99_ms": rows[2]["p99_ms"],
-               "race_non_2xx": rows[2]["non_2xx"],
-               "race_one_row_per_id": not race_bad, "stored_rows": len(counts), "deliveries": len(sent),
-               "ok": not failures, "machine": machine}
+    summary = {
+        "rounds": args.rounds,
+        "concurrency": args.concurrency,
+        **{k: v for k, v in main_row.items() if k != "round"},
+        "cold_p99_ms": rows[0]["p99_ms"],
+        "race_p99_ms": rows[2]["p99_ms"],
+        "race_non_2xx": rows[2]["non_2xx"],
+        "race_one_row_per_id": not race_bad,
+        "stored_rows": len(counts),
+        "deliveries": len(sent),
+        "ok": not failures,
+        "machine": machine,
+    }
     print(json.dumps(summary))
     return 1 if failures else 0
 

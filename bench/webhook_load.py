@@ -71,6 +71,7 @@ TEXT = "load comment"  # every comment's text starts so; the feedback check find
 
 # --- the GitHub stand-in and the service, each in its own process ----------------------------------
 
+
 def standin_main(root: Path, key_file: Path) -> None:
     """A GitHubStandIn; prints its URL, serves until stdin closes, then prints what it served."""
     from cryptography.hazmat.primitives import serialization
@@ -82,12 +83,26 @@ def standin_main(root: Path, key_file: Path) -> None:
         print(json.dumps({"api_url": gh.api_url}), flush=True)
         sys.stdin.read()
         requests = gh.requests
-        print(json.dumps({"requests": len(requests), "creating": sum(r.created for r in requests),
-                          "violations": len(gh.violations)}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "requests": len(requests),
+                    "creating": sum(r.created for r in requests),
+                    "violations": len(gh.violations),
+                }
+            ),
+            flush=True,
+        )
 
 
-def child_main(run_seconds: float, quiet: bool, trace: Path | None, web_module: Path | None,
-               switch_ms: float | None, events_module: Path | None = None) -> None:
+def child_main(
+    run_seconds: float,
+    quiet: bool,
+    trace: Path | None,
+    web_module: Path | None,
+    switch_ms: float | None,
+    events_module: Path | None = None,
+) -> None:
     """`autoresearch serve`, as typed, with the local runner swapped for the tests' FakeRunner (its
     jobs lasting `run_seconds`); `quiet`: without the log lines a delivery costs (uvicorn's
     access log, bot.app.web's INFO line); `trace`: time the store's writes, written there at exit;
@@ -201,14 +216,21 @@ def proposals(n: int) -> list[dict[str, str]]:
     for i in range(n):
         kind = ("keep", "discard", "crash")[i % 3]
         effect = {"keep": -0.01 * (i + 1), "discard": 0.1, "crash": 0.0}[kind]
-        out.append({"title": f"{kind} {i}", "hypothesis": f"hypothesis {i}",
-                    "train_py": with_effect(main, effect, f"p{i}") + (CRASH_MARK if kind == "crash" else "")})
+        out.append(
+            {
+                "title": f"{kind} {i}",
+                "hypothesis": f"hypothesis {i}",
+                "train_py": with_effect(main, effect, f"p{i}") + (CRASH_MARK if kind == "crash" else ""),
+            }
+        )
     return out
 
 
 def program(n: int) -> str:
-    return (f"---\nautoresearch:\n  first_baseline_runs: 2\n  baseline_runs: 2\n  max_experiments: {n}\n---\n\n"
-            "Lower val_bpb.\n")
+    return (
+        f"---\nautoresearch:\n  first_baseline_runs: 2\n  baseline_runs: 2\n  max_experiments: {n}\n---\n\n"
+        "Lower val_bpb.\n"
+    )
 
 
 def free_port() -> int:
@@ -247,18 +269,21 @@ class Processes:
         from fakes import with_effect
 
         key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-        pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                serialization.NoEncryption()).decode()
+        pem = key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        ).decode()
         (root / "files").mkdir()
         (root / "files" / "train.py").write_text(with_effect((ROOT / "train.py").read_text(), 0.0, "main"))
         (root / "files" / "program.md").write_text(program(args.experiments))
         key_file = root / "app.pub"
-        key_file.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                           serialization.PublicFormat.SubjectPublicKeyInfo))
+        key_file.write_bytes(
+            key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        )
         script = root / "proposals.jsonl"
         script.write_text("".join(json.dumps(p) + "\n" for p in proposals(args.experiments)))
-        self.standin = subprocess.Popen([sys.executable, __file__, "--standin", str(root)],
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.standin = subprocess.Popen(
+            [sys.executable, __file__, "--standin", str(root)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
         line = self.standin.stdout.readline()
         if not line:
             raise RuntimeError("the GitHub stand-in did not start; see its output above")
@@ -267,22 +292,39 @@ class Processes:
         self.state_dir = root / "state"
         self.log = root / "serve.log"
         env = {k: v for k, v in os.environ.items() if not k.startswith("AUTORESEARCH_")}
-        env.update(AUTORESEARCH_REPOSITORY="octo-org/research", AUTORESEARCH_GITHUB_APP_ID="1",
-                   AUTORESEARCH_GITHUB_PRIVATE_KEY=pem, AUTORESEARCH_GITHUB_API_URL=api_url,
-                   AUTORESEARCH_WEBHOOK_SECRET=SECRET, AUTORESEARCH_STATE_DIR=str(self.state_dir),
-                   AUTORESEARCH_PROFILE="smoke", AUTORESEARCH_PORT=str(self.port),
-                   AUTORESEARCH_AGENT="scripted", AUTORESEARCH_AGENT_SCRIPT=str(script))
+        env.update(
+            AUTORESEARCH_REPOSITORY="octo-org/research",
+            AUTORESEARCH_GITHUB_APP_ID="1",
+            AUTORESEARCH_GITHUB_PRIVATE_KEY=pem,
+            AUTORESEARCH_GITHUB_API_URL=api_url,
+            AUTORESEARCH_WEBHOOK_SECRET=SECRET,
+            AUTORESEARCH_STATE_DIR=str(self.state_dir),
+            AUTORESEARCH_PROFILE="smoke",
+            AUTORESEARCH_PORT=str(self.port),
+            AUTORESEARCH_AGENT="scripted",
+            AUTORESEARCH_AGENT_SCRIPT=str(script),
+        )
         if args.fast_http:
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(args.fast_http), env.get("PYTHONPATH")]))
         self.trace = root / "store-trace.json" if args.trace_store else None
-        self.service = subprocess.Popen([sys.executable, __file__, "--child", "--run-seconds", str(args.run_seconds),
-                                         *(["--quiet"] if args.quiet else []),
-                                         *(["--switch-ms", str(args.switch_ms)] if args.switch_ms else []),
-                                         *(["--web-module", str(args.web_module)] if args.web_module else []),
-                                         *(["--events-module", str(args.events_module)] if args.events_module else []),
-                                         *(["--trace-file", str(self.trace)] if self.trace else [])],
-                                        cwd=root, env=env,
-                                        stdout=self.log.open("wb"), stderr=subprocess.STDOUT)
+        self.service = subprocess.Popen(
+            [
+                sys.executable,
+                __file__,
+                "--child",
+                "--run-seconds",
+                str(args.run_seconds),
+                *(["--quiet"] if args.quiet else []),
+                *(["--switch-ms", str(args.switch_ms)] if args.switch_ms else []),
+                *(["--web-module", str(args.web_module)] if args.web_module else []),
+                *(["--events-module", str(args.events_module)] if args.events_module else []),
+                *(["--trace-file", str(self.trace)] if self.trace else []),
+            ],
+            cwd=root,
+            env=env,
+            stdout=self.log.open("wb"),
+            stderr=subprocess.STDOUT,
+        )
 
     def tail(self) -> str:
         return self.log.read_text(errors="replace")[-3000:] if self.log.exists() else ""
@@ -324,11 +366,17 @@ def conductor_counts(store: Path) -> dict[str, int]:
     [(runs,)] = read_store(store, "SELECT COUNT(*) FROM runs WHERE finished_at IS NOT NULL")
     [(events,)] = read_store(store, "SELECT COUNT(*) FROM events")
     [(processed,)] = read_store(store, "SELECT COUNT(*) FROM inbox WHERE processed_at IS NOT NULL")
-    return {"experiments": experiments, "experiments_done": done, "runs_finished": runs, "events": events,
-            "inbox_processed": processed}
+    return {
+        "experiments": experiments,
+        "experiments_done": done,
+        "runs_finished": runs,
+        "events": events,
+        "inbox_processed": processed,
+    }
 
 
 # --- deliveries ------------------------------------------------------------------------------------
+
 
 class Delivery:
     """One signed request, its bytes built before the clock starts."""
@@ -339,10 +387,12 @@ class Delivery:
         self.comment_id = comment_id
         body = json.dumps(payload).encode("utf-8")
         signature = hmac.new(SECRET.encode("utf-8"), body, hashlib.sha256).hexdigest()
-        head = (f"POST /webhook HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAccept: */*\r\n"
-                "User-Agent: GitHub-Hookshot/bench\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(body)}\r\nX-GitHub-Event: issue_comment\r\nX-GitHub-Delivery: {self.id}\r\n"
-                f"X-GitHub-Hook-ID: 1\r\nX-Hub-Signature-256: sha256={signature}\r\nConnection: close\r\n\r\n")
+        head = (
+            f"POST /webhook HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAccept: */*\r\n"
+            "User-Agent: GitHub-Hookshot/bench\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nX-GitHub-Event: issue_comment\r\nX-GitHub-Delivery: {self.id}\r\n"
+            f"X-GitHub-Hook-ID: 1\r\nX-Hub-Signature-256: sha256={signature}\r\nConnection: close\r\n\r\n"
+        )
         self.request = head.encode("ascii") + body
 
 
@@ -360,6 +410,7 @@ def batches(n: int, share: float, port: int, first_comment: int) -> list[list[De
 
 
 # --- the client ------------------------------------------------------------------------------------
+
 
 class Result:
     __slots__ = ("delivery", "end", "error", "start", "status")
@@ -381,7 +432,9 @@ async def send(port: int, result: Result) -> None:
             writer.write(result.delivery.request)
             head = await reader.readuntil(b"\r\n\r\n")
             lines = head.decode("latin-1").split("\r\n")
-            length = next((int(line.split(":", 1)[1]) for line in lines if line.lower().startswith("content-length:")), None)
+            length = next(
+                (int(line.split(":", 1)[1]) for line in lines if line.lower().startswith("content-length:")), None
+            )
             if length is None:
                 await reader.read()  # no length: the answer ends with the connection
             else:
@@ -394,8 +447,9 @@ async def send(port: int, result: Result) -> None:
     result.end = time.perf_counter()
 
 
-async def fire(port: int, work: list[list[Delivery]], concurrency: int,
-               rate: float | None = None) -> tuple[list[list[Result]], float]:
+async def fire(
+    port: int, work: list[list[Delivery]], concurrency: int, rate: float | None = None
+) -> tuple[list[list[Result]], float]:
     """Every batch, at most `concurrency` requests in flight; a pair starts both its requests at once.
     With `rate`, batch i starts no earlier than i / rate seconds after the first."""
     places = asyncio.Semaphore(concurrency)
@@ -421,6 +475,7 @@ async def fire(port: int, work: list[list[Delivery]], concurrency: int,
 
 # --- reporting -------------------------------------------------------------------------------------
 
+
 def percentile(values: list[float], p: float) -> float:
     """Nearest-rank percentile (p in 0..100)."""
     ordered = sorted(values)
@@ -429,43 +484,93 @@ def percentile(values: list[float], p: float) -> float:
 
 def summarize(results: list[Result], wall: float) -> dict[str, Any]:
     ms = [r.ms for r in results]
-    return {"requests": len(results), "wall_s": round(wall, 2), "per_s": round(len(results) / wall, 1),
-            "p50_ms": round(percentile(ms, 50), 1), "p95_ms": round(percentile(ms, 95), 1),
-            "p99_ms": round(percentile(ms, 99), 1), "max_ms": round(max(ms), 1),
-            "over_100ms": sum(m > 100 for m in ms),
-            "statuses": dict(sorted(Counter(str(r.status) for r in results).items()))}
+    return {
+        "requests": len(results),
+        "wall_s": round(wall, 2),
+        "per_s": round(len(results) / wall, 1),
+        "p50_ms": round(percentile(ms, 50), 1),
+        "p95_ms": round(percentile(ms, 95), 1),
+        "p99_ms": round(percentile(ms, 99), 1),
+        "max_ms": round(max(ms), 1),
+        "over_100ms": sum(m > 100 for m in ms),
+        "statuses": dict(sorted(Counter(str(r.status) for r in results).items())),
+    }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--deliveries", type=int, default=5000, help="requests in the measured load (default 5000)")
     parser.add_argument("--concurrency", type=int, default=64, help="requests in flight at most (default 64)")
-    parser.add_argument("--redeliver", type=float, default=0.1,
-                        help="share of the requests that redeliver an id at the same instant (default 0.1)")
+    parser.add_argument(
+        "--redeliver",
+        type=float,
+        default=0.1,
+        help="share of the requests that redeliver an id at the same instant (default 0.1)",
+    )
     parser.add_argument("--warmup", type=int, default=64, help="deliveries sent first, reported apart (default 64)")
     parser.add_argument("--experiments", type=int, default=300, help="proposals the agent has (default 300)")
     parser.add_argument("--keep", type=Path, help="keep the state directory and the service's log here")
-    parser.add_argument("--py-spy", type=Path, metavar="BIN", help="sample the service with this py-spy during the "
-                        "load (the thread holding the GIL), collapsed stacks into --keep's py-spy.txt")
-    parser.add_argument("--quiet", action="store_true", help="the service without its log lines per delivery "
-                        "(bot.app.web's INFO line; uvicorn's access line, which `serve` now leaves out for /webhook "
-                        "anyway), to see what they cost")
-    parser.add_argument("--fast-http", type=Path, metavar="DIR", help="put DIR on the service's PYTHONPATH: with "
-                        "httptools and uvloop there, uvicorn uses them (its 'auto' choice) instead of h11 and asyncio")
-    parser.add_argument("--run-seconds", type=float, default=6.0, help="how long a training run lasts (default 6: "
-                        "about GitHub's 80 content-creating requests a minute, so the conductor is not held by its "
-                        "write pacing for long)")
-    parser.add_argument("--rate", type=float, help="open loop: start a delivery (or a redelivery pair) this many "
-                        "times a second, still at most --concurrency in flight (default: closed loop, as fast as "
-                        "answers come)")
-    parser.add_argument("--trace-store", action="store_true", help="time the service's inbox inserts and the conductor's "
-                        "write transactions (into --keep's store-trace.json) and report how they overlap")
-    parser.add_argument("--web-module", type=Path, metavar="FILE", help="serve with FILE as bot.app.web (e.g. "
-                        "`git show HEAD~1:bot/app/web.py > /tmp/web_before.py`), to compare two versions in one session")
-    parser.add_argument("--events-module", type=Path, metavar="FILE", help="serve with FILE as bot.loop.inbox (the "
-                        "inbox's applier), as --web-module does for bot.app.web")
-    parser.add_argument("--switch-ms", type=float, help="the service's GIL switch interval in ms (Python's default: 5); "
-                        "a thread back from SQLite waits up to this long for the GIL while the event loop computes")
+    parser.add_argument(
+        "--py-spy",
+        type=Path,
+        metavar="BIN",
+        help="sample the service with this py-spy during the "
+        "load (the thread holding the GIL), collapsed stacks into --keep's py-spy.txt",
+    )
+    parser.add_argument(
+        "--quiet",
+        action="store_true",
+        help="the service without its log lines per delivery "
+        "(bot.app.web's INFO line; uvicorn's access line, which `serve` now leaves out for /webhook "
+        "anyway), to see what they cost",
+    )
+    parser.add_argument(
+        "--fast-http",
+        type=Path,
+        metavar="DIR",
+        help="put DIR on the service's PYTHONPATH: with "
+        "httptools and uvloop there, uvicorn uses them (its 'auto' choice) instead of h11 and asyncio",
+    )
+    parser.add_argument(
+        "--run-seconds",
+        type=float,
+        default=6.0,
+        help="how long a training run lasts (default 6: "
+        "about GitHub's 80 content-creating requests a minute, so the conductor is not held by its "
+        "write pacing for long)",
+    )
+    parser.add_argument(
+        "--rate",
+        type=float,
+        help="open loop: start a delivery (or a redelivery pair) this many "
+        "times a second, still at most --concurrency in flight (default: closed loop, as fast as "
+        "answers come)",
+    )
+    parser.add_argument(
+        "--trace-store",
+        action="store_true",
+        help="time the service's inbox inserts and the conductor's "
+        "write transactions (into --keep's store-trace.json) and report how they overlap",
+    )
+    parser.add_argument(
+        "--web-module",
+        type=Path,
+        metavar="FILE",
+        help="serve with FILE as bot.app.web (e.g. "
+        "`git show HEAD~1:bot/app/web.py > /tmp/web_before.py`), to compare two versions in one session",
+    )
+    parser.add_argument(
+        "--events-module",
+        type=Path,
+        metavar="FILE",
+        help="serve with FILE as bot.loop.inbox (the inbox's applier), as --web-module does for bot.app.web",
+    )
+    parser.add_argument(
+        "--switch-ms",
+        type=float,
+        help="the service's GIL switch interval in ms (Python's default: 5); "
+        "a thread back from SQLite waits up to this long for the GIL while the event loop computes",
+    )
     parser.add_argument("--standin", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--trace-file", dest="trace", type=Path, help=argparse.SUPPRESS)
@@ -479,11 +584,18 @@ def main() -> int:
     if args.deliveries < 2 or args.concurrency < 2 or not 0 <= args.redeliver <= 0.5:
         parser.error("--deliveries and --concurrency must be at least 2, --redeliver within 0..0.5")
 
-    machine = {"cpu_count": os.cpu_count(), "processor": platform.processor() or platform.machine(),
-               "platform": platform.platform(), "python": platform.python_version(), "sqlite": sqlite3.sqlite_version}
-    print(f"# {' '.join(sys.argv)}  |  {time.strftime('%Y-%m-%d %H:%M')}  |  {machine['cpu_count']} CPUs "
-          f"{machine['processor']}, {machine['platform']}, Python {machine['python']}, SQLite {machine['sqlite']}",
-          flush=True)
+    machine = {
+        "cpu_count": os.cpu_count(),
+        "processor": platform.processor() or platform.machine(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "sqlite": sqlite3.sqlite_version,
+    }
+    print(
+        f"# {' '.join(sys.argv)}  |  {time.strftime('%Y-%m-%d %H:%M')}  |  {machine['cpu_count']} CPUs "
+        f"{machine['processor']}, {machine['platform']}, Python {machine['python']}, SQLite {machine['sqlite']}",
+        flush=True,
+    )
     with tempfile.TemporaryDirectory(prefix="webhook-load-") as tmp:
         root = args.keep or Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
@@ -538,9 +650,24 @@ def drive(args: argparse.Namespace, procs: Processes, store: Path) -> dict[str, 
 
     spy = None
     if args.py_spy:
-        spy = subprocess.Popen([str(args.py_spy), "record", "--gil", "--threads", "--format", "raw", "--rate", "250",
-                                "-o", str(procs.log.with_name("py-spy.txt")), "-p", str(procs.service.pid)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        spy = subprocess.Popen(
+            [
+                str(args.py_spy),
+                "record",
+                "--gil",
+                "--threads",
+                "--format",
+                "raw",
+                "--rate",
+                "250",
+                "-o",
+                str(procs.log.with_name("py-spy.txt")),
+                "-p",
+                str(procs.service.pid),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         time.sleep(1.0)
     load_before = [round(x, 2) for x in os.getloadavg()]
     before, cpu0, client0 = conductor_counts(store), cpu_seconds(procs.service.pid), time.process_time()
@@ -565,17 +692,27 @@ def drive(args: argparse.Namespace, procs: Processes, store: Path) -> dict[str, 
 
     flat = [r for batch in results for r in batch]
     pairs = [batch for batch in results if len(batch) == 2]
-    return {"load": summarize(flat, wall), "warmup": first,
-            "concurrency": args.concurrency, "unique_ids": len(work), "pairs": len(pairs),
-            "pairs_overlapping": sum(max(a.start, b.start) < min(a.end, b.end) for a, b in pairs),
-            "pair_answers": dict(Counter(",".join(sorted(str(r.status) for r in batch)) for batch in pairs)),
-            "errors": [r.error for r in flat + [r for b in warm for r in b] if r.error][:5],
-            "non_2xx": sum(1 for r in flat + [r for b in warm for r in b] if r.status is None or not 200 <= r.status < 300),
-            "server_cpu_s": round(server_cpu, 2), "client_cpu_s": round(client_cpu, 2),
-            "conductor_during_load": during, "drain_s_after_load": round(drain_s, 1),
-            "load_before": load_before, "sent_ids": sent, "rate": args.rate, "window": (load_started, load_ended),
-            "thread_cpu": threads,
-            "sent_comments": {d.comment_id for batch in warm_work + work for d in batch}}
+    return {
+        "load": summarize(flat, wall),
+        "warmup": first,
+        "concurrency": args.concurrency,
+        "unique_ids": len(work),
+        "pairs": len(pairs),
+        "pairs_overlapping": sum(max(a.start, b.start) < min(a.end, b.end) for a, b in pairs),
+        "pair_answers": dict(Counter(",".join(sorted(str(r.status) for r in batch)) for batch in pairs)),
+        "errors": [r.error for r in flat + [r for b in warm for r in b] if r.error][:5],
+        "non_2xx": sum(1 for r in flat + [r for b in warm for r in b] if r.status is None or not 200 <= r.status < 300),
+        "server_cpu_s": round(server_cpu, 2),
+        "client_cpu_s": round(client_cpu, 2),
+        "conductor_during_load": during,
+        "drain_s_after_load": round(drain_s, 1),
+        "load_before": load_before,
+        "sent_ids": sent,
+        "rate": args.rate,
+        "window": (load_started, load_ended),
+        "thread_cpu": threads,
+        "sent_comments": {d.comment_id for batch in warm_work + work for d in batch},
+    }
 
 
 def pacing(log: Path, start: float, end: float) -> float:
@@ -607,16 +744,24 @@ def store_trace(spans: dict[str, list[list[float]]], start: float, end: float) -
 
     def ms(pairs: list[tuple[float, float]]) -> dict[str, float]:
         values = [1000 * (b - a) for a, b in pairs] or [0.0]
-        return {"n": len(pairs), "p50_ms": round(percentile(values, 50), 2), "p99_ms": round(percentile(values, 99), 2),
-                "max_ms": round(max(values), 1), "sum_s": round(sum(values) / 1000, 2)}
+        return {
+            "n": len(pairs),
+            "p50_ms": round(percentile(values, 50), 2),
+            "p99_ms": round(percentile(values, 99), 2),
+            "max_ms": round(max(values), 1),
+            "sum_s": round(sum(values) / 1000, 2),
+        }
 
     overlapping = [p for p in inserts if during_write(*p)]
     rows = [n for _, _, n in batched] or [0]
-    return {"inbox_inserts": ms(inserts), "writer_commits": {**ms(commits), "rows_mean": round(sum(rows) / len(rows), 1),
-                                                              "rows_max": max(rows)},
-            "inserts_during_a_conductor_write": ms(overlapping),
-            "inserts_otherwise": ms([p for p in inserts if not during_write(*p)]),
-            "conductor_writes": ms(writes), "conductor_write_share_of_window": round(busy / (end - start), 3)}
+    return {
+        "inbox_inserts": ms(inserts),
+        "writer_commits": {**ms(commits), "rows_mean": round(sum(rows) / len(rows), 1), "rows_max": max(rows)},
+        "inserts_during_a_conductor_write": ms(overlapping),
+        "inserts_otherwise": ms([p for p in inserts if not during_write(*p)]),
+        "conductor_writes": ms(writes),
+        "conductor_write_share_of_window": round(busy / (end - start), 3),
+    }
 
 
 def check(report: dict[str, Any], store: Path) -> list[str]:
@@ -630,12 +775,21 @@ def check(report: dict[str, Any], store: Path) -> list[str]:
     twice = [k for k, n in keys.items() if n > 1]
     unprocessed = [k for k, done, _ in rows if not done]
     outcomes = Counter(outcome for _, _, outcome in rows)
-    feedback = Counter(text.rsplit(" ", 1)[1] for (text,) in
-                       read_store(store, "SELECT text FROM feedback WHERE text LIKE ?", (f"%: {TEXT} %",)))
+    feedback = Counter(
+        text.rsplit(" ", 1)[1]
+        for (text,) in read_store(store, "SELECT text FROM feedback WHERE text LIKE ?", (f"%: {TEXT} %",))
+    )
     applied = Counter(feedback.get(str(c), 0) for c in comments)
-    report["store"] = {"inbox_rows": len(rows), "ids_sent": len(sent), "missing": len(missing), "extra": len(extra),
-                       "stored_twice": len(twice), "unprocessed": len(unprocessed), "outcomes": dict(outcomes),
-                       "comments_applied": {f"{k}x": v for k, v in sorted(applied.items())}}
+    report["store"] = {
+        "inbox_rows": len(rows),
+        "ids_sent": len(sent),
+        "missing": len(missing),
+        "extra": len(extra),
+        "stored_twice": len(twice),
+        "unprocessed": len(unprocessed),
+        "outcomes": dict(outcomes),
+        "comments_applied": {f"{k}x": v for k, v in sorted(applied.items())},
+    }
     if missing or extra or twice:
         failures.append(f"store: {len(missing)} ids missing, {len(extra)} rows not sent, {len(twice)} stored twice")
     if unprocessed:
@@ -658,18 +812,26 @@ def print_report(report: dict[str, Any]) -> None:
     rate = f" at {report['rate']:g}/s" if report["rate"] else ""
     for name, row in (("warm-up", report["warmup"]), (f"load{rate}", load)):
         if row:
-            print(f"| {name} | {row['requests']} | {report['concurrency']} | {row['per_s']:.0f} | {row['p50_ms']:.1f} | "
-                  f"{row['p95_ms']:.1f} | {row['p99_ms']:.1f} | {row['max_ms']:.1f} | {row['over_100ms']} | "
-                  f"{row['statuses']} |")
+            print(
+                f"| {name} | {row['requests']} | {report['concurrency']} | {row['per_s']:.0f} | {row['p50_ms']:.1f} | "
+                f"{row['p95_ms']:.1f} | {row['p99_ms']:.1f} | {row['max_ms']:.1f} | {row['over_100ms']} | "
+                f"{row['statuses']} |"
+            )
     during = report["conductor_during_load"]
-    print(f"redeliveries: {report['pairs']} pairs, {report['pairs_overlapping']} overlapping in time, "
-          f"answered {report['pair_answers']}")
-    print(f"CPU during the load: service {report['server_cpu_s']} s, client {report['client_cpu_s']} s "
-          f"over {load['wall_s']} s wall; load average {report['load_before']} before, {report['load_after']} after")
-    print(f"conductor during the load: {during['experiments']} experiments started, {during['experiments_done']} "
-          f"decided, {during['runs_finished']} runs finished, {during['inbox_processed']} inbox rows applied, "
-          f"{during['events']} events; the rest of the inbox applied {report['drain_s_after_load']} s after the load; "
-          f"GitHub stand-in: {report['github_standin']}")
+    print(
+        f"redeliveries: {report['pairs']} pairs, {report['pairs_overlapping']} overlapping in time, "
+        f"answered {report['pair_answers']}"
+    )
+    print(
+        f"CPU during the load: service {report['server_cpu_s']} s, client {report['client_cpu_s']} s "
+        f"over {load['wall_s']} s wall; load average {report['load_before']} before, {report['load_after']} after"
+    )
+    print(
+        f"conductor during the load: {during['experiments']} experiments started, {during['experiments_done']} "
+        f"decided, {during['runs_finished']} runs finished, {during['inbox_processed']} inbox rows applied, "
+        f"{during['events']} events; the rest of the inbox applied {report['drain_s_after_load']} s after the load; "
+        f"GitHub stand-in: {report['github_standin']}"
+    )
     print(f"the conductor waited in GitHub's write pacing {report['pacing_s_during_load']} s of the load")
     if "store_trace" in report:
         print(f"store trace: {report['store_trace']}")

@@ -78,12 +78,12 @@ class Dataset:
             return [self.root / self.val_file]
         raise ValueError(f"split must be 'train' or 'val', not {split!r}")
 
-    def document_batches(self, split: str, batch_size: int = 128, loop: bool = True
-                         ) -> Iterator[tuple[list[str], int]]:
+    def document_batches(self, split: str, batch_size: int = 128, loop: bool = True) -> Iterator[tuple[list[str], int]]:
         """Yield (documents, epoch) in a fixed order; the training split loops forever."""
         if not self.paths(split):
-            raise DataMissing(f"the dataset in {self.root} has no {split} files; prepare it again with "
-                              "at least one training shard")
+            raise DataMissing(
+                f"the dataset in {self.root} has no {split} files; prepare it again with at least one training shard"
+            )
         epoch = 1
         while True:
             for path in self.paths(split):
@@ -91,7 +91,7 @@ class Dataset:
                 for group in range(parquet.num_row_groups):
                     texts = parquet.read_row_group(group, columns=["text"]).column("text").to_pylist()
                     for start in range(0, len(texts), batch_size):
-                        yield texts[start:start + batch_size], epoch
+                        yield texts[start : start + batch_size], epoch
             if not loop:
                 return
             epoch += 1
@@ -111,18 +111,23 @@ def load_dataset(source: str, profile_name: str = "cpu") -> Dataset:
         )
     try:
         info = json.loads(manifest.read_text())
-        dataset = Dataset(root=manifest.parent, source=str(info["source"]),
-                          fingerprint=str(info["fingerprint"]),
-                          train_files=tuple(str(name) for name in info["train_files"]),
-                          val_file=str(info["val_file"]), train_docs=int(info["train_docs"]),
-                          val_docs=int(info["val_docs"]))
+        dataset = Dataset(
+            root=manifest.parent,
+            source=str(info["source"]),
+            fingerprint=str(info["fingerprint"]),
+            train_files=tuple(str(name) for name in info["train_files"]),
+            val_file=str(info["val_file"]),
+            train_docs=int(info["train_docs"]),
+            val_docs=int(info["val_docs"]),
+        )
     except (ValueError, KeyError, TypeError) as error:
-        raise DataCorrupt(f"{manifest} is unreadable ({type(error).__name__}: {error}). "
-                          f"{_redo(manifest.parent, profile_name)}") from None
-    if any(Path(name).name != name or not name.endswith(".parquet")
-           for name in (*dataset.train_files, dataset.val_file)):  # files live in the directory itself
-        raise DataCorrupt(f"{manifest} names files outside its directory. "
-                          f"{_redo(manifest.parent, profile_name)}")
+        raise DataCorrupt(
+            f"{manifest} is unreadable ({type(error).__name__}: {error}). {_redo(manifest.parent, profile_name)}"
+        ) from None
+    if any(
+        Path(name).name != name or not name.endswith(".parquet") for name in (*dataset.train_files, dataset.val_file)
+    ):  # files live in the directory itself
+        raise DataCorrupt(f"{manifest} names files outside its directory. {_redo(manifest.parent, profile_name)}")
     return dataset
 
 
@@ -133,12 +138,15 @@ def verify_dataset(dataset: Dataset, profile_name: str | None = None) -> str:
     try:
         actual = _fingerprint(dataset.root, names)
     except OSError as error:
-        raise DataCorrupt(f"the prepared data in {dataset.root} is incomplete ({error}). "
-                          f"{_redo(dataset.root, profile_name)}") from None
+        raise DataCorrupt(
+            f"the prepared data in {dataset.root} is incomplete ({error}). {_redo(dataset.root, profile_name)}"
+        ) from None
     if actual != dataset.fingerprint:
-        raise DataCorrupt(f"the prepared data in {dataset.root} does not match its manifest (fingerprint "
-                          f"{actual} on disk, {dataset.fingerprint} recorded): a parquet file was changed "
-                          f"after preparation. {_redo(dataset.root, profile_name)}")
+        raise DataCorrupt(
+            f"the prepared data in {dataset.root} does not match its manifest (fingerprint "
+            f"{actual} on disk, {dataset.fingerprint} recorded): a parquet file was changed "
+            f"after preparation. {_redo(dataset.root, profile_name)}"
+        )
     return actual
 
 
@@ -146,8 +154,7 @@ def _redo(root: Path, profile_name: str | None = None) -> str:
     """What to do about a corrupt cache directory, in the user's words."""
     if profile_name:
         return f"Delete {root} and run `autoresearch prepare --profile {profile_name}` again."
-    return (f"Delete {root} and run `autoresearch prepare --profile P` again (P: the profile you "
-            "train with).")
+    return f"Delete {root} and run `autoresearch prepare --profile P` again (P: the profile you train with)."
 
 
 def prepare_dataset(source: str, *, train_shards: int = 1, progress: bool = False) -> Dataset:
@@ -166,8 +173,10 @@ def prepare_dataset(source: str, *, train_shards: int = 1, progress: bool = Fals
     else:
         directory = Path(source).expanduser()
         if not directory.is_dir():
-            raise DataMissing(f"data source {source!r} is neither 'builtin', an http(s) URL of "
-                              "parquet shards, nor a directory of .txt/.md files")
+            raise DataMissing(
+                f"data source {source!r} is neither 'builtin', an http(s) URL of "
+                "parquet shards, nor a directory of .txt/.md files"
+            )
         train_files, val_file = _write_split_shards(root, _text_directory_documents(directory))
     return _write_manifest(root, source, train_files, val_file)
 
@@ -195,8 +204,10 @@ def _text_directory_documents(directory: Path) -> list[str]:
     docs = [p.read_text(encoding="utf-8", errors="replace") for p in files]
     docs = [d for d in docs if d.strip()]
     if len(docs) < 2:
-        raise DataMissing(f"{directory} holds {len(docs)} non-empty .txt/.md files; at least 2 are "
-                          "needed (one for training, one for validation)")
+        raise DataMissing(
+            f"{directory} holds {len(docs)} non-empty .txt/.md files; at least 2 are "
+            "needed (one for training, one for validation)"
+        )
     return docs
 
 
@@ -210,7 +221,7 @@ def _write_split_shards(root: Path, docs: list[str]) -> tuple[list[str], str]:
     train_files = []
     for n, start in enumerate(range(0, len(train), DOCS_PER_SHARD)):
         name = f"train_{n:05d}.parquet"
-        _write_parquet(root / name, train[start:start + DOCS_PER_SHARD])
+        _write_parquet(root / name, train[start : start + DOCS_PER_SHARD])
         train_files.append(name)
     _write_parquet(root / "val.parquet", val)
     return train_files, "val.parquet"
@@ -221,8 +232,7 @@ def _write_parquet(path: Path, texts: list[str]) -> None:
     files.write_atomically(path, lambda tmp: pq.write_table(table, tmp))
 
 
-def _download_reference_shards(base_url: str, root: Path, train_shards: int, progress: bool
-                               ) -> tuple[list[str], str]:
+def _download_reference_shards(base_url: str, root: Path, train_shards: int, progress: bool) -> tuple[list[str], str]:
     from runner import download
     from runner.profiles import REFERENCE_VAL_SHARD
 

@@ -44,8 +44,9 @@ class DocumentBuffer:
         return self._docs.pop(0)
 
 
-def packed_rows(tokenizer: Tokenizer, documents: Iterator[tuple[list[str], int]], row_len: int,
-                buffer_size: int = 1000) -> Iterator[tuple[list[int], int]]:
+def packed_rows(
+    tokenizer: Tokenizer, documents: Iterator[tuple[list[str], int]], row_len: int, buffer_size: int = 1000
+) -> Iterator[tuple[list[int], int]]:
     """Yield (row of exactly row_len tokens, epoch) forever (or until documents run out)."""
     buffer = DocumentBuffer()
     epoch = 1
@@ -74,8 +75,15 @@ def packed_rows(tokenizer: Tokenizer, documents: Iterator[tuple[list[str], int]]
         yield row, epoch
 
 
-def batches(tokenizer: Tokenizer, dataset: Dataset, split: str, batch_size: int, seq_len: int,
-            device: torch.device, loop: bool = True) -> Iterator[tuple[torch.Tensor, torch.Tensor, int]]:
+def batches(
+    tokenizer: Tokenizer,
+    dataset: Dataset,
+    split: str,
+    batch_size: int,
+    seq_len: int,
+    device: torch.device,
+    loop: bool = True,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor, int]]:
     """Yield (inputs [B, T], targets [B, T], epoch) on `device`."""
     rows = packed_rows(tokenizer, dataset.document_batches(split, loop=loop), seq_len + 1)
     on_cuda = device.type == "cuda"

@@ -159,7 +159,11 @@ def download_file(
                     wait_s = min(backoff_s * 2**attempt, _MAX_BACKOFF_S)
                     logger.warning(
                         "Download of %s failed (attempt %d of %d): %s. Retrying in %.2f s.",
-                        shown, attempt + 1, attempts, exc, wait_s,
+                        shown,
+                        attempt + 1,
+                        attempts,
+                        exc,
+                        wait_s,
                     )
                     time.sleep(wait_s)
     finally:

@@ -32,11 +32,20 @@ class Evaluation:
 
 
 @torch.no_grad()
-def evaluate_bpb(model: torch.nn.Module, tokenizer: Tokenizer, dataset: Dataset, *, seq_len: int,
-                 eval_tokens: int, batch_size: int, device: torch.device, fixed_batch: bool = False) -> Evaluation:
+def evaluate_bpb(
+    model: torch.nn.Module,
+    tokenizer: Tokenizer,
+    dataset: Dataset,
+    *,
+    seq_len: int,
+    eval_tokens: int,
+    batch_size: int,
+    device: torch.device,
+    fixed_batch: bool = False,
+) -> Evaluation:
     rows_needed = max(1, eval_tokens // seq_len)
     token_bytes = tokenizer.token_bytes.to(device)
-    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext())
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
     toggles_mode = not isinstance(model, torch.fx.GraphModule)  # an exported graph has no train mode
     was_training = model.training
     if toggles_mode:
@@ -53,19 +62,20 @@ def evaluate_bpb(model: torch.nn.Module, tokenizer: Tokenizer, dataset: Dataset,
             except StopIteration:
                 raise RuntimeError(
                     f"the validation split has fewer than {eval_tokens} tokens for seq_len {seq_len}; "
-                    "use a larger data source or a profile with fewer eval_tokens") from None
+                    "use a larger data source or a profile with fewer eval_tokens"
+                ) from None
             take = min(batch_size, rows_needed - rows_done)
             x, y = x[:take], y[:take]
             with autocast:
                 if fixed_batch and x.shape[0] < batch_size:
-                    logits = model(torch.cat([x, x.new_zeros(batch_size - x.shape[0], x.shape[1])]))[:x.shape[0]]
+                    logits = model(torch.cat([x, x.new_zeros(batch_size - x.shape[0], x.shape[1])]))[: x.shape[0]]
                 else:
                     logits = model(x)
             if logits.shape[:2] != y.shape or logits.shape[-1] < tokenizer.vocab_size:
-                raise RuntimeError(f"model(x) must return logits [B, T, V>={tokenizer.vocab_size}], "
-                                   f"got {tuple(logits.shape)}")
-            loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1),
-                                   reduction="none")
+                raise RuntimeError(
+                    f"model(x) must return logits [B, T, V>={tokenizer.vocab_size}], got {tuple(logits.shape)}"
+                )
+            loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none")
             target_bytes = token_bytes[y.reshape(-1)]
             counted = target_bytes > 0
             nats += loss[counted].sum().item()
@@ -77,5 +87,6 @@ def evaluate_bpb(model: torch.nn.Module, tokenizer: Tokenizer, dataset: Dataset,
             model.train(was_training)
     if not math.isfinite(nats):
         raise FloatingPointError("validation loss is not finite (NaN or inf)")
-    return Evaluation(val_bpb=nats / (math.log(2) * nbytes), tokens=rows_done * seq_len,
-                      scored_tokens=scored, bytes=nbytes, nats=nats)
+    return Evaluation(
+        val_bpb=nats / (math.log(2) * nbytes), tokens=rows_done * seq_len, scored_tokens=scored, bytes=nbytes, nats=nats
+    )

@@ -57,14 +57,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="run directory for result.json")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--data", default=None, help="data source (default: the profile's)")
-    parser.add_argument("--threads", type=int, default=0,
-                        help="CPU threads allotted to the run, the CPU clock's divisor (0: torch's count)")
-    parser.add_argument("--started-at", type=float, default=None,
-                        help="launch time (epoch seconds) for start-up accounting")
-    parser.add_argument("--export", action="store_true",
-                        help="export the model for a separate scoring process (runner.isolated)")
-    parser.add_argument("--wait", action="store_true",
-                        help='get ready, then read {"seed": N, "started_at": T} from stdin before running the asset')
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="CPU threads allotted to the run, the CPU clock's divisor (0: torch's count)",
+    )
+    parser.add_argument(
+        "--started-at", type=float, default=None, help="launch time (epoch seconds) for start-up accounting"
+    )
+    parser.add_argument(
+        "--export", action="store_true", help="export the model for a separate scoring process (runner.isolated)"
+    )
+    parser.add_argument(
+        "--wait",
+        action="store_true",
+        help='get ready, then read {"seed": N, "started_at": T} from stdin before running the asset',
+    )
     args = parser.parse_args(argv)
     try:
         profile = get_profile(args.profile)
@@ -101,9 +110,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         source = args.asset.read_text(encoding="utf-8")
         session = harness.open_session(
-            args.profile, data=args.data, out_dir=args.out, seed=args.seed, started_at=started_at,
-            handed_over=handed_over, asset_sha256=hashlib.sha256(source.encode()).hexdigest(),
-            threads=args.threads, export=args.export)
+            args.profile,
+            data=args.data,
+            out_dir=args.out,
+            seed=args.seed,
+            started_at=started_at,
+            handed_over=handed_over,
+            asset_sha256=hashlib.sha256(source.encode()).hexdigest(),
+            threads=args.threads,
+            export=args.export,
+        )
     except (DataMissing, ValueError, OSError, RuntimeError) as error:
         return _crash(args.out, f"{type(error).__name__}: {error}", started_at, args.export)
 
@@ -116,8 +132,13 @@ def main(argv: list[str] | None = None) -> int:
         tail = "".join(traceback.format_exception(error)).splitlines()[-TRACEBACK_LINES:]
         return _crash(args.out, "\n".join(tail), started_at, args.export)
     if session.result is None:
-        return _crash(args.out, "train.py ended without calling h.finish(model): the harness has "
-                      "nothing to measure. End train.py with `h.finish(model)`.", started_at, args.export)
+        return _crash(
+            args.out,
+            "train.py ended without calling h.finish(model): the harness has "
+            "nothing to measure. End train.py with `h.finish(model)`.",
+            started_at,
+            args.export,
+        )
     if args.export:  # its clock runs until it ends: skip the interpreter's teardown (half a CPU second on smoke)
         sys.stdout.flush()
         sys.stderr.flush()
@@ -144,8 +165,10 @@ def _wait_for_job(profile: object) -> dict[str, object] | None:
 
 def _crash(out: Path, error: str, started_at: float, export: bool = False) -> int:
     print(error, file=sys.stderr, flush=True)
-    files.write_text(out / ("claims.json" if export else "result.json"),
-                     json.dumps({"status": "crash", "error": error, "total_seconds": time.time() - started_at}, indent=2))
+    files.write_text(
+        out / ("claims.json" if export else "result.json"),
+        json.dumps({"status": "crash", "error": error, "total_seconds": time.time() - started_at}, indent=2),
+    )
     return 1
 
 

@@ -29,8 +29,17 @@ import torch
 
 MODEL_FILE = "model.pt2"
 ALLOWED_NAMESPACES = ("aten", "prims")
-ALLOWED_PYTHON = {operator.getitem, operator.add, operator.sub, operator.mul, operator.floordiv,
-                  operator.truediv, operator.mod, operator.neg, operator.pow}
+ALLOWED_PYTHON = {
+    operator.getitem,
+    operator.add,
+    operator.sub,
+    operator.mul,
+    operator.floordiv,
+    operator.truediv,
+    operator.mod,
+    operator.neg,
+    operator.pow,
+}
 ALLOWED_HIGHER_ORDER = {"wrap_with_autocast", "wrap_with_set_grad_enabled"}
 
 
@@ -39,11 +48,12 @@ class ModelRefused(RuntimeError):
 
 
 def autocast_for(device: torch.device) -> contextlib.AbstractContextManager[Any]:
-    return (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext())
+    return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
 
 
-def export_model(model: torch.nn.Module, path: Path, *, batch_size: int, seq_len: int, vocab_size: int,
-                 device: torch.device) -> None:
+def export_model(
+    model: torch.nn.Module, path: Path, *, batch_size: int, seq_len: int, vocab_size: int, device: torch.device
+) -> None:
     """Export `model` (called as model(idx) -> logits) for [batch_size, seq_len] token batches."""
     example = torch.randint(0, vocab_size, (batch_size, seq_len), device=device)
     was_training = model.training
@@ -55,7 +65,8 @@ def export_model(model: torch.nn.Module, path: Path, *, batch_size: int, seq_len
         raise RuntimeError(
             f"the model could not be exported for scoring ({type(error).__name__}: {str(error)[:500]}). The "
             "harness scores the model in a separate process from a torch.export graph: forward(idx) must "
-            "be traceable (no Python branching on tensor values, no I/O, no global state).") from error
+            "be traceable (no Python branching on tensor values, no I/O, no global state)."
+        ) from error
     finally:
         model.train(was_training)
     torch.export.save(program, str(path))
@@ -68,8 +79,9 @@ def load_model(path: Path) -> torch.nn.Module:
     try:
         program = torch.export.load(str(path))
     except Exception as error:  # noqa: BLE001 - a file the training side wrote: anything can be wrong
-        raise ModelRefused(f"the exported model could not be loaded ({type(error).__name__}: "
-                           f"{str(error)[:300]})") from None
+        raise ModelRefused(
+            f"the exported model could not be loaded ({type(error).__name__}: {str(error)[:300]})"
+        ) from None
     finally:
         if previous is None:
             os.environ.pop("TORCH_FORCE_WEIGHTS_ONLY_LOAD", None)
@@ -82,22 +94,30 @@ def load_model(path: Path) -> torch.nn.Module:
 def check_program(program: torch.export.ExportedProgram) -> None:
     signature = program.graph_signature
     if signature.buffers_to_mutate or signature.user_inputs_to_mutate:
-        raise ModelRefused("the model changes its own buffers or its input when called: a scored model must "
-                           "be a pure function of its input (keep state out of forward())")
+        raise ModelRefused(
+            "the model changes its own buffers or its input when called: a scored model must "
+            "be a pure function of its input (keep state out of forward())"
+        )
     for module in program.graph_module.modules():
         graph = getattr(module, "graph", None)
         for node in graph.nodes if graph is not None else ():
             if node.op != "call_function":
                 continue
             if isinstance(node.target, torch._ops.OpOverload) and node.target._schema.is_mutable:
-                raise ModelRefused(f"the model changes a tensor in place ({node.target}) when called: a scored "
-                                   "model must be a pure function of its input (keep state out of forward())")
+                raise ModelRefused(
+                    f"the model changes a tensor in place ({node.target}) when called: a scored "
+                    "model must be a pure function of its input (keep state out of forward())"
+                )
             if isinstance(node.target, torch._ops.OpOverload) and _draws_random_numbers(node):
-                raise ModelRefused(f"the model draws random numbers ({node.target}) when called: a scored model must "
-                                   "give the same logits for the same input (no dropout or noise at evaluation)")
+                raise ModelRefused(
+                    f"the model draws random numbers ({node.target}) when called: a scored model must "
+                    "give the same logits for the same input (no dropout or noise at evaluation)"
+                )
             if not _allowed(node.target):
-                raise ModelRefused(f"the model calls {node.target!r}, which is not a PyTorch operator the "
-                                   "scorer runs; use torch's own operations in forward()")
+                raise ModelRefused(
+                    f"the model calls {node.target!r}, which is not a PyTorch operator the "
+                    "scorer runs; use torch's own operations in forward()"
+                )
 
 
 def _draws_random_numbers(node: torch.fx.Node) -> bool:

@@ -130,12 +130,23 @@ class Result:
 class Session:
     """One run: the profile, data, tokenizer, clock and progress of a single training job."""
 
-    def __init__(self, profile: Profile, dataset: Dataset, tokenizer: Tokenizer, *, out_dir: Path,
-                 seed: int = 0, asset_sha256: str = "", started_at: float | None = None,
-                 handed_over: tuple[float, float] | None = None,
-                 device: torch.device | None = None, threads: int = 0, export: bool = False,
-                 wall_clock: Callable[[], float] = time.time,
-                 cpu_clock: Callable[[], float] = time.process_time) -> None:
+    def __init__(
+        self,
+        profile: Profile,
+        dataset: Dataset,
+        tokenizer: Tokenizer,
+        *,
+        out_dir: Path,
+        seed: int = 0,
+        asset_sha256: str = "",
+        started_at: float | None = None,
+        handed_over: tuple[float, float] | None = None,
+        device: torch.device | None = None,
+        threads: int = 0,
+        export: bool = False,
+        wall_clock: Callable[[], float] = time.time,
+        cpu_clock: Callable[[], float] = time.process_time,
+    ) -> None:
         """`threads`: the CPU threads the run was allotted (0: torch's thread count now).
         `started_at`: the zero of start-up accounting (default: now). `handed_over`: the wall and
         process CPU clocks' readings at the hand-over of the job, the zero of the run's clock
@@ -185,8 +196,9 @@ class Session:
 
     def train_batches(self, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Endless (inputs, targets) batches of [batch_size, seq_len] on the session's device."""
-        for x, y, _epoch in dataloader.batches(self.tokenizer, self.dataset, "train", batch_size,
-                                               self.seq_len, self.device):
+        for x, y, _epoch in dataloader.batches(
+            self.tokenizer, self.dataset, "train", batch_size, self.seq_len, self.device
+        ):
             self.tokens_served += x.numel()
             yield x, y
 
@@ -226,10 +238,12 @@ class Session:
         if self.profile.clock == "cpu" and torch.get_num_threads() != self._torch_threads:
             # Fewer threads than allotted would stretch the same CPU budget over more wall time,
             # where threads waste less of it waiting for each other.
-            raise ThreadsChanged(f"train.py changed torch's thread count from {self._torch_threads} to "
-                                 f"{torch.get_num_threads()} (step {self.step + 1}); the harness allots "
-                                 f"the threads of a {self.profile.name} run. Remove the "
-                                 "torch.set_num_threads call from train.py.")
+            raise ThreadsChanged(
+                f"train.py changed torch's thread count from {self._torch_threads} to "
+                f"{torch.get_num_threads()} (step {self.step + 1}); the harness allots "
+                f"the threads of a {self.profile.name} run. Remove the "
+                "torch.set_num_threads call from train.py."
+            )
         if self.first_step_at is None:
             self.first_step_at = now
         self.step += 1
@@ -249,27 +263,42 @@ class Session:
         self._last_wall, self._last_cpu = now, cpu_now
         self.last_loss = value
         if not math.isfinite(value):
-            raise TrainingDiverged(f"training loss is {value} at step {self.step}: the run diverged. "
-                                   "Lower the learning rates or add warmup in train.py.")
+            raise TrainingDiverged(
+                f"training loss is {value} at step {self.step}: the run diverged. "
+                "Lower the learning rates or add warmup in train.py."
+            )
         if now - self._last_report >= 1.0 or self.time_up():
             self._report(now)
 
     # --- the measurement ------------------------------------------------------------------------
-    def finish(self, model: torch.nn.Module, *, flops_per_token: float | None = None,
-               extra: dict[str, Any] | None = None) -> Result:
+    def finish(
+        self, model: torch.nn.Module, *, flops_per_token: float | None = None, extra: dict[str, Any] | None = None
+    ) -> Result:
         """Evaluate the model on the fixed validation tokens and write result.json; or, in an
         isolated run, export it for the scoring process and write claims.json."""
         if self.result is not None:
             raise RuntimeError("finish() was already called for this run")
         eval_started = self._wall_clock()
         if self.export:
-            export_model(model, self.out_dir / MODEL_FILE, batch_size=self.profile.eval_batch_size,
-                         seq_len=self.seq_len, vocab_size=self.vocab_size, device=self.device)
+            export_model(
+                model,
+                self.out_dir / MODEL_FILE,
+                batch_size=self.profile.eval_batch_size,
+                seq_len=self.seq_len,
+                vocab_size=self.vocab_size,
+                device=self.device,
+            )
             val_bpb, scored = math.nan, {}
         else:
-            evaluation = evaluate_bpb(model, self.tokenizer, self.dataset, seq_len=self.seq_len,
-                                      eval_tokens=self.profile.eval_tokens,
-                                      batch_size=self.profile.eval_batch_size, device=self.device)
+            evaluation = evaluate_bpb(
+                model,
+                self.tokenizer,
+                self.dataset,
+                seq_len=self.seq_len,
+                eval_tokens=self.profile.eval_tokens,
+                batch_size=self.profile.eval_batch_size,
+                device=self.device,
+            )
             val_bpb, scored = evaluation.val_bpb, {"eval_tokens": evaluation.tokens, "eval_bytes": evaluation.bytes}
         now = self._wall_clock()
         timed_tokens = self.tokens_served - self._untimed_tokens
@@ -324,25 +353,37 @@ class Session:
     def _report(self, now: float) -> None:
         self._last_report = now
         elapsed = self.elapsed()
-        line = {"step": self.step, "loss": round(self.last_loss, 5), "progress": round(self.progress(), 4),
-                "training_seconds": round(self.training_seconds, 2),
-                "remaining_seconds": round(max(0.0, self.ends_at - elapsed), 2),
-                "elapsed_seconds": round(elapsed, 2), "time_up": self.time_up(),
-                "tokens": self.tokens_served, "clock": self.profile.clock,
-                "training_wall_seconds": round(self.training_wall_seconds, 2),
-                "cpu_seconds": round(self.cpu_seconds, 2), "threads": self.threads,
-                "cpu_share": round(self.cpu_share(), 3)}
+        line = {
+            "step": self.step,
+            "loss": round(self.last_loss, 5),
+            "progress": round(self.progress(), 4),
+            "training_seconds": round(self.training_seconds, 2),
+            "remaining_seconds": round(max(0.0, self.ends_at - elapsed), 2),
+            "elapsed_seconds": round(elapsed, 2),
+            "time_up": self.time_up(),
+            "tokens": self.tokens_served,
+            "clock": self.profile.clock,
+            "training_wall_seconds": round(self.training_wall_seconds, 2),
+            "cpu_seconds": round(self.cpu_seconds, 2),
+            "threads": self.threads,
+            "cpu_share": round(self.cpu_share(), 3),
+        }
         self._progress_file.write(json.dumps(line) + "\n")
         share = f" | cpu share {line['cpu_share']:.2f}" if self.profile.clock == "cpu" else ""
-        print(f"step {self.step:05d} | loss {self.last_loss:.4f} | {100 * self.progress():5.1f}% "
-              f"| {line['remaining_seconds']:.1f}s left{share}", flush=True)
+        print(
+            f"step {self.step:05d} | loss {self.last_loss:.4f} | {100 * self.progress():5.1f}% "
+            f"| {line['remaining_seconds']:.1f}s left{share}",
+            flush=True,
+        )
 
 
 def pick_device(profile: Profile) -> torch.device:
     if profile.device == "cuda":
         if not torch.cuda.is_available():
-            raise RuntimeError(f"profile {profile.name} needs a CUDA GPU and none is visible here; "
-                               "use --profile cpu (or smoke) on this machine")
+            raise RuntimeError(
+                f"profile {profile.name} needs a CUDA GPU and none is visible here; "
+                "use --profile cpu (or smoke) on this machine"
+            )
         return torch.device("cuda")
     return torch.device("cpu")
 
@@ -361,10 +402,18 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
 _current: Session | None = None
 
 
-def open_session(profile_name: str, *, data: str | None = None, out_dir: Path, seed: int = 0,
-                 asset_sha256: str = "", started_at: float | None = None,
-                 handed_over: tuple[float, float] | None = None, threads: int = 0,
-                 export: bool = False) -> Session:
+def open_session(
+    profile_name: str,
+    *,
+    data: str | None = None,
+    out_dir: Path,
+    seed: int = 0,
+    asset_sha256: str = "",
+    started_at: float | None = None,
+    handed_over: tuple[float, float] | None = None,
+    threads: int = 0,
+    export: bool = False,
+) -> Session:
     """Build the session for a run: loads prepared data (its fingerprint checked against the
     files) and tokenizer, never prepares them. `threads`: the CPU threads allotted (0: torch's).
     `handed_over`: the (wall, process CPU) readings at the job's hand-over, the run clock's zero.
@@ -377,9 +426,18 @@ def open_session(profile_name: str, *, data: str | None = None, out_dir: Path, s
         verify_dataset(dataset, profile.name)
     tokenizer = load_tokenizer(dataset, profile.vocab_size, profile.name)
     torch.manual_seed(seed)
-    _current = Session(profile, dataset, tokenizer, out_dir=out_dir, seed=seed,
-                       asset_sha256=asset_sha256, started_at=started_at, handed_over=handed_over,
-                       threads=threads, export=export)
+    _current = Session(
+        profile,
+        dataset,
+        tokenizer,
+        out_dir=out_dir,
+        seed=seed,
+        asset_sha256=asset_sha256,
+        started_at=started_at,
+        handed_over=handed_over,
+        threads=threads,
+        export=export,
+    )
     return _current
 
 

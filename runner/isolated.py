@@ -72,8 +72,19 @@ LIMITS_EVERY_S = 1.0  # how often the supervisor looks at the run's memory, task
 CLAIMED_SCORE = b"val_bpb:"  # a line train.py prints this way is shown as its claim, not the score
 READY_LINE = b"[harness] ready"  # what the training process prints once it waits for its job (runner.execute)
 STANDBY_READY_S = 600.0  # how long a warm worker waits for its processes to say they are ready
-CLAIMED_KEYS = ("num_steps", "total_tokens_M", "tokens_per_second", "tokens_per_wall_second", "peak_vram_mb",
-                "mfu_percent", "num_params_M", "startup_seconds", "training_seconds", "training_wall_seconds", "extra")
+CLAIMED_KEYS = (
+    "num_steps",
+    "total_tokens_M",
+    "tokens_per_second",
+    "tokens_per_wall_second",
+    "peak_vram_mb",
+    "mfu_percent",
+    "num_params_M",
+    "startup_seconds",
+    "training_seconds",
+    "training_wall_seconds",
+    "extra",
+)
 
 
 class Supervisor:
@@ -82,10 +93,20 @@ class Supervisor:
     `prepare()` does everything that does not depend on the job, `run(job)` the rest; run_job does
     both at once. A supervisor prepared ahead of its job is a warm worker (`--standby`)."""
 
-    def __init__(self, out: Path, profile: str, *, backend: str = "local", data: str | None = None,
-                 threads: int = 0, gpu: str | None = None, detail: str = "", use_sandbox: bool | None = None,
-                 on_progress: Callable[[dict[str, Any]], None] | None = None,
-                 on_line: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        out: Path,
+        profile: str,
+        *,
+        backend: str = "local",
+        data: str | None = None,
+        threads: int = 0,
+        gpu: str | None = None,
+        detail: str = "",
+        use_sandbox: bool | None = None,
+        on_progress: Callable[[dict[str, Any]], None] | None = None,
+        on_line: Callable[[str], None] | None = None,
+    ) -> None:
         self.out, self.profile_name, self.data, self.gpu = out, profile, data, gpu
         self.threads = threads
         self.on_progress, self.on_line = on_progress, on_line
@@ -94,8 +115,9 @@ class Supervisor:
         self.hashes = Hashes(asset="", harness=harness_hash(), data="")
         ok, what = sandbox.available() if use_sandbox is not False else (False, "turned off")
         self.sandboxed = ok
-        self.identity = RunnerIdentity(backend=backend, host=socket.gethostname(), device="cpu",
-                                       sandbox=what if ok else "none", detail=detail)
+        self.identity = RunnerIdentity(
+            backend=backend, host=socket.gethostname(), device="cpu", sandbox=what if ok else "none", detail=detail
+        )
         self.why_unsandboxed = "" if ok else what
         self.profile: Profile | None = None
         self.failure = ""  # why this run cannot happen, found while preparing it
@@ -138,12 +160,16 @@ class Supervisor:
             return
         tokens = tokenizer_dir(dataset, profile.vocab_size)
         if not is_cached(dataset, profile.vocab_size):  # the data may be another profile's, shared
-            self.failure = (f"the {profile.name} profile's tokenizer ({profile.vocab_size} tokens) is not prepared: "
-                            f"run `autoresearch prepare --profile {profile.name}` first")
+            self.failure = (
+                f"the {profile.name} profile's tokenizer ({profile.vocab_size} tokens) is not prepared: "
+                f"run `autoresearch prepare --profile {profile.name}` first"
+            )
             return
         if not self.sandboxed:
-            self.log.say(f"WARNING: running train.py WITHOUT a sandbox: {self.why_unsandboxed}. It can read every "
-                      "file this user can and open network connections; the result is marked unsandboxed.")
+            self.log.say(
+                f"WARNING: running train.py WITHOUT a sandbox: {self.why_unsandboxed}. It can read every "
+                "file this user can and open network connections; the result is marked unsandboxed."
+            )
         # Every process of the run stays below this one, whatever it forks or detaches (runner.proctree).
         proctree.become_subreaper()
         self._rlimits = limits.child_rlimits(self.limits, cuda=profile.device == "cuda")
@@ -165,8 +191,15 @@ class Supervisor:
         self.log.close()
 
     # --- the run -----------------------------------------------------------------------------------
-    def run(self, job: JobSpec, *, out: Path | None = None, received_at: float | None = None,
-            detail: str | None = None, on_progress: Callable[[dict[str, Any]], None] | None = None) -> ResultSpec:
+    def run(
+        self,
+        job: JobSpec,
+        *,
+        out: Path | None = None,
+        received_at: float | None = None,
+        detail: str | None = None,
+        on_progress: Callable[[dict[str, Any]], None] | None = None,
+    ) -> ResultSpec:
         """Run `job`. `out`: where the caller has since moved the run directory (a warm worker's
         directory renamed to its run's); `received_at`: when the job arrived (default: now);
         `detail`, `on_progress`: the job's, for a worker prepared before they were known."""
@@ -183,8 +216,13 @@ class Supervisor:
                 return self._result("crash", error=self.failure, profile=self.profile)
             assert self.profile is not None, "prepare() comes first"
             if job.profile != self.profile.name:
-                return self._result("crash", profile=self.profile, error=(
-                    f"this worker was prepared for the {self.profile.name} profile, the job is for {job.profile}"))
+                return self._result(
+                    "crash",
+                    profile=self.profile,
+                    error=(
+                        f"this worker was prepared for the {self.profile.name} profile, the job is for {job.profile}"
+                    ),
+                )
             files.write_text(self.out / "asset" / "train.py", job.asset)  # the sandbox sees it from now on
             return self._train_then_score(self.profile)
         finally:
@@ -200,36 +238,60 @@ class Supervisor:
         self.timings.training_wall = wall
         claims = self._read_claims()
         if killed:
-            return self._result("timeout", profile=profile, claims=claims, cpu=cpu,
-                                error=f"the training process ran past the profile's hard limit of "
-                                      f"{profile.max_total_s:.0f} s and was killed with everything it started")
+            return self._result(
+                "timeout",
+                profile=profile,
+                claims=claims,
+                cpu=cpu,
+                error=f"the training process ran past the profile's hard limit of "
+                f"{profile.max_total_s:.0f} s and was killed with everything it started",
+            )
         used = self.timings.training = self._used(profile, cpu, wall)
         cap = profile.cap_s(self._clock_threads())
         if self._capped_at is not None or used > cap:
             # Checked first: a process stopped at its cap hands over no model, and that is why.
-            return self._result("rejected", profile=profile, claims=claims, cpu=cpu, error=(
-                f"the training process used {max(used, self._capped_at or 0.0):.1f} s on the {profile.clock} clock "
-                f"since its job was handed over, measured outside its sandbox, past its cap of {cap:.1f} s (the "
-                f"budget of {profile.time_budget_s:.0f} s plus {cap - profile.time_budget_s:.1f} s for start-up, "
-                "warm-up steps and the export), and was stopped: train.py trained past the budget. "
-                "The harness ends training in time when train.py loops `while not h.time_up()` and calls "
-                "h.finish(model) right after; work before, between or after the harness's calls counts too"))
+            return self._result(
+                "rejected",
+                profile=profile,
+                claims=claims,
+                cpu=cpu,
+                error=(
+                    f"the training process used {max(used, self._capped_at or 0.0):.1f} s on the {profile.clock} clock "
+                    f"since its job was handed over, measured outside its sandbox, past its cap of {cap:.1f} s (the "
+                    f"budget of {profile.time_budget_s:.0f} s plus {cap - profile.time_budget_s:.1f} s for start-up, "
+                    "warm-up steps and the export), and was stopped: train.py trained past the budget. "
+                    "The harness ends training in time when train.py loops `while not h.time_up()` and calls "
+                    "h.finish(model) right after; work before, between or after the harness's calls counts too"
+                ),
+            )
         model = self.scratch / MODEL_FILE
         if code != 0 or claims.get("status") != "exported" or not os.path.lexists(model):
             status, error = self._failure(code, claims)  # its own crash, a limit it crossed, or a kill from outside
             return self._result(status, profile=profile, claims=claims, cpu=cpu, error=error)
         graph = files.read_regular(model, MODEL_LIMIT_BYTES)
         if graph is None:
-            return self._result("rejected", profile=profile, claims=claims, cpu=cpu, error=(
-                f"{MODEL_FILE} is not a regular file under {MODEL_LIMIT_BYTES >> 30} GiB (a link, a pipe, or too large)"))
+            return self._result(
+                "rejected",
+                profile=profile,
+                claims=claims,
+                cpu=cpu,
+                error=(
+                    f"{MODEL_FILE} is not a regular file under {MODEL_LIMIT_BYTES >> 30} GiB (a link, a pipe, or too large)"
+                ),
+            )
         files.write_bytes(self.handoff / MODEL_FILE, graph)  # the scorer reads a copy no training process can reach
         score, self.timings.evaluation = self.scorer.score(profile.score_limit_s)
         self.timings.probe = float(score.get("probe_seconds") or 0.0)
         if "rejected" in score:
             return self._result("rejected", profile=profile, claims=claims, cpu=cpu, error=str(score["rejected"]))
         if "val_bpb" not in score:
-            return self._result("crash", profile=profile, claims=claims, cpu=cpu,
-                                error=str(score.get("error") or "the scoring process gave no answer"))
+            return self._result(
+                "crash",
+                profile=profile,
+                claims=claims,
+                cpu=cpu,
+                error=str(score.get("error") or "the scoring process gave no answer"),
+            )
         self.identity = self.identity.model_copy(update={"device": str(score.get("device", "cpu"))})
         return self._result("ok", profile=profile, claims=claims, cpu=cpu, score=score)
 
@@ -240,24 +302,52 @@ class Supervisor:
         # Paths relative to its working directory (scratch): a warm worker's directory is renamed
         # when its job comes, and an unsandboxed process sees the rename (a sandboxed one sees its
         # bind mounts at the old path). The working directory follows the directory, not its name.
-        cmd = [sys.executable, "-m", "runner.execute", "--asset", "../asset/train.py",
-               "--profile", profile.name, "--out", ".", "--threads", str(self.threads),
-               "--export", "--wait"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "runner.execute",
+            "--asset",
+            "../asset/train.py",
+            "--profile",
+            profile.name,
+            "--out",
+            ".",
+            "--threads",
+            str(self.threads),
+            "--export",
+            "--wait",
+        ]
         if self.data:
             cmd += ["--data", self.data]
-        box = sandbox.Sandbox(read=[self.out / "asset", *self._data_views[0]], write=[self.scratch],
-                              env=self._env(profile, home=self.scratch),
-                              gpus=self._gpus(profile), cwd=self.scratch)
+        box = sandbox.Sandbox(
+            read=[self.out / "asset", *self._data_views[0]],
+            write=[self.scratch],
+            env=self._env(profile, home=self.scratch),
+            gpus=self._gpus(profile),
+            cwd=self.scratch,
+        )
         argv = sandbox.wrap(cmd, box) if self.sandboxed else cmd
-        proc = processes.started(subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=box.env, cwd=box.cwd,
-            start_new_session=True, preexec_fn=self._child_setup))
+        proc = processes.started(
+            subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                env=box.env,
+                cwd=box.cwd,
+                start_new_session=True,
+                preexec_fn=self._child_setup,
+            )
+        )
         # Only a CPU-clock budget needs the process tree's CPU time: walking /proc ten times a second
         # is not free on a busy GPU machine, whose budget is wall time. What it detaches comes to this
         # process (a subreaper): still its CPU time, as in _limit_crossed.
         orphans_of = os.getpid() if proctree.is_subreaper() else None
-        self._tree = (TreeCPU(proc.pid, orphans_of=orphans_of, spare=lambda: processes.managed() - {proc.pid})
-                      if profile.clock == "cpu" else None)
+        self._tree = (
+            TreeCPU(proc.pid, orphans_of=orphans_of, spare=lambda: processes.managed() - {proc.pid})
+            if profile.clock == "cpu"
+            else None
+        )
         self._trainer_ready.clear()
         self._pump = threading.Thread(target=self._pump_output, args=(proc,), daemon=True)
         self._pump.start()
@@ -269,8 +359,10 @@ class Supervisor:
         cap the process is stopped and `_capped_at` set."""
         assert self._job is not None and self.trainer is not None
         if self.trainer.poll() is not None:  # a worker whose process died while it waited: start afresh
-            self.log.say(f"[supervisor] the waiting training process had ended (exit code {self.trainer.returncode}); "
-                      "starting a new one")
+            self.log.say(
+                f"[supervisor] the waiting training process had ended (exit code {self.trainer.returncode}); "
+                "starting a new one"
+            )
             self.trainer = self._start_trainer(profile)
         proc = self.trainer
         self._warm = self._trainer_ready.is_set()
@@ -326,16 +418,36 @@ class Supervisor:
         copied there) and the validation split; it gets ready and waits for `go` on its stdin."""
         profile = self.profile
         assert profile is not None
-        cmd = [sys.executable, "-m", "runner.score", "--model", MODEL_FILE, "--profile", profile.name,
-               "--wait"]  # relative to its working directory, handoff: see _start_trainer
+        cmd = [
+            sys.executable,
+            "-m",
+            "runner.score",
+            "--model",
+            MODEL_FILE,
+            "--profile",
+            profile.name,
+            "--wait",
+        ]  # relative to its working directory, handoff: see _start_trainer
         if self.data:
             cmd += ["--data", self.data]
-        box = sandbox.Sandbox(read=[self.handoff, *self._data_views[1]], env=self._env(profile, home=self.handoff),
-                              gpus=self._gpus(profile), cwd=self.handoff)
+        box = sandbox.Sandbox(
+            read=[self.handoff, *self._data_views[1]],
+            env=self._env(profile, home=self.handoff),
+            gpus=self._gpus(profile),
+            cwd=self.handoff,
+        )
         argv = sandbox.wrap(cmd, box) if self.sandboxed else cmd
-        return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, env=box.env, cwd=self.handoff, start_new_session=True,
-                                preexec_fn=self._child_setup)
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=box.env,
+            cwd=self.handoff,
+            start_new_session=True,
+            preexec_fn=self._child_setup,
+        )
 
     def wait_ready(self, timeout: float) -> bool:
         """True once both processes are ready for the job (torch imported, data loaded), within
@@ -348,10 +460,16 @@ class Supervisor:
 
     def _env(self, profile: Profile, *, home: Path) -> dict[str, str]:
         """The whole environment of a sandboxed process: nothing inherited but the basics."""
-        env = {"PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin", "HOME": str(home),
-               "TMPDIR": "/tmp" if self.sandboxed else str(home), "LANG": "C.UTF-8", "PYTHONUNBUFFERED": "1",
-               "PYTHONDONTWRITEBYTECODE": "1", "AUTORESEARCH_CACHE": str(cache_dir()),
-               "CUDA_VISIBLE_DEVICES": (self.gpu or "0") if profile.device == "cuda" else ""}
+        env = {
+            "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
+            "HOME": str(home),
+            "TMPDIR": "/tmp" if self.sandboxed else str(home),
+            "LANG": "C.UTF-8",
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "AUTORESEARCH_CACHE": str(cache_dir()),
+            "CUDA_VISIBLE_DEVICES": (self.gpu or "0") if profile.device == "cuda" else "",
+        }
         if self.threads > 0:
             env["OMP_NUM_THREADS"] = str(self.threads)
         if profile.device != "cuda":
@@ -401,18 +519,26 @@ class Supervisor:
         assert self.trainer is not None
         if signum in processes.OUTSIDE_SIGNALS and not processes.killed_here(self.trainer.pid):
             name = signal.Signals(signum).name
-            by = ("the kernel's OOM killer (this machine ran out of memory: it killed a process while the run "
-                  "went on)" if processes.oom_kills() > self._oom_kills else "something outside the run (an operator, "
-                  "a shutdown, another process's memory)")
-            return "lost", (f"the training process was killed by {name}, sent by {by}, not by its own code or "
-                            "a limit of the run: the run is lost and runs again")
+            by = (
+                "the kernel's OOM killer (this machine ran out of memory: it killed a process while the run went on)"
+                if processes.oom_kills() > self._oom_kills
+                else "something outside the run (an operator, a shutdown, another process's memory)"
+            )
+            return "lost", (
+                f"the training process was killed by {name}, sent by {by}, not by its own code or "
+                "a limit of the run: the run is lost and runs again"
+            )
         error = own or processes.exit_reason(code)
         if self.profile is not None and self.profile.device != "cuda" and OUT_OF_MEMORY.search(error):
-            error = (f"train.py ran out of memory: a run may hold {limits.describe(self.limits.memory)} "
-                     f"(the limit per run). {error}")
+            error = (
+                f"train.py ran out of memory: a run may hold {limits.describe(self.limits.memory)} "
+                f"(the limit per run). {error}"
+            )
         elif self.sandboxed and OUT_OF_TASKS.search(error):
-            error = (f"train.py could not start another process or thread: a run may have {self.limits.tasks} "
-                     f"(the limit per run). {error}")
+            error = (
+                f"train.py could not start another process or thread: a run may have {self.limits.tasks} "
+                f"(the limit per run). {error}"
+            )
         return "crash", error
 
     # --- output ----------------------------------------------------------------------------------------
@@ -446,7 +572,7 @@ class Supervisor:
         chunk = files.read_regular(self.scratch / "progress.jsonl", 1 << 20, offset=self._progress_at)
         if chunk is None:
             return
-        complete = chunk[:chunk.rfind(b"\n") + 1]
+        complete = chunk[: chunk.rfind(b"\n") + 1]
         self._progress_at += len(complete)
         for line in complete.splitlines():
             try:
@@ -478,7 +604,9 @@ class Supervisor:
         if used < profile.cap_s(self._clock_threads()):
             return False
         self._capped_at = used
-        self.log.say(f"[supervisor] the training process used {used:.1f} s on the {profile.clock} clock, its cap: stopped")
+        self.log.say(
+            f"[supervisor] the training process used {used:.1f} s on the {profile.clock} clock, its cap: stopped"
+        )
         return True
 
     def _await_ready(self, proc: subprocess.Popen[bytes], profile: Profile) -> None:
@@ -492,8 +620,16 @@ class Supervisor:
             except ChildProcessError:
                 return
 
-    def _result(self, status: str, *, error: str | None = None, profile: Profile | None = None,
-                claims: dict[str, Any] | None = None, cpu: float = 0.0, score: dict[str, Any] | None = None) -> ResultSpec:
+    def _result(
+        self,
+        status: str,
+        *,
+        error: str | None = None,
+        profile: Profile | None = None,
+        claims: dict[str, Any] | None = None,
+        cpu: float = 0.0,
+        score: dict[str, Any] | None = None,
+    ) -> ResultSpec:
         claims = claims or {}
         self.timings.startup = float(claims.get("startup_seconds") or 0.0)
         self.timings.export = float(claims.get("eval_seconds") or 0.0)  # finish() exported, in the sandbox
@@ -506,18 +642,35 @@ class Supervisor:
         if profile is not None:
             threads = self._clock_threads()
             wall = self.timings.training_wall
-            metrics.update(clock=profile.clock, threads=threads, cpu_seconds=round(cpu, 3),
-                           training_seconds=round(self.timings.training, 3),
-                           cpu_share=round(cpu / (wall * threads), 4) if wall > 0 else 0.0,
-                           warm=self._warm, ready_cpu_seconds=round(self._ready_cpu, 3))
+            metrics.update(
+                clock=profile.clock,
+                threads=threads,
+                cpu_seconds=round(cpu, 3),
+                training_seconds=round(self.timings.training, 3),
+                cpu_share=round(cpu / (wall * threads), 4) if wall > 0 else 0.0,
+                warm=self._warm,
+                ready_cpu_seconds=round(self._ready_cpu, 3),
+            )
         if score:
-            metrics.update({k: score[k] for k in ("eval_tokens", "eval_bytes", "probe", "probe_max_change") if k in score})
+            metrics.update(
+                {k: score[k] for k in ("eval_tokens", "eval_bytes", "probe", "probe_max_change") if k in score}
+            )
         metrics.update(total_seconds=round(self.timings.total, 3), eval_seconds=round(self.timings.evaluation, 3))
         result = ResultSpec(
-            run_id=job.run_id, experiment_id=job.experiment_id, status=status,  # type: ignore[arg-type]
-            val_bpb=float(score["val_bpb"]) if score else None, error=error, metrics=metrics,
-            log_tail=run_log.tail(self.out / "log.txt"), timings=self.timings, hashes=self.hashes, runner=self.identity,
-            sandboxed=self.sandboxed, profile=job.profile, seed=job.seed)
+            run_id=job.run_id,
+            experiment_id=job.experiment_id,
+            status=status,  # type: ignore[arg-type]
+            val_bpb=float(score["val_bpb"]) if score else None,
+            error=error,
+            metrics=metrics,
+            log_tail=run_log.tail(self.out / "log.txt"),
+            timings=self.timings,
+            hashes=self.hashes,
+            runner=self.identity,
+            sandboxed=self.sandboxed,
+            profile=job.profile,
+            seed=job.seed,
+        )
         if self.log.is_open:
             # the reference's summary block, with the scorer's number: `grep "^val_bpb:" log.txt`
             self.log.close(summary=result.summary_block())
@@ -547,10 +700,16 @@ OUT_OF_TASKS = re.compile(r"BlockingIOError|Resource temporarily unavailable|can
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m runner.isolated", description=__doc__.splitlines()[0])
     parser.add_argument("--job", type=Path, help="a JobSpec as JSON: run it now, cold")
-    parser.add_argument("--standby", metavar="PROFILE", default=None, help=(
-        "a warm worker: prepare a run of PROFILE, write OUT/ready, then read one line from stdin, "
-        '{"job": JOB.json, "out": DIR} (DIR: OUT renamed by the caller), and run that job; at end of '
-        "input instead, stop and remove OUT"))
+    parser.add_argument(
+        "--standby",
+        metavar="PROFILE",
+        default=None,
+        help=(
+            "a warm worker: prepare a run of PROFILE, write OUT/ready, then read one line from stdin, "
+            '{"job": JOB.json, "out": DIR} (DIR: OUT renamed by the caller), and run that job; at end of '
+            "input instead, stop and remove OUT"
+        ),
+    )
     parser.add_argument("--out", type=Path, required=True, help="the run directory")
     parser.add_argument("--backend", default="local")
     parser.add_argument("--data", default=None, help="data source (default: the profile's)")
@@ -567,8 +726,15 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, processes.end_all_and_exit)
     args.out = args.out.resolve()  # the sandbox binds absolute paths
     echo = (lambda line: print(line, file=sys.stderr, flush=True)) if args.echo else None
-    options: dict[str, Any] = {"backend": args.backend, "data": args.data, "threads": args.threads, "gpu": args.gpu,
-                               "detail": args.detail, "use_sandbox": False if args.no_sandbox else None, "on_line": echo}
+    options: dict[str, Any] = {
+        "backend": args.backend,
+        "data": args.data,
+        "threads": args.threads,
+        "gpu": args.gpu,
+        "detail": args.detail,
+        "use_sandbox": False if args.no_sandbox else None,
+        "on_line": echo,
+    }
     if args.standby is not None:
         return _standby(args.standby, args.out, options)
     try:
@@ -607,8 +773,14 @@ def _standby(profile: str, out: Path, options: dict[str, Any]) -> int:
 
 
 def _report(job: JobSpec, result: ResultSpec) -> None:
-    print(re.sub(r"\s+", " ", f"run {job.run_id}: {result.status} "
-                 f"{result.val_bpb if result.val_bpb is not None else result.error or ''}")[:300], file=sys.stderr)
+    print(
+        re.sub(
+            r"\s+",
+            " ",
+            f"run {job.run_id}: {result.status} {result.val_bpb if result.val_bpb is not None else result.error or ''}",
+        )[:300],
+        file=sys.stderr,
+    )
 
 
 if __name__ == "__main__":

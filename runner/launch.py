@@ -34,9 +34,13 @@ from runner.limits import RunLimits
 ALLOWED_NAME = re.compile(
     r"^(PATH|HOME|USER|LOGNAME|SHELL|TERM|LANG|LANGUAGE|TZ|TMPDIR|PWD|VIRTUAL_ENV|LD_LIBRARY_PATH|"
     r"LC_\w+|PYTHON\w*|AUTORESEARCH_(CACHE|PROFILE|OUT|DATA|SANDBOX|RUN_(MEMORY|TASKS|SCRATCH))|CUDA_\w+|NVIDIA_\w+|NCCL_\w+|TORCH\w*|"
-    r"PYTORCH_\w+|TRITON_\w+|OMP_\w+|MKL_\w+|OPENBLAS_\w+|KMP_\w+|HF_HOME|XDG_CACHE_HOME)$")
-SECRET_NAME = re.compile(r"(^|_)TOKEN($|_)|SECRET|PASSWORD|PASSWD|API_?KEY|PRIVATE_KEY|CREDENTIAL|"
-                         r"^GITHUB_|^ANTHROPIC_|^MODAL_|^AWS_|^GH_", re.IGNORECASE)
+    r"PYTORCH_\w+|TRITON_\w+|OMP_\w+|MKL_\w+|OPENBLAS_\w+|KMP_\w+|HF_HOME|XDG_CACHE_HOME)$"
+)
+SECRET_NAME = re.compile(
+    r"(^|_)TOKEN($|_)|SECRET|PASSWORD|PASSWD|API_?KEY|PRIVATE_KEY|CREDENTIAL|"
+    r"^GITHUB_|^ANTHROPIC_|^MODAL_|^AWS_|^GH_",
+    re.IGNORECASE,
+)
 STOP_GRACE_S = 10.0  # a supervisor told to stop (SIGTERM) has this long to end its run before it is killed
 
 
@@ -48,18 +52,42 @@ def training_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def command(asset: Path, profile: str, out: Path, *, seed: int = 0, data: str | None = None,
-            threads: int = 0) -> list[str]:
-    cmd = [sys.executable, "-m", "runner.execute", "--asset", str(asset), "--profile", profile,
-           "--out", str(out), "--seed", str(seed), "--threads", str(threads),
-           "--started-at", f"{time.time():.3f}"]
+def command(
+    asset: Path, profile: str, out: Path, *, seed: int = 0, data: str | None = None, threads: int = 0
+) -> list[str]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "runner.execute",
+        "--asset",
+        str(asset),
+        "--profile",
+        profile,
+        "--out",
+        str(out),
+        "--seed",
+        str(seed),
+        "--threads",
+        str(threads),
+        "--started-at",
+        f"{time.time():.3f}",
+    ]
     if data:
         cmd += ["--data", data]
     return cmd
 
 
-def start(asset: Path, profile: str, out: Path, *, seed: int = 0, data: str | None = None,
-          threads: int = 0, echo: bool = False, extra_env: dict[str, str] | None = None) -> subprocess.Popen:
+def start(
+    asset: Path,
+    profile: str,
+    out: Path,
+    *,
+    seed: int = 0,
+    data: str | None = None,
+    threads: int = 0,
+    echo: bool = False,
+    extra_env: dict[str, str] | None = None,
+) -> subprocess.Popen:
     """Start the child in its own process group; its output goes to out/log.txt (or to a pipe
     for the caller to read, with echo). `extra_env` (a slot's CUDA_VISIBLE_DEVICES, say) is added
     to the scrubbed environment."""
@@ -70,8 +98,7 @@ def start(asset: Path, profile: str, out: Path, *, seed: int = 0, data: str | No
     env = training_env(dict(extra, **(extra_env or {})))
     cmd = command(asset, profile, out, seed=seed, data=data, threads=threads)
     if echo:  # the caller reads stdout and writes log.txt itself
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     else:
         with open(out / "log.txt", "ab") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -79,37 +106,84 @@ def start(asset: Path, profile: str, out: Path, *, seed: int = 0, data: str | No
     return proc
 
 
-def start_isolated(job_file: Path, out: Path, *, data: str | None = None, threads: int = 0,
-                   gpu: str | None = None, limits: RunLimits | None = None) -> subprocess.Popen:
+def start_isolated(
+    job_file: Path,
+    out: Path,
+    *,
+    data: str | None = None,
+    threads: int = 0,
+    gpu: str | None = None,
+    limits: RunLimits | None = None,
+) -> subprocess.Popen:
     """Start the supervisor of one isolated run (runner.isolated) in its own session; it writes
     out/result.json. Its pid goes to out/pid. `limits`: what the run may hold (default: the
     environment's, runner.limits)."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "pid").unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "runner.isolated", "--job", str(job_file), "--out", str(out),
-           "--backend", "local", "--threads", str(threads)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "runner.isolated",
+        "--job",
+        str(job_file),
+        "--out",
+        str(out),
+        "--backend",
+        "local",
+        "--threads",
+        str(threads),
+    ]
     cmd += ["--data", data] if data else []
     cmd += ["--gpu", gpu] if gpu else []
     with open(out / "supervisor.log", "ab") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                env=training_env(limits.as_env() if limits else None), start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=training_env(limits.as_env() if limits else None),
+            start_new_session=True,
+        )
     (out / "pid").write_text(str(proc.pid))
     return proc
 
 
-def start_standby(profile: str, out: Path, *, data: str | None = None, threads: int = 0,
-                  gpu: str | None = None, limits: RunLimits | None = None) -> subprocess.Popen:
+def start_standby(
+    profile: str,
+    out: Path,
+    *,
+    data: str | None = None,
+    threads: int = 0,
+    gpu: str | None = None,
+    limits: RunLimits | None = None,
+) -> subprocess.Popen:
     """Start a warm worker (`python -m runner.isolated --standby`) in its own session: it prepares
     a run of `profile` in `out`, writes out/ready, and waits for its job's line on its stdin (a
     pipe the caller holds: closing it sends the worker away). Its pid goes to out/pid."""
     out.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "runner.isolated", "--standby", profile, "--out", str(out),
-           "--backend", "local", "--threads", str(threads)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "runner.isolated",
+        "--standby",
+        profile,
+        "--out",
+        str(out),
+        "--backend",
+        "local",
+        "--threads",
+        str(threads),
+    ]
     cmd += ["--data", data] if data else []
     cmd += ["--gpu", gpu] if gpu else []
     with open(out / "supervisor.log", "ab") as log:
-        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
-                                env=training_env(limits.as_env() if limits else None), start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.PIPE,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=training_env(limits.as_env() if limits else None),
+            start_new_session=True,
+        )
     (out / "pid").write_text(str(proc.pid))
     return proc
 
@@ -125,26 +199,38 @@ def collect(out: Path, returncode: int | None, *, timed_out: bool = False) -> di
         result = {"status": "crash", "error": f"result.json is unreadable ({error}): the run is not counted"}
     if result is not None:
         if result.get("status") == "ok" and returncode not in (0, None):
-            result = {"status": "crash", "error": f"train.py exited with code {returncode} after "
-                      "the harness measured it", "measured": result}
+            result = {
+                "status": "crash",
+                "error": f"train.py exited with code {returncode} after the harness measured it",
+                "measured": result,
+            }
     elif timed_out:
         result = {"status": "crash", "error": "the run exceeded its wall-clock limit and was killed"}
     elif returncode is not None and returncode < 0:
         name = signal.Signals(-returncode).name
-        result = {"status": "crash", "error": f"the training process was killed by {name} "
-                  "(out of memory, or stopped from outside)"}
+        result = {
+            "status": "crash",
+            "error": f"the training process was killed by {name} (out of memory, or stopped from outside)",
+        }
     elif returncode is None:
         result = {"status": "crash", "error": "the training process ended without writing a result"}
     else:
-        result = {"status": "crash", "error": f"the training process exited with code {returncode} "
-                  "without a result"}
+        result = {"status": "crash", "error": f"the training process exited with code {returncode} without a result"}
     result["log_tail"] = run_log.tail(out / "log.txt")
     return result
 
 
-def run(asset: Path, profile: str, out: Path, *, seed: int = 0, data: str | None = None,
-        threads: int = 0, timeout_s: float | None = None,
-        on_line: Callable[[str], None] | None = None) -> dict[str, Any]:
+def run(
+    asset: Path,
+    profile: str,
+    out: Path,
+    *,
+    seed: int = 0,
+    data: str | None = None,
+    threads: int = 0,
+    timeout_s: float | None = None,
+    on_line: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
     """Run one job to completion (blocking) and return its result dict."""
     from runner.profiles import get_profile
 

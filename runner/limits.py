@@ -39,7 +39,9 @@ from pathlib import Path
 
 from runner import proctree
 
-MEMORY_SHARE = 0.5  # of the machine's memory, for all slots' runs together: the rest is the bot's, warm workers', the cache's
+MEMORY_SHARE = (
+    0.5  # of the machine's memory, for all slots' runs together: the rest is the bot's, warm workers', the cache's
+)
 TASKS_BASE, TASKS_PER_CPU = 256, 16  # torch's threads, compile workers, a data loader's processes: 288 on 2 cores
 SCRATCH_BYTES = 20 << 30  # the exported model (at most 8 GiB), checkpoints, logs
 SCRATCH_FILES = 100_000  # entries under scratch: walking more would cost the supervisor more than a moment
@@ -119,14 +121,17 @@ def child_rlimits(limits: RunLimits, *, cuda: bool) -> list[tuple[int, int]]:
 def nproc_argv(argv: list[str], tasks: int) -> list[str]:
     """`argv` preceded by a step that sets RLIMIT_NPROC to `tasks` and execs it: the first command
     inside a sandbox, whose user namespace then counts its own tasks only (see the docstring)."""
-    code = ("import os, resource, sys; n = int(sys.argv[1]); resource.setrlimit(resource.RLIMIT_NPROC, (n, n)); "
-            "os.execvp(sys.argv[2], sys.argv[2:])")
+    code = (
+        "import os, resource, sys; n = int(sys.argv[1]); resource.setrlimit(resource.RLIMIT_NPROC, (n, n)); "
+        "os.execvp(sys.argv[2], sys.argv[2:])"
+    )
     return [sys.executable, "-I", "-S", "-c", code, str(tasks), *argv]
 
 
 @dataclass
 class ScratchSize:
     """What a scratch directory holds: bytes on disk, entries, and whether the count stopped early."""
+
     bytes: int
     entries: int
     complete: bool
@@ -166,18 +171,26 @@ def crossed(limits: RunLimits, root: int, scratch: Path, *, spare: set[int]) -> 
         tops |= {pid for pid, p in procs.items() if p.ppid == os.getpid()} - spare
     held = proctree.usage(tops | proctree.descendants(tops, procs), procs)
     if held.memory > limits.memory:
-        return (f"train.py used more than {describe(limits.memory)} of memory (the limit per run): its "
-                f"{held.processes} process(es) held {describe(held.memory)} when the supervisor stopped "
-                "them. A run that needs more needs a smaller model or batch, or a larger share of the machine "
-                f"({ENV['memory']}, or fewer slots)")
+        return (
+            f"train.py used more than {describe(limits.memory)} of memory (the limit per run): its "
+            f"{held.processes} process(es) held {describe(held.memory)} when the supervisor stopped "
+            "them. A run that needs more needs a smaller model or batch, or a larger share of the machine "
+            f"({ENV['memory']}, or fewer slots)"
+        )
     if held.tasks > limits.tasks:
-        return (f"train.py ran more than {limits.tasks} processes and threads at once (the limit per run): "
-                f"{held.tasks} when the supervisor stopped them")
+        return (
+            f"train.py ran more than {limits.tasks} processes and threads at once (the limit per run): "
+            f"{held.tasks} when the supervisor stopped them"
+        )
     size = scratch_size(scratch)
     if not size.complete:
-        return (f"train.py wrote more than {SCRATCH_FILES} files and directories to its scratch "
-                "directory (the limit per run)")
+        return (
+            f"train.py wrote more than {SCRATCH_FILES} files and directories to its scratch "
+            "directory (the limit per run)"
+        )
     if size.bytes > limits.scratch:
-        return (f"train.py wrote more than {describe(limits.scratch)} to its scratch directory (the limit per "
-                f"run): {describe(size.bytes)} when the supervisor stopped it")
+        return (
+            f"train.py wrote more than {describe(limits.scratch)} to its scratch directory (the limit per "
+            f"run): {describe(size.bytes)} when the supervisor stopped it"
+        )
     return ""

@@ -50,8 +50,15 @@ log = logging.getLogger(__name__)
 CACHE = "/cache"
 # The training dependencies, as pinned in pyproject.toml (the `train` and `gpu` extras, and what the
 # harness itself imports); a test checks they agree.
-TRAIN_PACKAGES = ("torch==2.13.0", "tiktoken>=0.9", "rustbpe>=0.1.0", "pyarrow>=15", "numpy>=1.26",
-                  "pydantic>=2.6", "kernels>=0.4")
+TRAIN_PACKAGES = (
+    "torch==2.13.0",
+    "tiktoken>=0.9",
+    "rustbpe>=0.1.0",
+    "pyarrow>=15",
+    "numpy>=1.26",
+    "pydantic>=2.6",
+    "kernels>=0.4",
+)
 PROGRESS_EVERY_S = 2.0  # at most one progress write a run per this many seconds
 
 
@@ -98,8 +105,9 @@ class ProgressBoard:
     """Writes a run's latest progress line to a shared store (a Modal Dict), at most every
     PROGRESS_EVERY_S seconds; the first error switches it off for the run, which goes on."""
 
-    def __init__(self, store: ProgressStore | None, run_id: int, *,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, store: ProgressStore | None, run_id: int, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.store = store
         self.key = str(run_id)
         self.clock = clock
@@ -113,8 +121,9 @@ class ProgressBoard:
         try:
             self.store.put(self.key, dict(line))
         except Exception as error:  # noqa: BLE001 - progress is for display; the run must not fail for it
-            log.warning("run %s: progress cannot be shown (%s: %s); the run goes on", self.key,
-                        type(error).__name__, error)
+            log.warning(
+                "run %s: progress cannot be shown (%s: %s); the run goes on", self.key, type(error).__name__, error
+            )
             self.store = None
 
 
@@ -132,14 +141,22 @@ def _commit_cache() -> None:
     try:
         cache_volume.commit()
     except Exception as error:  # noqa: BLE001 - a cold cache only costs time
-        log.warning("the cache volume could not be committed (%s: %s); later containers start colder",
-                    type(error).__name__, error)
+        log.warning(
+            "the cache volume could not be committed (%s: %s); later containers start colder",
+            type(error).__name__,
+            error,
+        )
 
 
-@app.cls(gpu=DEPLOYED["AUTORESEARCH_MODAL_GPU"], volumes={CACHE: cache_volume}, env=DEPLOYED,
-         timeout=TIMEOUT_S, startup_timeout=int(DEPLOYED["AUTORESEARCH_MODAL_STARTUP_S"]),
-         scaledown_window=int(DEPLOYED["AUTORESEARCH_MODAL_SCALEDOWN_S"]),
-         max_containers=int(DEPLOYED["AUTORESEARCH_MODAL_GPUS"]))
+@app.cls(
+    gpu=DEPLOYED["AUTORESEARCH_MODAL_GPU"],
+    volumes={CACHE: cache_volume},
+    env=DEPLOYED,
+    timeout=TIMEOUT_S,
+    startup_timeout=int(DEPLOYED["AUTORESEARCH_MODAL_STARTUP_S"]),
+    scaledown_window=int(DEPLOYED["AUTORESEARCH_MODAL_SCALEDOWN_S"]),
+    max_containers=int(DEPLOYED["AUTORESEARCH_MODAL_GPUS"]),
+)
 class Trainer:
     @modal.enter()
     def load(self) -> None:
@@ -150,8 +167,12 @@ class Trainer:
 
         self.profile = os.environ.get("AUTORESEARCH_PROFILE") or PROFILE.name
         prepared = prepare(self.profile)
-        log.info("profile %s ready: data %s, tokenizer %s", self.profile, prepared.dataset.fingerprint[:12],
-                 "trained now" if prepared.trained_tokenizer else "cached")
+        log.info(
+            "profile %s ready: data %s, tokenizer %s",
+            self.profile,
+            prepared.dataset.fingerprint[:12],
+            "trained now" if prepared.trained_tokenizer else "cached",
+        )
         _commit_cache()
         self.workers = NextRun(self.profile)
         self.workers.refill()  # even the container's first job starts warm, if it comes a few seconds later
@@ -163,8 +184,14 @@ class Trainer:
     @modal.method()
     def run(self, job_json: str, spawned_at: float | None = None) -> str:
         """One job: its ResultSpec as JSON. A job for another profile than the deployed one is an error."""
-        return run_one(job_json, self.profile, spawned_at=spawned_at, progress_store=_progress_store(),
-                       call_id=modal.current_function_call_id() or "", workers=self.workers)
+        return run_one(
+            job_json,
+            self.profile,
+            spawned_at=spawned_at,
+            progress_store=_progress_store(),
+            call_id=modal.current_function_call_id() or "",
+            workers=self.workers,
+        )
 
     @modal.method()
     def identity(self) -> dict[str, str]:
@@ -207,9 +234,16 @@ class NextRun:
         return worker
 
 
-def run_one(job_json: str, profile: str, *, spawned_at: float | None = None,
-            progress_store: ProgressStore | None = None, call_id: str = "",
-            run_job: Callable[..., Any] | None = None, workers: NextRun | None = None) -> str:
+def run_one(
+    job_json: str,
+    profile: str,
+    *,
+    spawned_at: float | None = None,
+    progress_store: ProgressStore | None = None,
+    call_id: str = "",
+    run_job: Callable[..., Any] | None = None,
+    workers: NextRun | None = None,
+) -> str:
     """The body of `Trainer.run`: run the job in a fresh directory (a prepared worker's, from
     `workers`, or a cold run through `run_job`), return its ResultSpec JSON.
 
@@ -221,9 +255,11 @@ def run_one(job_json: str, profile: str, *, spawned_at: float | None = None,
     try:
         job = JobSpec.model_validate_json(job_json)
         if job.profile != profile:
-            raise ValueError(f"run {job.run_id} asks for profile {job.profile}, but this Modal app measures "
-                             f"{profile}: deploy it with AUTORESEARCH_PROFILE={job.profile} "
-                             "(modal deploy -m runner.modal_app), or run the bot with that profile")
+            raise ValueError(
+                f"run {job.run_id} asks for profile {job.profile}, but this Modal app measures "
+                f"{profile}: deploy it with AUTORESEARCH_PROFILE={job.profile} "
+                "(modal deploy -m runner.modal_app), or run the bot with that profile"
+            )
         board = ProgressBoard(progress_store, job.run_id)
         if workers is not None and run_job is None:
             worker = workers.take()

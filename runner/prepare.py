@@ -23,11 +23,12 @@ def prepare(profile_name: str, data: str | None = None, *, progress: bool = Fals
     dataset = prepare_dataset(data or profile.data, train_shards=profile.train_shards, progress=progress)
     spinner: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
     if progress and not is_cached(dataset, profile.vocab_size):  # a cached one loads in a blink
-        spinner = _spinner(f"training the {profile.vocab_size}-token BPE tokenizer "
-                           f"(cached in {tokenizer_dir(dataset, profile.vocab_size)})")
+        spinner = _spinner(
+            f"training the {profile.vocab_size}-token BPE tokenizer "
+            f"(cached in {tokenizer_dir(dataset, profile.vocab_size)})"
+        )
     with spinner:
-        tokenizer, trained = prepare_tokenizer(dataset, profile.vocab_size, profile.tokenizer_chars,
-                                               profile.name)
+        tokenizer, trained = prepare_tokenizer(dataset, profile.vocab_size, profile.tokenizer_chars, profile.name)
     return Prepared(dataset, tokenizer, trained)
 
 

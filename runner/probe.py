@@ -54,23 +54,32 @@ def causality_probe(forward: Callable[[torch.Tensor], torch.Tensor], batch: torc
     cuts = [first + (row * (last - first)) // max(1, rows - 1) for row in range(rows)]
     changed = batch.clone()
     for row, t in enumerate(cuts):
-        changed[row, t + 1:] = other[row, t + 1:]
+        changed[row, t + 1 :] = other[row, t + 1 :]
     logits = forward(changed).float()
     worst = 0.0
     for row, t in enumerate(cuts):
-        change = float((logits[row, :t + 1] - base[row, :t + 1]).abs().max())
+        change = float((logits[row, : t + 1] - base[row, : t + 1]).abs().max())
         worst = max(worst, change)
         if change > limit:
-            return ProbeResult(False, f"the logits at positions 0..{t} changed by {change:.3g} (more than "
-                               f"{limit:.2g}) when only the tokens after position {t} changed: the model "
-                               "reads future tokens", worst)
+            return ProbeResult(
+                False,
+                f"the logits at positions 0..{t} changed by {change:.3g} (more than "
+                f"{limit:.2g}) when only the tokens after position {t} changed: the model "
+                "reads future tokens",
+                worst,
+            )
     changed = batch.clone()
     changed[1:] = other[1:]
     change = float((forward(changed).float()[0] - base[0]).abs().max())
     worst = max(worst, change)
     if change > limit:
-        return ProbeResult(False, f"the logits of one row changed by {change:.3g} (more than {limit:.2g}) when "
-                           "only the other rows of the batch changed: the model reads across the batch, "
-                           "where the other rows hold the text that follows", worst)
-    return ProbeResult(True, f"causal: logits unchanged (within {limit:.2g}) under changes to later tokens "
-                       "and to other rows", worst)
+        return ProbeResult(
+            False,
+            f"the logits of one row changed by {change:.3g} (more than {limit:.2g}) when "
+            "only the other rows of the batch changed: the model reads across the batch, "
+            "where the other rows hold the text that follows",
+            worst,
+        )
+    return ProbeResult(
+        True, f"causal: logits unchanged (within {limit:.2g}) under changes to later tokens and to other rows", worst
+    )

@@ -42,6 +42,7 @@ _subreaper = False
 @dataclass(frozen=True)
 class Proc:
     """One process as /proc/PID/stat shows it."""
+
     ppid: int
     start: int  # clock ticks after boot: with the pid, names the process (pids are reused)
     cpu: float  # user + system seconds
@@ -60,9 +61,13 @@ def snapshot() -> dict[int, Proc]:
         except (OSError, IndexError):
             continue  # ended meanwhile
         # fields[0] is the state (field 3 of proc(5)); fields[i] is field i + 3.
-        procs[int(entry.name)] = Proc(ppid=int(fields[1]), start=int(fields[19]),
-                                      cpu=(int(fields[11]) + int(fields[12])) / TICKS, threads=int(fields[17]),
-                                      zombie=fields[0] in ("Z", "X"))
+        procs[int(entry.name)] = Proc(
+            ppid=int(fields[1]),
+            start=int(fields[19]),
+            cpu=(int(fields[11]) + int(fields[12])) / TICKS,
+            threads=int(fields[17]),
+            zombie=fields[0] in ("Z", "X"),
+        )
     return procs
 
 
@@ -84,6 +89,7 @@ def descendants(roots: Collection[int], procs: dict[int, Proc]) -> set[int]:
 @dataclass(frozen=True)
 class Usage:
     """What a process tree holds at one moment."""
+
     processes: int
     tasks: int  # processes and threads: what RLIMIT_NPROC counts
     memory: int  # bytes of private resident memory (resident minus shared, summed over the processes)
@@ -169,8 +175,9 @@ class TreeCPU:
     still the tree's, and trains on the same budget (unsandboxed; in a sandbox, orphans stay below
     the root)."""
 
-    def __init__(self, root: int, *, orphans_of: int | None = None,
-                 spare: Callable[[], Collection[int]] = frozenset) -> None:
+    def __init__(
+        self, root: int, *, orphans_of: int | None = None, spare: Callable[[], Collection[int]] = frozenset
+    ) -> None:
         self.root = root
         self.orphans_of, self.spare = orphans_of, spare
         self._seen: dict[tuple[int, int], float] = {}  # (pid, start time) -> CPU seconds

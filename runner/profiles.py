@@ -84,9 +84,20 @@ REFERENCE_VAL_SHARD = 6542
 PROFILES: dict[str, Profile] = {
     # The reference's constants (karpathy/autoresearch prepare.py) on one H100-class GPU.
     "h100": Profile(
-        name="h100", device="cuda", seq_len=2048, vocab_size=8192, time_budget_s=300.0, clock="wall",
-        warmup_steps=10, eval_tokens=40 * 524288, eval_batch_size=64, data=REFERENCE_DATA_URL,
-        train_shards=10, tokenizer_chars=1_000_000_000, max_total_s=900.0, allowance_s=45.0,
+        name="h100",
+        device="cuda",
+        seq_len=2048,
+        vocab_size=8192,
+        time_budget_s=300.0,
+        clock="wall",
+        warmup_steps=10,
+        eval_tokens=40 * 524288,
+        eval_batch_size=64,
+        data=REFERENCE_DATA_URL,
+        train_shards=10,
+        tokenizer_chars=1_000_000_000,
+        max_total_s=900.0,
+        allowance_s=45.0,
         export_margin_s=15.0,
         score_limit_s=300.0,
     ),
@@ -94,17 +105,39 @@ PROFILES: dict[str, Profile] = {
     # machine busy with other work (cpu_share 0.31, about 3x slower) a run took 112 s in all; an
     # isolated run on a machine at load 5-8 trained for 239 s of wall time: the hard limit is 300 s.
     "cpu": Profile(
-        name="cpu", device="cpu", seq_len=256, vocab_size=4096, time_budget_s=30.0, clock="cpu",
-        warmup_steps=1, eval_tokens=2**16, eval_batch_size=32, data="builtin",
-        train_shards=0, tokenizer_chars=5_000_000, max_total_s=300.0, allowance_s=5.5,
+        name="cpu",
+        device="cpu",
+        seq_len=256,
+        vocab_size=4096,
+        time_budget_s=30.0,
+        clock="cpu",
+        warmup_steps=1,
+        eval_tokens=2**16,
+        eval_batch_size=32,
+        data="builtin",
+        train_shards=0,
+        tokenizer_chars=5_000_000,
+        max_total_s=300.0,
+        allowance_s=5.5,
         export_margin_s=3.0,
         score_limit_s=120.0,
     ),
     # A few seconds in all, for tests (25 s in all at cpu_share 0.2; the limit is for hangs).
     "smoke": Profile(
-        name="smoke", device="cpu", seq_len=128, vocab_size=1024, time_budget_s=3.0, clock="cpu",
-        warmup_steps=1, eval_tokens=2**13, eval_batch_size=16, data="builtin",
-        train_shards=0, tokenizer_chars=5_000_000, max_total_s=120.0, allowance_s=4.5,
+        name="smoke",
+        device="cpu",
+        seq_len=128,
+        vocab_size=1024,
+        time_budget_s=3.0,
+        clock="cpu",
+        warmup_steps=1,
+        eval_tokens=2**13,
+        eval_batch_size=16,
+        data="builtin",
+        train_shards=0,
+        tokenizer_chars=5_000_000,
+        max_total_s=120.0,
+        allowance_s=4.5,
         export_margin_s=3.0,
         score_limit_s=120.0,
     ),
@@ -120,8 +153,19 @@ def get_profile(name: str) -> Profile:
 
 
 # The harness files that decide a measurement; fixing a download or a launcher keeps baselines valid.
-MEASURING_FILES = ("profiles.py", "data.py", "tokenizer.py", "dataloader.py", "evaluate.py", "harness.py",
-                   "execute.py", "isolated.py", "handoff.py", "probe.py", "score.py")
+MEASURING_FILES = (
+    "profiles.py",
+    "data.py",
+    "tokenizer.py",
+    "dataloader.py",
+    "evaluate.py",
+    "harness.py",
+    "execute.py",
+    "isolated.py",
+    "handoff.py",
+    "probe.py",
+    "score.py",
+)
 
 
 def harness_hash() -> str:

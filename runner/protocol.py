@@ -123,12 +123,20 @@ class ResultSpec(BaseModel):
         if self.status == "ok" and self.val_bpb is not None:
             lines.append(f"val_bpb:          {self.val_bpb:.6f}")
         else:
-            lines.append(f"status:           {self.status} ({(self.error or '').splitlines()[0][:200] if self.error else ''})")
-        lines += [f"training_seconds: {float(claims.get('training_seconds') or self.timings.training):.1f}",
-                  f"total_seconds:    {self.timings.total:.1f}"]
-        for key, label, digits in (("peak_vram_mb", "peak_vram_mb:    ", 1), ("mfu_percent", "mfu_percent:     ", 2),
-                                   ("total_tokens_M", "total_tokens_M:  ", 1), ("num_steps", "num_steps:       ", 0),
-                                   ("num_params_M", "num_params_M:    ", 1)):
+            lines.append(
+                f"status:           {self.status} ({(self.error or '').splitlines()[0][:200] if self.error else ''})"
+            )
+        lines += [
+            f"training_seconds: {float(claims.get('training_seconds') or self.timings.training):.1f}",
+            f"total_seconds:    {self.timings.total:.1f}",
+        ]
+        for key, label, digits in (
+            ("peak_vram_mb", "peak_vram_mb:    ", 1),
+            ("mfu_percent", "mfu_percent:     ", 2),
+            ("total_tokens_M", "total_tokens_M:  ", 1),
+            ("num_steps", "num_steps:       ", 0),
+            ("num_params_M", "num_params_M:    ", 1),
+        ):
             value = claims.get(key)
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 lines.append(f"{label} {value:.{digits}f}")
@@ -151,10 +159,14 @@ def check_result(job: JobSpec, result: ResultSpec, *, harness: str) -> None:
     if result.run_id != job.run_id:
         raise ResultRefused(f"the result is for run {result.run_id}, not run {job.run_id}")
     if result.hashes.asset != job.asset_sha256:
-        raise ResultRefused(f"run {job.run_id}: the result measured another train.py (asset sha256 "
-                            f"{result.hashes.asset[:12]}, the job's is {job.asset_sha256[:12]})")
+        raise ResultRefused(
+            f"run {job.run_id}: the result measured another train.py (asset sha256 "
+            f"{result.hashes.asset[:12]}, the job's is {job.asset_sha256[:12]})"
+        )
     if result.hashes.harness != harness:
-        raise ResultRefused(f"run {job.run_id}: the result was measured by harness {result.hashes.harness}, "
-                            f"not this bot's {harness}: update the runner to the bot's version")
+        raise ResultRefused(
+            f"run {job.run_id}: the result was measured by harness {result.hashes.harness}, "
+            f"not this bot's {harness}: update the runner to the bot's version"
+        )
     if result.profile and result.profile != job.profile:
         raise ResultRefused(f"run {job.run_id}: the result ran profile {result.profile}, not {job.profile}")

@@ -38,7 +38,9 @@ class RunLog:
         if room > 0:
             self._file.write(data[:room])
             if len(data) > room:
-                self._file.write(f"\n[log cut at {LOG_LIMIT_BYTES} bytes: the rest of the output was dropped]\n".encode())
+                self._file.write(
+                    f"\n[log cut at {LOG_LIMIT_BYTES} bytes: the rest of the output was dropped]\n".encode()
+                )
             self._file.flush()
         self._bytes += len(data)
 

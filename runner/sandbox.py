@@ -35,8 +35,16 @@ from runner import limits
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/sys")
 # Files of /etc that programs read to start (the dynamic linker, user and group names, time zone);
 # none holds a secret.
-SYSTEM_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/nsswitch.conf", "/etc/passwd",
-                "/etc/group", "/etc/localtime", "/etc/hosts")
+SYSTEM_FILES = (
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/nsswitch.conf",
+    "/etc/passwd",
+    "/etc/group",
+    "/etc/localtime",
+    "/etc/hosts",
+)
 NVIDIA_SHARED_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
 TMP_BYTES = 1 << 30
 NOBODY = 65534
@@ -66,8 +74,22 @@ def wrap(argv: list[str], sandbox: Sandbox, *, bwrap: str = "bwrap") -> list[str
     """The bwrap command that runs `argv` inside `sandbox`."""
     # --as-pid-1: the command is the namespace's first process, so that bwrap's exit status and
     # the kernel's CPU account (wait4) are the command's own, and everything dies with it.
-    cmd = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--as-pid-1", "--cap-drop", "ALL",
-           "--uid", str(NOBODY), "--gid", str(NOBODY), "--hostname", "sandbox", "--clearenv"]
+    cmd = [
+        bwrap,
+        "--unshare-all",
+        "--die-with-parent",
+        "--new-session",
+        "--as-pid-1",
+        "--cap-drop",
+        "ALL",
+        "--uid",
+        str(NOBODY),
+        "--gid",
+        str(NOBODY),
+        "--hostname",
+        "sandbox",
+        "--clearenv",
+    ]
     for path in SYSTEM_DIRS:
         if os.path.islink(path):
             cmd += ["--symlink", os.readlink(path), path]
@@ -113,17 +135,20 @@ def available() -> tuple[bool, str]:
 def _probe() -> tuple[bool, str]:
     binary = shutil.which("bwrap")
     if binary is None:
-        return False, ("bubblewrap is not installed (Debian/Ubuntu: `apt-get install bubblewrap`; "
-                       "Fedora: `dnf install bubblewrap`)")
+        return False, (
+            "bubblewrap is not installed (Debian/Ubuntu: `apt-get install bubblewrap`; "
+            "Fedora: `dnf install bubblewrap`)"
+        )
     try:
         version = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10).stdout.strip()
-        probe = subprocess.run(wrap(["/bin/true"], Sandbox(), bwrap=binary), capture_output=True, text=True,
-                               timeout=30)
+        probe = subprocess.run(wrap(["/bin/true"], Sandbox(), bwrap=binary), capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as error:
         return False, f"bubblewrap could not be run ({error})"
     if probe.returncode != 0:
         why = probe.stderr.strip().splitlines()[-1] if probe.stderr.strip() else f"exit code {probe.returncode}"
-        return False, (f"bubblewrap cannot create namespaces here ({why}); enable unprivileged user "
-                       "namespaces (sysctl kernel.unprivileged_userns_clone=1, or on Ubuntu 24.04 "
-                       "kernel.apparmor_restrict_unprivileged_userns=0)")
+        return False, (
+            f"bubblewrap cannot create namespaces here ({why}); enable unprivileged user "
+            "namespaces (sysctl kernel.unprivileged_userns_clone=1, or on Ubuntu 24.04 "
+            "kernel.apparmor_restrict_unprivileged_userns=0)"
+        )
     return True, version or "bubblewrap"

@@ -42,8 +42,17 @@ class Scorer:
         self.device = pick_device(self.profile)
         self.dataset = load_dataset(data or self.profile.data, self.profile.name)
         self.tokenizer = load_tokenizer(self.dataset, self.profile.vocab_size, self.profile.name)
-        self.first, _, _ = next(batches(self.tokenizer, self.dataset, "val", self.profile.eval_batch_size,
-                                        self.profile.seq_len, torch.device("cpu"), loop=False))
+        self.first, _, _ = next(
+            batches(
+                self.tokenizer,
+                self.dataset,
+                "val",
+                self.profile.eval_batch_size,
+                self.profile.seq_len,
+                torch.device("cpu"),
+                loop=False,
+            )
+        )
 
     def score(self, model_file: Path) -> dict[str, Any]:
         started = time.time()
@@ -62,13 +71,28 @@ class Scorer:
         probed = time.time()
         if not probe.causal:
             return {"rejected": probe.detail, "probe_seconds": probed - loaded}
-        evaluation = evaluate_bpb(model, self.tokenizer, self.dataset, seq_len=profile.seq_len,
-                                  eval_tokens=profile.eval_tokens, batch_size=profile.eval_batch_size,
-                                  device=device, fixed_batch=True)
+        evaluation = evaluate_bpb(
+            model,
+            self.tokenizer,
+            self.dataset,
+            seq_len=profile.seq_len,
+            eval_tokens=profile.eval_tokens,
+            batch_size=profile.eval_batch_size,
+            device=device,
+            fixed_batch=True,
+        )
         done = time.time()
-        return {"val_bpb": evaluation.val_bpb, "eval_tokens": evaluation.tokens, "eval_bytes": evaluation.bytes,
-                "probe": probe.detail, "probe_max_change": probe.max_change, "load_seconds": loaded - started,
-                "probe_seconds": probed - loaded, "eval_seconds": done - probed, "device": _device_name(device)}
+        return {
+            "val_bpb": evaluation.val_bpb,
+            "eval_tokens": evaluation.tokens,
+            "eval_bytes": evaluation.bytes,
+            "probe": probe.detail,
+            "probe_max_change": probe.max_change,
+            "load_seconds": loaded - started,
+            "probe_seconds": probed - loaded,
+            "eval_seconds": done - probed,
+            "device": _device_name(device),
+        }
 
 
 def _device_name(device: torch.device) -> str:
@@ -80,8 +104,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", type=Path, required=True)
     parser.add_argument("--profile", required=True)
     parser.add_argument("--data", default=None)
-    parser.add_argument("--wait", action="store_true",
-                        help="get ready, then score only after reading `go` on stdin (started while training runs)")
+    parser.add_argument(
+        "--wait",
+        action="store_true",
+        help="get ready, then score only after reading `go` on stdin (started while training runs)",
+    )
     args = parser.parse_args(argv)
     started_in = os.getcwd()
     try:

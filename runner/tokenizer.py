@@ -99,18 +99,22 @@ def load_tokenizer(dataset: Dataset, vocab_size: int, profile_name: str = "cpu")
     redo = f"Delete {directory} and run `autoresearch prepare --profile {profile_name}`."
     if not (directory / INFO_FILE).exists():
         if (directory / RANKS_FILE).exists() or (directory / TOKEN_BYTES_FILE).exists():
-            raise DataMissing(f"the tokenizer cache in {directory} is incomplete (no {INFO_FILE}: an "
-                              f"interrupted prepare?). {redo}")
-        raise DataMissing(f"no tokenizer with vocabulary {vocab_size} for this data (looked in "
-                          f"{directory}). Run `autoresearch prepare --profile {profile_name}` first.")
+            raise DataMissing(
+                f"the tokenizer cache in {directory} is incomplete (no {INFO_FILE}: an interrupted prepare?). {redo}"
+            )
+        raise DataMissing(
+            f"no tokenizer with vocabulary {vocab_size} for this data (looked in "
+            f"{directory}). Run `autoresearch prepare --profile {profile_name}` first."
+        )
     try:
         return _read_cache(directory, vocab_size, encoding_name(dataset, vocab_size))
     except (OSError, ValueError, KeyError, TypeError, AssertionError) as error:
         raise DataCorrupt(f"the tokenizer cache in {directory} is unusable: {error}. {redo}") from None
 
 
-def prepare_tokenizer(dataset: Dataset, vocab_size: int, max_chars: int, profile_name: str = "cpu"
-                      ) -> tuple[Tokenizer, bool]:
+def prepare_tokenizer(
+    dataset: Dataset, vocab_size: int, max_chars: int, profile_name: str = "cpu"
+) -> tuple[Tokenizer, bool]:
     """Train (or reuse) the tokenizer. Returns it and whether it was trained now."""
     if is_cached(dataset, vocab_size):
         return load_tokenizer(dataset, vocab_size, profile_name), False
@@ -119,32 +123,41 @@ def prepare_tokenizer(dataset: Dataset, vocab_size: int, max_chars: int, profile
 
     started = time.time()
     bpe = rustbpe.Tokenizer()
-    bpe.train_from_iterator(_training_text(dataset, max_chars), vocab_size - len(SPECIAL_TOKENS),
-                            pattern=SPLIT_PATTERN)
+    bpe.train_from_iterator(_training_text(dataset, max_chars), vocab_size - len(SPECIAL_TOKENS), pattern=SPLIT_PATTERN)
     ranks = {bytes(token): rank for token, rank in bpe.get_mergeable_ranks()}
     if len(ranks) + len(SPECIAL_TOKENS) != vocab_size:
-        raise RuntimeError(f"the training text gave {len(ranks)} BPE tokens, not the "
-                           f"{vocab_size - len(SPECIAL_TOKENS)} that a vocabulary of {vocab_size} needs: "
-                           "use more (or more varied) data, or a profile with a smaller vocabulary")
+        raise RuntimeError(
+            f"the training text gave {len(ranks)} BPE tokens, not the "
+            f"{vocab_size - len(SPECIAL_TOKENS)} that a vocabulary of {vocab_size} needs: "
+            "use more (or more varied) data, or a profile with a smaller vocabulary"
+        )
     if bpe.get_pattern() != SPLIT_PATTERN:
         raise RuntimeError("rustbpe changed the split pattern it was given; check the rustbpe version")
     specials = {name: len(ranks) + i for i, name in enumerate(SPECIAL_TOKENS)}
-    encoding = tiktoken.Encoding(name=encoding_name(dataset, vocab_size), pat_str=SPLIT_PATTERN,
-                                 mergeable_ranks=ranks, special_tokens=specials)
+    encoding = tiktoken.Encoding(
+        name=encoding_name(dataset, vocab_size), pat_str=SPLIT_PATTERN, mergeable_ranks=ranks, special_tokens=specials
+    )
     sample = "Hello world! 123 4567. Ünïcödé: 你好, naïve café 🙂"
     if encoding.decode(encoding.encode_ordinary(sample)) != sample:
-        raise RuntimeError(f"tokenizer failed its round-trip check; delete {directory} and run "
-                           f"`autoresearch prepare --profile {profile_name}` again")
+        raise RuntimeError(
+            f"tokenizer failed its round-trip check; delete {directory} and run "
+            f"`autoresearch prepare --profile {profile_name}` again"
+        )
 
     ranks_data = _ranks_file(ranks)
     token_bytes_data = _npy_bytes(_token_lengths(ranks, len(specials)))
     files.write_bytes(directory / RANKS_FILE, ranks_data)
     files.write_bytes(directory / TOKEN_BYTES_FILE, token_bytes_data)
     (directory / "trained.txt").write_text(f"trained in {time.time() - started:.1f}s\n")
-    info = {"format": CACHE_FORMAT, "name": encoding.name, "pattern": SPLIT_PATTERN,
-            "special_tokens": specials, "n_vocab": vocab_size,
-            "ranks_sha256": hashlib.sha256(ranks_data).hexdigest(),
-            "token_bytes_sha256": hashlib.sha256(token_bytes_data).hexdigest()}
+    info = {
+        "format": CACHE_FORMAT,
+        "name": encoding.name,
+        "pattern": SPLIT_PATTERN,
+        "special_tokens": specials,
+        "n_vocab": vocab_size,
+        "ranks_sha256": hashlib.sha256(ranks_data).hexdigest(),
+        "token_bytes_sha256": hashlib.sha256(token_bytes_data).hexdigest(),
+    }
     files.write_text(directory / INFO_FILE, json.dumps(info, indent=2))  # last: the cache is complete
     return load_tokenizer(dataset, vocab_size, profile_name), True  # what later runs will read
 
@@ -154,6 +167,7 @@ def prepare_tokenizer(dataset: Dataset, vocab_size: int, max_chars: int, profile
 # optional blobfile package, and the second reads through a shared cache in the system temp
 # directory keyed by the path, where another process could place a file that is then read instead
 # of ours. The format is two fields a line; reading it here, strictly, is simpler than either.
+
 
 def _ranks_file(ranks: dict[bytes, int]) -> bytes:
     ordered = sorted(ranks.items(), key=lambda item: item[1])
@@ -171,15 +185,18 @@ def _parse_ranks(data: bytes) -> dict[bytes, int]:
         except binascii.Error:
             raise ValueError(f"{RANKS_FILE} line {number} has a token that is not base64") from None
         if int(fields[1]) != len(ranks):
-            raise ValueError(f"{RANKS_FILE} line {number} has rank {int(fields[1])}, expected "
-                             f"{len(ranks)} (ranks must be 0, 1, 2, ... in order)")
+            raise ValueError(
+                f"{RANKS_FILE} line {number} has rank {int(fields[1])}, expected "
+                f"{len(ranks)} (ranks must be 0, 1, 2, ... in order)"
+            )
         if not token or token in ranks:
             raise ValueError(f"{RANKS_FILE} line {number} repeats a token or has an empty one")
         ranks[token] = len(ranks)
     missing = [b for b in range(256) if bytes([b]) not in ranks]
     if missing:
-        raise ValueError(f"{RANKS_FILE} lacks {len(missing)} of the 256 single bytes, so some text "
-                         "could not be encoded")
+        raise ValueError(
+            f"{RANKS_FILE} lacks {len(missing)} of the 256 single bytes, so some text could not be encoded"
+        )
     return ranks
 
 
@@ -211,21 +228,23 @@ def _read_cache(directory: Path, vocab_size: int, name: str) -> Tokenizer:
     if info["special_tokens"] != specials:
         raise ValueError(f"its special tokens are not {SPECIAL_TOKENS} after the {len(ranks)} BPE tokens")
     if len(ranks) + len(specials) != vocab_size:
-        raise ValueError(f"{RANKS_FILE} has {len(ranks)} tokens; with {len(specials)} special tokens "
-                         f"that is not a vocabulary of {vocab_size}")
+        raise ValueError(
+            f"{RANKS_FILE} has {len(ranks)} tokens; with {len(specials)} special tokens "
+            f"that is not a vocabulary of {vocab_size}"
+        )
 
     token_bytes_data = (directory / TOKEN_BYTES_FILE).read_bytes()
     if hashlib.sha256(token_bytes_data).hexdigest() != info["token_bytes_sha256"]:
         raise ValueError(f"{TOKEN_BYTES_FILE} changed after it was written (sha256 mismatch)")
     token_bytes = np.load(io.BytesIO(token_bytes_data), allow_pickle=False)
     if token_bytes.dtype != np.int32 or token_bytes.shape != (vocab_size,):
-        raise ValueError(f"{TOKEN_BYTES_FILE} holds {token_bytes.dtype} {token_bytes.shape}, not int32 "
-                         f"({vocab_size},)")
+        raise ValueError(f"{TOKEN_BYTES_FILE} holds {token_bytes.dtype} {token_bytes.shape}, not int32 ({vocab_size},)")
     if not np.array_equal(token_bytes, _token_lengths(ranks, len(specials))):
         raise ValueError(f"{TOKEN_BYTES_FILE} does not hold the byte lengths of the tokens")
 
-    encoding = tiktoken.Encoding(name=name, pat_str=SPLIT_PATTERN, mergeable_ranks=ranks,
-                                 special_tokens=specials, explicit_n_vocab=vocab_size)
+    encoding = tiktoken.Encoding(
+        name=name, pat_str=SPLIT_PATTERN, mergeable_ranks=ranks, special_tokens=specials, explicit_n_vocab=vocab_size
+    )
     return Tokenizer(encoding, torch.from_numpy(token_bytes.copy()))
 
 

@@ -24,6 +24,6 @@ def follow(before: str) -> str:
     for name in FOLLOWED:
         value = os.environ.get(name, "")
         if value == before or value.startswith(before + os.sep):
-            os.environ[name] = here + value[len(before):]
+            os.environ[name] = here + value[len(before) :]
     tempfile.tempdir = None  # tempfile caches TMPDIR on first use
     return here

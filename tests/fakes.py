@@ -44,15 +44,28 @@ def fake_value(asset: str, seed: int) -> float:
     return round(BASE_VAL_BPB + effects + wobble, 6)
 
 
-def result_for(job: Job, *, identity: dict[str, str] | None = None, crash: str | None = None,
-               **metrics: Any) -> RunResult:
+def result_for(
+    job: Job, *, identity: dict[str, str] | None = None, crash: str | None = None, **metrics: Any
+) -> RunResult:
     ident = dict(IDENTITY if identity is None else identity)
     if crash is not None or CRASH_MARK in job.asset:
-        return RunResult(run_id=job.run_id, status="crash", error=crash or "Traceback: RuntimeError: boom",
-                         metrics={"asset_sha256": job.asset_sha256})
+        return RunResult(
+            run_id=job.run_id,
+            status="crash",
+            error=crash or "Traceback: RuntimeError: boom",
+            metrics={"asset_sha256": job.asset_sha256},
+        )
     value = metrics.pop("val_bpb", None) or fake_value(job.asset, job.seed)
-    data = dict(ident, asset_sha256=job.asset_sha256, val_bpb=value, num_steps=100, tokens_per_second=1000.0,
-                clock="cpu", cpu_share=0.95, threads=2)
+    data = dict(
+        ident,
+        asset_sha256=job.asset_sha256,
+        val_bpb=value,
+        num_steps=100,
+        tokens_per_second=1000.0,
+        clock="cpu",
+        cpu_share=0.95,
+        threads=2,
+    )
     data.update(metrics)
     return RunResult(run_id=job.run_id, status="ok", val_bpb=value, metrics=data, log_tail="fake log")
 
@@ -62,8 +75,7 @@ class FakeRunner:
     first lookup. `submissions` counts submit() calls per run id (to check idempotency); `notified`
     counts notify() calls, `closed` says whether close() was called."""
 
-    def __init__(self, slots: int = 1, *, auto: bool = True,
-                 outcome: Callable[[Job], RunResult] | None = None) -> None:
+    def __init__(self, slots: int = 1, *, auto: bool = True, outcome: Callable[[Job], RunResult] | None = None) -> None:
         self.slots = slots
         self.auto = auto
         self.outcome = outcome or result_for
@@ -143,8 +155,18 @@ class FileRunner:
     def submit(self, job: Job) -> str:
         path = self.root / f"{job.run_id}.json"
         if not path.exists():
-            path.write_text(json.dumps({"run_id": job.run_id, "asset": job.asset, "profile": job.profile,
-                                        "seed": job.seed, "commit": job.commit, "at": time.time()}))
+            path.write_text(
+                json.dumps(
+                    {
+                        "run_id": job.run_id,
+                        "asset": job.asset,
+                        "profile": job.profile,
+                        "seed": job.seed,
+                        "commit": job.commit,
+                        "at": time.time(),
+                    }
+                )
+            )
         return str(path)
 
     def lookup(self, run_id: int) -> RunStatus:

@@ -22,8 +22,16 @@ MAY_IMPORT: dict[str, set[str]] = {
     "bot.loop": {"bot.core", "bot.store"},
     "bot.views": {"bot.core", "bot.store", "bot.loop"},
     "bot.github": {"bot.core", "bot.store", "bot.views", "bot.forge"},
-    "bot.app": {"bot.core", "bot.store", "bot.loop", "bot.views", "bot.agent", "bot.forge", "bot.runners",
-                "bot.github"},
+    "bot.app": {
+        "bot.core",
+        "bot.store",
+        "bot.loop",
+        "bot.views",
+        "bot.agent",
+        "bot.forge",
+        "bot.runners",
+        "bot.github",
+    },
     "runner": set(),
 }
 
@@ -54,8 +62,7 @@ def modules() -> list[Path]:
 
 
 def test_every_bot_module_belongs_to_a_layer():
-    loose = [p.relative_to(ROOT).as_posix() for p in modules()
-             if p.parent == ROOT / "bot" and p.name != "__init__.py"]
+    loose = [p.relative_to(ROOT).as_posix() for p in modules() if p.parent == ROOT / "bot" and p.name != "__init__.py"]
     assert loose == [], "a module directly in bot/ belongs in one of its packages"
     for path in modules():
         module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
@@ -69,8 +76,11 @@ def test_a_module_imports_only_the_layers_below_it(path: Path):
     if own not in MAY_IMPORT:
         return  # bot/__init__.py
     allowed = MAY_IMPORT[own] | {own} | ({"runner"} if own.startswith("bot") else set())
-    wrong = sorted(name for name in imports_of(path) if package_of(name) not in allowed
-                   and name not in KNOWN_UPWARD.get(module, ()))
+    wrong = sorted(
+        name
+        for name in imports_of(path)
+        if package_of(name) not in allowed and name not in KNOWN_UPWARD.get(module, ())
+    )
     assert wrong == [], f"{module} ({own}) imports {wrong}; it may import only {sorted(allowed)}"
 
 

@@ -51,8 +51,10 @@ def test_a_batch_that_does_not_split_into_whole_passes_fails_before_training(smo
     result = run(tmp_path, set_constant(TRAIN_PY, "CPU_TOTAL_BATCH_SIZE", "2**10"))
     assert result["status"] == "crash"
     error = result["error"].splitlines()[-1]
-    assert error.startswith("ValueError: CPU_TOTAL_BATCH_SIZE = 1024 tokens is not a positive multiple of "
-                            "CPU_DEVICE_BATCH_SIZE * seq_len = 16 * 128 = 2048 (profile smoke)."), error
+    assert error.startswith(
+        "ValueError: CPU_TOTAL_BATCH_SIZE = 1024 tokens is not a positive multiple of "
+        "CPU_DEVICE_BATCH_SIZE * seq_len = 16 * 128 = 2048 (profile smoke)."
+    ), error
     assert "Set CPU_TOTAL_BATCH_SIZE to a multiple of 2048, such as 2048" in error
     assert "or CPU_DEVICE_BATCH_SIZE to a divisor of 8, such as 8" in error
     assert not steps_reported(tmp_path), "no step ran"
@@ -63,6 +65,7 @@ def test_a_loss_above_the_limit_stops_the_run_at_the_first_step(smoke_prepared, 
     result = run(tmp_path, set_constant(TRAIN_PY, "LOSS_LIMIT", "1.0"))
     assert result["status"] == "crash"
     error = result["error"].splitlines()[-1]
-    assert re.match(r"RuntimeError: training loss [\d.]+ at step 1 is above LOSS_LIMIT = 1.0: the run blew up",
-                    error), error
+    assert re.match(
+        r"RuntimeError: training loss [\d.]+ at step 1 is above LOSS_LIMIT = 1.0: the run blew up", error
+    ), error
     assert "Lower the learning rates" in error

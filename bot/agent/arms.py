@@ -134,7 +134,7 @@ def learn(arms: dict[tuple[str, int], Arm], history: list[HistoryEntry], skeleto
             continue
         combined = len(changes) > 1
         age = total - 1 - i  # experiments since this one
-        weight = RECENCY_DECAY ** age / len(changes)
+        weight = RECENCY_DECAY**age / len(changes)
         crash = crash_state(entry, age, skeleton) if entry.status == "crash" else ""
         for ch in changes:
             knob = KNOB_BY_NAME.get(ch["name"])

@@ -40,8 +40,9 @@ def batch_splits(values: dict[str, Any], device_kind: str, seq_len: int | None) 
     return per_pass > 0 and total >= per_pass and total % per_pass == 0
 
 
-def batch_followers(knob: Knob, new: Any, consts: dict[str, Constant], device_kind: str,
-               seq_len: int | None) -> list[tuple[Constant, Knob, int]]:
+def batch_followers(
+    knob: Knob, new: Any, consts: dict[str, Constant], device_kind: str, seq_len: int | None
+) -> list[tuple[Constant, Knob, int]]:
     """The micro-batch that must move with a new total batch: lowering TOTAL_BATCH_SIZE below one
     forward pass of DEVICE_BATCH_SIZE sequences takes DEVICE_BATCH_SIZE down to the whole batch."""
     total_name, device_name = batch_names(device_kind)

@@ -36,16 +36,21 @@ class ClaudeSettings(BaseSettings):
     price_cache_write_per_mtok: float | None = Field(None, ge=0, description="$ per million cache-write tokens")
     price_cache_read_per_mtok: float | None = Field(None, ge=0, description="$ per million cache-read tokens")
     base_url: str | None = Field(None, description="another Messages API endpoint (a proxy, a gateway)")
-    api_key: SecretStr | None = Field(None, validation_alias=AliasChoices("ANTHROPIC_API_KEY"),
-                                      description="ANTHROPIC_API_KEY, from the environment or .env")
+    api_key: SecretStr | None = Field(
+        None,
+        validation_alias=AliasChoices("ANTHROPIC_API_KEY"),
+        description="ANTHROPIC_API_KEY, from the environment or .env",
+    )
 
 
 def claude_settings() -> ClaudeSettings:
     try:
         return ClaudeSettings()
     except ValidationError as error:
-        lines = [f"  AUTORESEARCH_ANTHROPIC_{str(e['loc'][0]).upper()}: {e['msg']}"
-                 for e in error.errors(include_input=False)]
+        lines = [
+            f"  AUTORESEARCH_ANTHROPIC_{str(e['loc'][0]).upper()}: {e['msg']}"
+            for e in error.errors(include_input=False)
+        ]
         raise AgentStopped("the Claude agent's settings need fixing:\n" + "\n".join(lines)) from None
 
 
@@ -60,8 +65,10 @@ def make_agent(kind: str, *, script: Path | None = None, seed: int = 0) -> tuple
         from bot.agent.scripted import ScriptedAgent
 
         if script is None or not script.is_file():
-            raise AgentStopped(f"the scripted agent needs its proposals file (JSON lines of title, hypothesis, "
-                               f"train_py); {script or 'none'} is not a file")
+            raise AgentStopped(
+                f"the scripted agent needs its proposals file (JSON lines of title, hypothesis, "
+                f"train_py); {script or 'none'} is not a file"
+            )
         return ScriptedAgent.from_jsonl(script), None
     if kind == "claude":
         from bot.agent import pricing
@@ -72,12 +79,23 @@ def make_agent(kind: str, *, script: Path | None = None, seed: int = 0) -> tuple
         prices = pricing.Prices(
             input_per_mtok=listed.input_per_mtok if s.price_input_per_mtok is None else s.price_input_per_mtok,
             output_per_mtok=listed.output_per_mtok if s.price_output_per_mtok is None else s.price_output_per_mtok,
-            cache_write_per_mtok=(listed.cache_write_per_mtok if s.price_cache_write_per_mtok is None
-                                  else s.price_cache_write_per_mtok),
-            cache_read_per_mtok=(listed.cache_read_per_mtok if s.price_cache_read_per_mtok is None
-                                 else s.price_cache_read_per_mtok))
-        config = ClaudeConfig(model=s.model, max_tokens=s.max_tokens, max_turns=s.max_turns,
-                              max_input_tokens=s.max_input_tokens, temperature=s.temperature, timeout_s=s.timeout_s,
-                              max_retries=s.max_retries, prices=prices, base_url=s.base_url)
+            cache_write_per_mtok=(
+                listed.cache_write_per_mtok if s.price_cache_write_per_mtok is None else s.price_cache_write_per_mtok
+            ),
+            cache_read_per_mtok=(
+                listed.cache_read_per_mtok if s.price_cache_read_per_mtok is None else s.price_cache_read_per_mtok
+            ),
+        )
+        config = ClaudeConfig(
+            model=s.model,
+            max_tokens=s.max_tokens,
+            max_turns=s.max_turns,
+            max_input_tokens=s.max_input_tokens,
+            temperature=s.temperature,
+            timeout_s=s.timeout_s,
+            max_retries=s.max_retries,
+            prices=prices,
+            base_url=s.base_url,
+        )
         return ClaudeAgent(config, api_key=s.api_key.get_secret_value() if s.api_key else None), s.budget_usd
     raise AgentStopped(f"unknown agent {kind!r}: one of {', '.join(AGENTS)}")

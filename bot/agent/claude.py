@@ -52,9 +52,11 @@ from bot.core.records import Proposal, ProposalContext, code_hash
 
 log = logging.getLogger(__name__)
 
-NO_KEY = ("The Claude agent needs an Anthropic API key and none is set. Set ANTHROPIC_API_KEY in the "
-          "environment (or the service's .env file) to a key from https://console.anthropic.com/settings/keys, "
-          "or use the offline explorer, the default agent without a key (AUTORESEARCH_AGENT=explorer).")
+NO_KEY = (
+    "The Claude agent needs an Anthropic API key and none is set. Set ANTHROPIC_API_KEY in the "
+    "environment (or the service's .env file) to a key from https://console.anthropic.com/settings/keys, "
+    "or use the offline explorer, the default agent without a key (AUTORESEARCH_AGENT=explorer)."
+)
 CHARS_PER_TOKEN = 3.0  # a cautious estimate of a request's size before it is sent
 
 
@@ -88,8 +90,9 @@ class ClaudeUnavailable(AgentError):
 class ClaudeAgent:
     """Proposes experiments by letting Claude edit train.py (implements bot.agent.Agent)."""
 
-    def __init__(self, config: ClaudeConfig, *, api_key: str | None = None,
-                 client: anthropic.Anthropic | None = None) -> None:
+    def __init__(
+        self, config: ClaudeConfig, *, api_key: str | None = None, client: anthropic.Anthropic | None = None
+    ) -> None:
         """`client`: an Anthropic client to use as it is (its own timeout and retries); otherwise one
         is built from the key (`api_key`, else ANTHROPIC_API_KEY) and the config."""
         self.config = config
@@ -97,8 +100,9 @@ class ClaudeAgent:
             key = (api_key or os.environ.get("ANTHROPIC_API_KEY") or "").strip()
             if not key:
                 raise AgentStopped(NO_KEY)
-            client = anthropic.Anthropic(api_key=key, base_url=config.base_url, timeout=config.timeout_s,
-                                         max_retries=config.max_retries)
+            client = anthropic.Anthropic(
+                api_key=key, base_url=config.base_url, timeout=config.timeout_s, max_retries=config.max_retries
+            )
         self.client = client
         self.tools = [editor_tool(config.model), dict(SUBMIT_TOOL, cache_control=dict(EPHEMERAL))]
 
@@ -130,14 +134,22 @@ class _Session:
         for turn in range(1, self.config.max_turns + 1):
             room = self.config.max_input_tokens - self._input_used()
             if estimate > room:
-                self._skip(f"token limit: the next request (about {estimate:,.0f} input tokens) would pass the "
-                           f"proposal's limit of {self.config.max_input_tokens:,} input tokens "
-                           f"({self._input_used():,} used)")
+                self._skip(
+                    f"token limit: the next request (about {estimate:,.0f} input tokens) would pass the "
+                    f"proposal's limit of {self.config.max_input_tokens:,} input tokens "
+                    f"({self._input_used():,} used)"
+                )
             last = turn == self.config.max_turns or 2 * estimate > room
             if last:
-                content.append({"type": "text", "text": (
-                    "This is your last turn within this proposal's turn and token limits: call submit now "
-                    "(after at most this one round of edits), or the proposal is skipped.")})
+                content.append(
+                    {
+                        "type": "text",
+                        "text": (
+                            "This is your last turn within this proposal's turn and token limits: call submit now "
+                            "(after at most this one round of edits), or the proposal is skipped."
+                        ),
+                    }
+                )
             self._send(content)
             response = self._call()
             proposal, content = self._reply(response)
@@ -145,19 +157,25 @@ class _Session:
                 return proposal
             if last:
                 break
-            estimate = (self._request_input(response) + response.usage.output_tokens
-                        + self._chars(content) / CHARS_PER_TOKEN)
+            estimate = (
+                self._request_input(response) + response.usage.output_tokens + self._chars(content) / CHARS_PER_TOKEN
+            )
         what = "turn" if self.turns >= self.config.max_turns else "token"
-        self._skip(f"{what} limit: no accepted submit after {self.turns} model calls "
-                   f"({self._input_used():,} input tokens)")
+        self._skip(
+            f"{what} limit: no accepted submit after {self.turns} model calls ({self._input_used():,} input tokens)"
+        )
 
     def _reply(self, response: Any) -> tuple[Proposal | None, list[dict[str, Any]]]:
         """Handle one response: (the proposal if submitted, else the next user content)."""
         stop = response.stop_reason
         if stop == "refusal":
             details = getattr(response, "stop_details", None)
-            why = (getattr(details, "explanation", None) or getattr(details, "category", None)
-                   or _text(response) or "no reason given")
+            why = (
+                getattr(details, "explanation", None)
+                or getattr(details, "category", None)
+                or _text(response)
+                or "no reason given"
+            )
             self._skip(f"the model refused: {why}")
         if stop == "model_context_window_exceeded":
             self._skip("the conversation outgrew the model's context window")
@@ -168,16 +186,32 @@ class _Session:
         calls = [b for b in response.content if b.type == "tool_use"]
         if stop == "max_tokens":
             self._once("max_tokens", f"the model's reply was cut off at max_tokens ({self.config.max_tokens}) twice")
-            results = [_result(b.id, "Not carried out: your reply was cut off at max_tokens before this call was "
-                                     "complete.", True) for b in calls]
-            return None, results + [{"type": "text", "text": (
-                f"Your reply was cut off at {self.config.max_tokens} tokens. Keep replies short: make small "
-                "str_replace edits instead of rewriting train.py, then call submit.")}]
+            results = [
+                _result(
+                    b.id, "Not carried out: your reply was cut off at max_tokens before this call was complete.", True
+                )
+                for b in calls
+            ]
+            return None, results + [
+                {
+                    "type": "text",
+                    "text": (
+                        f"Your reply was cut off at {self.config.max_tokens} tokens. Keep replies short: make small "
+                        "str_replace edits instead of rewriting train.py, then call submit."
+                    ),
+                }
+            ]
         if not calls:
             self._once("no submit", "the model ended its turn twice without calling submit")
-            return None, [{"type": "text", "text": (
-                "You ended your turn without calling submit. Make your change to /repo/train.py if you have not, "
-                "then call the submit tool; a proposal without submit is skipped.")}]
+            return None, [
+                {
+                    "type": "text",
+                    "text": (
+                        "You ended your turn without calling submit. Make your change to /repo/train.py if you have not, "
+                        "then call the submit tool; a proposal without submit is skipped."
+                    ),
+                }
+            ]
         results = []
         for call in calls:
             outcome = self._tool(call)
@@ -185,8 +219,10 @@ class _Session:
                 return outcome, []
             results.append(_result(call.id, outcome.text, outcome.is_error))
         if self._input_used() > self.config.max_input_tokens:
-            self._skip(f"token limit: {self._input_used():,} input tokens used, over the proposal's limit of "
-                       f"{self.config.max_input_tokens:,}")
+            self._skip(
+                f"token limit: {self._input_used():,} input tokens used, over the proposal's limit of "
+                f"{self.config.max_input_tokens:,}"
+            )
         return None, results
 
     # --- tools -------------------------------------------------------------------------------------
@@ -217,8 +253,10 @@ class _Session:
         if problem is None and code_hash(text) in self.ctx.seen_hashes:
             earlier = next((e for e in reversed(self.ctx.history) if e.code_hash == code_hash(text)), None)
             which = f"experiment #{earlier.id} ({earlier.title!r})" if earlier else "an earlier experiment"
-            problem = ("repeat", (f"This train.py repeats {which}: its result is known already. Change "
-                                  "something else, then submit."))
+            problem = (
+                "repeat",
+                (f"This train.py repeats {which}: its result is known already. Change something else, then submit."),
+            )
         if problem is not None:
             kind, message = problem
             self._once(f"submit {kind}", f"the model submitted twice a train.py that {_SUBMIT_WHY[kind]}: {message}")
@@ -248,21 +286,33 @@ class _Session:
     def _call(self) -> Any:
         try:
             response = self.client.messages.create(
-                model=self.config.model, max_tokens=self.config.max_tokens, system=self.system, tools=self.tools,
-                messages=self.messages, extra_body=self._sampling())
+                model=self.config.model,
+                max_tokens=self.config.max_tokens,
+                system=self.system,
+                tools=self.tools,
+                messages=self.messages,
+                extra_body=self._sampling(),
+            )
         except anthropic.APIStatusError as error:
             self._api_error(error)
         except anthropic.APIConnectionError as error:  # timeouts included, after the SDK's retries
-            raise ClaudeUnavailable(f"the Anthropic API could not be reached ({type(error).__name__}: {error}) "
-                                    f"after {self.config.max_retries} retries; the proposal is asked again later",
-                                    self._meta()) from error
+            raise ClaudeUnavailable(
+                f"the Anthropic API could not be reached ({type(error).__name__}: {error}) "
+                f"after {self.config.max_retries} retries; the proposal is asked again later",
+                self._meta(),
+            ) from error
         self.turns += 1
         for key in pricing.USAGE_FIELDS:
             self.usage[key] += int(getattr(response.usage, key, 0) or 0)
-        log.info("claude: turn %d: %s, %d input tokens (%d cache reads, %d cache writes), %d output tokens",
-                 self.turns, response.stop_reason, self._request_input(response),
-                 response.usage.cache_read_input_tokens or 0, response.usage.cache_creation_input_tokens or 0,
-                 response.usage.output_tokens)
+        log.info(
+            "claude: turn %d: %s, %d input tokens (%d cache reads, %d cache writes), %d output tokens",
+            self.turns,
+            response.stop_reason,
+            self._request_input(response),
+            response.usage.cache_read_input_tokens or 0,
+            response.usage.cache_creation_input_tokens or 0,
+            response.usage.output_tokens,
+        )
         return response
 
     def _sampling(self) -> dict[str, Any] | None:
@@ -273,20 +323,30 @@ class _Session:
     def _api_error(self, error: anthropic.APIStatusError) -> NoReturn:
         status, message = error.status_code, _api_message(error)
         if status == 401:
-            raise AgentStopped(f"The Anthropic API rejected the API key (401: {message}). Set ANTHROPIC_API_KEY to a "
-                               "valid key from https://console.anthropic.com/settings/keys, or use the offline "
-                               "explorer (AUTORESEARCH_AGENT=explorer).", self._meta()) from error
+            raise AgentStopped(
+                f"The Anthropic API rejected the API key (401: {message}). Set ANTHROPIC_API_KEY to a "
+                "valid key from https://console.anthropic.com/settings/keys, or use the offline "
+                "explorer (AUTORESEARCH_AGENT=explorer).",
+                self._meta(),
+            ) from error
         if status in (402, 403) or (status == 400 and "credit balance" in message.lower()):
-            raise AgentStopped(f"The Anthropic API refused to serve this key ({status}: {message}). Check the "
-                               "account's billing and the key's permissions in the Anthropic console.",
-                               self._meta()) from error
+            raise AgentStopped(
+                f"The Anthropic API refused to serve this key ({status}: {message}). Check the "
+                "account's billing and the key's permissions in the Anthropic console.",
+                self._meta(),
+            ) from error
         if status == 404:
-            raise AgentStopped(f"The Anthropic API does not offer model {self.config.model!r} to this key (404: "
-                               f"{message}). Configure a model the key can use.", self._meta()) from error
+            raise AgentStopped(
+                f"The Anthropic API does not offer model {self.config.model!r} to this key (404: "
+                f"{message}). Configure a model the key can use.",
+                self._meta(),
+            ) from error
         if status in (408, 409, 429) or status >= 500:
-            raise ClaudeUnavailable(f"the Anthropic API answered {status} ({message}) after "
-                                    f"{self.config.max_retries} retries; the proposal is asked again later",
-                                    self._meta()) from error
+            raise ClaudeUnavailable(
+                f"the Anthropic API answered {status} ({message}) after "
+                f"{self.config.max_retries} retries; the proposal is asked again later",
+                self._meta(),
+            ) from error
         self._skip(f"the Anthropic API rejected the request ({status}: {message})")
 
     # --- bookkeeping -------------------------------------------------------------------------------
@@ -302,12 +362,19 @@ class _Session:
 
     def _meta(self) -> dict[str, Any]:
         assert self.config.prices is not None
-        return {"model": self.config.model, "turns": self.turns, "usage": dict(self.usage),
-                "cost_usd": pricing.cost_usd(self.usage, self.config.prices)}
+        return {
+            "model": self.config.model,
+            "turns": self.turns,
+            "usage": dict(self.usage),
+            "cost_usd": pricing.cost_usd(self.usage, self.config.prices),
+        }
 
     def _input_used(self) -> int:
-        return self.usage["input_tokens"] + self.usage["cache_creation_input_tokens"] \
+        return (
+            self.usage["input_tokens"]
+            + self.usage["cache_creation_input_tokens"]
             + self.usage["cache_read_input_tokens"]
+        )
 
     @staticmethod
     def _request_input(response: Any) -> int:
@@ -319,9 +386,13 @@ class _Session:
         return sum(len(json.dumps(part, default=str)) for part in parts)
 
 
-_SUBMIT_WHY = {"unchanged": "is identical to main's", "too large": "is too large",
-               "does not compile": "does not compile", "harness interface": "no longer uses the harness interface",
-               "repeat": "repeats an earlier experiment"}
+_SUBMIT_WHY = {
+    "unchanged": "is identical to main's",
+    "too large": "is too large",
+    "does not compile": "does not compile",
+    "harness interface": "no longer uses the harness interface",
+    "repeat": "repeats an earlier experiment",
+}
 
 
 def _param(block: Any) -> dict[str, Any] | None:

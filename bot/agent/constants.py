@@ -100,8 +100,13 @@ def find_constants(text: str) -> dict[str, Constant]:
         line = lines[value.lineno - 1]
         start, end = _char_offset(line, value.col_offset), _char_offset(line, value.end_col_offset)
         found[targets[0].id] = Constant(
-            name=targets[0].id, value=v, lineno=value.lineno, start=start, end=end,
-            source=line[start:end], pow2=_is_pow2_expr(value),
+            name=targets[0].id,
+            value=v,
+            lineno=value.lineno,
+            start=start,
+            end=end,
+            source=line[start:end],
+            pow2=_is_pow2_expr(value),
         )
     return {name: c for name, c in found.items() if assigned.get(name) == 1}
 

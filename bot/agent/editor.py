@@ -68,8 +68,7 @@ Rules the harness enforces:
 # Names train.py must still use: the session, batches, step reports, the clock, and the hand-over.
 HARNESS_USES = ("session", "train_batches", "step_done", "time_up", "finish")
 
-EDITOR_DESCRIPTION_FILES = (f"{ROOT}/{TRAIN_PY} (writable), {ROOT}/{PROGRAM_MD} and {ROOT}/{HARNESS_MD} "
-                            "(read-only)")
+EDITOR_DESCRIPTION_FILES = f"{ROOT}/{TRAIN_PY} (writable), {ROOT}/{PROGRAM_MD} and {ROOT}/{HARNESS_MD} (read-only)"
 
 
 def editor_tool(model: str) -> dict[str, Any]:
@@ -87,21 +86,32 @@ SUBMIT_TOOL: dict[str, Any] = {
     "description": (
         "Finish this proposal: train.py as it now stands in /repo becomes the experiment. Call it once "
         "your edits are complete. It fails (and tells you why) when train.py is unchanged, does not "
-        "compile, is too large, no longer uses the harness interface, or repeats an earlier experiment."),
+        "compile, is too large, no longer uses the harness interface, or repeats an earlier experiment."
+    ),
     "input_schema": {
         "type": "object",
         "properties": {
-            "title": {"type": "string", "maxLength": 80,
-                      "description": "A short imperative title, under 60 characters (e.g. 'Raise MATRIX_LR to 0.05')."},
-            "hypothesis": {"type": "string",
-                           "description": "What you changed and why it should lower val_bpb, in 2-5 plain sentences."},
-            "expected_effect": {"type": "string",
-                                "description": "The val_bpb change you expect and how (e.g. '-0.005: more steps in "
-                                               "the same budget')."},
-            "risk": {"type": "string",
-                     "description": "What could go wrong: a crash, running out of memory, a slower step, divergence."},
-            "fixes_crash": {"type": "boolean",
-                            "description": "true when this change fixes the crash shown in the context."},
+            "title": {
+                "type": "string",
+                "maxLength": 80,
+                "description": "A short imperative title, under 60 characters (e.g. 'Raise MATRIX_LR to 0.05').",
+            },
+            "hypothesis": {
+                "type": "string",
+                "description": "What you changed and why it should lower val_bpb, in 2-5 plain sentences.",
+            },
+            "expected_effect": {
+                "type": "string",
+                "description": "The val_bpb change you expect and how (e.g. '-0.005: more steps in the same budget').",
+            },
+            "risk": {
+                "type": "string",
+                "description": "What could go wrong: a crash, running out of memory, a slower step, divergence.",
+            },
+            "fixes_crash": {
+                "type": "boolean",
+                "description": "true when this change fixes the crash shown in the context.",
+            },
         },
         "required": ["title", "hypothesis", "expected_effect", "risk"],
     },
@@ -151,8 +161,13 @@ def parse_submit(arguments: Mapping[str, Any]) -> Submission | ToolResult:
     title = " ".join(fields["title"].split())
     if len(title) > TITLE_MAX:
         title = title[:TITLE_MAX].rsplit(" ", 1)[0].rstrip(" ,;:-") or title[:TITLE_MAX]
-    return Submission(title=title, hypothesis=fields["hypothesis"], expected_effect=fields["expected_effect"],
-                      risk=fields["risk"], fixes_crash=fixes)
+    return Submission(
+        title=title,
+        hypothesis=fields["hypothesis"],
+        expected_effect=fields["expected_effect"],
+        risk=fields["risk"],
+        fixes_crash=fixes,
+    )
 
 
 def missing_harness_uses(text: str) -> list[str]:
@@ -181,17 +196,25 @@ def check_train_py(text: str, *, main_train_py: str, max_bytes: int) -> tuple[st
         return ("unchanged", "train.py is identical to main's: there is nothing to measure. Edit it, then submit.")
     size = len(text.encode("utf-8"))
     if size > max_bytes:
-        return ("too large", (f"train.py is {size} bytes, over the limit of {max_bytes}. Make it smaller, "
-                              "then submit."))
+        return (
+            "too large",
+            (f"train.py is {size} bytes, over the limit of {max_bytes}. Make it smaller, then submit."),
+        )
     try:
         compile(text, "train.py", "exec")
     except SyntaxError as error:
-        return ("does not compile", (f"train.py does not compile: {error.msg} (line {error.lineno}). Fix it, "
-                                     "then submit."))
+        return (
+            "does not compile",
+            (f"train.py does not compile: {error.msg} (line {error.lineno}). Fix it, then submit."),
+        )
     missing = missing_harness_uses(text)
     if missing:
-        return ("harness interface", "train.py no longer uses the harness interface: " + ", ".join(missing)
-                + " missing. Read /repo/harness.md, restore them, then submit.")
+        return (
+            "harness interface",
+            "train.py no longer uses the harness interface: "
+            + ", ".join(missing)
+            + " missing. Read /repo/harness.md, restore them, then submit.",
+        )
     return None
 
 
@@ -211,8 +234,13 @@ class Workspace:
         if not isinstance(arguments, Mapping):
             return ToolResult("The editor needs an object with a command and a path.", BAD_CALL)
         command = arguments.get("command")
-        handlers = {"view": self._view, "str_replace": self._str_replace, "insert": self._insert,
-                    "create": self._create, "undo_edit": self._undo_edit}
+        handlers = {
+            "view": self._view,
+            "str_replace": self._str_replace,
+            "insert": self._insert,
+            "create": self._create,
+            "undo_edit": self._undo_edit,
+        }
         if command not in handlers:
             return ToolResult(f"Unknown command {command!r}: use one of {', '.join(handlers)}.", BAD_CALL)
         path = arguments.get("path")
@@ -222,11 +250,15 @@ class Workspace:
         if name is None and command == "view":
             return ToolResult(f"No such file: {path}. The workspace holds {EDITOR_DESCRIPTION_FILES}.", BAD_CALL)
         if name is None:
-            return ToolResult(f"Refused: only {ROOT}/{TRAIN_PY} may be written, and {path} is not it. Nothing was "
-                              f"written. The workspace holds {EDITOR_DESCRIPTION_FILES}.", READ_ONLY)
+            return ToolResult(
+                f"Refused: only {ROOT}/{TRAIN_PY} may be written, and {path} is not it. Nothing was "
+                f"written. The workspace holds {EDITOR_DESCRIPTION_FILES}.",
+                READ_ONLY,
+            )
         if command != "view" and name != TRAIN_PY:
-            return ToolResult(f"{path} is read-only: only {ROOT}/{TRAIN_PY} may be changed. Nothing was written.",
-                              READ_ONLY)
+            return ToolResult(
+                f"{path} is read-only: only {ROOT}/{TRAIN_PY} may be changed. Nothing was written.", READ_ONLY
+            )
         return handlers[command](name, arguments)
 
     # --- commands ----------------------------------------------------------------------------------
@@ -238,36 +270,47 @@ class Workspace:
         start, end = 1, len(lines)
         view_range = arguments.get("view_range")
         if view_range is not None:
-            if (not isinstance(view_range, list) or len(view_range) != 2
-                    or not all(isinstance(v, int) and not isinstance(v, bool) for v in view_range)):
-                return ToolResult("view_range must be two line numbers [start, end] (end -1: to the end).",
-                                  BAD_CALL)
+            if (
+                not isinstance(view_range, list)
+                or len(view_range) != 2
+                or not all(isinstance(v, int) and not isinstance(v, bool) for v in view_range)
+            ):
+                return ToolResult("view_range must be two line numbers [start, end] (end -1: to the end).", BAD_CALL)
             start, end = view_range[0], (len(lines) if view_range[1] == -1 else view_range[1])
             if not 1 <= start <= max(1, len(lines)) or end < start:
-                return ToolResult(f"view_range {view_range} is outside {ROOT}/{name}, which has {len(lines)} "
-                                  "lines.", BAD_CALL)
+                return ToolResult(
+                    f"view_range {view_range} is outside {ROOT}/{name}, which has {len(lines)} lines.", BAD_CALL
+                )
         return ToolResult(_numbered(lines, start, min(end, len(lines))))
 
     def _str_replace(self, name: str, arguments: Mapping[str, Any]) -> ToolResult:
         old, new = arguments.get("old_str"), arguments.get("new_str", "")
         if not isinstance(old, str) or not old or not isinstance(new, str):
-            return ToolResult("str_replace needs old_str (non-empty text to find) and new_str (its replacement).",
-                              BAD_CALL)
+            return ToolResult(
+                "str_replace needs old_str (non-empty text to find) and new_str (its replacement).", BAD_CALL
+            )
         text = self.files[name]
         count = text.count(old)
         if count == 0:
-            return ToolResult(f"No replacement was performed: old_str does not occur verbatim in {ROOT}/{name}. "
-                              "View the file and copy the exact text, whitespace included.", NOT_APPLIED)
+            return ToolResult(
+                f"No replacement was performed: old_str does not occur verbatim in {ROOT}/{name}. "
+                "View the file and copy the exact text, whitespace included.",
+                NOT_APPLIED,
+            )
         if count > 1:
-            lines = [text[: m].count("\n") + 1 for m in _find_all(text, old)]
-            return ToolResult(f"No replacement was performed: old_str occurs {count} times in {ROOT}/{name} "
-                              f"(lines {', '.join(map(str, lines))}). Include more context to make it unique.",
-                              NOT_APPLIED)
+            lines = [text[:m].count("\n") + 1 for m in _find_all(text, old)]
+            return ToolResult(
+                f"No replacement was performed: old_str occurs {count} times in {ROOT}/{name} "
+                f"(lines {', '.join(map(str, lines))}). Include more context to make it unique.",
+                NOT_APPLIED,
+            )
         at = text.index(old)
         self._write(name, text.replace(old, new, 1))
         first = text[:at].count("\n") + 1
-        return ToolResult(f"The file {ROOT}/{name} has been edited. The result around the change:\n"
-                          + self._snippet(name, first, first + new.count("\n")))
+        return ToolResult(
+            f"The file {ROOT}/{name} has been edited. The result around the change:\n"
+            + self._snippet(name, first, first + new.count("\n"))
+        )
 
     def _insert(self, name: str, arguments: Mapping[str, Any]) -> ToolResult:
         line = arguments.get("insert_line")
@@ -276,14 +319,18 @@ class Workspace:
             return ToolResult("insert needs insert_line (a line number, 0 for the top) and insert_text.", BAD_CALL)
         lines = self.files[name].splitlines(keepends=True)
         if not 0 <= line <= len(lines):
-            return ToolResult(f"insert_line {line} is outside {ROOT}/{name}, which has {len(lines)} lines "
-                              f"(use 0 to {len(lines)}).", NOT_APPLIED)
+            return ToolResult(
+                f"insert_line {line} is outside {ROOT}/{name}, which has {len(lines)} lines (use 0 to {len(lines)}).",
+                NOT_APPLIED,
+            )
         if lines and not lines[-1].endswith("\n"):
             lines[-1] += "\n"
         block = new if new.endswith("\n") else new + "\n"
         self._write(name, "".join(lines[:line]) + block + "".join(lines[line:]))
-        return ToolResult(f"The file {ROOT}/{name} has been edited. The result around the insertion:\n"
-                          + self._snippet(name, line + 1, line + block.count("\n")))
+        return ToolResult(
+            f"The file {ROOT}/{name} has been edited. The result around the insertion:\n"
+            + self._snippet(name, line + 1, line + block.count("\n"))
+        )
 
     def _create(self, name: str, arguments: Mapping[str, Any]) -> ToolResult:
         text = arguments.get("file_text")
@@ -311,7 +358,7 @@ class Workspace:
             return ""
         for prefix in (ROOT + "/", "./", "/"):
             if p.startswith(prefix):
-                p = p[len(prefix):]
+                p = p[len(prefix) :]
                 break
         return p if p in self.files else None
 

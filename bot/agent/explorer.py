@@ -90,8 +90,7 @@ class OfflineExplorer:
 
     def propose(self, ctx: ProposalContext) -> Proposal:
         consts = find_constants(ctx.train_py)
-        knobs = [k for k in KNOBS if live(k, ctx.device_kind) and k.name in consts
-                 and usable(k, consts[k.name].value)]
+        knobs = [k for k in KNOBS if live(k, ctx.device_kind) and k.name in consts and usable(k, consts[k.name].value)]
         if not knobs:
             raise AgentStopped("explorer found no tunable constant in train.py. " + _block_help(ctx.device_kind))
         seq_len = profile_seq_len(ctx.profile)
@@ -101,7 +100,8 @@ class OfflineExplorer:
                 f"train.py on main does not split its batch into whole forward passes: {total_name} = "
                 f"{consts[total_name].source} is not a positive multiple of {device_name} * seq_len = "
                 f"{consts[device_name].source} * {seq_len} (profile {ctx.profile}), so every run of it crashes. "
-                f"Set {total_name} to a multiple of {device_name} * {seq_len} on main first.")
+                f"Set {total_name} to a multiple of {device_name} * {seq_len} on main first."
+            )
 
         main_hash = code_hash(ctx.train_py)
         rng = random.Random(self._rng_seed(ctx, main_hash))
@@ -130,19 +130,22 @@ class OfflineExplorer:
                 title, body, change = describe(arm, size, new, new_src)
                 meta: dict[str, Any] = {"changes": [change], "skeleton": shape, "explorer": self._explain(arm)}
                 if arm.feedback > 0 and arm.feedback_line:
-                    body += f" This follows the human's comment: \"{arm.feedback_line.strip()}\"."
+                    body += f' This follows the human\'s comment: "{arm.feedback_line.strip()}".'
                     meta["feedback"] = arm.feedback_line
                 if followed:
                     (f,) = followed
                     title += f" ({f['name']} {f['old_src']} -> {f['new_src']})"
-                    body += (f" {f['name']} moves with it ({f['old_src']} -> {f['new_src']}), so that a step is "
-                             f"still a whole number of forward passes of {seq_len}-token sequences; that only "
-                             "changes how the step is computed, so any difference in val_bpb can be attributed "
-                             "to the batch size.")
+                    body += (
+                        f" {f['name']} moves with it ({f['old_src']} -> {f['new_src']}), so that a step is "
+                        f"still a whole number of forward passes of {seq_len}-token sequences; that only "
+                        "changes how the step is computed, so any difference in val_bpb can be attributed "
+                        "to the batch size."
+                    )
                     change["with"] = [{k: v for k, v in f.items() if k in ("name", "old", "new")}]
                 else:
-                    body += (" Nothing else changes, so any difference in val_bpb can be attributed to this one "
-                             "constant.")
+                    body += (
+                        " Nothing else changes, so any difference in val_bpb can be attributed to this one constant."
+                    )
                 return Proposal(title=title, hypothesis=body, train_py=text, meta=meta)
 
         raise AgentStopped(
@@ -169,8 +172,9 @@ class OfflineExplorer:
         }
 
     @staticmethod
-    def _edit(ctx: ProposalContext, consts: dict[str, Constant], seq_len: int | None,
-              moves: list[tuple[Arm, Any]]) -> tuple[str, list[str], list[dict[str, Any]]] | None:
+    def _edit(
+        ctx: ProposalContext, consts: dict[str, Constant], seq_len: int | None, moves: list[tuple[Arm, Any]]
+    ) -> tuple[str, list[str], list[dict[str, Any]]] | None:
         """train.py with these moves (and the micro-batch that must follow them), the new values'
         sources and the followers; None when the result is main or was seen before, does not
         compile, or would not split its batch into whole forward passes."""
@@ -186,8 +190,9 @@ class OfflineExplorer:
                 src = format_value(knob, const, value)
                 edits.append((const, src))
                 values[const.name] = value
-                followed.append({"name": const.name, "old": const.value, "new": value,
-                                 "old_src": const.source, "new_src": src})
+                followed.append(
+                    {"name": const.name, "old": const.value, "new": value, "old_src": const.source, "new_src": src}
+                )
         if not batch_splits(values, ctx.device_kind, seq_len):
             return None
         text = apply_edits(ctx.train_py, edits)
@@ -212,8 +217,9 @@ class OfflineExplorer:
         streak = self._streak(history)
         return streak >= COMBINE_AFTER and (streak - COMBINE_AFTER) % COMBINE_EVERY == 0
 
-    def _combine(self, ctx: ProposalContext, ranked: list[Arm], consts: dict[str, Constant], seq_len: int | None,
-                 shape: str) -> Proposal | None:
+    def _combine(
+        self, ctx: ProposalContext, ranked: list[Arm], consts: dict[str, Constant], seq_len: int | None, shape: str
+    ) -> Proposal | None:
         """Two different constants, each moved in a direction that helped before, in one proposal."""
         helped = [a for a in ranked if a.feedback >= 0 and not a.crashes and any(o.reward > 0 for o in a.outcomes)]
         for i, a in enumerate(helped):
@@ -241,7 +247,11 @@ class OfflineExplorer:
                     f"{rationale(b)} Moving both at once tests whether their gains add up; if it helps, later "
                     "single changes can tell which one mattered."
                 )
-                meta = {"changes": [cha, chb], "combined": True, "skeleton": shape,
-                        "explorer": {"seed": self.seed, "arms": [self._explain(a), self._explain(b)]}}
+                meta = {
+                    "changes": [cha, chb],
+                    "combined": True,
+                    "skeleton": shape,
+                    "explorer": {"seed": self.seed, "arms": [self._explain(a), self._explain(b)]},
+                }
                 return Proposal(title=title, hypothesis=body, train_py=text, meta=meta)
         return None

@@ -16,10 +16,37 @@ from bot.core.records import HistoryEntry
 
 FEEDBACK_BONUS = 5.0  # a human comment naming an arm beats any learned score
 
-_DOWN_WORDS = ("lower", "down", "decrease", "decreasing", "smaller", "reduce", "less", "shorter", "fewer",
-               "narrower", "shallower", "drop", "halve", "cut")
-_UP_WORDS = ("higher", "up", "increase", "increasing", "bigger", "larger", "raise", "more", "longer",
-             "wider", "deeper", "double", "boost")
+_DOWN_WORDS = (
+    "lower",
+    "down",
+    "decrease",
+    "decreasing",
+    "smaller",
+    "reduce",
+    "less",
+    "shorter",
+    "fewer",
+    "narrower",
+    "shallower",
+    "drop",
+    "halve",
+    "cut",
+)
+_UP_WORDS = (
+    "higher",
+    "up",
+    "increase",
+    "increasing",
+    "bigger",
+    "larger",
+    "raise",
+    "more",
+    "longer",
+    "wider",
+    "deeper",
+    "double",
+    "boost",
+)
 _NEGATIONS = ("don't", "dont", "do not", "stop", "avoid", "no more", "never")
 
 
@@ -75,7 +102,7 @@ def apply_feedback(arms: dict[tuple[str, int], Arm], feedback: list[str], histor
                         continue
                     target = alt
                 d = _nearest_direction(low, m.start())
-                for direction in ((d,) if d else (1, -1)):
+                for direction in (d,) if d else (1, -1):
                     arm = arms[(target, direction)]
                     if negated:
                         arm.feedback -= FEEDBACK_BONUS

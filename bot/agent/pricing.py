@@ -55,11 +55,14 @@ USAGE_FIELDS = ("input_tokens", "output_tokens", "cache_creation_input_tokens", 
 def cost_usd(usage: Mapping[str, int | None], prices: Prices) -> float:
     """Dollars for a usage record with the API's four token counts (a missing or None count is 0).
     `input_tokens` is the uncached input only: cache writes and reads are billed on their own."""
+
     def n(key: str) -> int:
         return int(usage.get(key) or 0)
 
-    dollars = (n("input_tokens") * prices.input_per_mtok
-               + n("output_tokens") * prices.output_per_mtok
-               + n("cache_creation_input_tokens") * prices.cache_write_per_mtok
-               + n("cache_read_input_tokens") * prices.cache_read_per_mtok) / 1e6
+    dollars = (
+        n("input_tokens") * prices.input_per_mtok
+        + n("output_tokens") * prices.output_per_mtok
+        + n("cache_creation_input_tokens") * prices.cache_write_per_mtok
+        + n("cache_read_input_tokens") * prices.cache_read_per_mtok
+    ) / 1e6
     return round(dollars, 6)

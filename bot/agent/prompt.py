@@ -71,11 +71,15 @@ def system_prompt() -> str:
 
 def context_blocks(ctx: ProposalContext) -> list[dict[str, Any]]:
     """The first user message's content: the stable block (cache breakpoint), then the volatile one."""
-    stable = (f"# {PROGRAM_MD}: the research program\n\n{ctx.program_md.strip()}\n\n"
-              f"# {TRAIN_PY} on main{f' (commit {ctx.main_sha[:12]})' if ctx.main_sha else ''}: "
-              f"also at {ROOT}/{TRAIN_PY}\n\n```python\n{ctx.train_py.rstrip()}\n```\n")
-    return [{"type": "text", "text": stable, "cache_control": dict(EPHEMERAL)},
-            {"type": "text", "text": volatile_text(ctx)}]
+    stable = (
+        f"# {PROGRAM_MD}: the research program\n\n{ctx.program_md.strip()}\n\n"
+        f"# {TRAIN_PY} on main{f' (commit {ctx.main_sha[:12]})' if ctx.main_sha else ''}: "
+        f"also at {ROOT}/{TRAIN_PY}\n\n```python\n{ctx.train_py.rstrip()}\n```\n"
+    )
+    return [
+        {"type": "text", "text": stable, "cache_control": dict(EPHEMERAL)},
+        {"type": "text", "text": volatile_text(ctx)},
+    ]
 
 
 def volatile_text(ctx: ProposalContext) -> str:
@@ -84,16 +88,21 @@ def volatile_text(ctx: ProposalContext) -> str:
         parts.append(_feedback(ctx.feedback))
     if ctx.last_crash:
         parts.append(_crash(ctx.last_crash, ctx.last_crash_id))
-    parts.append("Propose the next experiment: make one change to /repo/train.py with the editor, then call "
-                 "submit.")
+    parts.append("Propose the next experiment: make one change to /repo/train.py with the editor, then call submit.")
     return "\n\n".join(parts) + "\n"
 
 
 def _now(ctx: ProposalContext) -> str:
-    bpb = (f"main's val_bpb is {ctx.main_val_bpb:.6f} (the mean of its baseline runs)"
-           if ctx.main_val_bpb is not None else "main has not been measured yet")
-    live = ("; train.py's CPU_* size constants are the live ones" if ctx.device_kind == "cpu"
-            and "CPU_" in ctx.train_py else "")
+    bpb = (
+        f"main's val_bpb is {ctx.main_val_bpb:.6f} (the mean of its baseline runs)"
+        if ctx.main_val_bpb is not None
+        else "main has not been measured yet"
+    )
+    live = (
+        "; train.py's CPU_* size constants are the live ones"
+        if ctx.device_kind == "cpu" and "CPU_" in ctx.train_py
+        else ""
+    )
     return f"# Now\nProfile {ctx.profile} on {ctx.device_kind}{live}; {bpb}."
 
 
@@ -113,8 +122,10 @@ def history_line(e: HistoryEntry) -> str:
 def _history(history: list[HistoryEntry]) -> str:
     if not history:
         return "# History\nNo experiments yet: this is the first one."
-    head = (f"# History: {len(history)} experiments, oldest first (d = val_bpb minus main's at the time, "
-            "negative is better; m = the noise margin it was judged with)")
+    head = (
+        f"# History: {len(history)} experiments, oldest first (d = val_bpb minus main's at the time, "
+        "negative is better; m = the noise margin it was judged with)"
+    )
     older, recent = history[:-HISTORY_IN_FULL], history[-HISTORY_IN_FULL:]
     lines = [head]
     if older:
@@ -125,15 +136,22 @@ def _history(history: list[HistoryEntry]) -> str:
         lines.append(f"#{older[0].id}-#{older[-1].id}: {len(older)} earlier experiments ({summary}).")
         kept = [e for e in older if e.status == "keep"]
         if kept:
-            lines.append("Kept among them (now part of main): "
-                         + "; ".join(f"#{e.id} {_clip(e.title, 60)}" for e in kept[-20:]) + ".")
+            lines.append(
+                "Kept among them (now part of main): "
+                + "; ".join(f"#{e.id} {_clip(e.title, 60)}" for e in kept[-20:])
+                + "."
+            )
     lines.extend(history_line(e) for e in recent)
     return "\n".join(lines)
 
 
 def _feedback(feedback: list[str]) -> str:
-    lines = [("# Feedback (trusted, oldest first). Follow it where it applies; a line starting with /try is "
-              "an idea a human asked you to try.")]
+    lines = [
+        (
+            "# Feedback (trusted, oldest first). Follow it where it applies; a line starting with /try is "
+            "an idea a human asked you to try."
+        )
+    ]
     lines.extend("- " + _clip(text, FEEDBACK_CHARS) for text in feedback if text.strip())
     return "\n".join(lines)
 
@@ -141,8 +159,10 @@ def _feedback(feedback: list[str]) -> str:
 def _crash(tail: str, exp_id: int | None) -> str:
     which = f"experiment #{exp_id}" if exp_id is not None else "the last experiment"
     text = "\n".join(tail.strip().splitlines()[-CRASH_LINES:])[-CRASH_CHARS:]
-    return (f"# The last crash: {which}\nIts traceback's tail:\n```\n{text}\n```\n"
-            "If your change fixes it, set fixes_crash to true in submit.")
+    return (
+        f"# The last crash: {which}\nIts traceback's tail:\n```\n{text}\n```\n"
+        "If your change fixes it, set fixes_crash to true in submit."
+    )
 
 
 def _clip(text: str, limit: int) -> str:

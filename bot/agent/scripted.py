@@ -25,11 +25,18 @@ class ScriptedAgent:
                 continue
             try:
                 item = json.loads(line)
-                proposals.append(Proposal(title=item["title"], hypothesis=item.get("hypothesis", ""),
-                                          train_py=item["train_py"], meta=item.get("meta", {})))
+                proposals.append(
+                    Proposal(
+                        title=item["title"],
+                        hypothesis=item.get("hypothesis", ""),
+                        train_py=item["train_py"],
+                        meta=item.get("meta", {}),
+                    )
+                )
             except (json.JSONDecodeError, KeyError, TypeError) as error:
-                raise AgentStopped(f"{path}:{number}: each line must be a JSON object with 'title' and "
-                                   f"'train_py' ({error})") from None
+                raise AgentStopped(
+                    f"{path}:{number}: each line must be a JSON object with 'title' and 'train_py' ({error})"
+                ) from None
         return cls(proposals)
 
     def propose(self, ctx: ProposalContext) -> Proposal:

@@ -46,36 +46,55 @@ def _evidence(arm: Arm, size: str) -> str:
         what = f"the last {_noun(knob, d)} of {name} ({_fmt_val(o.old)} -> {_fmt_val(o.new)}"
         what += ", combined with another change)" if o.combined else ")"
         if o.entry.status == "keep":
-            parts.append(f"{what[0].upper()}{what[1:]} was kept ({_fmt_delta(o.entry.delta)}); pushing further in "
-                         f"the same direction{' with a bigger step' if size == 'big' else ''} tests whether the "
-                         "optimum lies beyond the current value.")
+            parts.append(
+                f"{what[0].upper()}{what[1:]} was kept ({_fmt_delta(o.entry.delta)}); pushing further in "
+                f"the same direction{' with a bigger step' if size == 'big' else ''} tests whether the "
+                "optimum lies beyond the current value."
+            )
         elif o.crash == "blocking":
             parts.append(f"{what[0].upper()}{what[1:]} crashed, so this stays short of the value that crashed.")
         elif o.crash == "other code":
-            parts.append(f"{what[0].upper()}{what[1:]} crashed, but on an earlier version of train.py's code, "
-                         "which has changed since, so the direction is open again.")
+            parts.append(
+                f"{what[0].upper()}{what[1:]} crashed, but on an earlier version of train.py's code, "
+                "which has changed since, so the direction is open again."
+            )
         elif o.entry.status == "crash":
-            parts.append(f"{what[0].upper()}{what[1:]} crashed more than {CRASH_MEMORY} experiments ago, long "
-                         "enough to try the direction once more.")
+            parts.append(
+                f"{what[0].upper()}{what[1:]} crashed more than {CRASH_MEMORY} experiments ago, long "
+                "enough to try the direction once more."
+            )
         elif o.reward > 0:
-            parts.append(f"{what[0].upper()}{what[1:]} improved val_bpb ({_fmt_delta(o.entry.delta)}) but not by "
-                         "enough to keep; trying the direction again from the current main.")
+            parts.append(
+                f"{what[0].upper()}{what[1:]} improved val_bpb ({_fmt_delta(o.entry.delta)}) but not by "
+                "enough to keep; trying the direction again from the current main."
+            )
         else:
-            parts.append(f"{what[0].upper()}{what[1:]} did not help ({_fmt_delta(o.entry.delta)})"
-                         + ("; a smaller step checks whether the earlier one overshot." if size == "small" else
-                            "; the other candidates look even less promising, so it gets another, different step."))
+            parts.append(
+                f"{what[0].upper()}{what[1:]} did not help ({_fmt_delta(o.entry.delta)})"
+                + (
+                    "; a smaller step checks whether the earlier one overshot."
+                    if size == "small"
+                    else "; the other candidates look even less promising, so it gets another, different step."
+                )
+            )
     if opposite:
         o = opposite[-1]
         other = _noun(knob, -d)
         if o.entry.status == "crash":
-            parts.append(f"The opposite {other} of {name} ({_fmt_val(o.old)} -> {_fmt_val(o.new)}) crashed "
-                         "(perhaps out of memory or time), so this explores the other side instead.")
+            parts.append(
+                f"The opposite {other} of {name} ({_fmt_val(o.old)} -> {_fmt_val(o.new)}) crashed "
+                "(perhaps out of memory or time), so this explores the other side instead."
+            )
         elif o.entry.status == "keep":
-            parts.append(f"The opposite {other} was kept earlier ({_fmt_delta(o.entry.delta)}), so this checks "
-                         "whether it overshot.")
+            parts.append(
+                f"The opposite {other} was kept earlier ({_fmt_delta(o.entry.delta)}), so this checks "
+                "whether it overshot."
+            )
         elif o.reward < 0:
-            parts.append(f"The opposite {other} of {name} ({_fmt_val(o.old)} -> {_fmt_val(o.new)}) hurt "
-                         f"({_fmt_delta(o.entry.delta)}), which suggests the optimum lies on this side.")
+            parts.append(
+                f"The opposite {other} of {name} ({_fmt_val(o.old)} -> {_fmt_val(o.new)}) hurt "
+                f"({_fmt_delta(o.entry.delta)}), which suggests the optimum lies on this side."
+            )
         else:
             parts.append(f"The opposite {other} of {name} was not a clear win ({_fmt_delta(o.entry.delta)}).")
     if not same and not opposite:
@@ -91,8 +110,10 @@ def what_helped(arm: Arm) -> str:
     """The best earlier outcome of this arm, as a clause."""
     o = max((o for o in arm.outcomes if o.reward > 0), key=lambda o: (o.reward, -(o.entry.delta or 0)))
     verdict = "was kept" if o.entry.status == "keep" else "improved val_bpb without being kept"
-    return (f"the {_noun(arm.knob, arm.direction)} of {arm.knob.name} ({_fmt_val(o.old)} -> {_fmt_val(o.new)}) "
-            f"{verdict} ({_fmt_delta(o.entry.delta)})")
+    return (
+        f"the {_noun(arm.knob, arm.direction)} of {arm.knob.name} ({_fmt_val(o.old)} -> {_fmt_val(o.new)}) "
+        f"{verdict} ({_fmt_delta(o.entry.delta)})"
+    )
 
 
 def describe(arm: Arm, size: str, new: Any, new_src: str) -> tuple[str, str, dict[str, Any]]:

@@ -10,8 +10,11 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="Autonomous ML research as pull requests; locally on the CPU by default.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Autonomous ML research as pull requests; locally on the CPU by default.",
+)
 # Without a terminal (CI, nohup, a pipe) rich would cut tables at 80 columns (`purpo…`): output that
 # is read later, or by a program, is written whole instead.
 UNBOUNDED_WIDTH = 100_000
@@ -20,9 +23,12 @@ DEFAULT_WORKDIR = Path(".autoresearch/demo")
 
 
 @app.command()
-def prepare(profile: str = typer.Option("cpu", help="h100, cpu or smoke"),
-            data: str = typer.Option(None, help="builtin, a base URL of parquet shards, or a directory of "
-                                                 ".txt/.md files (default: the profile's)")) -> None:
+def prepare(
+    profile: str = typer.Option("cpu", help="h100, cpu or smoke"),
+    data: str = typer.Option(
+        None, help="builtin, a base URL of parquet shards, or a directory of .txt/.md files (default: the profile's)"
+    ),
+) -> None:
     """Prepare the data and tokenizer for a profile (a second call does no work)."""
     from runner.data import DataMissing
     from runner.download import DownloadError
@@ -36,23 +42,29 @@ def prepare(profile: str = typer.Option("cpu", help="h100, cpu or smoke"),
         console.print(f"[red]error:[/] {error}")
         raise typer.Exit(2) from None
     ds = prepared.dataset
-    console.print(f"data: {ds.train_docs} training and {ds.val_docs} validation documents in {ds.root} "
-                  f"(fingerprint {ds.fingerprint})")
-    console.print(f"tokenizer: {prepared.tokenizer.vocab_size} tokens, "
-                  f"{'trained now' if prepared.trained_tokenizer else 'already cached'}")
+    console.print(
+        f"data: {ds.train_docs} training and {ds.val_docs} validation documents in {ds.root} "
+        f"(fingerprint {ds.fingerprint})"
+    )
+    console.print(
+        f"tokenizer: {prepared.tokenizer.vocab_size} tokens, "
+        f"{'trained now' if prepared.trained_tokenizer else 'already cached'}"
+    )
 
 
 @app.command()
-def train(profile: str = typer.Option("cpu", help="h100, cpu or smoke"),
-          asset: Path = typer.Option(Path("train.py"), help="the train.py to run"),
-          data: str = typer.Option(None, help="data source (default: the profile's)"),
-          out: Path = typer.Option(None, help="run directory (default: runs/<profile>-<time>)"),
-          seed: int = typer.Option(0),
-          gpu: str = typer.Option(None, help="the NVIDIA device index to use (a CUDA profile; default 0)"),
-          as_json: bool = typer.Option(False, "--json", help="print the result as one JSON object on stdout "
-                                                             "(the training log goes to stderr)"),
-          no_sandbox: bool = typer.Option(False, "--no-sandbox", help="run without bubblewrap (marked unsandboxed)")
-          ) -> None:
+def train(
+    profile: str = typer.Option("cpu", help="h100, cpu or smoke"),
+    asset: Path = typer.Option(Path("train.py"), help="the train.py to run"),
+    data: str = typer.Option(None, help="data source (default: the profile's)"),
+    out: Path = typer.Option(None, help="run directory (default: runs/<profile>-<time>)"),
+    seed: int = typer.Option(0),
+    gpu: str = typer.Option(None, help="the NVIDIA device index to use (a CUDA profile; default 0)"),
+    as_json: bool = typer.Option(
+        False, "--json", help="print the result as one JSON object on stdout (the training log goes to stderr)"
+    ),
+    no_sandbox: bool = typer.Option(False, "--no-sandbox", help="run without bubblewrap (marked unsandboxed)"),
+) -> None:
     """Run one time-boxed training run exactly as the bot's runners do: train.py in a sandbox, the
     model scored by a separate process. Exit code 0 when it was measured, 1 otherwise."""
     import time
@@ -72,8 +84,15 @@ def train(profile: str = typer.Option("cpu", help="h100, cpu or smoke"),
     out = (out or Path("runs") / f"{profile}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     job = JobSpec(run_id=0, asset=asset.read_text(encoding="utf-8"), profile=profile, seed=seed)
     stream = sys.stderr if as_json else sys.stdout
-    result = run_job(job, out, backend="manual", data=data, gpu=gpu, use_sandbox=False if no_sandbox else None,
-                     on_line=lambda line: print(line, file=stream, flush=True))
+    result = run_job(
+        job,
+        out,
+        backend="manual",
+        data=data,
+        gpu=gpu,
+        use_sandbox=False if no_sandbox else None,
+        on_line=lambda line: print(line, file=stream, flush=True),
+    )
     if as_json:
         print(result.model_dump_json(), flush=True)
         if result.status != "ok":
@@ -82,9 +101,11 @@ def train(profile: str = typer.Option("cpu", help="h100, cpu or smoke"),
     print(result.summary_block(), flush=True)  # the reference's block: `grep "^val_bpb:" run.log` reads the score
     if result.status == "ok":
         timings = result.timings
-        console.print(f"val_bpb {result.val_bpb:.6f}  (scored outside the sandbox: training {timings.training:.1f}s "
-                      f"on the {result.metrics.get('clock')} clock, evaluation {timings.evaluation:.1f}s; "
-                      f"{'sandboxed' if result.sandboxed else '[yellow]NOT sandboxed[/]'})")
+        console.print(
+            f"val_bpb {result.val_bpb:.6f}  (scored outside the sandbox: training {timings.training:.1f}s "
+            f"on the {result.metrics.get('clock')} clock, evaluation {timings.evaluation:.1f}s; "
+            f"{'sandboxed' if result.sandboxed else '[yellow]NOT sandboxed[/]'})"
+        )
         console.print(f"result: {out / 'result.json'}")
     else:
         console.print(f"[red]{result.status}:[/] {result.error}  (log: {out / 'log.txt'})")
@@ -93,20 +114,30 @@ def train(profile: str = typer.Option("cpu", help="h100, cpu or smoke"),
 
 
 @app.command()
-def demo(workdir: Path = typer.Option(DEFAULT_WORKDIR, help="where the research repo, store and runs live"),
-         experiments: int = typer.Option(6, min=0, help="total experiments for this work directory (0: "
-                                                        "program.md's max_experiments, where 0 means no limit)"),
-         profile: str = typer.Option("cpu", help="cpu (about 40 s a run) or smoke (a few seconds)"),
-         slots: int = typer.Option(1, min=1, help="runs in parallel"),
-         seed: int = typer.Option(0, help="seed of the offline explorer"),
-         data: str = typer.Option(None, help="data source (default: the profile's)"),
-         agent: str = typer.Option("explorer", help="explorer (offline), claude (ANTHROPIC_API_KEY) or scripted"),
-         agent_script: Path = typer.Option(None, help="the scripted agent's proposals (JSON lines)"),
-         budget: float = typer.Option(None, min=0.0, help="stop proposing once the agent's answers cost this many "
-                                                          "dollars (default: AUTORESEARCH_ANTHROPIC_BUDGET_USD)"),
-         dashboard_port: int = typer.Option(8090, min=0, max=65535, help="the live dashboard's port on 127.0.0.1 "
-                                                                        "(0: any free one)"),
-         no_dashboard: bool = typer.Option(False, "--no-dashboard", help="do not serve the dashboard")) -> None:
+def demo(
+    workdir: Path = typer.Option(DEFAULT_WORKDIR, help="where the research repo, store and runs live"),
+    experiments: int = typer.Option(
+        6,
+        min=0,
+        help="total experiments for this work directory (0: program.md's max_experiments, where 0 means no limit)",
+    ),
+    profile: str = typer.Option("cpu", help="cpu (about 40 s a run) or smoke (a few seconds)"),
+    slots: int = typer.Option(1, min=1, help="runs in parallel"),
+    seed: int = typer.Option(0, help="seed of the offline explorer"),
+    data: str = typer.Option(None, help="data source (default: the profile's)"),
+    agent: str = typer.Option("explorer", help="explorer (offline), claude (ANTHROPIC_API_KEY) or scripted"),
+    agent_script: Path = typer.Option(None, help="the scripted agent's proposals (JSON lines)"),
+    budget: float = typer.Option(
+        None,
+        min=0.0,
+        help="stop proposing once the agent's answers cost this many "
+        "dollars (default: AUTORESEARCH_ANTHROPIC_BUDGET_USD)",
+    ),
+    dashboard_port: int = typer.Option(
+        8090, min=0, max=65535, help="the live dashboard's port on 127.0.0.1 (0: any free one)"
+    ),
+    no_dashboard: bool = typer.Option(False, "--no-dashboard", help="do not serve the dashboard"),
+) -> None:
     """Run the research loop locally: a git repo on disk, the CPU, the offline explorer by default."""
     import git
 
@@ -128,17 +159,41 @@ def demo(workdir: Path = typer.Option(DEFAULT_WORKDIR, help="where the research 
         console.print(f"[red]error:[/] {error}")
         raise typer.Exit(2) from None
     try:
-        run_demo(DemoOptions(workdir=workdir, profile=profile, experiments=experiments, slots=slots, seed=seed,
-                             data=data, live=sys.stdout.isatty(), agent=agent, agent_script=agent_script,
-                             budget_usd=budget, dashboard_port=None if no_dashboard else dashboard_port), console)
+        run_demo(
+            DemoOptions(
+                workdir=workdir,
+                profile=profile,
+                experiments=experiments,
+                slots=slots,
+                seed=seed,
+                data=data,
+                live=sys.stdout.isatty(),
+                agent=agent,
+                agent_script=agent_script,
+                budget_usd=budget,
+                dashboard_port=None if no_dashboard else dashboard_port,
+            ),
+            console,
+        )
     except (WorkdirBusy, SchemaTooNew) as error:
         console.print(f"[red]error:[/] {error}")
         raise typer.Exit(1) from None
     except KeyboardInterrupt:
         console.print(f"stopped. Nothing was lost: run the same command again to resume ({workdir}).")
         raise typer.Exit(130) from None
-    except (ConductorError, SettingsError, DataMissing, DownloadError, ForgeError, AgentError, git.GitCommandError,
-            ValueError, OSError, RuntimeError, sqlite3.Error) as error:
+    except (
+        ConductorError,
+        SettingsError,
+        DataMissing,
+        DownloadError,
+        ForgeError,
+        AgentError,
+        git.GitCommandError,
+        ValueError,
+        OSError,
+        RuntimeError,
+        sqlite3.Error,
+    ) as error:
         console.print(f"[red]error:[/] {error}")
         console.print(f"Nothing was lost: fix the cause and run the same command again to resume ({workdir}).")
         raise typer.Exit(1) from None
@@ -165,16 +220,20 @@ def _send(workdir: Path, kind: str, payload: dict | None = None) -> None:
         events.submit(store, kind, payload, author=f"{getpass.getuser()} (cli)")
     finally:
         store.close()
-    console.print(f"{kind}: sent to {workdir}; a running loop applies it within a second, a stopped one when it "
-                  "next starts")
+    console.print(
+        f"{kind}: sent to {workdir}; a running loop applies it within a second, a stopped one when it next starts"
+    )
 
 
 @app.command()
-def serve(host: str = typer.Option(None, help="address to listen on (default: AUTORESEARCH_HOST or 127.0.0.1)"),
-          port: int = typer.Option(None, help="port (default: AUTORESEARCH_PORT or 8080)"),
-          poll: bool = typer.Option(None, "--poll/--webhooks",
-                                    help="read events from the API instead of receiving webhooks (no public URL)"),
-          env_file: Path = typer.Option(None, help="a .env file of AUTORESEARCH_* settings (default: ./.env)")) -> None:
+def serve(
+    host: str = typer.Option(None, help="address to listen on (default: AUTORESEARCH_HOST or 127.0.0.1)"),
+    port: int = typer.Option(None, help="port (default: AUTORESEARCH_PORT or 8080)"),
+    poll: bool = typer.Option(
+        None, "--poll/--webhooks", help="read events from the API instead of receiving webhooks (no public URL)"
+    ),
+    env_file: Path = typer.Option(None, help="a .env file of AUTORESEARCH_* settings (default: ./.env)"),
+) -> None:
     """Run the bot on a GitHub repository: webhook server and conductor in one process."""
     import logging
 
@@ -187,17 +246,21 @@ def serve(host: str = typer.Option(None, help="address to listen on (default: AU
         console.print(f"[red]error:[/] {error}")
         raise typer.Exit(2) from None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    console.print(f"autoresearch serve: {settings.repository} on http://{settings.host}:{settings.port} "
-                  f"({'polling the API' if settings.poll else 'webhooks at /webhook'}), state in {settings.state_dir}")
+    console.print(
+        f"autoresearch serve: {settings.repository} on http://{settings.host}:{settings.port} "
+        f"({'polling the API' if settings.poll else 'webhooks at /webhook'}), state in {settings.state_dir}"
+    )
     run_service(settings)
 
 
 @app.command()
-def steer(text: str = typer.Argument(..., help="what the agent should read, e.g. \"try a lower MATRIX_LR\""),
-          workdir: Path = typer.Option(DEFAULT_WORKDIR, help="the work directory of the loop")) -> None:
+def steer(
+    text: str = typer.Argument(..., help='what the agent should read, e.g. "try a lower MATRIX_LR"'),
+    workdir: Path = typer.Option(DEFAULT_WORKDIR, help="the work directory of the loop"),
+) -> None:
     """Tell the agent something: it reads it before its next proposal."""
     if not text.strip():
-        console.print("[red]error:[/] say something, e.g. autoresearch steer \"try a deeper model\"")
+        console.print('[red]error:[/] say something, e.g. autoresearch steer "try a deeper model"')
         raise typer.Exit(2)
     _send(workdir, "steer", {"text": text})
 
@@ -228,10 +291,12 @@ def status(workdir: Path = typer.Option(DEFAULT_WORKDIR, help="the work director
 
 
 @app.command()
-def results(workdir: Path = typer.Option(DEFAULT_WORKDIR, help="the work directory of a demo run"),
-            as_json: bool = typer.Option(False, "--json", help="print JSON"),
-            as_tsv: bool = typer.Option(False, "--tsv", help="print results.tsv"),
-            runs: bool = typer.Option(False, "--runs", help="one row per training run")) -> None:
+def results(
+    workdir: Path = typer.Option(DEFAULT_WORKDIR, help="the work directory of a demo run"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON"),
+    as_tsv: bool = typer.Option(False, "--tsv", help="print results.tsv"),
+    runs: bool = typer.Option(False, "--runs", help="one row per training run"),
+) -> None:
     """Print the experiments of a work directory."""
     from bot.views import results as results_module
     from bot.views.read_model import view_of
@@ -256,13 +321,15 @@ def results(workdir: Path = typer.Option(DEFAULT_WORKDIR, help="the work directo
         store.close()
 
 
-
 @app.command()
-def dashboard(workdir: Path = typer.Option(DEFAULT_WORKDIR, help="the work directory (a demo's, or serve's state dir)"),
-              host: str = typer.Option("127.0.0.1", help="the address to listen on"),
-              port: int = typer.Option(8090, min=0, max=65535, help="the port (0: any free one)"),
-              token: str = typer.Option(None, envvar="AUTORESEARCH_DASHBOARD_TOKEN",
-                                        help="require ?token=... (or Authorization: Bearer)")) -> None:
+def dashboard(
+    workdir: Path = typer.Option(DEFAULT_WORKDIR, help="the work directory (a demo's, or serve's state dir)"),
+    host: str = typer.Option("127.0.0.1", help="the address to listen on"),
+    port: int = typer.Option(8090, min=0, max=65535, help="the port (0: any free one)"),
+    token: str = typer.Option(
+        None, envvar="AUTORESEARCH_DASHBOARD_TOKEN", help="require ?token=... (or Authorization: Bearer)"
+    ),
+) -> None:
     """A read-only web page of a work directory, running or not: the chart, the experiments, the runs."""
     import uvicorn
 
@@ -272,12 +339,20 @@ def dashboard(workdir: Path = typer.Option(DEFAULT_WORKDIR, help="the work direc
     if (warning := exposure_warning(host=host, port=port, token=token, takes_webhooks=False)) is not None:
         console.print(f"[yellow]warning:[/] {warning} (or pass --token)")
     console.print(f"dashboard of {workdir} on http://{host}:{port}/" + ("?token=..." if token else ""))
-    uvicorn.run(dashboard_app(store_path=workdir.expanduser().resolve() / "state.db", token=token),
-                host=host, port=port, log_level="warning", timeout_graceful_shutdown=3)
+    uvicorn.run(
+        dashboard_app(store_path=workdir.expanduser().resolve() / "state.db", token=token),
+        host=host,
+        port=port,
+        log_level="warning",
+        timeout_graceful_shutdown=3,
+    )
+
 
 @app.command()
-def plot(workdir: Path = typer.Option(DEFAULT_WORKDIR, help="the work directory (a demo's, or serve's state dir)"),
-         out: Path = typer.Option(None, help="the chart to write, .png or .svg (default: WORKDIR/progress.png)")) -> None:
+def plot(
+    workdir: Path = typer.Option(DEFAULT_WORKDIR, help="the work directory (a demo's, or serve's state dir)"),
+    out: Path = typer.Option(None, help="the chart to write, .png or .svg (default: WORKDIR/progress.png)"),
+) -> None:
     """Write the progress chart: val_bpb over experiments, kept ones marked, main's best as a step line."""
     from bot.views.plot import write_chart
 
@@ -292,6 +367,7 @@ def plot(workdir: Path = typer.Option(DEFAULT_WORKDIR, help="the work directory 
         store.close()
     best = f", best val_bpb {data.best:.6f}" if data.best is not None else ""
     console.print(f"wrote {target}: {len(data.points)} points, {data.kept} kept, {data.crashed} crashed{best}")
+
 
 if __name__ == "__main__":
     app()

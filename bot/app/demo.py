@@ -65,8 +65,10 @@ def seed_files() -> dict[str, str]:
     """The train.py and program.md a new research repository starts from."""
     missing = [name for name in SEED_FILES if not (PROJECT_ROOT / name).exists()]
     if missing:
-        raise FileNotFoundError(f"{', '.join(missing)} not found next to the bot package in {PROJECT_ROOT}: "
-                                "run autoresearch from a clone of the autoresearch-bot repository")
+        raise FileNotFoundError(
+            f"{', '.join(missing)} not found next to the bot package in {PROJECT_ROOT}: "
+            "run autoresearch from a clone of the autoresearch-bot repository"
+        )
     return {name: (PROJECT_ROOT / name).read_text(encoding="utf-8") for name in SEED_FILES}
 
 
@@ -81,8 +83,10 @@ def lock_workdir(workdir: Path) -> TextIO:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         handle.close()
-        raise WorkdirBusy(f"another autoresearch conductor is running in {workdir}; wait for it to "
-                          "finish (or stop it) before starting another") from None
+        raise WorkdirBusy(
+            f"another autoresearch conductor is running in {workdir}; wait for it to "
+            "finish (or stop it) before starting another"
+        ) from None
     handle.truncate(0)
     handle.write(str(os.getpid()))
     handle.flush()
@@ -108,14 +112,22 @@ def build_conductor(options: DemoOptions, console: Console | None = None) -> tup
         from runner import sandbox
 
         usable, why = sandbox.available()
-        console.print(f"sandbox: {why}" if usable else f"[bold yellow]WARNING: runs are NOT sandboxed[/] ({why}); "
-                      "train.py can read what you can read")
+        console.print(
+            f"sandbox: {why}"
+            if usable
+            else f"[bold yellow]WARNING: runs are NOT sandboxed[/] ({why}); train.py can read what you can read"
+        )
     identity = measurement_identity(options.profile, options.data, threads=runner.threads)
     agent, budget = make_agent(options.agent, script=options.agent_script, seed=options.seed)
-    config = ConductorConfig(profile=options.profile, identity=identity, max_experiments=options.experiments,
-                             agent_budget_usd=options.budget_usd if options.budget_usd is not None else budget)
-    conductor = Conductor(store, forge, runner, agent, config,
-                          publishers=[results.ResultsFile(store, workdir / "results.tsv")])
+    config = ConductorConfig(
+        profile=options.profile,
+        identity=identity,
+        max_experiments=options.experiments,
+        agent_budget_usd=options.budget_usd if options.budget_usd is not None else budget,
+    )
+    conductor = Conductor(
+        store, forge, runner, agent, config, publishers=[results.ResultsFile(store, workdir / "results.tsv")]
+    )
     return conductor, store, runner
 
 
@@ -149,8 +161,10 @@ def run_demo(options: DemoOptions, console: Console | None = None) -> Summary:
 def _run_locked(options: DemoOptions, console: Console) -> Summary:
     conductor, store, runner = build_conductor(options, console)
     budget = get_profile(options.profile).time_budget_s
-    console.print(f"[bold]autoresearch demo[/]: profile [cyan]{options.profile}[/] ({budget:.0f}s per run), "
-                  f"{options.experiments} experiments, {options.slots} slot(s), work directory {options.workdir}")
+    console.print(
+        f"[bold]autoresearch demo[/]: profile [cyan]{options.profile}[/] ({budget:.0f}s per run), "
+        f"{options.experiments} experiments, {options.slots} slot(s), work directory {options.workdir}"
+    )
     started = time.time()
     printer = EventPrinter(store, console)
     dashboard = _start_dashboard(options, conductor, console)
@@ -159,10 +173,12 @@ def _run_locked(options: DemoOptions, console: Console) -> Summary:
         report = conductor_live(lambda: conductor)
         if options.live:
             with Live(console=console, refresh_per_second=4, transient=True) as live:
+
                 def show(c: Conductor) -> None:
                     printer.print_new()
                     now = report()
                     live.update(render_live_progress(view_of(store, now), now, options.experiments, started))
+
                 summary = Driver(conductor, timer_s=2.0, on_pass=show, on_wait=show).run()
         else:
             summary = Driver(conductor, timer_s=2.0, on_pass=lambda c: printer.print_new()).run()
@@ -182,8 +198,10 @@ def _start_dashboard(options: DemoOptions, conductor: Conductor, console: Consol
         return None
     from bot.views.dashboard import dashboard_app, serve_in_thread
 
-    app = dashboard_app(store_path=options.workdir / "state.db",
-                        live=conductor_live(lambda: conductor, conductor.config.agent_budget_usd))
+    app = dashboard_app(
+        store_path=options.workdir / "state.db",
+        live=conductor_live(lambda: conductor, conductor.config.agent_budget_usd),
+    )
     try:
         server = serve_in_thread(app, port=options.dashboard_port)
     except RuntimeError:
@@ -205,8 +223,9 @@ class EventPrinter:
             self.last = event["id"]
             where = f"#{event['experiment_id']} " if event["experiment_id"] is not None else ""
             stamp = time.strftime("%H:%M:%S", time.localtime(event["at"]))
-            self.console.print(f"{stamp} {where}{event['kind']}: {event['message']}", markup=False,
-                               highlight=False, soft_wrap=True)
+            self.console.print(
+                f"{stamp} {where}{event['kind']}: {event['message']}", markup=False, highlight=False, soft_wrap=True
+            )
 
 
 def render_summary(summary: Summary, wall_s: float, results_tsv: Path) -> Table:
@@ -214,8 +233,10 @@ def render_summary(summary: Summary, wall_s: float, results_tsv: Path) -> Table:
     table.add_column("what", style="bold")
     table.add_column("value")
     table.add_row("experiments", str(summary.experiments))
-    table.add_row("kept / discarded / crashed / failed",
-                  f"{summary.kept} / {summary.discarded} / {summary.crashed} / {summary.failed}")
+    table.add_row(
+        "kept / discarded / crashed / failed",
+        f"{summary.kept} / {summary.discarded} / {summary.crashed} / {summary.failed}",
+    )
     table.add_row("baseline val_bpb", _fmt(summary.baseline_val_bpb))
     table.add_row("main's val_bpb now (its own runs)", _fmt(summary.best_val_bpb))
     table.add_row("stopped because", summary.stop_reason or "-")
@@ -234,6 +255,5 @@ def _log_to(path: Path) -> None:
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.setLevel(logging.INFO)
-    if not any(isinstance(h, logging.FileHandler) and h.baseFilename == str(path.resolve())
-               for h in root.handlers):
+    if not any(isinstance(h, logging.FileHandler) and h.baseFilename == str(path.resolve()) for h in root.handlers):
         root.addHandler(handler)

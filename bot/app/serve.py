@@ -77,11 +77,11 @@ class ConductorState(StrEnum):
     never set: it is RUNNING seen from outside after a silence past stall_bound_s, and becomes
     RUNNING again if the conductor wakes up."""
 
-    STARTING = "starting"                      # reaching GitHub, preparing the runner and the agent
+    STARTING = "starting"  # reaching GitHub, preparing the runner and the agent
     WAITING_FOR_GITHUB = "waiting_for_github"  # GitHub did not answer (or refused): tried again later
     RUNNING = "running"
-    STALLED = "stalled"                        # running, but silent too long: a tick is stuck (503)
-    STOPPED = "stopped"                        # the web side still stores deliveries; nothing acts on them
+    STALLED = "stalled"  # running, but silent too long: a tick is stuck (503)
+    STOPPED = "stopped"  # the web side still stores deliveries; nothing acts on them
 
 
 @dataclass
@@ -109,7 +109,11 @@ def default_parts(settings: ServiceSettings, client: GitHubClient) -> Parts:
     else:
         runner = modal_runner(settings.state_dir)
     # The bot measures nothing itself: the harness is its own code, the data the runners' (a setting).
-    identity = {"profile": settings.profile, "harness_hash": harness_hash(), "data_fingerprint": str(settings.data_fingerprint)}
+    identity = {
+        "profile": settings.profile,
+        "harness_hash": harness_hash(),
+        "data_fingerprint": str(settings.data_fingerprint),
+    }
     runner.check_ready(identity)
     agent, budget = make_agent(settings.agent, script=settings.agent_script)
     return Parts(runner=runner, agent=agent, identity=identity, budget_usd=budget)
@@ -188,12 +192,20 @@ class Service:
         has been silent (`conductor_quiet_s`, while it runs), the last contact with GitHub; `ok` is
         False once the conductor stalled or stopped (503). Nothing secret."""
         state, detail = self._current()
-        report: dict[str, Any] = {"ok": state not in (ConductorState.STOPPED, ConductorState.STALLED),
-                                  "conductor": state.value, "conductor_detail": self._shown(detail),
-                                  "last_tick": self.last_tick, "conductor_quiet_s": self._quiet_s()}
+        report: dict[str, Any] = {
+            "ok": state not in (ConductorState.STOPPED, ConductorState.STALLED),
+            "conductor": state.value,
+            "conductor_detail": self._shown(detail),
+            "last_tick": self.last_tick,
+            "conductor_quiet_s": self._quiet_s(),
+        }
         if self.client is not None:
-            report.update({key: self._shown(value) if isinstance(value, str) else value
-                           for key, value in self.client.health().items()})
+            report.update(
+                {
+                    key: self._shown(value) if isinstance(value, str) else value
+                    for key, value in self.client.health().items()
+                }
+            )
         return report
 
     def _current(self) -> tuple[ConductorState, str]:
@@ -209,7 +221,8 @@ class Service:
                 return ConductorState.STALLED, (
                     f"no sign of life from the conductor for {quiet / 60:.0f} min (the bound is {bound / 60:.0f} "
                     "min): a tick is stuck on a call that never returns, or a deadlock; its thread's stack is in "
-                    "the log. Restart the service: deliveries wait in the store")
+                    "the log. Restart the service: deliveries wait in the store"
+                )
             if self.conductor is not None and self.conductor.blocked:
                 detail = f"main needs a person: {self.conductor.blocked}"
         return state, detail
@@ -231,8 +244,11 @@ class Service:
         self._stack_logged_for = alive_at
         frame = sys._current_frames().get(thread.ident)
         stack = "".join(traceback.format_stack(frame)) if frame is not None else "(gone)\n"
-        log.error("the conductor shows no sign of life past %.0f s; its thread's stack:\n%s", self.stall_after_s,
-                  stack.rstrip())
+        log.error(
+            "the conductor shows no sign of life past %.0f s; its thread's stack:\n%s",
+            self.stall_after_s,
+            stack.rstrip(),
+        )
 
     # --- the conductor's signs of life (called on its thread) ---------------------------------------
     def _alive(self, conductor: Conductor | None = None) -> None:
@@ -254,7 +270,7 @@ class Service:
 
     def _shown(self, text: str) -> str:
         text = self.settings.redact(text)
-        return text if len(text) <= DETAIL_CHARS else text[:DETAIL_CHARS - 1] + "…"
+        return text if len(text) <= DETAIL_CHARS else text[: DETAIL_CHARS - 1] + "…"
 
     def _set(self, state: ConductorState, detail: str) -> None:
         self._phase = (state, detail)
@@ -267,19 +283,34 @@ class Service:
 
         settings = self.settings
         secret = settings.webhook_secret.get_secret_value() if settings.webhook_secret else ""
-        app = create_app(store_path=self.store_path, secret=secret, wake=self.wake, health=self.health,
-                         runs_changed=self.runs_changed)
+        app = create_app(
+            store_path=self.store_path,
+            secret=secret,
+            wake=self.wake,
+            health=self.health,
+            runs_changed=self.runs_changed,
+        )
         token = settings.dashboard_token.get_secret_value() if settings.dashboard_token else None
-        warning = exposure_warning(host=settings.host, port=settings.port, token=token, takes_webhooks=not settings.poll)
+        warning = exposure_warning(
+            host=settings.host, port=settings.port, token=token, takes_webhooks=not settings.poll
+        )
         if warning:
             log.warning("%s", warning)
         elif token is None:
-            log.info("the dashboard at / is open to this machine only (polling, bound to %s); set "
-                     "AUTORESEARCH_DASHBOARD_TOKEN before putting a proxy in front of it", settings.host)
+            log.info(
+                "the dashboard at / is open to this machine only (polling, bound to %s); set "
+                "AUTORESEARCH_DASHBOARD_TOKEN before putting a proxy in front of it",
+                settings.host,
+            )
         budget = self.conductor.config.agent_budget_usd if self.conductor else None
-        app.include_router(create_dashboard(store_path=self.store_path, token=token,
-                                            live=conductor_live(lambda: self.conductor, budget),
-                                            links=github_links(settings.repository, settings.github_api_url)))
+        app.include_router(
+            create_dashboard(
+                store_path=self.store_path,
+                token=token,
+                live=conductor_live(lambda: self.conductor, budget),
+                links=github_links(settings.repository, settings.github_api_url),
+            )
+        )
         return app
 
     # --- the conductor side --------------------------------------------------------------------------
@@ -317,8 +348,11 @@ class Service:
             self.driver.run(forever=True, stop=self._stop)
             self._set(ConductorState.STOPPED, "the service is shutting down")
         except Exception as error:  # noqa: BLE001 - the web side stays up and says what happened
-            self._set(ConductorState.STOPPED, f"stopped by an error: {type(error).__name__}: {error}; fix it (the "
-                      "log has the traceback) and restart the service: deliveries meanwhile wait in the store")
+            self._set(
+                ConductorState.STOPPED,
+                f"stopped by an error: {type(error).__name__}: {error}; fix it (the "
+                "log has the traceback) and restart the service: deliveries meanwhile wait in the store",
+            )
             log.exception("the conductor stopped")
 
     def _start_poller(self) -> None:
@@ -344,7 +378,9 @@ class Service:
                 login = self.client.bot_login
                 break
             except Exception as error:  # noqa: BLE001 - GitHub down, a bad token: say so, try again
-                self._set(ConductorState.WAITING_FOR_GITHUB, f"{type(error).__name__}: {error}; next try in {wait:.0f}s")
+                self._set(
+                    ConductorState.WAITING_FOR_GITHUB, f"{type(error).__name__}: {error}; next try in {wait:.0f}s"
+                )
                 log.warning("waiting for GitHub at %s: %s", settings.github_api_url, settings.redact(self.detail))
                 self._stop.wait(wait)
                 wait = min(self.connect_backoff_s[1], wait * 2)
@@ -355,23 +391,40 @@ class Service:
         store.state.bot_login = login
         # the inbox's handlers: the loop's own inputs, and GitHub's events, which act on this repository
         # only, steered by people GitHub says have write access
-        github = handlers.GitHubEvents(settings.repository, CollaboratorPermissions.for_repository(repo),
-                                       loop=inbox.router)
+        github = handlers.GitHubEvents(
+            settings.repository, CollaboratorPermissions.for_repository(repo), loop=inbox.router
+        )
         router = Router(inbox.router, github.router())
         parts = self.make_parts(settings, self.client)
         forge = GitHubForge(repo, main_branch=settings.main_branch, pace_write=self.client.pace_write)
-        publisher = GitHubPublisher(store, repo, read_file=forge.read_file, uses_app=self.client.uses_app,
-                                    main_branch=settings.main_branch, pace_write=self.client.pace_write)
+        publisher = GitHubPublisher(
+            store,
+            repo,
+            read_file=forge.read_file,
+            uses_app=self.client.uses_app,
+            main_branch=settings.main_branch,
+            pace_write=self.client.pace_write,
+        )
         config = ConductorConfig(profile=settings.profile, identity=parts.identity, agent_budget_usd=parts.budget_usd)
-        self.conductor = Conductor(store, forge, parts.runner, parts.agent, config,
-                                   publishers=[ResultsFile(store, settings.state_dir / "results.tsv"), publisher],
-                                   router=router)
+        self.conductor = Conductor(
+            store,
+            forge,
+            parts.runner,
+            parts.agent,
+            config,
+            publishers=[ResultsFile(store, settings.state_dir / "results.tsv"), publisher],
+            router=router,
+        )
         log.info("connected to %s as %s (%s)", repo.full_name, login, "App" if self.client.uses_app else "token")
         return self.conductor
 
 
-def serve(settings: ServiceSettings, *, make_parts: Callable[[ServiceSettings, GitHubClient], Parts] = default_parts,
-          timer_s: float = 30.0) -> None:
+def serve(
+    settings: ServiceSettings,
+    *,
+    make_parts: Callable[[ServiceSettings, GitHubClient], Parts] = default_parts,
+    timer_s: float = 30.0,
+) -> None:
     """Run the service until interrupted (Ctrl-C or SIGTERM)."""
     import uvicorn
 
@@ -381,8 +434,14 @@ def serve(settings: ServiceSettings, *, make_parts: Callable[[ServiceSettings, G
     log_config.setdefault("filters", {})["not_a_webhook"] = {"()": lambda: not_a_webhook}
     log_config["loggers"]["uvicorn.access"]["filters"] = ["not_a_webhook"]
     try:
-        uvicorn.run(service.app(), host=settings.host, port=settings.port, log_level="info", log_config=log_config,
-                    timeout_graceful_shutdown=3)  # open dashboard streams must not hold up Ctrl-C
+        uvicorn.run(
+            service.app(),
+            host=settings.host,
+            port=settings.port,
+            log_level="info",
+            log_config=log_config,
+            timeout_graceful_shutdown=3,
+        )  # open dashboard streams must not hold up Ctrl-C
     finally:
         service.stop()
 
@@ -391,5 +450,9 @@ def not_a_webhook(record: logging.LogRecord) -> bool:
     """uvicorn's access log without POST /webhook: bot.app.web logs each delivery itself, with its id and
     what became of it, so a second line per delivery is only CPU spent during a burst."""
     args = record.args
-    return not (isinstance(args, tuple) and len(args) >= 3 and args[1] == "POST"
-                and str(args[2]).partition("?")[0] == "/webhook")
+    return not (
+        isinstance(args, tuple)
+        and len(args) >= 3
+        and args[1] == "POST"
+        and str(args[2]).partition("?")[0] == "/webhook"
+    )

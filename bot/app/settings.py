@@ -46,13 +46,17 @@ from runner.profiles import PROFILES
 
 ENV_PREFIX = "AUTORESEARCH_"
 DEFAULT_ENV_FILE = Path(".env")
-RUNNERS = frozenset({"local", "actions", "modal"})  # where runs execute: this machine, self-hosted Actions runners, Modal
+RUNNERS = frozenset(
+    {"local", "actions", "modal"}
+)  # where runs execute: this machine, self-hosted Actions runners, Modal
 AGENTS = frozenset({"explorer", "claude", "scripted"})  # who proposes experiments (bot.agent.choice)
 SECRET_FIELDS = frozenset({"webhook_secret", "github_token", "github_private_key", "dashboard_token"})
 # what each runner needs installed beside the bot (pyproject's extras), and how to install it
 RUNNER_NEEDS: dict[str, tuple[tuple[str, ...], str]] = {
-    "local": (("torch", "tiktoken", "rustbpe", "pyarrow"),
-              "pip install 'autoresearch-bot[train]' (the container image: docker build --build-arg EXTRAS=train)"),
+    "local": (
+        ("torch", "tiktoken", "rustbpe", "pyarrow"),
+        "pip install 'autoresearch-bot[train]' (the container image: docker build --build-arg EXTRAS=train)",
+    ),
     "modal": (("modal",), "pip install 'autoresearch-bot[modal]' (the container image: --build-arg EXTRAS=modal)"),
     "actions": ((), ""),
 }
@@ -67,50 +71,90 @@ def env_name(field: str) -> str:
 
 
 class ServiceSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_file=DEFAULT_ENV_FILE, env_ignore_empty=True,
-                                      extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, env_file=DEFAULT_ENV_FILE, env_ignore_empty=True, extra="ignore"
+    )
 
-    webhook_secret: SecretStr | None = Field(None, description=(
-        "the webhook secret set on the GitHub App (its settings page, Webhook), which proves a delivery came "
-        "from GitHub; or set AUTORESEARCH_POLL=true to poll GitHub instead of receiving webhooks"))
+    webhook_secret: SecretStr | None = Field(
+        None,
+        description=(
+            "the webhook secret set on the GitHub App (its settings page, Webhook), which proves a delivery came "
+            "from GitHub; or set AUTORESEARCH_POLL=true to poll GitHub instead of receiving webhooks"
+        ),
+    )
     repository: str = Field(description='the repository the bot works on, as "owner/name" (e.g. karpathy/nanochat)')
-    github_token: SecretStr | None = Field(None, description=(
-        "a personal access token with contents, pull requests, issues and statuses write access to the "
-        "repository; or, instead, a GitHub App (AUTORESEARCH_GITHUB_APP_ID with its private key)"))
+    github_token: SecretStr | None = Field(
+        None,
+        description=(
+            "a personal access token with contents, pull requests, issues and statuses write access to the "
+            "repository; or, instead, a GitHub App (AUTORESEARCH_GITHUB_APP_ID with its private key)"
+        ),
+    )
     github_app_id: int | None = Field(None, gt=0, description="the GitHub App's id (a number on its settings page)")
-    github_private_key: SecretStr | None = Field(None, description=(
-        "the GitHub App's private key itself (PEM text; '\\n' escapes are accepted); or give its file in "
-        "AUTORESEARCH_GITHUB_PRIVATE_KEY_PATH"))
-    github_private_key_path: Path | None = Field(None, description=(
-        "the file holding the GitHub App's private key (.pem, from the App's settings page: Private keys, "
-        "Generate a private key)"))
-    github_installation_id: int | None = Field(None, gt=0, description=(
-        "the App's installation on the repository; leave it out and the bot asks GitHub"))
-    github_api_url: str = Field("https://api.github.com", description=(
-        "GitHub's API: https://api.github.com, or https://HOST/api/v3 for GitHub Enterprise Server"))
+    github_private_key: SecretStr | None = Field(
+        None,
+        description=(
+            "the GitHub App's private key itself (PEM text; '\\n' escapes are accepted); or give its file in "
+            "AUTORESEARCH_GITHUB_PRIVATE_KEY_PATH"
+        ),
+    )
+    github_private_key_path: Path | None = Field(
+        None,
+        description=(
+            "the file holding the GitHub App's private key (.pem, from the App's settings page: Private keys, "
+            "Generate a private key)"
+        ),
+    )
+    github_installation_id: int | None = Field(
+        None, gt=0, description=("the App's installation on the repository; leave it out and the bot asks GitHub")
+    )
+    github_api_url: str = Field(
+        "https://api.github.com",
+        description=("GitHub's API: https://api.github.com, or https://HOST/api/v3 for GitHub Enterprise Server"),
+    )
     main_branch: str = Field("main", description="the branch experiments start from and improvements land on")
     state_dir: Path = Field(Path("autoresearch-state"), description="where the bot keeps its store and work trees")
     profile: str = Field("cpu", description=f"the measurement profile: one of {', '.join(sorted(PROFILES))}")
     runner: str = Field("local", description=f"where runs execute: one of {', '.join(sorted(RUNNERS))}")
-    slots: int = Field(1, ge=1, le=64, description=(
-        "how many runs may execute at once on the local runner (1 to 64; Actions and Modal have their own)"))
-    warm_workers: bool = Field(True, description=(
-        "the local runner keeps a worker per slot ready for the slot's next run (torch imported, data "
-        "loaded: seconds less start-up per run, about one run's memory per slot while it waits)"))
-    data_fingerprint: str | None = Field(None, description=(
-        "with the actions or modal runner: the fingerprint of the data the GPU runners measure on, which "
-        "`autoresearch prepare --profile P` prints there; results on other data are refused"))
+    slots: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description=(
+            "how many runs may execute at once on the local runner (1 to 64; Actions and Modal have their own)"
+        ),
+    )
+    warm_workers: bool = Field(
+        True,
+        description=(
+            "the local runner keeps a worker per slot ready for the slot's next run (torch imported, data "
+            "loaded: seconds less start-up per run, about one run's memory per slot while it waits)"
+        ),
+    )
+    data_fingerprint: str | None = Field(
+        None,
+        description=(
+            "with the actions or modal runner: the fingerprint of the data the GPU runners measure on, which "
+            "`autoresearch prepare --profile P` prints there; results on other data are refused"
+        ),
+    )
     agent: str = Field("explorer", description=f"who proposes experiments: one of {', '.join(sorted(AGENTS))}")
     host: str = Field("127.0.0.1", min_length=1, description="the address the webhook server listens on")
     port: int = Field(8080, ge=1, le=65535, description="the port the webhook server listens on (1 to 65535)")
     poll: bool = Field(False, description="true: ask GitHub for news every poll_interval_s instead of webhooks")
     poll_interval_s: float = Field(60.0, ge=10, description="seconds between two polls (at least 10)")
     request_timeout_s: float = Field(15.0, gt=0, le=300, description="seconds to wait for one GitHub answer")
-    dashboard_token: SecretStr | None = Field(None, description=(
-        "a token the dashboard at / asks for (?token=... or Authorization: Bearer); unset, it is open to "
-        "whoever reaches the server"))
-    agent_script: Path | None = Field(None, description=(
-        "the proposals of the scripted agent: a JSON-lines file of {\"title\", \"hypothesis\", \"train_py\"}"))
+    dashboard_token: SecretStr | None = Field(
+        None,
+        description=(
+            "a token the dashboard at / asks for (?token=... or Authorization: Bearer); unset, it is open to "
+            "whoever reaches the server"
+        ),
+    )
+    agent_script: Path | None = Field(
+        None,
+        description=('the proposals of the scripted agent: a JSON-lines file of {"title", "hypothesis", "train_py"}'),
+    )
 
     # --- one field at a time ----------------------------------------------------------------------
 
@@ -128,8 +172,10 @@ class ServiceSettings(BaseSettings):
         value = value.strip().rstrip("/")
         url = urlparse(value)
         if url.scheme not in ("https", "http") or not url.hostname or url.query or url.fragment:
-            raise ValueError("expected an http(s) URL such as https://api.github.com, or https://HOST/api/v3 "
-                             "for GitHub Enterprise Server")
+            raise ValueError(
+                "expected an http(s) URL such as https://api.github.com, or https://HOST/api/v3 "
+                "for GitHub Enterprise Server"
+            )
         return value
 
     @field_validator("main_branch")
@@ -172,8 +218,10 @@ class ServiceSettings(BaseSettings):
             return None
         path = value.expanduser().absolute()
         if not path.is_file():
-            raise ValueError(f"no file at {path}; download the App's private key (settings page: Private keys, "
-                             "Generate a private key) and point this setting at it")
+            raise ValueError(
+                f"no file at {path}; download the App's private key (settings page: Private keys, "
+                "Generate a private key) and point this setting at it"
+            )
         try:
             data = path.read_bytes()
         except OSError as error:
@@ -206,10 +254,15 @@ class ServiceSettings(BaseSettings):
 
     def github(self) -> GitHubSettings:
         """What the GitHub client needs: the repository, the API, and how to sign in."""
-        return GitHubSettings(repository=self.repository, api_url=self.github_api_url,
-                              request_timeout_s=self.request_timeout_s, token=self.github_token,
-                              app_id=self.github_app_id, installation_id=self.github_installation_id,
-                              private_key=self.private_key)
+        return GitHubSettings(
+            repository=self.repository,
+            api_url=self.github_api_url,
+            request_timeout_s=self.request_timeout_s,
+            token=self.github_token,
+            app_id=self.github_app_id,
+            installation_id=self.github_installation_id,
+            private_key=self.private_key,
+        )
 
     def private_key(self) -> str:
         """The GitHub App's private key (PEM text)."""
@@ -219,10 +272,14 @@ class ServiceSettings(BaseSettings):
             try:
                 return self.github_private_key_path.read_text()
             except OSError as error:
-                raise ConfigError(f"{env_name('github_private_key_path')}: cannot read {self.github_private_key_path}"
-                                  f": {error.strerror}; make the key file readable by the bot's user") from None
-        raise ConfigError("no GitHub App private key is set: this service signs in with AUTORESEARCH_GITHUB_TOKEN; "
-                          "set AUTORESEARCH_GITHUB_APP_ID and AUTORESEARCH_GITHUB_PRIVATE_KEY_PATH to act as an App")
+                raise ConfigError(
+                    f"{env_name('github_private_key_path')}: cannot read {self.github_private_key_path}"
+                    f": {error.strerror}; make the key file readable by the bot's user"
+                ) from None
+        raise ConfigError(
+            "no GitHub App private key is set: this service signs in with AUTORESEARCH_GITHUB_TOKEN; "
+            "set AUTORESEARCH_GITHUB_APP_ID and AUTORESEARCH_GITHUB_PRIVATE_KEY_PATH to act as an App"
+        )
 
     def redact(self, text: str) -> str:
         """`text` with every secret of these settings (and each line of an inline private key)
@@ -259,8 +316,10 @@ def load_service_settings(env_file: Path | None = None, **overrides: Any) -> Ser
     if unknown:
         raise TypeError(f"load_service_settings() got unknown settings {unknown}")
     if env_file is not None and not Path(env_file).is_file():
-        raise ConfigError(f"the settings file {env_file} does not exist: create it (one AUTORESEARCH_NAME=value "
-                          "a line) or leave it out to use environment variables only")
+        raise ConfigError(
+            f"the settings file {env_file} does not exist: create it (one AUTORESEARCH_NAME=value "
+            "a line) or leave it out to use environment variables only"
+        )
     source = Path(env_file) if env_file is not None else DEFAULT_ENV_FILE
     given = {name: value for name, value in overrides.items() if value is not None}
     try:
@@ -270,6 +329,7 @@ def load_service_settings(env_file: Path | None = None, **overrides: Any) -> Ser
 
 
 # --- helpers ------------------------------------------------------------------------------------------
+
 
 def missing_modules(runner: str) -> list[str]:
     """The packages `runner` needs that this Python cannot find (none are imported to tell)."""
@@ -294,12 +354,16 @@ def _runner_problem(data: Mapping[str, Any]) -> str | None:
         return None
     chosen = f"{runner} (the default)" if not data.get("runner") else runner
     if runner == "local":
-        return (f"{chosen} trains on this machine, but the training stack is not installed here (no "
-                f"{', '.join(missing)}): choose where runs happen instead, AUTORESEARCH_RUNNER=actions (self-hosted "
-                "GitHub Actions runners) or AUTORESEARCH_RUNNER=modal, each with AUTORESEARCH_DATA_FINGERPRINT "
-                f"(README: GPUs); or install it here: {RUNNER_NEEDS[runner][1]}")
-    return (f"{chosen} starts runs on Modal from this machine, but the {', '.join(missing)} package is not installed "
-            f"here: install it ({RUNNER_NEEDS[runner][1]}), or choose AUTORESEARCH_RUNNER=actions or local")
+        return (
+            f"{chosen} trains on this machine, but the training stack is not installed here (no "
+            f"{', '.join(missing)}): choose where runs happen instead, AUTORESEARCH_RUNNER=actions (self-hosted "
+            "GitHub Actions runners) or AUTORESEARCH_RUNNER=modal, each with AUTORESEARCH_DATA_FINGERPRINT "
+            f"(README: GPUs); or install it here: {RUNNER_NEEDS[runner][1]}"
+        )
+    return (
+        f"{chosen} starts runs on Modal from this machine, but the {', '.join(missing)} package is not installed "
+        f"here: install it ({RUNNER_NEEDS[runner][1]}), or choose AUTORESEARCH_RUNNER=actions or local"
+    )
 
 
 def _one_of(value: str, allowed: Any) -> str:
@@ -313,14 +377,18 @@ def _check_pem(data: bytes, where: str = "") -> None:
     from cryptography.hazmat.primitives.serialization import load_pem_private_key
 
     if b"-----BEGIN" not in data or b"PRIVATE KEY-----" not in data:
-        raise ValueError(f"{where}does not hold a PEM private key (-----BEGIN RSA PRIVATE KEY-----); use the .pem "
-                         "file GitHub gave when the App's private key was generated")
+        raise ValueError(
+            f"{where}does not hold a PEM private key (-----BEGIN RSA PRIVATE KEY-----); use the .pem "
+            "file GitHub gave when the App's private key was generated"
+        )
     try:
         load_pem_private_key(data, password=None)
     except (ValueError, TypeError) as error:  # never the key itself in the message
         reason = "it is encrypted" if isinstance(error, TypeError) else "it does not parse"
-        raise ValueError(f"{where}holds a PEM block that is not a usable private key ({reason}); generate a new "
-                         "private key on the App's settings page") from None
+        raise ValueError(
+            f"{where}holds a PEM block that is not a usable private key ({reason}); generate a new "
+            "private key on the App's settings page"
+        ) from None
 
 
 def _given(data: Mapping[str, Any], name: str) -> bool:
@@ -337,23 +405,44 @@ def _combination_problems(data: Mapping[str, Any]) -> list[tuple[str, str]]:
     key, key_path = _given(data, "github_private_key"), _given(data, "github_private_key_path")
     problems: list[tuple[str, str]] = []
     if token and (app_id or key or key_path):
-        problems.append(("github_token", "set together with a GitHub App (AUTORESEARCH_GITHUB_APP_ID or its key): "
-                         "sign in one way only; unset the token to act as the App, or the App settings to act as "
-                         "the token's user"))
+        problems.append(
+            (
+                "github_token",
+                "set together with a GitHub App (AUTORESEARCH_GITHUB_APP_ID or its key): "
+                "sign in one way only; unset the token to act as the App, or the App settings to act as "
+                "the token's user",
+            )
+        )
     elif not token and not (app_id or key or key_path):
-        problems.append(("github_token", "missing: set AUTORESEARCH_GITHUB_TOKEN to a personal access token, or "
-                         "AUTORESEARCH_GITHUB_APP_ID with AUTORESEARCH_GITHUB_PRIVATE_KEY_PATH to act as a "
-                         "GitHub App"))
+        problems.append(
+            (
+                "github_token",
+                "missing: set AUTORESEARCH_GITHUB_TOKEN to a personal access token, or "
+                "AUTORESEARCH_GITHUB_APP_ID with AUTORESEARCH_GITHUB_PRIVATE_KEY_PATH to act as a "
+                "GitHub App",
+            )
+        )
     elif not token:
         if not app_id:
-            problems.append(("github_app_id", "missing: a private key is set, so the App's id is needed too "
-                             "(a number on the App's settings page)"))
+            problems.append(
+                (
+                    "github_app_id",
+                    "missing: a private key is set, so the App's id is needed too "
+                    "(a number on the App's settings page)",
+                )
+            )
         if not (key or key_path):
-            problems.append(("github_private_key_path", "missing: a GitHub App needs its private key; point this "
-                             "at the .pem file from the App's settings page"))
+            problems.append(
+                (
+                    "github_private_key_path",
+                    "missing: a GitHub App needs its private key; point this "
+                    "at the .pem file from the App's settings page",
+                )
+            )
         elif key and key_path:
-            problems.append(("github_private_key", "set together with AUTORESEARCH_GITHUB_PRIVATE_KEY_PATH: "
-                             "keep one of the two"))
+            problems.append(
+                ("github_private_key", "set together with AUTORESEARCH_GITHUB_PRIVATE_KEY_PATH: keep one of the two")
+            )
     try:
         poll = TypeAdapter(bool).validate_python(data.get("poll", False))
     except ValidationError:
@@ -364,9 +453,14 @@ def _combination_problems(data: Mapping[str, Any]) -> list[tuple[str, str]]:
     if runner_problem:
         problems.append(("runner", runner_problem))
     if data.get("runner") in ("actions", "modal") and not _given(data, "data_fingerprint"):
-        problems.append(("data_fingerprint", "missing: the bot does not hold the GPU runners' data, so it must be "
-                         "told which data their numbers come from: run `autoresearch prepare --profile P` on a "
-                         "runner and copy the fingerprint it prints"))
+        problems.append(
+            (
+                "data_fingerprint",
+                "missing: the bot does not hold the GPU runners' data, so it must be "
+                "told which data their numbers come from: run `autoresearch prepare --profile P` on a "
+                "runner and copy the fingerprint it prints",
+            )
+        )
     if not poll and not _given(data, "webhook_secret"):
         problems.append(("webhook_secret", "missing: " + ServiceSettings.model_fields["webhook_secret"].description))
     return problems
@@ -379,11 +473,19 @@ def _validation_error(title: str, errors: list[Any], problems: list[tuple[str, s
     for error in errors:
         field = str(error["loc"][0]) if error["loc"] else ""
         shown = None if field in SECRET_FIELDS or error["type"] == "missing" else error.get("input")
-        lines.append(InitErrorDetails(type=PydanticCustomError(error["type"], "{problem}", {"problem": error["msg"]}),
-                                      loc=tuple(error["loc"]), input=shown))
+        lines.append(
+            InitErrorDetails(
+                type=PydanticCustomError(error["type"], "{problem}", {"problem": error["msg"]}),
+                loc=tuple(error["loc"]),
+                input=shown,
+            )
+        )
     for field, message in problems:
-        lines.append(InitErrorDetails(type=PydanticCustomError("combination", "{problem}", {"problem": message}),
-                                      loc=(field,), input=None))
+        lines.append(
+            InitErrorDetails(
+                type=PydanticCustomError("combination", "{problem}", {"problem": message}), loc=(field,), input=None
+            )
+        )
     return ValidationError.from_exception_data(title, lines)
 
 

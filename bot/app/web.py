@@ -241,8 +241,14 @@ async def _raw_body(request: Request, buffered: _Buffered) -> bytes:
 WORKFLOW_EVENTS = ("workflow_run", "workflow_job")  # a training job on GitHub Actions moved
 
 
-def create_app(*, store_path: Path, secret: str, wake: Callable[[], None] = lambda: None,
-               health: Callable[[], dict] = dict, runs_changed: Callable[[], None] = lambda: None) -> FastAPI:
+def create_app(
+    *,
+    store_path: Path,
+    secret: str,
+    wake: Callable[[], None] = lambda: None,
+    health: Callable[[], dict] = dict,
+    runs_changed: Callable[[], None] = lambda: None,
+) -> FastAPI:
     """The webhook app over the store at `store_path` (created or migrated here, so a path that
     cannot hold a store stops the server at start rather than at the first delivery).
 
@@ -254,8 +260,10 @@ def create_app(*, store_path: Path, secret: str, wake: Callable[[], None] = lamb
     training job moved, and the runner asks GitHub now rather than at its next poll. Nothing of such a delivery is stored: the runner's polling is the record.
     """
     if not secret:
-        raise ValueError("a webhook secret is required: set the same one in the GitHub App's settings "
-                         "(without it anyone could post deliveries)")
+        raise ValueError(
+            "a webhook secret is required: set the same one in the GitHub App's settings "
+            "(without it anyone could post deliveries)"
+        )
     key = secret.encode("utf-8")
     Store(store_path).close()  # schema created or migrated once, before any worker opens its own
     readers = ReadPool(store_path)  # /healthz reads through these
@@ -268,8 +276,7 @@ def create_app(*, store_path: Path, secret: str, wake: Callable[[], None] = lamb
         readers.close_all()
 
     # no /docs or /openapi.json: this server answers GitHub, not people
-    app = FastAPI(title="autoresearch-bot webhooks", lifespan=lifespan, docs_url=None, redoc_url=None,
-                  openapi_url=None)
+    app = FastAPI(title="autoresearch-bot webhooks", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.inbox_writer = writer  # for the tests: the rows waiting for it
     buffered = _Buffered(MAX_BUFFERED_BYTES)
     app.state.buffered = buffered  # for the tests: the bytes held
@@ -326,8 +333,9 @@ def create_app(*, store_path: Path, secret: str, wake: Callable[[], None] = lamb
             return JSONResponse({"ok": True, "ignored": f"{name}.{event.action or '-'}"}, status_code=202)
         inbox_key = f"github:{delivery}"
         try:
-            stored = await writer.add(key=inbox_key, kind="github", payload=event.to_payload(),
-                                      author=event.sender or "github")
+            stored = await writer.add(
+                key=inbox_key, kind="github", payload=event.to_payload(), author=event.sender or "github"
+            )
         except STORE_ERRORS as error:  # the writer logged it with its traceback
             log.warning("could not store delivery %s (%s): %s", delivery, name, error)
             return _error(503, STORE_FAILED)
@@ -341,8 +349,11 @@ def create_app(*, store_path: Path, secret: str, wake: Callable[[], None] = lamb
         """The signature, the headers and the JSON: a refusal, or the event's name, id and payload."""
         headers = request.headers
         if not verify_signature(key, body, headers.get("x-hub-signature-256")):
-            log.warning("webhook refused from %s: signature missing or wrong (if it came from GitHub, the "
-                        "secret here differs from the App's)", request.client.host if request.client else "?")
+            log.warning(
+                "webhook refused from %s: signature missing or wrong (if it came from GitHub, the "
+                "secret here differs from the App's)",
+                request.client.host if request.client else "?",
+            )
             return _error(401, "signature missing or wrong")
         name, delivery = headers.get("x-github-event"), headers.get("x-github-delivery")
         if name is None or not _EVENT_NAME.fullmatch(name):

@@ -48,8 +48,18 @@ from typing import Any, Protocol, runtime_checkable
 
 from bot.core.records import Job, Proposal, ProposalContext, RunStatus
 
-__all__ = ["Agent", "AgentError", "AgentStopped", "Forge", "ForgeError", "MainMoved", "MergeConflict", "Publisher",
-           "Runner", "Snapshot"]
+__all__ = [
+    "Agent",
+    "AgentError",
+    "AgentStopped",
+    "Forge",
+    "ForgeError",
+    "MainMoved",
+    "MergeConflict",
+    "Publisher",
+    "Runner",
+    "Snapshot",
+]
 
 
 # --- Forge ------------------------------------------------------------------------------------

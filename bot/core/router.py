@@ -40,9 +40,11 @@ class Router(Generic[Handler]):
 
     def on(self, kind: str) -> Callable[[Handler], Handler]:
         """Register the handler of `kind` (a decorator)."""
+
         def register(handler: Handler) -> Handler:
             self._add(kind, handler)
             return handler
+
         return register
 
     def handler(self, kind: str) -> Handler | None:

@@ -167,8 +167,9 @@ class LocalForge:
             except GitCommandError as exc:
                 raise ForgeError(f"cannot write {sorted(files)} onto {base.hexsha}: {exc.stderr}") from exc
 
-    def _commit_tree(self, tree: str, parent: str, message: str, author: git.Actor | None = None,
-                     author_date: str | None = None) -> str:
+    def _commit_tree(
+        self, tree: str, parent: str, message: str, author: git.Actor | None = None, author_date: str | None = None
+    ) -> str:
         env = self._identity_env()
         if author is not None:
             env["GIT_AUTHOR_NAME"] = author.name or BOT_NAME
@@ -228,8 +229,13 @@ class LocalForge:
         theirs_text = self._read_or_empty(head, path)
         merged = merge_text(base_text, ours_text, theirs_text, path=path, branch=branch)
         tree = self._tree_with(onto, {path: merged})
-        new = self._commit_tree(tree, onto.hexsha, head.message.rstrip("\n"), author=head.author,
-                                author_date=f"{head.authored_date} {_tz_offset(head.author_tz_offset)}")
+        new = self._commit_tree(
+            tree,
+            onto.hexsha,
+            head.message.rstrip("\n"),
+            author=head.author,
+            author_date=f"{head.authored_date} {_tz_offset(head.author_tz_offset)}",
+        )
         try:
             self._update_ref(f"refs/heads/{branch}", new, head_sha, f"rebase {branch} onto {onto.hexsha}")
         except GitCommandError as exc:
@@ -277,14 +283,15 @@ class LocalForge:
         try:
             repo.git.read_tree("-u", "-m", old, new)
         except GitCommandError as exc:
-            log.warning("main moved to %s but the checkout at %s was left as is: %s",
-                        new, repo.working_tree_dir, exc.stderr)
+            log.warning(
+                "main moved to %s but the checkout at %s was left as is: %s", new, repo.working_tree_dir, exc.stderr
+            )
 
     # -- closing ---------------------------------------------------------------------------------
 
     @staticmethod
     def _closed_tag(branch: str) -> str:
-        tail = branch[len(BRANCH_PREFIX):] if branch.startswith(BRANCH_PREFIX) else branch
+        tail = branch[len(BRANCH_PREFIX) :] if branch.startswith(BRANCH_PREFIX) else branch
         return f"refs/tags/{CLOSED_TAG_PREFIX}{tail}"
 
     def close(self, branch: str, label: str) -> None:
@@ -297,8 +304,9 @@ class LocalForge:
             if tag.commit.hexsha == head and tag.tag.message.strip() == label.strip():
                 return
         # The tagger is the committer identity, so the same fallback applies.
-        self.repo.git.tag("-a", "-f", "--no-sign", "-m", label, tag_ref[len("refs/tags/"):], head,
-                          env=self._identity_env())
+        self.repo.git.tag(
+            "-a", "-f", "--no-sign", "-m", label, tag_ref[len("refs/tags/") :], head, env=self._identity_env()
+        )
 
     def closed_label(self, branch: str) -> str | None:
         tag = git.TagReference(self.repo, self._closed_tag(branch))
@@ -327,8 +335,11 @@ def init_research_repo(path: Path, files: dict[str, str], message: str = "Initia
     except (git.InvalidGitRepositoryError, git.NoSuchPathError):
         path.mkdir(parents=True, exist_ok=True)
         repo = git.Repo.init(path, initial_branch="main")
-    missing = {key: value for key, value in (("name", BOT_NAME), ("email", BOT_EMAIL))
-               if _configured(repo, f"user.{key}") is None}
+    missing = {
+        key: value
+        for key, value in (("name", BOT_NAME), ("email", BOT_EMAIL))
+        if _configured(repo, f"user.{key}") is None
+    }
     if missing:
         with repo.config_writer("repository") as config:
             for key, value in missing.items():

@@ -22,9 +22,19 @@ def merge_text(base: str, ours: str, theirs: str, *, path: str, branch: str) -> 
             names[label] = Path(tmp) / label
             names[label].write_bytes(text.encode("utf-8"))
         status, out, err = git.Git(tmp).merge_file(
-            "-p", "-L", "main", "-L", "base", "-L", branch,
-            str(names["ours"]), str(names["base"]), str(names["theirs"]),
-            with_exceptions=False, with_extended_output=True, strip_newline_in_stdout=False,
+            "-p",
+            "-L",
+            "main",
+            "-L",
+            "base",
+            "-L",
+            branch,
+            str(names["ours"]),
+            str(names["base"]),
+            str(names["theirs"]),
+            with_exceptions=False,
+            with_extended_output=True,
+            strip_newline_in_stdout=False,
         )
     if status == 0:
         return out

@@ -78,11 +78,11 @@ log = logging.getLogger(__name__)
 
 SAFE_TO_REPEAT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "PATCH", "DELETE"})  # idempotent methods
 RATE_LIMITED = frozenset({403, 429})
-RETRIES = 5                       # attempts after the first; backoff 0, 2, 4, 8, 16 s (1 s factor, 30 s cap)
+RETRIES = 5  # attempts after the first; backoff 0, 2, 4, 8, 16 s (1 s factor, 30 s cap)
 BACKOFF_FACTOR_S = 1.0
 BACKOFF_MAX_S = 30.0
-MAX_RATE_LIMIT_WAIT_S = 15 * 60   # a longer wait raises RateLimitExceededExceedsMaxWait
-SECONDARY_RATE_WAIT_S = 60.0      # GitHub: without Retry-After, wait at least a minute
+MAX_RATE_LIMIT_WAIT_S = 15 * 60  # a longer wait raises RateLimitExceededExceedsMaxWait
+SECONDARY_RATE_WAIT_S = 60.0  # GitHub: without Retry-After, wait at least a minute
 RENEW_BEFORE = timedelta(seconds=MAX_RATE_LIMIT_WAIT_S + 5 * 60)
 WRITE_LIMITS = ((60.0, 80), (3600.0, 500))  # (window in seconds, most content-creating requests in it)
 USER_AGENT = "autoresearch-bot"
@@ -132,8 +132,9 @@ class GitHubRetry(GithubRetry):
     """GithubRetry with the rules in the module docstring: idempotent methods only on 5xx and lost
     answers, every method on a proven rate limit (429 too), waits through an injectable sleep."""
 
-    def __init__(self, *, contact: Contact | None = None, sleep: Callable[[float], None] = time.sleep,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self, *, contact: Contact | None = None, sleep: Callable[[float], None] = time.sleep, **kwargs: Any
+    ) -> None:
         kwargs.setdefault("allowed_methods", SAFE_TO_REPEAT)
         # GithubRetry appends 403 itself, on every copy: keep the list from growing with each retry
         kwargs["status_forcelist"] = [s for s in kwargs.get("status_forcelist", [429, *range(500, 600)]) if s != 403]
@@ -156,8 +157,15 @@ class GitHubRetry(GithubRetry):
             return True  # any method: increment() retries only a proven rate limit and raises otherwise
         return super().is_retry(method, status_code, has_retry_after)
 
-    def increment(self, method: str | None = None, url: str | None = None, response: Any = None,
-                  error: Exception | None = None, _pool: Any = None, _stacktrace: Any = None) -> Retry:
+    def increment(
+        self,
+        method: str | None = None,
+        url: str | None = None,
+        response: Any = None,
+        error: Exception | None = None,
+        _pool: Any = None,
+        _stacktrace: Any = None,
+    ) -> Retry:
         where = f"{method} {_path(url)}"
         if response is None:
             self.contact.failed(f"{where}: {type(error).__name__ if error else 'no answer'}")
@@ -167,10 +175,16 @@ class GitHubRetry(GithubRetry):
         if asked is not None and asked > self.max_rate_limit_wait and response.status not in RATE_LIMITED:
             asked = self.max_rate_limit_wait  # a 503's Retry-After: wait the most, then the request may fail
         if asked is not None and asked > self.max_rate_limit_wait:
-            log.warning("GitHub asks to wait %.0f s before %s again, more than the %.0f s this bot waits "
-                        "inside one request: giving up on it for now", asked, where, self.max_rate_limit_wait)
-            raise RateLimitExceededExceedsMaxWait(response.status, _json_body(response, url),
-                                                  dict(response.headers), wait=asked)
+            log.warning(
+                "GitHub asks to wait %.0f s before %s again, more than the %.0f s this bot waits "
+                "inside one request: giving up on it for now",
+                asked,
+                where,
+                self.max_rate_limit_wait,
+            )
+            raise RateLimitExceededExceedsMaxWait(
+                response.status, _json_body(response, url), dict(response.headers), wait=asked
+            )
         if asked is not None and response.status in RATE_LIMITED:
             # the headers prove the refusal; GithubRetry would look in the body (and not at all for a 429)
             retry = Retry.increment(self, method, url, response, error, _pool, _stacktrace)
@@ -211,16 +225,23 @@ class GitHubRetry(GithubRetry):
 
 def retry_policy(*, contact: Contact | None = None, sleep: Callable[[float], None] = time.sleep) -> Retry:
     """The retry rules for every request to GitHub (see the module docstring)."""
-    return GitHubRetry(total=RETRIES, backoff_factor=BACKOFF_FACTOR_S, backoff_max=BACKOFF_MAX_S,
-                       contact=contact, sleep=sleep)
+    return GitHubRetry(
+        total=RETRIES, backoff_factor=BACKOFF_FACTOR_S, backoff_max=BACKOFF_MAX_S, contact=contact, sleep=sleep
+    )
 
 
 class RenewingInstallationAuth(AppInstallationAuth):
     """AppInstallationAuth that renews the installation token `renew_before` ahead of its expiry
     instead of PyGithub's 20 s; one renewal at a time."""
 
-    def __init__(self, app_auth: Auth.AppAuth, installation_id: int, *, renew_before: timedelta = RENEW_BEFORE,
-                 now: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+    def __init__(
+        self,
+        app_auth: Auth.AppAuth,
+        installation_id: int,
+        *,
+        renew_before: timedelta = RENEW_BEFORE,
+        now: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
         super().__init__(app_auth, installation_id)
         self._renew_before = renew_before
         self._now = now
@@ -233,16 +254,23 @@ class RenewingInstallationAuth(AppInstallationAuth):
             current = self._authorization
             if current is None or current.expires_at - self._renew_before <= self._now():
                 current = self._authorization = self._get_installation_authorization()
-                log.info("GitHub: new token for installation %s, valid until %s", self.installation_id,
-                         current.expires_at.isoformat())
+                log.info(
+                    "GitHub: new token for installation %s, valid until %s",
+                    self.installation_id,
+                    current.expires_at.isoformat(),
+                )
             return current.token
 
 
 class WritePacer:
     """Keeps content-creating requests under each (window, most) limit with sliding windows."""
 
-    def __init__(self, clock: Callable[[], float], sleep: Callable[[float], None],
-                 limits: tuple[tuple[float, int], ...] = WRITE_LIMITS) -> None:
+    def __init__(
+        self,
+        clock: Callable[[], float],
+        sleep: Callable[[float], None],
+        limits: tuple[tuple[float, int], ...] = WRITE_LIMITS,
+    ) -> None:
         self._clock, self._sleep, self._limits = clock, sleep, limits
         self._longest = max(window for window, _ in limits)
         self._times: deque[float] = deque()
@@ -263,8 +291,11 @@ class WritePacer:
                 if delay <= 0:
                     self._times.append(now)
                     return waited
-                log.info("GitHub: pacing writes under %s; waiting %.1f s",
-                         ", ".join(f"{most} per {window:.0f} s" for window, most in self._limits), delay)
+                log.info(
+                    "GitHub: pacing writes under %s; waiting %.1f s",
+                    ", ".join(f"{most} per {window:.0f} s" for window, most in self._limits),
+                    delay,
+                )
                 self._sleep(delay)
                 waited += delay
 
@@ -273,8 +304,13 @@ class GitHubClient:
     """The service's connection to GitHub: `gh` for API calls on the repository, `repo()`, who the bot
     is (`bot_login`), write pacing, and health. Nothing is asked of GitHub until first needed."""
 
-    def __init__(self, settings: GitHubSettings, *, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(
+        self,
+        settings: GitHubSettings,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         self.settings = settings
         self.uses_app: bool = settings.uses_app  # check runs need an App; with a token: commit statuses
         self._contact = Contact()
@@ -344,16 +380,24 @@ class GitHubClient:
         if self._gh is not None:  # never a request just to fill this in
             known = self._gh.requester.rate_limiting[0]
             remaining = known if known >= 0 else None
-        return {"github_last_contact": self.last_contact, "github_last_error": self.last_error,
-                "github_last_error_at": self._contact.last_error_at, "rate_limit_remaining": remaining}
+        return {
+            "github_last_contact": self.last_contact,
+            "github_last_error": self.last_error,
+            "github_last_error_at": self._contact.last_error_at,
+            "rate_limit_remaining": remaining,
+        }
 
     # --- signing in -------------------------------------------------------------------------------
 
     def _connection(self) -> dict[str, Any]:
-        return dict(base_url=self.settings.api_url.rstrip("/"),
-                    timeout=max(1, round(self.settings.request_timeout_s)),  # PyGithub asserts an int
-                    user_agent=USER_AGENT, retry=self._retry,
-                    seconds_between_requests=None, seconds_between_writes=None)
+        return dict(
+            base_url=self.settings.api_url.rstrip("/"),
+            timeout=max(1, round(self.settings.request_timeout_s)),  # PyGithub asserts an int
+            user_agent=USER_AGENT,
+            retry=self._retry,
+            seconds_between_requests=None,
+            seconds_between_writes=None,
+        )
 
     def _auth(self) -> Auth.Auth:
         if not self.uses_app:
@@ -383,12 +427,16 @@ class GitHubClient:
             return self._app().get_repo_installation(owner, name).id
         except GithubException as error:
             if error.status == 404:
-                raise ConfigError(f"the GitHub App {self.settings.app_id} is not installed on "
-                                  f"{self.settings.repository}: install it (the App's page, Install App) with access "
-                                  "to that repository, or check AUTORESEARCH_REPOSITORY") from None
+                raise ConfigError(
+                    f"the GitHub App {self.settings.app_id} is not installed on "
+                    f"{self.settings.repository}: install it (the App's page, Install App) with access "
+                    "to that repository, or check AUTORESEARCH_REPOSITORY"
+                ) from None
             if error.status == 401:
-                raise ConfigError("GitHub refused the App's signature (HTTP 401): check AUTORESEARCH_GITHUB_APP_ID "
-                                  "and that the private key is the App's current one") from None
+                raise ConfigError(
+                    "GitHub refused the App's signature (HTTP 401): check AUTORESEARCH_GITHUB_APP_ID "
+                    "and that the private key is the App's current one"
+                ) from None
             raise
 
 

@@ -57,8 +57,9 @@ def _is_sha(ref: str) -> bool:
 class GitHubForge:
     """A forge over one GitHub repository (a PyGithub Repository)."""
 
-    def __init__(self, repo: Repository, *, main_branch: str = "main",
-                 pace_write: Callable[[], None] = lambda: None) -> None:
+    def __init__(
+        self, repo: Repository, *, main_branch: str = "main", pace_write: Callable[[], None] = lambda: None
+    ) -> None:
         self.repo = repo
         self.main_branch = main_branch
         self.pace_write = pace_write  # called before each request that creates content
@@ -217,8 +218,11 @@ class GitHubForge:
         answer to an earlier PUT was lost, and the client sent it again) is the result; None when it
         is something else."""
         [(path, text)] = files.items()
-        fields = {"message": message, "content": base64.b64encode(text.encode("utf-8")).decode("ascii"),
-                  "branch": branch}
+        fields = {
+            "message": message,
+            "content": base64.b64encode(text.encode("utf-8")).decode("ascii"),
+            "branch": branch,
+        }
         blob = self._blob(base_sha, path)
         if blob is not None:
             fields["sha"] = blob
@@ -267,8 +271,13 @@ class GitHubForge:
         parent = parents[0]
         if parent == onto_sha:
             return head
-        merged = merge_text(self._read_or_empty(parent, path), self._read_or_empty(onto_sha, path),
-                            self._read_or_empty(head, path), path=path, branch=branch)
+        merged = merge_text(
+            self._read_or_empty(parent, path),
+            self._read_or_empty(onto_sha, path),
+            self._read_or_empty(head, path),
+            path=path,
+            branch=branch,
+        )
         sha, _ = self._commit_on(onto_sha, {path: merged}, message)
         self._point(branch, sha, head)
         log.info("rebased %s onto %s as %s", branch, onto_sha[:7], sha[:7])

@@ -154,8 +154,10 @@ class GitHubEvents:
         if now - since < self.wait_for_github_s:
             raise Deferred(f"{why}; asking again at the next tick")
         self._waiting.pop(entry.id, None)
-        return (f"dropped after waiting {(now - since) / 60:.0f} min for GitHub to say whether {entry.author} "
-                f"may steer ({why}): write it again once GitHub answers")
+        return (
+            f"dropped after waiting {(now - since) / 60:.0f} min for GitHub to say whether {entry.author} "
+            f"may steer ({why}): write it again once GitHub answers"
+        )
 
     def waited(self, entry: InboxEntry) -> None:
         self._waiting.pop(entry.id, None)
@@ -172,13 +174,21 @@ class GitHubEvents:
         if event.repository is not None and not self.ours(event.repository):
             if self.repository is None:
                 return self.wait(entry, "the service has not connected to GitHub yet")
-            log.info("github %s.%s (%s) from %s is about %s, %s: acknowledged, ignored", event.event,
-                     event.action or "", event.delivery, event.sender, event.repository, NOT_OURS)
+            log.info(
+                "github %s.%s (%s) from %s is about %s, %s: acknowledged, ignored",
+                event.event,
+                event.action or "",
+                event.delivery,
+                event.sender,
+                event.repository,
+                NOT_OURS,
+            )
             return f"{NOT_OURS} ({event.repository}): ignored"
         outcome = action(Context(store, event, entry, self))
-        log.info("github %s.%s (%s) from %s: %s", event.event, event.action or "", event.delivery, event.sender, outcome)
+        log.info(
+            "github %s.%s (%s) from %s: %s", event.event, event.action or "", event.delivery, event.sender, outcome
+        )
         return outcome
-
 
 
 @actions.on("push")
@@ -270,9 +280,11 @@ def _request(store: Store, exp: Experiment, request: Request, who: str) -> str:
     if request == Request.DISCARD and exp.state == State.DONE:
         return f"experiment {exp.id} already ended ({exp.status})"
     store.experiments.request(exp.id, request, who)
-    return {Request.RERUN: f"experiment {exp.id} will be measured once more",
-            Request.KEEP: f"experiment {exp.id} will be merged once measured on the current main",
-            Request.DISCARD: f"experiment {exp.id} will be stopped and closed"}[request]
+    return {
+        Request.RERUN: f"experiment {exp.id} will be measured once more",
+        Request.KEEP: f"experiment {exp.id} will be merged once measured on the current main",
+        Request.DISCARD: f"experiment {exp.id} will be stopped and closed",
+    }[request]
 
 
 @actions.on("check_rerun")

@@ -53,7 +53,7 @@ class PermissionUnknown(RuntimeError):
 @dataclass(frozen=True)
 class Access:
     login: str
-    role: str        # admin, maintain, write, triage, read, none, or a custom role's name
+    role: str  # admin, maintain, write, triage, read, none, or a custom role's name
     may_steer: bool
 
 
@@ -84,9 +84,15 @@ class CollaboratorPermissions:
     """Permissions asked of GitHub through a `get(path)` that returns the JSON answer (see
     `for_repository`), remembered as the module docstring says."""
 
-    def __init__(self, get: Callable[[str], Any], *, clock: Callable[[], float] = time.monotonic,
-                 yes_for_s: float = YES_FOR_S, no_for_s: float = NO_FOR_S,
-                 reask_after_s: float = REASK_AFTER_S) -> None:
+    def __init__(
+        self,
+        get: Callable[[str], Any],
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        yes_for_s: float = YES_FOR_S,
+        no_for_s: float = NO_FOR_S,
+        reask_after_s: float = REASK_AFTER_S,
+    ) -> None:
         self._get = get
         self._clock = clock
         self._yes_for_s, self._no_for_s, self._reask_after_s = yes_for_s, no_for_s, reask_after_s
@@ -95,8 +101,10 @@ class CollaboratorPermissions:
     @classmethod
     def for_repository(cls, repo: Any, **kwargs: Any) -> CollaboratorPermissions:
         """Ask about one PyGithub Repository, through its requester (the client's sign-in and retries)."""
+
         def get(path: str) -> Any:
             return repo.requester.requestJsonAndCheck("GET", f"{repo.url}{path}")[1]
+
         return cls(get, **kwargs)
 
     def access(self, login: str, *, fresh: bool = False) -> Access:
@@ -112,8 +120,12 @@ class CollaboratorPermissions:
                 return answer
         answer = self._ask(login)
         self._known[key] = (answer, now)
-        log.info("GitHub: %s has the %s role on the research repository (%s)", login, answer.role,
-                 "may steer" if answer.may_steer else "may not steer")
+        log.info(
+            "GitHub: %s has the %s role on the research repository (%s)",
+            login,
+            answer.role,
+            "may steer" if answer.may_steer else "may not steer",
+        )
         return answer
 
     def _ask(self, login: str) -> Access:
@@ -122,8 +134,10 @@ class CollaboratorPermissions:
         except GithubException as error:
             if error.status == 404:
                 return Access(login, "none", False)
-            raise PermissionUnknown(f"GitHub answered HTTP {error.status} when asked about {login}'s "
-                                    f"permission") from error
+            raise PermissionUnknown(
+                f"GitHub answered HTTP {error.status} when asked about {login}'s permission"
+            ) from error
         except (requests.RequestException, OSError) as error:
-            raise PermissionUnknown(f"GitHub could not be asked about {login}'s permission "
-                                    f"({type(error).__name__}: {error})") from error
+            raise PermissionUnknown(
+                f"GitHub could not be asked about {login}'s permission ({type(error).__name__}: {error})"
+            ) from error

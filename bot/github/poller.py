@@ -92,9 +92,9 @@ from bot.store import Store
 
 log = logging.getLogger(__name__)
 
-PER_PAGE = 100          # GitHub's largest page
-MAX_PAGES = 10          # pages of comments read in one poll
-STATE_CHANGES = ("closed", "reopened")    # the issue events that name who closed or reopened a pull request
+PER_PAGE = 100  # GitHub's largest page
+MAX_PAGES = 10  # pages of comments read in one poll
+STATE_CHANGES = ("closed", "reopened")  # the issue events that name who closed or reopened a pull request
 
 
 class PollError(RuntimeError):
@@ -110,18 +110,18 @@ class PollReport:
     """What one poll did; the last one is `Poller.last_report`."""
 
     requests: int = 0
-    not_modified: int = 0     # answered 304: free
-    stored: int = 0           # new inbox entries
+    not_modified: int = 0  # answered 304: free
+    stored: int = 0  # new inbox entries
     errors: list[str] = field(default_factory=list)
 
 
 @dataclass
 class _Answer:
     status: int
-    data: Any          # the JSON body; None for a 304
-    key: str           # the URL with its query: what the ETag belongs to
+    data: Any  # the JSON body; None for a 304
+    key: str  # the URL with its query: what the ETag belongs to
     etag: str | None
-    link: str = ""     # the Link header (pages)
+    link: str = ""  # the Link header (pages)
 
 
 class Poller:
@@ -131,9 +131,15 @@ class Poller:
     after a poll stored anything, so the conductor looks at the inbox now. `now` gives the time the
     horizon is taken from (UTC)."""
 
-    def __init__(self, client: GitHubClient, store: Store, *, interval_s: float,
-                 wake: Callable[[], None] = lambda: None,
-                 now: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+    def __init__(
+        self,
+        client: GitHubClient,
+        store: Store,
+        *,
+        interval_s: float,
+        wake: Callable[[], None] = lambda: None,
+        now: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
         self.client = client
         self.store = store
         self.wake = wake
@@ -143,7 +149,7 @@ class Poller:
         self._now = now
         self._etags: dict[str, str] = {}
         self._state_changes: dict[str, list[dict[str, Any]]] = {}  # an events URL -> its closed/reopened events
-        self._asked: set[str] = set()       # URLs asked in this poll: the ETags worth keeping
+        self._asked: set[str] = set()  # URLs asked in this poll: the ETags worth keeping
         self._report = PollReport()
 
     # --- the loop ---------------------------------------------------------------------------------
@@ -170,8 +176,13 @@ class Poller:
         self._etags = {key: tag for key, tag in self._etags.items() if key in self._asked}
         self._state_changes = {key: seen for key, seen in self._state_changes.items() if key in self._etags}
         report = self.last_report = self._report
-        log.info("polled GitHub: %d requests, %d answered 304 (free), %d new events%s", report.requests,
-                 report.not_modified, report.stored, f", {len(report.errors)} failed" if report.errors else "")
+        log.info(
+            "polled GitHub: %d requests, %d answered 304 (free), %d new events%s",
+            report.requests,
+            report.not_modified,
+            report.stored,
+            f", {len(report.errors)} failed" if report.errors else "",
+        )
         if report.stored:
             try:
                 self.wake()
@@ -194,8 +205,9 @@ class Poller:
     # --- (1) pull requests closed or reopened -----------------------------------------------------
 
     def _poll_pulls(self, horizon: datetime) -> dict[int, dict[str, Any]]:
-        answer = self._get(f"{self._repo_path()}/pulls",
-                           {"state": "all", "sort": "updated", "direction": "desc", "per_page": PER_PAGE})
+        answer = self._get(
+            f"{self._repo_path()}/pulls", {"state": "all", "sort": "updated", "direction": "desc", "per_page": PER_PAGE}
+        )
         known = self._known_pulls()
         if answer.data is None:  # 304: nothing changed since the last answer
             return known
@@ -232,9 +244,12 @@ class Poller:
         number, action = pull["number"], "closed" if seen["state"] == "closed" else "reopened"
         merged = pull.get("merged_at") is not None
         sender = None if merged else self._changed_by(number, action)
-        payload = {"action": action,
-                   "pull_request": {"number": number, "merged": merged, "head": self._head(seen)},
-                   "sender": sender, **self._repository()}
+        payload = {
+            "action": action,
+            "pull_request": {"number": number, "merged": merged, "head": self._head(seen)},
+            "sender": sender,
+            **self._repository(),
+        }
         delivery = f"poll-pr-{number}-{seen['state']}-{pull.get('updated_at')}"
         return _normalize("pull_request", delivery, payload)
 
@@ -256,8 +271,12 @@ class Poller:
                 self._remember(first)
         actor = next((e.get("actor") for e in reversed(changes) if e.get("event") == action), None)
         if not isinstance(actor, dict):
-            log.warning("GitHub's events of #%s name nobody who %s it: no one's %s is obeyed", number, action,
-                        "close" if action == "closed" else "reopen")
+            log.warning(
+                "GitHub's events of #%s name nobody who %s it: no one's %s is obeyed",
+                number,
+                action,
+                "close" if action == "closed" else "reopen",
+            )
             return None
         return actor
 
@@ -269,8 +288,10 @@ class Poller:
     def _poll_comments(self, horizon: datetime, pulls: dict[int, dict[str, Any]]) -> None:
         since = self.store.state.poller_comments_since or _iso(horizon)
         for _ in range(MAX_PAGES):
-            answer = self._get(f"{self._repo_path()}/issues/comments",
-                               {"since": since, "sort": "updated", "direction": "asc", "per_page": PER_PAGE})
+            answer = self._get(
+                f"{self._repo_path()}/issues/comments",
+                {"since": since, "sort": "updated", "direction": "asc", "per_page": PER_PAGE},
+            )
             if answer.data is None:
                 return
             comments = _objects(answer.data, "comments")
@@ -293,13 +314,20 @@ class Poller:
     def _comment_event(self, comment: dict[str, Any], pulls: dict[int, dict[str, Any]]) -> GitHubEvent | None:
         number = _number_of(comment.get("issue_url"))
         if number is None:
-            log.warning("comment %s names no issue (issue_url %r); skipped", comment.get("id"), comment.get("issue_url"))
+            log.warning(
+                "comment %s names no issue (issue_url %r); skipped", comment.get("id"), comment.get("issue_url")
+            )
             return None
         issue: dict[str, Any] = {"number": number}
         if "/pull/" in str(comment.get("html_url", "")) or number in pulls:
             issue["pull_request"] = {"number": number}  # webhooks.normalize asks only whether it is there
-        payload = {"action": "created", "issue": issue, "comment": comment, "sender": comment.get("user"),
-                   **self._repository()}
+        payload = {
+            "action": "created",
+            "issue": issue,
+            "comment": comment,
+            "sender": comment.get("user"),
+            **self._repository(),
+        }
         return _normalize("issue_comment", f"poll-comment-{comment.get('id')}", payload)
 
     # --- (3) reviews ------------------------------------------------------------------------------
@@ -318,9 +346,13 @@ class Poller:
             self._remember(answer)
 
     def _review_event(self, review: dict[str, Any], number: int, seen: dict[str, Any]) -> GitHubEvent | None:
-        payload = {"action": "submitted", "review": review, "sender": review.get("user"),
-                   "pull_request": {"number": number, "head": self._head(seen)},
-                   **self._repository()}
+        payload = {
+            "action": "submitted",
+            "review": review,
+            "sender": review.get("user"),
+            "pull_request": {"number": number, "head": self._head(seen)},
+            **self._repository(),
+        }
         return _normalize("pull_request_review", f"poll-review-{review.get('id')}", payload)
 
     # --- the inbox ------------------------------------------------------------------------------
@@ -330,8 +362,9 @@ class Poller:
         comment, review or state change read again is stored once); ignored kinds are not stored."""
         if event is None or event.kind == "ignored":
             return
-        if self.store.inbox.add(key=f"github:{event.delivery}", kind="github", payload=event.to_payload(),
-                                author=event.sender or "github"):
+        if self.store.inbox.add(
+            key=f"github:{event.delivery}", kind="github", payload=event.to_payload(), author=event.sender or "github"
+        ):
             self._report.stored += 1
             log.info("stored %s.%s (%s) as %s", event.event, event.action or "-", event.delivery, event.kind)
 
@@ -358,8 +391,9 @@ class Poller:
             raise PollError(f"GET {path} answered HTTP {status} with a body that is not JSON") from None
         if data is None:
             raise PollError(f"GET {path} answered HTTP {status} without a body")
-        return _Answer(status, data, key, answer_headers.get("etag") if conditional else None,
-                       answer_headers.get("link") or "")
+        return _Answer(
+            status, data, key, answer_headers.get("etag") if conditional else None, answer_headers.get("link") or ""
+        )
 
     def _remember(self, answer: _Answer) -> None:
         """Keep the answer's ETag: called once everything in the answer is stored."""

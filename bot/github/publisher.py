@@ -65,14 +65,30 @@ ACTIONS = [
     {"label": "Keep anyway", "description": "Merge it once measured on main", "identifier": "keep"},
     {"label": "Discard", "description": "Stop it and close the PR", "identifier": "discard"},
 ]
-STATUS_STATE = {"queued": "pending", "in_progress": "pending", "keep": "success", "discard": "success",
-                "crash": "failure", "failed": "error", "cancelled": "error"}
+STATUS_STATE = {
+    "queued": "pending",
+    "in_progress": "pending",
+    "keep": "success",
+    "discard": "success",
+    "crash": "failure",
+    "failed": "error",
+    "cancelled": "error",
+}
 
 
 class GitHubPublisher(Publisher):
-    def __init__(self, store: Store, repo: Repository, *, read_file: Callable[[str, str], str], uses_app: bool,
-                 main_branch: str = "main", pace_write: Callable[[], None] = lambda: None,
-                 progress_every_s: float = PROGRESS_EVERY_S, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        store: Store,
+        repo: Repository,
+        *,
+        read_file: Callable[[str, str], str],
+        uses_app: bool,
+        main_branch: str = "main",
+        pace_write: Callable[[], None] = lambda: None,
+        progress_every_s: float = PROGRESS_EVERY_S,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.store = store
         self.repo = repo
         self.read_file = read_file
@@ -111,8 +127,11 @@ class GitHubPublisher(Publisher):
         running = [r for r in self.store.runs.all(experiment_id=exp.id) if r.state == RunState.RUNNING]
         phase = "completed" if exp.state == State.DONE else ("in_progress" if running else "queued")
         progress = snapshot.progress.get(running[0].id) if running else None
-        due = phase == "in_progress" and progress and \
-            self.clock() - self._progress_at.get(exp.id, 0.0) >= self.progress_every_s
+        due = (
+            phase == "in_progress"
+            and progress
+            and self.clock() - self._progress_at.get(exp.id, 0.0) >= self.progress_every_s
+        )
         shown = (exp.state, exp.status, exp.head_sha, phase)
         if self._shown.get(exp.id) == shown and not due:
             return
@@ -166,17 +185,26 @@ class GitHubPublisher(Publisher):
             return int(published["pr"])
         existing = []
         if self._attempt(exp, "pr", published):
-            existing = [p for p in self.repo.get_pulls(state="all", head=f"{self.repo.owner.login}:{exp.branch}")
-                        if self._ours(p.user)]
+            existing = [
+                p
+                for p in self.repo.get_pulls(state="all", head=f"{self.repo.owner.login}:{exp.branch}")
+                if self._ours(p.user)
+            ]
         if existing:
             number = existing[0].number
         else:
             history = [e for e in self.store.experiments.in_state(State.DONE) if e.id != exp.id][-5:]
-            body = render.pr_body(exp, main_sha=exp.base_sha, main_val_bpb=snapshot.main_val_bpb,
-                                  base_train_py=self._base_text(exp), history=history)
+            body = render.pr_body(
+                exp,
+                main_sha=exp.base_sha,
+                main_val_bpb=snapshot.main_val_bpb,
+                base_train_py=self._base_text(exp),
+                history=history,
+            )
             self.pace_write()
-            number = self.repo.create_pull(base=self.main_branch, head=exp.branch or "", title=render.pr_title(exp),
-                                           body=body).number
+            number = self.repo.create_pull(
+                base=self.main_branch, head=exp.branch or "", title=render.pr_title(exp), body=body
+            ).number
             failpoint("pull_request_created")  # the crash tests: created on GitHub, not yet in the store
             log.info("experiment %s: opened pull request #%s", exp.id, number)
         self.store.published.set(exp.id, "pr", str(number))
@@ -202,13 +230,26 @@ class GitHubPublisher(Publisher):
             return False
         closer = pull.as_issue().closed_by
         closed_at = pull.closed_at.isoformat() if pull.closed_at else "unknown"
-        event = GitHubEvent(delivery=f"reconcile-pr-{number}-closed-{closed_at}", event="pull_request", action="closed",
-                            kind="pr_closed", repository=self.repo.full_name, sender=closer.login if closer else None,
-                            sender_type=closer.type if closer else None, association=None, number=number,
-                            branch=pull.head.ref, head_sha=pull.head.sha, ref=None, before=None, after=None,
-                            head_repository=pull.head.repo.full_name if pull.head.repo else None)
-        if not self.store.inbox.add(key=f"github:{event.delivery}", kind="github", payload=event.to_payload(),
-                                    author=event.sender or "github"):
+        event = GitHubEvent(
+            delivery=f"reconcile-pr-{number}-closed-{closed_at}",
+            event="pull_request",
+            action="closed",
+            kind="pr_closed",
+            repository=self.repo.full_name,
+            sender=closer.login if closer else None,
+            sender_type=closer.type if closer else None,
+            association=None,
+            number=number,
+            branch=pull.head.ref,
+            head_sha=pull.head.sha,
+            ref=None,
+            before=None,
+            after=None,
+            head_repository=pull.head.repo.full_name if pull.head.repo else None,
+        )
+        if not self.store.inbox.add(
+            key=f"github:{event.delivery}", kind="github", payload=event.to_payload(), author=event.sender or "github"
+        ):
             return False  # stored before: the handler has its verdict (a closer without write access cancels nothing)
         log.info("experiment %s: its pull request #%s was closed while the bot was away", exp.id, number)
         return True
@@ -276,13 +317,18 @@ class GitHubPublisher(Publisher):
         if key in published:
             return
         runs = self.store.runs.all(experiment_id=exp.id)
-        body = render.decision_comment(exp, main_val_bpb=exp.meta.get("main_val_bpb", snapshot.main_val_bpb),
-                                       runs=runs)
+        body = render.decision_comment(exp, main_val_bpb=exp.meta.get("main_val_bpb", snapshot.main_val_bpb), runs=runs)
         wanted = render.find_marker(body)
         found = None
         if self._attempt(exp, key, published):
-            found = next((c.id for c in self.repo.get_issue(number).get_comments()
-                          if self._ours(c.user) and render.find_marker(c.body) == wanted), None)
+            found = next(
+                (
+                    c.id
+                    for c in self.repo.get_issue(number).get_comments()
+                    if self._ours(c.user) and render.find_marker(c.body) == wanted
+                ),
+                None,
+            )
         if found is None:
             self.pace_write()
             found = self._api("POST", f"/issues/{number}/comments", input={"body": body})["id"]
@@ -290,15 +336,22 @@ class GitHubPublisher(Publisher):
         self.store.published.set(exp.id, key, str(found))
 
     # --- the val_bpb check -----------------------------------------------------------------------------
-    def _check(self, exp: Experiment, published: dict[str, str], phase: str, progress: dict[str, Any] | None,
-               snapshot: Snapshot) -> None:
+    def _check(
+        self,
+        exp: Experiment,
+        published: dict[str, str],
+        phase: str,
+        progress: dict[str, Any] | None,
+        snapshot: Snapshot,
+    ) -> None:
         head = exp.head_sha or ""
         status = exp.status if phase == "completed" else phase
         title = render.check_title(exp, status=status or "failed", progress=progress)
         if phase == "completed":
             runs = self.store.runs.all(experiment_id=exp.id)
-            summary = render.check_summary(exp, runs, main_val_bpb=exp.meta.get("main_val_bpb", snapshot.main_val_bpb),
-                                           noise_margin=exp.margin)
+            summary = render.check_summary(
+                exp, runs, main_val_bpb=exp.meta.get("main_val_bpb", snapshot.main_val_bpb), noise_margin=exp.margin
+            )
             tails = [r.log_tail for r in runs if r.log_tail]
             text = render.check_text(tails[-1] if tails else exp.error_tail or "")
         else:
@@ -322,8 +375,11 @@ class GitHubPublisher(Publisher):
             found = self._find_check(head, external_id) if self._attempt(exp, key, published) else None
             if found is None:  # created with what it shows now: nothing to update after
                 self.pace_write()
-                check = self._api("POST", "/check-runs", input={"name": CHECK_NAME, "head_sha": head,
-                                                                "external_id": external_id, **fields})
+                check = self._api(
+                    "POST",
+                    "/check-runs",
+                    input={"name": CHECK_NAME, "head_sha": head, "external_id": external_id, **fields},
+                )
                 failpoint("check_run_created")
                 log.info("experiment %s: check run %s on %s (%s)", exp.id, check["id"], head[:7], phase)
                 self.store.published.set(exp.id, key, str(check["id"]))
@@ -340,10 +396,20 @@ class GitHubPublisher(Publisher):
 
     def _find_check(self, head: str, external_id: str) -> int | None:
         """The id of the check run an earlier attempt may have created (one GET, by its external_id)."""
-        answer = self._api("GET", f"/commits/{head}/check-runs", parameters={"check_name": CHECK_NAME,
-                                                                              "filter": "all", "per_page": 100})
-        return next((c["id"] for c in answer.get("check_runs") or [] if c.get("external_id") == external_id
-                     and render.authored_by(f"{(c.get('app') or {}).get('slug')}[bot]", self._bot_login())), None)
+        answer = self._api(
+            "GET",
+            f"/commits/{head}/check-runs",
+            parameters={"check_name": CHECK_NAME, "filter": "all", "per_page": 100},
+        )
+        return next(
+            (
+                c["id"]
+                for c in answer.get("check_runs") or []
+                if c.get("external_id") == external_id
+                and render.authored_by(f"{(c.get('app') or {}).get('slug')}[bot]", self._bot_login())
+            ),
+            None,
+        )
 
     def _supersede(self, exp: Experiment, key: str, published: dict[str, str]) -> None:
         """A check on a commit the experiment left (rebased onto a newer main) ends as neutral
@@ -351,10 +417,18 @@ class GitHubPublisher(Publisher):
         if published.get(key + ":done"):
             return
         self.pace_write()
-        self._api("PATCH", f"/check-runs/{published[key]}", input={
-            "status": "completed", "conclusion": "neutral",
-            "output": {"title": "superseded: rebased onto a newer main and measured again",
-                       "summary": f"Experiment {exp.id} now lives on {exp.head_sha}."}})
+        self._api(
+            "PATCH",
+            f"/check-runs/{published[key]}",
+            input={
+                "status": "completed",
+                "conclusion": "neutral",
+                "output": {
+                    "title": "superseded: rebased onto a newer main and measured again",
+                    "summary": f"Experiment {exp.id} now lives on {exp.head_sha}.",
+                },
+            },
+        )
         self.store.published.set(exp.id, key + ":done", "1")
         published[key + ":done"] = "1"
 
@@ -362,8 +436,11 @@ class GitHubPublisher(Publisher):
         """The fallback without an App: a commit status (latest per context wins, so it is idempotent),
         posted only when it differs from the last one posted on this commit (progress does not show
         in a status, so a run in progress posts none)."""
-        fields = {"state": STATUS_STATE.get(status, "error"), "description": render.status_description(exp, status=status),
-                  "context": CHECK_NAME}
+        fields = {
+            "state": STATUS_STATE.get(status, "error"),
+            "description": render.status_description(exp, status=status),
+            "context": CHECK_NAME,
+        }
         key, shown = f"status:{head}", f"{fields['state']} {fields['description']}"
         if published.get(key) == shown:
             return

@@ -55,8 +55,10 @@ def marker(kind: str, exp_id: int, extra: str = "") -> str:
     """A hidden HTML comment naming what a body or comment is: `<!-- autoresearch:pr:12 -->`,
     `<!-- autoresearch:decision:12:keep -->`, `<!-- autoresearch:ack:<comment id> -->`."""
     if not _KIND.fullmatch(kind) or not _EXTRA.fullmatch(extra) or exp_id < 0:
-        raise ValueError(f"a marker needs a lowercase kind, an id >= 0 and an extra of letters, digits, '_.-': "
-                         f"got {kind!r}, {exp_id!r}, {extra!r}")
+        raise ValueError(
+            f"a marker needs a lowercase kind, an id >= 0 and an extra of letters, digits, '_.-': "
+            f"got {kind!r}, {exp_id!r}, {extra!r}"
+        )
     return f"<!-- autoresearch:{kind}:{exp_id}{':' + extra if extra else ''} -->"
 
 
@@ -74,13 +76,15 @@ def authored_by(login: str | None, bot_login: str | None) -> bool:
 
 # --- limits ---------------------------------------------------------------------------------------
 
+
 def _tail(text: str, limit: int) -> str:
     """The longest end of `text` within `limit` UTF-8 bytes, cut between characters."""
     data = text.encode()
-    return data[len(data) - max(0, limit):].decode("utf-8", "ignore") if limit > 0 else ""
+    return data[len(data) - max(0, limit) :].decode("utf-8", "ignore") if limit > 0 else ""
 
 
 # --- numbers --------------------------------------------------------------------------------------
+
 
 def _duration(seconds: float | None) -> str:
     if seconds is None:
@@ -134,6 +138,7 @@ def _last_error_line(exp: Experiment) -> str:
 
 # --- labels and conclusions -----------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Label:
     name: str
@@ -150,10 +155,20 @@ LABELS: dict[str, Label] = {
     "failed": Label("autoresearch: failed", "b60205", "The bot could not finish it (a step kept failing)"),
 }
 
-_CONCLUSIONS = {"keep": "success", "discard": "neutral", "crash": "failure", "failed": "failure",
-                "cancelled": "cancelled"}
-_OUTCOME_WORDS = {"keep": "kept", "discard": "discarded", "crash": "crashed", "failed": "failed",
-                  "cancelled": "cancelled"}
+_CONCLUSIONS = {
+    "keep": "success",
+    "discard": "neutral",
+    "crash": "failure",
+    "failed": "failure",
+    "cancelled": "cancelled",
+}
+_OUTCOME_WORDS = {
+    "keep": "kept",
+    "discard": "discarded",
+    "crash": "crashed",
+    "failed": "failed",
+    "cancelled": "cancelled",
+}
 
 
 def conclusion(status: str) -> str:
@@ -165,6 +180,7 @@ def conclusion(status: str) -> str:
 
 
 # --- the pull request -----------------------------------------------------------------------------
+
 
 def pr_title(exp: Experiment) -> str:
     """`[autoresearch #12] Raise MATRIX_LR 0.04 -> 0.05`, on one line, at most 256 characters."""
@@ -199,9 +215,16 @@ def agent_cost(meta: dict[str, Any]) -> str:
     if cost is None:
         return ""
     usage = meta.get("usage") if isinstance(meta.get("usage"), dict) else {}
-    parts = [f"{int(usage[k]):,} {label}" for k, label in (
-        ("input_tokens", "input"), ("cache_read_input_tokens", "cache read"),
-        ("cache_creation_input_tokens", "cache write"), ("output_tokens", "output")) if _number(usage.get(k))]
+    parts = [
+        f"{int(usage[k]):,} {label}"
+        for k, label in (
+            ("input_tokens", "input"),
+            ("cache_read_input_tokens", "cache read"),
+            ("cache_creation_input_tokens", "cache write"),
+            ("output_tokens", "output"),
+        )
+        if _number(usage.get(k))
+    ]
     model = f" ({_one_line(str(meta['model']), 80)})" if meta.get("model") else ""
     return f"${cost:.4f}{model}" + (f": {', '.join(parts)} tokens" if parts else "")
 
@@ -241,13 +264,16 @@ def _history(exp: Experiment, history: list[Experiment]) -> str:
     rows = ["| Experiment | Status | val_bpb | Δ vs main |", "| --- | --- | --- | --- |"]
     for e in reversed(done):
         crashed = e.status in ("crash", "failed")
-        rows.append(f"| #{e.id} {_cell(_one_line(e.title, 80))} | {_OUTCOME_WORDS.get(e.status, e.status)} "
-                    f"| {'—' if crashed else _bpb(e.val_bpb)} | {'—' if crashed else _signed(e.delta)} |")
+        rows.append(
+            f"| #{e.id} {_cell(_one_line(e.title, 80))} | {_OUTCOME_WORDS.get(e.status, e.status)} "
+            f"| {'—' if crashed else _bpb(e.val_bpb)} | {'—' if crashed else _signed(e.delta)} |"
+        )
     return "\n".join(rows)
 
 
-def pr_body(exp: Experiment, *, main_sha: str, main_val_bpb: float | None, base_train_py: str,
-            history: list[Experiment]) -> str:
+def pr_body(
+    exp: Experiment, *, main_sha: str, main_val_bpb: float | None, base_train_py: str, history: list[Experiment]
+) -> str:
     """The PR description: hypothesis, expected effect, diff size, what it builds on, how to steer."""
     if exp.train_py is None:
         size = "The proposed train.py is not recorded yet."
@@ -257,19 +283,22 @@ def pr_body(exp: Experiment, *, main_sha: str, main_val_bpb: float | None, base_
     changes = _changes(exp.meta)
     if isinstance(exp.meta.get("fixes"), int):
         changes.append(f"It is proposed as the fix of experiment {exp.meta['fixes']}, which crashed.")
-    main_words = (f"val_bpb **{_bpb(main_val_bpb)}**" if main_val_bpb is not None
-                  else "val_bpb not measured yet")
+    main_words = f"val_bpb **{_bpb(main_val_bpb)}**" if main_val_bpb is not None else "val_bpb not measured yet"
     cost = agent_cost(exp.meta)
     risk = exp.meta.get("risk") if isinstance(exp.meta.get("risk"), str) else ""
-    rest = "\n\n".join([
-        "## Expected effect", _expected(exp.meta) + (f"\n\nRisk: {_defang(risk.strip()[:2_000])}" if risk.strip() else ""),
-        "## The change", "\n".join([size, *changes]),
-        "## What it builds on",
-        f"Main `{main_sha[:7]}` (this branch's base): {main_words}. The last finished experiments:",
-        _history(exp, history),
-        *([f"Proposing it cost {cost}."] if cost else []),
-        STEERING,
-    ])
+    rest = "\n\n".join(
+        [
+            "## Expected effect",
+            _expected(exp.meta) + (f"\n\nRisk: {_defang(risk.strip()[:2_000])}" if risk.strip() else ""),
+            "## The change",
+            "\n".join([size, *changes]),
+            "## What it builds on",
+            f"Main `{main_sha[:7]}` (this branch's base): {main_words}. The last finished experiments:",
+            _history(exp, history),
+            *([f"Proposing it cost {cost}."] if cost else []),
+            STEERING,
+        ]
+    )
     head = f"{marker('pr', exp.id)}\n## Hypothesis\n\n"
     hypothesis = _clean(_defang(exp.hypothesis.strip() or "Not stated by the agent."))
     rest = _clean(rest)
@@ -282,6 +311,7 @@ def pr_body(exp: Experiment, *, main_sha: str, main_val_bpb: float | None, base_
 
 # --- check runs and commit statuses ---------------------------------------------------------------
 
+
 def _numbers(val_bpb: float | None, delta: float | None, margin: float | None) -> str:
     """`val_bpb 0.97120 (-0.00610 vs main, noise margin 0.00200)`, 5 decimals."""
     if val_bpb is None:
@@ -292,21 +322,35 @@ def _numbers(val_bpb: float | None, delta: float | None, margin: float | None) -
     return f"val_bpb {val_bpb:.5f} ({', '.join(parts)})"
 
 
-def check_title(exp: Experiment, *, status: str, val_bpb: float | None = None, delta: float | None = None,
-                margin: float | None = None, ahead: int | None = None, progress: dict[str, Any] | None = None) -> str:
+def check_title(
+    exp: Experiment,
+    *,
+    status: str,
+    val_bpb: float | None = None,
+    delta: float | None = None,
+    margin: float | None = None,
+    ahead: int | None = None,
+    progress: dict[str, Any] | None = None,
+) -> str:
     """One line for a check run: a finished status (keep, discard, crash, failed, cancelled) with
     its numbers (the experiment's own when not given), `queued` with the runs ahead of it, or
     `running` with the latest progress line."""
     if status == "queued":
-        title = "queued" if ahead is None else (
-            "queued (next to run)" if ahead == 0 else f"queued ({_plural(ahead, 'run')} ahead)")
+        title = (
+            "queued"
+            if ahead is None
+            else ("queued (next to run)" if ahead == 0 else f"queued ({_plural(ahead, 'run')} ahead)")
+        )
     elif status in ("running", "in_progress"):
         title = _training(progress or {})
     elif status == "crash":
         title = f"crashed: {_last_error_line(exp)}"
     elif status in _OUTCOME_WORDS:
-        numbers = _numbers(val_bpb if val_bpb is not None else exp.val_bpb,
-                           delta if delta is not None else exp.delta, margin if margin is not None else exp.margin)
+        numbers = _numbers(
+            val_bpb if val_bpb is not None else exp.val_bpb,
+            delta if delta is not None else exp.delta,
+            margin if margin is not None else exp.margin,
+        )
         word = _OUTCOME_WORDS[status]
         title = f"{numbers}: {word}" if numbers else f"{word}: {exp.reason}" if exp.reason else word
     else:
@@ -325,12 +369,18 @@ def _training(progress: dict[str, Any]) -> str:
     return f"training: {', '.join(parts)}" if parts else "training: starting"
 
 
-def status_description(exp: Experiment, *, status: str, val_bpb: float | None = None, delta: float | None = None,
-                       margin: float | None = None, ahead: int | None = None,
-                       progress: dict[str, Any] | None = None) -> str:
+def status_description(
+    exp: Experiment,
+    *,
+    status: str,
+    val_bpb: float | None = None,
+    delta: float | None = None,
+    margin: float | None = None,
+    ahead: int | None = None,
+    progress: dict[str, Any] | None = None,
+) -> str:
     """The commit status fallback (no App): the check title, at most 140 characters."""
-    title = check_title(exp, status=status, val_bpb=val_bpb, delta=delta, margin=margin, ahead=ahead,
-                        progress=progress)
+    title = check_title(exp, status=status, val_bpb=val_bpb, delta=delta, margin=margin, ahead=ahead, progress=progress)
     return _one_line(title, STATUS_DESCRIPTION_LIMIT)
 
 
@@ -350,20 +400,23 @@ def _metric(runs: list[Run], key: str) -> list[float]:
     return [value for r in runs if (value := _number(r.metrics.get(key))) is not None]
 
 
-def check_summary(exp: Experiment, runs: list[Run], *, main_val_bpb: float | None,
-                  noise_margin: float | None) -> str:
+def check_summary(exp: Experiment, runs: list[Run], *, main_val_bpb: float | None, noise_margin: float | None) -> str:
     """The check run summary: the numbers of the experiment and of each of its runs, and the decision."""
     counted = _counted(runs)
-    value = exp.val_bpb if exp.val_bpb is not None else (
-        statistics.fmean(r.val_bpb for r in counted) if counted else None)
+    value = (
+        exp.val_bpb if exp.val_bpb is not None else (statistics.fmean(r.val_bpb for r in counted) if counted else None)
+    )
     margin = noise_margin if noise_margin is not None else exp.margin
     values = ", ".join(_bpb(r.val_bpb) for r in counted)
-    rows = ["| | |", "| --- | --- |",
-            f"| val_bpb | {_bpb(value)}{f' (mean of {len(counted)})' if len(counted) > 1 else ''} |",
-            f"| main | {_bpb(main_val_bpb) if main_val_bpb is not None else 'not measured yet'} |",
-            f"| Δ vs main | {_signed(_delta(exp, value, main_val_bpb))} |",
-            f"| Noise margin | {_bpb(margin) if margin is not None else 'not known yet'} |",
-            f"| Runs | {len(counted)}{': ' + values if values else ''} |"]
+    rows = [
+        "| | |",
+        "| --- | --- |",
+        f"| val_bpb | {_bpb(value)}{f' (mean of {len(counted)})' if len(counted) > 1 else ''} |",
+        f"| main | {_bpb(main_val_bpb) if main_val_bpb is not None else 'not measured yet'} |",
+        f"| Δ vs main | {_signed(_delta(exp, value, main_val_bpb))} |",
+        f"| Noise margin | {_bpb(margin) if margin is not None else 'not known yet'} |",
+        f"| Runs | {len(counted)}{': ' + values if values else ''} |",
+    ]
     for label, key, combine, show in _METRICS:
         found = _metric(counted, key)
         rows.append(f"| {label} | {show(combine(found)) if found else '—'} |")
@@ -372,8 +425,10 @@ def check_summary(exp: Experiment, runs: list[Run], *, main_val_bpb: float | Non
     decision = _defang(exp.reason) if exp.reason else "No decision yet."
     parts = ["\n".join(rows), f"**Decision:** {decision}"]
     if runs:
-        listed = ["| Run | Purpose | State | val_bpb | Steps | Seconds | Note |",
-                  "| --- | --- | --- | --- | --- | --- | --- |"]
+        listed = [
+            "| Run | Purpose | State | val_bpb | Steps | Seconds | Note |",
+            "| --- | --- | --- | --- | --- | --- | --- |",
+        ]
         for r in runs[-RUNS_SHOWN:]:
             state = r.state if r.state != "done" else (r.status or "done")
             steps, seconds = r.metrics.get("num_steps"), r.metrics.get("total_seconds")
@@ -382,8 +437,10 @@ def check_summary(exp: Experiment, runs: list[Run], *, main_val_bpb: float | Non
                 note = f"unsandboxed; {note}" if note else "unsandboxed"
             if isinstance(r.metrics.get("actions_url"), str) and r.metrics["actions_url"].startswith("https://"):
                 note = f"[Actions log]({r.metrics['actions_url']}) {note}".rstrip()
-            listed.append(f"| {r.id} | {r.purpose} | {state} | {_bpb(r.val_bpb)} | {steps if steps is not None else '—'} "
-                          f"| {f'{seconds:.1f}' if isinstance(seconds, (int, float)) else '—'} | {_cell(note)} |")
+            listed.append(
+                f"| {r.id} | {r.purpose} | {state} | {_bpb(r.val_bpb)} | {steps if steps is not None else '—'} "
+                f"| {f'{seconds:.1f}' if isinstance(seconds, (int, float)) else '—'} | {_cell(note)} |"
+            )
         if len(runs) > RUNS_SHOWN:
             listed.append(f"\n*{len(runs) - RUNS_SHOWN} earlier runs are not listed.*")
         parts.append("\n".join(listed))
@@ -413,12 +470,14 @@ def check_text(log_tail: str | None) -> str:
         if not _fits(log, budget):
             kept = _tail(log, budget)
             if "\n" in kept:
-                kept = kept[kept.index("\n") + 1:]  # start at a whole line
+                kept = kept[kept.index("\n") + 1 :]  # start at a whole line
         note = ""
         if kept != log:
-            cut = log[:len(log) - len(kept)]
-            note = (f"*The log is longer than GitHub shows: its first {len(cut):,} characters "
-                    f"({cut.count(chr(10)):,} lines) are cut; its end follows.*\n\n")
+            cut = log[: len(log) - len(kept)]
+            note = (
+                f"*The log is longer than GitHub shows: its first {len(cut):,} characters "
+                f"({cut.count(chr(10)):,} lines) are cut; its end follows.*\n\n"
+            )
         text = note + _fenced(kept, "text")
         if _fits(text, CHECK_FIELD_LIMIT):
             return text
@@ -430,19 +489,23 @@ def progress_summary(progress: dict[str, Any] | None, budget_s: float | None) ->
     progress line's own fields, see runner.harness; the budget from them when not given)."""
     if not progress:
         return "Training has started; no progress reported yet."
-    elapsed, left, loss, done = (_number(progress.get(key)) for key in
-                                 ("training_seconds", "remaining_seconds", "loss", "progress"))
+    elapsed, left, loss, done = (
+        _number(progress.get(key)) for key in ("training_seconds", "remaining_seconds", "loss", "progress")
+    )
     if budget_s is None and elapsed is not None and left is not None:
         budget_s = elapsed + left
     if elapsed is not None and budget_s:
         done = done if done is not None else min(1.0, elapsed / budget_s)
         left = left if left is not None else max(0.0, budget_s - elapsed)
-    rows = ["| | |", "| --- | --- |",
-            f"| Step | {_cell(str(progress.get('step', '—')))} |",
-            f"| Loss | {_bpb(loss, 4)} |",
-            f"| Elapsed | {_duration(elapsed)}{f' of {_duration(budget_s)}' if budget_s else ''} |",
-            f"| Left | {_duration(left)} |",
-            f"| Done | {f'{100 * done:.1f}%' if done is not None else '—'} |"]
+    rows = [
+        "| | |",
+        "| --- | --- |",
+        f"| Step | {_cell(str(progress.get('step', '—')))} |",
+        f"| Loss | {_bpb(loss, 4)} |",
+        f"| Elapsed | {_duration(elapsed)}{f' of {_duration(budget_s)}' if budget_s else ''} |",
+        f"| Left | {_duration(left)} |",
+        f"| Done | {f'{100 * done:.1f}%' if done is not None else '—'} |",
+    ]
     return _limit("\n".join(rows), CHECK_FIELD_LIMIT)
 
 
@@ -452,11 +515,14 @@ def _number(value: Any) -> float | None:
 
 # --- comments -------------------------------------------------------------------------------------
 
+
 def _next_step(exp: Experiment) -> str:
     if exp.status == "keep":
         where = f"as `{exp.merged_sha[:7]}`" if exp.merged_sha else "(the merge is under way)"
-        return (f"Merged into main {where}. The new main is measured afresh, and that re-measured delta "
-                f"is the one to quote; the next proposals build on it.")
+        return (
+            f"Merged into main {where}. The new main is measured afresh, and that re-measured delta "
+            f"is the one to quote; the next proposals build on it."
+        )
     branch = f"The branch `{exp.branch}`" if exp.branch else "The branch"
     if exp.status == "discard":
         return f"{branch} is kept as a record, not merged. The agent sees this result in its history."
@@ -465,8 +531,10 @@ def _next_step(exp: Experiment) -> str:
     if exp.status == "cancelled":
         return f"Nothing was merged; {branch[0].lower()}{branch[1:]} is kept as a record. `/rerun` measures it again."
     if exp.status == "failed":
-        return (f"The bot gave up after {_plural(exp.failures, 'failed attempt')}; nothing was merged. "
-                f"`/rerun` tries it again.")
+        return (
+            f"The bot gave up after {_plural(exp.failures, 'failed attempt')}; nothing was merged. "
+            f"`/rerun` tries it again."
+        )
     return "No decision yet."
 
 
@@ -476,17 +544,24 @@ def decision_comment(exp: Experiment, *, main_val_bpb: float | None, runs: list[
     word = _OUTCOME_WORDS.get(status, status)
     counted = _counted(runs)
     main = _main_value(exp, main_val_bpb)
-    lines = [marker("decision", exp.id, status if re.fullmatch(r"[a-z]+", status) else ""),
-             f"### {word.capitalize()}: {_defang(_one_line(exp.title, 200))}", "",
-             f"**Why:** {_defang(exp.reason) if exp.reason else 'no reason recorded.'}", ""]
+    lines = [
+        marker("decision", exp.id, status if re.fullmatch(r"[a-z]+", status) else ""),
+        f"### {word.capitalize()}: {_defang(_one_line(exp.title, 200))}",
+        "",
+        f"**Why:** {_defang(exp.reason) if exp.reason else 'no reason recorded.'}",
+        "",
+    ]
     if status not in ("crash", "failed") and (exp.val_bpb is not None or counted):
         values = ", ".join(_bpb(r.val_bpb) for r in counted) or "—"
-        lines += ["| | |", "| --- | --- |",
-                  f"| val_bpb | {_bpb(exp.val_bpb)} |",
-                  f"| main | {_bpb(main) if main is not None else 'not measured yet'} |",
-                  f"| Δ vs main | {_signed(_delta(exp, exp.val_bpb, main))} |",
-                  f"| Noise margin | {_bpb(exp.margin) if exp.margin is not None else 'not known yet'} |",
-                  f"| Runs | {len(counted)}: {values} |"]
+        lines += [
+            "| | |",
+            "| --- | --- |",
+            f"| val_bpb | {_bpb(exp.val_bpb)} |",
+            f"| main | {_bpb(main) if main is not None else 'not measured yet'} |",
+            f"| Δ vs main | {_signed(_delta(exp, exp.val_bpb, main))} |",
+            f"| Noise margin | {_bpb(exp.margin) if exp.margin is not None else 'not known yet'} |",
+            f"| Runs | {len(counted)}: {values} |",
+        ]
         if exp.remeasured_delta is not None:
             lines.append(f"| Δ re-measured on the new main | {_signed(exp.remeasured_delta)} |")
         lines.append("")

@@ -51,9 +51,17 @@ def log_body(f: Facts, now: float) -> str:
 
 # --- the issue on GitHub --------------------------------------------------------------------------
 
+
 class ResearchLog:
-    def __init__(self, store: Store, repo: Repository, *, pace_write: Callable[[], None] = lambda: None,
-                 clock: Callable[[], float] = time.time, every_s: float = 300.0) -> None:
+    def __init__(
+        self,
+        store: Store,
+        repo: Repository,
+        *,
+        pace_write: Callable[[], None] = lambda: None,
+        clock: Callable[[], float] = time.time,
+        every_s: float = 300.0,
+    ) -> None:
         self.store = store
         self.repo = repo
         self.pace_write = pace_write
@@ -84,8 +92,9 @@ class ResearchLog:
             return
         number, text = found
         if content_digest(text) != digest and not self._edit(number, body):
-            raise RuntimeError(f"research log #{number} vanished while it was being edited; it is looked "
-                               "for again at the next update")
+            raise RuntimeError(
+                f"research log #{number} vanished while it was being edited; it is looked for again at the next update"
+            )
         self._save(number, digest, now, kept)
 
     # --- the store ---------------------------------------------------------------------------------
@@ -97,12 +106,17 @@ class ResearchLog:
         """The oldest open or closed issue (not a pull request) with the label and the marker that
         the bot itself opened, in one request: a person can label an issue and quote the marker."""
         _, issues = self.repo.requester.requestJsonAndCheck(
-            "GET", f"{self.repo.url}/issues",
-            parameters={"state": "all", "labels": LABEL.name, "sort": "created", "direction": "asc", "per_page": 100})
+            "GET",
+            f"{self.repo.url}/issues",
+            parameters={"state": "all", "labels": LABEL.name, "sort": "created", "direction": "asc", "per_page": 100},
+        )
         for issue in issues:
             author = (issue.get("user") or {}).get("login")
-            if "pull_request" not in issue and render.find_marker(issue.get("body")) == ("log", 0, "") \
-                    and render.authored_by(author, self.store.state.bot_login):
+            if (
+                "pull_request" not in issue
+                and render.find_marker(issue.get("body")) == ("log", 0, "")
+                and render.authored_by(author, self.store.state.bot_login)
+            ):
                 return int(issue["number"]), issue.get("body") or ""
         return None
 

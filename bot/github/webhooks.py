@@ -43,8 +43,18 @@ import hmac
 from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any
 
-KINDS = ("ping", "push", "pr_closed", "pr_reopened", "feedback", "command", "check_rerun",
-         "check_action", "installation", "ignored")
+KINDS = (
+    "ping",
+    "push",
+    "pr_closed",
+    "pr_reopened",
+    "feedback",
+    "command",
+    "check_rerun",
+    "check_action",
+    "installation",
+    "ignored",
+)
 COMMANDS = ("rerun", "keep", "discard", "pause", "resume", "try")
 ZERO_SHA = "0" * 40  # `before` of a branch creation, `after` of a branch deletion
 
@@ -55,33 +65,33 @@ class MalformedPayload(ValueError):
 
 @dataclass(frozen=True)
 class GitHubEvent:
-    delivery: str            # X-GitHub-Delivery: the inbox key is github:<delivery>
-    event: str               # X-GitHub-Event
+    delivery: str  # X-GitHub-Delivery: the inbox key is github:<delivery>
+    event: str  # X-GitHub-Event
     action: str | None
-    kind: str                # one of KINDS
-    repository: str | None   # "owner/name"; None for ping (org hooks) and installation events
-    sender: str | None       # login of who caused it
+    kind: str  # one of KINDS
+    repository: str | None  # "owner/name"; None for ping (org hooks) and installation events
+    sender: str | None  # login of who caused it
     sender_type: str | None  # "User" | "Bot" | "Organization"
     association: str | None  # author_association of the comment/review author (OWNER, MEMBER, ...)
-    number: int | None       # pull request number
-    branch: str | None       # PR head ref (push: the branch pushed)
+    number: int | None  # pull request number
+    branch: str | None  # PR head ref (push: the branch pushed)
     head_sha: str | None
-    ref: str | None          # push: "refs/heads/main"
+    ref: str | None  # push: "refs/heads/main"
     before: str | None
     after: str | None
-    changed_files: tuple[str, ...] = ()   # push: union of added/modified/removed over the commits
-    merged: bool = False     # pull_request closed: merged or not
-    body: str = ""           # comment / review text, as written
-    comment_id: int | None = None         # the comment's id (a review's id for a review)
-    command: str | None = None            # one of COMMANDS
-    argument: str = ""                    # text after the command (the idea of /try)
+    changed_files: tuple[str, ...] = ()  # push: union of added/modified/removed over the commits
+    merged: bool = False  # pull_request closed: merged or not
+    body: str = ""  # comment / review text, as written
+    comment_id: int | None = None  # the comment's id (a review's id for a review)
+    command: str | None = None  # one of COMMANDS
+    argument: str = ""  # text after the command (the idea of /try)
     check_run_id: int | None = None
     check_name: str | None = None
     external_id: str | None = None
-    requested_action: str | None = None   # identifier of the button pressed
+    requested_action: str | None = None  # identifier of the button pressed
     installation_id: int | None = None
-    head_repository: str | None = None   # PR head's repository ("owner/name"; a fork's own; None: deleted)
-    issue_number: int | None = None      # issue_comment: the issue or pull request it is on (where a reply goes)
+    head_repository: str | None = None  # PR head's repository ("owner/name"; a fork's own; None: deleted)
+    issue_number: int | None = None  # issue_comment: the issue or pull request it is on (where a reply goes)
 
     def to_payload(self) -> dict[str, Any]:
         """A JSON-safe dict for the inbox; `from_payload` reads it back."""
@@ -117,7 +127,7 @@ def verify_signature(secret: bytes, body: bytes, header: str | None) -> bool:
         return False
     expected = hmac.new(secret, body, hashlib.sha256).hexdigest().encode("ascii")
     # bytes, not str: compare_digest refuses non-ASCII str, and a header can hold anything
-    given = header[len("sha256="):].strip().lower().encode("utf-8", "replace")
+    given = header[len("sha256=") :].strip().lower().encode("utf-8", "replace")
     return hmac.compare_digest(expected, given)
 
 
@@ -139,7 +149,7 @@ def parse_command(text: str) -> tuple[str, str] | None:
     name = word[1:].lower()
     if name not in COMMANDS:
         return None
-    argument = text[len(word):].strip()
+    argument = text[len(word) :].strip()
     if name == "try" and not argument:
         return None
     return name, argument
@@ -159,12 +169,23 @@ def normalize(event: str, delivery: str, payload: dict[str, Any]) -> GitHubEvent
         fields_ = reader(_Payload(event, action, payload))
     except _Ignore:
         return _ignored(event, delivery, payload)
-    base = {"repository": None, "sender": None, "sender_type": None, "association": None, "number": None,
-            "branch": None, "head_sha": None, "ref": None, "before": None, "after": None}
+    base = {
+        "repository": None,
+        "sender": None,
+        "sender_type": None,
+        "association": None,
+        "number": None,
+        "branch": None,
+        "head_sha": None,
+        "ref": None,
+        "before": None,
+        "after": None,
+    }
     return GitHubEvent(delivery=delivery, event=event, action=action, **{**base, **fields_})
 
 
 # --- reading payloads ------------------------------------------------------------------------------
+
 
 class _Ignore(Exception):
     """This delivery is of a handled event but an action (or ref) the bot does not act on."""
@@ -228,8 +249,15 @@ def _push(p: _Payload) -> dict[str, Any]:
             if not isinstance(paths, list) or not all(isinstance(path, str) for path in paths):
                 raise MalformedPayload(f"{p.name}: commits[{i}].{key} must be a list of paths")
             changed.update(paths)
-    return {"kind": "push", **p.common(), "ref": ref, "branch": ref[len("refs/heads/"):],
-            "before": p.get("before", str), "after": p.get("after", str), "changed_files": tuple(sorted(changed))}
+    return {
+        "kind": "push",
+        **p.common(),
+        "ref": ref,
+        "branch": ref[len("refs/heads/") :],
+        "before": p.get("before", str),
+        "after": p.get("after", str),
+        "changed_files": tuple(sorted(changed)),
+    }
 
 
 def _pull_request(p: _Payload) -> dict[str, Any]:
@@ -258,32 +286,50 @@ def _issue_comment(p: _Payload) -> dict[str, Any]:
     issue = p.get("issue", dict)
     on_pull_request = issue.get("pull_request") is not None
     text = _text(p.get("comment.body", str, required=False) or "", on_pull_request=on_pull_request)
-    return {**text, **p.common(people=True), "association": p.get("comment.author_association", str),
-            "number": p.get("issue.number", int) if on_pull_request else None,
-            "issue_number": p.get("issue.number", int), "comment_id": p.get("comment.id", int)}
+    return {
+        **text,
+        **p.common(people=True),
+        "association": p.get("comment.author_association", str),
+        "number": p.get("issue.number", int) if on_pull_request else None,
+        "issue_number": p.get("issue.number", int),
+        "comment_id": p.get("comment.id", int),
+    }
 
 
 def _review(p: _Payload) -> dict[str, Any]:
     if p.action != "submitted":
         raise _Ignore
     text = _text(p.get("review.body", str, required=False) or "", on_pull_request=True)
-    return {**text, **p.common(people=True), "association": p.get("review.author_association", str),
-            **_pull_head(p), "comment_id": p.get("review.id", int)}
+    return {
+        **text,
+        **p.common(people=True),
+        "association": p.get("review.author_association", str),
+        **_pull_head(p),
+        "comment_id": p.get("review.id", int),
+    }
 
 
 def _review_comment(p: _Payload) -> dict[str, Any]:
     if p.action != "created":
         raise _Ignore
     text = _text(p.get("comment.body", str, required=False) or "", on_pull_request=True)
-    return {**text, **p.common(people=True), "association": p.get("comment.author_association", str),
-            **_pull_head(p), "comment_id": p.get("comment.id", int)}
+    return {
+        **text,
+        **p.common(people=True),
+        "association": p.get("comment.author_association", str),
+        **_pull_head(p),
+        "comment_id": p.get("comment.id", int),
+    }
 
 
 def _pull_head(p: _Payload) -> dict[str, Any]:
     # head.repo is the fork's own repository for a fork's pull request (null once the fork is deleted)
-    return {"number": p.get("pull_request.number", int), "branch": p.get("pull_request.head.ref", str),
-            "head_sha": p.get("pull_request.head.sha", str),
-            "head_repository": p.get("pull_request.head.repo.full_name", str, required=False)}
+    return {
+        "number": p.get("pull_request.number", int),
+        "branch": p.get("pull_request.head.ref", str),
+        "head_sha": p.get("pull_request.head.sha", str),
+        "head_repository": p.get("pull_request.head.repo.full_name", str, required=False),
+    }
 
 
 def _check_run(p: _Payload) -> dict[str, Any]:
@@ -296,10 +342,16 @@ def _check_run(p: _Payload) -> dict[str, Any]:
         if not isinstance(pulls[0], dict) or not isinstance(pulls[0].get("number"), int):
             raise MalformedPayload(f"{p.name}: check_run.pull_requests[0].number must be an integer")
         number = pulls[0]["number"]
-    out = {"kind": kind, **p.common(), "number": number, "check_run_id": p.get("check_run.id", int),
-           "check_name": p.get("check_run.name", str), "head_sha": p.get("check_run.head_sha", str),
-           "external_id": p.get("check_run.external_id", str, required=False) or None,
-           "branch": p.get("check_run.check_suite.head_branch", str, required=False)}
+    out = {
+        "kind": kind,
+        **p.common(),
+        "number": number,
+        "check_run_id": p.get("check_run.id", int),
+        "check_name": p.get("check_run.name", str),
+        "head_sha": p.get("check_run.head_sha", str),
+        "external_id": p.get("check_run.external_id", str, required=False) or None,
+        "branch": p.get("check_run.check_suite.head_branch", str, required=False),
+    }
     if kind == "check_action":
         out["requested_action"] = p.get("requested_action.identifier", str)
     return out
@@ -326,15 +378,29 @@ _READERS = {
 
 def _ignored(event: str, delivery: str, payload: dict[str, Any]) -> GitHubEvent:
     """An event the bot does not act on, with what is cheap to tell about it (for the log line)."""
+
     def text(*path: str) -> str | None:
         value: Any = payload
         for part in path:
             value = value.get(part) if isinstance(value, dict) else None
         return value if isinstance(value, str) else None
-    return GitHubEvent(delivery=delivery, event=event, action=text("action"), kind="ignored",
-                       repository=text("repository", "full_name"), sender=text("sender", "login"),
-                       sender_type=text("sender", "type"), association=None, number=None, branch=None,
-                       head_sha=None, ref=None, before=None, after=None)
+
+    return GitHubEvent(
+        delivery=delivery,
+        event=event,
+        action=text("action"),
+        kind="ignored",
+        repository=text("repository", "full_name"),
+        sender=text("sender", "login"),
+        sender_type=text("sender", "type"),
+        association=None,
+        number=None,
+        branch=None,
+        head_sha=None,
+        ref=None,
+        before=None,
+        after=None,
+    )
 
 
 _TYPE_NAMES = {str: "a string", int: "an integer", bool: "a boolean", list: "an array", dict: "an object"}

@@ -48,8 +48,9 @@ class AgentWorker:
             number = self._questions
             self._asked = (exp_id, number, self.clock())
             self._answer = None
-        self._thread = threading.Thread(target=self._think, args=(exp_id, number, context), daemon=True,
-                                        name=f"agent-{exp_id}")
+        self._thread = threading.Thread(
+            target=self._think, args=(exp_id, number, context), daemon=True, name=f"agent-{exp_id}"
+        )
         self._thread.start()
 
     def busy(self, exp_id: int) -> bool:
@@ -62,8 +63,7 @@ class AgentWorker:
     def answer(self, exp_id: int) -> Proposal | BaseException | None:
         """The answer about `exp_id` once there is one (given out once), else None."""
         with self._lock:
-            if self._asked is not None and self._asked[0] == exp_id \
-                    and self.clock() - self._asked[2] > self.timeout_s:
+            if self._asked is not None and self._asked[0] == exp_id and self.clock() - self._asked[2] > self.timeout_s:
                 self._asked = None  # abandon it: a late answer is ignored
                 return AgentTimeout(f"no proposal after {self.timeout_s:.0f}s")
             if self._answer is not None and self._answer[0] == exp_id:

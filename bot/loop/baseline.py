@@ -86,8 +86,11 @@ class Baseline:
             kept = self.store.state.program_settings
             settings = LoopSettings.model_validate_json(kept) if kept else LoopSettings()
             which = "the last valid settings stay" if kept else "the default settings are"
-            self.store.events.add(None, "settings_error", f"program.md on main {sha[:7]} is invalid, so {which} in "
-                                  f"force until it is fixed: {error}")
+            self.store.events.add(
+                None,
+                "settings_error",
+                f"program.md on main {sha[:7]} is invalid, so {which} in force until it is fixed: {error}",
+            )
             log.error("program.md on main %s: %s", sha[:7], error)
             return text, settings
         self.store.state.program_settings = program.settings.model_dump_json()
@@ -106,8 +109,11 @@ class Baseline:
         if self._values is None:
             ident = self.identity
             self._values = self.store.runs.measured_values(
-                profile=ident["profile"], harness_hash=ident["harness_hash"],
-                data_fingerprint=ident["data_fingerprint"], threads=measurement.pinned_threads(ident))
+                profile=ident["profile"],
+                harness_hash=ident["harness_hash"],
+                data_fingerprint=ident["data_fingerprint"],
+                threads=measurement.pinned_threads(ident),
+            )
         return self._values
 
     def run_finished(self) -> None:
@@ -133,21 +139,35 @@ class Baseline:
         for run in (r for r in runs if r.state == RunState.DONE):
             crashed = crashed + [run] if run.status == "crash" else []
         if len(crashed) >= MAX_BASELINE_CRASHES:
-            self.block(main, f"train.py on main ({main.sha[:7]}) crashed in {len(crashed)} baseline runs in a row, "
-                       "so nothing can be judged against it. Commit a fixed train.py to main in the research "
-                       "repository (a new main gets a new baseline), then run the same command again. The last "
-                       f"run said:\n{crashed[-1].error}")
+            self.block(
+                main,
+                f"train.py on main ({main.sha[:7]}) crashed in {len(crashed)} baseline runs in a row, "
+                "so nothing can be judged against it. Commit a fixed train.py to main in the research "
+                "repository (a new main gets a new baseline), then run the same command again. The last "
+                f"run said:\n{crashed[-1].error}",
+            )
             return
         pending = [r for r in runs if r.state in (RunState.QUEUED, RunState.RUNNING)]
-        wanted = main_runs_wanted(measurement.is_first_main(self.values(), main.code),
-                                  main.settings.first_baseline_runs, main.settings.baseline_runs)
+        wanted = main_runs_wanted(
+            measurement.is_first_main(self.values(), main.code),
+            main.settings.first_baseline_runs,
+            main.settings.baseline_runs,
+        )
         for _ in range(max(0, wanted - len(self.main_values(main.code)) - len(pending))):
             self.queue_run(main, f"measure main {main.sha[:7]}")
 
     def queue_run(self, main: Main, reason: str) -> None:
         """Queue one more run of main's own train.py."""
-        self.store.runs.add(experiment_id=None, purpose="baseline", code_hash=main.code, commit_sha=main.sha,
-                            base_sha=main.sha, asset=main.train_py, profile=self.profile, reason=reason)
+        self.store.runs.add(
+            experiment_id=None,
+            purpose="baseline",
+            code_hash=main.code,
+            commit_sha=main.sha,
+            base_sha=main.sha,
+            asset=main.train_py,
+            profile=self.profile,
+            reason=reason,
+        )
 
     def block(self, main: Main, message: str) -> None:
         """Nothing can be judged until a human fixes main: say so once."""
@@ -168,6 +188,9 @@ class Baseline:
                 old = self.main_values(exp.meta.get("main_code", ""))
                 if old:
                     delta = statistics.fmean(values) - statistics.fmean(old)
-                    self.store.experiments.update(exp.id, remeasured_delta=delta,
-                                                  event=f"re-measured: the new main's fresh baseline is {delta:+.6f} "
-                                                        f"against the old main's ({len(values)} run(s))")
+                    self.store.experiments.update(
+                        exp.id,
+                        remeasured_delta=delta,
+                        event=f"re-measured: the new main's fresh baseline is {delta:+.6f} "
+                        f"against the old main's ({len(values)} run(s))",
+                    )

@@ -77,9 +77,18 @@ class Summary:
 
 
 class Conductor:
-    def __init__(self, store: Store, forge: Forge, runner: Runner, agent: Agent, config: ConductorConfig,
-                 *, clock: Callable[[], float] = time.time, publishers: Sequence[Publisher] = (),
-                 router: Router[InboxHandler] = inbox.router) -> None:
+    def __init__(
+        self,
+        store: Store,
+        forge: Forge,
+        runner: Runner,
+        agent: Agent,
+        config: ConductorConfig,
+        *,
+        clock: Callable[[], float] = time.time,
+        publishers: Sequence[Publisher] = (),
+        router: Router[InboxHandler] = inbox.router,
+    ) -> None:
         self.store = store
         self.forge = forge
         self.runner = runner
@@ -90,16 +99,40 @@ class Conductor:
         self.profile = get_profile(config.profile)
         backoff = Backoff(config.retry_base_s, config.retry_max_s)
         self.baseline = Baseline(store, forge, identity=config.identity, profile=self.profile.name)
-        self.runs = Runs(store, runner, self.baseline, identity=config.identity, profile=self.profile.name,
-                         disturbed_share=config.disturbed_share, report=self._tick_error)
-        self.lifecycle = Lifecycle(store, forge, self.baseline, self.runs, identity=config.identity,
-                                   profile=self.profile.name, step_retries=config.step_retries, backoff=backoff,
-                                   clock=clock)
-        self.proposals = Proposals(store, AgentWorker(agent, timeout_s=config.agent_timeout_s, clock=clock),
-                                   self.baseline, self.lifecycle, runner, profile=self.profile,
-                                   max_experiments=config.max_experiments, max_refusals=config.max_refusals,
-                                   lookahead=config.lookahead, budget_usd=config.agent_budget_usd, backoff=backoff,
-                                   clock=clock)
+        self.runs = Runs(
+            store,
+            runner,
+            self.baseline,
+            identity=config.identity,
+            profile=self.profile.name,
+            disturbed_share=config.disturbed_share,
+            report=self._tick_error,
+        )
+        self.lifecycle = Lifecycle(
+            store,
+            forge,
+            self.baseline,
+            self.runs,
+            identity=config.identity,
+            profile=self.profile.name,
+            step_retries=config.step_retries,
+            backoff=backoff,
+            clock=clock,
+        )
+        self.proposals = Proposals(
+            store,
+            AgentWorker(agent, timeout_s=config.agent_timeout_s, clock=clock),
+            self.baseline,
+            self.lifecycle,
+            runner,
+            profile=self.profile,
+            max_experiments=config.max_experiments,
+            max_refusals=config.max_refusals,
+            lookahead=config.lookahead,
+            budget_usd=config.agent_budget_usd,
+            backoff=backoff,
+            clock=clock,
+        )
         self.stop_reason = ""  # why the loop proposes nothing more, as the last tick saw it ('' while it goes on)
         self._started = False  # tick() starts the conductor itself when nobody called start()
         self._last_error = ""  # the last error recorded: one that repeats at every tick is recorded once
@@ -191,9 +224,13 @@ class Conductor:
     def snapshot(self, main: Main) -> Snapshot:
         """What the publishers show beside the store's rows: main's numbers and the live progress."""
         values = self.baseline.values()
-        return Snapshot(main_sha=main.sha, main_val_bpb=measurement.main_value(values, main.code),
-                        margin=measurement.main_margin(values, main.code, judge_config(main.settings)),
-                        progress=dict(self.runs.progress), budget_s=float(self.profile.time_budget_s))
+        return Snapshot(
+            main_sha=main.sha,
+            main_val_bpb=measurement.main_value(values, main.code),
+            margin=measurement.main_margin(values, main.code, judge_config(main.settings)),
+            progress=dict(self.runs.progress),
+            budget_s=float(self.profile.time_budget_s),
+        )
 
     # --- for the driver and the displays -----------------------------------------------------------
     @property
@@ -228,8 +265,13 @@ class Conductor:
         values = self.baseline.values()
         kept = [e for e in self.store.experiments.in_state(State.DONE) if e.status == Status.KEEP]
         main = self.baseline.main
-        return Summary(experiments=sum(counts.values()), kept=counts.get(Status.KEEP, 0),
-                       discarded=counts.get(Status.DISCARD, 0), crashed=counts.get(Status.CRASH, 0),
-                       failed=counts.get(Status.FAILED, 0), baseline_val_bpb=measurement.baseline_value(values, kept),
-                       best_val_bpb=measurement.main_value(values, main.code) if main else None,
-                       stop_reason=self.blocked or self.stop_reason)
+        return Summary(
+            experiments=sum(counts.values()),
+            kept=counts.get(Status.KEEP, 0),
+            discarded=counts.get(Status.DISCARD, 0),
+            crashed=counts.get(Status.CRASH, 0),
+            failed=counts.get(Status.FAILED, 0),
+            baseline_val_bpb=measurement.baseline_value(values, kept),
+            best_val_bpb=measurement.main_value(values, main.code) if main else None,
+            stop_reason=self.blocked or self.stop_reason,
+        )

@@ -17,9 +17,15 @@ from bot.loop.conductor import Conductor, ConductorError, Summary
 
 
 class Driver:
-    def __init__(self, conductor: Conductor, *, timer_s: float = 30.0, inbox_poll_s: float = 0.5,
-                 on_pass: Callable[[Conductor], None] | None = None,
-                 on_wait: Callable[[Conductor], None] | None = None) -> None:
+    def __init__(
+        self,
+        conductor: Conductor,
+        *,
+        timer_s: float = 30.0,
+        inbox_poll_s: float = 0.5,
+        on_pass: Callable[[Conductor], None] | None = None,
+        on_wait: Callable[[Conductor], None] | None = None,
+    ) -> None:
         self.conductor = conductor
         self.timer_s = timer_s
         self.inbox_poll_s = inbox_poll_s
@@ -45,8 +51,10 @@ class Driver:
             return self._loop(forever, stop or threading.Event())
         finally:  # the conductor process's own CPU (agent thread included, training children not)
             conductor.store.state.driver_last_run = {
-                "ticks": self.ticks, "cpu_seconds": round(time.process_time() - cpu, 3),
-                "wall_seconds": round(time.monotonic() - wall, 3)}
+                "ticks": self.ticks,
+                "cpu_seconds": round(time.process_time() - cpu, 3),
+                "wall_seconds": round(time.monotonic() - wall, 3),
+            }
 
     def _loop(self, forever: bool, stop: threading.Event) -> Summary:
         conductor = self.conductor

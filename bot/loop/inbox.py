@@ -40,8 +40,9 @@ InboxHandler = Callable[[Store, InboxEntry], str]  # writes through the store, r
 router: Router[InboxHandler] = Router()  # the loop's own inputs
 
 
-def submit(store: Store, kind: str, payload: dict[str, Any] | None = None, *, author: str,
-           key: str | None = None) -> bool:
+def submit(
+    store: Store, kind: str, payload: dict[str, Any] | None = None, *, author: str, key: str | None = None
+) -> bool:
     """Write one of the loop's own inputs to the inbox (a new key: a fresh uuid). False if `key`
     was seen before."""
     if router.handler(kind) is None:
@@ -59,8 +60,13 @@ def apply_inbox(store: Store, routes: Router[InboxHandler]) -> int:
             with store.transaction():
                 batch = _apply_batch(store, routes, pending[done:], waiting)
         except sqlite3.OperationalError as error:  # the store's fault, not an entry's: they wait for a later tick
-            log.warning("%d inbox entries from id %s on not applied yet, the store could not take them (%s): "
-                        "trying again on the next tick", len(pending) - done, pending[done].id, error)
+            log.warning(
+                "%d inbox entries from id %s on not applied yet, the store could not take them (%s): "
+                "trying again on the next tick",
+                len(pending) - done,
+                pending[done].id,
+                error,
+            )
             break
         failpoint("inbox_applied")  # the crash tests: the batch is committed
         done += len(batch)
@@ -75,8 +81,9 @@ BATCH_ENTRIES = 200  # entries per transaction at most
 BATCH_SECONDS = 0.02  # and about this much work: the webhook server's inserts wait while it is held
 
 
-def _apply_batch(store: Store, routes: Router[InboxHandler], entries: list[InboxEntry],
-                 waiting: dict[str, str]) -> list[bool | None]:
+def _apply_batch(
+    store: Store, routes: Router[InboxHandler], entries: list[InboxEntry], waiting: dict[str, str]
+) -> list[bool | None]:
     """Apply entries, in order, inside the caller's transaction until the batch is full; for each
     entry taken, whether it was applied (False: rejected, None: deferred, left pending). An entry
     whose kind is in `waiting` (an earlier one of its kind was deferred) is deferred unread; a
@@ -127,7 +134,7 @@ def _apply(store: Store, routes: Router[InboxHandler], entry: InboxEntry) -> Non
 def steer(store: Store, entry: InboxEntry) -> str:
     text = str(entry.payload.get("text", "")).strip()
     if not text:
-        raise RejectedInput("steer needs a text, e.g. autoresearch steer \"try a lower learning rate\"")
+        raise RejectedInput('steer needs a text, e.g. autoresearch steer "try a lower learning rate"')
     store.feedback.add(entry.author, text)
     return f"the agent will read: {text!r}"
 

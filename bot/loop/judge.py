@@ -84,9 +84,13 @@ class JudgeConfig:
 
 def judge_config(settings: LoopSettings) -> JudgeConfig:
     """The judge's settings as program.md's front matter sets them."""
-    return JudgeConfig(noise_sigmas=settings.noise_sigmas, confirm_sigmas=settings.confirm_sigmas,
-                       confirm_below=settings.confirm_below, min_margin=settings.min_margin,
-                       confirm=settings.confirm)
+    return JudgeConfig(
+        noise_sigmas=settings.noise_sigmas,
+        confirm_sigmas=settings.confirm_sigmas,
+        confirm_below=settings.confirm_below,
+        min_margin=settings.min_margin,
+        confirm=settings.confirm,
+    )
 
 
 @dataclass(frozen=True)
@@ -99,8 +103,9 @@ class Decision:
     extra_main_runs: int = 0  # on "confirm": runs of main to queue beside the confirmation run
 
 
-def main_runs_wanted(first_main: bool, first_baseline_runs: int = FIRST_BASELINE_RUNS,
-                     baseline_runs: int = BASELINE_RUNS) -> int:
+def main_runs_wanted(
+    first_main: bool, first_baseline_runs: int = FIRST_BASELINE_RUNS, baseline_runs: int = BASELINE_RUNS
+) -> int:
     """How many baseline runs a main needs before experiments are judged against it.
 
     `first_main` is true when no other code has been measured yet under the current profile,
@@ -152,15 +157,26 @@ def standard_error(noise: Noise, n_candidate: int, n_main: int) -> float:
     return noise.sigma * math.sqrt(1 / n_candidate + 1 / n_main)
 
 
-def decide(*, candidate: list[float], crash: str | None, main: list[float], noise: Noise | None,
-           measured_on: str, current_main: str, config: JudgeConfig) -> Decision:
+def decide(
+    *,
+    candidate: list[float],
+    crash: str | None,
+    main: list[float],
+    noise: Noise | None,
+    measured_on: str,
+    current_main: str,
+    config: JudgeConfig,
+) -> Decision:
     """Judge one experiment from its runs on `measured_on` against main's baseline runs."""
     if crash is not None:
         last = crash.strip().splitlines()[-1] if crash.strip() else "no output"
         return Decision("crash", f"the run crashed: {last}")
     if measured_on != current_main:
-        return Decision("remeasure", f"measured on main {measured_on[:7]}, but main is now "
-                        f"{current_main[:7]}: re-measure on the current main before it may merge")
+        return Decision(
+            "remeasure",
+            f"measured on main {measured_on[:7]}, but main is now "
+            f"{current_main[:7]}: re-measure on the current main before it may merge",
+        )
     if not candidate:
         return Decision("wait", "no finished run yet")
     if not main:
@@ -180,24 +196,45 @@ def decide(*, candidate: list[float], crash: str | None, main: list[float], nois
         # No group has two runs yet: a gain of any size could be noise, so nothing may be kept.
         numbers = dict(val_bpb=value, delta=delta, margin=None)
         if single and config.confirm:
-            return Decision("confirm", f"val_bpb {value:.6f} improves on main {base:.6f} by {-delta:.6f}, but the "
-                            "noise is not known yet (no repeated runs): one confirmation run and one more "
-                            "run of main", extra_main_runs=max(1, config.confirm_main_runs), **numbers)
-        return Decision("discard", f"val_bpb {value:.6f} improves on main {base:.6f} by {-delta:.6f}, but the "
-                        f"noise is not known (no repeated runs), so no gain can be told from noise ({runs})",
-                        **numbers)
+            return Decision(
+                "confirm",
+                f"val_bpb {value:.6f} improves on main {base:.6f} by {-delta:.6f}, but the "
+                "noise is not known yet (no repeated runs): one confirmation run and one more "
+                "run of main",
+                extra_main_runs=max(1, config.confirm_main_runs),
+                **numbers,
+            )
+        return Decision(
+            "discard",
+            f"val_bpb {value:.6f} improves on main {base:.6f} by {-delta:.6f}, but the "
+            f"noise is not known (no repeated runs), so no gain can be told from noise ({runs})",
+            **numbers,
+        )
     band = margin(noise, len(candidate), len(main), config)
     numbers = dict(val_bpb=value, delta=delta, margin=band)
     noise_words = f"sigma {noise.sigma:.6f} from {noise.dof} degree{'s' if noise.dof > 1 else ''} of freedom"
     if delta < -band:
-        return Decision("keep", f"val_bpb {value:.6f} beats main {base:.6f} by {-delta:.6f}, more than the noise "
-                        f"margin {band:.6f} ({runs}, {noise_words})", **numbers)
+        return Decision(
+            "keep",
+            f"val_bpb {value:.6f} beats main {base:.6f} by {-delta:.6f}, more than the noise "
+            f"margin {band:.6f} ({runs}, {noise_words})",
+            **numbers,
+        )
     window = config.confirm_below * standard_error(noise, len(candidate), len(main))
     if single and config.confirm and delta < -window:
         extra = config.confirm_main_runs
         main_words = f" and {extra} more run{'s' if extra > 1 else ''} of main" if extra else ""
-        return Decision("confirm", f"val_bpb {value:.6f} improves on main {base:.6f} by {-delta:.6f}, inside the "
-                        f"noise margin {band:.6f} but more than {config.confirm_below:g} standard errors "
-                        f"({window:.6f}): one confirmation run{main_words}", extra_main_runs=extra, **numbers)
-    return Decision("discard", f"val_bpb {value:.6f} improves on main {base:.6f} by only {-delta:.6f}, inside the "
-                    f"noise margin {band:.6f} ({runs}, {noise_words}): not a measurable gain", **numbers)
+        return Decision(
+            "confirm",
+            f"val_bpb {value:.6f} improves on main {base:.6f} by {-delta:.6f}, inside the "
+            f"noise margin {band:.6f} but more than {config.confirm_below:g} standard errors "
+            f"({window:.6f}): one confirmation run{main_words}",
+            extra_main_runs=extra,
+            **numbers,
+        )
+    return Decision(
+        "discard",
+        f"val_bpb {value:.6f} improves on main {base:.6f} by only {-delta:.6f}, inside the "
+        f"noise margin {band:.6f} ({runs}, {noise_words}): not a measurable gain",
+        **numbers,
+    )

@@ -48,8 +48,19 @@ class Backoff:
 
 
 class Lifecycle:
-    def __init__(self, store: Store, forge: Forge, baseline: Baseline, runs: Runs, *, identity: dict[str, str],
-                 profile: str, step_retries: int, backoff: Backoff, clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        store: Store,
+        forge: Forge,
+        baseline: Baseline,
+        runs: Runs,
+        *,
+        identity: dict[str, str],
+        profile: str,
+        step_retries: int,
+        backoff: Backoff,
+        clock: Callable[[], float],
+    ) -> None:
         self.store = store
         self.forge = forge
         self.baseline = baseline
@@ -79,21 +90,36 @@ class Lifecycle:
             status = Status.CANCELLED if request == Request.CANCEL else Status.DISCARD
             why = f"its pull request was closed by {who}" if request == Request.CANCEL else f"discarded by {who}"
             self.runs.cancel(exp, why)
-            self.store.experiments.update(exp.id, state=State.CLOSING, status=status, reason=why, request=None,
-                                          event=why)
+            self.store.experiments.update(
+                exp.id, state=State.CLOSING, status=status, reason=why, request=None, event=why
+            )
             return
         if request in (Request.REOPEN, Request.RERUN, Request.KEEP) and done and exp.status != Status.KEEP:
             meta = dict(exp.meta, keep_anyway=who) if request == Request.KEEP else exp.meta
-            self.store.experiments.update(exp.id, state=State.BRANCHED, status=None, reason=None, val_bpb=None,
-                                          delta=None, margin=None, failures=0, retry_at=None, request=None,
-                                          meta=meta, event=f"{request} by {who}: measured again")
+            self.store.experiments.update(
+                exp.id,
+                state=State.BRANCHED,
+                status=None,
+                reason=None,
+                val_bpb=None,
+                delta=None,
+                margin=None,
+                failures=0,
+                retry_at=None,
+                request=None,
+                meta=meta,
+                event=f"{request} by {who}: measured again",
+            )
             return
         if request == Request.RERUN and exp.state == State.MEASURING:
             self.runs.queue(exp, "confirm", f"/rerun by {who}")
         if request == Request.KEEP and not done:
             self.store.experiments.update(exp.id, meta=dict(exp.meta, keep_anyway=who))
-        self.store.experiments.update(exp.id, request=None, event=f"{request} by {who}: "
-                                      f"{'done' if not done else 'nothing to do, it is ' + str(exp.status)}")
+        self.store.experiments.update(
+            exp.id,
+            request=None,
+            event=f"{request} by {who}: {'done' if not done else 'nothing to do, it is ' + str(exp.status)}",
+        )
 
     # --- the moves -------------------------------------------------------------------------------
     def advance(self, exp: Experiment, main: Main) -> bool:
@@ -117,33 +143,57 @@ class Lifecycle:
     def _step_failed(self, exp: Experiment, what: str) -> None:
         failures = exp.failures + 1
         if failures >= self.step_retries and exp.merged_sha:  # main holds it: it stays kept
-            self.store.experiments.update(exp.id, state=State.DONE, failures=failures,
-                                          reason=f"{exp.reason} (closing its branch failed: {what})",
-                                          event=f"keep: merged, but closing its branch failed {failures} times "
-                                                f"({what})")
+            self.store.experiments.update(
+                exp.id,
+                state=State.DONE,
+                failures=failures,
+                reason=f"{exp.reason} (closing its branch failed: {what})",
+                event=f"keep: merged, but closing its branch failed {failures} times ({what})",
+            )
             return
         if failures >= self.step_retries:
             self.runs.cancel(exp, "its experiment failed")
-            self.store.experiments.update(exp.id, state=State.DONE, status=Status.FAILED, failures=failures,
-                                          reason=f"its {exp.state} step failed {failures} times; last: {what}",
-                                          event=f"failed: the {exp.state} step failed {failures} times ({what})")
+            self.store.experiments.update(
+                exp.id,
+                state=State.DONE,
+                status=Status.FAILED,
+                failures=failures,
+                reason=f"its {exp.state} step failed {failures} times; last: {what}",
+                event=f"failed: the {exp.state} step failed {failures} times ({what})",
+            )
             log.error("experiment %s failed at %s: %s", exp.id, exp.state, what)
             return
         wait = self.backoff.after(failures)
-        self.store.experiments.update(exp.id, failures=failures, retry_at=self.clock() + wait,
-                                      event=f"the {exp.state} step failed ({what}); retrying in {wait:.0f}s")
+        self.store.experiments.update(
+            exp.id,
+            failures=failures,
+            retry_at=self.clock() + wait,
+            event=f"the {exp.state} step failed ({what}); retrying in {wait:.0f}s",
+        )
         log.warning("experiment %s: %s step failed (%s); retrying in %.0fs", exp.id, exp.state, what, wait)
 
     def _step_proposed(self, exp: Experiment, main: Main) -> Experiment:
-        head = self.forge.create_branch(exp.branch, exp.base_sha, {ASSET: exp.train_py},
-                                        f"{exp.title}\n\n{exp.hypothesis}\n\nautoresearch-experiment: {exp.id}")
-        return self.store.experiments.update(exp.id, state=State.BRANCHED, head_sha=head,
-                                             event=f"pushed {exp.branch} at {head[:7]}")
+        head = self.forge.create_branch(
+            exp.branch,
+            exp.base_sha,
+            {ASSET: exp.train_py},
+            f"{exp.title}\n\n{exp.hypothesis}\n\nautoresearch-experiment: {exp.id}",
+        )
+        return self.store.experiments.update(
+            exp.id, state=State.BRANCHED, head_sha=head, event=f"pushed {exp.branch} at {head[:7]}"
+        )
 
     def _step_branched(self, exp: Experiment, main: Main) -> Experiment:
-        self.store.runs.add(experiment_id=exp.id, purpose="candidate", code_hash=exp.code_hash,
-                            commit_sha=exp.head_sha or "", base_sha=exp.base_sha, asset=exp.train_py,
-                            profile=self.profile, experiment_fields={"state": State.MEASURING})
+        self.store.runs.add(
+            experiment_id=exp.id,
+            purpose="candidate",
+            code_hash=exp.code_hash,
+            commit_sha=exp.head_sha or "",
+            base_sha=exp.base_sha,
+            asset=exp.train_py,
+            profile=self.profile,
+            experiment_fields={"state": State.MEASURING},
+        )
         return self.store.experiments.get(exp.id)
 
     def _step_measuring(self, exp: Experiment, main: Main) -> Experiment | None:
@@ -164,15 +214,22 @@ class Lifecycle:
         if not candidate and crash is None and exp.base_sha == main.sha:
             self.runs.queue(exp, "candidate", "no run under the pinned harness and data")
             return None
-        decision = decide(candidate=candidate, crash=(crash.error or "crashed") if crash else None,
-                          main=self.baseline.main_values(main.code), noise=self.baseline.noise(),
-                          measured_on=exp.base_sha, current_main=main.sha, config=judge_config(main.settings))
+        decision = decide(
+            candidate=candidate,
+            crash=(crash.error or "crashed") if crash else None,
+            main=self.baseline.main_values(main.code),
+            noise=self.baseline.noise(),
+            measured_on=exp.base_sha,
+            current_main=main.sha,
+            config=judge_config(main.settings),
+        )
         if decision.action == "wait":
             return None
         who = exp.meta.get("keep_anyway")
         if who and decision.action in ("confirm", "discard") and decision.val_bpb is not None:
-            decision = replace(decision, action="keep", reason=f"kept by {who} over the judge, who said: "
-                                                               f"{decision.reason}")
+            decision = replace(
+                decision, action="keep", reason=f"kept by {who} over the judge, who said: {decision.reason}"
+            )
         if decision.action == "confirm":
             self.runs.queue(exp, "confirm", decision.reason)
             for _ in range(decision.extra_main_runs):
@@ -182,21 +239,28 @@ class Lifecycle:
             return self.store.experiments.update(exp.id, state=State.REBASING, event=decision.reason)
         numbers = dict(val_bpb=decision.val_bpb, delta=decision.delta, margin=decision.margin, reason=decision.reason)
         if decision.action == "keep":
-            meta = dict(exp.meta, main_code=main.code, runs=len(candidate),
-                        main_val_bpb=measurement.main_value(self.baseline.values(), main.code))
-            return self.store.experiments.update(exp.id, state=State.MERGING, meta=meta, event=decision.reason,
-                                                 **numbers)
+            meta = dict(
+                exp.meta,
+                main_code=main.code,
+                runs=len(candidate),
+                main_val_bpb=measurement.main_value(self.baseline.values(), main.code),
+            )
+            return self.store.experiments.update(
+                exp.id, state=State.MERGING, meta=meta, event=decision.reason, **numbers
+            )
         status = Status.CRASH if decision.action == "crash" else Status.DISCARD
         error_tail = _error_tail(crash) if crash else None
-        return self.store.experiments.update(exp.id, state=State.CLOSING, status=status, error_tail=error_tail,
-                                             event=decision.reason, **numbers)
+        return self.store.experiments.update(
+            exp.id, state=State.CLOSING, status=status, error_tail=error_tail, event=decision.reason, **numbers
+        )
 
     def _follow_main(self, exp: Experiment, main_sha: str) -> Experiment:
         """Move the branch onto a main whose train.py is the one it was measured against: its runs
         still count, since the judge compares train.py, not the commit around it."""
         head = self.forge.rebase_branch(exp.branch, main_sha, ASSET)
-        return self.store.experiments.update(exp.id, base_sha=main_sha, head_sha=head,
-                                             event=f"followed main to {main_sha[:7]} (train.py unchanged)")
+        return self.store.experiments.update(
+            exp.id, base_sha=main_sha, head_sha=head, event=f"followed main to {main_sha[:7]} (train.py unchanged)"
+        )
 
     def _step_rebasing(self, exp: Experiment, main: Main) -> Experiment:
         if self.baseline.code_at(exp.base_sha) == main.code:
@@ -205,26 +269,52 @@ class Lifecycle:
             head = self.forge.rebase_branch(exp.branch, main.sha, ASSET)
         except MergeConflict as error:
             return self.store.experiments.update(
-                exp.id, state=State.CLOSING, status=Status.DISCARD, val_bpb=None, delta=None,
-                reason=f"its change to train.py conflicts with main {main.sha[:7]}: {error}", event="conflict")
+                exp.id,
+                state=State.CLOSING,
+                status=Status.DISCARD,
+                val_bpb=None,
+                delta=None,
+                reason=f"its change to train.py conflicts with main {main.sha[:7]}: {error}",
+                event="conflict",
+            )
         text = self.forge.read_file(head, ASSET)
         if code_hash(text) == main.code:
-            return self.store.experiments.update(exp.id, state=State.CLOSING, status=Status.DISCARD, val_bpb=None,
-                                                 delta=None, reason="main already holds this change",
-                                                 event="already in main")
-        self.store.runs.add(experiment_id=exp.id, purpose="remeasure", code_hash=code_hash(text), commit_sha=head,
-                            base_sha=main.sha, asset=text, profile=self.profile,
-                            reason=f"rebased onto main {main.sha[:7]}",
-                            experiment_fields={"state": State.MEASURING, "base_sha": main.sha, "head_sha": head,
-                                               "train_py": text, "code_hash": code_hash(text)})
+            return self.store.experiments.update(
+                exp.id,
+                state=State.CLOSING,
+                status=Status.DISCARD,
+                val_bpb=None,
+                delta=None,
+                reason="main already holds this change",
+                event="already in main",
+            )
+        self.store.runs.add(
+            experiment_id=exp.id,
+            purpose="remeasure",
+            code_hash=code_hash(text),
+            commit_sha=head,
+            base_sha=main.sha,
+            asset=text,
+            profile=self.profile,
+            reason=f"rebased onto main {main.sha[:7]}",
+            experiment_fields={
+                "state": State.MEASURING,
+                "base_sha": main.sha,
+                "head_sha": head,
+                "train_py": text,
+                "code_hash": code_hash(text),
+            },
+        )
         return self.store.experiments.get(exp.id)
 
     def _step_merging(self, exp: Experiment, main: Main) -> Experiment | None:
         runs = exp.meta.get("runs", 1)
-        message = (f"{exp.title} (val_bpb {exp.val_bpb:.6f}, {exp.delta:+.6f} vs main)\n\n{exp.hypothesis}\n\n"
-                   f"{exp.reason}\n\nval_bpb is the mean of its {runs} run{'s' if runs != 1 else ''}; the new main "
-                   f"is measured afresh, and that re-measured delta is the one to quote.\n\n"
-                   f"autoresearch-experiment: {exp.id}\nautoresearch-val-bpb: {exp.val_bpb:.6f}")
+        message = (
+            f"{exp.title} (val_bpb {exp.val_bpb:.6f}, {exp.delta:+.6f} vs main)\n\n{exp.hypothesis}\n\n"
+            f"{exp.reason}\n\nval_bpb is the mean of its {runs} run{'s' if runs != 1 else ''}; the new main "
+            f"is measured afresh, and that re-measured delta is the one to quote.\n\n"
+            f"autoresearch-experiment: {exp.id}\nautoresearch-val-bpb: {exp.val_bpb:.6f}"
+        )
         try:
             merged = self.forge.merge(exp.branch, exp.base_sha, message)
         except MainMoved as error:
@@ -236,8 +326,13 @@ class Lifecycle:
                 return None
             self.store.experiments.update(exp.id, state=State.REBASING, event=f"main moved before the merge: {error}")
             return None
-        return self.store.experiments.update(exp.id, state=State.CLOSING, status=Status.KEEP, merged_sha=merged,
-                                             event=f"merged into main as {merged[:7]}")
+        return self.store.experiments.update(
+            exp.id,
+            state=State.CLOSING,
+            status=Status.KEEP,
+            merged_sha=merged,
+            event=f"merged into main as {merged[:7]}",
+        )
 
     def _step_closing(self, exp: Experiment, main: Main) -> Experiment:
         self.forge.close(exp.branch, exp.status or Status.DISCARD)

@@ -42,8 +42,10 @@ def pinned_threads(identity: dict[str, Any]) -> int | None:
 def refuse_other_profile(pinned: str | None, profile: str) -> None:
     """Raise WrongProfile when a work directory pinned to `pinned` is asked to measure `profile`."""
     if pinned and pinned != profile:
-        raise WrongProfile(f"this work directory measures with profile {pinned!r}, not {profile!r}: their numbers "
-                           f"do not compare. Use --profile {pinned} here, or another --workdir for {profile!r}.")
+        raise WrongProfile(
+            f"this work directory measures with profile {pinned!r}, not {profile!r}: their numbers "
+            f"do not compare. Use --profile {pinned} here, or another --workdir for {profile!r}."
+        )
 
 
 def pin(store: Store, identity: dict[str, Any]) -> list[str]:
@@ -59,12 +61,17 @@ def pin(store: Store, identity: dict[str, Any]) -> list[str]:
         store.events.add(None, "identity", "measuring under " + ", ".join(f"{k} {v}" for k, v in current.items()))
         return []
     refuse_other_profile(stored.get("profile") or "?", current["profile"])
-    changed = [f"{k} {stored.get(k)} -> {current[k]}" for k in (*IDENTITY_KEYS[1:], *OPTIONAL_KEYS)
-               if k in current and stored.get(k) != current[k]]
+    changed = [
+        f"{k} {stored.get(k)} -> {current[k]}"
+        for k in (*IDENTITY_KEYS[1:], *OPTIONAL_KEYS)
+        if k in current and stored.get(k) != current[k]
+    ]
     if not changed:
         return []
-    message = (f"the measurement changed ({'; '.join(changed)}): earlier runs no longer count, main is measured "
-               "afresh and open experiments are measured again")
+    message = (
+        f"the measurement changed ({'; '.join(changed)}): earlier runs no longer count, main is measured "
+        "afresh and open experiments are measured again"
+    )
     store.state.identity = current
     store.events.add(None, "identity", message)
     return [message]
@@ -101,16 +108,22 @@ class Value(NamedTuple):
 def counts(run: MeasuredRun, identity: dict[str, Any]) -> bool:
     """Whether a finished run was measured under `identity`."""
     threads = pinned_threads(identity)
-    return (run.profile == identity["profile"] and run.harness_hash == identity["harness_hash"]
-            and run.data_fingerprint == identity["data_fingerprint"]
-            and (threads is None or run.metrics.get("clock") != "cpu" or run.metrics.get("threads") == threads))
+    return (
+        run.profile == identity["profile"]
+        and run.harness_hash == identity["harness_hash"]
+        and run.data_fingerprint == identity["data_fingerprint"]
+        and (threads is None or run.metrics.get("clock") != "cpu" or run.metrics.get("threads") == threads)
+    )
 
 
 def counted_runs(runs: Iterable[R], identity: dict[str, Any]) -> list[R]:
     """Which runs count toward a measurement, in the order given (run id): finished ok with a
     val_bpb, measured under `identity` (before any identity is pinned, every such run)."""
-    return [r for r in runs if r.state == "done" and r.status == "ok" and r.val_bpb is not None
-            and (not identity or counts(r, identity))]
+    return [
+        r
+        for r in runs
+        if r.state == "done" and r.status == "ok" and r.val_bpb is not None and (not identity or counts(r, identity))
+    ]
 
 
 def counted(runs: Iterable[MeasuredRun], identity: dict[str, Any]) -> list[Value]:
@@ -193,8 +206,10 @@ def refusal(run: Run, result: RunResult, identity: dict[str, Any]) -> str | None
             return f"its {key} is {result.metrics.get(key)!r} but this work directory measures under {identity[key]!r}"
     threads = pinned_threads(identity)
     if threads is not None and result.metrics.get("clock") == "cpu" and result.metrics.get("threads") != threads:
-        return (f"it ran on {result.metrics.get('threads')} CPU threads but this work directory measures with "
-                f"{threads} (its budget is CPU time per thread)")
+        return (
+            f"it ran on {result.metrics.get('threads')} CPU threads but this work directory measures with "
+            f"{threads} (its budget is CPU time per thread)"
+        )
     return None
 
 
@@ -212,6 +227,8 @@ def disturbance(run: Run, result: RunResult, recent_main_runs: list[Run], share_
         return None
     usual = statistics.median(shares)
     if share < share_floor * usual:
-        return (f"disturbed: it got {share:.0%} of its CPU cores against {usual:.0%} for main's recent runs "
-                "(another process was busy on this machine)")
+        return (
+            f"disturbed: it got {share:.0%} of its CPU cores against {usual:.0%} for main's recent runs "
+            "(another process was busy on this machine)"
+        )
     return None

@@ -45,11 +45,13 @@ class LoopSettings(BaseModel):
     paused: bool = False
 
     @model_validator(mode="after")
-    def _noise_must_be_measurable(self) -> "LoopSettings":
+    def _noise_must_be_measurable(self) -> LoopSettings:
         if not self.confirm and min(self.baseline_runs, self.first_baseline_runs) < 2:
-            raise ValueError("with confirm: false, every main must be measured at least twice "
-                             "(first_baseline_runs and baseline_runs >= 2), or nothing tells a gain from "
-                             "run-to-run noise and pure noise would be kept; raise them or set confirm: true")
+            raise ValueError(
+                "with confirm: false, every main must be measured at least twice "
+                "(first_baseline_runs and baseline_runs >= 2), or nothing tells a gain from "
+                "run-to-run noise and pure noise would be kept; raise them or set confirm: true"
+            )
         return self
 
 
@@ -70,9 +72,11 @@ def parse_program(text: str) -> Program:
     try:
         end = next(i for i in range(1, len(lines)) if lines[i].strip() == "---")
     except StopIteration:
-        raise SettingsError("program.md starts a front-matter block with '---' but never closes it: "
-                            "add a second '---' line after the settings") from None
-    body = "\n".join(lines[end + 1:]).lstrip("\n")
+        raise SettingsError(
+            "program.md starts a front-matter block with '---' but never closes it: "
+            "add a second '---' line after the settings"
+        ) from None
+    body = "\n".join(lines[end + 1 :]).lstrip("\n")
     try:
         data = yaml.safe_load("\n".join(lines[1:end])) or {}
     except yaml.YAMLError as error:
@@ -81,12 +85,15 @@ def parse_program(text: str) -> Program:
         raise SettingsError("program.md front matter must be a YAML map with an 'autoresearch:' key")
     unknown = set(data) - {"autoresearch"}
     if unknown:
-        raise SettingsError(f"program.md front matter has unknown keys {sorted(map(str, unknown))}; "
-                            "put loop settings under 'autoresearch:'")
+        raise SettingsError(
+            f"program.md front matter has unknown keys {sorted(map(str, unknown))}; "
+            "put loop settings under 'autoresearch:'"
+        )
     try:
         settings = LoopSettings.model_validate(data.get("autoresearch") or {})
     except ValidationError as error:
-        problems = "; ".join(f"autoresearch{''.join('.' + str(part) for part in e['loc'])}: {e['msg']}"
-                             for e in error.errors())
+        problems = "; ".join(
+            f"autoresearch{''.join('.' + str(part) for part in e['loc'])}: {e['msg']}" for e in error.errors()
+        )
         raise SettingsError(f"program.md front matter: {problems}") from None
     return Program(settings, body)

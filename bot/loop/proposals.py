@@ -46,9 +46,22 @@ class _Pending:
 
 
 class Proposals:
-    def __init__(self, store: Store, worker: AgentWorker, baseline: Baseline, lifecycle: Lifecycle, runner: Runner,
-                 *, profile: Profile, max_experiments: int, max_refusals: int, lookahead: int | None,
-                 budget_usd: float | None, backoff: Backoff, clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        store: Store,
+        worker: AgentWorker,
+        baseline: Baseline,
+        lifecycle: Lifecycle,
+        runner: Runner,
+        *,
+        profile: Profile,
+        max_experiments: int,
+        max_refusals: int,
+        lookahead: int | None,
+        budget_usd: float | None,
+        backoff: Backoff,
+        clock: Callable[[], float],
+    ) -> None:
         self.store = store
         self.worker = worker
         self.baseline = baseline
@@ -105,8 +118,10 @@ class Proposals:
     def _ask(self, exp: Experiment, main: Main) -> None:
         budget, spent = self.budget_usd, self.spent_usd()
         if budget is not None and spent >= budget:
-            reason = (f"the agent's budget of ${budget:.2f} is spent (${spent:.2f} so far); raise "
-                      "AUTORESEARCH_ANTHROPIC_BUDGET_USD (or --budget) to let it propose again")
+            reason = (
+                f"the agent's budget of ${budget:.2f} is spent (${spent:.2f} so far); raise "
+                "AUTORESEARCH_ANTHROPIC_BUDGET_USD (or --budget) to let it propose again"
+            )
             self.store.experiments.withdraw_proposing(exp.id, reason)
             self.stopped = reason
             log.warning("%s", reason)
@@ -126,19 +141,32 @@ class Proposals:
                 pending.cost_usd += self._spend(answer.meta)
             failures = exp.failures + 1
             wait = self.backoff.after(failures)
-            self.store.experiments.update(exp.id, failures=failures, retry_at=self.clock() + wait,
-                                          event=f"the agent failed ({type(answer).__name__}: {answer}); "
-                                                f"asking again in {wait:.0f}s (failure {failures})")
+            self.store.experiments.update(
+                exp.id,
+                failures=failures,
+                retry_at=self.clock() + wait,
+                event=f"the agent failed ({type(answer).__name__}: {answer}); "
+                f"asking again in {wait:.0f}s (failure {failures})",
+            )
             log.warning("agent failed (%s: %s); retrying in %.0fs", type(answer).__name__, answer, wait)
             return
         cost = self._spend(answer.meta)
         problem = self.validate(answer, main, pending.seen)
         if problem is None:
-            meta = dict(answer.meta, cost_usd=round(cost + pending.cost_usd, 6)) if cost or pending.cost_usd \
+            meta = (
+                dict(answer.meta, cost_usd=round(cost + pending.cost_usd, 6))
+                if cost or pending.cost_usd
                 else answer.meta
-            exp = self.store.experiments.fill_proposal(exp.id, title=answer.title, hypothesis=answer.hypothesis,
-                                                       slug=answer.slug, code_hash=code_hash(answer.train_py),
-                                                       train_py=answer.train_py, meta=meta)
+            )
+            exp = self.store.experiments.fill_proposal(
+                exp.id,
+                title=answer.title,
+                hypothesis=answer.hypothesis,
+                slug=answer.slug,
+                code_hash=code_hash(answer.train_py),
+                train_py=answer.train_py,
+                meta=meta,
+            )
             if meta.get("fixes"):
                 self.store.events.add(exp.id, "fix", f"proposed as a fix of the crash of experiment {meta['fixes']}")
             log.info("experiment %s proposed: %s", exp.id, exp.title)
@@ -166,8 +194,9 @@ class Proposals:
         if digest in seen or (digest != main.code and digest in self.store.experiments.seen_code_hashes()):
             earlier = self.store.experiments.by_code(digest)
             return f"it repeats experiment {earlier.id} ({earlier.title!r})" if earlier else "it repeats an earlier run"
-        earlier = [(exp_id, title, self._normal_hash(code, exp_id))
-                   for exp_id, title, code in self.store.experiments.codes()]
+        earlier = [
+            (exp_id, title, self._normal_hash(code, exp_id)) for exp_id, title, code in self.store.experiments.codes()
+        ]
         return validation.problem(proposal.title, proposal.train_py, main_train_py=main.train_py, earlier=earlier)
 
     def _normal_hash(self, code: str, exp_id: int) -> str | None:
@@ -178,20 +207,39 @@ class Proposals:
     def context(self, main: Main) -> ProposalContext:
         """What the agent is told: everything it needs, nothing of the store itself."""
         done = self.store.experiments.all()
-        history = [HistoryEntry(id=e.id, title=e.title, hypothesis=e.hypothesis,
-                                status=e.status or "running", val_bpb=e.val_bpb, delta=e.delta,
-                                code_hash=e.code_hash or "", meta=e.meta, error_tail=e.error_tail,
-                                margin=e.margin, lesson=_lesson(e.reason)) for e in done]
+        history = [
+            HistoryEntry(
+                id=e.id,
+                title=e.title,
+                hypothesis=e.hypothesis,
+                status=e.status or "running",
+                val_bpb=e.val_bpb,
+                delta=e.delta,
+                code_hash=e.code_hash or "",
+                meta=e.meta,
+                error_tail=e.error_tail,
+                margin=e.margin,
+                lesson=_lesson(e.reason),
+            )
+            for e in done
+        ]
         crash = _unfixed_crash(done)
         notes = self._pending.notes if self._pending else []
         seen = self._pending.seen if self._pending else set()
-        return ProposalContext(program_md=main.instructions, train_py=main.train_py, main_sha=main.sha,
-                               main_val_bpb=measurement.main_value(self.baseline.values(), main.code),
-                               history=history, feedback=self.store.feedback.recent() + notes,
-                               last_crash=crash.error_tail if crash else None,
-                               last_crash_id=crash.id if crash else None,
-                               seen_hashes=self.store.experiments.seen_code_hashes() | seen | {main.code},
-                               profile=self.profile.name, device_kind=self.profile.device, spent_usd=self.spent_usd())
+        return ProposalContext(
+            program_md=main.instructions,
+            train_py=main.train_py,
+            main_sha=main.sha,
+            main_val_bpb=measurement.main_value(self.baseline.values(), main.code),
+            history=history,
+            feedback=self.store.feedback.recent() + notes,
+            last_crash=crash.error_tail if crash else None,
+            last_crash_id=crash.id if crash else None,
+            seen_hashes=self.store.experiments.seen_code_hashes() | seen | {main.code},
+            profile=self.profile.name,
+            device_kind=self.profile.device,
+            spent_usd=self.spent_usd(),
+        )
 
     # --- what proposals cost (an LLM agent reports it in Proposal.meta["cost_usd"]) ----------------
     def spent_usd(self) -> float:

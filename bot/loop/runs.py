@@ -35,8 +35,17 @@ MAX_KILLED_RUNS = 2
 
 
 class Runs:
-    def __init__(self, store: Store, runner: Runner, baseline: Baseline, *, identity: dict[str, str], profile: str,
-                 disturbed_share: float, report: Callable[[str, Exception], None]) -> None:
+    def __init__(
+        self,
+        store: Store,
+        runner: Runner,
+        baseline: Baseline,
+        *,
+        identity: dict[str, str],
+        profile: str,
+        disturbed_share: float,
+        report: Callable[[str, Exception], None],
+    ) -> None:
         self.store = store
         self.runner = runner
         self.baseline = baseline
@@ -94,8 +103,13 @@ class Runs:
             streak = 0 if earlier.state == RunState.DONE else streak + (earlier.state == RunState.LOST)
         if charge is not None and streak + 1 >= MAX_KILLED_RUNS:
             log.warning("run %s lost again (%s): charged as a crash of its train.py", run.id, why)
-            self._record(run, replace(charge, error=f"{why}; lost {streak + 1} times in a row, so "
-                                                     "charged as a crash of its train.py"), main)
+            self._record(
+                run,
+                replace(
+                    charge, error=f"{why}; lost {streak + 1} times in a row, so charged as a crash of its train.py"
+                ),
+                main,
+            )
             return
         again = streak + 1 < MAX_LOST_RUNS
         self.store.runs.set_aside(run.id, RunState.LOST, why, rerun=again)
@@ -119,32 +133,53 @@ class Runs:
             self.store.runs.set_aside(run.id, RunState.DISTURBED, disturbed, result=kept)
             log.warning("run %s: %s; running it again", run.id, disturbed)
             return
-        run = self.store.runs.finish(run.id, status=result.status, val_bpb=result.val_bpb, metrics=result.metrics,
-                                     error=result.error, log_tail=result.log_tail)
-        log.info("run %s finished: %s %s", run.id, run.status,
-                 f"val_bpb {run.val_bpb:.6f}" if run.val_bpb is not None else (run.error or ""))
+        run = self.store.runs.finish(
+            run.id,
+            status=result.status,
+            val_bpb=result.val_bpb,
+            metrics=result.metrics,
+            error=result.error,
+            log_tail=result.log_tail,
+        )
+        log.info(
+            "run %s finished: %s %s",
+            run.id,
+            run.status,
+            f"val_bpb {run.val_bpb:.6f}" if run.val_bpb is not None else (run.error or ""),
+        )
         self.baseline.run_finished()
         if run.experiment_id is None:
             self.baseline.note_remeasured_delta(run.code_hash, main)
 
     def _give_up_on(self, run: Run, why: str, main: Main) -> None:
         if run.experiment_id is None:
-            self.baseline.block(main, f"main's runs cannot be measured: {why}. The runner must run the harness and "
-                                "data this conductor pinned when it started: update or re-prepare the runner, or "
-                                "restart the conductor to pin what the runner has.")
+            self.baseline.block(
+                main,
+                f"main's runs cannot be measured: {why}. The runner must run the harness and "
+                "data this conductor pinned when it started: update or re-prepare the runner, or "
+                "restart the conductor to pin what the runner has.",
+            )
             return
         exp = self.store.experiments.get(run.experiment_id)
         if exp.state != State.DONE:
             self.cancel(exp, "its experiment failed")
-            self.store.experiments.update(exp.id, state=State.DONE, status=Status.FAILED, reason=why,
-                                          event=f"failed: {why}")
+            self.store.experiments.update(
+                exp.id, state=State.DONE, status=Status.FAILED, reason=why, event=f"failed: {why}"
+            )
 
     # --- an experiment's runs --------------------------------------------------------------------
     def queue(self, exp: Experiment, purpose: str, reason: str) -> None:
         """Queue one more run of the experiment as it stands (its state stays measuring)."""
-        self.store.runs.add(experiment_id=exp.id, purpose=purpose, code_hash=exp.code_hash,
-                            commit_sha=exp.head_sha or "", base_sha=exp.base_sha, asset=exp.train_py,
-                            profile=self.profile, reason=reason)
+        self.store.runs.add(
+            experiment_id=exp.id,
+            purpose=purpose,
+            code_hash=exp.code_hash,
+            commit_sha=exp.head_sha or "",
+            base_sha=exp.base_sha,
+            asset=exp.train_py,
+            profile=self.profile,
+            reason=reason,
+        )
 
     def cancel(self, exp: Experiment, why: str) -> None:
         """Stop the experiment's running runs and set aside its queued ones, none run again."""
@@ -156,5 +191,11 @@ class Runs:
 
 
 def _job(run: Run) -> Job:
-    return Job(run_id=run.id, asset=run.asset, profile=run.profile, seed=run.seed, commit=run.commit_sha,
-               experiment_id=run.experiment_id)
+    return Job(
+        run_id=run.id,
+        asset=run.asset,
+        profile=run.profile,
+        seed=run.seed,
+        commit=run.commit_sha,
+        experiment_id=run.experiment_id,
+    )

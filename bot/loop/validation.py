@@ -30,17 +30,31 @@ def uses_harness(tree: ast.Module) -> bool:
     imported = any(
         (isinstance(node, ast.ImportFrom) and node.module == "runner" and any(a.name == "harness" for a in node.names))
         or (isinstance(node, ast.Import) and any(a.name == "runner.harness" for a in node.names))
-        for node in ast.walk(tree))
+        for node in ast.walk(tree)
+    )
     called = any(
-        isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "session"
-        and (isinstance(node.func.value, ast.Name) and node.func.value.id == "harness"
-             or isinstance(node.func.value, ast.Attribute) and node.func.value.attr == "harness")
-        for node in ast.walk(tree))
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "session"
+        and (
+            isinstance(node.func.value, ast.Name)
+            and node.func.value.id == "harness"
+            or isinstance(node.func.value, ast.Attribute)
+            and node.func.value.attr == "harness"
+        )
+        for node in ast.walk(tree)
+    )
     return imported and called
 
 
-def problem(title: str, train_py: str, *, main_train_py: str, earlier: Iterable[tuple[int, str, str]],
-            max_bytes: int = MAX_TRAIN_PY_BYTES) -> str | None:
+def problem(
+    title: str,
+    train_py: str,
+    *,
+    main_train_py: str,
+    earlier: Iterable[tuple[int, str, str]],
+    max_bytes: int = MAX_TRAIN_PY_BYTES,
+) -> str | None:
     """Why the proposal cannot run, or None. `earlier`: (experiment id, title, normal_hash) of every
     experiment so far."""
     if not title.strip():
@@ -56,8 +70,10 @@ def problem(title: str, train_py: str, *, main_train_py: str, earlier: Iterable[
     except ValueError as error:  # a NUL byte, say
         return f"train.py does not compile: {error}"
     if not uses_harness(tree):
-        return ("train.py no longer uses the harness (`from runner import harness` and `h = harness.session()`): "
-                "the harness owns the data, the clock and the evaluation, so keep both")
+        return (
+            "train.py no longer uses the harness (`from runner import harness` and `h = harness.session()`): "
+            "the harness owns the data, the clock and the evaluation, so keep both"
+        )
     digest = hashlib.sha256(ast.dump(tree).encode()).hexdigest()
     if digest == normal_hash(main_train_py):
         return "train.py is identical to main's (up to comments and layout)"

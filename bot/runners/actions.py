@@ -75,9 +75,16 @@ class ActionsRunner:
     """`repo()` is the repository (the app gives its GitHub client's), and `pace_write()` is called
     before each dispatch and cancel, to stay under GitHub's write limits."""
 
-    def __init__(self, repo: Callable[[], Repository], state_dir: Path, settings: ActionsSettings | None = None, *,
-                 pace_write: Callable[[], None] = lambda: None, harness: str | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        repo: Callable[[], Repository],
+        state_dir: Path,
+        settings: ActionsSettings | None = None,
+        *,
+        pace_write: Callable[[], None] = lambda: None,
+        harness: str | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.settings = settings or ActionsSettings()
         self.slots = self.settings.slots
         self._repo = repo
@@ -111,10 +118,18 @@ class ActionsRunner:
             return record["html_url"]  # dispatched before: one run per id
         spec = job_spec(job, repository=self._repo().full_name)
         if not spec.commit:
-            raise ValueError(f"run {job.run_id} has no commit: the Actions runner reads train.py from the job's "
-                             "commit, so the conductor must give one")
-        record = {"run_id": job.run_id, "job": spec.model_dump(mode="json"), "attempts": 0, "lost_requeues": 0,
-                  "previous": [], "outcome": None}
+            raise ValueError(
+                f"run {job.run_id} has no commit: the Actions runner reads train.py from the job's "
+                "commit, so the conductor must give one"
+            )
+        record = {
+            "run_id": job.run_id,
+            "job": spec.model_dump(mode="json"),
+            "attempts": 0,
+            "lost_requeues": 0,
+            "previous": [],
+            "outcome": None,
+        }
         self._dispatch(record)
         log.info("run %s dispatched to GitHub Actions: %s", job.run_id, record["html_url"])
         return record["html_url"]
@@ -167,11 +182,19 @@ class ActionsRunner:
                 return RunStatus("queued", progress={"actions_url": record["html_url"]})
             self._cancel_workflow_run(workflow_run_id)
             if record["attempts"] >= self.settings.max_attempts:
-                return self._give_up(record, f"no self-hosted runner started it in {record['attempts']} dispatches "
-                                     f"of {self.settings.queued_limit_s:.0f} s each: check that a runner with the "
-                                     "workflow's labels (repository variable AUTORESEARCH_RUNS_ON) is online")
-            log.warning("run %s: workflow run %s queued for %.0f s, more than %.0f s; cancelled, dispatching again",
-                        record["run_id"], record["html_url"], waited, self.settings.queued_limit_s)
+                return self._give_up(
+                    record,
+                    f"no self-hosted runner started it in {record['attempts']} dispatches "
+                    f"of {self.settings.queued_limit_s:.0f} s each: check that a runner with the "
+                    "workflow's labels (repository variable AUTORESEARCH_RUNS_ON) is online",
+                )
+            log.warning(
+                "run %s: workflow run %s queued for %.0f s, more than %.0f s; cancelled, dispatching again",
+                record["run_id"],
+                record["html_url"],
+                waited,
+                self.settings.queued_limit_s,
+            )
             self._dispatch(record)
             return RunStatus("queued", progress={"actions_url": record["html_url"]})
         if record.get("started_at") is None:
@@ -182,8 +205,11 @@ class ActionsRunner:
             return RunStatus("running", progress={"actions_url": record["html_url"], "queued_s": round(queued_s, 1)})
         spec = self._download(repo, record)
         if spec is None:
-            return self._lost(record, f"its workflow run {record['html_url']} ended {run.conclusion} without a "
-                              f"result (no {ARTIFACT_PREFIX}{record['run_id']} artifact with a readable result.json)")
+            return self._lost(
+                record,
+                f"its workflow run {record['html_url']} ended {run.conclusion} without a "
+                f"result (no {ARTIFACT_PREFIX}{record['run_id']} artifact with a readable result.json)",
+            )
         if spec.timings.queued is None:
             spec.timings.queued = round(queued_s, 3)
         record["outcome"] = {"state": "finished", "result": spec.model_dump(mode="json")}
@@ -207,7 +233,8 @@ class ActionsRunner:
         name = f"{ARTIFACT_PREFIX}{record['run_id']}"
         requester = repo._requester  # PyGithub has no artifact name filter nor zip download
         _, listed = requester.requestJsonAndCheck(
-            "GET", f"{repo.url}/actions/runs/{record['workflow_run_id']}/artifacts", parameters={"name": name})
+            "GET", f"{repo.url}/actions/runs/{record['workflow_run_id']}/artifacts", parameters={"name": name}
+        )
         found = [a for a in listed.get("artifacts", []) if a.get("name") == name and not a.get("expired")]
         if not found:
             return None
@@ -217,34 +244,50 @@ class ActionsRunner:
             with zipfile.ZipFile(io.BytesIO(data)) as archive:
                 return ResultSpec.model_validate_json(archive.read("result.json"))
         except (OSError, KeyError, zipfile.BadZipFile, ValidationError, GithubException) as error:
-            log.warning("run %s: the artifact %s of %s could not be read: %s", record["run_id"], name,
-                        record["html_url"], error)
+            log.warning(
+                "run %s: the artifact %s of %s could not be read: %s", record["run_id"], name, record["html_url"], error
+            )
             return None
 
     # --- dispatching -----------------------------------------------------------------------------
     def _dispatch(self, record: dict[str, Any]) -> None:
         """Start one more workflow run for the record's job and write the record."""
         job = JobSpec.model_validate(record["job"])
-        inputs = {"run_id": str(job.run_id), "experiment_id": "" if job.experiment_id is None else str(job.experiment_id),
-                  "commit": job.commit, "asset_sha256": job.asset_sha256, "profile": job.profile,
-                  "seed": str(job.seed), "protocol_version": str(job.version)}
+        inputs = {
+            "run_id": str(job.run_id),
+            "experiment_id": "" if job.experiment_id is None else str(job.experiment_id),
+            "commit": job.commit,
+            "asset_sha256": job.asset_sha256,
+            "profile": job.profile,
+            "seed": str(job.seed),
+            "protocol_version": str(job.version),
+        }
         repo = self._repo()
         workflow, ref = self.settings.workflow, self.settings.ref
         self._pace()
         try:
             _, answer = repo._requester.requestJsonAndCheck(
-                "POST", f"{repo.url}/actions/workflows/{quote(workflow, safe='')}/dispatches",
-                input={"ref": ref, "inputs": inputs, "return_run_details": True})
+                "POST",
+                f"{repo.url}/actions/workflows/{quote(workflow, safe='')}/dispatches",
+                input={"ref": ref, "inputs": inputs, "return_run_details": True},
+            )
         except GithubException as error:
             raise RuntimeError(_dispatch_refused(error, repo.full_name, workflow, ref)) from None
         if not isinstance(answer, dict) or "workflow_run_id" not in answer:
-            raise RuntimeError(f"GitHub started {workflow} for run {job.run_id} but did not say which workflow run: "
-                               "this GitHub does not support return_run_details, which the Actions runner needs")
+            raise RuntimeError(
+                f"GitHub started {workflow} for run {job.run_id} but did not say which workflow run: "
+                "this GitHub does not support return_run_details, which the Actions runner needs"
+            )
         if record.get("workflow_run_id") is not None:
             record["previous"].append(record["html_url"])
-        record.update(workflow_run_id=int(answer["workflow_run_id"]), html_url=answer["html_url"],
-                      run_url=answer["run_url"], dispatched_at=self._clock(), started_at=None,
-                      attempts=record["attempts"] + 1)
+        record.update(
+            workflow_run_id=int(answer["workflow_run_id"]),
+            html_url=answer["html_url"],
+            run_url=answer["run_url"],
+            dispatched_at=self._clock(),
+            started_at=None,
+            attempts=record["attempts"] + 1,
+        )
         self.records.write(record)
 
     def _lost(self, record: dict[str, Any], why: str) -> RunStatus:
@@ -254,8 +297,9 @@ class ActionsRunner:
             record["lost_requeues"] += 1
             self._dispatch(record)
             return RunStatus("queued", progress={"actions_url": record["html_url"]})
-        return self._give_up(record, f"{why}; it had already been dispatched again once (earlier: "
-                             f"{', '.join(record['previous'])})")
+        return self._give_up(
+            record, f"{why}; it had already been dispatched again once (earlier: {', '.join(record['previous'])})"
+        )
 
     def _give_up(self, record: dict[str, Any], detail: str) -> RunStatus:
         record["outcome"] = {"state": "lost", "detail": detail}
@@ -284,12 +328,18 @@ class ActionsRunner:
 def _dispatch_refused(error: GithubException, repository: str, workflow: str, ref: str) -> str:
     message = error.data.get("message", "") if isinstance(error.data, dict) else ""
     if error.status == 404:
-        return (f"GitHub has no workflow {workflow} on {ref} of {repository}: commit .github/workflows/{workflow} "
-                f"from this project to {ref}, or set AUTORESEARCH_ACTIONS_WORKFLOW / AUTORESEARCH_ACTIONS_REF")
+        return (
+            f"GitHub has no workflow {workflow} on {ref} of {repository}: commit .github/workflows/{workflow} "
+            f"from this project to {ref}, or set AUTORESEARCH_ACTIONS_WORKFLOW / AUTORESEARCH_ACTIONS_REF"
+        )
     if error.status == 403:
-        return (f"GitHub refused to start {workflow} on {repository} ({message}): the bot needs the "
-                "Actions: write permission")
+        return (
+            f"GitHub refused to start {workflow} on {repository} ({message}): the bot needs the "
+            "Actions: write permission"
+        )
     if error.status == 422:
-        return (f"GitHub refused to start {workflow} on {ref} of {repository}: {message}. The workflow file "
-                "there must declare the inputs this bot sends (update it from this project)")
+        return (
+            f"GitHub refused to start {workflow} on {ref} of {repository}: {message}. The workflow file "
+            "there must declare the inputs this bot sends (update it from this project)"
+        )
     return f"GitHub did not start {workflow} on {repository}: HTTP {error.status} {message}"

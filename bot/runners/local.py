@@ -56,6 +56,7 @@ STANDBY_PREFIX = ".standby-"
 @dataclass
 class Standby:
     """A warm worker waiting for its slot's next job."""
+
     proc: subprocess.Popen
     out: Path
     profile: str
@@ -74,8 +75,9 @@ class Standby:
 
 
 class LocalRunner:
-    def __init__(self, runs_dir: Path, slots: int = 1, data: str | None = None,
-                 gpus: list[str] | None = None, warm: bool = False) -> None:
+    def __init__(
+        self, runs_dir: Path, slots: int = 1, data: str | None = None, gpus: list[str] | None = None, warm: bool = False
+    ) -> None:
         if slots < 1:
             raise ValueError("a runner needs at least one slot")
         self.runs_dir = runs_dir
@@ -87,8 +89,11 @@ class LocalRunner:
         usable, why = sandbox.available()
         self.sandboxed = usable
         if not usable:
-            log.warning("training runs on this machine are NOT sandboxed: %s. train.py (written by the agent) can "
-                        "read what this user can read and open connections; results are marked unsandboxed", why)
+            log.warning(
+                "training runs on this machine are NOT sandboxed: %s. train.py (written by the agent) can "
+                "read what this user can read and open connections; results are marked unsandboxed",
+                why,
+            )
         self._procs: dict[int, subprocess.Popen] = {}
         self._slot_of: dict[int, int] = {}
         self._notify: Callable[[], None] | None = None
@@ -123,17 +128,28 @@ class LocalRunner:
         out.mkdir(parents=True, exist_ok=True)
         spec = job_spec(job)
         files.write_text(out / "jobspec.json", spec.model_dump_json())
-        record = {"run_id": job.run_id, "profile": job.profile, "seed": job.seed, "commit": job.commit,
-                  "asset_sha256": job.asset_sha256, "slot": slot, "submitted_at": time.time(), "warm": worker is not None,
-                  "deadline": time.time() + profile.max_total_s + profile.score_limit_s + SUPERVISOR_GRACE_S}
+        record = {
+            "run_id": job.run_id,
+            "profile": job.profile,
+            "seed": job.seed,
+            "commit": job.commit,
+            "asset_sha256": job.asset_sha256,
+            "slot": slot,
+            "submitted_at": time.time(),
+            "warm": worker is not None,
+            "deadline": time.time() + profile.max_total_s + profile.score_limit_s + SUPERVISOR_GRACE_S,
+        }
         if worker is not None:
             proc = worker.proc
-            files.write_text(out / "job.json", json.dumps(dict(record, pid=proc.pid)))  # first: a second submit starts nothing
+            files.write_text(
+                out / "job.json", json.dumps(dict(record, pid=proc.pid))
+            )  # first: a second submit starts nothing
             _hand_over(worker, out)
         else:
             files.write_text(out / "job.json", json.dumps(record))  # first: a second submit starts nothing
-            proc = launch.start_isolated(out / "jobspec.json", out, data=self.data, threads=self.threads, gpu=gpu,
-                                         limits=self.limits)
+            proc = launch.start_isolated(
+                out / "jobspec.json", out, data=self.data, threads=self.threads, gpu=gpu, limits=self.limits
+            )
             files.write_text(out / "job.json", json.dumps(dict(record, pid=proc.pid)))
         self._procs[job.run_id] = proc
         self._slot_of[job.run_id] = slot
@@ -209,8 +225,9 @@ class LocalRunner:
         for proc in procs:
             proc.wait()
 
-    def _finish(self, run_id: int, out: Path, job: dict[str, Any], code: int | None, *,
-                timed_out: bool = False) -> RunStatus:
+    def _finish(
+        self, run_id: int, out: Path, job: dict[str, Any], code: int | None, *, timed_out: bool = False
+    ) -> RunStatus:
         outcome = _read_json(out / "result.json") or _lost_supervisor(out, code, timed_out)
         files.write_text(out / "outcome.json", json.dumps(outcome))  # later lookups read this
         self._procs.pop(run_id, None)
@@ -224,8 +241,11 @@ class LocalRunner:
             return None
         if worker.ready() and worker.profile == profile and worker.gpu == gpu:
             return worker
-        log.info("slot %d: its warm worker is %s; this run starts cold", slot,
-                 "not ready yet" if worker.proc.poll() is None else f"gone (exit code {worker.proc.returncode})")
+        log.info(
+            "slot %d: its warm worker is %s; this run starts cold",
+            slot,
+            "not ready yet" if worker.proc.poll() is None else f"gone (exit code {worker.proc.returncode})",
+        )
         worker.send_away()
         return None
 
@@ -272,10 +292,18 @@ def _finished(out: Path, job: dict[str, Any], outcome: dict[str, Any]) -> RunSta
     """The supervisor's ResultSpec, checked against the job; or the crash record of a supervisor
     that died before it wrote one."""
     if "version" not in outcome:
-        crash = RunResult(run_id=job["run_id"], status="crash", error=outcome["error"],
-                          log_tail=outcome.get("log_tail", ""), metrics={"outcome": outcome.get("outcome", "crash")})
-        return RunStatus("lost", detail=outcome["error"], result=crash) if outcome.get("outcome") == "lost" else \
-            RunStatus("finished", result=crash)
+        crash = RunResult(
+            run_id=job["run_id"],
+            status="crash",
+            error=outcome["error"],
+            log_tail=outcome.get("log_tail", ""),
+            metrics={"outcome": outcome.get("outcome", "crash")},
+        )
+        return (
+            RunStatus("lost", detail=outcome["error"], result=crash)
+            if outcome.get("outcome") == "lost"
+            else RunStatus("finished", result=crash)
+        )
     try:
         spec = JobSpec.model_validate_json((out / "jobspec.json").read_text())
         return finished_status(checked_result(spec, ResultSpec.model_validate(outcome), harness=harness_hash()))
@@ -290,8 +318,10 @@ def _lost_supervisor(out: Path, code: int | None, timed_out: bool) -> dict[str, 
     if timed_out:
         why = "the run's supervisor outlived every limit and was killed"
     elif code is not None and code < 0:
-        why = (f"the run's supervisor was killed by {signal.Signals(-code).name} from outside before it wrote a "
-               "result: the run is lost and runs again")
+        why = (
+            f"the run's supervisor was killed by {signal.Signals(-code).name} from outside before it wrote a "
+            "result: the run is lost and runs again"
+        )
         outcome = "lost"
     else:
         why = f"the run's supervisor exited with code {code} without writing a result"

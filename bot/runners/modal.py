@@ -41,8 +41,9 @@ DEPLOY = "modal deploy -m runner.modal_app"
 class ModalSettings(BaseSettings):
     """Where the bot finds its Modal deployment (AUTORESEARCH_MODAL_* variables or .env)."""
 
-    model_config = SettingsConfigDict(env_prefix="AUTORESEARCH_MODAL_", env_file=".env", env_ignore_empty=True,
-                                      extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix="AUTORESEARCH_MODAL_", env_file=".env", env_ignore_empty=True, extra="ignore"
+    )
 
     app: str = Field("autoresearch", description="the deployed app's name (as when it was deployed)")
     class_name: str = Field("Trainer", description="the app's training class")
@@ -99,8 +100,10 @@ class ModalRunner:
         """The identity to pin: the deployment's, refused if it runs another harness than this bot."""
         found = self.calls.identity()
         if found.get("harness_hash") != self.harness:
-            raise ModalNotConfigured(f"the Modal app measures with harness {found.get('harness_hash')}, this bot "
-                                     f"with {self.harness}: deploy this version of the runner ({DEPLOY})")
+            raise ModalNotConfigured(
+                f"the Modal app measures with harness {found.get('harness_hash')}, this bot "
+                f"with {self.harness}: deploy this version of the runner ({DEPLOY})"
+            )
         return found
 
     def check_ready(self, identity: dict[str, str]) -> None:
@@ -114,7 +117,8 @@ class ModalRunner:
                 raise ModalNotConfigured(
                     f"the Modal app measures {key} {found.get(key)!r}, this bot is configured for {identity.get(key)!r}: "
                     f"set {what} to the deployment's, or deploy for this one "
-                    f"(AUTORESEARCH_PROFILE={identity.get('profile')} {DEPLOY})")
+                    f"(AUTORESEARCH_PROFILE={identity.get('profile')} {DEPLOY})"
+                )
 
     # --- the protocol ----------------------------------------------------------------------------
     def submit(self, job: Job) -> str:
@@ -177,8 +181,10 @@ class ModalRunner:
             self._spawn(record)  # writes the record, with the reason
             return RunStatus("queued")
         reasons = "; then ".join(f"{c['id']}: {c.get('failed', '')}" for c in record["calls"])
-        record["lost"] = (f"the Modal call failed {len(record['calls'])} times ({reasons}); why is in the "
-                          "app's logs (`modal app logs APP`, or the calls on modal.com)")
+        record["lost"] = (
+            f"the Modal call failed {len(record['calls'])} times ({reasons}); why is in the "
+            "app's logs (`modal app logs APP`, or the calls on modal.com)"
+        )
         self.records.write(record)
         log.error("run %s lost: %s", run_id, record["lost"])
         return RunStatus("lost", detail=record["lost"])
@@ -189,8 +195,11 @@ class ModalRunner:
             spec = ResultSpec.model_validate_json(record["result"])
             result = checked_result(job, spec, harness=self.harness)
         except ValidationError as error:
-            return RunStatus("lost", detail=f"result refused: the Modal call's answer is not a result "
-                                            f"({error.error_count()} problems, the first: {error.errors()[0]['msg']})")
+            return RunStatus(
+                "lost",
+                detail=f"result refused: the Modal call's answer is not a result "
+                f"({error.error_count()} problems, the first: {error.errors()[0]['msg']})",
+            )
         except ResultRefused as error:
             return RunStatus("lost", detail=f"result refused: {error}")
         return finished_status(result)
@@ -220,8 +229,10 @@ class ModalClient:
         try:
             call = self._instance().run.spawn(job_json, time.time())
         except self.modal.exception.NotFoundError as error:
-            raise ModalNotConfigured(f"Modal has no app {self.settings.app!r} with class {self.settings.class_name!r} "
-                                     f"({error}): deploy it with `{DEPLOY}`") from None
+            raise ModalNotConfigured(
+                f"Modal has no app {self.settings.app!r} with class {self.settings.class_name!r} "
+                f"({error}): deploy it with `{DEPLOY}`"
+            ) from None
         return str(call.object_id)
 
     def poll(self, call_id: str) -> str | None:
@@ -231,8 +242,14 @@ class ModalClient:
             answer = call.get(timeout=0)
         except TimeoutError:  # the builtin one: no output yet (modal's timeouts are not subclasses of it)
             return None
-        except (errors.ConnectionError, errors.AuthError, errors.ServiceError, errors.InternalError,
-                errors.ResourceExhaustedError, OSError):
+        except (
+            errors.ConnectionError,
+            errors.AuthError,
+            errors.ServiceError,
+            errors.InternalError,
+            errors.ResourceExhaustedError,
+            OSError,
+        ):
             raise  # Modal is unreachable or refuses us: ask again later, the call may be fine
         except errors.OutputExpiredError:
             raise CallFailed(f"Modal call {call_id} expired before its result was read") from None
@@ -247,8 +264,10 @@ class ModalClient:
         except Exception as error:  # noqa: BLE001 - whatever the remote harness raised
             raise CallFailed(f"Modal call {call_id} failed: {type(error).__name__}: {error}") from None
         if not isinstance(answer, str):
-            raise CallFailed(f"Modal call {call_id} answered a {type(answer).__name__}, not a result's JSON: "
-                             f"is the deployed app this version? ({DEPLOY})")
+            raise CallFailed(
+                f"Modal call {call_id} answered a {type(answer).__name__}, not a result's JSON: "
+                f"is the deployed app this version? ({DEPLOY})"
+            )
         return answer
 
     def cancel(self, call_id: str) -> None:
@@ -270,8 +289,10 @@ class ModalClient:
         try:
             found = self._instance().identity.remote()
         except self.modal.exception.NotFoundError as error:
-            raise ModalNotConfigured(f"Modal has no app {self.settings.app!r} with class {self.settings.class_name!r} "
-                                     f"({error}): deploy it with `{DEPLOY}`") from None
+            raise ModalNotConfigured(
+                f"Modal has no app {self.settings.app!r} with class {self.settings.class_name!r} "
+                f"({error}): deploy it with `{DEPLOY}`"
+            ) from None
         return {str(k): str(v) for k, v in dict(found).items()}
 
 
@@ -283,7 +304,8 @@ def _modal_with_token() -> Any:
     if not (modal.config.config.get("token_id") and modal.config.config.get("token_secret")):
         raise ModalNotConfigured(
             "Modal has no token here: run `modal token new` (it writes ~/.modal.toml), or set MODAL_TOKEN_ID and "
-            f"MODAL_TOKEN_SECRET; then deploy the training app once with `{DEPLOY}`")
+            f"MODAL_TOKEN_SECRET; then deploy the training app once with `{DEPLOY}`"
+        )
     return modal
 
 

@@ -17,22 +17,42 @@ _ERROR_PREFIX = {"crash": "", "timeout": "timed out: ", "rejected": "rejected: "
 
 
 def job_spec(job: Job, *, repository: str = "") -> JobSpec:
-    return JobSpec(experiment_id=job.experiment_id, run_id=job.run_id, repository=repository, commit=job.commit,
-                   asset=job.asset, asset_sha256=job.asset_sha256, profile=job.profile, seed=job.seed)
+    return JobSpec(
+        experiment_id=job.experiment_id,
+        run_id=job.run_id,
+        repository=repository,
+        commit=job.commit,
+        asset=job.asset,
+        asset_sha256=job.asset_sha256,
+        profile=job.profile,
+        seed=job.seed,
+    )
 
 
 def run_result(spec: ResultSpec) -> RunResult:
     """The conductor's record of a result. The identity it was measured under (asset, harness,
     data, profile, seed) goes into the metrics, where the conductor checks it against the job."""
-    metrics = dict(spec.metrics, outcome=spec.status, asset_sha256=spec.hashes.asset,
-                   harness_hash=spec.hashes.harness, data_fingerprint=spec.hashes.data, profile=spec.profile,
-                   seed=spec.seed, sandboxed=spec.sandboxed, runner=spec.runner.model_dump(),
-                   timings=spec.timings.model_dump())
+    metrics = dict(
+        spec.metrics,
+        outcome=spec.status,
+        asset_sha256=spec.hashes.asset,
+        harness_hash=spec.hashes.harness,
+        data_fingerprint=spec.hashes.data,
+        profile=spec.profile,
+        seed=spec.seed,
+        sandboxed=spec.sandboxed,
+        runner=spec.runner.model_dump(),
+        timings=spec.timings.model_dump(),
+    )
     if spec.status == "ok":
-        return RunResult(run_id=spec.run_id, status="ok", val_bpb=spec.val_bpb, metrics=metrics,
-                         log_tail=spec.log_tail)
-    return RunResult(run_id=spec.run_id, status="crash", metrics=metrics, log_tail=spec.log_tail,
-                     error=_ERROR_PREFIX[spec.status] + (spec.error or spec.status))
+        return RunResult(run_id=spec.run_id, status="ok", val_bpb=spec.val_bpb, metrics=metrics, log_tail=spec.log_tail)
+    return RunResult(
+        run_id=spec.run_id,
+        status="crash",
+        metrics=metrics,
+        log_tail=spec.log_tail,
+        error=_ERROR_PREFIX[spec.status] + (spec.error or spec.status),
+    )
 
 
 def finished_status(result: RunResult) -> RunStatus:

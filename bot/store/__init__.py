@@ -37,8 +37,17 @@ from bot.store.pool import ReadPool, StoreUnavailable
 from bot.store.published import Published
 from bot.store.runs import Run, Runs
 
-__all__ = ["Experiment", "InboxEntry", "InvalidTransition", "LoopState", "ReadPool", "Run", "Store",
-           "StoreUnavailable", "failpoint"]
+__all__ = [
+    "Experiment",
+    "InboxEntry",
+    "InvalidTransition",
+    "LoopState",
+    "ReadPool",
+    "Run",
+    "Store",
+    "StoreUnavailable",
+    "failpoint",
+]
 
 
 class Store:

@@ -19,15 +19,20 @@ class Events:
     def add(self, experiment_id: int | None, kind: str, message: str) -> None:
         """Record an event (inside the caller's transaction, if one is open)."""
         with self.db.transaction() as conn:
-            conn.execute("INSERT INTO events(at, experiment_id, kind, message) VALUES (?, ?, ?, ?)",
-                         (time.time(), experiment_id, kind, message))
+            conn.execute(
+                "INSERT INTO events(at, experiment_id, kind, message) VALUES (?, ?, ?, ?)",
+                (time.time(), experiment_id, kind, message),
+            )
 
     def all(self, experiment_id: int | None = None, *, after: int = 0) -> list[sqlite3.Row]:
         """Every event after id `after`, or those of one experiment, oldest first."""
         if experiment_id is None:
             return list(self.db.execute("SELECT * FROM events WHERE id > ? ORDER BY id", (after,)))
-        return list(self.db.execute("SELECT * FROM events WHERE experiment_id = ? AND id > ? ORDER BY id",
-                                    (experiment_id, after)))
+        return list(
+            self.db.execute(
+                "SELECT * FROM events WHERE experiment_id = ? AND id > ? ORDER BY id", (experiment_id, after)
+            )
+        )
 
     def last_id(self) -> int:
         """The id of the latest event (0 before any)."""

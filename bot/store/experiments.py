@@ -66,19 +66,39 @@ class Experiments:
         """An experiment whose proposal the agent is working on, based on main `base_sha`."""
         now = time.time()
         with self.db.transaction() as conn:
-            cursor = conn.execute("INSERT INTO experiments(state, base_sha, created_at, updated_at) "
-                                  "VALUES ('proposing', ?, ?, ?)", (base_sha, now, now))
+            cursor = conn.execute(
+                "INSERT INTO experiments(state, base_sha, created_at, updated_at) VALUES ('proposing', ?, ?, ?)",
+                (base_sha, now, now),
+            )
             exp_id = cursor.lastrowid
             self.events.add(exp_id, "proposing", f"asked the agent for a proposal on main {base_sha[:7]}")
         self.db.failpoint("proposing")
         return self.get(exp_id)
 
-    def fill_proposal(self, exp_id: int, *, title: str, hypothesis: str, slug: str, code_hash: str,
-                      train_py: str, meta: dict[str, Any]) -> Experiment:
+    def fill_proposal(
+        self,
+        exp_id: int,
+        *,
+        title: str,
+        hypothesis: str,
+        slug: str,
+        code_hash: str,
+        train_py: str,
+        meta: dict[str, Any],
+    ) -> Experiment:
         """Record a validated proposal; the branch name is fixed here, from the id."""
-        return self.update(exp_id, state=State.PROPOSED, title=title, hypothesis=hypothesis,
-                           branch=f"autoresearch/{exp_id}-{slug}", code_hash=code_hash, train_py=train_py,
-                           meta=meta, failures=0, event=title)
+        return self.update(
+            exp_id,
+            state=State.PROPOSED,
+            title=title,
+            hypothesis=hypothesis,
+            branch=f"autoresearch/{exp_id}-{slug}",
+            code_hash=code_hash,
+            train_py=train_py,
+            meta=meta,
+            failures=0,
+            event=title,
+        )
 
     def withdraw_proposing(self, exp_id: int, why: str) -> None:
         """Forget an experiment the agent never proposed (it has no branch and no run)."""
@@ -150,14 +170,17 @@ class Experiments:
 
     def by_code(self, code_hash: str) -> Experiment | None:
         """The first experiment that proposed this train.py."""
-        row = self.db.execute("SELECT * FROM experiments WHERE code_hash = ? ORDER BY id LIMIT 1",
-                              (code_hash,)).fetchone()
+        row = self.db.execute(
+            "SELECT * FROM experiments WHERE code_hash = ? ORDER BY id LIMIT 1", (code_hash,)
+        ).fetchone()
         return experiment_of(row) if row else None
 
     def codes(self) -> list[tuple[int, str, str]]:
         """(id, title, code_hash) of every experiment with a proposed train.py, without the texts."""
-        rows = self.db.execute("SELECT id, title, code_hash FROM experiments "
-                               "WHERE code_hash IS NOT NULL AND train_py IS NOT NULL ORDER BY id")
+        rows = self.db.execute(
+            "SELECT id, title, code_hash FROM experiments "
+            "WHERE code_hash IS NOT NULL AND train_py IS NOT NULL ORDER BY id"
+        )
         return [(r[0], r[1], r[2]) for r in rows]
 
     def seen_code_hashes(self) -> set[str]:

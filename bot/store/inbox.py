@@ -43,11 +43,11 @@ class Inbox:
         """Record an external input once; False if an entry with this key is already there."""
         cursor = self.db.execute(
             "INSERT OR IGNORE INTO inbox(key, kind, payload, author, received_at) VALUES (?, ?, ?, ?, ?)",
-            (key, kind, json.dumps(payload), author, time.time()))
+            (key, kind, json.dumps(payload), author, time.time()),
+        )
         return cursor.rowcount == 1
 
-    def add_many(self, entries: list[dict[str, Any]], *, poll_s: float = 0.001,
-                 patience_s: float = 30.0) -> list[bool]:
+    def add_many(self, entries: list[dict[str, Any]], *, poll_s: float = 0.001, patience_s: float = 30.0) -> list[bool]:
         """Record several inputs (add's keyword arguments each) in one transaction, so one fsync for
         all; for each, False if its key was already there (a key twice in `entries`: the second is
         False). All or none are stored: an error rolls every one back and propagates.
@@ -62,8 +62,7 @@ class Inbox:
         return [_entry(r) for r in self.db.execute("SELECT * FROM inbox WHERE processed_at IS NULL ORDER BY id")]
 
     def mark_processed(self, entry_id: int, outcome: str) -> None:
-        self.db.execute("UPDATE inbox SET processed_at = ?, outcome = ? WHERE id = ?",
-                        (time.time(), outcome, entry_id))
+        self.db.execute("UPDATE inbox SET processed_at = ?, outcome = ? WHERE id = ?", (time.time(), outcome, entry_id))
 
     def all(self) -> list[InboxEntry]:
         return [_entry(r) for r in self.db.execute("SELECT * FROM inbox ORDER BY id")]
@@ -78,13 +77,16 @@ class Replies:
 
     def add(self, comment_id: int, number: int, body: str) -> None:
         """Queue the answer to a person's command (once per comment)."""
-        self.db.execute("INSERT OR IGNORE INTO replies(comment_id, number, body, created_at) VALUES (?, ?, ?, ?)",
-                        (comment_id, number, body, time.time()))
+        self.db.execute(
+            "INSERT OR IGNORE INTO replies(comment_id, number, body, created_at) VALUES (?, ?, ?, ?)",
+            (comment_id, number, body, time.time()),
+        )
 
     def pending(self) -> list[tuple[int, int, str]]:
         """(comment_id, number, body) of each reply not posted yet, oldest first."""
-        rows = self.db.execute("SELECT comment_id, number, body FROM replies WHERE posted_at IS NULL "
-                               "ORDER BY created_at")
+        rows = self.db.execute(
+            "SELECT comment_id, number, body FROM replies WHERE posted_at IS NULL ORDER BY created_at"
+        )
         return [(r[0], r[1], r[2]) for r in rows]
 
     def mark_posted(self, comment_id: int) -> None:

@@ -124,5 +124,7 @@ class LoopState:
         return row[0] if row else None
 
     def _write(self, key: str, value: str) -> None:
-        self.db.execute("INSERT INTO settings(key, value) VALUES (?, ?) "
-                        "ON CONFLICT(key) DO UPDATE SET value = excluded.value", (key, value))
+        self.db.execute(
+            "INSERT INTO settings(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            (key, value),
+        )

@@ -48,11 +48,15 @@ class ReadPool:
         if db is not None:
             return db
         if not self.path.is_file():
-            raise StoreUnavailable(f"no store at {self.path} yet: start the loop there (autoresearch demo or "
-                                   "serve), and this page fills in by itself", "no store there yet")
+            raise StoreUnavailable(
+                f"no store at {self.path} yet: start the loop there (autoresearch demo or "
+                "serve), and this page fills in by itself",
+                "no store there yet",
+            )
         try:
-            db = sqlite3.connect(self.uri, uri=True, timeout=5, isolation_level=None, check_same_thread=False,
-                                 factory=_Connection)
+            db = sqlite3.connect(
+                self.uri, uri=True, timeout=5, isolation_level=None, check_same_thread=False, factory=_Connection
+            )
             db.row_factory = sqlite3.Row
             db.execute("PRAGMA query_only = ON")
             version = db.execute("PRAGMA user_version").fetchone()[0]
@@ -61,10 +65,12 @@ class ReadPool:
         if version != schema.VERSION:
             db.close()
             which = "an older" if version < schema.VERSION else "a newer"
-            raise StoreUnavailable(f"the store at {self.path} was written by {which} release (schema {version}, "
-                                   f"this one reads {schema.VERSION}): run this release's bot on it once, or "
-                                   "the dashboard of the release that wrote it",
-                                   f"schema version {version}, this release reads {schema.VERSION}")
+            raise StoreUnavailable(
+                f"the store at {self.path} was written by {which} release (schema {version}, "
+                f"this one reads {schema.VERSION}): run this release's bot on it once, or "
+                "the dashboard of the release that wrote it",
+                f"schema version {version}, this release reads {schema.VERSION}",
+            )
         self._local.db = db
         with self._lock:
             self._opened.add(db)

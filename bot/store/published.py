@@ -22,8 +22,11 @@ class Published:
         return {key: value for key, value in rows}
 
     def set(self, exp_id: int, key: str, value: str) -> None:
-        self.db.execute("INSERT INTO published(experiment_id, key, value) VALUES (?, ?, ?) "
-                        "ON CONFLICT(experiment_id, key) DO UPDATE SET value = excluded.value", (exp_id, key, value))
+        self.db.execute(
+            "INSERT INTO published(experiment_id, key, value) VALUES (?, ?, ?) "
+            "ON CONFLICT(experiment_id, key) DO UPDATE SET value = excluded.value",
+            (exp_id, key, value),
+        )
 
     def behind(self) -> list[Experiment]:
         """Experiments GitHub may not show as they are: the active ones with a branch, and the
@@ -31,18 +34,24 @@ class Published:
         rows = self.db.execute(
             "SELECT e.* FROM experiments e LEFT JOIN published p ON p.experiment_id = e.id AND p.key = 'final' "
             "WHERE e.branch IS NOT NULL AND e.head_sha IS NOT NULL "
-            "AND (e.state != 'done' OR p.value IS NULL OR p.value != e.status) ORDER BY e.id")
+            "AND (e.state != 'done' OR p.value IS NULL OR p.value != e.status) ORDER BY e.id"
+        )
         return [experiment_of(r) for r in rows]
 
     def experiment_of_pull(self, number: int) -> Experiment | None:
         """The experiment whose pull request has this number."""
-        row = self.db.execute("SELECT e.* FROM experiments e JOIN published p ON p.experiment_id = e.id "
-                              "WHERE p.key = 'pr' AND p.value = ?", (str(number),)).fetchone()
+        row = self.db.execute(
+            "SELECT e.* FROM experiments e JOIN published p ON p.experiment_id = e.id "
+            "WHERE p.key = 'pr' AND p.value = ?",
+            (str(number),),
+        ).fetchone()
         return experiment_of(row) if row else None
 
     def experiment_of_check_run(self, check_run_id: int) -> Experiment | None:
         """The experiment whose check run (one the publisher created: `check:<head>:<round>`) has this id."""
-        row = self.db.execute("SELECT e.* FROM experiments e JOIN published p ON p.experiment_id = e.id "
-                              "WHERE p.key LIKE 'check:%' AND p.key NOT LIKE '%:done' AND p.value = ?",
-                              (str(check_run_id),)).fetchone()
+        row = self.db.execute(
+            "SELECT e.* FROM experiments e JOIN published p ON p.experiment_id = e.id "
+            "WHERE p.key LIKE 'check:%' AND p.key NOT LIKE '%:done' AND p.value = ?",
+            (str(check_run_id),),
+        ).fetchone()
         return experiment_of(row) if row else None

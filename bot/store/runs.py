@@ -60,9 +60,19 @@ class Runs:
         self.experiments = experiments
 
     # --- the lifecycle -------------------------------------------------------------------------
-    def add(self, *, experiment_id: int | None, purpose: str, code_hash: str, commit_sha: str, base_sha: str,
-            asset: str, profile: str, experiment_fields: dict[str, Any] | None = None,
-            reason: str | None = None) -> Run:
+    def add(
+        self,
+        *,
+        experiment_id: int | None,
+        purpose: str,
+        code_hash: str,
+        commit_sha: str,
+        base_sha: str,
+        asset: str,
+        profile: str,
+        experiment_fields: dict[str, Any] | None = None,
+        reason: str | None = None,
+    ) -> Run:
         """Queue a run; `experiment_fields` (a state change, say) are written in the same
         transaction, so a restart never finds the one without the other."""
         now = time.time()
@@ -70,7 +80,8 @@ class Runs:
             cursor = conn.execute(
                 "INSERT INTO runs(experiment_id, purpose, code_hash, commit_sha, base_sha, asset, profile,"
                 " seed, state, queued_at) VALUES (?, ?, ?, ?, ?, ?, ?, 0, 'queued', ?)",
-                (experiment_id, purpose, code_hash, commit_sha, base_sha, asset, profile, now))
+                (experiment_id, purpose, code_hash, commit_sha, base_sha, asset, profile, now),
+            )
             run_id = cursor.lastrowid
             conn.execute("UPDATE runs SET seed = ? WHERE id = ?", (run_id, run_id))  # a new seed per run
             if experiment_fields:
@@ -81,19 +92,39 @@ class Runs:
         return self.get(run_id)
 
     def mark_started(self, run_id: int, run_dir: str) -> None:
-        self.db.execute("UPDATE runs SET state = 'running', run_dir = ?, started_at = ? WHERE id = ?",
-                        (run_dir, time.time(), run_id))
+        self.db.execute(
+            "UPDATE runs SET state = 'running', run_dir = ?, started_at = ? WHERE id = ?",
+            (run_dir, time.time(), run_id),
+        )
         self.db.failpoint("run_started")
 
-    def finish(self, run_id: int, *, status: str, val_bpb: float | None, metrics: dict[str, Any],
-               error: str | None, log_tail: str | None) -> Run:
+    def finish(
+        self,
+        run_id: int,
+        *,
+        status: str,
+        val_bpb: float | None,
+        metrics: dict[str, Any],
+        error: str | None,
+        log_tail: str | None,
+    ) -> Run:
         """Record a run's result, once: a run already done keeps its first result."""
         with self.db.transaction() as conn:
             cursor = conn.execute(
                 "UPDATE runs SET state = 'done', status = ?, val_bpb = ?, metrics = ?, harness_hash = ?,"
                 " data_fingerprint = ?, error = ?, log_tail = ?, finished_at = ? WHERE id = ? AND state != 'done'",
-                (status, val_bpb, json.dumps(metrics), metrics.get("harness_hash"),
-                 metrics.get("data_fingerprint"), error, log_tail, time.time(), run_id))
+                (
+                    status,
+                    val_bpb,
+                    json.dumps(metrics),
+                    metrics.get("harness_hash"),
+                    metrics.get("data_fingerprint"),
+                    error,
+                    log_tail,
+                    time.time(),
+                    run_id,
+                ),
+            )
             if cursor.rowcount:
                 row = conn.execute("SELECT experiment_id, purpose FROM runs WHERE id = ?", (run_id,)).fetchone()
                 steps = metrics.get("num_steps")
@@ -101,24 +132,35 @@ class Runs:
                     what = f"crashed: {error.strip().splitlines()[-1][:200] if (error or '').strip() else 'no error'}"
                 else:
                     what = (f"val_bpb {val_bpb:.6f}" if val_bpb is not None else "no val_bpb") + (
-                        f" in {steps} steps" if steps else "")
+                        f" in {steps} steps" if steps else ""
+                    )
                 self.events.add(row["experiment_id"], "run", f"run {run_id} ({row['purpose']}) {what}")
         self.db.failpoint("run_done")
         return self.get(run_id)
 
-    def set_aside(self, run_id: int, state: RunState, why: str, *, rerun: bool = True,
-                  result: dict[str, Any] | None = None) -> Run | None:
+    def set_aside(
+        self, run_id: int, state: RunState, why: str, *, rerun: bool = True, result: dict[str, Any] | None = None
+    ) -> Run | None:
         """Mark a run lost, refused, disturbed or cancelled (keeping what it reported in `result`)
         and, with `rerun`, queue an identical one (new id, new seed), in one transaction."""
         now = time.time()
         result = result or {}
         with self.db.transaction() as conn:
-            conn.execute("UPDATE runs SET state = ?, note = ?, finished_at = ?, status = COALESCE(?, status),"
-                         " val_bpb = COALESCE(?, val_bpb), metrics = COALESCE(?, metrics), log_tail = COALESCE(?,"
-                         " log_tail) WHERE id = ?",
-                         (state.value, why, now, result.get("status"), result.get("val_bpb"),
-                          json.dumps(result["metrics"]) if "metrics" in result else None,
-                          result.get("log_tail"), run_id))
+            conn.execute(
+                "UPDATE runs SET state = ?, note = ?, finished_at = ?, status = COALESCE(?, status),"
+                " val_bpb = COALESCE(?, val_bpb), metrics = COALESCE(?, metrics), log_tail = COALESCE(?,"
+                " log_tail) WHERE id = ?",
+                (
+                    state.value,
+                    why,
+                    now,
+                    result.get("status"),
+                    result.get("val_bpb"),
+                    json.dumps(result["metrics"]) if "metrics" in result else None,
+                    result.get("log_tail"),
+                    run_id,
+                ),
+            )
             row = conn.execute("SELECT experiment_id FROM runs WHERE id = ?", (run_id,)).fetchone()
             if row is None:
                 raise KeyError(f"no run {run_id}")
@@ -127,7 +169,9 @@ class Runs:
                 cursor = conn.execute(
                     "INSERT INTO runs(experiment_id, purpose, code_hash, commit_sha, base_sha, asset, profile,"
                     " seed, state, queued_at, rerun_of) SELECT experiment_id, purpose, code_hash, commit_sha,"
-                    " base_sha, asset, profile, 0, 'queued', ?, id FROM runs WHERE id = ?", (now, run_id))
+                    " base_sha, asset, profile, 0, 'queued', ?, id FROM runs WHERE id = ?",
+                    (now, run_id),
+                )
                 new_id = cursor.lastrowid
                 conn.execute("UPDATE runs SET seed = ? WHERE id = ?", (new_id, new_id))
             again = f"; queued again as run {new_id}" if new_id else ""
@@ -141,8 +185,9 @@ class Runs:
             raise KeyError(f"no run {run_id}")
         return run_of(row)
 
-    def all(self, *, state: str | None = None, experiment_id: int | None = None,
-            code_hash: str | None = None) -> list[Run]:
+    def all(
+        self, *, state: str | None = None, experiment_id: int | None = None, code_hash: str | None = None
+    ) -> list[Run]:
         """Every run, or those matching each filter given, in id order."""
         clauses, params = [], []
         for column, value in (("state", state), ("experiment_id", experiment_id), ("code_hash", code_hash)):
@@ -159,12 +204,15 @@ class Runs:
 
     def latest_ok(self, purpose: str, limit: int) -> list[Run]:
         """The latest `limit` finished runs of this purpose that reported ok, newest first."""
-        rows = self.db.execute("SELECT * FROM runs WHERE state = 'done' AND status = 'ok' AND purpose = ?"
-                               " ORDER BY id DESC LIMIT ?", (purpose, limit))
+        rows = self.db.execute(
+            "SELECT * FROM runs WHERE state = 'done' AND status = 'ok' AND purpose = ? ORDER BY id DESC LIMIT ?",
+            (purpose, limit),
+        )
         return [run_of(r) for r in rows]
 
-    def measured_values(self, *, profile: str, harness_hash: str, data_fingerprint: str, threads: int | None = None
-                        ) -> list[tuple[str, int | None, str, float]]:
+    def measured_values(
+        self, *, profile: str, harness_hash: str, data_fingerprint: str, threads: int | None = None
+    ) -> list[tuple[str, int | None, str, float]]:
         """(code_hash, experiment_id, purpose, val_bpb) of every ok run under one identity (and, for
         CPU-clock runs, one thread count when `threads` is given), in run order.
 
@@ -176,5 +224,6 @@ class Runs:
             " AND val_bpb IS NOT NULL AND profile = ? AND harness_hash = ? AND data_fingerprint = ?"
             " AND (? IS NULL OR json_extract(metrics, '$.clock') IS NOT 'cpu'"
             " OR json_extract(metrics, '$.threads') = ?) ORDER BY id",
-            (profile, harness_hash, data_fingerprint, threads, threads))
+            (profile, harness_hash, data_fingerprint, threads, threads),
+        )
         return [(r[0], r[1], r[2], r[3]) for r in rows]

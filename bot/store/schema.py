@@ -126,8 +126,10 @@ def migrate(db: sqlite3.Connection) -> int:
     """Bring `db` to VERSION, one migration per transaction. Returns the version it started at."""
     start = db.execute("PRAGMA user_version").fetchone()[0]
     if start > VERSION:
-        raise SchemaTooNew(f"this state.db has schema version {start}, newer than this release "
-                           f"understands ({VERSION}): upgrade autoresearch-bot, or use another work directory")
+        raise SchemaTooNew(
+            f"this state.db has schema version {start}, newer than this release "
+            f"understands ({VERSION}): upgrade autoresearch-bot, or use another work directory"
+        )
     for version in range(start, VERSION):
         db.execute("BEGIN IMMEDIATE")
         try:

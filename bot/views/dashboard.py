@@ -56,12 +56,18 @@ from bot.views.read_model import Live
 log = logging.getLogger(__name__)
 
 STATIC = Path(__file__).parent / "dashboard_static"
-FILES = {"index.html": "text/html; charset=utf-8", "app.js": "text/javascript; charset=utf-8",
-         "style.css": "text/css; charset=utf-8"}
+FILES = {
+    "index.html": "text/html; charset=utf-8",
+    "app.js": "text/javascript; charset=utf-8",
+    "style.css": "text/css; charset=utf-8",
+}
 HEADERS = {  # the token may sit in the page's URL: no referrer leaves it, nothing else may load
-    "Referrer-Policy": "no-referrer", "X-Content-Type-Options": "nosniff", "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
-                               "img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"}
+    "img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+}
 
 
 class Dashboard:
@@ -117,16 +123,18 @@ class Dashboard:
                 slots = running_slots(db, live)
         now = time.time()
         body = built[1] + b',"slots":' + encode(slots) + b',"updated_at":' + encode(now) + b"}"
-        return Look(key=key, slots=slots, body=body, progress=encode({"slots": slots, "updated_at": now}),
-                    generation=generation)
+        return Look(
+            key=key, slots=slots, body=body, progress=encode({"slots": slots, "updated_at": now}), generation=generation
+        )
 
     def look_or_problem(self, generation: int = 0) -> Look:
         """look(), or a Look holding why the store cannot be read (a stream says so and goes on)."""
         try:
             return self.look(generation)
         except StoreUnavailable as error:
-            return Look(key=None, slots=None, body=encode({"error": str(error)}), error=str(error),
-                        generation=generation)
+            return Look(
+                key=None, slots=None, body=encode({"error": str(error)}), error=str(error), generation=generation
+            )
 
     # --- the streams ---------------------------------------------------------------------------------
     def open_stream(self) -> Feed | None:
@@ -165,8 +173,9 @@ class Dashboard:
         return hashlib.sha256(repr((cached[2], report)).encode()).hexdigest()[:20]
 
 
-def create_dashboard(*, store_path: Path, token: str | None = None, live: Callable[[], Live] | None = None,
-                     links: Links | None = None) -> APIRouter:
+def create_dashboard(
+    *, store_path: Path, token: str | None = None, live: Callable[[], Live] | None = None, links: Links | None = None
+) -> APIRouter:
     """The dashboard's routes over the store at `store_path`, to include in an app (any prefix: the
     page's URLs are relative). `token`: required of every request when set. `live()`: see Live.
     `links(experiment, published)`: the links shown beside each experiment (github_links)."""
@@ -196,8 +205,9 @@ def create_dashboard(*, store_path: Path, token: str | None = None, live: Callab
     def state() -> Response:
         look = dash.look_or_problem()
         if look.error is not None:
-            return Response(look.body, status_code=503, media_type="application/json",
-                            headers={"Cache-Control": "no-store"})
+            return Response(
+                look.body, status_code=503, media_type="application/json", headers={"Cache-Control": "no-store"}
+            )
         return Response(look.body, media_type="application/json", headers={**HEADERS, "Cache-Control": "no-store"})
 
     @router.get("/api/stream")
@@ -217,14 +227,18 @@ def _require(token: str) -> Callable[[Request], None]:
             scheme, _, value = request.headers.get("authorization", "").partition(" ")
             given = value.strip() if scheme.lower() == "bearer" else None
         if given is None or not hmac.compare_digest(given.encode("utf-8"), expected):
-            raise HTTPException(401, "the dashboard needs its token: open it as …/?token=<token>",
-                                headers={"WWW-Authenticate": "Bearer"})
+            raise HTTPException(
+                401,
+                "the dashboard needs its token: open it as …/?token=<token>",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
 
     return check
 
 
-def dashboard_app(*, store_path: Path, token: str | None = None, live: Callable[[], Live] | None = None,
-                  links: Links | None = None) -> FastAPI:
+def dashboard_app(
+    *, store_path: Path, token: str | None = None, live: Callable[[], Live] | None = None, links: Links | None = None
+) -> FastAPI:
     """The dashboard alone, at the root (`autoresearch dashboard`, the demo)."""
     router = create_dashboard(store_path=store_path, token=token, live=live, links=links)
 
@@ -233,8 +247,7 @@ def dashboard_app(*, store_path: Path, token: str | None = None, live: Callable[
         yield
         router.dashboard.readers.close_all()  # type: ignore[attr-defined]
 
-    app = FastAPI(title="autoresearch dashboard", lifespan=lifespan, docs_url=None, redoc_url=None,
-                  openapi_url=None)
+    app = FastAPI(title="autoresearch dashboard", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
@@ -254,12 +267,16 @@ def exposure_warning(*, host: str, port: int, token: str | None, takes_webhooks:
     if token:
         return None
     if takes_webhooks:
-        return (f"the dashboard at / is readable by anyone who can reach the webhook URL: GitHub must reach this "
-                f"server ({host}:{port}, directly or through a proxy or tunnel), and so can anyone else; set "
-                "AUTORESEARCH_DASHBOARD_TOKEN to require a token")
+        return (
+            f"the dashboard at / is readable by anyone who can reach the webhook URL: GitHub must reach this "
+            f"server ({host}:{port}, directly or through a proxy or tunnel), and so can anyone else; set "
+            "AUTORESEARCH_DASHBOARD_TOKEN to require a token"
+        )
     if not _loopback(host):
-        return (f"the dashboard at / is readable by anyone who reaches {host}:{port}; set "
-                "AUTORESEARCH_DASHBOARD_TOKEN to require a token")
+        return (
+            f"the dashboard at / is readable by anyone who reaches {host}:{port}; set "
+            "AUTORESEARCH_DASHBOARD_TOKEN to require a token"
+        )
     return None
 
 
@@ -315,8 +332,7 @@ def serve_in_thread(app: FastAPI, *, host: str = "127.0.0.1", port: int = 0, sta
     import uvicorn
 
     # open streams would hold a shutdown for minutes: a short grace, then they are cut
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                           timeout_graceful_shutdown=2))
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=2))
     thread = threading.Thread(target=server.run, name="dashboard", daemon=True)
     thread.start()
     deadline = time.monotonic() + start_s

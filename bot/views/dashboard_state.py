@@ -32,8 +32,9 @@ Links = Callable[[Experiment, dict[str, str]], dict[str, str]]
 """(experiment, what GitHub shows of it: store.published, "pr" among it) -> {label: URL}."""
 
 
-def build_state(db: sqlite3.Connection, *, live: dict[str, Any] | None = None,
-                links: Links | None = None) -> dict[str, Any]:
+def build_state(
+    db: sqlite3.Connection, *, live: dict[str, Any] | None = None, links: Links | None = None
+) -> dict[str, Any]:
     """Everything the page shows, from one connection (in a read transaction) and `live`:
 
     updated_at   seconds since the epoch
@@ -59,9 +60,14 @@ def build_state(db: sqlite3.Connection, *, live: dict[str, Any] | None = None,
     main = view.main
     return {
         "updated_at": time.time(),
-        "main": {"val_bpb": main.val_bpb, "source": main.source, "runs": main.runs,
-                 "commit": main.commit[:7] if main.commit else None,
-                 "baseline_val_bpb": view.baseline.val_bpb if view.baseline else None, "margin": main.margin},
+        "main": {
+            "val_bpb": main.val_bpb,
+            "source": main.source,
+            "runs": main.runs,
+            "commit": main.commit[:7] if main.commit else None,
+            "baseline_val_bpb": view.baseline.val_bpb if view.baseline else None,
+            "margin": main.margin,
+        },
         "agent": vars(view.agent),
         "spent_usd": view.spent_usd,
         "queued": len(view.queued),
@@ -69,8 +75,16 @@ def build_state(db: sqlite3.Connection, *, live: dict[str, Any] | None = None,
         "slots": [_slot(run, view.title_of(run), live) for run in view.running],
         "chart": _chart(view),
         "experiments": [_row(e, links) for e in view.experiments],
-        "events": [{"id": e.id, "at": e.at, "experiment": e.experiment_id, "kind": e.kind,
-                    "message": _first_line(e.message, 240)} for e in view.events],
+        "events": [
+            {
+                "id": e.id,
+                "at": e.at,
+                "experiment": e.experiment_id,
+                "kind": e.kind,
+                "message": _first_line(e.message, 240),
+            }
+            for e in view.events
+        ],
     }
 
 
@@ -78,8 +92,11 @@ def running_slots(db: sqlite3.Connection, live: dict[str, Any]) -> list[dict[str
     """The running slots alone (build_state's `slots`), in two small queries: progress moves while
     the store stays the same."""
     running = read_runs(db, "state = 'running'")
-    titles = dict(db.execute("SELECT id, title FROM experiments WHERE id IN (SELECT experiment_id FROM runs "
-                             "WHERE state = 'running')").fetchall())
+    titles = dict(
+        db.execute(
+            "SELECT id, title FROM experiments WHERE id IN (SELECT experiment_id FROM runs WHERE state = 'running')"
+        ).fetchall()
+    )
     slots = []
     for run in running:
         slots.append(_slot(run, run_title(run, titles.get(run.experiment_id)), live))
@@ -90,13 +107,17 @@ def fingerprint(db: sqlite3.Connection) -> tuple[Any, ...]:
     """Changes whenever build_state's store part would: an event, an experiment's update, a run
     queued, started or ended, the loop's state (read_loop) or a pull request shown; one cheap query
     and the loop's few settings rows."""
-    return (*db.execute(
-        "SELECT (SELECT COALESCE(MAX(id), 0) FROM events),"
-        " (SELECT COUNT(*) || ':' || COALESCE(MAX(updated_at), 0) FROM experiments),"
-        " (SELECT group_concat(id || ':' || state || ':' || COALESCE(run_dir, '')) FROM runs"
-        "  WHERE state IN ('queued', 'running')),"
-        " (SELECT COUNT(*) || ':' || COALESCE(MAX(id), 0) FROM runs),"
-        " (SELECT COUNT(*) FROM published WHERE key = 'pr')").fetchone(), read_loop(db))
+    return (
+        *db.execute(
+            "SELECT (SELECT COALESCE(MAX(id), 0) FROM events),"
+            " (SELECT COUNT(*) || ':' || COALESCE(MAX(updated_at), 0) FROM experiments),"
+            " (SELECT group_concat(id || ':' || state || ':' || COALESCE(run_dir, '')) FROM runs"
+            "  WHERE state IN ('queued', 'running')),"
+            " (SELECT COUNT(*) || ':' || COALESCE(MAX(id), 0) FROM runs),"
+            " (SELECT COUNT(*) FROM published WHERE key = 'pr')"
+        ).fetchone(),
+        read_loop(db),
+    )
 
 
 @dataclass(frozen=True)
@@ -117,20 +138,40 @@ def encode(data: Any) -> bytes:
 
 def _slot(run: RunRow, title: str, live: dict[str, Any]) -> dict[str, Any]:
     line = progress_of(run, live)
-    return {"run": run.id, "experiment": run.experiment_id, "purpose": run.purpose, "title": title,
-            "started_at": run.started_at, "step": line.get("step"), "loss": line.get("loss"),
-            "progress": line.get("progress"), "remaining_seconds": line.get("remaining_seconds"),
-            "training_seconds": line.get("training_seconds")}
+    return {
+        "run": run.id,
+        "experiment": run.experiment_id,
+        "purpose": run.purpose,
+        "title": title,
+        "started_at": run.started_at,
+        "step": line.get("step"),
+        "loss": line.get("loss"),
+        "progress": line.get("progress"),
+        "remaining_seconds": line.get("remaining_seconds"),
+        "training_seconds": line.get("training_seconds"),
+    }
 
 
 def _chart(view: View) -> dict[str, Any]:
     """The read model's chart as the page draws it: the baseline, kept and discarded points."""
     chart = view.chart
-    return {"points": [{"x": p.x, "id": p.id, "title": p.title, "val_bpb": p.val_bpb, "status": p.status,
-                        "kept": p.status in ("baseline", Status.KEEP)}
-                       for p in chart.points if p.status in ("baseline", Status.KEEP, Status.DISCARD)],
-            "crashes": [{"x": m.x, "id": m.id, "title": m.title, "status": m.status} for m in chart.crashes],
-            "best": [[x, value] for x, value in chart.best], "x_max": chart.x_max}
+    return {
+        "points": [
+            {
+                "x": p.x,
+                "id": p.id,
+                "title": p.title,
+                "val_bpb": p.val_bpb,
+                "status": p.status,
+                "kept": p.status in ("baseline", Status.KEEP),
+            }
+            for p in chart.points
+            if p.status in ("baseline", Status.KEEP, Status.DISCARD)
+        ],
+        "crashes": [{"x": m.x, "id": m.id, "title": m.title, "status": m.status} for m in chart.crashes],
+        "best": [[x, value] for x, value in chart.best],
+        "x_max": chart.x_max,
+    }
 
 
 def _row(view: ExperimentView, links: Links | None) -> dict[str, Any]:
@@ -141,10 +182,24 @@ def _row(view: ExperimentView, links: Links | None) -> dict[str, Any]:
             found = {str(k): str(v) for k, v in (links(e, view.published) or {}).items() if v}
         except Exception:  # noqa: BLE001 - a broken link helper must not take the page down
             log.exception("links() failed for experiment %s", e.id)
-    return {"id": e.id, "title": e.title, "state": e.state, "status": e.status, "val_bpb": view.val_bpb,
-            "delta": view.delta, "margin": e.margin, "remeasured_delta": e.remeasured_delta, "runs": len(view.runs),
-            "in_flight": view.in_flight, "cost_usd": e.meta.get("cost_usd"), "reason": _first_line(e.reason, 240),
-            "request": e.request, "pr": view.pull, "links": found, "updated_at": e.updated_at}
+    return {
+        "id": e.id,
+        "title": e.title,
+        "state": e.state,
+        "status": e.status,
+        "val_bpb": view.val_bpb,
+        "delta": view.delta,
+        "margin": e.margin,
+        "remeasured_delta": e.remeasured_delta,
+        "runs": len(view.runs),
+        "in_flight": view.in_flight,
+        "cost_usd": e.meta.get("cost_usd"),
+        "reason": _first_line(e.reason, 240),
+        "request": e.request,
+        "pr": view.pull,
+        "links": found,
+        "updated_at": e.updated_at,
+    }
 
 
 def _first_line(text: str | None, limit: int) -> str | None:

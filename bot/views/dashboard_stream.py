@@ -75,8 +75,13 @@ class Feed:
                     look = await run_in_threadpool(self.dash.look_or_problem, self.looks)
                 except Exception as error:  # noqa: BLE001 - a bug: the streams say so, the feed goes on
                     log.exception("the dashboard could not read the store")
-                    look = Look(key=None, slots=None, body=b"", error=f"the dashboard failed: {error}; see the log",
-                                generation=self.looks)
+                    look = Look(
+                        key=None,
+                        slots=None,
+                        body=b"",
+                        error=f"the dashboard failed: {error}; see the log",
+                        generation=self.looks,
+                    )
                 self.latest = look
                 fresh, self.fresh = self.fresh, asyncio.Event()
                 fresh.set()
@@ -98,18 +103,25 @@ class EventStream(StreamingResponse):
     def __init__(self, dash: Dashboard, last_event_id: str | None, headers: dict[str, str]) -> None:
         self.dash, self.last_event_id = dash, last_event_id
         self.feed: Feed | None = None
-        super().__init__(self._events(), media_type="text/event-stream",
-                         headers={**headers, "Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+        super().__init__(
+            self._events(),
+            media_type="text/event-stream",
+            headers={**headers, "Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         self.feed = self.dash.open_stream()
         if self.feed is None:
             await self.body_iterator.aclose()  # type: ignore[attr-defined] - never started
-            full = JSONResponse({"error": f"the dashboard has {MAX_STREAMS} live streams open, its most: the page "
-                                          "shows the state by polling meanwhile and tries again later. If there "
-                                          "should not be that many viewers, set AUTORESEARCH_DASHBOARD_TOKEN"},
-                                status_code=503,
-                                headers={"Retry-After": str(round(STREAM_S)), "Cache-Control": "no-store"})
+            full = JSONResponse(
+                {
+                    "error": f"the dashboard has {MAX_STREAMS} live streams open, its most: the page "
+                    "shows the state by polling meanwhile and tries again later. If there "
+                    "should not be that many viewers, set AUTORESEARCH_DASHBOARD_TOKEN"
+                },
+                status_code=503,
+                headers={"Retry-After": str(round(STREAM_S)), "Cache-Control": "no-store"},
+            )
             await full(scope, receive, send)
             return
 

@@ -69,10 +69,17 @@ def chart_data(view: View) -> ChartData:
     steps = list(chart.main_steps)
     crashes = [mark.x for mark in chart.crashes]
     _choose_labels(points, steps)
-    return ChartData(points=points, best_steps=steps, kept=view.counts["keep"], crashed=len(crashes),
-                     baseline=view.baseline.val_bpb if view.baseline else None,
-                     best=steps[-1][1] if steps else None, experiments=chart.x_max, crashes=crashes,
-                     margin=view.main.margin)
+    return ChartData(
+        points=points,
+        best_steps=steps,
+        kept=view.counts["keep"],
+        crashed=len(crashes),
+        baseline=view.baseline.val_bpb if view.baseline else None,
+        best=steps[-1][1] if steps else None,
+        experiments=chart.x_max,
+        crashes=crashes,
+        margin=view.main.margin,
+    )
 
 
 def _choose_labels(points: list[Point], steps: list[tuple[int, float]]) -> None:
@@ -87,7 +94,7 @@ def _choose_labels(points: list[Point], steps: list[tuple[int, float]]) -> None:
 
 def _short(title: str) -> str:
     words = " ".join(title.split())
-    return words if len(words) <= LABEL_CHARS else words[:LABEL_CHARS - 1].rstrip() + "…"
+    return words if len(words) <= LABEL_CHARS else words[: LABEL_CHARS - 1].rstrip() + "…"
 
 
 def write_chart(store: Store, out: Path) -> ChartData:
@@ -118,8 +125,17 @@ def _draw(data: ChartData):
     ax.set_ylabel("val_bpb (validation bits per byte)")
     if not data.points and not data.crashes:
         ax.set_title("autoresearch progress")
-        ax.text(0.5, 0.5, "no experiments yet", transform=ax.transAxes, ha="center", va="center",
-                fontsize=16, color="grey", gid="empty")
+        ax.text(
+            0.5,
+            0.5,
+            "no experiments yet",
+            transform=ax.transAxes,
+            ha="center",
+            va="center",
+            fontsize=16,
+            color="grey",
+            gid="empty",
+        )
         ax.set_xticks([])
         ax.set_yticks([])
         figure.tight_layout()
@@ -128,13 +144,21 @@ def _draw(data: ChartData):
     last_x = max([p.x for p in data.points] + data.crashes)
     low, high = _y_range(data)
     if data.best is not None and data.margin:
-        ax.axhspan(data.best - data.margin, data.best + data.margin, color=STEP_COLOUR, alpha=0.12, lw=0,
-                   label=f"noise margin ±{data.margin:.4f}", gid="noise-band")
+        ax.axhspan(
+            data.best - data.margin,
+            data.best + data.margin,
+            color=STEP_COLOUR,
+            alpha=0.12,
+            lw=0,
+            label=f"noise margin ±{data.margin:.4f}",
+            gid="noise-band",
+        )
     if data.best_steps:
         xs = [x for x, _ in data.best_steps] + [last_x]
         ys = [v for _, v in data.best_steps] + [data.best_steps[-1][1]]
-        ax.step(xs, ys, where="post", color=STEP_COLOUR, lw=1.8, alpha=0.8, label="main (after each keep)",
-                gid="best-steps")
+        ax.step(
+            xs, ys, where="post", color=STEP_COLOUR, lw=1.8, alpha=0.8, label="main (after each keep)", gid="best-steps"
+        )
 
     small = len(data.points) > 200
     top = high - 0.02 * (high - low)  # where an outlier above the range is pinned
@@ -145,8 +169,7 @@ def _draw(data: ChartData):
         if point.status == "baseline":
             style = {"marker": "D", "ms": 8, "color": BASELINE_COLOUR, "zorder": 4}
         elif point.status == "keep":
-            style = {"marker": "o", "ms": 7, "color": KEEP_COLOUR, "markeredgecolor": "black", "mew": 0.6,
-                     "zorder": 4}
+            style = {"marker": "o", "ms": 7, "color": KEEP_COLOUR, "markeredgecolor": "black", "mew": 0.6, "zorder": 4}
         else:  # discarded, or cancelled after it was measured
             style = {"marker": "o", "ms": 3 if small else 5, "color": DISCARD_COLOUR, "zorder": 2}
         if clipped:
@@ -154,16 +177,33 @@ def _draw(data: ChartData):
         (line,) = ax.plot([point.x], [y], linestyle="none", **style)
         line.set_gid(f"point-{point.x}")
     for n, point in enumerate(p for p in data.points if p.label):
-        ax.annotate(point.label, (point.x, drawn[point.x]), xytext=(6, 8 if n % 2 else -12),
-                    textcoords="offset points", fontsize=7, rotation=20, color="#174f27", zorder=5)
+        ax.annotate(
+            point.label,
+            (point.x, drawn[point.x]),
+            xytext=(6, 8 if n % 2 else -12),
+            textcoords="offset points",
+            fontsize=7,
+            rotation=20,
+            color="#174f27",
+            zorder=5,
+        )
 
     if data.crashes:  # no val_bpb: small marks along the bottom edge
         for x in data.crashes:
-            (mark,) = ax.plot([x], [0.015], transform=ax.get_xaxis_transform(), linestyle="none", marker="x",
-                              ms=4, color=CRASH_COLOUR, clip_on=False)
+            (mark,) = ax.plot(
+                [x],
+                [0.015],
+                transform=ax.get_xaxis_transform(),
+                linestyle="none",
+                marker="x",
+                ms=4,
+                color=CRASH_COLOUR,
+                clip_on=False,
+            )
             mark.set_gid(f"crash-{x}")
-        ax.plot([], [], linestyle="none", marker="x", ms=4, color=CRASH_COLOUR,
-                label=f"crash or failure ({data.crashed})")
+        ax.plot(
+            [], [], linestyle="none", marker="x", ms=4, color=CRASH_COLOUR, label=f"crash or failure ({data.crashed})"
+        )
 
     ax.plot([], [], linestyle="none", marker="o", color=DISCARD_COLOUR, label="discarded")
     ax.plot([], [], linestyle="none", marker="o", color=KEEP_COLOUR, markeredgecolor="black", label="kept")
@@ -200,6 +240,5 @@ def _title(data: ChartData) -> str:
         return head
     line = f"best val_bpb {data.best:.6f} (main now)"
     if data.gain is not None and data.baseline:
-        line += (f", {-data.gain:+.6f} ({-100 * data.gain / data.baseline:+.2f}%) "
-                 f"vs baseline {data.baseline:.6f}")
+        line += f", {-data.gain:+.6f} ({-100 * data.gain / data.baseline:+.2f}%) vs baseline {data.baseline:.6f}"
     return f"{head}\n{line}"

@@ -33,8 +33,10 @@ EVENTS = 12  # recent events read, newest first
 FROM_BASELINE_RUNS = "baseline runs"
 FROM_KEPT_EXPERIMENT = "kept experiment, not re-measured yet"
 _EXPERIMENT_COLUMNS = ", ".join(f.name for f in fields(Experiment) if f.name != "train_py")  # train.py is heavy
-_RUN_COLUMNS = ("id, experiment_id, purpose, code_hash, commit_sha, state, status, val_bpb, profile, harness_hash, "
-                "data_fingerprint, metrics, run_dir, started_at")
+_RUN_COLUMNS = (
+    "id, experiment_id, purpose, code_hash, commit_sha, state, status, val_bpb, profile, harness_hash, "
+    "data_fingerprint, metrics, run_dir, started_at"
+)
 
 Live = Mapping[str, Any]
 """What the conductor's process knows beyond the store; every key optional: `progress` (run id ->
@@ -101,10 +103,15 @@ def read_rows(db: sqlite3.Connection, *, events: int = EVENTS) -> StoreRows:
     published: dict[int, dict[str, str]] = {}
     for exp_id, key, value in db.execute("SELECT experiment_id, key, value FROM published"):
         published.setdefault(exp_id, {})[key] = value
-    latest = [EventRow(*row) for row in db.execute(
-        "SELECT id, at, experiment_id, kind, message FROM events ORDER BY id DESC LIMIT ?", (events,))]
-    return StoreRows(loop=read_loop(db), experiments=tuple(experiments), runs=runs, published=published,
-                     events=tuple(latest))
+    latest = [
+        EventRow(*row)
+        for row in db.execute(
+            "SELECT id, at, experiment_id, kind, message FROM events ORDER BY id DESC LIMIT ?", (events,)
+        )
+    ]
+    return StoreRows(
+        loop=read_loop(db), experiments=tuple(experiments), runs=runs, published=published, events=tuple(latest)
+    )
 
 
 def read_loop(db: sqlite3.Connection) -> LoopRow:
@@ -114,16 +121,19 @@ def read_loop(db: sqlite3.Connection) -> LoopRow:
         spent = state.spent_usd
     except ValueError:
         spent = 0.0
-    return LoopRow(paused=state.paused, identity=state.identity, spent_usd=spent,
-                   program_settings=state.program_settings)
+    return LoopRow(
+        paused=state.paused, identity=state.identity, spent_usd=spent, program_settings=state.program_settings
+    )
 
 
 def read_runs(db: sqlite3.Connection, where: str = "1") -> tuple[RunRow, ...]:
     """The runs matching `where` (an SQL condition of the code's own, never a value from outside), in
     id order."""
     rows = db.execute(f"SELECT {_RUN_COLUMNS} FROM runs WHERE {where} ORDER BY id")
-    return tuple(RunRow(**data | {"metrics": json.loads(data["metrics"] or "{}")})
-                 for data in (dict(zip(_RUN_COLUMNS.split(", "), row, strict=True)) for row in rows))
+    return tuple(
+        RunRow(**data | {"metrics": json.loads(data["metrics"] or "{}")})
+        for data in (dict(zip(_RUN_COLUMNS.split(", "), row, strict=True)) for row in rows)
+    )
 
 
 # --- the view ---------------------------------------------------------------------------------------
@@ -235,8 +245,11 @@ class View:
 
 def run_title(run: RunRow, experiment_title: str | None) -> str:
     """What a run measures, in words: its experiment's title, or main's baseline."""
-    return experiment_title if run.experiment_id is not None and experiment_title else \
-        f"baseline of main {run.commit_sha[:7]}"
+    return (
+        experiment_title
+        if run.experiment_id is not None and experiment_title
+        else f"baseline of main {run.commit_sha[:7]}"
+    )
 
 
 def build_view(rows: StoreRows, live: Live | None = None) -> View:
@@ -252,9 +265,11 @@ def build_view(rows: StoreRows, live: Live | None = None) -> View:
             done.setdefault(run.experiment_id, []).append(run)
         elif run.experiment_id is not None and run.state in (RunState.QUEUED, RunState.RUNNING):
             waiting[run.experiment_id] = waiting.get(run.experiment_id, 0) + 1
-    experiments = tuple(ExperimentView(e, tuple(done.get(e.id, ())), waiting.get(e.id, 0),
-                                       rows.published.get(e.id, {}))
-                        for e in rows.experiments if e.state != State.PROPOSING)
+    experiments = tuple(
+        ExperimentView(e, tuple(done.get(e.id, ())), waiting.get(e.id, 0), rows.published.get(e.id, {}))
+        for e in rows.experiments
+        if e.state != State.PROPOSING
+    )
     baseline = _baseline(rows, identity, values, kept)
     counts = {s.value: 0 for s in Status}
     for e in rows.experiments:
@@ -262,11 +277,19 @@ def build_view(rows: StoreRows, live: Live | None = None) -> View:
             counts[e.status] += 1
     counts["active"] = sum(1 for e in rows.experiments if e.state not in (State.DONE, State.PROPOSING))
     spent = rows.loop.spent_usd
-    return View(identity=identity, main=_main(rows, values, kept), baseline=baseline,
-                agent=_agent(rows, live, spent), counts=counts, spent_usd=spent,
-                running=tuple(r for r in rows.runs if r.state == RunState.RUNNING),
-                queued=tuple(r for r in rows.runs if r.state == RunState.QUEUED), experiments=experiments,
-                chart=_chart(experiments, baseline), events=rows.events)
+    return View(
+        identity=identity,
+        main=_main(rows, values, kept),
+        baseline=baseline,
+        agent=_agent(rows, live, spent),
+        counts=counts,
+        spent_usd=spent,
+        running=tuple(r for r in rows.runs if r.state == RunState.RUNNING),
+        queued=tuple(r for r in rows.runs if r.state == RunState.QUEUED),
+        experiments=experiments,
+        chart=_chart(experiments, baseline),
+        events=rows.events,
+    )
 
 
 def read_view(db: sqlite3.Connection, live: Live | None = None, *, events: int = EVENTS) -> View:
@@ -306,18 +329,21 @@ def _main(rows: StoreRows, values: list[measurement.Value], kept: list[Experimen
     if value is None and measured:
         value, source = measured[-1].val_bpb, FROM_KEPT_EXPERIMENT
     band = measurement.main_margin(values, code, judge_config(loop_settings(rows.loop))) if code else None
-    return MainView(commit=baselines[-1].commit_sha if baselines else None, val_bpb=value, source=source,
-                    runs=len(own), margin=band)
+    return MainView(
+        commit=baselines[-1].commit_sha if baselines else None, val_bpb=value, source=source, runs=len(own), margin=band
+    )
 
 
-def _baseline(rows: StoreRows, identity: dict[str, Any], values: list[measurement.Value],
-              kept: list[Experiment]) -> Baseline | None:
+def _baseline(
+    rows: StoreRows, identity: dict[str, Any], values: list[measurement.Value], kept: list[Experiment]
+) -> Baseline | None:
     first = measurement.first_main(values)
     value = measurement.baseline_value(values, kept)
     if first is None or value is None:
         return None
-    own = tuple(r for r in measurement.counted_runs(rows.runs, identity) if r.purpose == "baseline"
-                and r.code_hash == first)
+    own = tuple(
+        r for r in measurement.counted_runs(rows.runs, identity) if r.purpose == "baseline" and r.code_hash == first
+    )
     return Baseline(commit=own[0].commit_sha, val_bpb=value, runs=own)
 
 
@@ -337,8 +363,13 @@ def _agent(rows: StoreRows, live: Live, spent: float) -> AgentView:
         state, detail = "thinking", f"proposing experiment {proposing}"
     else:
         state, detail = "waiting", "for runs to finish or a slot to free"
-    return AgentView(state=state, detail=detail, experiment=proposing, budget_usd=budget,
-                     budget_left_usd=None if budget is None else max(0.0, budget - spent))
+    return AgentView(
+        state=state,
+        detail=detail,
+        experiment=proposing,
+        budget_usd=budget,
+        budget_left_usd=None if budget is None else max(0.0, budget - spent),
+    )
 
 
 def _chart(experiments: tuple[ExperimentView, ...], baseline: Baseline | None) -> Chart:
@@ -378,11 +409,16 @@ def _chart(experiments: tuple[ExperimentView, ...], baseline: Baseline | None) -
 def conductor_live(get: Callable[[], Any], budget_usd: float | None = None) -> Callable[[], dict[str, Any]]:
     """live() over the conductor `get()` returns (None until there is one), read from other threads:
     copies of plain attributes only, never a call that reads the forge or the store."""
+
     def live() -> dict[str, Any]:
         conductor = get()
         if conductor is None:
             return {"budget_usd": budget_usd}
-        return {"progress": dict(conductor.progress), "stop_reason": conductor.stop_reason,
-                "blocked": conductor.blocked,
-                "budget_usd": conductor.config.agent_budget_usd if budget_usd is None else budget_usd}
+        return {
+            "progress": dict(conductor.progress),
+            "stop_reason": conductor.stop_reason,
+            "blocked": conductor.blocked,
+            "budget_usd": conductor.config.agent_budget_usd if budget_usd is None else budget_usd,
+        }
+
     return live

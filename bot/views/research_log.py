@@ -18,14 +18,22 @@ from bot.views.text import bpb, cell, cut_to, one_line, plural, signed
 
 DAY_S = 24 * 3600
 RUNNING_SHOWN = 20
-INTRO = ("The bot edits this summary in place as the research goes on; each experiment is a pull request. "
-         "Closing this issue does not stop the bot: it keeps the summary current.")
+INTRO = (
+    "The bot edits this summary in place as the research goes on; each experiment is a pull request. "
+    "Closing this issue does not stop the bot: it keeps the summary current."
+)
 UPDATED = "\n\n---\n*Updated "  # starts the one line left out of the digest
-_OUTCOMES = [("keep", "kept"), ("discard", "discarded"), ("crash", "crashed"), ("failed", "failed"),
-             ("cancelled", "cancelled")]
+_OUTCOMES = [
+    ("keep", "kept"),
+    ("discard", "discarded"),
+    ("crash", "crashed"),
+    ("failed", "failed"),
+    ("cancelled", "cancelled"),
+]
 
 
 # --- what the log says, from the read model ---------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Kept:
@@ -63,21 +71,46 @@ def facts(view: View, now: float) -> Facts:
     """Everything the log shows, from the read model. `now` is on the store's clock (time.time):
     experiments count as finished in the last 24 h by their last update."""
     done = view.finished
-    kept = [Kept(e.experiment.id, e.experiment.title, e.experiment.val_bpb, e.experiment.delta,
-                 e.experiment.remeasured_delta, e.pull) for e in done if e.experiment.status == Status.KEEP]
+    kept = [
+        Kept(
+            e.experiment.id,
+            e.experiment.title,
+            e.experiment.val_bpb,
+            e.experiment.delta,
+            e.experiment.remeasured_delta,
+            e.pull,
+        )
+        for e in done
+        if e.experiment.status == Status.KEEP
+    ]
     pulls = {e.experiment.id: e.pull for e in view.experiments}
-    running = [Running(r.id, r.purpose, r.experiment_id, view.title_of(r) if r.experiment_id is not None else "",
-                       pulls.get(r.experiment_id) if r.experiment_id is not None else None, r.started_at)
-               for r in view.running]
+    running = [
+        Running(
+            r.id,
+            r.purpose,
+            r.experiment_id,
+            view.title_of(r) if r.experiment_id is not None else "",
+            pulls.get(r.experiment_id) if r.experiment_id is not None else None,
+            r.started_at,
+        )
+        for r in view.running
+    ]
     finished = {status: n for status, n in view.counts.items() if status != "active" and n}
     proposing = 1 if view.agent.experiment is not None else 0
-    return Facts(baseline=view.baseline.val_bpb if view.baseline else None, kept=kept, finished=finished,
-                 in_progress=view.counts["active"] + proposing,
-                 finished_last_day=sum(e.experiment.updated_at >= now - DAY_S for e in done),
-                 spent_usd=view.spent_usd, running=running, queued=len(view.queued))
+    return Facts(
+        baseline=view.baseline.val_bpb if view.baseline else None,
+        kept=kept,
+        finished=finished,
+        in_progress=view.counts["active"] + proposing,
+        finished_last_day=sum(e.experiment.updated_at >= now - DAY_S for e in done),
+        spent_usd=view.spent_usd,
+        running=running,
+        queued=len(view.queued),
+    )
 
 
 # --- the text -----------------------------------------------------------------------------------------
+
 
 def _when(ts: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(ts))
@@ -92,15 +125,20 @@ def _standing(f: Facts) -> list[str]:
         rows.append(f"| Best val_bpb | **{bpb(best.val_bpb)}** ({where}) |")
         if f.baseline is not None and best.val_bpb is not None:
             gain = best.val_bpb - f.baseline
-            rows.append(f"| Gain over the first baseline | {signed(gain)} ({100 * gain / f.baseline:+.2f}%) "
-                        f"from {bpb(f.baseline)} |")
+            rows.append(
+                f"| Gain over the first baseline | {signed(gain)} ({100 * gain / f.baseline:+.2f}%) "
+                f"from {bpb(f.baseline)} |"
+            )
     elif f.baseline is not None:
         rows.append(f"| Best val_bpb | **{bpb(f.baseline)}** (the first baseline) |")
     else:
         rows.append("| Best val_bpb | not measured yet: main's baseline runs have not finished |")
     total = sum(f.finished.values())
-    outcomes = [f"{f.finished.get(status, 0)} {word}" for status, word in _OUTCOMES
-                if status in ("keep", "discard", "crash") or f.finished.get(status)]
+    outcomes = [
+        f"{f.finished.get(status, 0)} {word}"
+        for status, word in _OUTCOMES
+        if status in ("keep", "discard", "crash") or f.finished.get(status)
+    ]
     rows.append(f"| Experiments | {total} finished: {', '.join(outcomes)}; {f.in_progress} in progress |")
     rows.append(f"| Pace | {f.finished_last_day} finished in the last 24 h ({f.finished_last_day / 24:.2f} per hour) |")
     rows.append(f"| Agent spend | ${f.spent_usd:,.2f} |")
@@ -110,8 +148,11 @@ def _standing(f: Facts) -> list[str]:
 def _running(f: Facts) -> list[str]:
     lines = []
     for r in f.running[:RUNNING_SHOWN]:
-        what = (f"Experiment {r.experiment_id} *{cell(one_line(r.title, 100))}*" + (f" (#{r.pull})" if r.pull else "")
-                if r.experiment_id is not None else "Main")
+        what = (
+            f"Experiment {r.experiment_id} *{cell(one_line(r.title, 100))}*" + (f" (#{r.pull})" if r.pull else "")
+            if r.experiment_id is not None
+            else "Main"
+        )
         since = f", since {_when(r.started_at)}" if r.started_at else ""
         lines.append(f"- {what}: {r.purpose} run {r.run_id}{since}")
     if len(f.running) > RUNNING_SHOWN:
@@ -124,24 +165,42 @@ def _running(f: Facts) -> list[str]:
 
 
 def _kept_row(k: Kept) -> str:
-    return (f"| {k.id} | {cell(one_line(k.title, 120))} | {bpb(k.val_bpb)} | {signed(k.delta)} "
-            f"| {signed(k.remeasured_delta)} | {f'#{k.pull}' if k.pull else '—'} |")
+    return (
+        f"| {k.id} | {cell(one_line(k.title, 120))} | {bpb(k.val_bpb)} | {signed(k.delta)} "
+        f"| {signed(k.remeasured_delta)} | {f'#{k.pull}' if k.pull else '—'} |"
+    )
 
 
 def log_text(f: Facts, now: float, limit: int) -> str:
     """The summary in Markdown, within `limit` (characters and UTF-8 bytes) however many changes
     were kept (the oldest ones are left out first, saying so); titles are defanged, so the text
     holds no marker of its own."""
-    head = "\n".join([
-        "# Research log", "",
-        INTRO, "",
-        "## Where it stands", "", *_standing(f), "", "## Running now", "", *_running(f), "",
-        "## Kept changes", "", ""])
+    head = "\n".join(
+        [
+            "# Research log",
+            "",
+            INTRO,
+            "",
+            "## Where it stands",
+            "",
+            *_standing(f),
+            "",
+            "## Running now",
+            "",
+            *_running(f),
+            "",
+            "## Kept changes",
+            "",
+            "",
+        ]
+    )
     tail = f"{UPDATED}{_when(now)}.*"
     if not f.kept:
         return cut_to(f"{head}No change has been kept yet.{tail}", limit)
-    header = ("| Experiment | Change | val_bpb | Δ vs main | Δ re-measured | Pull request |\n"
-              "| --- | --- | --- | --- | --- | --- |")
+    header = (
+        "| Experiment | Change | val_bpb | Δ vs main | Δ re-measured | Pull request |\n"
+        "| --- | --- | --- | --- | --- | --- |"
+    )
     note_room = 200
     room = limit - len(f"{head}{header}{tail}".encode()) - note_room
     shown: list[str] = []
@@ -153,8 +212,12 @@ def log_text(f: Facts, now: float, limit: int) -> str:
         room -= len(row.encode()) + 1
     shown.reverse()
     left_out = len(f.kept) - len(shown)
-    note = (f"\n\n*The first {plural(left_out, 'kept change')} are not listed (GitHub shows at most "
-            f"{limit:,} characters here); `autoresearch results` lists them all.*" if left_out else "")
+    note = (
+        f"\n\n*The first {plural(left_out, 'kept change')} are not listed (GitHub shows at most "
+        f"{limit:,} characters here); `autoresearch results` lists them all.*"
+        if left_out
+        else ""
+    )
     return cut_to(f"{head}{header}\n" + "\n".join(shown) + note + tail, limit)
 
 

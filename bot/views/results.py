@@ -29,38 +29,78 @@ def rows(view: View) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     baseline = view.baseline
     if baseline is not None:
-        out.append({"id": 0, "commit": baseline.commit[:7], "val_bpb": baseline.val_bpb, "delta": None,
-                    "margin": None, "remeasured_delta": None, "memory_gb": _memory_gb(baseline.runs),
-                    "status": "keep", "runs": len(baseline.runs), "steps": _mean_metric(baseline.runs, "num_steps"),
-                    "tokens_per_second": _mean_metric(baseline.runs, "tokens_per_second"),
-                    "description": "baseline", "reason": "main as it was before any experiment", "cost_usd": None})
+        out.append(
+            {
+                "id": 0,
+                "commit": baseline.commit[:7],
+                "val_bpb": baseline.val_bpb,
+                "delta": None,
+                "margin": None,
+                "remeasured_delta": None,
+                "memory_gb": _memory_gb(baseline.runs),
+                "status": "keep",
+                "runs": len(baseline.runs),
+                "steps": _mean_metric(baseline.runs, "num_steps"),
+                "tokens_per_second": _mean_metric(baseline.runs, "tokens_per_second"),
+                "description": "baseline",
+                "reason": "main as it was before any experiment",
+                "cost_usd": None,
+            }
+        )
     for finished in view.finished:
         exp = finished.experiment
         ok = [r for r in finished.runs if r.status == "ok"]
-        out.append({"id": exp.id, "commit": (exp.head_sha or "")[:7], "val_bpb": finished.val_bpb,
-                    "delta": finished.delta, "margin": exp.margin, "remeasured_delta": exp.remeasured_delta,
-                    "memory_gb": 0.0 if finished.failed else _memory_gb(finished.runs), "status": exp.status,
-                    "runs": len(finished.runs), "steps": _mean_metric(ok, "num_steps"),
-                    "tokens_per_second": _mean_metric(ok, "tokens_per_second"),
-                    "description": exp.title, "reason": exp.reason, "cost_usd": exp.meta.get("cost_usd")})
+        out.append(
+            {
+                "id": exp.id,
+                "commit": (exp.head_sha or "")[:7],
+                "val_bpb": finished.val_bpb,
+                "delta": finished.delta,
+                "margin": exp.margin,
+                "remeasured_delta": exp.remeasured_delta,
+                "memory_gb": 0.0 if finished.failed else _memory_gb(finished.runs),
+                "status": exp.status,
+                "runs": len(finished.runs),
+                "steps": _mean_metric(ok, "num_steps"),
+                "tokens_per_second": _mean_metric(ok, "tokens_per_second"),
+                "description": exp.title,
+                "reason": exp.reason,
+                "cost_usd": exp.meta.get("cost_usd"),
+            }
+        )
     return out
 
 
 def run_rows(store: Store) -> list[dict[str, Any]]:
     """One dict per run, set-aside runs included, with what the harness measured."""
-    return [{"run": r.id, "experiment": r.experiment_id, "purpose": r.purpose, "state": r.state,
-             "status": r.status, "val_bpb": r.val_bpb, "steps": r.metrics.get("num_steps"),
-             "tokens_per_second": r.metrics.get("tokens_per_second"), "cpu_share": r.metrics.get("cpu_share"),
-             "seconds": r.metrics.get("total_seconds"), "commit": r.commit_sha[:7], "note": r.note or r.error}
-            for r in store.runs.all()]
+    return [
+        {
+            "run": r.id,
+            "experiment": r.experiment_id,
+            "purpose": r.purpose,
+            "state": r.state,
+            "status": r.status,
+            "val_bpb": r.val_bpb,
+            "steps": r.metrics.get("num_steps"),
+            "tokens_per_second": r.metrics.get("tokens_per_second"),
+            "cpu_share": r.metrics.get("cpu_share"),
+            "seconds": r.metrics.get("total_seconds"),
+            "commit": r.commit_sha[:7],
+            "note": r.note or r.error,
+        }
+        for r in store.runs.all()
+    ]
 
 
 def to_tsv(view: View) -> str:
     lines = ["\t".join(TSV_COLUMNS)]
     for row in rows(view):
         description = " ".join(row["description"].split())  # no tabs or line breaks inside a field
-        lines.append("\t".join([row["commit"], f"{row['val_bpb'] or 0.0:.6f}", f"{row['memory_gb']:.1f}",
-                                row["status"], description]))
+        lines.append(
+            "\t".join(
+                [row["commit"], f"{row['val_bpb'] or 0.0:.6f}", f"{row['memory_gb']:.1f}", row["status"], description]
+            )
+        )
     return "\n".join(lines) + "\n"
 
 

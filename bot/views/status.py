@@ -20,11 +20,19 @@ def render_workdir_status(view: View) -> Group:
     """The work directory of `view` at a glance (read it with events=EVENTS)."""
     parts: list = []
     identity, counts = view.identity, view.counts
-    parts.append(Text(f"profile {identity.get('profile', '?')}  harness {identity.get('harness_hash', '?')}  "
-                      f"data {identity.get('data_fingerprint', '?')}"))
+    parts.append(
+        Text(
+            f"profile {identity.get('profile', '?')}  harness {identity.get('harness_hash', '?')}  "
+            f"data {identity.get('data_fingerprint', '?')}"
+        )
+    )
     done = sum(n for status, n in counts.items() if status != "active")
-    parts.append(Text(f"experiments done {done}: kept {counts['keep']}, discarded {counts['discard']}, "
-                      f"crashed {counts['crash']}, failed {counts['failed']}"))
+    parts.append(
+        Text(
+            f"experiments done {done}: kept {counts['keep']}, discarded {counts['discard']}, "
+            f"crashed {counts['crash']}, failed {counts['failed']}"
+        )
+    )
     main = main_line(view)
     if main:
         parts.append(Text(main))
@@ -36,10 +44,15 @@ def render_workdir_status(view: View) -> Group:
         table.add_column(column)
     for run in view.running + view.queued:
         progress = progress_of(run)
-        table.add_row(str(run.id), f"#{run.experiment_id}" if run.experiment_id else "main", run.purpose,
-                      run.state, str(progress.get("step", "-")),
-                      f"{progress['loss']:.3f}" if "loss" in progress else "-",
-                      f"{progress['remaining_seconds']:.0f}s" if "remaining_seconds" in progress else "-")
+        table.add_row(
+            str(run.id),
+            f"#{run.experiment_id}" if run.experiment_id else "main",
+            run.purpose,
+            run.state,
+            str(progress.get("step", "-")),
+            f"{progress['loss']:.3f}" if "loss" in progress else "-",
+            f"{progress['remaining_seconds']:.0f}s" if "remaining_seconds" in progress else "-",
+        )
     parts.append(table if table.row_count else Text("nothing running or queued"))
     recent = list(reversed(view.events[:EVENTS]))
     if recent:

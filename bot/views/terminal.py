@@ -26,18 +26,31 @@ def render_live_progress(view: View, live: Live, experiments: int, started: floa
     for run in view.running:
         progress = progress_of(run, live)
         title = view.title_of(run) if run.experiment_id is None else f"#{run.experiment_id} {view.title_of(run)}"
-        table.add_row(str(run.id), f"{title} [{run.purpose}]", str(progress.get("step", "-")),
-                      f"{progress['loss']:.3f}" if "loss" in progress else "-",
-                      f"{100 * progress.get('progress', 0):.0f}%",
-                      f"{progress['remaining_seconds']:.0f}s" if "remaining_seconds" in progress else "-")
+        table.add_row(
+            str(run.id),
+            f"{title} [{run.purpose}]",
+            str(progress.get("step", "-")),
+            f"{progress['loss']:.3f}" if "loss" in progress else "-",
+            f"{100 * progress.get('progress', 0):.0f}%",
+            f"{progress['remaining_seconds']:.0f}s" if "remaining_seconds" in progress else "-",
+        )
     counts = view.counts
     done = sum(n for status, n in counts.items() if status != "active")
     line = Text.assemble(
-        ("experiments ", "bold"), f"{done}/{experiments} done  ",
-        ("kept ", "green"), f"{counts['keep']}  ", ("discarded ", "yellow"), f"{counts['discard']}  ",
-        ("crashed ", "red"), f"{counts['crash']}  ",
-        ("baseline ", "bold"), _fmt(view.baseline.val_bpb if view.baseline else None),
-        ("  best ", "bold"), _fmt(view.main.val_bpb), f"  elapsed {time.time() - started:.0f}s")
+        ("experiments ", "bold"),
+        f"{done}/{experiments} done  ",
+        ("kept ", "green"),
+        f"{counts['keep']}  ",
+        ("discarded ", "yellow"),
+        f"{counts['discard']}  ",
+        ("crashed ", "red"),
+        f"{counts['crash']}  ",
+        ("baseline ", "bold"),
+        _fmt(view.baseline.val_bpb if view.baseline else None),
+        ("  best ", "bold"),
+        _fmt(view.main.val_bpb),
+        f"  elapsed {time.time() - started:.0f}s",
+    )
     return Group(line, table) if table.row_count else Group(line)
 
 
@@ -53,10 +66,19 @@ def results_table(view: View) -> Table:
     table.add_column("description", ratio=1)
     for row in rows:
         cost = [] if not priced else ["-" if row["cost_usd"] is None else f"${row['cost_usd']:.3f}"]
-        table.add_row(str(row["id"]), _fmt(row["val_bpb"]), _signed(row["delta"]), _fmt(row["margin"]),
-                      _signed(row["remeasured_delta"]), _whole(row["steps"]), _whole(row["tokens_per_second"]),
-                      str(row["runs"]), f"[{COLOURS.get(row['status'], 'white')}]{row['status']}[/]", *cost,
-                      row["description"])
+        table.add_row(
+            str(row["id"]),
+            _fmt(row["val_bpb"]),
+            _signed(row["delta"]),
+            _fmt(row["margin"]),
+            _signed(row["remeasured_delta"]),
+            _whole(row["steps"]),
+            _whole(row["tokens_per_second"]),
+            str(row["runs"]),
+            f"[{COLOURS.get(row['status'], 'white')}]{row['status']}[/]",
+            *cost,
+            row["description"],
+        )
     return table
 
 
@@ -67,10 +89,18 @@ def runs_table(store: Store) -> Table:
         table.add_column(column)
     for row in results.run_rows(store):
         share = row["cpu_share"]
-        table.add_row(str(row["run"]), str(row["experiment"] or "main"), row["purpose"], row["state"],
-                      _fmt(row["val_bpb"]), _whole(row["steps"]), _whole(row["tokens_per_second"]),
-                      "-" if share is None else f"{share:.0%}", _whole(row["seconds"]),
-                      (row["note"] or "").strip().splitlines()[-1][:80] if row["note"] else "")
+        table.add_row(
+            str(row["run"]),
+            str(row["experiment"] or "main"),
+            row["purpose"],
+            row["state"],
+            _fmt(row["val_bpb"]),
+            _whole(row["steps"]),
+            _whole(row["tokens_per_second"]),
+            "-" if share is None else f"{share:.0%}",
+            _whole(row["seconds"]),
+            (row["note"] or "").strip().splitlines()[-1][:80] if row["note"] else "",
+        )
     return table
 
 

@@ -42,7 +42,7 @@ def fits(text: str, limit: int) -> bool:
 
 def head(text: str, limit: int) -> str:
     """The longest start of `text` within `limit` UTF-8 bytes, cut between characters."""
-    return text.encode()[:max(0, limit)].decode("utf-8", "ignore")
+    return text.encode()[: max(0, limit)].decode("utf-8", "ignore")
 
 
 def cut_to(text: str, limit: int) -> str:
@@ -57,7 +57,7 @@ def cut_to(text: str, limit: int) -> str:
 def one_line(text: str | None, limit: int) -> str:
     """Whitespace collapsed to single spaces, clipped to `limit` characters with an ellipsis."""
     words = " ".join(plain(text or "").split())
-    return words if len(words) <= limit else words[:limit - 1].rstrip() + "…"
+    return words if len(words) <= limit else words[: limit - 1].rstrip() + "…"
 
 
 def bpb(value: float | None, places: int = 6) -> str:

@@ -6,5 +6,12 @@ from .app import RequestRecord
 from .script import Reply, edit_then_submit, text_block, tool_use_block
 from .server import AnthropicStandIn, FakeClock
 
-__all__ = ["AnthropicStandIn", "FakeClock", "Reply", "RequestRecord", "edit_then_submit", "text_block",
-           "tool_use_block"]
+__all__ = [
+    "AnthropicStandIn",
+    "FakeClock",
+    "Reply",
+    "RequestRecord",
+    "edit_then_submit",
+    "text_block",
+    "tool_use_block",
+]

@@ -26,8 +26,10 @@ if TYPE_CHECKING:
     from .server import AnthropicStandIn
 
 VERSION = re.compile(r"^\d{4}-\d{2}-\d{2}$")
-STREAMING = ("stream: the Anthropic stand-in answers only non-streaming requests; call messages.create without "
-             "stream=True (or teach the stand-in SSE)")
+STREAMING = (
+    "stream: the Anthropic stand-in answers only non-streaming requests; call messages.create without "
+    "stream=True (or teach the stand-in SSE)"
+)
 
 
 @dataclass
@@ -59,12 +61,15 @@ def build(s: AnthropicStandIn) -> FastAPI:
             taken = s.script.take(body)
         except Exception as err:  # noqa: BLE001 -- a callable entry failed: show the test its own error
             s._violation(record, f"the script's callable raised {err!r}\n{traceback.format_exc()}")
-            return _error(record, 500, "api_error", f"the stand-in's script entry raised {err!r}",
-                          {"x-should-retry": "false"})
+            return _error(
+                record, 500, "api_error", f"the stand-in's script entry raised {err!r}", {"x-should-retry": "false"}
+            )
         if taken is None:
-            message = (f"the stand-in's script has ended: all {s.script.taken} scripted replies were used and "
-                       f"request #{record.number} asked for one more; add replies (AnthropicStandIn(replies=...) "
-                       "or .add()) or find out why the bot called again")
+            message = (
+                f"the stand-in's script has ended: all {s.script.taken} scripted replies were used and "
+                f"request #{record.number} asked for one more; add replies (AnthropicStandIn(replies=...) "
+                "or .add()) or find out why the bot called again"
+            )
             s._violation(record, message)
             return _error(record, 500, "api_error", message, {"x-should-retry": "false"})
         record.reply, reply = taken
@@ -88,8 +93,11 @@ def build(s: AnthropicStandIn) -> FastAPI:
         record, refused = await _admit(s, request)
         if refused is not None:
             return refused
-        s._violation(record, f"{request.method} /{rest} is not served by the Anthropic stand-in "
-                             "(it serves POST /v1/messages and /v1/messages/count_tokens)")
+        s._violation(
+            record,
+            f"{request.method} /{rest} is not served by the Anthropic stand-in "
+            "(it serves POST /v1/messages and /v1/messages/count_tokens)",
+        )
         return _error(record, 404, "not_found_error", f"Not found: {request.method} /{rest}")
 
     return app
@@ -105,15 +113,18 @@ async def _admit(s: AnthropicStandIn, request: Request) -> tuple[RequestRecord, 
     record = s._log(request.url.path, {k.lower(): v for k, v in request.headers.items()}, body)
     headers = record.headers
     bearer = headers.get("authorization", "")
-    key = headers.get("x-api-key") or (bearer[len("Bearer "):] if bearer.startswith("Bearer ") else None)
+    key = headers.get("x-api-key") or (bearer[len("Bearer ") :] if bearer.startswith("Bearer ") else None)
     if not key:
         return record, _error(record, 401, "authentication_error", "x-api-key header is required")
     if key != s.api_key:
         return record, _error(record, 401, "authentication_error", "invalid x-api-key")
     version = headers.get("anthropic-version")
     if not version or not VERSION.match(version):
-        problem = "anthropic-version: header is required" if not version else \
-            f"anthropic-version: {version!r} is not a valid version (a date such as 2023-06-01)"
+        problem = (
+            "anthropic-version: header is required"
+            if not version
+            else f"anthropic-version: {version!r} is not a valid version (a date such as 2023-06-01)"
+        )
         return record, _invalid(s, record, [problem])
     if request.method == "POST" and body is None:
         return record, _invalid(s, record, ["There was an error parsing the body: send a JSON object"])
@@ -130,13 +141,23 @@ def _message(s: AnthropicStandIn, record: RequestRecord, body: dict[str, Any], r
         content.append(block)
     out = tokens.output_tokens(content)
     if out > body["max_tokens"] and reply.stop_reason != "max_tokens":
-        s._violation(record, f"script entry #{record.reply} is about {out} output tokens, over the request's "
-                             f"max_tokens={body['max_tokens']}: the real model would stop early with stop_reason "
-                             "'max_tokens'; raise max_tokens in the bot or script a shorter reply")
+        s._violation(
+            record,
+            f"script entry #{record.reply} is about {out} output tokens, over the request's "
+            f"max_tokens={body['max_tokens']}: the real model would stop early with stop_reason "
+            "'max_tokens'; raise max_tokens in the bot or script a shorter reply",
+        )
     usage = {**s.cache.usage(body), "output_tokens": out, "service_tier": "standard"}
-    return {"id": s._new_id("msg"), "type": "message", "role": "assistant", "model": body["model"],
-            "content": content, "stop_reason": reply.stop_reason, "stop_sequence": reply.stop_sequence,
-            "usage": usage}
+    return {
+        "id": s._new_id("msg"),
+        "type": "message",
+        "role": "assistant",
+        "model": body["model"],
+        "content": content,
+        "stop_reason": reply.stop_reason,
+        "stop_sequence": reply.stop_sequence,
+        "usage": usage,
+    }
 
 
 def _invalid(s: AnthropicStandIn, record: RequestRecord, problems: list[str]) -> Response:
@@ -145,16 +166,19 @@ def _invalid(s: AnthropicStandIn, record: RequestRecord, problems: list[str]) ->
     return _error(record, 400, "invalid_request_error", problems[0])
 
 
-def _error(record: RequestRecord, status: int, kind: str, message: str,
-           headers: dict[str, str] | None = None) -> Response:
+def _error(
+    record: RequestRecord, status: int, kind: str, message: str, headers: dict[str, str] | None = None
+) -> Response:
     return _answer(record, status, {"type": "error", "error": {"type": kind, "message": message}}, headers)
 
 
-def _answer(record: RequestRecord, status: int, payload: dict[str, Any],
-            headers: dict[str, str] | None = None) -> Response:
+def _answer(
+    record: RequestRecord, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None
+) -> Response:
     record.status, record.response = status, payload
-    return JSONResponse(payload, status_code=status,
-                        headers={"request-id": f"req_{record.number:024d}", **(headers or {})})
+    return JSONResponse(
+        payload, status_code=status, headers={"request-id": f"req_{record.number:024d}", **(headers or {})}
+    )
 
 
 async def _sleep(seconds: float, stopping: threading.Event) -> None:

@@ -21,20 +21,41 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # anthropic.types.StopReason
-STOP_REASONS = ("end_turn", "max_tokens", "stop_sequence", "tool_use", "pause_turn", "refusal",
-                "model_context_window_exceeded")
+STOP_REASONS = (
+    "end_turn",
+    "max_tokens",
+    "stop_sequence",
+    "tool_use",
+    "pause_turn",
+    "refusal",
+    "model_context_window_exceeded",
+)
 
 # the API's error types by status (https://docs.claude.com/en/api/errors)
-ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 402: "billing_error",
-               403: "permission_error", 404: "not_found_error", 413: "request_too_large",
-               429: "rate_limit_error", 500: "api_error", 504: "timeout_error", 529: "overloaded_error"}
-ERROR_MESSAGES = {"invalid_request_error": "Invalid request.", "authentication_error": "invalid x-api-key",
-                  "billing_error": "Your credit balance is too low to access the Anthropic API.",
-                  "permission_error": "Your API key does not have permission to use the specified resource.",
-                  "not_found_error": "Not found", "request_too_large": "Request exceeds the maximum allowed size.",
-                  "rate_limit_error": "Number of request tokens has exceeded your per-minute rate limit.",
-                  "api_error": "Internal server error", "timeout_error": "Request timed out.",
-                  "overloaded_error": "Overloaded"}
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    402: "billing_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
+ERROR_MESSAGES = {
+    "invalid_request_error": "Invalid request.",
+    "authentication_error": "invalid x-api-key",
+    "billing_error": "Your credit balance is too low to access the Anthropic API.",
+    "permission_error": "Your API key does not have permission to use the specified resource.",
+    "not_found_error": "Not found",
+    "request_too_large": "Request exceeds the maximum allowed size.",
+    "rate_limit_error": "Number of request tokens has exceeded your per-minute rate limit.",
+    "api_error": "Internal server error",
+    "timeout_error": "Request timed out.",
+    "overloaded_error": "Overloaded",
+}
 
 
 def text_block(text: str) -> dict[str, Any]:
@@ -63,8 +84,10 @@ class Reply:
                 uses_tool = any(b.get("type") == "tool_use" for b in self.blocks)
                 self.stop_reason = "tool_use" if uses_tool else "end_turn"
             if self.stop_reason not in STOP_REASONS:
-                raise ValueError(f"stop_reason {self.stop_reason!r} is not one the API sends; "
-                                 f"choose one of {', '.join(STOP_REASONS)}")
+                raise ValueError(
+                    f"stop_reason {self.stop_reason!r} is not one the API sends; "
+                    f"choose one of {', '.join(STOP_REASONS)}"
+                )
             if self.stop_reason == "stop_sequence" and not self.stop_sequence:
                 raise ValueError("a stop_reason of 'stop_sequence' needs the stop_sequence that was hit")
         elif self.error_type is None:
@@ -79,29 +102,44 @@ class Reply:
         return cls([text_block(text)], stop_reason=stop_reason, delay_s=delay_s)
 
     @classmethod
-    def tool_use(cls, name: str, input: dict[str, Any], id: str | None = None, *, text: str | None = None,
-                 delay_s: float = 0.0) -> Reply:
+    def tool_use(
+        cls, name: str, input: dict[str, Any], id: str | None = None, *, text: str | None = None, delay_s: float = 0.0
+    ) -> Reply:
         """One tool call (after an optional sentence of text, as Claude usually writes one)."""
         blocks = ([text_block(text)] if text else []) + [tool_use_block(name, input, id)]
         return cls(blocks, stop_reason="tool_use", delay_s=delay_s)
 
     @classmethod
-    def error(cls, status: int, type: str | None = None, message: str | None = None,
-              headers: dict[str, str] | None = None, *, delay_s: float = 0.0) -> Reply:
+    def error(
+        cls,
+        status: int,
+        type: str | None = None,
+        message: str | None = None,
+        headers: dict[str, str] | None = None,
+        *,
+        delay_s: float = 0.0,
+    ) -> Reply:
         """An API error: `type` defaults from the status (429 rate_limit_error, 529 overloaded_error,
         500 api_error, 401 authentication_error, ...) and `message` from the type."""
         if status < 400:
             raise ValueError(f"an error reply needs a 4xx or 5xx status, not {status}")
         kind = type or ERROR_TYPES.get(status, "api_error")
-        return cls(status=status, error_type=kind, message=message or ERROR_MESSAGES.get(kind, kind),
-                   headers=dict(headers or {}), delay_s=delay_s)
+        return cls(
+            status=status,
+            error_type=kind,
+            message=message or ERROR_MESSAGES.get(kind, kind),
+            headers=dict(headers or {}),
+            delay_s=delay_s,
+        )
 
     @classmethod
     def rate_limited(cls, retry_after_s: float = 0.01, message: str | None = None) -> Reply:
         """A 429 asking to wait `retry_after_s`: `retry-after` in whole seconds as the API sends it,
         and `retry-after-ms`, which the SDK reads first, so tests need not wait a whole second."""
-        headers = {"retry-after": str(max(1, math.ceil(retry_after_s))),
-                   "retry-after-ms": str(max(1, round(retry_after_s * 1000)))}
+        headers = {
+            "retry-after": str(max(1, math.ceil(retry_after_s))),
+            "retry-after-ms": str(max(1, round(retry_after_s * 1000))),
+        }
         return cls.error(429, "rate_limit_error", message, headers)
 
 
@@ -149,8 +187,9 @@ def _check_entry(entry: object) -> None:
         raise TypeError(f"a script entry is a Reply or a callable(request_body) -> Reply, not {entry!r}")
 
 
-def edit_then_submit(new_line: Callable[[int], str], *, delay_s: float = 0.0,
-                     anchor: str = "h = harness.session()") -> Callable[[dict[str, Any]], Reply]:
+def edit_then_submit(
+    new_line: Callable[[int], str], *, delay_s: float = 0.0, anchor: str = "h = harness.session()"
+) -> Callable[[dict[str, Any]], Reply]:
     """A model that proposes in two turns: first an edit of train.py adding `new_line(n)` after
     `anchor` (n counts the proposals from 1, so each is new), then, once the edit's result is back,
     `submit`. Every answer comes after `delay_s` (a slow model)."""
@@ -161,9 +200,20 @@ def edit_then_submit(new_line: Callable[[int], str], *, delay_s: float = 0.0,
         last = body["messages"][-1]["content"]
         if not (isinstance(last, list) and any(b.get("type") == "tool_result" for b in last)):
             count += 1
-            return Reply.tool_use("str_replace_based_edit_tool",
-                                  {"command": "str_replace", "path": "/repo/train.py", "old_str": anchor,
-                                   "new_str": f"{anchor}\n{new_line(count)}"}, delay_s=delay_s)
-        return Reply.tool_use("submit", {"title": f"proposal {count}", "hypothesis": "a change",
-                                         "expected_effect": "none", "risk": "none"}, delay_s=delay_s)
+            return Reply.tool_use(
+                "str_replace_based_edit_tool",
+                {
+                    "command": "str_replace",
+                    "path": "/repo/train.py",
+                    "old_str": anchor,
+                    "new_str": f"{anchor}\n{new_line(count)}",
+                },
+                delay_s=delay_s,
+            )
+        return Reply.tool_use(
+            "submit",
+            {"title": f"proposal {count}", "hypothesis": "a change", "expected_effect": "none", "risk": "none"},
+            delay_s=delay_s,
+        )
+
     return reply

@@ -63,9 +63,14 @@ class _Server(uvicorn.Server):
 
 
 class AnthropicStandIn:
-    def __init__(self, replies: Iterable[Reply | Callable[[dict[str, Any]], Reply]] = (), *,
-                 api_key: str = "sk-ant-test", min_cache_tokens: int = 1024,
-                 clock: Callable[[], float] | None = None):
+    def __init__(
+        self,
+        replies: Iterable[Reply | Callable[[dict[str, Any]], Reply]] = (),
+        *,
+        api_key: str = "sk-ant-test",
+        min_cache_tokens: int = 1024,
+        clock: Callable[[], float] | None = None,
+    ):
         """`replies` answer the Messages requests in order (a callable gets the request body and
         returns the Reply); `min_cache_tokens` is the shortest prefix the cache keeps (1024 for
         Sonnet- and Opus-class models, 2048 or 4096 for Haiku); `clock` (seconds) times cache
@@ -92,11 +97,13 @@ class AnthropicStandIn:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.bind(("127.0.0.1", 0))
         self._base_url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        config = uvicorn.Config(api.build(self), log_level="warning", access_log=False, lifespan="off",
-                                timeout_graceful_shutdown=2)
+        config = uvicorn.Config(
+            api.build(self), log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=2
+        )
         self._server = _Server(config)
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
-                                        name="anthropic-standin-uvicorn", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [sock]}, name="anthropic-standin-uvicorn", daemon=True
+        )
         self._thread.start()
         deadline = time.monotonic() + 10
         while not self._server.started:

@@ -173,10 +173,12 @@ class PromptCache:
                 expires, length = self._entries.get(digests[bp], (-1.0, 0.0))
                 self._entries[digests[bp]] = (max(expires, now + TTL_SECONDS[ttl]), max(length, TTL_SECONDS[ttl]))
         creation = created["5m"] + created["1h"]
-        return {"input_tokens": total - read - creation, "cache_creation_input_tokens": creation,
-                "cache_read_input_tokens": read,
-                "cache_creation": {"ephemeral_5m_input_tokens": created["5m"],
-                                   "ephemeral_1h_input_tokens": created["1h"]}}
+        return {
+            "input_tokens": total - read - creation,
+            "cache_creation_input_tokens": creation,
+            "cache_read_input_tokens": read,
+            "cache_creation": {"ephemeral_5m_input_tokens": created["5m"], "ephemeral_1h_input_tokens": created["1h"]},
+        }
 
 
 def _prefixes(model: str, segs: list[Segment]) -> tuple[list[str], list[int]]:

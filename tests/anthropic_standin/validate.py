@@ -102,7 +102,7 @@ def _check_system(system: Any) -> list[str]:
     problems = []
     for i, block in enumerate(system):
         if not isinstance(block, dict) or block.get("type") != "text" or not isinstance(block.get("text"), str):
-            problems.append(f"system.{i}: Input should be a text block {{\"type\": \"text\", \"text\": ...}}")
+            problems.append(f'system.{i}: Input should be a text block {{"type": "text", "text": ...}}')
         elif not block["text"]:
             problems.append(f"system.{i}.text: text content blocks must be non-empty")
     return problems
@@ -179,10 +179,12 @@ def _check_messages(messages: Any, tool_names: set[str], problems: list[str]) ->
             return
         role, content = message["role"], message.get("content")
         if i == 0 and role != "user":
-            problems.append("messages: first message must use the \"user\" role")
+            problems.append('messages: first message must use the "user" role')
         if i > 0 and role == messages[i - 1].get("role"):
-            problems.append(f"messages: roles must alternate between \"user\" and \"assistant\", but found "
-                            f"multiple \"{role}\" roles in a row (messages.{i - 1} and messages.{i})")
+            problems.append(
+                f'messages: roles must alternate between "user" and "assistant", but found '
+                f'multiple "{role}" roles in a row (messages.{i - 1} and messages.{i})'
+            )
         blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
         if not isinstance(blocks, list):
             problems.append(f"{where}.content: Input should be a string or a list of content blocks")
@@ -197,7 +199,7 @@ def _check_messages(messages: Any, tool_names: set[str], problems: list[str]) ->
             at = f"{where}.content.{j}" if isinstance(content, list) else f"{where}.content"
             kind = block.get("type") if isinstance(block, dict) else None
             if kind is None:
-                problems.append(f"{at}: Input should be a content block with a \"type\"")
+                problems.append(f'{at}: Input should be a content block with a "type"')
                 continue
             if kind == "text":
                 text = block.get("text")
@@ -220,12 +222,16 @@ def _check_messages(messages: Any, tool_names: set[str], problems: list[str]) ->
                 if role != "user":
                     problems.append(f"{at}: tool_result blocks can only be in user messages")
                 elif seen_other:
-                    problems.append(f"{at}: tool_result blocks must come first in the user message's content, "
-                                    "before any other block")
+                    problems.append(
+                        f"{at}: tool_result blocks must come first in the user message's content, "
+                        "before any other block"
+                    )
                 if block.get("tool_use_id") not in previous_uses:
-                    problems.append(f"{at}: unexpected `tool_use_id` found in `tool_result` blocks: "
-                                    f"{block.get('tool_use_id')}. Each `tool_result` block must have a "
-                                    "corresponding `tool_use` block in the previous message.")
+                    problems.append(
+                        f"{at}: unexpected `tool_use_id` found in `tool_result` blocks: "
+                        f"{block.get('tool_use_id')}. Each `tool_result` block must have a "
+                        "corresponding `tool_use` block in the previous message."
+                    )
                 elif block["tool_use_id"] in answered:
                     problems.append(f"{at}: tool_use_id {block['tool_use_id']} is answered twice")
                 else:
@@ -234,9 +240,11 @@ def _check_messages(messages: Any, tool_names: set[str], problems: list[str]) ->
                 seen_other = True
         missing = [u for u in previous_uses if u not in answered]
         if missing:
-            problems.append(f"messages.{i - 1}: `tool_use` ids were found without `tool_result` blocks immediately "
-                            f"after: {', '.join(missing)}. Each `tool_use` block must have a corresponding "
-                            f"`tool_result` block in the next message.")
+            problems.append(
+                f"messages.{i - 1}: `tool_use` ids were found without `tool_result` blocks immediately "
+                f"after: {', '.join(missing)}. Each `tool_use` block must have a corresponding "
+                f"`tool_result` block in the next message."
+            )
         previous_uses = uses
     if uses_tools and not tool_names:
         problems.append("messages: Requests which include `tool_use` or `tool_result` blocks must define tools.")
@@ -275,13 +283,15 @@ def _check_cache_control(body: dict[str, Any]) -> list[str]:
         elif set(marker) - {"type", "ttl"}:
             problems.append(f"{where}.{min(set(marker) - {'type', 'ttl'})}: Extra inputs are not permitted")
     if len(markers) > MAX_BREAKPOINTS:
-        problems.append(f"A maximum of {MAX_BREAKPOINTS} blocks with cache_control may be provided. "
-                        f"Found {len(markers)}.")
+        problems.append(
+            f"A maximum of {MAX_BREAKPOINTS} blocks with cache_control may be provided. Found {len(markers)}."
+        )
     # a longer TTL may not follow a shorter one
     ttls = [m.get("ttl", "5m") for _, m in markers if isinstance(m, dict)]
-    if "5m" in ttls and "1h" in ttls[ttls.index("5m"):]:
-        problems.append("cache_control: a ttl='1h' cache_control block must not come after a ttl='5m' "
-                        "cache_control block")
+    if "5m" in ttls and "1h" in ttls[ttls.index("5m") :]:
+        problems.append(
+            "cache_control: a ttl='1h' cache_control block must not come after a ttl='5m' cache_control block"
+        )
     return problems
 
 

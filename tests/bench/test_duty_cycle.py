@@ -13,8 +13,9 @@ def load_bench():
 
 def test_every_experiment_finishes_on_simulated_slots():
     bench = load_bench()
-    row = bench.run(bench.Options(slots=2, experiments=3, scale=600.0, latency_ms=0.0, first_baseline_runs=2,
-                                  timeout_s=180.0))
+    row = bench.run(
+        bench.Options(slots=2, experiments=3, scale=600.0, latency_ms=0.0, first_baseline_runs=2, timeout_s=180.0)
+    )
     assert row["experiments"] == 3
     assert sum(row["statuses"].values()) == 3
     assert row["runs"]["baseline"] >= 2 and row["runs"]["candidate"] >= 3

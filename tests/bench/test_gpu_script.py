@@ -15,14 +15,34 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
-def test_gpu_script_runs_the_smoke_profile_end_to_end_and_writes_its_report(autoresearch_cache: Path,
-                                                                             tmp_path: Path) -> None:
+def test_gpu_script_runs_the_smoke_profile_end_to_end_and_writes_its_report(
+    autoresearch_cache: Path, tmp_path: Path
+) -> None:
     """Slow tier: the benchmark's whole path is under test: stand-in data served over HTTP and
     prepared in a fresh cache, an isolated run of the real train.py, the report."""
     out = tmp_path / "bench-gpu.json"
-    done = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu.py"), "--profile", "smoke", "--runs", "1",
-                           "--no-warm", "--no-unsandboxed", "--stand-in", "--runs-dir", str(tmp_path / "runs"), "--out", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=900, check=False)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "gpu.py"),
+            "--profile",
+            "smoke",
+            "--runs",
+            "1",
+            "--no-warm",
+            "--no-unsandboxed",
+            "--stand-in",
+            "--runs-dir",
+            str(tmp_path / "runs"),
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "STAND-IN DATA" in done.stdout  # said loudly
     report = json.loads(out.read_text())

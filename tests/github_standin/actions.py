@@ -90,8 +90,11 @@ class Actions:
         self.held = False
         self.lose_next = 0  # the next N runs picked up end in failure without running a step
         self._workflow_ids: dict[str, int] = {}
-        self._ids = {"run": itertools.count(9_100_000_001), "artifact": itertools.count(4_400_001),
-                     "workflow": itertools.count(161_335)}
+        self._ids = {
+            "run": itertools.count(9_100_000_001),
+            "artifact": itertools.count(4_400_001),
+            "workflow": itertools.count(161_335),
+        }
         self._numbers = itertools.count(1)
         self._changed = threading.Condition(st.lock)
         self._stopping = threading.Event()
@@ -104,8 +107,9 @@ class Actions:
         if self._threads:
             return
         for n in range(self._count):
-            thread = threading.Thread(target=self._serve, args=(f"standin-runner-{n + 1}",), daemon=True,
-                                      name=f"standin-runner-{n + 1}")
+            thread = threading.Thread(
+                target=self._serve, args=(f"standin-runner-{n + 1}",), daemon=True, name=f"standin-runner-{n + 1}"
+            )
             thread.start()
             self._threads.append(thread)
 
@@ -143,8 +147,11 @@ class Actions:
             except yaml.YAMLError as error:
                 raise unprocessable(f"Invalid workflow file: {error}") from None
             triggers = document.get(True, document.get("on"))  # YAML 1.1 reads the key `on` as True
-            dispatch = triggers.get("workflow_dispatch", "absent") if isinstance(triggers, dict) else (
-                None if triggers == "workflow_dispatch" or "workflow_dispatch" in (triggers or []) else "absent")
+            dispatch = (
+                triggers.get("workflow_dispatch", "absent")
+                if isinstance(triggers, dict)
+                else (None if triggers == "workflow_dispatch" or "workflow_dispatch" in (triggers or []) else "absent")
+            )
             if dispatch == "absent":
                 raise unprocessable("Workflow does not have 'workflow_dispatch' trigger")
             declared = (dispatch or {}).get("inputs") or {}
@@ -161,12 +168,22 @@ class Actions:
                     values[name] = wf.as_text((spec or {}).get("default", ""))
             now = st.clock()
             run_id = next(self._ids["run"])
-            run = WorkflowRun(id=run_id, run_number=next(self._numbers), workflow_id=self.workflow_id(path),
-                              path=path, name=str(document.get("name") or path), display_title="",
-                              head_branch=ref, head_sha=sha, actor=actor, inputs=values, document=document,
-                              created_at=now, updated_at=now)
-            run.display_title = wf.as_text(wf.substitute(document.get("run-name") or run.name,
-                                                                   self._contexts(run)))
+            run = WorkflowRun(
+                id=run_id,
+                run_number=next(self._numbers),
+                workflow_id=self.workflow_id(path),
+                path=path,
+                name=str(document.get("name") or path),
+                display_title="",
+                head_branch=ref,
+                head_sha=sha,
+                actor=actor,
+                inputs=values,
+                document=document,
+                created_at=now,
+                updated_at=now,
+            )
+            run.display_title = wf.as_text(wf.substitute(document.get("run-name") or run.name, self._contexts(run)))
             self.runs[run_id] = run
             self._ensure_runners()
             self._changed.notify_all()
@@ -224,10 +241,13 @@ class Actions:
     def wait(self, run_id: int, status: str = "completed", timeout: float = 120.0) -> WorkflowRun:
         """Block until the run reaches `status` (for tests); its record."""
         with self._changed:
-            if not self._changed.wait_for(lambda: self.runs.get(run_id) is None or
-                                          self.runs[run_id].status == status, timeout):
-                raise TimeoutError(f"workflow run {run_id} is still {self.runs[run_id].status}; its log:\n"
-                                   f"{self.runs[run_id].log[-4000:]}")
+            if not self._changed.wait_for(
+                lambda: self.runs.get(run_id) is None or self.runs[run_id].status == status, timeout
+            ):
+                raise TimeoutError(
+                    f"workflow run {run_id} is still {self.runs[run_id].status}; its log:\n"
+                    f"{self.runs[run_id].log[-4000:]}"
+                )
             return self.run(run_id)
 
     # the emulated runners -------------------------------------------------------------------
@@ -270,10 +290,15 @@ class Actions:
 
     def _execute(self, run: WorkflowRun) -> None:
         workspace = self.root / "actions" / str(run.id) / "workspace"
-        job = wf.JobRun(workflow=run.document, contexts=self._contexts(run, workspace), workspace=workspace,
-                              machine_env={**machine_env(), **self.machine_env, **self._github_env(run, workspace)},
-                              checkout=self._checkout, upload=lambda name, data: self._upload(run, name, data),
-                              cancelled=lambda: run.cancel_requested)
+        job = wf.JobRun(
+            workflow=run.document,
+            contexts=self._contexts(run, workspace),
+            workspace=workspace,
+            machine_env={**machine_env(), **self.machine_env, **self._github_env(run, workspace)},
+            checkout=self._checkout,
+            upload=lambda name, data: self._upload(run, name, data),
+            cancelled=lambda: run.cancel_requested,
+        )
         try:
             conclusion = job.run()
         except Exception as error:  # noqa: BLE001 - the emulator's own failure fails the run, loudly
@@ -302,8 +327,15 @@ class Actions:
         with self._changed:
             if any(self.artifacts[a].name == name for a in run.artifacts if a in self.artifacts):
                 raise RuntimeError(f"an artifact named {name} already exists in this run")
-            artifact = Artifact(id=next(self._ids["artifact"]), run_id=run.id, name=name, data=data,
-                                created_at=self.st.clock(), head_branch=run.head_branch, head_sha=run.head_sha)
+            artifact = Artifact(
+                id=next(self._ids["artifact"]),
+                run_id=run.id,
+                name=name,
+                data=data,
+                created_at=self.st.clock(),
+                head_branch=run.head_branch,
+                head_sha=run.head_sha,
+            )
             self.artifacts[artifact.id] = artifact
             run.artifacts.append(artifact.id)
 
@@ -318,13 +350,26 @@ class Actions:
     def _contexts(self, run: WorkflowRun, workspace: Path | None = None) -> dict[str, Any]:
         st = self.st
         return {
-            "github": {"run_id": str(run.id), "run_number": str(run.run_number), "run_attempt": "1",
-                       "repository": f"{st.owner}/{st.name}", "repository_owner": st.owner,
-                       "server_url": st.base_url, "api_url": st.base_url, "sha": run.head_sha,
-                       "ref": f"refs/heads/{run.head_branch}", "ref_name": run.head_branch,
-                       "event_name": "workflow_dispatch", "actor": run.actor, "workflow": run.name,
-                       "workspace": str(workspace or ""), "event": {"inputs": dict(run.inputs)}},
-            "inputs": dict(run.inputs), "vars": dict(self.variables), "secrets": {},
+            "github": {
+                "run_id": str(run.id),
+                "run_number": str(run.run_number),
+                "run_attempt": "1",
+                "repository": f"{st.owner}/{st.name}",
+                "repository_owner": st.owner,
+                "server_url": st.base_url,
+                "api_url": st.base_url,
+                "sha": run.head_sha,
+                "ref": f"refs/heads/{run.head_branch}",
+                "ref_name": run.head_branch,
+                "event_name": "workflow_dispatch",
+                "actor": run.actor,
+                "workflow": run.name,
+                "workspace": str(workspace or ""),
+                "event": {"inputs": dict(run.inputs)},
+            },
+            "inputs": dict(run.inputs),
+            "vars": dict(self.variables),
+            "secrets": {},
             "runner": {"os": "Linux", "arch": "X64", "environment": "self-hosted"},
         }
 
@@ -332,11 +377,25 @@ class Actions:
         st = self.st
         temp = workspace.parent / "temp"
         temp.mkdir(parents=True, exist_ok=True)
-        return {"CI": "true", "GITHUB_ACTIONS": "true", "GITHUB_SERVER_URL": st.base_url,
-                "GITHUB_API_URL": st.base_url, "GITHUB_REPOSITORY": f"{st.owner}/{st.name}",
-                "GITHUB_REPOSITORY_OWNER": st.owner, "GITHUB_RUN_ID": str(run.id),
-                "GITHUB_RUN_NUMBER": str(run.run_number), "GITHUB_RUN_ATTEMPT": "1", "GITHUB_SHA": run.head_sha,
-                "GITHUB_REF": f"refs/heads/{run.head_branch}", "GITHUB_REF_NAME": run.head_branch,
-                "GITHUB_EVENT_NAME": "workflow_dispatch", "GITHUB_ACTOR": run.actor, "GITHUB_WORKFLOW": run.name,
-                "GITHUB_WORKSPACE": str(workspace), "RUNNER_OS": "Linux", "RUNNER_ARCH": "X64",
-                "RUNNER_ENVIRONMENT": "self-hosted", "RUNNER_TEMP": str(temp)}
+        return {
+            "CI": "true",
+            "GITHUB_ACTIONS": "true",
+            "GITHUB_SERVER_URL": st.base_url,
+            "GITHUB_API_URL": st.base_url,
+            "GITHUB_REPOSITORY": f"{st.owner}/{st.name}",
+            "GITHUB_REPOSITORY_OWNER": st.owner,
+            "GITHUB_RUN_ID": str(run.id),
+            "GITHUB_RUN_NUMBER": str(run.run_number),
+            "GITHUB_RUN_ATTEMPT": "1",
+            "GITHUB_SHA": run.head_sha,
+            "GITHUB_REF": f"refs/heads/{run.head_branch}",
+            "GITHUB_REF_NAME": run.head_branch,
+            "GITHUB_EVENT_NAME": "workflow_dispatch",
+            "GITHUB_ACTOR": run.actor,
+            "GITHUB_WORKFLOW": run.name,
+            "GITHUB_WORKSPACE": str(workspace),
+            "RUNNER_OS": "Linux",
+            "RUNNER_ARCH": "X64",
+            "RUNNER_ENVIRONMENT": "self-hosted",
+            "RUNNER_TEMP": str(temp),
+        }

@@ -49,8 +49,14 @@ class _Token:
 
 
 class Auth:
-    def __init__(self, clock: Callable[[], float], token_users: dict[str, str], app: dict[str, Any] | None,
-                 token_lifetime: float, rate_limit: int):
+    def __init__(
+        self,
+        clock: Callable[[], float],
+        token_users: dict[str, str],
+        app: dict[str, Any] | None,
+        token_lifetime: float,
+        rate_limit: int,
+    ):
         self.clock, self.app, self.token_lifetime, self.rate_limit = clock, app, token_lifetime, rate_limit
         self._lock = threading.Lock()
         self._tokens = {t: self._kind_of(login) for t, login in token_users.items()}
@@ -96,15 +102,22 @@ class Auth:
         if not self.app or not self.app.get("public_key"):
             raise ApiError(401, "A JSON web token could not be decoded")
         try:
-            claims = jwt.decode(credential, self.app["public_key"], algorithms=["RS256"],
-                                options={"verify_exp": False, "verify_iat": False, "require": ["exp", "iat", "iss"]})
+            claims = jwt.decode(
+                credential,
+                self.app["public_key"],
+                algorithms=["RS256"],
+                options={"verify_exp": False, "verify_iat": False, "require": ["exp", "iat", "iss"]},
+            )
         except jwt.PyJWTError:
             raise ApiError(401, "A JSON web token could not be decoded") from None
         if str(claims["iss"]) not in (str(self.app["id"]), self.app.get("client_id")):
             raise ApiError(401, "A JSON web token could not be decoded")
         if claims["exp"] <= self.clock():
-            raise ApiError(401, "'Expiration time' claim ('exp') must be a numeric value representing the future "
-                                "time at which the assertion expires")
+            raise ApiError(
+                401,
+                "'Expiration time' claim ('exp') must be a numeric value representing the future "
+                "time at which the assertion expires",
+            )
         if claims["exp"] - claims["iat"] > JWT_MAX_LIFETIME:
             raise ApiError(401, "'Expiration time' claim ('exp') is too far in the future")
         return Identity(f"{self.app['slug']}[bot]", "app", f"app:{self.app['id']}")

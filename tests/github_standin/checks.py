@@ -18,13 +18,21 @@ def apply(run: CheckRun, fields: dict[str, Any], now: float) -> None:
     output = fields.get("output") or {}
     for key in ("title", "summary", "text"):
         if len(output.get(key) or "") > OUTPUT_LIMIT:
-            raise invalid("CheckRun", f"output.{key}", "custom",
-                          f"Only {OUTPUT_LIMIT} characters are allowed; {len(output[key])} were supplied.")
+            raise invalid(
+                "CheckRun",
+                f"output.{key}",
+                "custom",
+                f"Only {OUTPUT_LIMIT} characters are allowed; {len(output[key])} were supplied.",
+            )
     status = "completed" if fields.get("conclusion") else fields.get("status", run.status)
     conclusion = fields.get("conclusion", run.conclusion) if status == "completed" else None
     if (status == "completed" or "completed_at" in fields) and not conclusion:
-        raise invalid("CheckRun", "conclusion", "missing_field",
-                      "conclusion is required when the status is completed or completed_at is given")
+        raise invalid(
+            "CheckRun",
+            "conclusion",
+            "missing_field",
+            "conclusion is required when the status is completed or completed_at is given",
+        )
     run.status, run.conclusion = status, conclusion
     for key in ("name", "external_id", "details_url"):
         if key in fields:

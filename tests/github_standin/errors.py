@@ -9,8 +9,13 @@ DOCS = "https://docs.github.com/rest"
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, errors: list[dict[str, Any]] | None = None,
-                 headers: dict[str, str] | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        errors: list[dict[str, Any]] | None = None,
+        headers: dict[str, str] | None = None,
+    ):
         super().__init__(f"{status} {message}")
         self.status, self.message, self.errors, self.headers = status, message, errors, headers or {}
 

@@ -19,9 +19,11 @@ from starlette.responses import JSONResponse, Response
 
 KINDS = ("502", "timeout", "secondary", "ratelimit", "429")
 DOCS = "https://docs.github.com/rest/using-the-rest-api/rate-limits-for-the-rest-api"
-UNICORN = ("<!DOCTYPE html>\n<html><head><title>Server Error &middot; GitHub</title></head>"
-           "<body><h1>Whoa there!</h1><p>We had issues producing the response to your request.</p>"
-           "<p>Sorry about that. Please try refreshing and contact us if the problem persists.</p></body></html>\n")
+UNICORN = (
+    "<!DOCTYPE html>\n<html><head><title>Server Error &middot; GitHub</title></head>"
+    "<body><h1>Whoa there!</h1><p>We had issues producing the response to your request.</p>"
+    "<p>Sorry about that. Please try refreshing and contact us if the problem persists.</p></body></html>\n"
+)
 
 
 @dataclass
@@ -39,8 +41,9 @@ class Faults:
         self._armed: list[Fault] = []
         self._lock = threading.Lock()
 
-    def inject(self, method: str, path_regex: str, kind: str, times: int = 1, apply_first: bool = False,
-               seconds: float = 2.0) -> None:
+    def inject(
+        self, method: str, path_regex: str, kind: str, times: int = 1, apply_first: bool = False, seconds: float = 2.0
+    ) -> None:
         if kind not in KINDS:
             raise ValueError(f"unknown fault kind {kind!r}; choose one of {', '.join(KINDS)}")
         with self._lock:
@@ -67,14 +70,24 @@ def answer(fault: Fault, rate_headers: dict[str, str]) -> Response:
     if fault.kind in ("502", "timeout"):
         return Response(UNICORN, status_code=502, media_type="text/html; charset=utf-8")
     if fault.kind == "ratelimit":
-        headers = {**rate_headers, "x-ratelimit-remaining": "0",
-                   "x-ratelimit-used": rate_headers.get("x-ratelimit-limit", "5000"),
-                   "x-ratelimit-reset": str(math.ceil(time.time()) + 1)}  # at least a second away
-        body = {"message": "API rate limit exceeded for installation. If you reach out to GitHub Support for "
-                           "help, please include the request ID.", "documentation_url": DOCS, "status": "403"}
+        headers = {
+            **rate_headers,
+            "x-ratelimit-remaining": "0",
+            "x-ratelimit-used": rate_headers.get("x-ratelimit-limit", "5000"),
+            "x-ratelimit-reset": str(math.ceil(time.time()) + 1),
+        }  # at least a second away
+        body = {
+            "message": "API rate limit exceeded for installation. If you reach out to GitHub Support for "
+            "help, please include the request ID.",
+            "documentation_url": DOCS,
+            "status": "403",
+        }
         return JSONResponse(body, status_code=403, headers=headers)
     status = 403 if fault.kind == "secondary" else 429
-    body = {"message": "You have exceeded a secondary rate limit. Please wait a few minutes before you try again. "
-                       "If you reach out to GitHub Support for help, please include the request ID.",
-            "documentation_url": DOCS, "status": str(status)}
+    body = {
+        "message": "You have exceeded a secondary rate limit. Please wait a few minutes before you try again. "
+        "If you reach out to GitHub Support for help, please include the request ID.",
+        "documentation_url": DOCS,
+        "status": str(status),
+    }
     return JSONResponse(body, status_code=status, headers={**rate_headers, "retry-after": "1"})

@@ -52,9 +52,11 @@ def needs_jwt(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def spec_path(template: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Checks an endpoint against another documented operation (GitHub's undocumented aliases)."""
+
     def mark(fn: Callable[..., Any]) -> Callable[..., Any]:
         fn.spec_path = template  # type: ignore[attr-defined]
         return fn
+
     return mark
 
 
@@ -101,8 +103,9 @@ class Gateway:
     def violation(self, text: str) -> None:
         self.violations.append(text)
 
-    async def handle(self, request: Request, inner: Callable[[Request], Any], method: str, template: str,
-                     jwt: bool) -> Response:
+    async def handle(
+        self, request: Request, inner: Callable[[Request], Any], method: str, template: str, jwt: bool
+    ) -> Response:
         """One REST call from arrival to log line."""
         call = _Call(request, method, template)
         fault = self.faults.take(method, call.path)
@@ -122,9 +125,19 @@ class Gateway:
             for error in self.spec.response_errors(method, template, response.status_code, body):
                 self.violation(f"response {method} {call.path} {response.status_code}: {error}")
         operation = (self.spec.operation(method, template) or {}).get("operationId")
-        self.requests.append(RequestRecord(method, call.path, request.url.query, response.status_code,
-                                           call.identity.login if call.identity else None, call.created,
-                                           fault.kind if fault else None, operation, time.time()))
+        self.requests.append(
+            RequestRecord(
+                method,
+                call.path,
+                request.url.query,
+                response.status_code,
+                call.identity.login if call.identity else None,
+                call.created,
+                fault.kind if fault else None,
+                operation,
+                time.time(),
+            )
+        )
         return response
 
     async def _serve(self, call: _Call, inner: Callable[[Request], Any], jwt: bool) -> Response:
@@ -144,8 +157,14 @@ class Gateway:
             except ValueError:
                 self._refuse(call, ["body is not JSON"])
                 raise ApiError(400, "Problems parsing JSON") from None
-            errors = self.spec.request_errors(call.method, call.template, dict(request.path_params),
-                                              dict(request.query_params), request.state.body, bool(raw.strip()))
+            errors = self.spec.request_errors(
+                call.method,
+                call.template,
+                dict(request.path_params),
+                dict(request.query_params),
+                request.state.body,
+                bool(raw.strip()),
+            )
             if errors:
                 self._refuse(call, errors)
                 raise ApiError(422, "Invalid request.\n\n" + "\n".join(errors))
@@ -171,15 +190,20 @@ class Gateway:
         """A path the stand-in does not serve: GitHub may, but the bot's use of it is unchecked."""
         path = request.url.path
         self.violation(f"request {request.method} {path}: no such operation in the vendored description")
-        self.requests.append(RequestRecord(request.method, path, request.url.query, 404, None, False, None, None,
-                                           time.time()))
+        self.requests.append(
+            RequestRecord(request.method, path, request.url.query, 404, None, False, None, None, time.time())
+        )
         return JSONResponse(not_found().body(), status_code=404)
 
     def _rate_headers(self, identity: Identity | None) -> dict[str, str]:
         window = self.auth.window(identity)
-        return {"x-ratelimit-limit": str(window.limit), "x-ratelimit-remaining": str(window.remaining),
-                "x-ratelimit-reset": str(int(window.reset)), "x-ratelimit-used": str(window.used),
-                "x-ratelimit-resource": "core"}
+        return {
+            "x-ratelimit-limit": str(window.limit),
+            "x-ratelimit-remaining": str(window.remaining),
+            "x-ratelimit-reset": str(int(window.reset)),
+            "x-ratelimit-used": str(window.used),
+            "x-ratelimit-resource": "core",
+        }
 
     async def _hold(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
@@ -213,5 +237,9 @@ def _conditional(request: Request, method: str, response: Response) -> Response:
 
 
 def _github_headers() -> dict[str, str]:
-    return {"x-github-request-id": uuid.uuid4().hex[:20].upper(), "x-github-media-type": "github.v3; format=json",
-            "x-github-api-version-selected": "2022-11-28", "vary": "Accept, Authorization, Cookie"}
+    return {
+        "x-github-request-id": uuid.uuid4().hex[:20].upper(),
+        "x-github-media-type": "github.v3; format=json",
+        "x-github-api-version-selected": "2022-11-28",
+        "vary": "Accept, Authorization, Cookie",
+    }

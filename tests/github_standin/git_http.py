@@ -20,8 +20,10 @@ from .gateway import Gateway, RequestRecord
 from .gitrepo import hermetic_env
 from .state import State
 
-BACKEND = Path(subprocess.run(["git", "--exec-path"], capture_output=True, text=True, check=True).stdout.strip()
-               ) / "git-http-backend"
+BACKEND = (
+    Path(subprocess.run(["git", "--exec-path"], capture_output=True, text=True, check=True).stdout.strip())
+    / "git-http-backend"
+)
 WRITERS = {"admin", "maintain", "write"}
 
 
@@ -35,16 +37,22 @@ def router(st: State, auth: Auth, gateway: Gateway) -> APIRouter:
         if (owner, repo) != (st.owner, st.name):
             response = Response("Repository not found.\n", status_code=404)
         elif (pushing or st.private) and identity is None:
-            response = Response("Authentication required\n", status_code=401,
-                                headers={"WWW-Authenticate": 'Basic realm="GitHub"'})
+            response = Response(
+                "Authentication required\n", status_code=401, headers={"WWW-Authenticate": 'Basic realm="GitHub"'}
+            )
         elif pushing and identity.kind != "installation" and st.permission(identity.login) not in WRITERS:
             response = Response(f"Permission to {owner}/{repo}.git denied to {identity.login}.\n", status_code=403)
         else:
             env = {
-                **hermetic_env(), "GIT_PROJECT_ROOT": str(st.git_root), "GIT_HTTP_EXPORT_ALL": "1",
-                "PATH_INFO": f"/{owner}/{repo}.git/{rest}", "REQUEST_METHOD": request.method,
-                "QUERY_STRING": request.url.query, "CONTENT_TYPE": request.headers.get("content-type", ""),
-                "REMOTE_USER": identity.login if identity else "", "REMOTE_ADDR": "127.0.0.1",
+                **hermetic_env(),
+                "GIT_PROJECT_ROOT": str(st.git_root),
+                "GIT_HTTP_EXPORT_ALL": "1",
+                "PATH_INFO": f"/{owner}/{repo}.git/{rest}",
+                "REQUEST_METHOD": request.method,
+                "QUERY_STRING": request.url.query,
+                "CONTENT_TYPE": request.headers.get("content-type", ""),
+                "REMOTE_USER": identity.login if identity else "",
+                "REMOTE_ADDR": "127.0.0.1",
                 "HTTP_CONTENT_ENCODING": request.headers.get("content-encoding", ""),
                 "HTTP_GIT_PROTOCOL": request.headers.get("git-protocol", ""),
             }
@@ -55,10 +63,19 @@ def router(st: State, auth: Auth, gateway: Gateway) -> APIRouter:
             else:
                 output = await asyncio.to_thread(_cgi, env, data)
             response = _response(output)
-        gateway.requests.append(RequestRecord(request.method, request.url.path, request.url.query,
-                                              response.status_code, identity.login if identity else None,
-                                              pushing and request.method == "POST" and response.status_code == 200,
-                                              None, "git/smart-http", time.time()))
+        gateway.requests.append(
+            RequestRecord(
+                request.method,
+                request.url.path,
+                request.url.query,
+                response.status_code,
+                identity.login if identity else None,
+                pushing and request.method == "POST" and response.status_code == 200,
+                None,
+                "git/smart-http",
+                time.time(),
+            )
+        )
         return response
 
     return r
@@ -79,7 +96,7 @@ def _push(st: State, env: dict[str, str], data: bytes, login: str) -> bytes:
 def _response(output: bytes) -> Response:
     """A CGI answer (headers, blank line, body) as an HTTP response."""
     split = output.find(b"\r\n\r\n")
-    head, rest = (output[:split], output[split + 4:]) if split >= 0 else output.partition(b"\n\n")[::2]
+    head, rest = (output[:split], output[split + 4 :]) if split >= 0 else output.partition(b"\n\n")[::2]
     status, headers = 200, {}
     for line in head.decode("latin-1").splitlines():
         name, _, value = line.partition(":")

@@ -79,8 +79,15 @@ class BareRepo:
         repo = cls(path)
         repo.git("config", "http.receivepack", "true")
         if files:
-            entries = [{"path": p, "mode": "100644", "type": "blob",
-                        "sha": repo.write_blob(t.encode() if isinstance(t, str) else t)} for p, t in files.items()]
+            entries = [
+                {
+                    "path": p,
+                    "mode": "100644",
+                    "type": "blob",
+                    "sha": repo.write_blob(t.encode() if isinstance(t, str) else t),
+                }
+                for p, t in files.items()
+            ]
             sha = repo.commit(repo.write_tree(None, entries), [], "Initial commit", author, author)
             repo.set_ref(f"refs/heads/{branch}", sha, ZERO)
         return repo
@@ -113,8 +120,11 @@ class BareRepo:
             return None
         for candidate in (f"refs/heads/{rev}", f"refs/tags/{rev}", rev):
             try:
-                return self.git("rev-parse", "--verify", "-q", "--end-of-options",
-                                f"{candidate}^{{commit}}").decode().strip()
+                return (
+                    self.git("rev-parse", "--verify", "-q", "--end-of-options", f"{candidate}^{{commit}}")
+                    .decode()
+                    .strip()
+                )
             except GitError:
                 continue
         return None
@@ -172,9 +182,14 @@ class BareRepo:
             return self.git("write-tree", env=env).decode().strip()
 
     def commit(self, tree: str, parents: list[str], message: str, author: Person, committer: Person) -> str:
-        env = {"GIT_AUTHOR_NAME": author.name, "GIT_AUTHOR_EMAIL": author.email,
-               "GIT_AUTHOR_DATE": f"{author.when} +0000", "GIT_COMMITTER_NAME": committer.name,
-               "GIT_COMMITTER_EMAIL": committer.email, "GIT_COMMITTER_DATE": f"{committer.when} +0000"}
+        env = {
+            "GIT_AUTHOR_NAME": author.name,
+            "GIT_AUTHOR_EMAIL": author.email,
+            "GIT_AUTHOR_DATE": f"{author.when} +0000",
+            "GIT_COMMITTER_NAME": committer.name,
+            "GIT_COMMITTER_EMAIL": committer.email,
+            "GIT_COMMITTER_DATE": f"{committer.when} +0000",
+        }
         args = ["commit-tree", tree] + [a for p in parents for a in ("-p", p)]
         return self.git(*args, input=message.encode(), env=env).decode().strip()
 
@@ -186,8 +201,14 @@ class BareRepo:
             if line and not line.startswith(" "):
                 key, _, value = line.partition(" ")
                 fields.setdefault(key, []).append(value)
-        return CommitInfo(sha, fields["tree"][0], fields.get("parent", []), _person(fields["author"][0]),
-                          _person(fields["committer"][0]), message)
+        return CommitInfo(
+            sha,
+            fields["tree"][0],
+            fields.get("parent", []),
+            _person(fields["author"][0]),
+            _person(fields["committer"][0]),
+            message,
+        )
 
     # refs -----------------------------------------------------------------------------------
 
@@ -231,7 +252,7 @@ class BareRepo:
             item = raw[i]
             if item.startswith(":"):
                 status = item.split()[4][0]
-                paths = raw[i + 1:i + (3 if status in "RC" else 2)]
+                paths = raw[i + 1 : i + (3 if status in "RC" else 2)]
                 old_sha, new_sha = item.split()[2:4]
                 metas.append((status, old_sha if status == "D" else new_sha, paths))
                 i += 1 + len(paths)
@@ -245,10 +266,19 @@ class BareRepo:
         for status, sha, paths in metas:
             name = paths[-1]
             patch = self.git("diff-tree", "-p", "-M", old, b, "--", *paths).decode(errors="replace")
-            hunks = patch[patch.find("\n@@") + 1:] if "\n@@" in patch else None
+            hunks = patch[patch.find("\n@@") + 1 :] if "\n@@" in patch else None
             plus, minus = counts.get(name, (0, 0))
-            out.append(FileChange(name, _STATUS.get(status, "modified"), sha, plus, minus,
-                                  hunks.rstrip("\n") if hunks else None, paths[0] if status in "RC" else None))
+            out.append(
+                FileChange(
+                    name,
+                    _STATUS.get(status, "modified"),
+                    sha,
+                    plus,
+                    minus,
+                    hunks.rstrip("\n") if hunks else None,
+                    paths[0] if status in "RC" else None,
+                )
+            )
         return out
 
 

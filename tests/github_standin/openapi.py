@@ -110,13 +110,15 @@ class Spec:
     def _errors(self, key: str, schema: dict[str, Any], instance: Any, where: str) -> list[str]:
         validator = self._validators.get(key)
         if validator is None:
-            validator = self._validators[key] = Draft202012Validator(schema, registry=self.registry,
-                                                                     format_checker=_formats)
+            validator = self._validators[key] = Draft202012Validator(
+                schema, registry=self.registry, format_checker=_formats
+            )
         found = sorted(validator.iter_errors(instance), key=lambda e: list(e.absolute_path))[:5]
         return [f"{where}{''.join(f'/{p}' for p in e.absolute_path)}: {_short(e.message)}" for e in found]
 
-    def request_errors(self, method: str, template: str, path_params: dict[str, str],
-                       query: dict[str, str], body: Any, has_body: bool) -> list[str]:
+    def request_errors(
+        self, method: str, template: str, path_params: dict[str, str], query: dict[str, str], body: Any, has_body: bool
+    ) -> list[str]:
         op = self.operation(method, template)
         assert op is not None, (method, template)
         item = self.doc["paths"][template]
@@ -134,8 +136,9 @@ class Spec:
             if problem:
                 errors.append(f"{param['in']} parameter {name!r}: {problem}")
                 continue
-            errors += self._errors(f"{method} {template} param {name}", param.get("schema", {}), value,
-                                   f"{param['in']} parameter {name!r}")
+            errors += self._errors(
+                f"{method} {template} param {name}", param.get("schema", {}), value, f"{param['in']} parameter {name!r}"
+            )
         request_body = op.get("requestBody")
         if request_body:
             if not has_body:

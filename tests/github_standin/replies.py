@@ -43,8 +43,9 @@ def window(request: Request, items: list[Any]) -> tuple[list[Any], dict[str, str
         return f'<{base}?{urlencode({**query, "per_page": per_page, "page": n})}>; rel="{rel}"'
 
     rels = ([link(page - 1, "prev"), link(1, "first")] if page > 1 else []) + (
-        [link(page + 1, "next"), link(last, "last")] if page < last else [])
-    return items[(page - 1) * per_page: page * per_page], ({"link": ", ".join(rels)} if rels else {})
+        [link(page + 1, "next"), link(last, "last")] if page < last else []
+    )
+    return items[(page - 1) * per_page : page * per_page], ({"link": ", ".join(rels)} if rels else {})
 
 
 def paged(request: Request, items: list[Any]) -> JSONResponse:

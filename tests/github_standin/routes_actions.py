@@ -35,8 +35,13 @@ def router(st: State, actions: Actions) -> APIRouter:
         run = actions.dispatch(workflow_id, fields["ref"], fields.get("inputs") or {}, who(request).login)
         if not fields.get("return_run_details"):
             return no_content()
-        return reply({"workflow_run_id": run.id, "run_url": P.repo_url(st, f"/actions/runs/{run.id}"),
-                      "html_url": P.html_url(st, f"/actions/runs/{run.id}")})
+        return reply(
+            {
+                "workflow_run_id": run.id,
+                "run_url": P.repo_url(st, f"/actions/runs/{run.id}"),
+                "html_url": P.html_url(st, f"/actions/runs/{run.id}"),
+            }
+        )
 
     @r.get("/repos/{owner}/{repo}/actions/runs/{run_id}")
     def get_run(run_id: int) -> Response:
@@ -80,8 +85,9 @@ def router(st: State, actions: Actions) -> APIRouter:
         with st.lock:
             found = actions.artifacts.get(artifact_id)
             if found is None or not hmac.compare_digest(sig, signature(artifact_id)):
-                return Response("<Error><Code>AuthenticationFailed</Code></Error>", status_code=403,
-                                media_type="application/xml")
+                return Response(
+                    "<Error><Code>AuthenticationFailed</Code></Error>", status_code=403, media_type="application/xml"
+                )
             return Response(found.data, media_type="application/zip")
 
     r.include_router(blobs)
@@ -92,34 +98,70 @@ def workflow_run(st: State, run: WorkflowRun) -> dict[str, Any]:
     url = P.repo_url(st, f"/actions/runs/{run.id}")
     commit = st.repo.read_commit(run.head_sha)
     return {
-        "id": run.id, "name": run.name, "node_id": P.node("WFR", run.id), "check_suite_id": run.id + 1,
-        "check_suite_node_id": P.node("CS", run.id + 1), "head_branch": run.head_branch, "head_sha": run.head_sha,
-        "path": run.path, "run_number": run.run_number, "run_attempt": 1, "referenced_workflows": [],
-        "event": "workflow_dispatch", "status": run.status, "conclusion": run.conclusion,
-        "workflow_id": run.workflow_id, "url": url, "html_url": P.html_url(st, f"/actions/runs/{run.id}"),
-        "pull_requests": [], "created_at": P.iso(run.created_at), "updated_at": P.iso(run.updated_at),
-        "actor": P.user(st, run.actor), "triggering_actor": P.user(st, run.actor),
-        "run_started_at": P.iso(run.run_started_at or run.created_at), "jobs_url": f"{url}/jobs",
-        "logs_url": f"{url}/logs", "check_suite_url": P.repo_url(st, f"/check-suites/{run.id + 1}"),
-        "artifacts_url": f"{url}/artifacts", "cancel_url": f"{url}/cancel", "rerun_url": f"{url}/rerun",
-        "previous_attempt_url": None, "workflow_url": P.repo_url(st, f"/actions/workflows/{run.workflow_id}"),
-        "head_commit": {"id": commit.sha, "tree_id": commit.tree, "message": commit.message,
-                        "timestamp": P.iso(commit.committer.when),
-                        "author": {"name": commit.author.name, "email": commit.author.email},
-                        "committer": {"name": commit.committer.name, "email": commit.committer.email}},
-        "repository": P.repository(st), "head_repository": P.repository(st), "display_title": run.display_title,
+        "id": run.id,
+        "name": run.name,
+        "node_id": P.node("WFR", run.id),
+        "check_suite_id": run.id + 1,
+        "check_suite_node_id": P.node("CS", run.id + 1),
+        "head_branch": run.head_branch,
+        "head_sha": run.head_sha,
+        "path": run.path,
+        "run_number": run.run_number,
+        "run_attempt": 1,
+        "referenced_workflows": [],
+        "event": "workflow_dispatch",
+        "status": run.status,
+        "conclusion": run.conclusion,
+        "workflow_id": run.workflow_id,
+        "url": url,
+        "html_url": P.html_url(st, f"/actions/runs/{run.id}"),
+        "pull_requests": [],
+        "created_at": P.iso(run.created_at),
+        "updated_at": P.iso(run.updated_at),
+        "actor": P.user(st, run.actor),
+        "triggering_actor": P.user(st, run.actor),
+        "run_started_at": P.iso(run.run_started_at or run.created_at),
+        "jobs_url": f"{url}/jobs",
+        "logs_url": f"{url}/logs",
+        "check_suite_url": P.repo_url(st, f"/check-suites/{run.id + 1}"),
+        "artifacts_url": f"{url}/artifacts",
+        "cancel_url": f"{url}/cancel",
+        "rerun_url": f"{url}/rerun",
+        "previous_attempt_url": None,
+        "workflow_url": P.repo_url(st, f"/actions/workflows/{run.workflow_id}"),
+        "head_commit": {
+            "id": commit.sha,
+            "tree_id": commit.tree,
+            "message": commit.message,
+            "timestamp": P.iso(commit.committer.when),
+            "author": {"name": commit.author.name, "email": commit.author.email},
+            "committer": {"name": commit.committer.name, "email": commit.committer.email},
+        },
+        "repository": P.repository(st),
+        "head_repository": P.repository(st),
+        "display_title": run.display_title,
     }
 
 
 def artifact(st: State, found: Artifact) -> dict[str, Any]:
     url = P.repo_url(st, f"/actions/artifacts/{found.id}")
     return {
-        "id": found.id, "node_id": P.node("MDg6QXJ0aWZhY3Q", found.id), "name": found.name,
-        "size_in_bytes": len(found.data), "url": url, "archive_download_url": f"{url}/zip",
-        "expired": st.clock() > found.created_at + ARTIFACT_RETENTION_S, "created_at": P.iso(found.created_at),
-        "updated_at": P.iso(found.created_at), "expires_at": P.iso(found.created_at + ARTIFACT_RETENTION_S),
+        "id": found.id,
+        "node_id": P.node("MDg6QXJ0aWZhY3Q", found.id),
+        "name": found.name,
+        "size_in_bytes": len(found.data),
+        "url": url,
+        "archive_download_url": f"{url}/zip",
+        "expired": st.clock() > found.created_at + ARTIFACT_RETENTION_S,
+        "created_at": P.iso(found.created_at),
+        "updated_at": P.iso(found.created_at),
+        "expires_at": P.iso(found.created_at + ARTIFACT_RETENTION_S),
         "digest": "sha256:" + hashlib.sha256(found.data).hexdigest(),
-        "workflow_run": {"id": found.run_id, "repository_id": st.repo_id, "head_repository_id": st.repo_id,
-                         "head_branch": found.head_branch, "head_sha": found.head_sha},
+        "workflow_run": {
+            "id": found.run_id,
+            "repository_id": st.repo_id,
+            "head_repository_id": st.repo_id,
+            "head_branch": found.head_branch,
+            "head_sha": found.head_sha,
+        },
     }
-

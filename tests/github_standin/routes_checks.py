@@ -49,8 +49,9 @@ def router(st: State) -> APIRouter:
             latest: dict[str, object] = {}
             runs = [x for x in runs if latest.setdefault(x.name, x) is x]
         shown, headers = window(request, runs)
-        return JSONResponse({"total_count": len(runs), "check_runs": [P.check_run(st, x) for x in shown]},
-                            headers=headers)
+        return JSONResponse(
+            {"total_count": len(runs), "check_runs": [P.check_run(st, x) for x in shown]}, headers=headers
+        )
 
     @r.post("/repos/{owner}/{repo}/statuses/{sha}")
     def create_status(sha: str, request: Request) -> Response:

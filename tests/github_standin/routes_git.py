@@ -38,8 +38,9 @@ def router(st: State) -> APIRouter:
 
     @r.get("/repos/{owner}/{repo}/git/matching-refs/{ref:path}")
     def matching_refs(ref: str, request: Request) -> Response:
-        found = [G.git_ref(st, name, sha) for name, sha in sorted(repo.refs().items())
-                 if name.startswith(f"refs/{ref}")]
+        found = [
+            G.git_ref(st, name, sha) for name, sha in sorted(repo.refs().items()) if name.startswith(f"refs/{ref}")
+        ]
         return paged(request, found)
 
     @r.post("/repos/{owner}/{repo}/git/refs")
@@ -129,8 +130,12 @@ def router(st: State) -> APIRouter:
             raise not_found()
         if entry.type == "blob":
             return reply(G.content(st, ref, entry.path, "file", entry.sha, entry.size, repo.read_blob(entry.sha)))
-        items = [G.content(st, ref, f"{entry.path}/{e.path}".strip("/"), "file" if e.type == "blob" else "dir",
-                           e.sha, e.size) for e in repo.tree(entry.sha)]
+        items = [
+            G.content(
+                st, ref, f"{entry.path}/{e.path}".strip("/"), "file" if e.type == "blob" else "dir", e.sha, e.size
+            )
+            for e in repo.tree(entry.sha)
+        ]
         return reply(items)
 
     @r.put("/repos/{owner}/{repo}/contents/{path:path}")
@@ -146,8 +151,9 @@ def router(st: State) -> APIRouter:
         author = _person(data["author"], login, now) if data.get("author") else committer
         branch = data.get("branch") or st.default_branch
         path = path.strip("/")
-        commit, blob, created = st.put_file(branch, path, raw, data.get("sha"), data["message"], author, committer,
-                                            login)
+        commit, blob, created = st.put_file(
+            branch, path, raw, data.get("sha"), data["message"], author, committer, login
+        )
         entry = G.content(st, branch, path, "file", blob, len(raw))
         return reply({"content": entry, "commit": G.git_commit(st, repo.read_commit(commit))}, 201 if created else 200)
 

@@ -43,9 +43,14 @@ def router(st: State) -> APIRouter:
         labels = {name.strip().lower() for name in q.get("labels", "").split(",") if name.strip()}
         since = parse_time(q["since"]) if q.get("since") else None
         items: list[Issue | Pull] = [*st.issues.values(), *st.pulls.values()]
-        found = [i for i in items if state in ("all", i.state) and labels <= {n.lower() for n in i.labels}
-                 and (creator is None or i.user.lower() == creator.lower())
-                 and (since is None or i.updated_at >= since)]
+        found = [
+            i
+            for i in items
+            if state in ("all", i.state)
+            and labels <= {n.lower() for n in i.labels}
+            and (creator is None or i.user.lower() == creator.lower())
+            and (since is None or i.updated_at >= since)
+        ]
         sort = q.get("sort", "created")
         key = {"created": lambda i: i.created_at, "updated": lambda i: i.updated_at, "comments": comments}[sort]
         found.sort(key=lambda i: (key(i), i.number), reverse=q.get("direction", "desc") == "desc")
@@ -55,8 +60,9 @@ def router(st: State) -> APIRouter:
     def open_issue(request: Request) -> Response:
         data, caller = body(request), who(request)
         names = [x if isinstance(x, str) else x["name"] for x in data.get("labels") or []]
-        issue = st.open_issue(caller.login, str(data["title"]), data.get("body"), names,
-                              via_app=caller.kind == "installation")
+        issue = st.open_issue(
+            caller.login, str(data["title"]), data.get("body"), names, via_app=caller.kind == "installation"
+        )
         return reply(P.plain_issue(st, issue), 201)
 
     @r.get("/repos/{owner}/{repo}/issues/{issue_number}")
@@ -75,8 +81,7 @@ def router(st: State) -> APIRouter:
         if issue_number not in st.pulls:
             return reply(P.plain_issue(st, st.edit_issue(issue_number, actor, data)))
         pull = st.pull(issue_number)
-        st.edit_pull(issue_number, actor, {k: data[k] for k in ("title", "body", "state")
-                                           if data.get(k) is not None})
+        st.edit_pull(issue_number, actor, {k: data[k] for k in ("title", "body", "state") if data.get(k) is not None})
         if "labels" in data:
             wanted = [x if isinstance(x, str) else x["name"] for x in data["labels"]]
             for name in [n for n in pull.labels if n.lower() not in {w.lower() for w in wanted}]:

@@ -13,8 +13,14 @@ from .gateway import api_router, needs_jwt
 from .replies import reply, who
 from .state import State
 
-LEGACY_PERMISSION = {"admin": "admin", "maintain": "write", "write": "write", "triage": "read", "read": "read",
-                     "none": "none"}
+LEGACY_PERMISSION = {
+    "admin": "admin",
+    "maintain": "write",
+    "write": "write",
+    "triage": "read",
+    "read": "read",
+    "none": "none",
+}
 
 
 def router(st: State, auth: Auth) -> APIRouter:
@@ -33,20 +39,39 @@ def router(st: State, auth: Auth) -> APIRouter:
     @r.get("/rate_limit")
     def rate_limit(request: Request) -> Response:
         window = auth.window(who(request))
-        core = {"limit": window.limit, "remaining": window.remaining, "reset": int(window.reset),
-                "used": window.used, "resource": "core"}
+        core = {
+            "limit": window.limit,
+            "remaining": window.remaining,
+            "reset": int(window.reset),
+            "used": window.used,
+            "resource": "core",
+        }
         quiet = {"limit": 30, "remaining": 30, "reset": int(window.reset), "used": 0}
-        return reply({"resources": {"core": core, "search": {**quiet, "resource": "search"},
-                                    "graphql": {**quiet, "limit": 5000, "remaining": 5000, "resource": "graphql"}},
-                      "rate": core})
+        return reply(
+            {
+                "resources": {
+                    "core": core,
+                    "search": {**quiet, "resource": "search"},
+                    "graphql": {**quiet, "limit": 5000, "remaining": 5000, "resource": "graphql"},
+                },
+                "rate": core,
+            }
+        )
 
     @r.get("/repos/{owner}/{repo}/collaborators/{username}/permission")
     def permission(username: str) -> Response:
         role = st.permission(username)
-        user = {**P.user(st, username), "role_name": role,
-                "permissions": {"admin": role == "admin", "maintain": role in ("admin", "maintain"),
-                                "push": role in ("admin", "maintain", "write"),
-                                "triage": role not in ("read", "none"), "pull": role != "none"}}
+        user = {
+            **P.user(st, username),
+            "role_name": role,
+            "permissions": {
+                "admin": role == "admin",
+                "maintain": role in ("admin", "maintain"),
+                "push": role in ("admin", "maintain", "write"),
+                "triage": role not in ("read", "none"),
+                "pull": role != "none",
+            },
+        }
         return reply({"permission": LEGACY_PERMISSION[role], "role_name": role, "user": user})
 
     @r.get("/app")
@@ -65,7 +90,14 @@ def router(st: State, auth: Auth) -> APIRouter:
         if not st.app or installation_id != st.app["installation_id"]:
             raise not_found()
         token, expires_at = auth.issue_installation_token()
-        return reply({"token": token, "expires_at": P.iso(expires_at), "permissions": dict(st.app["permissions"]),
-                      "repository_selection": "selected"}, 201)
+        return reply(
+            {
+                "token": token,
+                "expires_at": P.iso(expires_at),
+                "permissions": dict(st.app["permissions"]),
+                "repository_selection": "selected",
+            },
+            201,
+        )
 
     return r

@@ -13,8 +13,12 @@ from .gateway import api_router
 from .replies import body, no_content, paged, reply, who
 from .state import State
 
-PULL_SORTS = {"created": lambda p: p.created_at, "updated": lambda p: p.updated_at,
-              "popularity": lambda p: p.number, "long-running": lambda p: p.created_at}
+PULL_SORTS = {
+    "created": lambda p: p.created_at,
+    "updated": lambda p: p.updated_at,
+    "popularity": lambda p: p.number,
+    "long-running": lambda p: p.created_at,
+}
 
 
 def router(st: State) -> APIRouter:
@@ -24,9 +28,13 @@ def router(st: State) -> APIRouter:
     def list_pulls(request: Request) -> Response:
         q = request.query_params
         state, head, base = q.get("state", "open"), q.get("head"), q.get("base")
-        found = [p for p in st.pulls.values()
-                 if state in ("all", p.state) and (base is None or p.base == base)
-                 and (head is None or f"{st.owner}:{p.head}" == head or (":" not in head and p.head == head))]
+        found = [
+            p
+            for p in st.pulls.values()
+            if state in ("all", p.state)
+            and (base is None or p.base == base)
+            and (head is None or f"{st.owner}:{p.head}" == head or (":" not in head and p.head == head))
+        ]
         sort = q.get("sort", "created")
         found.sort(key=PULL_SORTS[sort], reverse=q.get("direction", "desc") == "desc")
         return paged(request, [P.pull_request(st, p, detail=False) for p in found])
@@ -34,8 +42,14 @@ def router(st: State) -> APIRouter:
     @r.post("/repos/{owner}/{repo}/pulls")
     def open_pull(request: Request) -> Response:
         data = body(request)
-        pull = st.open_pull(who(request).login, data.get("title") or "", data["head"], data["base"],
-                            data.get("body"), bool(data.get("draft")))
+        pull = st.open_pull(
+            who(request).login,
+            data.get("title") or "",
+            data["head"],
+            data["base"],
+            data.get("body"),
+            bool(data.get("draft")),
+        )
         return reply(P.pull_request(st, pull), 201)
 
     @r.get("/repos/{owner}/{repo}/pulls/{pull_number}")
@@ -95,15 +109,19 @@ def router(st: State) -> APIRouter:
     def issue_comments(issue_number: int, request: Request) -> Response:
         st.commented(issue_number)
         since = request.query_params.get("since")
-        found = [c for c in st.comments.values() if c.number == issue_number
-                 and (since is None or c.updated_at >= parse_time(since))]
+        found = [
+            c
+            for c in st.comments.values()
+            if c.number == issue_number and (since is None or c.updated_at >= parse_time(since))
+        ]
         return paged(request, [P.comment(st, c) for c in sorted(found, key=lambda c: c.id)])
 
     @r.post("/repos/{owner}/{repo}/issues/{issue_number}/comments")
     def add_comment(issue_number: int, request: Request) -> Response:
         caller = who(request)
-        comment = st.add_comment(issue_number, caller.login, body(request)["body"],
-                                 via_app=caller.kind == "installation")
+        comment = st.add_comment(
+            issue_number, caller.login, body(request)["body"], via_app=caller.kind == "installation"
+        )
         return reply(P.comment(st, comment), 201)
 
     # labels ---------------------------------------------------------------------------------

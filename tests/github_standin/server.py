@@ -35,28 +35,62 @@ from .gitrepo import hermetic_env
 from .state import State
 from .webhooks import Delivery, Hookshot
 
-APP_PERMISSIONS = {"checks": "write", "contents": "write", "issues": "write", "metadata": "read",
-                   "pull_requests": "write", "statuses": "write"}
+APP_PERMISSIONS = {
+    "checks": "write",
+    "contents": "write",
+    "issues": "write",
+    "metadata": "read",
+    "pull_requests": "write",
+    "statuses": "write",
+}
 APP_EVENTS = ["check_run", "issue_comment", "pull_request", "pull_request_review", "push"]
 
 
 class GitHubStandIn:
-    def __init__(self, root: Path | str, owner: str = "octo-org", repo: str = "research", *,
-                 files: dict[str, str | bytes] | None = None, token_users: dict[str, str] | None = None,
-                 collaborators: dict[str, str] | None = None, members: set[str] | frozenset[str] = frozenset(),
-                 private: bool = False, owner_type: str = "Organization", app_id: int = 1,
-                 app_slug: str = "autoresearch-bot", app_public_key: Any = None, installation_id: int = 1001,
-                 token_lifetime: float = 3600.0, rate_limit: int = 5000, actions_runners: int = 1):
+    def __init__(
+        self,
+        root: Path | str,
+        owner: str = "octo-org",
+        repo: str = "research",
+        *,
+        files: dict[str, str | bytes] | None = None,
+        token_users: dict[str, str] | None = None,
+        collaborators: dict[str, str] | None = None,
+        members: set[str] | frozenset[str] = frozenset(),
+        private: bool = False,
+        owner_type: str = "Organization",
+        app_id: int = 1,
+        app_slug: str = "autoresearch-bot",
+        app_public_key: Any = None,
+        installation_id: int = 1001,
+        token_lifetime: float = 3600.0,
+        rate_limit: int = 5000,
+        actions_runners: int = 1,
+    ):
         """`token_users` maps tokens to logins (a login ending in [bot] is an App installation);
         `collaborators` maps logins to a role (admin, maintain, write, triage, read); `members`
         are organization members; `app_public_key` (PEM or key object) verifies App JWTs;
         `actions_runners` emulated self-hosted runners execute dispatched workflow runs (`actions`)."""
         self.root = Path(root)
-        self.state = State(self.root, owner, repo, files or {}, collaborators=dict(collaborators or {}),
-                           members=set(members), private=private, owner_type=owner_type)
-        self.state.app = {"id": app_id, "slug": app_slug, "installation_id": installation_id,
-                          "public_key": app_public_key, "client_id": f"Iv1.{app_id:016x}",
-                          "permissions": APP_PERMISSIONS, "events": APP_EVENTS}
+        self.state = State(
+            self.root,
+            owner,
+            repo,
+            files or {},
+            collaborators=dict(collaborators or {}),
+            members=set(members),
+            private=private,
+            owner_type=owner_type,
+        )
+        self.state.app = {
+            "id": app_id,
+            "slug": app_slug,
+            "installation_id": installation_id,
+            "public_key": app_public_key,
+            "client_id": f"Iv1.{app_id:016x}",
+            "permissions": APP_PERMISSIONS,
+            "events": APP_EVENTS,
+        }
         users = {"tok-bot": f"{app_slug}[bot]"} if token_users is None else token_users
         self.auth = Auth(self.state.clock, users, self.state.app, token_lifetime, rate_limit)
         self.spec = openapi.load()
@@ -78,11 +112,17 @@ class GitHubStandIn:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.bind(("127.0.0.1", 0))
         self.state.base_url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        config = uvicorn.Config(api.build(self.state, self.auth, self.gateway, self.actions), log_level="warning",
-                                access_log=False, lifespan="off", timeout_graceful_shutdown=2)
+        config = uvicorn.Config(
+            api.build(self.state, self.auth, self.gateway, self.actions),
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=2,
+        )
         self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
-                                        name="standin-uvicorn", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [sock]}, name="standin-uvicorn", daemon=True
+        )
         self._thread.start()
         deadline = time.monotonic() + 10
         while not self._server.started:
@@ -130,8 +170,9 @@ class GitHubStandIn:
     def wait_deliveries(self, timeout: float = 10.0) -> None:
         self.hookshot.wait(timeout)
 
-    def inject(self, method: str, path_regex: str, kind: str, times: int = 1, apply_first: bool = False,
-               seconds: float = 2.0) -> None:
+    def inject(
+        self, method: str, path_regex: str, kind: str, times: int = 1, apply_first: bool = False, seconds: float = 2.0
+    ) -> None:
         """Answer the next `times` matching requests with a fault (see faults.py for the kinds)."""
         self.faults.inject(method, path_regex, kind, times, apply_first, seconds)
 
@@ -140,8 +181,11 @@ class GitHubStandIn:
         return list(self.gateway.requests)
 
     def calls(self, method: str | None = None, pattern: str | None = None) -> list[RequestRecord]:
-        return [r for r in self.gateway.requests if method in (None, r.method)
-                and (pattern is None or re.search(pattern, r.path))]
+        return [
+            r
+            for r in self.gateway.requests
+            if method in (None, r.method) and (pattern is None or re.search(pattern, r.path))
+        ]
 
     @property
     def violations(self) -> list[str]:
@@ -207,8 +251,13 @@ class GitHubStandIn:
         work = Path(tempfile.mkdtemp(dir=scratch)) / "repo"
         remote = self.git_url.replace("://", f"://{user}:{self.auth.token_for(user)}@")
         email = f"{user}@users.noreply.github.com"
-        env = hermetic_env(GIT_TERMINAL_PROMPT="0", GIT_AUTHOR_NAME=user, GIT_COMMITTER_NAME=user,
-                           GIT_AUTHOR_EMAIL=email, GIT_COMMITTER_EMAIL=email)
+        env = hermetic_env(
+            GIT_TERMINAL_PROMPT="0",
+            GIT_AUTHOR_NAME=user,
+            GIT_COMMITTER_NAME=user,
+            GIT_AUTHOR_EMAIL=email,
+            GIT_COMMITTER_EMAIL=email,
+        )
 
         def git(*args: str, cwd: Path = work) -> str:
             done = subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=True)

@@ -49,15 +49,29 @@ class Clock:
 
 
 class State:
-    def __init__(self, root: Path, owner: str, name: str, files: dict[str, str | bytes], *,
-                 collaborators: dict[str, str], members: set[str], private: bool, owner_type: str):
+    def __init__(
+        self,
+        root: Path,
+        owner: str,
+        name: str,
+        files: dict[str, str | bytes],
+        *,
+        collaborators: dict[str, str],
+        members: set[str],
+        private: bool,
+        owner_type: str,
+    ):
         self.lock = threading.RLock()
         self.clock = Clock()
         self.owner, self.name, self.default_branch = owner, name, "main"
         self.collaborators, self.members, self.private, self.owner_type = collaborators, members, private, owner_type
         self.git_root = root / "git"
-        self.repo = BareRepo.create(self.git_root / owner / f"{name}.git", files, "main",
-                                    Person(owner, f"{owner}@users.noreply.github.com", int(self.clock())))
+        self.repo = BareRepo.create(
+            self.git_root / owner / f"{name}.git",
+            files,
+            "main",
+            Person(owner, f"{owner}@users.noreply.github.com", int(self.clock())),
+        )
         self.created_at = self.pushed_at = self.clock()
         self.repo_id = 424_242
         self.base_url = ""  # http://127.0.0.1:PORT, known once the server listens
@@ -75,11 +89,22 @@ class State:
         self.suites: dict[str, int] = {}  # head_sha -> check suite id
         self.statuses: list[Status] = []
         self._user_ids: dict[str, int] = {owner: 9000}
-        self._ids = {kind: itertools.count(start) for kind, start in
-                     [("pull", 5_000_001), ("comment", 7_000_001), ("reaction", 3_000_001),
-                      ("review", 8_000_001), ("label", 4_000_001), ("check", 6_000_001),
-                      ("suite", 2_000_001), ("status", 1_000_001), ("user", 100),
-                      ("issue", 97_000_001), ("event", 11_000_001)]}
+        self._ids = {
+            kind: itertools.count(start)
+            for kind, start in [
+                ("pull", 5_000_001),
+                ("comment", 7_000_001),
+                ("reaction", 3_000_001),
+                ("review", 8_000_001),
+                ("label", 4_000_001),
+                ("check", 6_000_001),
+                ("suite", 2_000_001),
+                ("status", 1_000_001),
+                ("user", 100),
+                ("issue", 97_000_001),
+                ("event", 11_000_001),
+            ]
+        }
         self._numbers = itertools.count(1)
 
     # people ---------------------------------------------------------------------------------
@@ -118,8 +143,9 @@ class State:
     def _next(self, kind: str) -> int:
         return next(self._ids[kind])
 
-    def _record(self, number: int, actor: str, event: str, *, commit_id: str | None = None,
-                state_reason: str | None = None) -> None:
+    def _record(
+        self, number: int, actor: str, event: str, *, commit_id: str | None = None, state_reason: str | None = None
+    ) -> None:
         """One entry of the issue events list of `number` (a pull request's or an issue's)."""
         entry = IssueEvent(self._next("event"), number, actor, event, self.clock(), commit_id, state_reason)
         self.issue_events[entry.id] = entry
@@ -161,8 +187,17 @@ class State:
             self.repo.delete_ref(ref, old)
             self._refs_changed([(ref, old, ZERO)], actor)
 
-    def put_file(self, branch: str, path: str, data: bytes, sha: str | None, message: str, author: Person,
-                 committer: Person, actor: str) -> tuple[str, str, bool]:
+    def put_file(
+        self,
+        branch: str,
+        path: str,
+        data: bytes,
+        sha: str | None,
+        message: str,
+        author: Person,
+        committer: Person,
+        actor: str,
+    ) -> tuple[str, str, bool]:
         """PUT contents: one commit on `branch` writing `path`, the branch moved to it; (commit sha,
         blob sha, created). GitHub's order, as measured: a missing branch is 404 before anything
         else; an existing file needs `sha`, its current blob (absent: 422, another: 409); for a new
@@ -182,8 +217,9 @@ class State:
                 raise ApiError(409, f"{path} does not match {sha}")
             blob = self.repo.write_blob(data)
             base_tree = self.repo.read_commit(head).tree if head else None
-            tree = self.repo.write_tree(base_tree, [{"path": path, "mode": entry.mode if entry else "100644",
-                                                     "type": "blob", "sha": blob}])
+            tree = self.repo.write_tree(
+                base_tree, [{"path": path, "mode": entry.mode if entry else "100644", "type": "blob", "sha": blob}]
+            )
             commit = self.repo.commit(tree, [head] if head else [], message, author, committer)
             self.repo.set_ref(ref, commit, head or ZERO)  # compare-and-swap: under the lock, nobody moved it
             self._refs_changed([(ref, head or ZERO, commit)], actor)
@@ -200,8 +236,11 @@ class State:
         """Refs moved by `git push` (git-http-backend already wrote them): announce like the API."""
         with self.lock:
             after = self.repo.refs()
-            changes = [(r, before.get(r, ZERO), after.get(r, ZERO)) for r in sorted(set(before) | set(after))
-                       if before.get(r) != after.get(r)]
+            changes = [
+                (r, before.get(r, ZERO), after.get(r, ZERO))
+                for r in sorted(set(before) | set(after))
+                if before.get(r) != after.get(r)
+            ]
             self._refs_changed(changes, actor)
 
     def _refs_changed(self, changes: list[tuple[str, str, str]], actor: str) -> None:
@@ -226,8 +265,10 @@ class State:
                 continue
             if pull.head in moved:
                 before, pull.head_sha, pull.updated_at = pull.head_sha, moved[pull.head], now
-                self._emit("pull_request", events.pull_request(self, "synchronize", pull, actor,
-                                                               before=before, after=pull.head_sha))
+                self._emit(
+                    "pull_request",
+                    events.pull_request(self, "synchronize", pull, actor, before=before, after=pull.head_sha),
+                )
             base_tip = tips.get(pull.base)
             if base_tip and self.repo.is_ancestor(pull.head_sha, base_tip):
                 pull.state, pull.merged, pull.merged_by, pull.closed_by = "closed", True, actor, actor
@@ -258,11 +299,24 @@ class State:
             if not self.repo.rev_list(f"{base_sha}..{head_sha}"):
                 raise invalid("PullRequest", "head", "custom", f"No commits between {base} and {branch}")
             if any(p.state == "open" and p.head == branch and p.base == base for p in self.pulls.values()):
-                raise invalid("PullRequest", "head", "custom",
-                              f"A pull request already exists for {self.owner}:{branch}.")
+                raise invalid(
+                    "PullRequest", "head", "custom", f"A pull request already exists for {self.owner}:{branch}."
+                )
             now = self.clock()
-            pull = Pull(next(self._numbers), self._next("pull"), actor, title, body, branch, base, head_sha,
-                        base_sha, now, now, draft)
+            pull = Pull(
+                next(self._numbers),
+                self._next("pull"),
+                actor,
+                title,
+                body,
+                branch,
+                base,
+                head_sha,
+                base_sha,
+                now,
+                now,
+                draft,
+            )
             self.pulls[pull.number] = pull
             self._emit("pull_request", events.pull_request(self, "opened", pull, actor))
             return pull
@@ -274,8 +328,11 @@ class State:
             base_sha = self.repo.refs().get(f"refs/heads/{new_base}")
             if base_sha is None:
                 raise invalid("PullRequest", "base")
-            edited = {k: {"from": getattr(pull, k)} for k in ("title", "body")
-                      if k in changes and changes[k] != getattr(pull, k)}
+            edited = {
+                k: {"from": getattr(pull, k)}
+                for k in ("title", "body")
+                if k in changes and changes[k] != getattr(pull, k)
+            }
             for key in edited:
                 setattr(pull, key, changes[key])
             if new_base != pull.base:
@@ -353,8 +410,9 @@ class State:
                 issue.labels = self._label_names([x if isinstance(x, str) else x["name"] for x in changes["labels"]])
             reason = changes.get("state_reason")
             if changes.get("state") == "closed" and issue.state == "open":
-                self.close_issue(number, actor, reason if reason in ("completed", "not_planned", "duplicate")
-                                 else "completed")
+                self.close_issue(
+                    number, actor, reason if reason in ("completed", "not_planned", "duplicate") else "completed"
+                )
             elif changes.get("state") == "open" and issue.state == "closed":
                 self.reopen_issue(number, actor)
             issue.updated_at = self.clock()
@@ -367,7 +425,12 @@ class State:
                 return
             now = self.clock()
             issue.state, issue.state_reason, issue.closed_at, issue.closed_by, issue.updated_at = (
-                "closed", reason, now, actor, now)
+                "closed",
+                reason,
+                now,
+                actor,
+                now,
+            )
             self._record(number, actor, "closed", state_reason=reason)
 
     def reopen_issue(self, number: int, actor: str) -> None:
@@ -434,8 +497,12 @@ class State:
             comment = self.comment(comment_id)
             _check_comment(body)
             before, comment.body, comment.updated_at = comment.body, body, self.clock()
-            self._emit("issue_comment", events.issue_comment(self, "edited", comment, self.commented(comment.number),
-                                                             actor, changes={"body": {"from": before}}))
+            self._emit(
+                "issue_comment",
+                events.issue_comment(
+                    self, "edited", comment, self.commented(comment.number), actor, changes={"body": {"from": before}}
+                ),
+            )
             return comment
 
     def delete_comment(self, comment_id: int, actor: str) -> None:
@@ -502,8 +569,21 @@ class State:
             if len(sha) != 40 or self.repo.object_type(sha) != "commit":
                 raise unprocessable(f"No commit found for SHA: {sha}")
             now = self.clock()
-            run = CheckRun(self._next("check"), self.suites.setdefault(sha, self._next("suite")), fields["name"],
-                           sha, "queued", None, now, None, "", None, {}, [], actor)
+            run = CheckRun(
+                self._next("check"),
+                self.suites.setdefault(sha, self._next("suite")),
+                fields["name"],
+                sha,
+                "queued",
+                None,
+                now,
+                None,
+                "",
+                None,
+                {},
+                [],
+                actor,
+            )
             checks.apply(run, fields, self.clock())
             self.check_runs[run.id] = run
             self._emit("check_run", events.check_run(self, "created", run, actor))
@@ -531,8 +611,10 @@ class State:
             run = self.check_run(run_id)
             if identifier not in [a["identifier"] for a in run.actions]:
                 raise ValueError(f"check run {run_id} offers no action {identifier!r}")
-            self._emit("check_run", events.check_run(self, "requested_action", run, user,
-                                                     requested_action={"identifier": identifier}))
+            self._emit(
+                "check_run",
+                events.check_run(self, "requested_action", run, user, requested_action={"identifier": identifier}),
+            )
 
     def create_status(self, sha: str, actor: str, fields: dict[str, Any]) -> Status:
         with self.lock:
@@ -540,10 +622,22 @@ class State:
                 raise unprocessable(f"No commit found for SHA: {sha}")
             description = fields.get("description")
             if description and len(description) > STATUS_DESCRIPTION_LIMIT:
-                raise invalid("Status", "description", "custom",
-                              f"description is too long (maximum is {STATUS_DESCRIPTION_LIMIT} characters)")
-            status = Status(self._next("status"), sha, fields["state"], fields.get("target_url"), description,
-                            fields.get("context") or "default", actor, self.clock())
+                raise invalid(
+                    "Status",
+                    "description",
+                    "custom",
+                    f"description is too long (maximum is {STATUS_DESCRIPTION_LIMIT} characters)",
+                )
+            status = Status(
+                self._next("status"),
+                sha,
+                fields["state"],
+                fields.get("target_url"),
+                description,
+                fields.get("context") or "default",
+                actor,
+                self.clock(),
+            )
             self.statuses.append(status)
             return status
 

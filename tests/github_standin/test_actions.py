@@ -69,14 +69,16 @@ def standin(tmp_path: Path) -> Iterator[GitHubStandIn]:
 
 @pytest.fixture
 def api(standin: GitHubStandIn) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=f"{standin.api_url}/repos/octo-org/research", timeout=30,
-                      headers={"Authorization": "token tok-bot"}) as client:
+    with httpx.Client(
+        base_url=f"{standin.api_url}/repos/octo-org/research", timeout=30, headers={"Authorization": "token tok-bot"}
+    ) as client:
         yield client
 
 
 def dispatch(api: httpx.Client, **inputs: str) -> dict[str, Any]:
-    answer = api.post("/actions/workflows/echo.yml/dispatches",
-                      json={"ref": "main", "inputs": inputs, "return_run_details": True})
+    answer = api.post(
+        "/actions/workflows/echo.yml/dispatches", json={"ref": "main", "inputs": inputs, "return_run_details": True}
+    )
     assert answer.status_code == 200, answer.text
     return answer.json()
 
@@ -91,8 +93,7 @@ def artifact_files(api: httpx.Client, run_id: int) -> dict[str, str]:
         return {name: archive.read(name).decode() for name in archive.namelist()}
 
 
-def test_a_dispatched_workflow_runs_its_steps_and_keeps_the_artifact(standin: GitHubStandIn,
-                                                                     api: httpx.Client) -> None:
+def test_a_dispatched_workflow_runs_its_steps_and_keeps_the_artifact(standin: GitHubStandIn, api: httpx.Client) -> None:
     details = dispatch(api, word="hello", count="2")
     run_id = details["workflow_run_id"]
     assert details["html_url"].endswith(f"/octo-org/research/actions/runs/{run_id}")
@@ -104,8 +105,7 @@ def test_a_dispatched_workflow_runs_its_steps_and_keeps_the_artifact(standin: Gi
     assert files == {"said.txt": f"hello x2 {run_id} from-the-commit\n", "never.txt": "never\n"}
 
 
-def test_a_failed_step_skips_the_rest_but_always_steps_still_run(standin: GitHubStandIn,
-                                                                 api: httpx.Client) -> None:
+def test_a_failed_step_skips_the_rest_but_always_steps_still_run(standin: GitHubStandIn, api: httpx.Client) -> None:
     run_id = dispatch(api, word="fail")["workflow_run_id"]
     assert standin.actions.wait(run_id).conclusion == "failure"
     assert artifact_files(api, run_id) == {"said.txt": f"fail x1 {run_id} from-the-commit\n"}
@@ -116,8 +116,12 @@ def test_dispatch_refuses_what_github_refuses(standin: GitHubStandIn, api: httpx
     missing = api.post("/actions/workflows/echo.yml/dispatches", json={"ref": "main", "inputs": {}})
     no_file = api.post("/actions/workflows/other.yml/dispatches", json={"ref": "main"})
     no_ref = api.post("/actions/workflows/echo.yml/dispatches", json={"ref": "nope", "inputs": {"word": "a"}})
-    assert [unexpected.status_code, missing.status_code, no_file.status_code, no_ref.status_code] == [422, 422, 404,
-                                                                                                        422]
+    assert [unexpected.status_code, missing.status_code, no_file.status_code, no_ref.status_code] == [
+        422,
+        422,
+        404,
+        422,
+    ]
     assert "Unexpected inputs provided" in unexpected.json()["message"]
     plain = api.post("/actions/workflows/echo.yml/dispatches", json={"ref": "main", "inputs": {"word": "a"}})
     assert plain.status_code == 204 and plain.content == b""
@@ -145,8 +149,9 @@ def test_a_lost_run_fails_without_running_a_step(standin: GitHubStandIn, api: ht
     assert api.get(f"/actions/runs/{run_id}/artifacts").json() == {"total_count": 0, "artifacts": []}
 
 
-def test_cancelling_ends_a_running_step_and_a_completed_run_answers_409(standin: GitHubStandIn,
-                                                                         api: httpx.Client) -> None:
+def test_cancelling_ends_a_running_step_and_a_completed_run_answers_409(
+    standin: GitHubStandIn, api: httpx.Client
+) -> None:
     run_id = dispatch(api, word="sleep")["workflow_run_id"]
     standin.actions.wait(run_id, "in_progress")
     assert api.post(f"/actions/runs/{run_id}/cancel").status_code == 202
@@ -158,7 +163,7 @@ def test_cancelling_ends_a_running_step_and_a_completed_run_answers_409(standin:
 
 def test_expressions_read_as_github_reads_them() -> None:
     contexts = {"vars": {}, "env": {"A": "1"}, "inputs": {"n": "3"}}
-    assert evaluate("fromJSON(vars.X || '[\"self-hosted\",\"gpu\"]')", contexts) == ["self-hosted", "gpu"]
+    assert evaluate('fromJSON(vars.X || \'["self-hosted","gpu"]\')', contexts) == ["self-hosted", "gpu"]
     assert substitute("run ${{ inputs.n }} of ${{ inputs.missing }}!", contexts) == "run 3 of !"
     assert evaluate("env.A != '1'", contexts) is False and evaluate("env.B != '1'", contexts) is True
     assert evaluate("'Yes' == 'yes'", contexts) is True  # strings compare ignoring case

@@ -37,6 +37,7 @@ GIT_ENV = hermetic_env(GIT_TERMINAL_PROMPT="0")
 
 # a webhook receiver --------------------------------------------------------------------------
 
+
 class Receiver:
     """Accepts webhook POSTs, records (event, delivery id, payload, signature valid)."""
 
@@ -52,9 +53,15 @@ class Receiver:
             def do_POST(self) -> None:
                 raw = self.rfile.read(int(self.headers["Content-Length"]))
                 expected = "sha256=" + hmac.new(SECRET.encode(), raw, hashlib.sha256).hexdigest()
-                outer.got.append({"event": self.headers["X-GitHub-Event"], "guid": self.headers["X-GitHub-Delivery"],
-                                  "agent": self.headers["User-Agent"], "payload": json.loads(raw),
-                                  "signed": hmac.compare_digest(expected, self.headers["X-Hub-Signature-256"])})
+                outer.got.append(
+                    {
+                        "event": self.headers["X-GitHub-Event"],
+                        "guid": self.headers["X-GitHub-Delivery"],
+                        "agent": self.headers["User-Agent"],
+                        "payload": json.loads(raw),
+                        "signed": hmac.compare_digest(expected, self.headers["X-Hub-Signature-256"]),
+                    }
+                )
                 self.send_response(202)
                 self.end_headers()
 
@@ -66,19 +73,19 @@ class Receiver:
         threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
 
     def events(self, event: str, action: str | None = None) -> list[dict[str, Any]]:
-        return [g["payload"] for g in self.got
-                if g["event"] == event and action in (None, g["payload"].get("action"))]
+        return [g["payload"] for g in self.got if g["event"] == event and action in (None, g["payload"].get("action"))]
 
 
 # fixtures ------------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def app_key() -> tuple[bytes, bytes]:
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                serialization.NoEncryption())
-    public = key.public_key().public_bytes(serialization.Encoding.PEM,
-                                           serialization.PublicFormat.SubjectPublicKeyInfo)
+    private = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    public = key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
     return private, public
 
 
@@ -91,8 +98,13 @@ def receiver() -> Iterator[Receiver]:
 
 @pytest.fixture
 def gh(tmp_path: Path, receiver: Receiver, app_key: tuple[bytes, bytes]) -> Iterator[GitHubStandIn]:
-    with GitHubStandIn(tmp_path, files=FILES, token_users=TOKENS, collaborators={"alice": "admin", "bob": "write"},
-                       app_public_key=app_key[1]) as standin:
+    with GitHubStandIn(
+        tmp_path,
+        files=FILES,
+        token_users=TOKENS,
+        collaborators={"alice": "admin", "bob": "write"},
+        app_public_key=app_key[1],
+    ) as standin:
         standin.hook(receiver.url, SECRET)
         yield standin
         standin.wait_deliveries()
@@ -102,8 +114,9 @@ def gh(tmp_path: Path, receiver: Receiver, app_key: tuple[bytes, bytes]) -> Iter
 
 def client(gh: GitHubStandIn, token: str = "tok-bot", **kw: Any) -> github.Github:
     kw.setdefault("retry", None)
-    return github.Github(auth=Auth.Token(token), base_url=gh.api_url, seconds_between_requests=0,
-                         seconds_between_writes=0, **kw)
+    return github.Github(
+        auth=Auth.Token(token), base_url=gh.api_url, seconds_between_requests=0, seconds_between_writes=0, **kw
+    )
 
 
 NODELAY = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]  # loopback without 40 ms delayed-ACK stalls
@@ -128,6 +141,7 @@ def branch_with(repo: Any, name: str, path: str, text: str, parent: str | None =
 
 # git data ------------------------------------------------------------------------------------
 
+
 def test_git_data_round_trip_and_a_non_fast_forward_update_is_refused(gh: GitHubStandIn) -> None:
     repo = client(gh).get_repo(REPO)
     main = repo.get_git_ref("heads/main").object.sha
@@ -135,11 +149,20 @@ def test_git_data_round_trip_and_a_non_fast_forward_update_is_refused(gh: GitHub
     blob64 = repo.create_git_blob(base64.b64encode(b"\x00\x01binary").decode(), "base64")
     assert repo.get_git_blob(blob64.sha).content.replace("\n", "") == base64.b64encode(b"\x00\x01binary").decode()
     base = repo.get_git_commit(main)
-    tree = repo.create_git_tree([InputGitTreeElement("train.py", "100644", "blob", sha=blob.sha),
-                                 InputGitTreeElement("notes/deep/idea.md", "100644", "blob", content="try it\n")],
-                                base.tree)
+    tree = repo.create_git_tree(
+        [
+            InputGitTreeElement("train.py", "100644", "blob", sha=blob.sha),
+            InputGitTreeElement("notes/deep/idea.md", "100644", "blob", content="try it\n"),
+        ],
+        base.tree,
+    )
     assert {e.path for e in repo.get_git_tree(tree.sha, recursive=True).tree} >= {
-        "program.md", "train.py", "notes", "notes/deep", "notes/deep/idea.md"}
+        "program.md",
+        "train.py",
+        "notes",
+        "notes/deep",
+        "notes/deep/idea.md",
+    }
     commit = repo.create_git_commit("raise lr", tree, [base])
     assert repo.get_git_commit(commit.sha).parents[0].sha == main
     ref = repo.create_git_ref("refs/heads/exp-1", commit.sha)
@@ -167,8 +190,9 @@ def test_git_data_round_trip_and_a_non_fast_forward_update_is_refused(gh: GitHub
     assert absent.value.status == 404
 
 
-def test_put_contents_commits_one_file_on_a_branch_and_refuses_a_stale_sha(gh: GitHubStandIn,
-                                                                           receiver: Receiver) -> None:
+def test_put_contents_commits_one_file_on_a_branch_and_refuses_a_stale_sha(
+    gh: GitHubStandIn, receiver: Receiver
+) -> None:
     main = gh.ref("heads/main")
     made = raw(gh, "POST", f"/repos/{REPO}/git/refs", json={"ref": "refs/heads/exp-put", "sha": main})
     assert made.status_code == 201
@@ -199,7 +223,9 @@ def test_put_contents_commits_one_file_on_a_branch_and_refuses_a_stale_sha(gh: G
     assert added.status_code == 201 and gh.read("exp-put", "notes/new.md") == text.decode()
     gh.wait_deliveries()
     assert [p["after"] for p in receiver.events("push") if p["ref"] == "refs/heads/exp-put"][1:] == [
-        commit["sha"], added.json()["commit"]["sha"]]
+        commit["sha"],
+        added.json()["commit"]["sha"],
+    ]
 
 
 def test_fast_forwarding_main_merges_the_pull_request_and_says_so(gh: GitHubStandIn, receiver: Receiver) -> None:
@@ -221,8 +247,9 @@ def test_fast_forwarding_main_merges_the_pull_request_and_says_so(gh: GitHubStan
     assert receiver.got[0]["agent"].startswith("GitHub-Hookshot/")
 
 
-def test_git_push_over_smart_http_syncs_and_merges_like_the_api(gh: GitHubStandIn, receiver: Receiver,
-                                                                 tmp_path: Path) -> None:
+def test_git_push_over_smart_http_syncs_and_merges_like_the_api(
+    gh: GitHubStandIn, receiver: Receiver, tmp_path: Path
+) -> None:
     first = gh.push_file("train.py", "lr = 0.05\n", user="alice", message="try 0.05", branch="exp-4")
     repo = client(gh).get_repo(REPO)
     pr = repo.create_pull(title="lr 0.05", body="", head="octo-org:exp-4", base="main")
@@ -253,6 +280,7 @@ def test_pushing_without_write_access_is_refused(gh: GitHubStandIn) -> None:
 
 
 # pull requests, comments, reactions, labels, reviews -----------------------------------------
+
 
 def test_pull_listing_filters_and_pages_with_link_headers(gh: GitHubStandIn) -> None:
     repo = client(gh).get_repo(REPO)
@@ -288,7 +316,11 @@ def test_issues_share_numbers_with_pulls_and_list_with_them_filtered_by_labels(g
     issue.edit(body="edited")
     again = repo.get_issue(2)
     assert (again.state, again.state_reason, again.body, again.closed_by.login) == (
-        "closed", "not_planned", "edited", "alice")
+        "closed",
+        "not_planned",
+        "edited",
+        "alice",
+    )
     with pytest.raises(GithubException) as long:
         issue.edit(body="x" * 65_537)
     assert long.value.status == 422
@@ -317,8 +349,10 @@ def test_comments_reactions_labels_and_reviews(gh: GitHubStandIn, receiver: Rece
     assert repo.get_issue(pr.number).get_comment(theirs).body.startswith("@autoresearch-bot")
     mine.edit("Queued for a run (3 seeds).")
     repo.get_issue(pr.number).get_comment(stranger).delete()
-    assert [c["body"] for c in gh.comments(pr.number)] == ["Queued for a run (3 seeds).",
-                                                           "@autoresearch-bot try 3 seeds"]
+    assert [c["body"] for c in gh.comments(pr.number)] == [
+        "Queued for a run (3 seeds).",
+        "@autoresearch-bot try 3 seeds",
+    ]
 
     repo.create_label("kept", "0e8a16", "improved val_bpb")
     with pytest.raises(GithubException) as duplicate:
@@ -337,13 +371,18 @@ def test_comments_reactions_labels_and_reviews(gh: GitHubStandIn, receiver: Rece
     gh.wait_deliveries()
     created = receiver.events("issue_comment", "created")
     assert [(c["comment"]["user"]["login"], c["comment"]["author_association"]) for c in created] == [
-        ("autoresearch-bot[bot]", "NONE"), ("alice", "COLLABORATOR"), ("mallory", "NONE")]
+        ("autoresearch-bot[bot]", "NONE"),
+        ("alice", "COLLABORATOR"),
+        ("mallory", "NONE"),
+    ]
     assert created[1]["issue"]["pull_request"]["url"].endswith(f"/pulls/{pr.number}")
     assert [p["action"] for p in receiver.events("issue_comment") if p["action"] != "created"] == ["edited", "deleted"]
     assert [p["label"]["name"] for p in receiver.events("pull_request", "labeled")] == ["kept", "run:queued"]
     assert receiver.events("pull_request_review", "submitted")[0]["review"]["state"] == "approved"
     assert [p["action"] for p in receiver.events("pull_request") if p["action"] in ("closed", "reopened")] == [
-        "closed", "reopened"]
+        "closed",
+        "reopened",
+    ]
 
 
 def test_issue_events_say_who_closed_reopened_and_merged(gh: GitHubStandIn) -> None:
@@ -354,7 +393,10 @@ def test_issue_events_say_who_closed_reopened_and_merged(gh: GitHubStandIn) -> N
     gh.reopen_pr(pr.number, "bob")
     pr.edit(state="closed")  # the App's own close
     assert [(e.event, e.actor.login) for e in repo.get_issue(pr.number).get_events()] == [
-        ("closed", "alice"), ("reopened", "bob"), ("closed", "autoresearch-bot[bot]")]
+        ("closed", "alice"),
+        ("reopened", "bob"),
+        ("closed", "autoresearch-bot[bot]"),
+    ]
     listed = raw(gh, "GET", f"/repos/{REPO}/issues/{pr.number}/events").json()
     assert [e["performed_via_github_app"] is not None for e in listed] == [False, False, True]
     assert {e["commit_id"] for e in listed} == {None}
@@ -362,15 +404,19 @@ def test_issue_events_say_who_closed_reopened_and_merged(gh: GitHubStandIn) -> N
     gh.reopen_pr(pr.number, "alice")
     repo.get_git_ref("heads/main").edit(pr.head.sha)  # main fast-forwarded onto the head: merged
     tail = [(e.event, e.actor.login, e.commit_id) for e in repo.get_issue(pr.number).get_events()][-3:]
-    assert tail == [("reopened", "alice", None), ("merged", "autoresearch-bot[bot]", pr.head.sha),
-                    ("closed", "autoresearch-bot[bot]", pr.head.sha)]
+    assert tail == [
+        ("reopened", "alice", None),
+        ("merged", "autoresearch-bot[bot]", pr.head.sha),
+        ("closed", "autoresearch-bot[bot]", pr.head.sha),
+    ]
 
     log = repo.create_issue(title="research log")
     gh.close_issue(log.number, "alice", "not_planned")
     gh.reopen_issue(log.number, "bob")
-    assert [(e["event"], e["actor"]["login"], e["state_reason"]) for e in
-            raw(gh, "GET", f"/repos/{REPO}/issues/{log.number}/events").json()] == [
-        ("closed", "alice", "not_planned"), ("reopened", "bob", "reopened")]
+    assert [
+        (e["event"], e["actor"]["login"], e["state_reason"])
+        for e in raw(gh, "GET", f"/repos/{REPO}/issues/{log.number}/events").json()
+    ] == [("closed", "alice", "not_planned"), ("reopened", "bob", "reopened")]
     page = raw(gh, "GET", f"/repos/{REPO}/issues/{log.number}/events", params={"per_page": 1})
     assert len(page.json()) == 1 and 'rel="last"' in page.headers["link"]
     assert raw(gh, "GET", f"/repos/{REPO}/issues/999/events").status_code == 404
@@ -379,7 +425,8 @@ def test_issue_events_say_who_closed_reopened_and_merged(gh: GitHubStandIn) -> N
 
 
 def test_comments_on_a_plain_issue_are_served_and_announced_without_a_pull_request(
-        gh: GitHubStandIn, receiver: Receiver) -> None:
+    gh: GitHubStandIn, receiver: Receiver
+) -> None:
     repo = client(gh).get_repo(REPO)
     tracking = repo.create_issue(title="tracking")
     said = gh.comment(tracking.number, "alice", "/pause")
@@ -396,13 +443,18 @@ def test_comments_on_a_plain_issue_are_served_and_announced_without_a_pull_reque
 
 # checks and statuses -------------------------------------------------------------------------
 
+
 def test_check_runs_need_an_app_installation_and_keep_github_limits(gh: GitHubStandIn, receiver: Receiver) -> None:
     repo = client(gh).get_repo(REPO)
     sha = branch_with(repo, "exp-6", "train.py", "lr = 0.6\n")
     repo.create_pull(title="lr 0.6", body="", head="exp-6", base="main")
-    run = repo.create_check_run("val_bpb", sha, status="in_progress", external_id="run-1",
-                                actions=[{"label": "Rerun 3 seeds", "description": "Measure again",
-                                          "identifier": "rerun"}])
+    run = repo.create_check_run(
+        "val_bpb",
+        sha,
+        status="in_progress",
+        external_id="run-1",
+        actions=[{"label": "Rerun 3 seeds", "description": "Measure again", "identifier": "rerun"}],
+    )
     assert run.pull_requests[0].number == 1
     with pytest.raises(GithubException) as personal:
         client(gh, "tok-alice").get_repo(REPO).create_check_run("val_bpb", sha)
@@ -443,6 +495,7 @@ def test_status_descriptions_are_limited_to_140_characters(gh: GitHubStandIn) ->
 
 # conditional requests, authentication, the App -----------------------------------------------
 
+
 def test_a_matching_etag_answers_304_without_spending_the_rate_limit(gh: GitHubStandIn) -> None:
     path = f"/repos/{REPO}/git/ref/heads/main"
     first = raw(gh, "GET", path)
@@ -478,8 +531,9 @@ def test_unknown_or_missing_tokens_get_401_and_an_app_token_cannot_read_user(gh:
 
 def test_app_jwt_buys_an_installation_token_that_expires(gh: GitHubStandIn, app_key: tuple[bytes, bytes]) -> None:
     app = Auth.AppAuth(1, app_key[0].decode())
-    integration = github.GithubIntegration(auth=app, base_url=gh.api_url, seconds_between_requests=0,
-                                           seconds_between_writes=0)
+    integration = github.GithubIntegration(
+        auth=app, base_url=gh.api_url, seconds_between_requests=0, seconds_between_writes=0
+    )
     assert integration.get_app().slug == "autoresearch-bot"
     installation = integration.get_repo_installation("octo-org", "research")
     token = integration.get_access_token(installation.id)
@@ -503,6 +557,7 @@ def test_short_lived_installation_tokens_are_renewed_by_pygithub(tmp_path: Path,
 
 
 # faults --------------------------------------------------------------------------------------
+
 
 def test_a_502_is_retried_by_pygithub_and_both_attempts_are_logged(gh: GitHubStandIn) -> None:
     gh.inject("GET", r"/git/ref/heads/main$", "502")
@@ -553,13 +608,18 @@ def test_pygithub_waits_out_a_secondary_rate_limit(gh: GitHubStandIn) -> None:
 
 # the referee and the webhook log -------------------------------------------------------------
 
+
 def test_a_request_against_the_spec_is_refused_and_recorded(gh: GitHubStandIn) -> None:
     answer = raw(gh, "POST", f"/repos/{REPO}/check-runs", json={"name": "val_bpb"})
     assert answer.status_code == 422 and answer.json()["message"].startswith("Invalid request.")
     too_many = [{"label": "a", "description": "b", "identifier": f"c{i}"} for i in range(4)]
     sha = gh.ref("heads/main")
-    assert raw(gh, "POST", f"/repos/{REPO}/check-runs",
-               json={"name": "v", "head_sha": sha, "actions": too_many}).status_code == 422
+    assert (
+        raw(
+            gh, "POST", f"/repos/{REPO}/check-runs", json={"name": "v", "head_sha": sha, "actions": too_many}
+        ).status_code
+        == 422
+    )
     assert raw(gh, "POST", f"/repos/{REPO}/statuses/{sha}", content=b"{not json").status_code == 400
     seen = gh.take_violations()
     assert len(seen) == 3 and "'head_sha' is a required property" in seen[0] and "actions" in seen[1]

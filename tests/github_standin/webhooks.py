@@ -106,8 +106,11 @@ class Hookshot:
 
     def _send(self, client: httpx.Client, d: Delivery) -> None:
         headers = {
-            "Content-Type": "application/json", "User-Agent": USER_AGENT, "X-GitHub-Event": d.event,
-            "X-GitHub-Delivery": d.delivery_id, "X-GitHub-Hook-ID": str(HOOK_ID),
+            "Content-Type": "application/json",
+            "User-Agent": USER_AGENT,
+            "X-GitHub-Event": d.event,
+            "X-GitHub-Delivery": d.delivery_id,
+            "X-GitHub-Hook-ID": str(HOOK_ID),
             "X-GitHub-Hook-Installation-Target-Type": self.target[0],
             "X-GitHub-Hook-Installation-Target-ID": str(self.target[1]),
             "X-Hub-Signature-256": signature(self.secret, d.body),

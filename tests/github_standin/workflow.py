@@ -25,8 +25,10 @@ from pathlib import Path
 from typing import Any
 
 STATUS_FUNCTIONS = ("always(", "success(", "failure(", "cancelled(")
-_TOKEN = re.compile(r"\s*(?:(?P<str>'(?:[^']|'')*')|(?P<num>-?\d+(?:\.\d+)?)|(?P<op>\|\||&&|==|!=|<=|>=|[!()<>,])"
-                    r"|(?P<name>[A-Za-z_][A-Za-z0-9_-]*(?:\.[A-Za-z_*][A-Za-z0-9_-]*)*))")
+_TOKEN = re.compile(
+    r"\s*(?:(?P<str>'(?:[^']|'')*')|(?P<num>-?\d+(?:\.\d+)?)|(?P<op>\|\||&&|==|!=|<=|>=|[!()<>,])"
+    r"|(?P<name>[A-Za-z_][A-Za-z0-9_-]*(?:\.[A-Za-z_*][A-Za-z0-9_-]*)*))"
+)
 
 
 class ExpressionError(ValueError):
@@ -34,6 +36,7 @@ class ExpressionError(ValueError):
 
 
 # expressions -----------------------------------------------------------------------------------
+
 
 def truthy(value: Any) -> bool:
     return value not in (None, False, 0, "", -0.0)
@@ -194,6 +197,7 @@ def condition(text: Any, contexts: dict[str, Any], status: Callable[[str], bool]
 
 # running a job ---------------------------------------------------------------------------------
 
+
 @dataclass
 class JobRun:
     """What the runner needs to run one job: the parsed workflow, the contexts, the machine's
@@ -244,8 +248,9 @@ class JobRun:
             return "cancelled"
         return "failure" if self.failed else "success"
 
-    def _run(self, step: dict[str, Any], contexts: dict[str, Any], step_env: dict[str, str],
-             env: dict[str, str]) -> bool:
+    def _run(
+        self, step: dict[str, Any], contexts: dict[str, Any], step_env: dict[str, str], env: dict[str, str]
+    ) -> bool:
         script = substitute(step["run"], contexts)
         with tempfile.TemporaryDirectory(prefix="step-") as scratch:
             path, github_env = Path(scratch) / "step.sh", Path(scratch) / "github_env"
@@ -258,9 +263,15 @@ class JobRun:
             # and a process the step left behind holding the pipe would keep it open).
             output = Path(scratch) / "output"
             with output.open("wb") as sink:
-                proc = subprocess.Popen(["bash", "--noprofile", "--norc", "-eo", "pipefail", str(path)], cwd=cwd,
-                                        env=full_env, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT,
-                                        start_new_session=True)
+                proc = subprocess.Popen(
+                    ["bash", "--noprofile", "--norc", "-eo", "pipefail", str(path)],
+                    cwd=cwd,
+                    env=full_env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=sink,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
             self._follow(proc)
             self.log.append(output.read_bytes().decode(errors="replace"))
             env.update(_read_github_env(github_env.read_text()))
@@ -296,8 +307,10 @@ class JobRun:
         found = [self.workspace / p for p in paths if (self.workspace / p).is_file()]
         if not found:
             how = given.get("if-no-files-found", "warn")
-            self.log.append(f"{'Error' if how == 'error' else 'Warning'}: No files were found with the "
-                            f"provided path: {' '.join(paths)}. No artifacts will be uploaded.")
+            self.log.append(
+                f"{'Error' if how == 'error' else 'Warning'}: No files were found with the "
+                f"provided path: {' '.join(paths)}. No artifacts will be uploaded."
+            )
             return how != "error"
         root = Path(os.path.commonpath([f.parent for f in found]))
         buffer = io.BytesIO()

@@ -79,7 +79,9 @@ def assert_stopped_at_the_cap(result: ResultSpec, profile: profiles.Profile) -> 
 
 ATTACKS = {
     # its own, longer budget in place of the harness's
-    "replaced_time_up": SESSION + MODEL + f"""
+    "replaced_time_up": SESSION
+    + MODEL
+    + f"""
 started = time.process_time()
 h.time_up = lambda: time.process_time() - started > {LONG_S}
 h.progress = lambda: 0.0
@@ -89,7 +91,9 @@ while not h.time_up():
 h.finish(model)
 """,
     # the harness's clocks wound back, and the time module's clocks patched, at every step
-    "clock_wound_back": SESSION + MODEL + f"""
+    "clock_wound_back": SESSION
+    + MODEL
+    + f"""
 real = time.process_time
 started = real()
 time.process_time = lambda: 0.0
@@ -103,13 +107,17 @@ while real() - started < {LONG_S}:
 h.finish(model)
 """,
     # the warm-up steps were not counted once: one very long first step
-    "trains_in_a_warm_up_step": SESSION + MODEL + f"""
+    "trains_in_a_warm_up_step": SESSION
+    + MODEL
+    + f"""
 train({LONG_S})
 h.step_done(1.0)
 h.finish(model)
 """,
     # finish() exports, and the export used to fall in the start-up allowance
-    "trains_inside_finish": SESSION + MODEL + f"""
+    "trains_inside_finish": SESSION
+    + MODEL
+    + f"""
 import runner.harness
 export = runner.harness.export_model
 def slow_export(*args, **kwargs):
@@ -118,19 +126,27 @@ def slow_export(*args, **kwargs):
 runner.harness.export_model = slow_export
 h.finish(model)
 """,
-    "trains_after_finish": SESSION + MODEL + f"""
+    "trains_after_finish": SESSION
+    + MODEL
+    + f"""
 h.finish(model)
 train({LONG_S})
 """,
     # before the session is opened: start-up, which used to be free up to the allowance
-    "trains_before_the_session": "import time, torch\n" + f"""
+    "trains_before_the_session": "import time, torch\n"
+    + f"""
 start = time.process_time()
 while time.process_time() - start < {LONG_S}:
     x = torch.randn(256, 256)
     x @ x
-""" + SESSION + MODEL + "h.finish(model)\n",
+"""
+    + SESSION
+    + MODEL
+    + "h.finish(model)\n",
     # more threads than the one allotted: the budget burns faster, it does not grow
-    "threads_beyond_the_allotment": SESSION + MODEL + f"""
+    "threads_beyond_the_allotment": SESSION
+    + MODEL
+    + f"""
 torch.set_num_threads(4)
 started = time.time()
 while time.time() - started < {LONG_S}:
@@ -144,17 +160,22 @@ h.finish(model)
 FAST_ATTACK = "replaced_time_up"  # the one attack `make test` runs
 
 
-@pytest.mark.parametrize("attack", [name if name == FAST_ATTACK else pytest.param(name, marks=pytest.mark.slow)
-                                    for name in sorted(ATTACKS)])
-def test_training_past_the_budget_is_stopped_at_the_cap_and_rejected(smoke_prepared, tmp_path: Path,
-                                                                     short_budget, attack: str) -> None:
+@pytest.mark.parametrize(
+    "attack", [name if name == FAST_ATTACK else pytest.param(name, marks=pytest.mark.slow) for name in sorted(ATTACKS)]
+)
+def test_training_past_the_budget_is_stopped_at_the_cap_and_rejected(
+    smoke_prepared, tmp_path: Path, short_budget, attack: str
+) -> None:
     """Slow tier, all but FAST_ATTACK: each attack trains to the supervisor's cap on its real clock,
     a run of its own."""
     result = run(tmp_path, ATTACKS[attack])
     assert_stopped_at_the_cap(result, short_budget)
 
 
-DETACHED = SESSION + MODEL + f"""
+DETACHED = (
+    SESSION
+    + MODEL
+    + f"""
 import os
 if os.fork() == 0:  # a double fork: the grandchild is an orphan at once, and trains
     if os.fork() == 0:
@@ -166,12 +187,14 @@ while not os.path.exists("done"):
     time.sleep(0.1)
 h.finish(model)
 """
+)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sandboxed", [True, False], ids=["sandboxed", "unsandboxed"])
-def test_a_detached_process_that_trains_counts_on_the_clock(smoke_prepared, tmp_path: Path, short_budget,
-                                                            sandboxed: bool) -> None:
+def test_a_detached_process_that_trains_counts_on_the_clock(
+    smoke_prepared, tmp_path: Path, short_budget, sandboxed: bool
+) -> None:
     """In the sandbox the orphan comes back to the training process; without it, to the supervisor
     (a subreaper), whose clock counts what came to it too. Slow tier: the orphan trains to the cap
     on the supervisor's real clock."""
@@ -184,8 +207,9 @@ def test_a_detached_process_that_trains_counts_on_the_clock(smoke_prepared, tmp_
 
 
 @pytest.mark.slow
-def test_sleeping_costs_no_cpu_budget_and_meets_the_hard_limit(smoke_prepared, tmp_path: Path,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sleeping_costs_no_cpu_budget_and_meets_the_hard_limit(
+    smoke_prepared, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Slow tier: the run must sleep until the wall-clock hard limit, 6 s after its start."""
     smoke = profiles.PROFILES["smoke"]
     monkeypatch.setitem(profiles.PROFILES, "smoke", dataclasses.replace(smoke, max_total_s=6.0))

@@ -33,11 +33,20 @@ class HandClock:
         self.now += seconds
 
 
-def open_session(prepared, tmp_path, profile: Profile = TIGHT, threads: int = 2
-                 ) -> tuple[Session, HandClock, HandClock]:
+def open_session(
+    prepared, tmp_path, profile: Profile = TIGHT, threads: int = 2
+) -> tuple[Session, HandClock, HandClock]:
     wall, cpu = HandClock(), HandClock(start=50.0)
-    session = Session(profile, prepared.dataset, prepared.tokenizer, out_dir=tmp_path,
-                      device=torch.device("cpu"), threads=threads, wall_clock=wall, cpu_clock=cpu)
+    session = Session(
+        profile,
+        prepared.dataset,
+        prepared.tokenizer,
+        out_dir=tmp_path,
+        device=torch.device("cpu"),
+        threads=threads,
+        wall_clock=wall,
+        cpu_clock=cpu,
+    )
     return session, wall, cpu
 
 
@@ -47,8 +56,7 @@ def step(session: Session, wall: HandClock, cpu: HandClock, wall_s: float, cpu_s
     session.step_done(2.0)
 
 
-def steps_until_time_up(session: Session, wall: HandClock, cpu: HandClock, wall_s: float, cpu_s: float
-                        ) -> int:
+def steps_until_time_up(session: Session, wall: HandClock, cpu: HandClock, wall_s: float, cpu_s: float) -> int:
     timed = 0
     while not session.time_up():
         step(session, wall, cpu, wall_s, cpu_s)
@@ -109,14 +117,30 @@ def test_cpu_overheads_are_cpu_seconds_shared_by_the_threads():
 
 def test_hand_over_readings_are_the_clocks_zero(smoke_prepared, tmp_path):
     wall, cpu = HandClock(), HandClock(start=50.0)
-    session = Session(TIGHT, smoke_prepared.dataset, smoke_prepared.tokenizer, out_dir=tmp_path,
-                      device=torch.device("cpu"), threads=2, wall_clock=wall, cpu_clock=cpu,
-                      handed_over=(wall.now - 10.0, cpu.now - 3.0))  # data and tokenizer took 3 CPU s
+    session = Session(
+        TIGHT,
+        smoke_prepared.dataset,
+        smoke_prepared.tokenizer,
+        out_dir=tmp_path,
+        device=torch.device("cpu"),
+        threads=2,
+        wall_clock=wall,
+        cpu_clock=cpu,
+        handed_over=(wall.now - 10.0, cpu.now - 3.0),
+    )  # data and tokenizer took 3 CPU s
     assert session.elapsed() == pytest.approx(1.5)
     wall_profile = replace(TIGHT, clock="wall")
-    on_wall = Session(wall_profile, smoke_prepared.dataset, smoke_prepared.tokenizer, out_dir=tmp_path / "w",
-                      device=torch.device("cpu"), threads=2, wall_clock=wall, cpu_clock=cpu,
-                      handed_over=(wall.now - 10.0, cpu.now - 3.0))
+    on_wall = Session(
+        wall_profile,
+        smoke_prepared.dataset,
+        smoke_prepared.tokenizer,
+        out_dir=tmp_path / "w",
+        device=torch.device("cpu"),
+        threads=2,
+        wall_clock=wall,
+        cpu_clock=cpu,
+        handed_over=(wall.now - 10.0, cpu.now - 3.0),
+    )
     assert on_wall.elapsed() == pytest.approx(10.0) and on_wall.time_up()
 
 
@@ -174,15 +198,21 @@ def test_progress_lines_record_both_clocks(smoke_prepared, tmp_path):
     # (the guard time_up keeps): 0.5 s of the 2.5 s window
     assert line["training_seconds"] == 0.5 and line["progress"] == pytest.approx(0.5 / 2.5, abs=1e-4)
     assert (line["elapsed_seconds"], line["remaining_seconds"], line["time_up"]) == (1.5, 2.5, False)
-    assert (line["clock"], line["training_wall_seconds"], line["cpu_seconds"], line["threads"],
-            line["cpu_share"]) == ("cpu", 2.0, 1.0, 2, 0.25)
+    assert (line["clock"], line["training_wall_seconds"], line["cpu_seconds"], line["threads"], line["cpu_share"]) == (
+        "cpu",
+        2.0,
+        1.0,
+        2,
+        0.25,
+    )
 
 
 def test_a_process_that_does_not_run_spends_no_budget(smoke_prepared, tmp_path, monkeypatch):
     """With the real clocks: sleeping (as a process waiting for the cores would) costs wall time
     only. Replacing time.process_time after the session opened changes nothing."""
-    session = Session(SMOKE, smoke_prepared.dataset, smoke_prepared.tokenizer, out_dir=tmp_path,
-                      device=torch.device("cpu"), threads=1)
+    session = Session(
+        SMOKE, smoke_prepared.dataset, smoke_prepared.tokenizer, out_dir=tmp_path, device=torch.device("cpu"), threads=1
+    )
     session.step_done(2.0)
     monkeypatch.setattr(time, "process_time", lambda: 0.0)
     time.sleep(0.3)

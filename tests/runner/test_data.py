@@ -27,6 +27,7 @@ def mtimes(root: Path) -> dict[str, int]:
 
 # --- builtin ------------------------------------------------------------------------------------
 
+
 def test_builtin_prepare_is_idempotent(smoke_prepared):
     dataset = smoke_prepared.dataset
     manifest = dataset.root / "manifest.json"
@@ -69,6 +70,7 @@ def test_training_split_loops_and_counts_epochs(smoke_prepared):
 
 
 # --- a directory of text files ------------------------------------------------------------------
+
 
 def write_docs(directory: Path, count: int) -> list[str]:
     directory.mkdir(parents=True, exist_ok=True)
@@ -150,6 +152,7 @@ def test_source_keys_are_distinct_and_safe():
 
 # --- a URL of parquet shards --------------------------------------------------------------------
 
+
 @pytest.fixture
 def shard_server(tmp_path) -> Iterator[tuple[str, list[str]]]:
     """A local HTTP server of parquet shards in the reference's layout; yields its base URL and
@@ -182,8 +185,7 @@ def shard_server(tmp_path) -> Iterator[tuple[str, list[str]]]:
         thread.join(timeout=5)
 
 
-def test_url_source_downloads_train_shards_and_the_pinned_validation_shard(shard_server, tmp_path,
-                                                                          monkeypatch):
+def test_url_source_downloads_train_shards_and_the_pinned_validation_shard(shard_server, tmp_path, monkeypatch):
     url, requested = shard_server
     monkeypatch.setenv("AUTORESEARCH_CACHE", str(tmp_path / "cache"))
 
@@ -192,12 +194,16 @@ def test_url_source_downloads_train_shards_and_the_pinned_validation_shard(shard
     assert dataset.train_files == ("shard_00000.parquet", "shard_00001.parquet")
     assert dataset.val_file == f"shard_{REFERENCE_VAL_SHARD:05d}.parquet"
     assert (dataset.train_docs, dataset.val_docs) == (7 + 5, 4)
-    assert all_docs(dataset, "train") == ([f"shard 0 document {i}" for i in range(7)]
-                                          + [f"shard 1 document {i}" for i in range(5)])
+    assert all_docs(dataset, "train") == (
+        [f"shard 0 document {i}" for i in range(7)] + [f"shard 1 document {i}" for i in range(5)]
+    )
     assert all_docs(dataset, "val") == [f"shard {REFERENCE_VAL_SHARD} document {i}" for i in range(4)]
     assert not (dataset.root / "shard_00002.parquet").exists()
-    assert sorted(requested) == ["/shard_00000.parquet", "/shard_00001.parquet",
-                                 f"/shard_{REFERENCE_VAL_SHARD:05d}.parquet"]
+    assert sorted(requested) == [
+        "/shard_00000.parquet",
+        "/shard_00001.parquet",
+        f"/shard_{REFERENCE_VAL_SHARD:05d}.parquet",
+    ]
 
     # prepared once: a second call fetches nothing
     requested.clear()

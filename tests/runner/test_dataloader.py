@@ -19,6 +19,7 @@ MIN_LEAK_TOKENS = 20  # a validation piece this long found in a training documen
 
 # --- DocumentBuffer -----------------------------------------------------------------------------
 
+
 def doc(length: int, tag: int = 0) -> list[int]:
     return [tag] * length
 
@@ -33,8 +34,7 @@ def test_buffer_pops_the_longest_document_that_fits():
     assert buffer.pop_longest_fitting(2) is None  # nothing fits: nothing is removed
     assert len(buffer) == 3
     assert len(buffer.pop_longest_fitting(100)) == 12
-    assert sorted([buffer.pop_longest_fitting(3), buffer.pop_longest_fitting(3)]) == [doc(3, 2),
-                                                                                    doc(3, 4)]
+    assert sorted([buffer.pop_longest_fitting(3), buffer.pop_longest_fitting(3)]) == [doc(3, 2), doc(3, 4)]
     assert len(buffer) == 0
     assert buffer.pop_longest_fitting(100) is None
 
@@ -51,6 +51,7 @@ def test_buffer_pops_the_shortest_when_none_fits():
 
 
 # --- packing with the real tokenizer on hand-made documents ---------------------------------------
+
 
 def test_best_fit_packing_fills_rows_exactly(smoke_prepared):
     tokenizer = smoke_prepared.tokenizer
@@ -87,6 +88,7 @@ def test_epoch_is_reported(smoke_prepared):
 
 # --- packing the smoke dataset --------------------------------------------------------------------
 
+
 def token_haystack(encodings: list[list[int]]) -> bytes:
     """Encodings as one byte string of 2-byte tokens, separated by a token that does not exist."""
     separator = np.array([0xFFFF], dtype=">u2").tobytes()
@@ -107,14 +109,16 @@ def occurs_in(haystack: bytes, tokens: list[int]) -> bool:
 def segments(row: list[int], bos: int) -> list[list[int]]:
     """The maximal pieces of a row that start with BOS."""
     starts = [i for i, token in enumerate(row) if token == bos]
-    return [row[a:b] for a, b in zip(starts, starts[1:] + [len(row)])]
+    return [row[a:b] for a, b in zip(starts, starts[1:] + [len(row)], strict=True)]
 
 
 @pytest.fixture(scope="module")
 def split_docs(smoke_prepared):
     dataset = smoke_prepared.dataset
-    return {split: [d for docs, _ in dataset.document_batches(split, loop=False) for d in docs]
-            for split in ("train", "val")}
+    return {
+        split: [d for docs, _ in dataset.document_batches(split, loop=False) for d in docs]
+        for split in ("train", "val")
+    }
 
 
 @pytest.fixture(scope="module")

@@ -203,9 +203,7 @@ def test_one_corrupted_transfer_is_repaired_by_a_retry(server: ShardServer, dest
     assert server.hits == ["a.bin"] * 2
 
 
-def test_connection_dropped_mid_body_leaves_nothing_and_a_retry_succeeds(
-    server: ShardServer, dest_dir: Path
-) -> None:
+def test_connection_dropped_mid_body_leaves_nothing_and_a_retry_succeeds(server: ShardServer, dest_dir: Path) -> None:
     data = serve_bytes(server, "a.bin", size=1_000_000)
     url, dest = f"{server.url}/a.bin", dest_dir / "a.bin"
 
@@ -323,8 +321,12 @@ def test_a_full_disk_fails_at_once_with_advice_and_leaves_nothing(server: ShardS
 
     serve_bytes(server, "big.bin", size=200_000)
     dest = dest_dir / "big.bin"
-    child = subprocess.run([sys.executable, "-c", FULL_DISK_CHILD, f"{server.url}/big.bin", str(dest)],
-                           capture_output=True, text=True, timeout=60)
+    child = subprocess.run(
+        [sys.executable, "-c", FULL_DISK_CHILD, f"{server.url}/big.bin", str(dest)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert child.returncode == 3, child.stderr
     assert "Free some disk space" in child.stdout and "autoresearch prepare" in child.stdout
     assert server.hits == ["big.bin"]  # not retried: another attempt cannot help

@@ -50,8 +50,7 @@ class Shaped(nn.Module):
 
 
 def evaluate(model: nn.Module, prepared, **overrides):
-    kwargs = dict(seq_len=SMOKE.seq_len, eval_tokens=SMOKE.eval_tokens,
-                  batch_size=SMOKE.eval_batch_size, device=CPU)
+    kwargs = dict(seq_len=SMOKE.seq_len, eval_tokens=SMOKE.eval_tokens, batch_size=SMOKE.eval_batch_size, device=CPU)
     kwargs.update(overrides)
     return evaluate_bpb(model, prepared.tokenizer, prepared.dataset, **kwargs)
 

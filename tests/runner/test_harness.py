@@ -28,8 +28,17 @@ from runner.profiles import get_profile, harness_hash
 REPO = Path(__file__).resolve().parents[2]
 TRAIN_PY = REPO / "train.py"
 SMOKE = get_profile("smoke")
-SUMMARY_KEYS = {"val_bpb", "training_seconds", "total_seconds", "peak_vram_mb", "mfu_percent",
-                "total_tokens_M", "num_steps", "num_params_M", "depth"}
+SUMMARY_KEYS = {
+    "val_bpb",
+    "training_seconds",
+    "total_seconds",
+    "peak_vram_mb",
+    "mfu_percent",
+    "total_tokens_M",
+    "num_steps",
+    "num_params_M",
+    "depth",
+}
 MIN_STEPS_TO_LEARN = 8
 
 
@@ -52,7 +61,7 @@ def parse_summary(log: str) -> dict[str, str]:
     assert "---" in lines, log[-2000:]
     start = len(lines) - 1 - lines[::-1].index("---")
     summary = {}
-    for line in lines[start + 1:]:
+    for line in lines[start + 1 :]:
         match = re.fullmatch(r"(\w+):\s+(\S+)", line)
         if not match:
             break
@@ -61,6 +70,7 @@ def parse_summary(log: str) -> dict[str, str]:
 
 
 # --- (a) a real smoke run -----------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def smoke_run(smoke_prepared, tmp_path_factory):
@@ -78,11 +88,16 @@ def uniform_bpb(smoke_prepared) -> float:
         def forward(self, x):
             return torch.zeros(*x.shape, vocab)
 
-    evaluation = evaluate_bpb(Uniform(), smoke_prepared.tokenizer, smoke_prepared.dataset,
-                              seq_len=SMOKE.seq_len, eval_tokens=SMOKE.eval_tokens,
-                              batch_size=SMOKE.eval_batch_size, device=torch.device("cpu"))
-    assert evaluation.val_bpb == pytest.approx(
-        math.log2(vocab) * evaluation.scored_tokens / evaluation.bytes, rel=1e-6)
+    evaluation = evaluate_bpb(
+        Uniform(),
+        smoke_prepared.tokenizer,
+        smoke_prepared.dataset,
+        seq_len=SMOKE.seq_len,
+        eval_tokens=SMOKE.eval_tokens,
+        batch_size=SMOKE.eval_batch_size,
+        device=torch.device("cpu"),
+    )
+    assert evaluation.val_bpb == pytest.approx(math.log2(vocab) * evaluation.scored_tokens / evaluation.bytes, rel=1e-6)
     return evaluation.val_bpb
 
 
@@ -123,8 +138,11 @@ def test_smoke_run_learns(smoke_run, uniform_bpb):
     if result["num_steps"] >= MIN_STEPS_TO_LEARN:
         assert result["val_bpb"] < 0.85 * uniform_bpb
     else:
-        warnings.warn(f"the smoke run got only {result['num_steps']} steps (a busy machine?): "
-                      "val_bpb < 0.85 * uniform not checked", stacklevel=2)
+        warnings.warn(
+            f"the smoke run got only {result['num_steps']} steps (a busy machine?): "
+            "val_bpb < 0.85 * uniform not checked",
+            stacklevel=2,
+        )
 
 
 def test_smoke_run_records_what_makes_results_comparable(smoke_run, smoke_prepared):
@@ -146,10 +164,12 @@ def test_smoke_run_counts_cpu_time_and_records_both_clocks(smoke_run):
     # the budget clock is the CPU time of the timed steps per allotted thread
     assert result["training_seconds"] == pytest.approx(result["cpu_seconds"] / result["threads"], rel=1e-6)
     assert result["cpu_share"] == pytest.approx(
-        result["cpu_seconds"] / (result["training_wall_seconds"] * result["threads"]), rel=1e-6)
+        result["cpu_seconds"] / (result["training_wall_seconds"] * result["threads"]), rel=1e-6
+    )
     assert 0 < result["cpu_share"] <= 1.5  # above 1 only through threads outside torch's pool
     assert result["tokens_per_wall_second"] * result["training_wall_seconds"] == pytest.approx(
-        result["tokens_per_second"] * result["training_seconds"], rel=1e-6)
+        result["tokens_per_second"] * result["training_seconds"], rel=1e-6
+    )
     last = json.loads((out / "progress.jsonl").read_text().splitlines()[-1])
     assert (last["clock"], last["threads"]) == ("cpu", result["threads"])
     assert last["training_wall_seconds"] == round(result["training_wall_seconds"], 2)
@@ -184,6 +204,7 @@ def test_smoke_run_reports_progress(smoke_run):
 
 
 # --- (b)-(g) runs that fail ---------------------------------------------------------------------
+
 
 def test_missing_data_is_a_crash_naming_the_prepare_command(tmp_path, monkeypatch):
     empty = tmp_path / "empty-cache"
@@ -241,11 +262,10 @@ def test_nan_loss_fails_fast(smoke_prepared, tmp_path):
 @pytest.mark.slow
 def test_asset_that_never_calls_finish_is_a_crash(smoke_prepared, tmp_path):
     """Slow tier: a training process of its own."""
-    asset = write_asset(tmp_path / "asset", (
-        "from runner import harness\n"
-        "h = harness.session()\n"
-        "print('vocab', h.vocab_size, flush=True)\n"
-    ))
+    asset = write_asset(
+        tmp_path / "asset",
+        ("from runner import harness\nh = harness.session()\nprint('vocab', h.vocab_size, flush=True)\n"),
+    )
     lines: list[str] = []
     result, wall = run_timed(asset, tmp_path / "run", on_line=lines.append)
 
@@ -258,12 +278,7 @@ def test_asset_that_never_calls_finish_is_a_crash(smoke_prepared, tmp_path):
 
 
 def test_exception_in_train_py_is_a_crash_with_the_traceback(smoke_prepared, tmp_path):
-    asset = write_asset(tmp_path / "asset", (
-        "def learning_rate(steps):\n"
-        "    return 1.0 / steps\n"
-        "\n"
-        "learning_rate(0)\n"
-    ))
+    asset = write_asset(tmp_path / "asset", ("def learning_rate(steps):\n    return 1.0 / steps\n\nlearning_rate(0)\n"))
     result, wall = run_timed(asset, tmp_path / "run")
 
     assert result["status"] == "crash"
@@ -276,11 +291,10 @@ def test_exception_in_train_py_is_a_crash_with_the_traceback(smoke_prepared, tmp
 @pytest.mark.slow
 def test_killed_training_process_is_a_crash(smoke_prepared, tmp_path):
     """Slow tier: a training process of its own, killed."""
-    asset = write_asset(tmp_path / "asset", (
-        "import os, signal\n"
-        "print('about to die', flush=True)\n"
-        "os.kill(os.getpid(), signal.SIGKILL)\n"
-    ))
+    asset = write_asset(
+        tmp_path / "asset",
+        ("import os, signal\nprint('about to die', flush=True)\nos.kill(os.getpid(), signal.SIGKILL)\n"),
+    )
     result, wall = run_timed(asset, tmp_path / "run")
 
     assert result["status"] == "crash"
@@ -294,11 +308,7 @@ def test_silent_hang_is_killed_at_the_wall_clock_limit(smoke_prepared, tmp_path)
     """Also when the output is streamed (on_line): a child that prints nothing more is still
     killed at the limit, not waited on until it closes its output. Slow tier: a training process of
     its own that hangs until the 6 s limit."""
-    asset = write_asset(tmp_path / "asset", (
-        "import time\n"
-        "print('hanging', flush=True)\n"
-        "time.sleep(120)\n"
-    ))
+    asset = write_asset(tmp_path / "asset", ("import time\nprint('hanging', flush=True)\ntime.sleep(120)\n"))
     lines: list[str] = []
     limit = 6.0
     result, wall = run_timed(asset, tmp_path / "run", timeout_s=limit, on_line=lines.append)
@@ -315,17 +325,28 @@ def test_silent_hang_is_killed_at_the_wall_clock_limit(smoke_prepared, tmp_path)
 def test_training_child_gets_no_secrets(smoke_prepared, tmp_path, monkeypatch):
     """Slow tier: a training process of its own, to read its environment (runner.launch's filter is
     pinned in this process below)."""
-    secrets = ["GITHUB_TOKEN", "ANTHROPIC_API_KEY", "MY_SECRET", "GH_TOKEN", "HF_TOKEN",
-               "AWS_SECRET_ACCESS_KEY", "OPENAI_API_KEY", "DB_PASSWORD"]
+    secrets = [
+        "GITHUB_TOKEN",
+        "ANTHROPIC_API_KEY",
+        "MY_SECRET",
+        "GH_TOKEN",
+        "HF_TOKEN",
+        "AWS_SECRET_ACCESS_KEY",
+        "OPENAI_API_KEY",
+        "DB_PASSWORD",
+    ]
     for name in secrets:
         monkeypatch.setenv(name, "do-not-leak")
     monkeypatch.setenv("AUTORESEARCH_REPOSITORY", "octo-org/research")  # the service's, not the harness's
     seen = tmp_path / "environ.json"
-    asset = write_asset(tmp_path / "asset", (
-        "import json, os\n"
-        f"with open({str(seen)!r}, 'w') as handle:\n"
-        "    json.dump(dict(sorted(os.environ.items())), handle)\n"
-    ))
+    asset = write_asset(
+        tmp_path / "asset",
+        (
+            "import json, os\n"
+            f"with open({str(seen)!r}, 'w') as handle:\n"
+            "    json.dump(dict(sorted(os.environ.items())), handle)\n"
+        ),
+    )
     result, _ = run_timed(asset, tmp_path / "run")
 
     assert result["status"] == "crash"  # it never calls h.finish; that is fine here
@@ -345,11 +366,14 @@ def test_cpu_time_profile_sees_no_gpu_and_openmp_threads_that_sleep(smoke_prepar
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
     seen = tmp_path / "environ.json"
-    asset = write_asset(tmp_path / "asset", (
-        "import json, os, torch\n"
-        f"with open({str(seen)!r}, 'w') as handle:\n"
-        "    json.dump({'env': dict(os.environ), 'gpus': torch.cuda.device_count()}, handle)\n"
-    ))
+    asset = write_asset(
+        tmp_path / "asset",
+        (
+            "import json, os, torch\n"
+            f"with open({str(seen)!r}, 'w') as handle:\n"
+            "    json.dump({'env': dict(os.environ), 'gpus': torch.cuda.device_count()}, handle)\n"
+        ),
+    )
     result, _ = run_timed(asset, tmp_path / "run")
 
     assert result["status"] == "crash"  # it never calls h.finish; that is fine here
@@ -360,15 +384,41 @@ def test_cpu_time_profile_sees_no_gpu_and_openmp_threads_that_sleep(smoke_prepar
 
 # --- runner.launch units ------------------------------------------------------------------------
 
+
 def test_training_env_drops_credentials(monkeypatch):
-    dropped = ["GITHUB_TOKEN", "github_pat", "GH_ENTERPRISE_TOKEN", "ANTHROPIC_API_KEY",
-               "ANTHROPIC_BASE_URL", "MY_SECRET", "client_secret", "HF_TOKEN", "AWS_ACCESS_KEY_ID",
-               "AWS_REGION", "MODAL_TOKEN_ID", "DB_PASSWORD", "SMTP_PASSWD", "SSH_PRIVATE_KEY",
-               "GOOGLE_APPLICATION_CREDENTIALS", "OPENAI_API_KEY", "KAGGLE_KEY", "DATABASE_URL",
-               "SSH_AUTH_SOCK", "SLACK_WEBHOOK_URL", "SENTRY_DSN", "APIKEY", "TORCH_API_KEY",
-               "AUTORESEARCH_GITHUB_TOKEN", "AUTORESEARCH_WEBHOOK_SECRET", "AUTORESEARCH_GITHUB_PRIVATE_KEY",
-               "AUTORESEARCH_GITHUB_PRIVATE_KEY_PATH", "AUTORESEARCH_REPOSITORY", "AUTORESEARCH_GITHUB_API_URL",
-               "AUTORESEARCH_ANTHROPIC_BASE_URL", "AUTORESEARCH_STATE_DIR"]
+    dropped = [
+        "GITHUB_TOKEN",
+        "github_pat",
+        "GH_ENTERPRISE_TOKEN",
+        "ANTHROPIC_API_KEY",
+        "ANTHROPIC_BASE_URL",
+        "MY_SECRET",
+        "client_secret",
+        "HF_TOKEN",
+        "AWS_ACCESS_KEY_ID",
+        "AWS_REGION",
+        "MODAL_TOKEN_ID",
+        "DB_PASSWORD",
+        "SMTP_PASSWD",
+        "SSH_PRIVATE_KEY",
+        "GOOGLE_APPLICATION_CREDENTIALS",
+        "OPENAI_API_KEY",
+        "KAGGLE_KEY",
+        "DATABASE_URL",
+        "SSH_AUTH_SOCK",
+        "SLACK_WEBHOOK_URL",
+        "SENTRY_DSN",
+        "APIKEY",
+        "TORCH_API_KEY",
+        "AUTORESEARCH_GITHUB_TOKEN",
+        "AUTORESEARCH_WEBHOOK_SECRET",
+        "AUTORESEARCH_GITHUB_PRIVATE_KEY",
+        "AUTORESEARCH_GITHUB_PRIVATE_KEY_PATH",
+        "AUTORESEARCH_REPOSITORY",
+        "AUTORESEARCH_GITHUB_API_URL",
+        "AUTORESEARCH_ANTHROPIC_BASE_URL",
+        "AUTORESEARCH_STATE_DIR",
+    ]
     kept = ["PATH", "HOME", "LANG", "AUTORESEARCH_CACHE", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS"]
     for name in dropped + kept:
         monkeypatch.setenv(name, "value")
@@ -385,13 +435,11 @@ def test_training_env_drops_credentials(monkeypatch):
 
 
 def test_command_runs_the_executor_with_the_run_settings(tmp_path):
-    cmd = launch.command(tmp_path / "train.py", "smoke", tmp_path / "out", seed=3, data="builtin",
-                         threads=2)
+    cmd = launch.command(tmp_path / "train.py", "smoke", tmp_path / "out", seed=3, data="builtin", threads=2)
     assert cmd[1:3] == ["-m", "runner.execute"]
     pairs = dict(zip(cmd[3::2], cmd[4::2], strict=True))
     assert pairs["--asset"] == str(tmp_path / "train.py")
-    assert (pairs["--profile"], pairs["--seed"], pairs["--threads"], pairs["--data"]) == (
-        "smoke", "3", "2", "builtin")
+    assert (pairs["--profile"], pairs["--seed"], pairs["--threads"], pairs["--data"]) == ("smoke", "3", "2", "builtin")
     assert abs(float(pairs["--started-at"]) - time.time()) < 60
 
 

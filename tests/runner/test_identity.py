@@ -71,8 +71,11 @@ def test_manifest_naming_files_elsewhere_is_refused(private_copy):
 
 
 def test_measurement_identity_of_the_prepared_data(smoke_prepared):
-    assert measurement_identity("smoke") == {"profile": "smoke", "harness_hash": harness_hash(),
-                                             "data_fingerprint": smoke_prepared.dataset.fingerprint}
+    assert measurement_identity("smoke") == {
+        "profile": "smoke",
+        "harness_hash": harness_hash(),
+        "data_fingerprint": smoke_prepared.dataset.fingerprint,
+    }
     assert measurement_identity("smoke", "builtin") == measurement_identity("smoke")
 
 

@@ -83,11 +83,14 @@ def leftover_processes() -> list[int]:
 @pytest.fixture
 def short_limits(monkeypatch: pytest.MonkeyPatch):
     """Set the supervisor's limits for the smoke profile: (hard wall limit, allowance beyond the budget)."""
+
     def set_limits(max_total_s: float | None = None, allowance_s: float | None = None) -> None:
         smoke = profiles.PROFILES["smoke"]
-        changed = dataclasses.replace(smoke, max_total_s=max_total_s or smoke.max_total_s,
-                                      allowance_s=allowance_s or smoke.allowance_s)
+        changed = dataclasses.replace(
+            smoke, max_total_s=max_total_s or smoke.max_total_s, allowance_s=allowance_s or smoke.allowance_s
+        )
         monkeypatch.setitem(profiles.PROFILES, "smoke", changed)
+
     return set_limits
 
 
@@ -112,8 +115,10 @@ class Attacked:
 def attacks(directory: Path, *, val_file: Path, evaluate: Path, home: Path, port: int) -> str:
     """train.py after HEADER: each attack in turn, each saying what it could do, none stopping the
     others; then h.finish(model)."""
-    late = (f"import time, pathlib; time.sleep(3); "
-            f"pathlib.Path({str(directory / 'run' / 'result.json')!r}).write_text({FAKE_RESULT!r})")
+    late = (
+        f"import time, pathlib; time.sleep(3); "
+        f"pathlib.Path({str(directory / 'run' / 'result.json')!r}).write_text({FAKE_RESULT!r})"
+    )
     secret_paths = [str(home / name) for name in SECRET_FILES] + ["/root/.netrc", "/proc/1/environ"]
     return f"""
 import os, socket, subprocess, sys
@@ -205,8 +210,9 @@ def attacked(smoke_prepared, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     listener = threading.Thread(target=accept, daemon=True)
     listener.start()
     before = evaluate.read_bytes()
-    body = attacks(directory, val_file=dataset.root / dataset.val_file, evaluate=evaluate, home=home,
-                   port=server.getsockname()[1])
+    body = attacks(
+        directory, val_file=dataset.root / dataset.val_file, evaluate=evaluate, home=home, port=server.getsockname()[1]
+    )
     try:
         with pytest.MonkeyPatch.context() as patch:
             for name in ("GITHUB_TOKEN", "ANTHROPIC_API_KEY", "AUTORESEARCH_WEBHOOK_SECRET"):
@@ -217,8 +223,14 @@ def attacked(smoke_prepared, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         stopped.set()
         listener.join(timeout=5)
         server.close()
-    yield Attacked(directory=directory, result=result, log=log(directory), next=run(directory, "h.finish(model)\n",
-                   name="next"), accepted=accepted, harness_before=before)
+    yield Attacked(
+        directory=directory,
+        result=result,
+        log=log(directory),
+        next=run(directory, "h.finish(model)\n", name="next"),
+        accepted=accepted,
+        harness_before=before,
+    )
 
 
 def test_an_honest_run_is_scored_outside_the_sandbox(attacked: Attacked, smoke_prepared) -> None:
@@ -236,6 +248,7 @@ def test_an_honest_run_is_scored_outside_the_sandbox(attacked: Attacked, smoke_p
 
 
 # --- attacks on the number ------------------------------------------------------------------------
+
 
 def test_a_fake_summary_block_is_not_read(attacked: Attacked) -> None:
     assert "val_bpb:          0.100000" in attacked.log
@@ -257,8 +270,7 @@ def test_patching_the_loss_and_the_evaluation_changes_nothing(attacked: Attacked
 
 
 @pytest.mark.slow
-def test_a_patched_clock_that_trains_past_the_budget_is_rejected(smoke_prepared, tmp_path: Path,
-                                                                  short_limits) -> None:
+def test_a_patched_clock_that_trains_past_the_budget_is_rejected(smoke_prepared, tmp_path: Path, short_limits) -> None:
     """Slow tier: it trains until the supervisor's real CPU clock reaches a 9 s cap, which only a
     run of that length can show (the quicker clock attacks of test_budget.py run in `make test`)."""
     short_limits(allowance_s=6.0)  # a cap of 9 s; more ways around the harness's clock: test_budget.py
@@ -297,6 +309,7 @@ h.finish(Peek())
 
 
 # --- attacks on the machine ---------------------------------------------------------------------------
+
 
 def test_the_validation_split_is_not_visible(attacked: Attacked) -> None:
     assert "val exists: False" in attacked.log and "val read failed:" in attacked.log
@@ -347,15 +360,22 @@ h.finish(model)
 
 # --- ways a run fails ---------------------------------------------------------------------------------
 
+
 @pytest.mark.slow
-@pytest.mark.parametrize(("body", "expected"), [
-    ("raise KeyError('no such knob')\n", "KeyError: 'no such knob'"),
-    ("import sys\nsys.exit(3)\n", "SystemExit: 3"),
-    ("import ctypes\nctypes.string_at(0)\n", "SIGSEGV"),
-    ("x = torch.empty(1 << 50, dtype=torch.uint8)\n", "alloc"),
-    ("class Weird(torch.nn.Module):\n    def forward(self, idx):\n        if idx.sum() > 0:\n"
-     "            return model(idx)\n        return model(idx) * 2\nh.finish(Weird())\n", "exported"),
-])
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ("raise KeyError('no such knob')\n", "KeyError: 'no such knob'"),
+        ("import sys\nsys.exit(3)\n", "SystemExit: 3"),
+        ("import ctypes\nctypes.string_at(0)\n", "SIGSEGV"),
+        ("x = torch.empty(1 << 50, dtype=torch.uint8)\n", "alloc"),
+        (
+            "class Weird(torch.nn.Module):\n    def forward(self, idx):\n        if idx.sum() > 0:\n"
+            "            return model(idx)\n        return model(idx) * 2\nh.finish(Weird())\n",
+            "exported",
+        ),
+    ],
+)
 def test_a_failing_run_is_a_crash_that_says_why(smoke_prepared, tmp_path: Path, body: str, expected: str) -> None:
     """Slow tier: each way to fail is a run of its own (a crash through the isolated path runs in
     `make test` as tests/bot/app/test_cli.py's `train --json` of a broken train.py)."""
@@ -366,12 +386,14 @@ def test_a_failing_run_is_a_crash_that_says_why(smoke_prepared, tmp_path: Path, 
 
 
 @pytest.mark.slow
-def test_an_endless_loop_is_killed_at_the_hard_limit(smoke_prepared, tmp_path: Path, short_limits,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_endless_loop_is_killed_at_the_hard_limit(
+    smoke_prepared, tmp_path: Path, short_limits, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Slow tier: the run must last until the wall-clock hard limit, 8 s after its start."""
     short_limits(max_total_s=8.0)  # a loop that sleeps: a busy one would meet its CPU cap (rejected) first
-    result = run(tmp_path, f"import subprocess, sys, time\nsubprocess.Popen({sleeper(MARK)})\nwhile True:\n"
-                 "    time.sleep(0.1)\n")
+    result = run(
+        tmp_path, f"import subprocess, sys, time\nsubprocess.Popen({sleeper(MARK)})\nwhile True:\n    time.sleep(0.1)\n"
+    )
     assert result.status == "timeout" and "hard limit" in result.error
     assert not leftover_processes()
     monkeypatch.undo()  # the next job runs under the profile's own limits, however busy this machine is
@@ -419,10 +441,11 @@ def test_without_a_sandbox_the_run_is_marked_and_warned(smoke_prepared, tmp_path
 def test_a_cuda_slot_sees_its_own_gpu_only(tmp_path: Path) -> None:
     argv = sandbox.wrap(["python"], sandbox.Sandbox(gpus=["5"], env={"CUDA_VISIBLE_DEVICES": "5"}))
     binds = [argv[i + 1] for i, arg in enumerate(argv) if arg == "--dev-bind-try"]
-    assert "/dev/nvidia5" in binds and not any(b.startswith("/dev/nvidia") and b[11:].isdigit() and b != "/dev/nvidia5"
-                                               for b in binds)
+    assert "/dev/nvidia5" in binds and not any(
+        b.startswith("/dev/nvidia") and b[11:].isdigit() and b != "/dev/nvidia5" for b in binds
+    )
     assert "/dev/nvidiactl" in binds
-    assert argv[argv.index("--setenv") + 1:argv.index("--setenv") + 3] == ["CUDA_VISIBLE_DEVICES", "5"]
+    assert argv[argv.index("--setenv") + 1 : argv.index("--setenv") + 3] == ["CUDA_VISIBLE_DEVICES", "5"]
     assert os.path.exists("/dev/null")
 
 

@@ -27,8 +27,11 @@ from runner import limits, proctree, profiles, sandbox
 from runner.isolated import Supervisor, run_job
 from runner.protocol import JobSpec, ResultSpec
 
-SANDBOX = pytest.param(None, id="sandboxed", marks=pytest.mark.skipif(
-    not sandbox.available()[0], reason=f"no sandbox here: {sandbox.available()[1]}"))
+SANDBOX = pytest.param(
+    None,
+    id="sandboxed",
+    marks=pytest.mark.skipif(not sandbox.available()[0], reason=f"no sandbox here: {sandbox.available()[1]}"),
+)
 BOTH = [SANDBOX, pytest.param(False, id="unsandboxed")]
 HEADER = """
 import os, sys, time
@@ -56,8 +59,9 @@ def serves_next_job(tmp_path: Path, use_sandbox: bool | None) -> None:
 
 
 @pytest.mark.slow
-def test_a_run_past_its_memory_limit_crashes_saying_so(smoke_prepared, tmp_path: Path,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_run_past_its_memory_limit_crashes_saying_so(
+    smoke_prepared, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Slow tier: a run whose processes take 2.4 GB until the supervisor stops them, then the next job."""
     # Three processes of 800 MB each: none passes the per-process limit, the tree does.
     monkeypatch.setenv(limits.ENV["memory"], "1500M")
@@ -81,8 +85,9 @@ time.sleep(120)
 
 
 @pytest.mark.slow
-def test_one_allocation_past_the_memory_limit_fails_inside_train_py(smoke_prepared, tmp_path: Path,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_one_allocation_past_the_memory_limit_fails_inside_train_py(
+    smoke_prepared, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Slow tier: the kernel's limit must fail an allocation inside a real run."""
     monkeypatch.setenv(limits.ENV["memory"], "2G")
     result = run_job(job("block = bytearray(3 << 30)\n"), tmp_path / "run", threads=1)
@@ -103,16 +108,19 @@ time.sleep(120)
     result = run_job(job(body), tmp_path / "run", threads=1)
     # The kernel refuses the 65th task where the sandbox's uid is not root outside; as root (this
     # test's CI container) the supervisor's count stops the run.
-    assert result.status == "crash" and ("more than 64 processes and threads" in result.error
-                                         or "could not start another process or thread" in result.error), result.error
+    assert result.status == "crash" and (
+        "more than 64 processes and threads" in result.error
+        or "could not start another process or thread" in result.error
+    ), result.error
     assert not leftovers()
     monkeypatch.delenv(limits.ENV["tasks"])
     serves_next_job(tmp_path, None)
 
 
 @pytest.mark.slow
-def test_filling_scratch_past_its_limit_is_stopped(smoke_prepared, tmp_path: Path,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_filling_scratch_past_its_limit_is_stopped(
+    smoke_prepared, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Slow tier: a run that writes until the supervisor stops it, then the next job."""
     monkeypatch.setenv(limits.ENV["scratch"], "50M")
     body = """
@@ -130,14 +138,16 @@ time.sleep(120)
 
 @pytest.mark.slow
 @pytest.mark.parametrize("use_sandbox", BOTH)
-def test_a_training_process_killed_from_outside_is_lost_not_a_crash(smoke_prepared, tmp_path: Path,
-                                                                    use_sandbox: bool | None) -> None:
+def test_a_training_process_killed_from_outside_is_lost_not_a_crash(
+    smoke_prepared, tmp_path: Path, use_sandbox: bool | None
+) -> None:
     """Slow tier: a real training process must be running to be killed, then the next job."""
     supervisor = Supervisor(tmp_path / "run", "smoke", threads=1, use_sandbox=use_sandbox)
     supervisor.prepare()
     results: list[ResultSpec] = []
-    runner = threading.Thread(target=lambda: results.append(supervisor.run(job(
-        "print('training', flush=True)\ntime.sleep(300)\n"))))
+    runner = threading.Thread(
+        target=lambda: results.append(supervisor.run(job("print('training', flush=True)\ntime.sleep(300)\n")))
+    )
     runner.start()
     log = tmp_path / "run" / "log.txt"
     deadline = time.time() + 120
@@ -157,14 +167,19 @@ def test_a_training_process_killed_from_outside_is_lost_not_a_crash(smoke_prepar
 
 @pytest.mark.slow
 @pytest.mark.parametrize("use_sandbox", BOTH)
-def test_a_timeout_ends_every_process_of_the_run(smoke_prepared, tmp_path: Path, use_sandbox: bool | None,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_timeout_ends_every_process_of_the_run(
+    smoke_prepared, tmp_path: Path, use_sandbox: bool | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Slow tier: the run must last until the wall-clock hard limit, 8 s after its start, then the next job."""
     smoke = profiles.PROFILES["smoke"]
     monkeypatch.setitem(profiles.PROFILES, "smoke", dataclasses.replace(smoke, max_total_s=8.0))
     # a loop that sleeps: a busy one would meet its CPU cap first (rejected), not the hard limit
-    result = run_job(job(ESCAPE + "import time\nwhile True:\n    time.sleep(0.1)\n"), tmp_path / "run", threads=1,
-                     use_sandbox=use_sandbox)
+    result = run_job(
+        job(ESCAPE + "import time\nwhile True:\n    time.sleep(0.1)\n"),
+        tmp_path / "run",
+        threads=1,
+        use_sandbox=use_sandbox,
+    )
     assert result.status == "timeout" and "escaped" in (tmp_path / "run" / "log.txt").read_text()
     assert not leftovers()
     monkeypatch.undo()

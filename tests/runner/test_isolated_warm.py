@@ -69,8 +69,9 @@ def wait_for_file(path: Path, proc: subprocess.Popen, timeout: float = READY_S) 
         time.sleep(0.05)
 
 
-def test_a_worker_prepared_before_its_job_runs_it_in_its_renamed_directory(smoke_prepared, tmp_path: Path,
-                                                                          sandboxing: bool) -> None:
+def test_a_worker_prepared_before_its_job_runs_it_in_its_renamed_directory(
+    smoke_prepared, tmp_path: Path, sandboxing: bool
+) -> None:
     worker = prepared(tmp_path)
     pids = [worker.trainer.pid, worker.scorer.proc.pid]
     run_dir = tmp_path / "runs-7"
@@ -105,20 +106,26 @@ def test_each_job_gets_a_fresh_process_so_nothing_carries_over(smoke_prepared, t
     """Slow tier: two workers, each with a run, both ways."""
     # The first job changes torch in its process and leaves a file in its temporary directory (the
     # sandbox's /tmp; unsandboxed, its run directory's); the next job, in the next worker, finds neither.
-    first = prepared(tmp_path, "a").run(job(
-        "import os, tempfile\ntorch.autoresearch_marker = 1\n"
-        "open(os.path.join(tempfile.gettempdir(), 'left-behind'), 'w').write('x')\nh.finish(model)\n"))
+    first = prepared(tmp_path, "a").run(
+        job(
+            "import os, tempfile\ntorch.autoresearch_marker = 1\n"
+            "open(os.path.join(tempfile.gettempdir(), 'left-behind'), 'w').write('x')\nh.finish(model)\n"
+        )
+    )
     assert first.status == "ok", first.error
-    second = prepared(tmp_path, "b").run(job(
-        "import os, tempfile\nassert not hasattr(torch, 'autoresearch_marker'), 'torch was patched'\n"
-        "assert not os.path.exists(os.path.join(tempfile.gettempdir(), 'left-behind')), 'a file carried over'\n"
-        "h.finish(model)\n", run_id=2))
+    second = prepared(tmp_path, "b").run(
+        job(
+            "import os, tempfile\nassert not hasattr(torch, 'autoresearch_marker'), 'torch was patched'\n"
+            "assert not os.path.exists(os.path.join(tempfile.gettempdir(), 'left-behind')), 'a file carried over'\n"
+            "h.finish(model)\n",
+            run_id=2,
+        )
+    )
     assert second.status == "ok", second.error
 
 
 @pytest.mark.slow
-def test_a_worker_whose_training_process_died_while_waiting_starts_a_new_one(smoke_prepared,
-                                                                             tmp_path: Path) -> None:
+def test_a_worker_whose_training_process_died_while_waiting_starts_a_new_one(smoke_prepared, tmp_path: Path) -> None:
     """Slow tier: a worker, then a training process started afresh and its run, both ways."""
     worker = prepared(tmp_path)
     os.killpg(worker.trainer.pid, 9)
@@ -149,11 +156,16 @@ def test_a_worker_moved_elsewhere_is_refused(smoke_prepared, tmp_path: Path) -> 
 
 # --- the command line: python -m runner.isolated --standby ---------------------------------------
 
+
 def standby(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
     out = tmp_path / ".standby-0"
-    proc = subprocess.Popen([sys.executable, "-m", "runner.isolated", "--standby", "smoke", "--out", str(out),
-                             "--threads", "1"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, cwd=ROOT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runner.isolated", "--standby", "smoke", "--out", str(out), "--threads", "1"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        cwd=ROOT,
+    )
     wait_for_file(out / "ready", proc)
     return proc, out
 

@@ -40,8 +40,12 @@ def tree() -> Iterator:
     started: list[subprocess.Popen] = []
 
     def start(megabytes: int = 0, children: int = 0, threads: int = 0) -> int:
-        proc = subprocess.Popen([sys.executable, "-c", HOLD, str(megabytes), str(children), str(threads)],
-                                stdout=subprocess.PIPE, text=True, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", HOLD, str(megabytes), str(children), str(threads)],
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         started.append(proc)
         assert proc.stdout is not None
         for _ in range(1 + children):
@@ -62,8 +66,7 @@ def test_a_tree_within_its_limits_crossed_nothing(tree, tmp_path: Path) -> None:
 def test_memory_is_counted_over_the_whole_tree(tree, tmp_path: Path) -> None:
     # three processes of 40 MiB: none passes a 64 MiB limit alone, the tree does
     root = tree(megabytes=40, children=2)
-    why = limits.crossed(limits.RunLimits(memory=64 << 20, tasks=10_000, scratch=1 << 30), root, tmp_path,
-                         spare=set())
+    why = limits.crossed(limits.RunLimits(memory=64 << 20, tasks=10_000, scratch=1 << 30), root, tmp_path, spare=set())
     assert why.startswith("train.py used more than 64 MiB of memory (the limit per run): its 3 process(es)"), why
 
 
@@ -77,6 +80,5 @@ def test_scratch_is_counted_by_the_blocks_its_files_take(tree, tmp_path: Path) -
     root = tree()
     (tmp_path / "deep" / "er").mkdir(parents=True)
     (tmp_path / "deep" / "er" / "filler").write_bytes(b"\x01" * (3 << 20))
-    why = limits.crossed(limits.RunLimits(memory=64 << 30, tasks=10_000, scratch=2 << 20), root, tmp_path,
-                         spare=set())
+    why = limits.crossed(limits.RunLimits(memory=64 << 30, tasks=10_000, scratch=2 << 20), root, tmp_path, spare=set())
     assert why.startswith("train.py wrote more than 2 MiB to its scratch directory (the limit per run): 3"), why

@@ -30,9 +30,9 @@ def _runner_package_on_its_path() -> None:
 
 
 _runner_package_on_its_path()
-from runner import modal_app
-from runner.profiles import get_profile, harness_hash
-from runner.protocol import Hashes, JobSpec, ResultSpec, RunnerIdentity, check_result
+from runner import modal_app  # noqa: E402 (once the path above is set)
+from runner.profiles import get_profile, harness_hash  # noqa: E402
+from runner.protocol import Hashes, JobSpec, ResultSpec, RunnerIdentity, check_result  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 CRASH = 'raise SystemExit("boom: this train.py crashes on purpose")\n'
@@ -53,11 +53,18 @@ print(json.dumps({"app": m.app.name, "deployed": m.DEPLOYED, "timeout": m.TIMEOU
 
 def test_the_app_builds_without_a_token_or_a_network(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MODAL_", "AUTORESEARCH_"))}
-    env.update(HOME=str(tmp_path), MODAL_CONFIG_PATH=str(tmp_path / "no-modal.toml"), PYTHONPATH=str(ROOT),
-               AUTORESEARCH_MODAL_APP="research-test", AUTORESEARCH_MODAL_GPU="A10G", AUTORESEARCH_PROFILE="smoke",
-               AUTORESEARCH_MODAL_SCALEDOWN_S="60")
-    done = subprocess.run([sys.executable, "-c", BUILD], check=False, capture_output=True, text=True, env=env,
-                          cwd=tmp_path, timeout=120)
+    env.update(
+        HOME=str(tmp_path),
+        MODAL_CONFIG_PATH=str(tmp_path / "no-modal.toml"),
+        PYTHONPATH=str(ROOT),
+        AUTORESEARCH_MODAL_APP="research-test",
+        AUTORESEARCH_MODAL_GPU="A10G",
+        AUTORESEARCH_PROFILE="smoke",
+        AUTORESEARCH_MODAL_SCALEDOWN_S="60",
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", BUILD], check=False, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     built = json.loads(done.stdout.strip().splitlines()[-1])
     assert built["app"] == "research-test" and built["is_cls"] and built["image"] and built["volume"]
@@ -84,8 +91,9 @@ def deployed(smoke_prepared: Any) -> tuple[dict[str, str], str]:
     return _run_locally(CRASH_JOB, spawned_at=100.0)
 
 
-def test_a_crashing_train_py_comes_back_as_a_crash_result_through_local(deployed: tuple[dict[str, str], str],
-                                                                          smoke_prepared: Any) -> None:
+def test_a_crashing_train_py_comes_back_as_a_crash_result_through_local(
+    deployed: tuple[dict[str, str], str], smoke_prepared: Any
+) -> None:
     result = ResultSpec.model_validate_json(deployed[1])
     check_result(CRASH_JOB, result, harness=harness_hash())
     assert result.status == "crash" and "crashes on purpose" in (result.error or "")
@@ -103,10 +111,14 @@ def test_the_repository_train_py_measures_through_local(smoke_prepared: Any) -> 
     assert result.val_bpb is not None and result.val_bpb > 0 and result.timings.queued is None
 
 
-def test_the_deployment_tells_its_measurement_identity(deployed: tuple[dict[str, str], str],
-                                                       smoke_prepared: Any) -> None:
+def test_the_deployment_tells_its_measurement_identity(
+    deployed: tuple[dict[str, str], str], smoke_prepared: Any
+) -> None:
     assert deployed[0] == {
-        "profile": "smoke", "harness_hash": harness_hash(), "data_fingerprint": smoke_prepared.dataset.fingerprint}
+        "profile": "smoke",
+        "harness_hash": harness_hash(),
+        "data_fingerprint": smoke_prepared.dataset.fingerprint,
+    }
 
 
 LOCAL = """
@@ -125,9 +137,16 @@ def _run_locally(job: JobSpec, spawned_at: float | None = None) -> tuple[dict[st
     `runner` is the package itself (under pytest it is tests/runner/'s namespace package), with the
     session's data cache: (the identity, the run's ResultSpec JSON)."""
     env = dict(os.environ, AUTORESEARCH_PROFILE="smoke", PYTHONPATH=str(ROOT))
-    done = subprocess.run([sys.executable, "-c", LOCAL, *([str(spawned_at)] if spawned_at else [])],
-                          check=False, input=job.model_dump_json(), capture_output=True, text=True, env=env, cwd=ROOT,
-                          timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", LOCAL, *([str(spawned_at)] if spawned_at else [])],
+        check=False,
+        input=job.model_dump_json(),
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     identity, answer = done.stdout.strip().splitlines()[-2:]
     return json.loads(identity), answer
@@ -159,8 +178,7 @@ def test_a_failing_progress_store_never_fails_the_run() -> None:
         assert options["backend"] == "modal" and options["detail"] == "fc-123" and out.is_dir()
         return _result(job)
 
-    answer = modal_app.run_one(job.model_dump_json(), "smoke", progress_store=store, call_id="fc-123",
-                               run_job=reports)
+    answer = modal_app.run_one(job.model_dump_json(), "smoke", progress_store=store, call_id="fc-123", run_job=reports)
     assert ResultSpec.model_validate_json(answer).run_id == 4
     assert store.tries == 1  # the first error switched the board off
 
@@ -198,9 +216,14 @@ def _never(*args: Any, **kwargs: Any) -> ResultSpec:
 
 
 def _result(job: JobSpec) -> ResultSpec:
-    return ResultSpec(run_id=job.run_id, status="crash", error="canned",
-                      hashes=Hashes(asset=job.asset_sha256, harness=harness_hash(), data=""),
-                      runner=RunnerIdentity(backend="modal"), profile=job.profile)
+    return ResultSpec(
+        run_id=job.run_id,
+        status="crash",
+        error="canned",
+        hashes=Hashes(asset=job.asset_sha256, harness=harness_hash(), data=""),
+        runner=RunnerIdentity(backend="modal"),
+        profile=job.profile,
+    )
 
 
 @pytest.mark.slow
@@ -214,8 +237,9 @@ def test_each_job_gets_a_worker_prepared_before_it_came(smoke_prepared: Any) -> 
         workers.refill()
         assert workers._next.wait_ready(300), "the prepared worker never got ready"
         job = JobSpec(run_id=5, asset=CRASH, profile="smoke")
-        result = ResultSpec.model_validate_json(modal_app.run_one(job.model_dump_json(), "smoke", workers=workers,
-                                                                  call_id="fc-123"))
+        result = ResultSpec.model_validate_json(
+            modal_app.run_one(job.model_dump_json(), "smoke", workers=workers, call_id="fc-123")
+        )
         check_result(job, result, harness=harness_hash())
         assert result.status == "crash" and "crashes on purpose" in (result.error or "")
         assert result.metrics["warm"] is True and result.runner.detail == "fc-123"

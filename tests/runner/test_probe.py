@@ -124,8 +124,10 @@ class Noisy(Causal):
         return logits + torch.randn_like(logits)
 
 
-@pytest.mark.parametrize(("model", "why"), [(Stateful(), "in place"), (Noisy(), "random numbers"),
-                                            (Attending(dropout=0.5), "random numbers")])
+@pytest.mark.parametrize(
+    ("model", "why"),
+    [(Stateful(), "in place"), (Noisy(), "random numbers"), (Attending(dropout=0.5), "random numbers")],
+)
 def test_state_and_randomness_are_refused(tmp_path: Path, model: torch.nn.Module, why: str) -> None:
     with pytest.raises(ModelRefused, match=why):
         load_model(export(model, tmp_path / "model.pt2"))

@@ -10,8 +10,9 @@ import pytest
 from runner import run_log
 
 
-def test_output_past_the_cap_is_dropped_with_a_line_that_says_so(tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_output_past_the_cap_is_dropped_with_a_line_that_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(run_log, "LOG_LIMIT_BYTES", 1050)
     log = run_log.RunLog()
     log.open(tmp_path / "log.txt")

@@ -63,8 +63,14 @@ class Noisy(Untrained):
 def exported(model: torch.nn.Module, tmp_path: Path) -> Path:
     """`model` exported as the training process's h.finish(model) exports it."""
     path = tmp_path / "model.pt2"
-    export_model(model, path, batch_size=SMOKE.eval_batch_size, seq_len=SMOKE.seq_len, vocab_size=SMOKE.vocab_size,
-                 device=torch.device("cpu"))
+    export_model(
+        model,
+        path,
+        batch_size=SMOKE.eval_batch_size,
+        seq_len=SMOKE.seq_len,
+        vocab_size=SMOKE.vocab_size,
+        device=torch.device("cpu"),
+    )
     return path
 
 
@@ -74,14 +80,19 @@ def test_an_untrained_model_is_scored_near_the_uniform_bpb(warm_scorer, tmp_path
     assert answer["eval_tokens"] >= SMOKE.eval_tokens and answer["device"] == "cpu"
 
 
-@pytest.mark.parametrize(("model", "why"), [
-    (Peek(), "reads future tokens"),
-    (Across(), "across the batch"),
-    (Counter(), "pure function"),
-    (Noisy(), "random numbers"),
-], ids=["reads later tokens", "reads the next row", "keeps state between calls", "adds noise"])
-def test_a_model_that_could_see_its_answers_is_refused(warm_scorer, tmp_path: Path, model: torch.nn.Module,
-                                                       why: str) -> None:
+@pytest.mark.parametrize(
+    ("model", "why"),
+    [
+        (Peek(), "reads future tokens"),
+        (Across(), "across the batch"),
+        (Counter(), "pure function"),
+        (Noisy(), "random numbers"),
+    ],
+    ids=["reads later tokens", "reads the next row", "keeps state between calls", "adds noise"],
+)
+def test_a_model_that_could_see_its_answers_is_refused(
+    warm_scorer, tmp_path: Path, model: torch.nn.Module, why: str
+) -> None:
     answer = warm_scorer.score(exported(model, tmp_path))
     assert "val_bpb" not in answer and why in answer["rejected"], answer
 

@@ -46,7 +46,9 @@ def test_bos_prefix(smoke_prepared):
     assert tokenizer.encode("to be", bos=True) == [tokenizer.bos_id, *tokenizer.encode("to be")]
     assert tokenizer.encode("", bos=True) == [tokenizer.bos_id]
     assert tokenizer.encode_batch(["a", "b c"], bos=True) == [
-        [tokenizer.bos_id, *tokenizer.encode("a")], [tokenizer.bos_id, *tokenizer.encode("b c")]]
+        [tokenizer.bos_id, *tokenizer.encode("a")],
+        [tokenizer.bos_id, *tokenizer.encode("b c")],
+    ]
 
 
 def test_merges_were_learned(smoke_prepared):
@@ -74,8 +76,7 @@ def test_token_bytes_are_zero_exactly_for_special_tokens(smoke_prepared):
             length = len(encoding.decode_single_token_bytes(token))
             assert token_bytes[token] == length > 0, token
     # the 256 single bytes are all there, so any byte sequence can be encoded
-    singles = {encoding.decode_single_token_bytes(t) for t in range(tokenizer.vocab_size)
-               if token_bytes[t] == 1}
+    singles = {encoding.decode_single_token_bytes(t) for t in range(tokenizer.vocab_size) if token_bytes[t] == 1}
     assert singles == {bytes([b]) for b in range(256)}
 
 
@@ -118,7 +119,8 @@ def test_untrained_vocabulary_names_the_prepare_command(smoke_prepared):
 
 def same_tokens(a, b) -> bool:
     ea, eb = a.encoding, b.encoding
-    return (ea.n_vocab == eb.n_vocab
-            and all(ea.decode_single_token_bytes(t) == eb.decode_single_token_bytes(t)
-                    for t in range(ea.n_vocab))
-            and all(ea.encode_single_token(n) == eb.encode_single_token(n) for n in SPECIAL_TOKENS))
+    return (
+        ea.n_vocab == eb.n_vocab
+        and all(ea.decode_single_token_bytes(t) == eb.decode_single_token_bytes(t) for t in range(ea.n_vocab))
+        and all(ea.encode_single_token(n) == eb.encode_single_token(n) for n in SPECIAL_TOKENS)
+    )

@@ -106,17 +106,20 @@ def test_planted_pickle_is_never_loaded(tmp_path, monkeypatch):
     assert not marker.exists(), "the planted pickle was unpickled"
 
 
-@pytest.mark.parametrize("damage, reason", [
-    ("truncated ranks", "ranks.tiktoken changed after it was written"),
-    ("ranks out of order", "ranks must be 0, 1, 2"),
-    ("missing single bytes", "lacks 1 of the 256 single bytes"),
-    ("token bytes wrong length", r"int32 \(1023,\), not int32 \(1024,\)"),
-    ("token bytes wrong values", "does not hold the byte lengths"),
-    ("token bytes as a pickled object array", "allow_pickle=False"),
-    ("token bytes removed", "No such file"),
-    ("info unreadable", "Expecting property name"),
-    ("other vocabulary size", "a vocabulary of 2048, not 1024"),
-])
+@pytest.mark.parametrize(
+    "damage, reason",
+    [
+        ("truncated ranks", "ranks.tiktoken changed after it was written"),
+        ("ranks out of order", "ranks must be 0, 1, 2"),
+        ("missing single bytes", "lacks 1 of the 256 single bytes"),
+        ("token bytes wrong length", r"int32 \(1023,\), not int32 \(1024,\)"),
+        ("token bytes wrong values", "does not hold the byte lengths"),
+        ("token bytes as a pickled object array", "allow_pickle=False"),
+        ("token bytes removed", "No such file"),
+        ("info unreadable", "Expecting property name"),
+        ("other vocabulary size", "a vocabulary of 2048, not 1024"),
+    ],
+)
 def test_corrupt_cache_names_the_directory_and_the_cure(cache_copy, smoke_prepared, damage, reason):
     directory = cache_copy
     lines = (directory / "ranks.tiktoken").read_bytes().splitlines(keepends=True)

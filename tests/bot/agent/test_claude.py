@@ -24,26 +24,61 @@ TRIED = TRAIN_PY.replace("MATRIX_LR = 0.04", "MATRIX_LR = 0.06")  # experiment #
 
 def ctx(**changes) -> ProposalContext:
     history = [
-        HistoryEntry(id=1, title="Baseline tweak: deeper model", hypothesis="", status="discard", val_bpb=1.52,
-                     delta=0.01, code_hash="1" * 64, margin=0.004, lesson="discarded: worse by 2.5 margins"),
-        HistoryEntry(id=3, title="Raise MATRIX_LR to 0.06", hypothesis="", status="discard", val_bpb=1.513,
-                     delta=0.001, code_hash=code_hash(TRIED), margin=0.004, lesson="discarded: within the noise"),
-        HistoryEntry(id=7, title="Halve HEAD_DIM", hypothesis="", status="crash", val_bpb=None, delta=None,
-                     code_hash="7" * 64, lesson="crashed: shape mismatch"),
+        HistoryEntry(
+            id=1,
+            title="Baseline tweak: deeper model",
+            hypothesis="",
+            status="discard",
+            val_bpb=1.52,
+            delta=0.01,
+            code_hash="1" * 64,
+            margin=0.004,
+            lesson="discarded: worse by 2.5 margins",
+        ),
+        HistoryEntry(
+            id=3,
+            title="Raise MATRIX_LR to 0.06",
+            hypothesis="",
+            status="discard",
+            val_bpb=1.513,
+            delta=0.001,
+            code_hash=code_hash(TRIED),
+            margin=0.004,
+            lesson="discarded: within the noise",
+        ),
+        HistoryEntry(
+            id=7,
+            title="Halve HEAD_DIM",
+            hypothesis="",
+            status="crash",
+            val_bpb=None,
+            delta=None,
+            code_hash="7" * 64,
+            lesson="crashed: shape mismatch",
+        ),
     ]
-    fields = dict(program_md=PROGRAM_MD, train_py=TRAIN_PY, main_val_bpb=1.512, history=history,
-                  feedback=["Keep the parameter count roughly where it is.", "/try a longer warmdown"],
-                  last_crash='Traceback (most recent call last):\n  File "train.py", line 331\n'
-                             "RuntimeError: mat1 and mat2 shapes cannot be multiplied (4x96 and 128x128)",
-                  last_crash_id=7, seen_hashes={code_hash(TRAIN_PY), "1" * 64, code_hash(TRIED), "7" * 64},
-                  profile="cpu", device_kind="cpu", main_sha="c" * 40)
+    fields = dict(
+        program_md=PROGRAM_MD,
+        train_py=TRAIN_PY,
+        main_val_bpb=1.512,
+        history=history,
+        feedback=["Keep the parameter count roughly where it is.", "/try a longer warmdown"],
+        last_crash='Traceback (most recent call last):\n  File "train.py", line 331\n'
+        "RuntimeError: mat1 and mat2 shapes cannot be multiplied (4x96 and 128x128)",
+        last_crash_id=7,
+        seen_hashes={code_hash(TRAIN_PY), "1" * 64, code_hash(TRIED), "7" * 64},
+        profile="cpu",
+        device_kind="cpu",
+        main_sha="c" * 40,
+    )
     fields.update(changes)
     return ProposalContext(**fields)
 
 
 def edit(old: str, new: str, path: str = "/repo/train.py") -> Reply:
-    return Reply.tool_use(EDITOR, {"command": "str_replace", "path": path, "old_str": old, "new_str": new},
-                          text="Editing.")
+    return Reply.tool_use(
+        EDITOR, {"command": "str_replace", "path": path, "old_str": old, "new_str": new}, text="Editing."
+    )
 
 
 def view(path: str = "/repo/train.py", **extra) -> Reply:
@@ -51,8 +86,12 @@ def view(path: str = "/repo/train.py", **extra) -> Reply:
 
 
 def submit(**changes) -> Reply:
-    fields = {"title": "Raise MATRIX_LR to 0.05", "hypothesis": "Muon tolerates a higher rate; more progress per step.",
-              "expected_effect": "-0.003 val_bpb", "risk": "divergence late in the run"}
+    fields = {
+        "title": "Raise MATRIX_LR to 0.05",
+        "hypothesis": "Muon tolerates a higher rate; more progress per step.",
+        "expected_effect": "-0.003 val_bpb",
+        "risk": "divergence late in the run",
+    }
     return Reply.tool_use("submit", {**fields, **changes})
 
 
@@ -86,6 +125,7 @@ def results(api: AnthropicStandIn, request: int) -> list[dict]:
 
 # --- a proposal ---------------------------------------------------------------------------------------
 
+
 def test_an_edit_session_returns_the_edited_train_py(api):
     api.add(view(view_range=[40, 50]), RAISE_LR, submit())
     proposal = agent(api).propose(ctx())
@@ -96,8 +136,12 @@ def test_an_edit_session_returns_the_edited_train_py(api):
     meta = proposal.meta
     assert meta["expected"] == "-0.003 val_bpb" and meta["risk"] == "divergence late in the run"
     assert meta["model"] == "claude-sonnet-4-6" and meta["turns"] == 3 and "fixes" not in meta
-    assert set(meta["usage"]) == {"input_tokens", "output_tokens", "cache_creation_input_tokens",
-                                  "cache_read_input_tokens"}
+    assert set(meta["usage"]) == {
+        "input_tokens",
+        "output_tokens",
+        "cache_creation_input_tokens",
+        "cache_read_input_tokens",
+    }
     assert "MATRIX_LR = 0.04" in results(api, 2)[0]["content"]  # the view's answer
     assert "MATRIX_LR = 0.05" in results(api, 3)[0]["content"] and "is_error" not in results(api, 3)[0]
 
@@ -107,8 +151,9 @@ def test_the_claude_agent_is_an_agent(api):
 
 
 def test_fixing_the_last_crash_is_recorded(api):
-    api.add(edit("HEAD_DIM = 128 ", "HEAD_DIM = 64  "), submit(title="Halve HEAD_DIM with whole heads",
-                                                              fixes_crash=True))
+    api.add(
+        edit("HEAD_DIM = 128 ", "HEAD_DIM = 64  "), submit(title="Halve HEAD_DIM with whole heads", fixes_crash=True)
+    )
     assert agent(api).propose(ctx()).meta["fixes"] == 7
 
 
@@ -124,6 +169,7 @@ def test_the_prompt_carries_feedback_the_try_idea_and_the_crash(api):
 
 
 # --- prompt caching -----------------------------------------------------------------------------------
+
 
 def test_cache_breakpoints_mark_tools_system_and_the_stable_block(api):
     api.add(RAISE_LR, submit())
@@ -143,12 +189,12 @@ def test_cache_breakpoints_mark_tools_system_and_the_stable_block(api):
     assert first.response["usage"]["cache_read_input_tokens"] == 0
     # the second turn reads everything the first one sent from the cache
     assert second.response["usage"]["cache_read_input_tokens"] == (
-        first.response["usage"]["cache_creation_input_tokens"] + first.response["usage"]["input_tokens"])
+        first.response["usage"]["cache_creation_input_tokens"] + first.response["usage"]["input_tokens"]
+    )
 
 
 def test_the_next_proposal_on_the_same_main_reads_the_stable_prefix(api):
-    api.add(RAISE_LR, submit(), edit("WARMDOWN_RATIO = 0.5", "WARMDOWN_RATIO = 0.6"),
-            submit(title="Longer warmdown"))
+    api.add(RAISE_LR, submit(), edit("WARMDOWN_RATIO = 0.5", "WARMDOWN_RATIO = 0.6"), submit(title="Longer warmdown"))
     claude = agent(api)
     claude.propose(ctx())
     claude.propose(ctx(feedback=["something new"]))
@@ -158,9 +204,11 @@ def test_the_next_proposal_on_the_same_main_reads_the_stable_prefix(api):
 
 # --- what is answered, what is skipped --------------------------------------------------------------
 
+
 def test_a_malformed_tool_call_is_answered_and_the_next_turn_recovers(api):
-    api.add(Reply.tool_use(EDITOR, {"command": "str_replace", "path": "/repo/train.py", "new_str": "x"}),
-            RAISE_LR, submit())
+    api.add(
+        Reply.tool_use(EDITOR, {"command": "str_replace", "path": "/repo/train.py", "new_str": "x"}), RAISE_LR, submit()
+    )
     proposal = agent(api).propose(ctx())
     bad = results(api, 2)[0]
     assert bad["is_error"] is True and "old_str" in bad["content"]
@@ -168,8 +216,10 @@ def test_a_malformed_tool_call_is_answered_and_the_next_turn_recovers(api):
 
 
 def test_a_second_malformed_call_in_a_row_skips(api):
-    api.add(Reply.tool_use(EDITOR, {"command": "str_replace", "path": "/repo/train.py", "new_str": "x"}),
-            Reply.tool_use(EDITOR, {"command": "remove", "path": "/repo/train.py"}))
+    api.add(
+        Reply.tool_use(EDITOR, {"command": "str_replace", "path": "/repo/train.py", "new_str": "x"}),
+        Reply.tool_use(EDITOR, {"command": "remove", "path": "/repo/train.py"}),
+    )
     with pytest.raises(ProposalSkipped) as skipped:
         agent(api).propose(ctx())
     assert "malformed tool call" in str(skipped.value)
@@ -191,8 +241,12 @@ def test_a_refusal_skips_at_once(api):
 
 
 def test_an_edit_of_program_md_is_refused_and_train_py_untouched(api):
-    api.add(edit("Lower **val_bpb**", "Raise **val_bpb**", path="/repo/program.md"),
-            view("/repo/program.md", view_range=[17, 21]), RAISE_LR, submit())
+    api.add(
+        edit("Lower **val_bpb**", "Raise **val_bpb**", path="/repo/program.md"),
+        view("/repo/program.md", view_range=[17, 21]),
+        RAISE_LR,
+        submit(),
+    )
     proposal = agent(api).propose(ctx())
     refused = results(api, 2)[0]
     assert refused["is_error"] is True and "read-only" in refused["content"]
@@ -210,8 +264,12 @@ def test_a_submit_identical_to_main_is_told_once_then_skipped(api):
 
 
 def test_a_repeat_of_an_earlier_experiment_is_told_once(api):
-    api.add(edit("MATRIX_LR = 0.04", "MATRIX_LR = 0.06"), submit(title="Raise MATRIX_LR to 0.06"),
-            edit("MATRIX_LR = 0.06", "MATRIX_LR = 0.05"), submit())
+    api.add(
+        edit("MATRIX_LR = 0.04", "MATRIX_LR = 0.06"),
+        submit(title="Raise MATRIX_LR to 0.06"),
+        edit("MATRIX_LR = 0.06", "MATRIX_LR = 0.05"),
+        submit(),
+    )
     proposal = agent(api).propose(ctx())
     told = results(api, 3)[0]
     assert told["is_error"] is True and "repeats experiment #3" in told["content"]
@@ -226,8 +284,9 @@ def test_a_submit_that_breaks_the_harness_interface_is_told_once_then_skipped(ap
 
 
 def test_a_submit_that_does_not_compile_can_be_fixed(api):
-    api.add(edit("MATRIX_LR = 0.04", "MATRIX_LR = (0.05"), submit(), edit("MATRIX_LR = (0.05", "MATRIX_LR = 0.05"),
-            submit())
+    api.add(
+        edit("MATRIX_LR = 0.04", "MATRIX_LR = (0.05"), submit(), edit("MATRIX_LR = (0.05", "MATRIX_LR = 0.05"), submit()
+    )
     proposal = agent(api).propose(ctx())
     assert "does not compile" in results(api, 3)[0]["content"]
     assert "MATRIX_LR = 0.05" in proposal.train_py
@@ -267,8 +326,10 @@ def test_the_token_limit_counts_every_turn(api):
     api.add(Reply.text("No.", stop_reason="refusal"))  # a probe: how large is the first request?
     with pytest.raises(ProposalSkipped):
         agent(api).propose(ctx())
-    first = sum(api.last_request.response["usage"][k] for k in
-                ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"))
+    first = sum(
+        api.last_request.response["usage"][k]
+        for k in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+    )
     api.add(view(view_range=[1, 5]), view(view_range=[5, 9]), view(view_range=[9, 13]), view(view_range=[13, 17]))
     # room for three requests of about that size: the third is announced as the last, then the proposal stops
     with pytest.raises(ProposalSkipped, match="token limit"):
@@ -280,9 +341,15 @@ def test_the_token_limit_counts_every_turn(api):
 
 # --- the API failing ----------------------------------------------------------------------------------
 
+
 def test_rate_limits_and_overload_are_retried_by_the_sdk(api):
-    api.add(Reply.rate_limited(0.01), Reply.error(529, headers={"retry-after-ms": "10"}), RAISE_LR,
-            Reply.error(500, headers={"retry-after-ms": "10"}), submit())
+    api.add(
+        Reply.rate_limited(0.01),
+        Reply.error(529, headers={"retry-after-ms": "10"}),
+        RAISE_LR,
+        Reply.error(500, headers={"retry-after-ms": "10"}),
+        submit(),
+    )
     proposal = agent(api, max_retries=2).propose(ctx())
     assert "MATRIX_LR = 0.05" in proposal.train_py
     assert api.calls == 5 and proposal.meta["turns"] == 2
@@ -315,6 +382,7 @@ def test_a_request_the_api_rejects_skips_the_proposal(api):
 
 # --- keys -----------------------------------------------------------------------------------------------
 
+
 def test_a_missing_key_says_how_to_set_one(monkeypatch):
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
     with pytest.raises(AgentStopped) as error:
@@ -345,13 +413,19 @@ def test_account_problems_stop_the_loop_with_what_the_session_cost(api, status, 
 
 # --- cost -----------------------------------------------------------------------------------------------
 
+
 def test_cost_is_computed_from_the_four_usage_counts():
     prices = Prices(input_per_mtok=3.0, output_per_mtok=15.0, cache_write_per_mtok=3.75, cache_read_per_mtok=0.30)
-    usage = {"input_tokens": 1_000_000, "output_tokens": 100_000, "cache_creation_input_tokens": 200_000,
-             "cache_read_input_tokens": 2_000_000}
+    usage = {
+        "input_tokens": 1_000_000,
+        "output_tokens": 100_000,
+        "cache_creation_input_tokens": 200_000,
+        "cache_read_input_tokens": 2_000_000,
+    }
     assert cost_usd(usage, prices) == pytest.approx(3.0 + 1.5 + 0.75 + 0.6)
-    assert cost_usd({"input_tokens": 10, "output_tokens": 0, "cache_read_input_tokens": None}, prices) == \
-        pytest.approx(0.00003)
+    assert cost_usd({"input_tokens": 10, "output_tokens": 0, "cache_read_input_tokens": None}, prices) == pytest.approx(
+        0.00003
+    )
 
 
 def test_list_prices_follow_the_model_family():

@@ -79,12 +79,15 @@ def test_str_replace_with_two_matches_changes_nothing_and_names_the_lines():
     assert ws.train_py == SMALL
 
 
-@pytest.mark.parametrize("command", [
-    {"command": "str_replace", "path": "/repo/program.md", "old_str": "Lower", "new_str": "Raise"},
-    {"command": "insert", "path": "/repo/harness.md", "insert_line": 0, "insert_text": "x"},
-    {"command": "create", "path": "/repo/program.md", "file_text": "new program"},
-    {"command": "undo_edit", "path": "/repo/program.md"},
-])
+@pytest.mark.parametrize(
+    "command",
+    [
+        {"command": "str_replace", "path": "/repo/program.md", "old_str": "Lower", "new_str": "Raise"},
+        {"command": "insert", "path": "/repo/harness.md", "insert_line": 0, "insert_text": "x"},
+        {"command": "create", "path": "/repo/program.md", "file_text": "new program"},
+        {"command": "undo_edit", "path": "/repo/program.md"},
+    ],
+)
 def test_writes_to_anything_but_train_py_are_refused(command):
     ws = workspace()
     result = ws.run(command)
@@ -105,17 +108,20 @@ def test_create_of_train_py_replaces_it():
     assert ws.train_py == "X = 1\n"
 
 
-@pytest.mark.parametrize("arguments", [
-    {"command": "str_replace", "path": "/repo/train.py", "new_str": "x"},  # no old_str
-    {"command": "str_replace", "path": "/repo/train.py", "old_str": "", "new_str": "x"},
-    {"command": "view", "path": "/repo/train.py", "view_range": [0, 2]},
-    {"command": "view", "path": "/repo/train.py", "view_range": "1-2"},
-    {"command": "insert", "path": "/repo/train.py", "insert_line": "2", "insert_text": "x"},
-    {"command": "view"},  # no path
-    {"command": "delete", "path": "/repo/train.py"},
-    {"command": "view", "path": "/etc/passwd"},
-    "view train.py",
-])
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        {"command": "str_replace", "path": "/repo/train.py", "new_str": "x"},  # no old_str
+        {"command": "str_replace", "path": "/repo/train.py", "old_str": "", "new_str": "x"},
+        {"command": "view", "path": "/repo/train.py", "view_range": [0, 2]},
+        {"command": "view", "path": "/repo/train.py", "view_range": "1-2"},
+        {"command": "insert", "path": "/repo/train.py", "insert_line": "2", "insert_text": "x"},
+        {"command": "view"},  # no path
+        {"command": "delete", "path": "/repo/train.py"},
+        {"command": "view", "path": "/etc/passwd"},
+        "view train.py",
+    ],
+)
 def test_bad_arguments_are_answered_as_malformed_calls(arguments):
     ws = workspace()
     result = ws.run(arguments)
@@ -125,8 +131,9 @@ def test_bad_arguments_are_answered_as_malformed_calls(arguments):
 
 def test_insert_adds_lines_after_the_given_line():
     ws = workspace()
-    assert not ws.run({"command": "insert", "path": "/repo/train.py", "insert_line": 1,
-                       "insert_text": "A2 = 1.5"}).is_error
+    assert not ws.run(
+        {"command": "insert", "path": "/repo/train.py", "insert_line": 1, "insert_text": "A2 = 1.5"}
+    ).is_error
     assert ws.train_py.splitlines()[:3] == ["A = 1", "A2 = 1.5", "B = 2"]
     assert not ws.run({"command": "insert", "path": "/repo/train.py", "insert_line": 0, "new_str": "# top\n"}).is_error
     assert ws.train_py.startswith("# top\nA = 1\n")
@@ -144,6 +151,7 @@ def test_undo_edit_restores_the_previous_text():
 
 # --- submit ------------------------------------------------------------------------------------------
 
+
 def test_submit_schema_requires_the_four_fields():
     schema = SUBMIT_TOOL["input_schema"]
     assert schema["required"] == ["title", "hypothesis", "expected_effect", "risk"]
@@ -151,20 +159,30 @@ def test_submit_schema_requires_the_four_fields():
 
 
 def test_parse_submit_reads_the_fields_and_shortens_a_long_title():
-    parsed = parse_submit({"title": "  Raise   the matrix learning rate " + "and more words " * 10,
-                           "hypothesis": "h", "expected_effect": "-0.01", "risk": "divergence", "fixes_crash": True})
+    parsed = parse_submit(
+        {
+            "title": "  Raise   the matrix learning rate " + "and more words " * 10,
+            "hypothesis": "h",
+            "expected_effect": "-0.01",
+            "risk": "divergence",
+            "fixes_crash": True,
+        }
+    )
     assert isinstance(parsed, Submission)
     assert parsed.title.startswith("Raise the matrix learning rate") and len(parsed.title) <= 80
     assert parsed.fixes_crash is True
 
 
-@pytest.mark.parametrize("arguments", [
-    {"title": "t", "hypothesis": "h", "expected_effect": "e"},
-    {"title": "", "hypothesis": "h", "expected_effect": "e", "risk": "r"},
-    {"title": "t", "hypothesis": 3, "expected_effect": "e", "risk": "r"},
-    {"title": "t", "hypothesis": "h", "expected_effect": "e", "risk": "r", "fixes_crash": "yes"},
-    ["not", "an", "object"],
-])
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        {"title": "t", "hypothesis": "h", "expected_effect": "e"},
+        {"title": "", "hypothesis": "h", "expected_effect": "e", "risk": "r"},
+        {"title": "t", "hypothesis": 3, "expected_effect": "e", "risk": "r"},
+        {"title": "t", "hypothesis": "h", "expected_effect": "e", "risk": "r", "fixes_crash": "yes"},
+        ["not", "an", "object"],
+    ],
+)
 def test_parse_submit_refuses_missing_or_mistyped_fields(arguments):
     result = parse_submit(arguments)
     assert isinstance(result, ToolResult) and result.error == BAD_CALL
@@ -176,13 +194,16 @@ def test_the_repository_train_py_passes_the_submit_checks_once_changed():
     assert check_train_py(changed, main_train_py=TRAIN_PY, max_bytes=200_000) is None
 
 
-@pytest.mark.parametrize("text, kind", [
-    (TRAIN_PY + "\n   \n", "unchanged"),  # trailing whitespace only: the same code_hash
-    (TRAIN_PY.replace("MATRIX_LR = 0.04", "MATRIX_LR = = 0.05"), "does not compile"),
-    (TRAIN_PY.replace("h.step_done(train_loss)", "pass"), "harness interface"),
-    (TRAIN_PY.replace("from runner import harness", "import harness"), "harness interface"),
-    (TRAIN_PY + "\n# " + "x" * 300_000 + "\n", "too large"),
-])
+@pytest.mark.parametrize(
+    "text, kind",
+    [
+        (TRAIN_PY + "\n   \n", "unchanged"),  # trailing whitespace only: the same code_hash
+        (TRAIN_PY.replace("MATRIX_LR = 0.04", "MATRIX_LR = = 0.05"), "does not compile"),
+        (TRAIN_PY.replace("h.step_done(train_loss)", "pass"), "harness interface"),
+        (TRAIN_PY.replace("from runner import harness", "import harness"), "harness interface"),
+        (TRAIN_PY + "\n# " + "x" * 300_000 + "\n", "too large"),
+    ],
+)
 def test_submit_checks_name_what_is_wrong(text, kind):
     problem = check_train_py(text, main_train_py=TRAIN_PY, max_bytes=200_000)
     assert problem is not None and problem[0] == kind
@@ -194,6 +215,7 @@ def test_a_missing_step_report_is_named():
 
 
 # --- the tool definitions and the harness summary -----------------------------------------------------
+
 
 def test_the_editor_tool_matches_the_sdk_types():
     tool = editor_tool("claude-sonnet-4-5")
@@ -208,10 +230,16 @@ def test_the_harness_summary_names_only_what_the_harness_has():
     tree = ast.parse((REPO / "runner" / "harness.py").read_text())
     session = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Session")
     members = {n.name for n in session.body if isinstance(n, ast.FunctionDef)}
-    members |= {t.id for n in ast.walk(session) if isinstance(n, ast.Assign) for t in n.targets
-                if isinstance(t, ast.Name)}
-    members |= {t.attr for n in ast.walk(session) if isinstance(n, (ast.Assign, ast.AnnAssign))
-                for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Attribute)}
+    members |= {
+        t.id for n in ast.walk(session) if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)
+    }
+    members |= {
+        t.attr
+        for n in ast.walk(session)
+        if isinstance(n, (ast.Assign, ast.AnnAssign))
+        for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+        if isinstance(t, ast.Attribute)
+    }
     functions = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
     named = set(re.findall(r"\bh\.([a-z_]+)", HARNESS_SUMMARY))
     assert named and named <= members, named - members

@@ -74,8 +74,9 @@ GPU_SIZES = {"DEPTH", "ASPECT_RATIO", "HEAD_DIM", "TOTAL_BATCH_SIZE", "DEVICE_BA
 CPU_SIZES = {f"CPU_{n}" for n in GPU_SIZES}
 
 
-def ctx_for(train_py: str = TRAIN_PY, history=None, device_kind: str = "cpu", profile: str | None = None,
-            **kw) -> ProposalContext:
+def ctx_for(
+    train_py: str = TRAIN_PY, history=None, device_kind: str = "cpu", profile: str | None = None, **kw
+) -> ProposalContext:
     return ProposalContext(
         program_md="Lower val_bpb.",
         train_py=train_py,
@@ -110,14 +111,20 @@ def entry(i: int, p_or_meta, status: str, delta: float | None, train_py: str = "
     meta = p_or_meta.meta if isinstance(p_or_meta, Proposal) else p_or_meta
     text = p_or_meta.train_py if isinstance(p_or_meta, Proposal) else train_py
     return HistoryEntry(
-        id=i, title=f"exp {i}", hypothesis="", status=status,
-        val_bpb=None if delta is None else 1.0 + delta, delta=delta,
-        code_hash=code_hash(text or f"exp {i}"), meta=meta,
+        id=i,
+        title=f"exp {i}",
+        hypothesis="",
+        status=status,
+        val_bpb=None if delta is None else 1.0 + delta,
+        delta=delta,
+        code_hash=code_hash(text or f"exp {i}"),
+        meta=meta,
     )
 
 
-def run_loop(explorer: OfflineExplorer, ctx: ProposalContext, n: int, status: str = "discard",
-             delta: float | None = 0.01) -> list[Proposal]:
+def run_loop(
+    explorer: OfflineExplorer, ctx: ProposalContext, n: int, status: str = "discard", delta: float | None = 0.01
+) -> list[Proposal]:
     """Propose n times, feeding each proposal back as a finished experiment."""
     out = []
     for _ in range(n):
@@ -150,12 +157,12 @@ def test_proposal_changes_exactly_one_constant(seed, device_kind):
     p = OfflineExplorer(seed).propose(ctx_for(device_kind=device_kind))
     diff = changed_lines(TRAIN_PY, p.train_py)
     assert len(diff) == 1, diff
-    (old_line, new_line), = diff
+    ((old_line, new_line),) = diff
     # Same name, same comment: only the value's span changed.
     name = old_line.split("=")[0].strip()
     assert new_line.startswith(old_line.split("=")[0] + "=")
     if "#" in old_line:
-        assert new_line[new_line.index("#"):] == old_line[old_line.index("#"):]
+        assert new_line[new_line.index("#") :] == old_line[old_line.index("#") :]
     compile(p.train_py, "train.py", "exec")
     (change,) = changes(p)
     assert change["name"] == name
@@ -206,7 +213,7 @@ def test_device_kind_selects_the_live_size_constants(device_kind, forbidden):
             touched |= {ch["name"] for ch in changes(p)}
     assert not touched & forbidden
     assert "SOME_OTHER_LR" not in touched
-    allowed = (CPU_SIZES if device_kind == "cpu" else GPU_SIZES)
+    allowed = CPU_SIZES if device_kind == "cpu" else GPU_SIZES
     assert touched & allowed, "the live size constants are tuned too"
     assert touched & {"MATRIX_LR", "WARMDOWN_RATIO", "WINDOW_PATTERN"}, "shared constants are tuned too"
 
@@ -256,8 +263,11 @@ def test_skips_a_candidate_already_seen():
 
 def test_pushes_further_in_a_direction_that_was_kept():
     kept_main = TRAIN_PY.replace("MATRIX_LR = 0.04", "MATRIX_LR = 0.06")
-    history = [entry(1, {"changes": [{"name": "MATRIX_LR", "old": 0.04, "new": 0.06, "direction": 1}]},
-                     "keep", -0.02, kept_main)]
+    history = [
+        entry(
+            1, {"changes": [{"name": "MATRIX_LR", "old": 0.04, "new": 0.06, "direction": 1}]}, "keep", -0.02, kept_main
+        )
+    ]
     pushed = 0
     for seed in range(10):
         p = OfflineExplorer(seed).propose(ctx_for(kept_main, history, seen_hashes={code_hash(TRAIN_PY)}))
@@ -270,8 +280,11 @@ def test_pushes_further_in_a_direction_that_was_kept():
 
 def test_does_not_repeat_a_direction_that_hurt():
     hurt = TRAIN_PY.replace("MATRIX_LR = 0.04", "MATRIX_LR = 0.06")
-    history = [entry(1, {"changes": [{"name": "MATRIX_LR", "old": 0.04, "new": 0.06, "direction": 1}]},
-                     "discard", +0.015, hurt)]
+    history = [
+        entry(
+            1, {"changes": [{"name": "MATRIX_LR", "old": 0.04, "new": 0.06, "direction": 1}]}, "discard", +0.015, hurt
+        )
+    ]
     lowered = 0
     for seed in range(10):
         p = OfflineExplorer(seed).propose(ctx_for(history=history, seen_hashes={code_hash(hurt)}))
@@ -300,8 +313,16 @@ def test_a_crash_blocks_its_value_and_beyond_while_the_code_is_the_same(seed):
 
 def test_a_crash_blocks_for_crash_memory_experiments_then_the_value_is_tried_again():
     crashed, crash = crash_of_cpu_depth_3(skeleton(TRAIN_PY))
-    filler = [entry(i, {"changes": [{"name": "MATRIX_LR", "old": 0.04, "new": 0.05, "direction": 1}]},
-                    "discard", 0.01, f"filler {i}") for i in range(2, CRASH_MEMORY + 2)]
+    filler = [
+        entry(
+            i,
+            {"changes": [{"name": "MATRIX_LR", "old": 0.04, "new": 0.05, "direction": 1}]},
+            "discard",
+            0.01,
+            f"filler {i}",
+        )
+        for i in range(2, CRASH_MEMORY + 2)
+    ]
     feedback = ["try a deeper model: cpu_depth up"]
     blocked = OfflineExplorer(0).propose(ctx_for(history=[crash] + filler[:-1], feedback=feedback))
     assert not any(ch["name"] == "CPU_DEPTH" and ch["new"] >= 3 for ch in changes(blocked)), blocked.title
@@ -313,8 +334,9 @@ def test_a_crash_blocks_for_crash_memory_experiments_then_the_value_is_tried_aga
 def test_a_crash_on_code_that_has_changed_since_does_not_block():
     # e.g. DEPTH 9 crashed on GPU while model_dim was not rounded to whole heads; train.py is fixed now
     crashed, crash = crash_of_cpu_depth_3(crashed_on="0123456789abcdef")
-    p = OfflineExplorer(0).propose(ctx_for(history=[crash], seen_hashes={code_hash(crashed)},
-                                           feedback=["try a deeper model: cpu_depth up"]))
+    p = OfflineExplorer(0).propose(
+        ctx_for(history=[crash], seen_hashes={code_hash(crashed)}, feedback=["try a deeper model: cpu_depth up"])
+    )
     assert [(ch["name"], ch["new"]) for ch in changes(p)] == [("CPU_DEPTH", 4)]  # 3 itself was seen
     assert "earlier version of train.py's code" in p.hypothesis
 
@@ -335,7 +357,9 @@ def test_the_skeleton_ignores_constant_values_but_not_code():
 
 
 def test_combines_two_helpful_changes_after_a_losing_streak():
-    main = TRAIN_PY.replace("MATRIX_LR = 0.04", "MATRIX_LR = 0.06").replace("WARMDOWN_RATIO = 0.5", "WARMDOWN_RATIO = 0.6")
+    main = TRAIN_PY.replace("MATRIX_LR = 0.04", "MATRIX_LR = 0.06").replace(
+        "WARMDOWN_RATIO = 0.5", "WARMDOWN_RATIO = 0.6"
+    )
     history = [
         entry(1, {"changes": [{"name": "MATRIX_LR", "old": 0.04, "new": 0.06, "direction": 1}]}, "keep", -0.02),
         entry(2, {"changes": [{"name": "WARMDOWN_RATIO", "old": 0.5, "new": 0.6, "direction": 1}]}, "keep", -0.01),
@@ -371,8 +395,7 @@ def test_depth_9_and_beyond_is_reachable_on_cuda():
     history = [entry(1, p, "keep", -0.01)]
     deeper = 0
     for seed in range(10):
-        q = OfflineExplorer(seed).propose(ctx_for(nine, history, device_kind="cuda",
-                                                  seen_hashes={code_hash(TRAIN_PY)}))
+        q = OfflineExplorer(seed).propose(ctx_for(nine, history, device_kind="cuda", seen_hashes={code_hash(TRAIN_PY)}))
         deeper += any(ch["name"] == "DEPTH" and ch["new"] >= 10 for ch in changes(q))
     assert deeper > 5, "a kept DEPTH 9 is pushed further"
 
@@ -398,8 +421,12 @@ def test_batch_splits_reads_the_live_constants():
 def test_no_proposal_breaks_the_batch_into_partial_passes(profile, seed):
     device_kind = "cuda" if profile == "h100" else "cpu"
     prefix = "" if device_kind == "cuda" else "CPU_"
-    pushes = [f"use a smaller {prefix}total_batch_size", f"try a bigger {prefix}device_batch_size",
-              f"try a bigger {prefix}total_batch_size", f"use a smaller {prefix}device_batch_size"]
+    pushes = [
+        f"use a smaller {prefix}total_batch_size",
+        f"try a bigger {prefix}device_batch_size",
+        f"try a bigger {prefix}total_batch_size",
+        f"use a smaller {prefix}device_batch_size",
+    ]
     ctx = ctx_for(device_kind=device_kind, profile=profile)
     explorer, batch_moves = OfflineExplorer(seed), 0
     for i in range(60):
@@ -416,8 +443,10 @@ def test_no_proposal_breaks_the_batch_into_partial_passes(profile, seed):
 def test_lowering_the_total_batch_takes_the_micro_batch_down():
     ctx = ctx_for(feedback=["the batch is too big, use a smaller cpu_total_batch_size"])  # cpu: 16 x 256 = 2**12
     p = OfflineExplorer(0).propose(ctx)
-    assert changed_lines(TRAIN_PY, p.train_py) == [("CPU_TOTAL_BATCH_SIZE = 2**12", "CPU_TOTAL_BATCH_SIZE = 2**11"),
-                                                   ("CPU_DEVICE_BATCH_SIZE = 16", "CPU_DEVICE_BATCH_SIZE = 8")]
+    assert changed_lines(TRAIN_PY, p.train_py) == [
+        ("CPU_TOTAL_BATCH_SIZE = 2**12", "CPU_TOTAL_BATCH_SIZE = 2**11"),
+        ("CPU_DEVICE_BATCH_SIZE = 16", "CPU_DEVICE_BATCH_SIZE = 8"),
+    ]
     assert p.title == "Lower CPU_TOTAL_BATCH_SIZE 2**12 -> 2**11 (CPU_DEVICE_BATCH_SIZE 16 -> 8)"
     (ch,) = changes(p)
     assert ch["name"] == "CPU_TOTAL_BATCH_SIZE"
@@ -437,8 +466,11 @@ def test_a_micro_batch_bigger_than_the_batch_is_never_proposed(profile, allowed)
 
 def test_a_main_that_does_not_split_its_batch_is_a_clear_error():
     broken = set_constant(TRAIN_PY, "CPU_TOTAL_BATCH_SIZE", "2**11")
-    with pytest.raises(AgentStopped, match=r"CPU_TOTAL_BATCH_SIZE = 2\*\*11 is not a positive multiple of "
-                                         r"CPU_DEVICE_BATCH_SIZE \* seq_len = 16 \* 256 \(profile cpu\)"):
+    with pytest.raises(
+        AgentStopped,
+        match=r"CPU_TOTAL_BATCH_SIZE = 2\*\*11 is not a positive multiple of "
+        r"CPU_DEVICE_BATCH_SIZE \* seq_len = 16 \* 256 \(profile cpu\)",
+    ):
         OfflineExplorer(0).propose(ctx_for(broken))
     assert OfflineExplorer(0).propose(ctx_for(broken, profile="smoke")).meta["changes"]
 
@@ -458,12 +490,15 @@ def test_feedback_names_parameter_and_direction(seed):
     assert p.meta["feedback"] == comment
 
 
-@pytest.mark.parametrize("comment, name, direction", [
-    ("MATRIX_LR up", "MATRIX_LR", 1),
-    ("Matrix LR down please", "MATRIX_LR", -1),
-    ("increase the embedding_lr", "EMBEDDING_LR", 1),
-    ("the batch is too big, use a smaller cpu_total_batch_size", "CPU_TOTAL_BATCH_SIZE", -1),
-])
+@pytest.mark.parametrize(
+    "comment, name, direction",
+    [
+        ("MATRIX_LR up", "MATRIX_LR", 1),
+        ("Matrix LR down please", "MATRIX_LR", -1),
+        ("increase the embedding_lr", "EMBEDDING_LR", 1),
+        ("the batch is too big, use a smaller cpu_total_batch_size", "CPU_TOTAL_BATCH_SIZE", -1),
+    ],
+)
 def test_feedback_variants(comment, name, direction):
     p = OfflineExplorer(0).propose(ctx_for(feedback=[comment]))
     (ch,) = changes(p)
@@ -475,7 +510,8 @@ def test_feedback_already_followed_is_not_forced_again():
     first = OfflineExplorer(0).propose(ctx_for(feedback=[comment]))
     history = [entry(1, first, "discard", 0.01)]
     second = OfflineExplorer(0).propose(
-        ctx_for(history=history, feedback=[comment], seen_hashes={code_hash(first.train_py)}))
+        ctx_for(history=history, feedback=[comment], seen_hashes={code_hash(first.train_py)})
+    )
     assert "feedback" not in second.meta
 
 
@@ -507,11 +543,14 @@ def test_exhaustion_after_a_loop():
         OfflineExplorer(0).propose(ctx)
 
 
-@pytest.mark.parametrize("text", [
-    "import torch\nprint('no constants here')\n",
-    "def f():\n    MATRIX_LR = 0.04\n    return MATRIX_LR\n",  # not module level
-    "LR = compute()\n",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "import torch\nprint('no constants here')\n",
+        "def f():\n    MATRIX_LR = 0.04\n    return MATRIX_LR\n",  # not module level
+        "LR = compute()\n",
+    ],
+)
 def test_train_py_without_the_block_raises_a_clear_error(text):
     with pytest.raises(AgentStopped, match="no tunable constant") as err:
         OfflineExplorer(0).propose(ctx_for(text))

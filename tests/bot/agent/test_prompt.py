@@ -15,27 +15,50 @@ STATUSES = ("keep", "discard", "discard", "crash", "discard")
 
 def entry(i: int, status: str | None = None) -> HistoryEntry:
     status = status or STATUSES[i % len(STATUSES)]
-    return HistoryEntry(id=i, title=f"Raise MATRIX_LR to 0.0{i % 9 + 1} and adjust the warmup accordingly",
-                        hypothesis="A long hypothesis that the history line leaves out. " * 5, status=status,
-                        val_bpb=None if status == "crash" else 1.5 + i / 1000,
-                        delta=None if status == "crash" else (-0.01 if status == "keep" else 0.004),
-                        code_hash=f"{i:064x}", margin=0.0035,
-                        lesson="kept: beat main by 2.9 margins" if status == "keep" else
-                        "discarded: within the noise" if status == "discard" else "crashed: CUDA out of memory")
+    return HistoryEntry(
+        id=i,
+        title=f"Raise MATRIX_LR to 0.0{i % 9 + 1} and adjust the warmup accordingly",
+        hypothesis="A long hypothesis that the history line leaves out. " * 5,
+        status=status,
+        val_bpb=None if status == "crash" else 1.5 + i / 1000,
+        delta=None if status == "crash" else (-0.01 if status == "keep" else 0.004),
+        code_hash=f"{i:064x}",
+        margin=0.0035,
+        lesson="kept: beat main by 2.9 margins"
+        if status == "keep"
+        else "discarded: within the noise"
+        if status == "discard"
+        else "crashed: CUDA out of memory",
+    )
 
 
 def context(**changes) -> ProposalContext:
-    fields = dict(program_md=PROGRAM_MD, train_py=TRAIN_PY, main_val_bpb=1.512345,
-                  history=[entry(i) for i in range(1, 6)], profile="cpu", device_kind="cpu", main_sha="a" * 40)
+    fields = dict(
+        program_md=PROGRAM_MD,
+        train_py=TRAIN_PY,
+        main_val_bpb=1.512345,
+        history=[entry(i) for i in range(1, 6)],
+        profile="cpu",
+        device_kind="cpu",
+        main_sha="a" * 40,
+    )
     fields.update(changes)
     return ProposalContext(**fields)
 
 
 def test_the_system_prompt_states_the_rules():
     text = system_prompt()
-    for phrase in ("only file you may change", "harness.session()", "h.step_done(loss)", "One idea per experiment",
-                   "fixed training time", "Never try to fool the metric", "validation data", "submit",
-                   "fixes_crash"):
+    for phrase in (
+        "only file you may change",
+        "harness.session()",
+        "h.step_done(loss)",
+        "One idea per experiment",
+        "fixed training time",
+        "Never try to fool the metric",
+        "validation data",
+        "submit",
+        "fixes_crash",
+    ):
         assert phrase in text, phrase
     assert system_prompt() == text  # stable: the same every time, so it caches
 
@@ -50,15 +73,24 @@ def test_the_stable_block_holds_program_md_and_mains_train_py_and_is_cached():
 
 def test_the_stable_block_does_not_change_with_history_or_feedback():
     a = context_blocks(context())[0]
-    b = context_blocks(context(history=[entry(i) for i in range(1, 30)], feedback=["/try a deeper model"],
-                               main_val_bpb=1.4, last_crash="Traceback ...", last_crash_id=3))[0]
+    b = context_blocks(
+        context(
+            history=[entry(i) for i in range(1, 30)],
+            feedback=["/try a deeper model"],
+            main_val_bpb=1.4,
+            last_crash="Traceback ...",
+            last_crash_id=3,
+        )
+    )[0]
     assert a == b
 
 
 def test_the_volatile_block_holds_main_history_feedback_and_the_crash():
-    ctx = context(feedback=["Please keep the model small.", "/try a cosine warmdown"],
-                  last_crash="Traceback (most recent call last):\n  File \"train.py\", line 3\n"
-                             "RuntimeError: CUDA out of memory", last_crash_id=4)
+    ctx = context(
+        feedback=["Please keep the model small.", "/try a cosine warmdown"],
+        last_crash='Traceback (most recent call last):\n  File "train.py", line 3\nRuntimeError: CUDA out of memory',
+        last_crash_id=4,
+    )
     text = context_blocks(ctx)[1]["text"]
     assert "1.512345" in text and "Profile cpu on cpu" in text
     assert "Please keep the model small." in text and "/try a cosine warmdown" in text

@@ -24,10 +24,16 @@ from bot.core.records import Proposal  # noqa: E402
 
 def main() -> None:
     config = json.loads(Path(sys.argv[1]).read_text())
-    settings = load_service_settings(repository="octo-org/research", github_app_id=1,
-                                     github_private_key=config["pem"], github_api_url=config["api_url"],
-                                     webhook_secret=config["secret"], state_dir=Path(config["state_dir"]),
-                                     profile="smoke", port=config["port"])
+    settings = load_service_settings(
+        repository="octo-org/research",
+        github_app_id=1,
+        github_private_key=config["pem"],
+        github_api_url=config["api_url"],
+        webhook_secret=config["secret"],
+        state_dir=Path(config["state_dir"]),
+        profile="smoke",
+        port=config["port"],
+    )
     proposals = [Proposal(p["title"], p["hypothesis"], p["train_py"]) for p in config["proposals"]]
     runner = FileRunner(Path(config["runs_dir"]), seconds=config["run_seconds"])
     serve(settings, make_parts=lambda s, c: Parts(runner, ScriptedAgent(proposals), dict(IDENTITY)), timer_s=0.3)

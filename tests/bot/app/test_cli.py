@@ -85,9 +85,14 @@ class CrashingRun:
         from runner.protocol import Hashes, ResultSpec, RunnerIdentity
 
         on_line("training output")
-        return ResultSpec(run_id=job.run_id, status="crash", error="SystemExit: this train.py is broken",
-                          hashes=Hashes(asset=job.asset_sha256, harness="h", data="d"),
-                          runner=RunnerIdentity(backend=options["backend"]), profile=job.profile)
+        return ResultSpec(
+            run_id=job.run_id,
+            status="crash",
+            error="SystemExit: this train.py is broken",
+            hashes=Hashes(asset=job.asset_sha256, harness="h", data="d"),
+            runner=RunnerIdentity(backend=options["backend"]),
+            profile=job.profile,
+        )
 
 
 def test_train_fails_loudly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -106,8 +111,9 @@ def test_train_json_prints_only_the_result_on_stdout(tmp_path: Path, monkeypatch
     monkeypatch.setattr("runner.isolated.run_job", CrashingRun())
     broken = tmp_path / "broken.py"
     broken.write_text("raise SystemExit('this train.py is broken')\n")
-    failed = cli.invoke(app, ["train", "--profile", "smoke", "--asset", str(broken), "--out",
-                                 str(tmp_path / "bad"), "--json"])
+    failed = cli.invoke(
+        app, ["train", "--profile", "smoke", "--asset", str(broken), "--out", str(tmp_path / "bad"), "--json"]
+    )
     assert failed.exit_code == 1
     result = ResultSpec.model_validate_json(failed.stdout)  # the whole of stdout is the one object
     assert result.status == "crash" and "broken" in result.error
@@ -125,8 +131,9 @@ def seeded_workdir(work: Path, **settings: object) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sandboxing", ["sandboxed", "unsandboxed"])
-def test_demo_runs_then_resumes_to_a_larger_target(tmp_path: Path, smoke_prepared, monkeypatch,
-                                                   sandboxing: str) -> None:
+def test_demo_runs_then_resumes_to_a_larger_target(
+    tmp_path: Path, smoke_prepared, monkeypatch, sandboxing: str
+) -> None:
     """The whole loop end to end, in bubblewrap and without it (a machine without bubblewrap: the
     warm workers' renamed directories once crashed every other run there). Slow tier: what is under
     test is the loop on real runs of the real train.py (main measured twice, three experiments, the
@@ -216,8 +223,11 @@ def test_steer_pause_and_resume_go_through_the_inbox(tmp_path: Path) -> None:
     store = Store(tmp_path / "state.db")
     entries = store.inbox.all()
     store.close()
-    assert [(e.kind, e.payload) for e in entries] == [("steer", {"text": "try a deeper model"}), ("pause", {}),
-                                                      ("resume", {})]
+    assert [(e.kind, e.payload) for e in entries] == [
+        ("steer", {"text": "try a deeper model"}),
+        ("pause", {}),
+        ("resume", {}),
+    ]
     assert len({e.key for e in entries}) == 3 and all(e.processed_at is None for e in entries)
 
 
@@ -277,9 +287,25 @@ def test_ctrl_c_says_it_stopped_and_that_the_same_command_resumes(tmp_path: Path
     seeded_workdir(work, first_baseline_runs=2, baseline_runs=2)
     # a shell that starts a job in the background makes it ignore SIGINT, and Python then keeps
     # ignoring it; restore the default so the test does not depend on how pytest was started
-    proc = subprocess.Popen([sys.executable, "-m", "bot.app.cli", "demo", "--workdir", str(work), "--profile", "smoke",
-                             "--experiments", "1"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "bot.app.cli",
+            "demo",
+            "--workdir",
+            str(work),
+            "--profile",
+            "smoke",
+            "--experiments",
+            "1",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     deadline = time.time() + 120
     while not list((work / "runs").glob("*/pid")):  # a training run has started
         assert time.time() < deadline and proc.poll() is None, proc.stdout.read()
@@ -313,7 +339,8 @@ def test_plot_writes_the_chart_of_a_work_directory(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("sandboxing", ["on", "off"])
 def test_train_on_a_profile_whose_tokenizer_is_not_prepared_says_which_prepare_to_run(
-        tmp_path: Path, smoke_prepared, monkeypatch, sandboxing: str) -> None:
+    tmp_path: Path, smoke_prepared, monkeypatch, sandboxing: str
+) -> None:
     from runner.profiles import get_profile
     from runner.tokenizer import is_cached
 
@@ -340,13 +367,15 @@ def test_results_and_status_through_a_pipe_are_written_whole(tmp_path: Path) -> 
     experiment(store, title, code_hash="c1", runs=[("ok", 2.91, {})], status="discard", val_bpb=2.91, delta=0.01)
     store.close()
     # one Python that runs the three commands with its stdout a pipe, as `autoresearch ... | less` does
-    driver = ("import sys\nfrom bot.app.cli import app\n"
-              "for command in (['results'], ['results', '--runs'], ['status']):\n"
-              "    print('=== ' + ' '.join(command), flush=True)\n"
-              "    try:\n"
-              f"        app([*command, '--workdir', {str(tmp_path)!r}])\n"
-              "    except SystemExit as end:\n"
-              "        assert not end.code, (command, end.code)\n")
+    driver = (
+        "import sys\nfrom bot.app.cli import app\n"
+        "for command in (['results'], ['results', '--runs'], ['status']):\n"
+        "    print('=== ' + ' '.join(command), flush=True)\n"
+        "    try:\n"
+        f"        app([*command, '--workdir', {str(tmp_path)!r}])\n"
+        "    except SystemExit as end:\n"
+        "        assert not end.code, (command, end.code)\n"
+    )
     proc = subprocess.run([sys.executable, "-c", driver], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     outputs = dict(part.split("\n", 1) for part in proc.stdout.split("=== ")[1:])

@@ -24,11 +24,14 @@ class Block:
             raise ImportError('the server must not import ' + name)
 sys.meta_path.insert(0, Block())
 """
-BLOCK = NO_TRAINING_STACK + """
+BLOCK = (
+    NO_TRAINING_STACK
+    + """
 import bot.app.cli, bot.app.serve, bot.app.web, bot.views.dashboard, bot.views.plot, bot.github.forge, bot.github.publisher, bot.github.handlers
 import bot.github.client, bot.github.research_log, bot.agent.claude, bot.agent.choice
 print('ok')
 """
+)
 
 
 def test_the_server_imports_without_the_training_stack() -> None:
@@ -38,7 +41,9 @@ def test_the_server_imports_without_the_training_stack() -> None:
 
 
 def test_a_server_without_the_training_stack_sends_its_runs_elsewhere_without_importing_it() -> None:
-    code = NO_TRAINING_STACK + """
+    code = (
+        NO_TRAINING_STACK
+        + """
 import bot.runners.actions, bot.runners.modal
 from runner.profiles import harness_hash
 from bot.app.settings import load_service_settings
@@ -46,25 +51,42 @@ settings = load_service_settings(repository='o/r', github_token='t', poll=True, 
                                  data_fingerprint='645762e5f242651d')
 print(settings.runner, len(harness_hash()))
 """
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                          env=_without_service_settings())
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_without_service_settings(),
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split()[0] == "actions"
 
 
 def test_serve_without_the_training_stack_on_the_default_runner_stops_at_start_naming_the_runners(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """The slim container image: `autoresearch serve` on the local runner (the default) exits at once,
     before any thread or port, with the runners to choose instead."""
     code = NO_TRAINING_STACK + "from bot.app.cli import app\napp(['serve'], prog_name='autoresearch')\n"
-    env = {**_without_service_settings(), "AUTORESEARCH_REPOSITORY": "o/r", "AUTORESEARCH_GITHUB_TOKEN": "t",
-           "AUTORESEARCH_POLL": "true", "COLUMNS": "1000", "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                          env=env)
+    env = {
+        **_without_service_settings(),
+        "AUTORESEARCH_REPOSITORY": "o/r",
+        "AUTORESEARCH_GITHUB_TOKEN": "t",
+        "AUTORESEARCH_POLL": "true",
+        "COLUMNS": "1000",
+        "PYTHONPATH": str(ROOT),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env
+    )
     said = done.stdout + done.stderr
     assert done.returncode == 2, said
-    assert "AUTORESEARCH_RUNNER: local (the default) trains on this machine, but the training stack is not " \
-           "installed here" in said
+    assert (
+        "AUTORESEARCH_RUNNER: local (the default) trains on this machine, but the training stack is not "
+        "installed here" in said
+    )
     assert "AUTORESEARCH_RUNNER=actions" in said and "AUTORESEARCH_RUNNER=modal" in said
     assert "Traceback" not in said
 

@@ -28,8 +28,9 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def pem() -> str:
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL,
-                             serialization.NoEncryption()).decode()
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL, serialization.NoEncryption()
+    ).decode()
 
 
 def problem_lines(error: ConfigError) -> list[str]:
@@ -49,16 +50,22 @@ def test_settings_come_from_autoresearch_environment_variables(monkeypatch):
     assert settings.repository == "karpathy/nanochat" and settings.port == 9000 and settings.slots == 2
     assert settings.github_token.get_secret_value() == TOKEN and not settings.uses_app
     assert settings.github_api_url == "https://github.example.com/api/v3"  # trailing slash dropped
-    assert (settings.main_branch, settings.profile, settings.runner, settings.agent) == \
-           ("main", "cpu", "local", "explorer")
+    assert (settings.main_branch, settings.profile, settings.runner, settings.agent) == (
+        "main",
+        "cpu",
+        "local",
+        "explorer",
+    )
     assert settings.state_dir == Path("autoresearch-state") and settings.poll is False
     assert (settings.poll_interval_s, settings.request_timeout_s, settings.agent_script) == (60, 15, None)
 
 
 def test_a_dotenv_file_is_read_and_the_environment_wins_over_it(monkeypatch, tmp_path):
     env_file = tmp_path / "service.env"
-    env_file.write_text(f"AUTORESEARCH_REPOSITORY=o/r\nAUTORESEARCH_GITHUB_TOKEN={TOKEN}\n"
-                        "AUTORESEARCH_POLL=true\nAUTORESEARCH_PORT=9000\nUNRELATED=1\n")
+    env_file.write_text(
+        f"AUTORESEARCH_REPOSITORY=o/r\nAUTORESEARCH_GITHUB_TOKEN={TOKEN}\n"
+        "AUTORESEARCH_POLL=true\nAUTORESEARCH_PORT=9000\nUNRELATED=1\n"
+    )
     monkeypatch.setenv("AUTORESEARCH_PORT", "9100")
 
     settings = load_service_settings(env_file)
@@ -67,8 +74,9 @@ def test_a_dotenv_file_is_read_and_the_environment_wins_over_it(monkeypatch, tmp
 
 
 def test_dotenv_in_the_working_directory_is_read_by_default(tmp_path):
-    (tmp_path / ".env").write_text(f"AUTORESEARCH_REPOSITORY=o/r\nAUTORESEARCH_GITHUB_TOKEN={TOKEN}\n"
-                                   f"AUTORESEARCH_WEBHOOK_SECRET={SECRET}\n")
+    (tmp_path / ".env").write_text(
+        f"AUTORESEARCH_REPOSITORY=o/r\nAUTORESEARCH_GITHUB_TOKEN={TOKEN}\nAUTORESEARCH_WEBHOOK_SECRET={SECRET}\n"
+    )
 
     assert load_service_settings().repository == "o/r"
 
@@ -96,26 +104,51 @@ def test_every_missing_setting_is_named_in_one_message():
 
     lines = problem_lines(raised.value)
     assert [line.split(":")[0] for line in lines] == [
-        "AUTORESEARCH_REPOSITORY", "AUTORESEARCH_GITHUB_TOKEN", "AUTORESEARCH_WEBHOOK_SECRET"]
+        "AUTORESEARCH_REPOSITORY",
+        "AUTORESEARCH_GITHUB_TOKEN",
+        "AUTORESEARCH_WEBHOOK_SECRET",
+    ]
     assert all("missing" in line for line in lines)
     assert "AUTORESEARCH_GITHUB_APP_ID" in lines[1]  # the other way to sign in is offered
     assert "AUTORESEARCH_POLL=true" in lines[2]
 
 
 def test_every_invalid_setting_is_named_with_what_was_given(monkeypatch):
-    for name, value in dict(REPOSITORY="not a repository", PORT="eighty", SLOTS="0", RUNNER="slurm",
-                            AGENT="gpt", PROFILE="tpu", POLL_INTERVAL_S="5", REQUEST_TIMEOUT_S="-1",
-                            GITHUB_API_URL="ftp://github.com", MAIN_BRANCH="-main", GITHUB_TOKEN=TOKEN,
-                            WEBHOOK_SECRET=SECRET).items():
+    for name, value in dict(
+        REPOSITORY="not a repository",
+        PORT="eighty",
+        SLOTS="0",
+        RUNNER="slurm",
+        AGENT="gpt",
+        PROFILE="tpu",
+        POLL_INTERVAL_S="5",
+        REQUEST_TIMEOUT_S="-1",
+        GITHUB_API_URL="ftp://github.com",
+        MAIN_BRANCH="-main",
+        GITHUB_TOKEN=TOKEN,
+        WEBHOOK_SECRET=SECRET,
+    ).items():
         monkeypatch.setenv(f"AUTORESEARCH_{name}", value)
 
     with pytest.raises(ConfigError) as raised:
         load_service_settings()
 
     named = {line.split(":")[0]: line for line in problem_lines(raised.value)}
-    assert set(named) == {f"AUTORESEARCH_{name}" for name in (
-        "REPOSITORY", "PORT", "SLOTS", "RUNNER", "AGENT", "PROFILE", "POLL_INTERVAL_S", "REQUEST_TIMEOUT_S",
-        "GITHUB_API_URL", "MAIN_BRANCH")}
+    assert set(named) == {
+        f"AUTORESEARCH_{name}"
+        for name in (
+            "REPOSITORY",
+            "PORT",
+            "SLOTS",
+            "RUNNER",
+            "AGENT",
+            "PROFILE",
+            "POLL_INTERVAL_S",
+            "REQUEST_TIMEOUT_S",
+            "GITHUB_API_URL",
+            "MAIN_BRANCH",
+        )
+    }
     assert "'not a repository'" in named["AUTORESEARCH_REPOSITORY"] and "owner/name" in named["AUTORESEARCH_REPOSITORY"]
     assert "'slurm'" in named["AUTORESEARCH_RUNNER"] and "actions, local, modal" in named["AUTORESEARCH_RUNNER"]
     assert "claude, explorer, scripted" in named["AUTORESEARCH_AGENT"]
@@ -154,12 +187,14 @@ def test_a_webhook_secret_is_not_needed_when_polling():
 
 # --- signing in: exactly one way ------------------------------------------------------------------
 
+
 def test_a_token_and_an_app_together_are_refused(tmp_path, pem):
     key = tmp_path / "app.pem"
     key.write_text(pem)
     with pytest.raises(ConfigError, match="AUTORESEARCH_GITHUB_TOKEN: set together with a GitHub App"):
-        load_service_settings(repository="o/r", poll=True, github_token=TOKEN, github_app_id=1,
-                              github_private_key_path=key)
+        load_service_settings(
+            repository="o/r", poll=True, github_token=TOKEN, github_app_id=1, github_private_key_path=key
+        )
 
 
 def test_an_app_signs_in_with_its_id_and_key_file(tmp_path, pem):
@@ -216,6 +251,7 @@ def test_private_key_with_a_token_says_how_to_become_an_app():
 
 # --- secrets --------------------------------------------------------------------------------------
 
+
 def test_secrets_never_show_in_repr_describe_or_errors(monkeypatch, pem):
     monkeypatch.setenv("AUTORESEARCH_GITHUB_TOKEN", TOKEN)
     monkeypatch.setenv("AUTORESEARCH_WEBHOOK_SECRET", SECRET)
@@ -252,6 +288,7 @@ def test_the_scripted_agent_needs_its_file(monkeypatch, tmp_path) -> None:
 
 # --- a runner that can run here -------------------------------------------------------------------
 
+
 def without(monkeypatch: pytest.MonkeyPatch, *modules: str) -> None:
     """This Python as if `modules` were not installed (as in the slim container image)."""
     import importlib.util
@@ -259,8 +296,9 @@ def without(monkeypatch: pytest.MonkeyPatch, *modules: str) -> None:
     import bot.app.settings
 
     find_spec = importlib.util.find_spec
-    monkeypatch.setattr(bot.app.settings.importlib.util, "find_spec",
-                        lambda name, *a: None if name in modules else find_spec(name, *a))
+    monkeypatch.setattr(
+        bot.app.settings.importlib.util, "find_spec", lambda name, *a: None if name in modules else find_spec(name, *a)
+    )
 
 
 def test_the_local_runner_without_the_training_stack_stops_at_start_naming_the_runners_to_choose(monkeypatch):
@@ -268,14 +306,17 @@ def test_the_local_runner_without_the_training_stack_stops_at_start_naming_the_r
     with pytest.raises(ConfigError) as raised:
         load_service_settings(repository="o/r", github_token=TOKEN, poll=True)  # the default runner: local
     [line] = problem_lines(raised.value)
-    assert line.startswith("AUTORESEARCH_RUNNER: local (the default) trains on this machine, but the training "
-                           "stack is not installed here (no torch)")
+    assert line.startswith(
+        "AUTORESEARCH_RUNNER: local (the default) trains on this machine, but the training "
+        "stack is not installed here (no torch)"
+    )
     assert "AUTORESEARCH_RUNNER=actions" in line and "AUTORESEARCH_RUNNER=modal" in line
     assert "--build-arg EXTRAS=train" in line and "autoresearch-bot[train]" in line
     with pytest.raises(ConfigError, match=r"AUTORESEARCH_RUNNER: local trains on this machine"):
         load_service_settings(repository="o/r", github_token=TOKEN, poll=True, runner="local")  # chosen, not default
-    settings = load_service_settings(repository="o/r", github_token=TOKEN, poll=True, runner="actions",
-                                     data_fingerprint="645762e5f242651d")
+    settings = load_service_settings(
+        repository="o/r", github_token=TOKEN, poll=True, runner="actions", data_fingerprint="645762e5f242651d"
+    )
     assert settings.runner == "actions"  # a server that sends its runs elsewhere needs no torch
 
 
@@ -299,8 +340,13 @@ def test_a_runner_problem_is_named_with_the_other_problems(monkeypatch):
 
 
 def test_redact_takes_every_secret_out_of_a_text(pem):
-    settings = load_service_settings(repository="o/r", github_app_id=1, github_private_key=pem,
-                                     webhook_secret=SECRET, dashboard_token="dashboard-token-1234")
+    settings = load_service_settings(
+        repository="o/r",
+        github_app_id=1,
+        github_private_key=pem,
+        webhook_secret=SECRET,
+        dashboard_token="dashboard-token-1234",
+    )
     key_line = pem.splitlines()[5]
     text = f"failed: {SECRET} and dashboard-token-1234 and {key_line} and {pem}"
     redacted = settings.redact(text)

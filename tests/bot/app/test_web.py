@@ -46,10 +46,14 @@ def sign(body: bytes, secret: str = SECRET) -> str:
     return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
 
 
-def headers_for(event: str, body: bytes, *, delivery: str | None = None, signed: bool = True,
-                **extra: Any) -> dict[str, Any]:
-    headers: dict[str, Any] = {"Content-Type": "application/json", "X-GitHub-Event": event,
-                               "X-GitHub-Delivery": delivery or str(uuid.uuid4())}
+def headers_for(
+    event: str, body: bytes, *, delivery: str | None = None, signed: bool = True, **extra: Any
+) -> dict[str, Any]:
+    headers: dict[str, Any] = {
+        "Content-Type": "application/json",
+        "X-GitHub-Event": event,
+        "X-GitHub-Delivery": delivery or str(uuid.uuid4()),
+    }
     if signed:
         headers["X-Hub-Signature-256"] = sign(body)
     headers.update(extra)
@@ -85,11 +89,20 @@ def client(store_path: Path, wakes: Wakes):
         yield c
 
 
-def deliver(client: TestClient, event: str, payload: Any = None, *, body: bytes | None = None,
-            delivery: str | None = None, signed: bool = True, **extra: Any) -> httpx.Response:
+def deliver(
+    client: TestClient,
+    event: str,
+    payload: Any = None,
+    *,
+    body: bytes | None = None,
+    delivery: str | None = None,
+    signed: bool = True,
+    **extra: Any,
+) -> httpx.Response:
     body = json.dumps(payload).encode() if body is None else body
-    return client.post("/webhook", content=body, headers=headers_for(event, body, delivery=delivery, signed=signed,
-                                                                     **extra))
+    return client.post(
+        "/webhook", content=body, headers=headers_for(event, body, delivery=delivery, signed=signed, **extra)
+    )
 
 
 def inbox(store_path: Path):
@@ -110,22 +123,28 @@ def assert_clean_error(response: httpx.Response, status: int) -> None:
 
 # --- storing --------------------------------------------------------------------------------------
 
-def test_a_signed_delivery_is_stored_once_and_wakes_the_conductor(client: TestClient, store_path: Path,
-                                                                  wakes: Wakes) -> None:
+
+def test_a_signed_delivery_is_stored_once_and_wakes_the_conductor(
+    client: TestClient, store_path: Path, wakes: Wakes
+) -> None:
     payload = vendored("pull_request", "closed")
     response = deliver(client, "pull_request", payload, delivery="72d3162e-cc78-11e3-81ab-4c9367dc0958")
     assert response.status_code == 202
-    assert response.json() == {"ok": True, "stored": "github:72d3162e-cc78-11e3-81ab-4c9367dc0958",
-                               "kind": "pr_closed"}
+    assert response.json() == {"ok": True, "stored": "github:72d3162e-cc78-11e3-81ab-4c9367dc0958", "kind": "pr_closed"}
     [entry] = inbox(store_path)
     assert (entry.key, entry.kind, entry.author, entry.processed_at) == (
-        "github:72d3162e-cc78-11e3-81ab-4c9367dc0958", "github", "Codertocat", None)
+        "github:72d3162e-cc78-11e3-81ab-4c9367dc0958",
+        "github",
+        "Codertocat",
+        None,
+    )
     assert entry.payload == normalize("pull_request", "72d3162e-cc78-11e3-81ab-4c9367dc0958", payload).to_payload()
     assert wakes.count == 1
 
 
-def test_a_redelivery_is_answered_but_stored_and_woken_for_once(client: TestClient, store_path: Path,
-                                                                wakes: Wakes) -> None:
+def test_a_redelivery_is_answered_but_stored_and_woken_for_once(
+    client: TestClient, store_path: Path, wakes: Wakes
+) -> None:
     payload = vendored("check_run", "rerequested")
     first = deliver(client, "check_run", payload, delivery="same-delivery")
     again = deliver(client, "check_run", payload, delivery="same-delivery")
@@ -135,8 +154,7 @@ def test_a_redelivery_is_answered_but_stored_and_woken_for_once(client: TestClie
     assert wakes.count == 1
 
 
-def test_every_handled_vendored_example_is_stored_as_its_normalized_event(client: TestClient,
-                                                                          store_path: Path) -> None:
+def test_every_handled_vendored_example_is_stored_as_its_normalized_event(client: TestClient, store_path: Path) -> None:
     expected = {}
     for path in sorted(EXAMPLES.glob("*.json")):
         for i, payload in enumerate(json.loads(path.read_text())):
@@ -154,6 +172,7 @@ def test_every_handled_vendored_example_is_stored_as_its_normalized_event(client
 def test_a_failing_wake_still_answers_202_since_the_delivery_is_stored(store_path: Path) -> None:
     def wake() -> None:
         raise RuntimeError("the conductor's event is gone")
+
     with TestClient(create_app(store_path=store_path, secret=SECRET, wake=wake), raise_server_exceptions=False) as c:
         response = deliver(c, "pull_request", vendored("pull_request", "reopened"))
     assert response.status_code == 202
@@ -162,8 +181,9 @@ def test_a_failing_wake_still_answers_202_since_the_delivery_is_stored(store_pat
 
 def test_a_workflow_delivery_tells_the_runner_and_stores_nothing(store_path: Path) -> None:
     changed = Wakes()
-    with TestClient(create_app(store_path=store_path, secret=SECRET, runs_changed=changed),
-                    raise_server_exceptions=False) as c:
+    with TestClient(
+        create_app(store_path=store_path, secret=SECRET, runs_changed=changed), raise_server_exceptions=False
+    ) as c:
         payload = {"action": "completed", "workflow_run": {"id": 30433642, "status": "completed"}}
         answers = [deliver(c, event, payload) for event in ("workflow_run", "workflow_job")]
         refused = deliver(c, "workflow_run", payload, signed=False)
@@ -173,21 +193,24 @@ def test_a_workflow_delivery_tells_the_runner_and_stores_nothing(store_path: Pat
 
 # --- refusing -------------------------------------------------------------------------------------
 
-def test_a_missing_or_wrong_signature_is_401_and_stores_nothing(client: TestClient, store_path: Path,
-                                                                wakes: Wakes) -> None:
+
+def test_a_missing_or_wrong_signature_is_401_and_stores_nothing(
+    client: TestClient, store_path: Path, wakes: Wakes
+) -> None:
     body = json.dumps(vendored("pull_request", "closed")).encode()
     cases = [
-        {},                                                         # no signature header
+        {},  # no signature header
         {"X-Hub-Signature-256": sign(body, "another secret")},
-        {"X-Hub-Signature-256": sign(body + b" ")},                 # the body changed after signing
+        {"X-Hub-Signature-256": sign(body + b" ")},  # the body changed after signing
         {"X-Hub-Signature-256": sign(body).removeprefix("sha256=")},
         {"X-Hub-Signature-256": "sha256="},
         {"X-Hub-Signature": "sha1=" + hmac.new(SECRET.encode(), body, hashlib.sha1).hexdigest()},
     ]
     answers = []
     for extra in cases:
-        response = client.post("/webhook", content=body, headers=headers_for("pull_request", body, signed=False,
-                                                                             **extra))
+        response = client.post(
+            "/webhook", content=body, headers=headers_for("pull_request", body, signed=False, **extra)
+        )
         assert_clean_error(response, 401)
         answers.append(response.json())
     assert all(answer == {"error": "signature missing or wrong"} for answer in answers)  # nothing to tell apart
@@ -214,8 +237,9 @@ def test_a_malformed_payload_is_400_with_the_reason(client: TestClient, store_pa
     assert inbox(store_path) == []
 
 
-def test_an_ignored_event_is_accepted_logged_once_and_not_stored(client: TestClient, store_path: Path, wakes: Wakes,
-                                                                 caplog: pytest.LogCaptureFixture) -> None:
+def test_an_ignored_event_is_accepted_logged_once_and_not_stored(
+    client: TestClient, store_path: Path, wakes: Wakes, caplog: pytest.LogCaptureFixture
+) -> None:
     with caplog.at_level(logging.INFO, logger="bot.app.web"):
         response = deliver(client, "star", vendored("star", "created"), delivery="star-delivery-1")
     assert response.status_code == 202
@@ -228,19 +252,26 @@ def test_an_ignored_event_is_accepted_logged_once_and_not_stored(client: TestCli
 # GitHub's shape of an organization project's item (no repository: it belongs to the organization)
 PROJECT_ITEM = {
     "action": "created",
-    "projects_v2_item": {"id": 5678510, "node_id": "PVTI_lADOAWcTxs07G84AVqWu", "project_node_id": "PVT_kwDOAWcTxs07Gw",
-                         "content_node_id": "DI_lADOAWcTxs07G84AIjOy", "content_type": "DraftIssue",
-                         "creator": {"login": "Codertocat", "id": 21031067, "type": "User"},
-                         "created_at": "2022-06-08T20:34:26Z", "updated_at": "2022-06-08T20:34:26Z",
-                         "archived_at": None},
+    "projects_v2_item": {
+        "id": 5678510,
+        "node_id": "PVTI_lADOAWcTxs07G84AVqWu",
+        "project_node_id": "PVT_kwDOAWcTxs07Gw",
+        "content_node_id": "DI_lADOAWcTxs07G84AIjOy",
+        "content_type": "DraftIssue",
+        "creator": {"login": "Codertocat", "id": 21031067, "type": "User"},
+        "created_at": "2022-06-08T20:34:26Z",
+        "updated_at": "2022-06-08T20:34:26Z",
+        "archived_at": None,
+    },
     "organization": {"login": "Octocoders", "id": 38302899},
     "sender": {"login": "Codertocat", "id": 21031067, "type": "User"},
     "installation": {"id": 1, "node_id": "MDIzOkludGVncmF0aW9uSW5zdGFsbGF0aW9uMQ=="},
 }
 
 
-def test_an_event_name_with_digits_is_accepted_and_ignored(client: TestClient, store_path: Path, wakes: Wakes,
-                                                           caplog: pytest.LogCaptureFixture) -> None:
+def test_an_event_name_with_digits_is_accepted_and_ignored(
+    client: TestClient, store_path: Path, wakes: Wakes, caplog: pytest.LogCaptureFixture
+) -> None:
     with caplog.at_level(logging.INFO, logger="bot.app.web"):
         item = deliver(client, "projects_v2_item", PROJECT_ITEM, delivery="project-item-1")
         project = deliver(client, "projects_v2", {**PROJECT_ITEM, "action": "edited"}, delivery="project-1")
@@ -252,35 +283,51 @@ def test_an_event_name_with_digits_is_accepted_and_ignored(client: TestClient, s
 
 
 def test_every_answer_to_a_delivery_is_logged_once_by_the_server_itself(
-        client: TestClient, store_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    client: TestClient, store_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """The service leaves POST /webhook out of uvicorn's access log: each answer has its own line here."""
     payload = vendored("pull_request", "closed")
     body = json.dumps(payload).encode()
     with caplog.at_level(logging.INFO, logger="bot.app.web"):
-        answers = [deliver(client, "pull_request", payload, delivery="d1").status_code,
-                   deliver(client, "pull_request", payload, delivery="d1").status_code,
-                   deliver(client, "ping", vendored("ping"), delivery="p1").status_code,
-                   deliver(client, "workflow_run", {"action": "completed"}, delivery="w1").status_code,
-                   deliver(client, "pull_request", payload, signed=False).status_code,
-                   deliver(client, "pull_request", body=b"not json").status_code,
-                   client.post("/webhook", content=body, headers={
-                       **headers_for("pull_request", body), "Content-Length": str(10**9)}).status_code]
+        answers = [
+            deliver(client, "pull_request", payload, delivery="d1").status_code,
+            deliver(client, "pull_request", payload, delivery="d1").status_code,
+            deliver(client, "ping", vendored("ping"), delivery="p1").status_code,
+            deliver(client, "workflow_run", {"action": "completed"}, delivery="w1").status_code,
+            deliver(client, "pull_request", payload, signed=False).status_code,
+            deliver(client, "pull_request", body=b"not json").status_code,
+            client.post(
+                "/webhook", content=body, headers={**headers_for("pull_request", body), "Content-Length": str(10**9)}
+            ).status_code,
+        ]
     assert answers == [202, 200, 200, 202, 401, 400, 413]
     lines = [r.getMessage() for r in caplog.records if r.name == "bot.app.web"]
-    assert lines[:4] == ["stored pull_request.closed delivery d1 as pr_closed",
-                         "delivery d1 (pull_request) was already stored", "ping delivery p1 answered",
-                         "workflow_run delivery w1: the runner will ask GitHub about its runs"]
+    assert lines[:4] == [
+        "stored pull_request.closed delivery d1 as pr_closed",
+        "delivery d1 (pull_request) was already stored",
+        "ping delivery p1 answered",
+        "workflow_run delivery w1: the runner will ask GitHub about its runs",
+    ]
     assert lines[4].startswith("webhook refused from testclient: signature missing or wrong")
-    assert lines[5:] == ["webhook from testclient refused with 400: the body is not JSON",
-                         "webhook from testclient refused with 413: the body is over 25 MB"]
+    assert lines[5:] == [
+        "webhook from testclient refused with 400: the body is not JSON",
+        "webhook from testclient refused with 413: the body is over 25 MB",
+    ]
 
 
 def test_the_services_access_log_leaves_out_webhooks_only() -> None:
     from bot.app.serve import not_a_webhook
 
     def access(method: str, path: str) -> logging.LogRecord:
-        return logging.LogRecord("uvicorn.access", logging.INFO, __file__, 1, '%s - "%s %s HTTP/%s" %d',
-                                 ("127.0.0.1:5000", method, path, "1.1", 202), None)
+        return logging.LogRecord(
+            "uvicorn.access",
+            logging.INFO,
+            __file__,
+            1,
+            '%s - "%s %s HTTP/%s" %d',
+            ("127.0.0.1:5000", method, path, "1.1", 202),
+            None,
+        )
 
     assert not not_a_webhook(access("POST", "/webhook")) and not not_a_webhook(access("POST", "/webhook?x=1"))
     assert not_a_webhook(access("GET", "/healthz")) and not_a_webhook(access("GET", "/webhook"))
@@ -301,7 +348,8 @@ def test_a_body_over_25_mb_is_413_before_it_is_read(client: TestClient) -> None:
 
 
 def test_bodies_held_at_once_past_their_bound_are_503_and_their_bytes_are_given_back(
-        client: TestClient, store_path: Path) -> None:
+    client: TestClient, store_path: Path
+) -> None:
     """An unsigned body can only be refused once it is read: a stranger opening many connections
     must not make the server hold 25 MB each."""
     buffered = client.app.state.buffered
@@ -328,8 +376,10 @@ def test_a_streamed_body_past_the_limit_is_413(client: TestClient, monkeypatch: 
 
 # --- the inbox writer ------------------------------------------------------------------------------
 
+
 def test_deliveries_waiting_together_are_written_in_one_transaction_and_each_answered_exactly(
-        store_path: Path, wakes: Wakes, monkeypatch: pytest.MonkeyPatch) -> None:
+    store_path: Path, wakes: Wakes, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """While the writer commits one delivery, nine more wait (two copies of d2, one redelivery of d0):
     they are written in the next single transaction, and each copy is answered 202 or 200 by its own
     row's insert."""
@@ -362,14 +412,22 @@ def test_deliveries_waiting_together_are_written_in_one_transaction_and_each_ans
     for delivery, response in answers:
         statuses.setdefault(delivery, []).append(response.status_code)
     assert {d: sorted(s) for d, s in statuses.items()} == {
-        "d0": [200, 202], "d1": [202], "d2": [200, 202], "d3": [202], "d4": [202], "d5": [202], "d6": [202],
-        "d7": [202]}
+        "d0": [200, 202],
+        "d1": [202],
+        "d2": [200, 202],
+        "d3": [202],
+        "d4": [202],
+        "d5": [202],
+        "d6": [202],
+        "d7": [202],
+    }
     assert sorted(e.key for e in inbox(store_path)) == sorted(f"github:d{i}" for i in range(8))
     assert wakes.count == 8
 
 
 def test_a_delivery_is_answered_once_another_writer_lets_go_of_the_store(
-        store_path: Path, wakes: Wakes, monkeypatch: pytest.MonkeyPatch) -> None:
+    store_path: Path, wakes: Wakes, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The conductor holds the write lock: the delivery waits (polling, not in SQLite's busy
     handler) and is answered 202 once the lock is free, its row committed."""
     entered = threading.Event()
@@ -393,7 +451,8 @@ def test_a_delivery_is_answered_once_another_writer_lets_go_of_the_store(
 
 
 def test_a_large_body_is_checked_on_a_worker_thread_with_the_same_answers(
-        client: TestClient, store_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    client: TestClient, store_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(bot.app.web, "LOOP_BODY_BYTES", 100)  # every body here is larger
     payload = vendored("pull_request", "closed")
     assert deliver(client, "pull_request", payload, delivery="big").status_code == 202
@@ -414,10 +473,13 @@ def test_the_writer_stops_with_the_app_and_starts_again_with_it(store_path: Path
 
 # --- failures of the store and of the app ---------------------------------------------------------
 
+
 def test_a_store_failure_is_503_without_a_traceback_and_a_redelivery_then_stores_it(
-        client: TestClient, store_path: Path, wakes: Wakes, monkeypatch: pytest.MonkeyPatch) -> None:
+    client: TestClient, store_path: Path, wakes: Wakes, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def full_disk(self: Inbox, **kwargs: Any) -> bool:
         raise sqlite3.OperationalError("database or disk is full")
+
     payload = vendored("pull_request", "closed")
     with monkeypatch.context() as patch:
         patch.setattr(Inbox, "add", full_disk)
@@ -430,7 +492,8 @@ def test_a_store_failure_is_503_without_a_traceback_and_a_redelivery_then_stores
 
 
 def test_a_store_that_cannot_be_opened_any_more_is_503_for_deliveries_and_health(
-        store_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     app = create_app(store_path=store_path, secret=SECRET)
     for leftover in store_path.parent.iterdir():  # the database replaced by a directory
         leftover.unlink()
@@ -451,15 +514,18 @@ def test_create_app_refuses_an_empty_secret_and_a_path_that_cannot_hold_a_store(
 
 
 def test_an_unexpected_error_is_a_json_500_without_a_traceback(
-        client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def broken(*args: Any) -> Any:
         raise KeyError("a bug")
+
     monkeypatch.setattr(bot.app.web, "normalize", broken)
     response = deliver(client, "pull_request", vendored("pull_request", "closed"))
     assert_clean_error(response, 500)
 
 
 # --- health ---------------------------------------------------------------------------------------
+
 
 def test_healthz_reports_the_store_and_what_the_conductor_said(client: TestClient) -> None:
     response = client.get("/healthz")
@@ -487,15 +553,18 @@ def test_healthz_is_503_when_the_store_cannot_be_read(client: TestClient, store_
 def test_healthz_is_503_when_health_itself_fails(store_path: Path) -> None:
     def health() -> dict:
         raise RuntimeError("no tick yet")
-    with TestClient(create_app(store_path=store_path, secret=SECRET, health=health),
-                    raise_server_exceptions=False) as c:
+
+    with TestClient(
+        create_app(store_path=store_path, secret=SECRET, health=health), raise_server_exceptions=False
+    ) as c:
         response = c.get("/healthz")
     assert response.status_code == 503
     assert response.json() == {"ok": False, "store": "ok", "health": "could not collect: no tick yet"}
 
 
-def test_the_secret_never_reaches_the_log(client: TestClient, caplog: pytest.LogCaptureFixture,
-                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_secret_never_reaches_the_log(
+    client: TestClient, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with caplog.at_level(logging.DEBUG):
         deliver(client, "pull_request", vendored("pull_request", "closed"))
         deliver(client, "pull_request", vendored("pull_request", "closed"), signed=False)
@@ -508,8 +577,10 @@ def test_the_secret_never_reaches_the_log(client: TestClient, caplog: pytest.Log
 # --- bad inputs, table ----------------------------------------------------------------------------
 
 PUSH = json.dumps(vendored("push", None)).encode()
-PR_COMMENT = {**vendored("issue_comment", "created"), "comment": {
-    **vendored("issue_comment", "created")["comment"], "body": "half an emoji \ud83d and a NUL \u0000"}}
+PR_COMMENT = {
+    **vendored("issue_comment", "created"),
+    "comment": {**vendored("issue_comment", "created")["comment"], "body": "half an emoji \ud83d and a NUL \u0000"},
+}
 PR_COMMENT["issue"] = {**PR_COMMENT["issue"], "pull_request": {"url": "https://example.invalid/pulls/1"}}
 DEEP = b"[" * 100_000 + b"]" * 100_000
 
@@ -532,19 +603,38 @@ BAD_INPUTS = [
     _case("push", b'{"a":' * 50_000 + b"1" + b"}" * 50_000, 400, id="objects nested 50000 deep"),
     _case("push", b'{"n": ' + b"9" * 10_000 + b"}", 400, id="10000-digit number"),
     _case("push", b'{"ref": null, "repository": null, "commits": [null], "sender": null}', 400, id="nested nulls"),
-    _case("push", b'{"ref": "refs/heads/main", "before": "a", "after": "b", "repository": {"full_name": null}}',
-          400, id="null full_name"),
+    _case(
+        "push",
+        b'{"ref": "refs/heads/main", "before": "a", "after": "b", "repository": {"full_name": null}}',
+        400,
+        id="null full_name",
+    ),
     _case("pull_request", b'{"action": "closed", "pull_request": null, "repository": {}}', 400, id="null pr"),
     _case("pull_request", b'{"action": ["closed"]}', 400, id="action of the wrong type"),
-    _case("issue_comment", b'{"action": "created", "issue": null, "comment": {"body": null}}', 400,
-          id="comment without issue"),
+    _case(
+        "issue_comment",
+        b'{"action": "created", "issue": null, "comment": {"body": null}}',
+        400,
+        id="comment without issue",
+    ),
     _case("ping", b'{"zen": NaN, "hook_id": Infinity}', 200, id="NaN in a ping"),
     _case("issue_comment", json.dumps(PR_COMMENT).encode(), 202, id="lone surrogate and NUL in a comment"),
     _case("push", PUSH, 202, **{"Content-Type": "text/plain"}, id="wrong content type, signed"),
-    _case("push", PUSH, 401, signed=False, **{"Content-Type": "application/x-www-form-urlencoded"},
-          id="wrong content type, unsigned"),
-    _case("push", b"payload=%7B%7D", 400, **{"Content-Type": "application/x-www-form-urlencoded"},
-          id="form-encoded delivery"),
+    _case(
+        "push",
+        PUSH,
+        401,
+        signed=False,
+        **{"Content-Type": "application/x-www-form-urlencoded"},
+        id="wrong content type, unsigned",
+    ),
+    _case(
+        "push",
+        b"payload=%7B%7D",
+        400,
+        **{"Content-Type": "application/x-www-form-urlencoded"},
+        id="form-encoded delivery",
+    ),
     _case("a" * 100_000, PUSH, 400, id="huge event header"),
     _case("push", PUSH, 400, **{"X-GitHub-Delivery": "d" * 100_000}, id="huge delivery header"),
     _case("push", PUSH, 400, **{"X-GitHub-Delivery": b"\xff\xfe\x80"}, id="non-ascii delivery header"),
@@ -558,19 +648,21 @@ BAD_INPUTS = [
     _case("2fa", PUSH, 400, id="event name starting with a digit"),
     _case("pull-request", PUSH, 400, id="event name with a hyphen"),
     _case("push ", PUSH, 400, id="event name with a space"),
-    _case("push", PUSH, 401, signed=False, **{"X-Hub-Signature-256": b"sha256=\xff\xfe"},
-          id="non-ascii signature"),
-    _case("push", PUSH, 401, signed=False, **{"X-Hub-Signature-256": "sha256=" + "a" * 100_000},
-          id="huge signature"),
+    _case("push", PUSH, 401, signed=False, **{"X-Hub-Signature-256": b"sha256=\xff\xfe"}, id="non-ascii signature"),
+    _case("push", PUSH, 401, signed=False, **{"X-Hub-Signature-256": "sha256=" + "a" * 100_000}, id="huge signature"),
     _case("push", PUSH, 401, signed=False, **{"X-Hub-Signature-256": "sha256=" + sign(PUSH)}, id="sign twice"),
 ]
 
 
 @pytest.mark.parametrize(("event", "body", "status", "signed", "headers"), BAD_INPUTS)
 def test_bad_inputs_are_refused_with_a_json_reason_never_a_500_or_a_traceback(
-        client: TestClient, event: Any, body: bytes, status: int, signed: bool, headers: dict[str, Any]) -> None:
-    request_headers = {"Content-Type": "application/json", "X-GitHub-Event": event,
-                       "X-GitHub-Delivery": str(uuid.uuid4())}
+    client: TestClient, event: Any, body: bytes, status: int, signed: bool, headers: dict[str, Any]
+) -> None:
+    request_headers = {
+        "Content-Type": "application/json",
+        "X-GitHub-Event": event,
+        "X-GitHub-Delivery": str(uuid.uuid4()),
+    }
     if signed:
         request_headers["X-Hub-Signature-256"] = sign(body)
     request_headers.update(headers)
@@ -592,6 +684,7 @@ def test_other_paths_and_methods_answer_json_errors(client: TestClient) -> None:
 
 
 # --- a real server under load ---------------------------------------------------------------------
+
 
 def test_fifty_concurrent_deliveries_through_uvicorn_are_each_stored_once(store_path: Path, wakes: Wakes) -> None:
     """50 deliveries, each sent twice at the same moment (100 requests in flight): 50 rows."""

@@ -29,15 +29,23 @@ def isolated_git_config(tmp_path_factory: pytest.TempPathFactory, monkeypatch: p
     monkeypatch.setenv("XDG_CONFIG_HOME", str(home / ".config"))
     monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
     monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(home / ".gitconfig"))
-    for var in ("GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "GIT_COMMITTER_NAME", "GIT_COMMITTER_EMAIL",
-                "GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE"):
+    for var in (
+        "GIT_AUTHOR_NAME",
+        "GIT_AUTHOR_EMAIL",
+        "GIT_COMMITTER_NAME",
+        "GIT_COMMITTER_EMAIL",
+        "GIT_DIR",
+        "GIT_WORK_TREE",
+        "GIT_INDEX_FILE",
+    ):
         monkeypatch.delenv(var, raising=False)
 
 
 @pytest.fixture
 def forge(tmp_path: Path) -> LocalForge:
-    return init_research_repo(tmp_path / "research", {
-        "train.py": TRAIN_PY, "program.md": PROGRAM_MD, "prepare.py": PREPARE_PY})
+    return init_research_repo(
+        tmp_path / "research", {"train.py": TRAIN_PY, "program.md": PROGRAM_MD, "prepare.py": PREPARE_PY}
+    )
 
 
 def commit_count(forge: LocalForge, ref: str = "--all") -> int:
@@ -152,7 +160,9 @@ def test_merge_squashes_into_main_and_updates_the_working_tree(forge: LocalForge
 def test_merge_with_stale_expected_main_raises_and_changes_nothing(forge: LocalForge) -> None:
     old_main = forge.main_sha()
     forge.create_branch("autoresearch/7-a", old_main, {"train.py": edit_line(TRAIN_PY, 1, "SETTING_1 = 11")}, "a")
-    b_head = forge.create_branch("autoresearch/8-b", old_main, {"train.py": edit_line(TRAIN_PY, 9, "SETTING_9 = 99")}, "b")
+    b_head = forge.create_branch(
+        "autoresearch/8-b", old_main, {"train.py": edit_line(TRAIN_PY, 9, "SETTING_9 = 99")}, "b"
+    )
     new_main = forge.merge("autoresearch/7-a", old_main, "Keep a")
     commits = commit_count(forge)
 
@@ -206,21 +216,28 @@ def test_rebase_combines_changes_to_different_lines(forge: LocalForge) -> None:
 def test_rebase_grafts_only_the_allowed_file(forge: LocalForge) -> None:
     main = forge.main_sha()
     forge.create_branch("autoresearch/12-a", main, {"train.py": edit_line(TRAIN_PY, 1, "SETTING_1 = 10")}, "a")
-    forge.create_branch("autoresearch/13-b", main, {"train.py": edit_line(TRAIN_PY, 10, "SETTING_10 = 100"),
-                                                   "prepare.py": "# tampered\n"}, "b")
+    forge.create_branch(
+        "autoresearch/13-b",
+        main,
+        {"train.py": edit_line(TRAIN_PY, 10, "SETTING_10 = 100"), "prepare.py": "# tampered\n"},
+        "b",
+    )
     new_main = forge.merge("autoresearch/12-a", main, "Keep a")
 
     rebased = forge.rebase_branch("autoresearch/13-b", new_main, "train.py")
 
     assert forge.read_file(rebased, "prepare.py") == PREPARE_PY
-    assert forge.read_file(rebased, "train.py") == edit_line(edit_line(TRAIN_PY, 1, "SETTING_1 = 10"), 10,
-                                                             "SETTING_10 = 100")
+    assert forge.read_file(rebased, "train.py") == edit_line(
+        edit_line(TRAIN_PY, 1, "SETTING_1 = 10"), 10, "SETTING_10 = 100"
+    )
 
 
 def test_rebase_with_overlapping_edits_raises_merge_conflict(forge: LocalForge) -> None:
     main = forge.main_sha()
     forge.create_branch("autoresearch/14-up", main, {"train.py": edit_line(TRAIN_PY, 6, "SETTING_6 = 600")}, "up")
-    down = forge.create_branch("autoresearch/15-down", main, {"train.py": edit_line(TRAIN_PY, 6, "SETTING_6 = 0")}, "down")
+    down = forge.create_branch(
+        "autoresearch/15-down", main, {"train.py": edit_line(TRAIN_PY, 6, "SETTING_6 = 0")}, "down"
+    )
     new_main = forge.merge("autoresearch/14-up", main, "Keep up")
     commits = commit_count(forge)
 
@@ -254,7 +271,10 @@ def test_list_branches_lists_experiment_branches(forge: LocalForge) -> None:
     forge.repo.create_head("someone-elses-branch", main)
 
     assert forge.list_branches() == [
-        "autoresearch/1-warmup", "autoresearch/2-smaller-batch", "autoresearch/12-raise-matrix-lr"]
+        "autoresearch/1-warmup",
+        "autoresearch/2-smaller-batch",
+        "autoresearch/12-raise-matrix-lr",
+    ]
     assert forge.list_branches("autoresearch/1") == ["autoresearch/1-warmup", "autoresearch/12-raise-matrix-lr"]
     assert "main" in forge.list_branches("")
 

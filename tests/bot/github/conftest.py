@@ -34,8 +34,9 @@ class FakePermissions:
 
 @pytest.fixture
 def permissions() -> FakePermissions:
-    return FakePermissions({"alice": "write", "olga": "admin", "max": "maintain", "rita": "read",
-                            "tom": "triage", "mia": "read"})
+    return FakePermissions(
+        {"alice": "write", "olga": "admin", "max": "maintain", "rita": "read", "tom": "triage", "mia": "read"}
+    )
 
 
 @pytest.fixture

@@ -27,16 +27,27 @@ from pydantic import SecretStr
 from bot.core.errors import ConfigError
 from bot.github.client import GitHubClient, GitHubSettings, WritePacer, retry_policy
 
-REPO_JSON = {"id": 1, "name": "r", "full_name": "o/r", "owner": {"login": "o", "type": "User"},
-             "default_branch": "main", "url": "http://placeholder/repos/o/r"}
+REPO_JSON = {
+    "id": 1,
+    "name": "r",
+    "full_name": "o/r",
+    "owner": {"login": "o", "type": "User"},
+    "default_branch": "main",
+    "url": "http://placeholder/repos/o/r",
+}
 ISSUE_JSON = {"id": 10, "number": 1, "title": "hello", "state": "open"}
-SECONDARY = {"message": "You have exceeded a secondary rate limit. Please wait a few minutes before you try again.",
-             "documentation_url": "https://docs.github.com/rest/overview/rate-limits-for-the-rest-api"}
-PRIMARY = {"message": "API rate limit exceeded for installation ID 7.",
-           "documentation_url": "https://docs.github.com/rest/overview/rate-limits-for-the-rest-api"}
+SECONDARY = {
+    "message": "You have exceeded a secondary rate limit. Please wait a few minutes before you try again.",
+    "documentation_url": "https://docs.github.com/rest/overview/rate-limits-for-the-rest-api",
+}
+PRIMARY = {
+    "message": "API rate limit exceeded for installation ID 7.",
+    "documentation_url": "https://docs.github.com/rest/overview/rate-limits-for-the-rest-api",
+}
 
 
 # --- a stand-in for GitHub ------------------------------------------------------------------------
+
 
 @dataclass
 class Answer:
@@ -149,9 +160,11 @@ def lazy_repo(client: GitHubClient):
 
 # --- what is retried --------------------------------------------------------------------------------
 
+
 def test_a_get_answered_502_twice_then_200_succeeds_on_the_third_request(github_standin):
-    github_standin.on("GET /repos/o/r", Answer(502, {"message": "Bad Gateway"}), Answer(502, {"message": "x"}),
-                      Answer(200, REPO_JSON))
+    github_standin.on(
+        "GET /repos/o/r", Answer(502, {"message": "Bad Gateway"}), Answer(502, {"message": "x"}), Answer(200, REPO_JSON)
+    )
     client, sleeps = token_client(github_standin)
 
     assert client.repo().full_name == "o/r"
@@ -173,8 +186,7 @@ def test_a_post_answered_502_is_not_sent_again(github_standin):
 
 
 def test_a_post_refused_by_the_secondary_limit_waits_retry_after_and_is_sent_again(github_standin):
-    github_standin.on("POST /repos/o/r/issues", Answer(403, SECONDARY, {"Retry-After": "1"}),
-                      Answer(201, ISSUE_JSON))
+    github_standin.on("POST /repos/o/r/issues", Answer(403, SECONDARY, {"Retry-After": "1"}), Answer(201, ISSUE_JSON))
     client, sleeps = token_client(github_standin)
 
     issue = lazy_repo(client).create_issue("hello")
@@ -196,9 +208,11 @@ def test_a_secondary_limit_message_without_retry_after_waits_a_minute(github_sta
 @pytest.mark.parametrize("status", [403, 429])
 def test_an_exhausted_primary_limit_waits_until_x_ratelimit_reset(github_standin, status):
     reset = int(time.time()) + 30
-    github_standin.on("POST /repos/o/r/issues",
-                      Answer(status, PRIMARY, {"x-ratelimit-remaining": "0", "x-ratelimit-reset": str(reset)}),
-                      Answer(201, ISSUE_JSON))
+    github_standin.on(
+        "POST /repos/o/r/issues",
+        Answer(status, PRIMARY, {"x-ratelimit-remaining": "0", "x-ratelimit-reset": str(reset)}),
+        Answer(201, ISSUE_JSON),
+    )
     client, sleeps = token_client(github_standin)
 
     lazy_repo(client).create_issue("hello")
@@ -209,8 +223,9 @@ def test_an_exhausted_primary_limit_waits_until_x_ratelimit_reset(github_standin
 
 def test_a_rate_limit_longer_than_fifteen_minutes_raises_at_once(github_standin):
     reset = int(time.time()) + 3600
-    github_standin.on("GET /repos/o/r",
-                      Answer(403, PRIMARY, {"x-ratelimit-remaining": "0", "x-ratelimit-reset": str(reset)}))
+    github_standin.on(
+        "GET /repos/o/r", Answer(403, PRIMARY, {"x-ratelimit-remaining": "0", "x-ratelimit-reset": str(reset)})
+    )
     client, sleeps = token_client(github_standin)
 
     with pytest.raises(RateLimitExceededExceedsMaxWait) as raised:
@@ -262,6 +277,7 @@ def test_the_retry_policy_repeats_only_idempotent_methods_on_5xx():
 
 # --- pacing ---------------------------------------------------------------------------------------
 
+
 class FakeClock:
     def __init__(self) -> None:
         self.now = 1000.0
@@ -301,14 +317,16 @@ def test_the_501st_write_in_an_hour_waits_for_the_first_to_leave_the_window():
 
 # --- signing in as a GitHub App -------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def rsa_key() -> rsa.RSAPrivateKey:
     return rsa.generate_private_key(public_exponent=65537, key_size=2048)
 
 
 def app_settings(url: str, key: rsa.RSAPrivateKey, **extra: Any) -> GitHubSettings:
-    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL,
-                            serialization.NoEncryption()).decode()
+    pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL, serialization.NoEncryption()
+    ).decode()
     return GitHubSettings(**{**dict(repository="o/r", app_id=42, private_key=lambda: pem, api_url=url), **extra})
 
 
@@ -316,15 +334,16 @@ def iso(moment: datetime) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def test_an_app_signs_a_jwt_finds_its_installation_and_renews_its_token_before_expiry(
-        github_standin, rsa_key, caplog):
+def test_an_app_signs_a_jwt_finds_its_installation_and_renews_its_token_before_expiry(github_standin, rsa_key, caplog):
     caplog.set_level(logging.DEBUG)
     caplog.set_level(logging.DEBUG, logger="github")  # PyGithub's own DEBUG log shows response bodies
     now = datetime.now(UTC)
     github_standin.on("GET /repos/o/r/installation", Answer(200, {"id": 7, "app_id": 42}))
-    github_standin.on("POST /app/installations/7/access_tokens",
-                      Answer(201, {"token": "ghs_first_token", "expires_at": iso(now + timedelta(minutes=4))}),
-                      Answer(201, {"token": "ghs_second_token", "expires_at": iso(now + timedelta(hours=1))}))
+    github_standin.on(
+        "POST /app/installations/7/access_tokens",
+        Answer(201, {"token": "ghs_first_token", "expires_at": iso(now + timedelta(minutes=4))}),
+        Answer(201, {"token": "ghs_second_token", "expires_at": iso(now + timedelta(hours=1))}),
+    )
     github_standin.on("GET /repos/o/r", Answer(200, REPO_JSON))
     client = GitHubClient(app_settings(github_standin.url, rsa_key))
     assert client.uses_app
@@ -337,8 +356,9 @@ def test_an_app_signs_a_jwt_finds_its_installation_and_renews_its_token_before_e
     assert tokens == ["token ghs_first_token", "token ghs_second_token", "token ghs_second_token"]
     assert len(github_standin.requests("POST /app/installations/7/access_tokens")) == 2
 
-    for seen in github_standin.requests("GET /repos/o/r/installation") + \
-            github_standin.requests("POST /app/installations/7/access_tokens"):
+    for seen in github_standin.requests("GET /repos/o/r/installation") + github_standin.requests(
+        "POST /app/installations/7/access_tokens"
+    ):
         kind, signed = seen.headers["Authorization"].split(" ")
         assert kind == "Bearer"
         assert jwt.get_unverified_header(signed)["alg"] == "RS256"
@@ -351,7 +371,9 @@ def test_an_app_signs_a_jwt_finds_its_installation_and_renews_its_token_before_e
 
 def test_a_configured_installation_id_is_used_without_asking(github_standin, rsa_key):
     an_hour = iso(datetime.now(UTC) + timedelta(hours=1))
-    github_standin.on("POST /app/installations/99/access_tokens", Answer(201, {"token": "ghs_t", "expires_at": an_hour}))
+    github_standin.on(
+        "POST /app/installations/99/access_tokens", Answer(201, {"token": "ghs_t", "expires_at": an_hour})
+    )
     github_standin.on("GET /repos/o/r", Answer(200, REPO_JSON))
     client = GitHubClient(app_settings(github_standin.url, rsa_key, installation_id=99))
 
@@ -387,12 +409,18 @@ def test_bot_login_is_the_tokens_user_for_a_token(github_standin):
 
 # --- health ---------------------------------------------------------------------------------------
 
+
 def test_last_contact_follows_githubs_answers(github_standin):
-    github_standin.on("GET /repos/o/r", Answer(200, REPO_JSON, {"x-ratelimit-remaining": "4321",
-                                                                "x-ratelimit-limit": "5000"}))
+    github_standin.on(
+        "GET /repos/o/r", Answer(200, REPO_JSON, {"x-ratelimit-remaining": "4321", "x-ratelimit-limit": "5000"})
+    )
     client, _ = token_client(github_standin)
-    assert client.health() == {"github_last_contact": None, "github_last_error": None,
-                               "github_last_error_at": None, "rate_limit_remaining": None}
+    assert client.health() == {
+        "github_last_contact": None,
+        "github_last_error": None,
+        "github_last_error_at": None,
+        "rate_limit_remaining": None,
+    }
 
     before = time.time()
     client.repo()

@@ -23,16 +23,25 @@ BRANCH = "autoresearch/1-change"
 
 @pytest.fixture
 def standin(tmp_path: Path) -> Iterator[GitHubStandIn]:
-    with GitHubStandIn(tmp_path / "github", files=FILES, token_users={"tok-bot": "autoresearch-bot[bot]"},
-                       collaborators={"alice": "write"}) as gh:
+    with GitHubStandIn(
+        tmp_path / "github",
+        files=FILES,
+        token_users={"tok-bot": "autoresearch-bot[bot]"},
+        collaborators={"alice": "write"},
+    ) as gh:
         yield gh
         assert gh.violations == []
 
 
 def new_forge(standin: GitHubStandIn, retry: GitHubRetry | None = None) -> GitHubForge:
     """A forge as a freshly started process has it: nothing learnt yet."""
-    gh = github.Github(auth=github.Auth.Token("tok-bot"), base_url=standin.api_url, retry=retry,
-                       seconds_between_requests=None, seconds_between_writes=None)
+    gh = github.Github(
+        auth=github.Auth.Token("tok-bot"),
+        base_url=standin.api_url,
+        retry=retry,
+        seconds_between_requests=None,
+        seconds_between_writes=None,
+    )
     return GitHubForge(gh.get_repo("octo-org/research"))
 
 
@@ -55,8 +64,9 @@ def changed(line: int, text: str) -> str:
     return "".join(lines)
 
 
-def test_a_branch_is_one_commit_on_its_base_and_a_retry_changes_nothing(forge: GitHubForge,
-                                                                        standin: GitHubStandIn) -> None:
+def test_a_branch_is_one_commit_on_its_base_and_a_retry_changes_nothing(
+    forge: GitHubForge, standin: GitHubStandIn
+) -> None:
     main = forge.main_sha()
     head = forge.create_branch(BRANCH, main, {"train.py": changed(3, "wider")}, "wider\n\nhypothesis")
     assert forge.read_file(head, "train.py") == changed(3, "wider")
@@ -70,8 +80,9 @@ def test_a_branch_is_one_commit_on_its_base_and_a_retry_changes_nothing(forge: G
     assert commits_on(standin, BRANCH, main) == [head] and forge.main_sha() == main
 
 
-def test_the_commit_carries_the_message_and_author_and_the_asset_byte_for_byte(forge: GitHubForge,
-                                                                               standin: GitHubStandIn) -> None:
+def test_the_commit_carries_the_message_and_author_and_the_asset_byte_for_byte(
+    forge: GitHubForge, standin: GitHubStandIn
+) -> None:
     main = forge.main_sha()
     asset = changed(3, "λ = 0.5  # ünïcode, a tab\there, CRLF next\r") + "no newline at the end"
     message = "wider λ\n\nwhy it should help\n\nautoresearch-experiment: 1"
@@ -85,8 +96,7 @@ def test_the_commit_carries_the_message_and_author_and_the_asset_byte_for_byte(f
     assert change.filename == "train.py"  # program.md untouched
 
 
-def test_a_lost_answer_to_the_ref_creation_does_not_fail_the_retry(forge: GitHubForge,
-                                                                   standin: GitHubStandIn) -> None:
+def test_a_lost_answer_to_the_ref_creation_does_not_fail_the_retry(forge: GitHubForge, standin: GitHubStandIn) -> None:
     main = forge.main_sha()
     standin.inject("POST", r"/git/refs$", "502", apply_first=True)
     with pytest.raises(github.GithubException):
@@ -95,8 +105,9 @@ def test_a_lost_answer_to_the_ref_creation_does_not_fail_the_retry(forge: GitHub
     assert standin.ref(f"heads/{BRANCH}") == head and commits_on(standin, BRANCH, main) == [head]
 
 
-def test_a_crash_between_the_ref_and_the_put_is_finished_by_the_next_process(forge: GitHubForge,
-                                                                              standin: GitHubStandIn) -> None:
+def test_a_crash_between_the_ref_and_the_put_is_finished_by_the_next_process(
+    forge: GitHubForge, standin: GitHubStandIn
+) -> None:
     main = forge.main_sha()
     standin.inject("PUT", r"/contents/train\.py$", "502")  # the PUT never lands (the process died before it)
     with pytest.raises(github.GithubException):
@@ -130,8 +141,7 @@ def test_a_put_repeated_by_the_client_after_a_lost_answer_resolves_its_409(stand
     assert commits_on(standin, BRANCH, main) == [head] and standin.read(head, "train.py") == changed(3, "x")
 
 
-def test_a_branch_left_on_an_older_main_is_rebuilt_on_the_new_base(forge: GitHubForge,
-                                                                   standin: GitHubStandIn) -> None:
+def test_a_branch_left_on_an_older_main_is_rebuilt_on_the_new_base(forge: GitHubForge, standin: GitHubStandIn) -> None:
     old_main = forge.main_sha()
     forge.create_branch(BRANCH, old_main, {"train.py": changed(3, "x")}, "x")
     new_main = standin.push_file("program.md", "# edited\n", user="alice", message="edit")

@@ -26,15 +26,21 @@ ROLES = {"olga": "admin", "max": "maintain", "alice": "write", "tom": "triage", 
 
 @pytest.fixture
 def standin(tmp_path: Path) -> Iterator[GitHubStandIn]:
-    with GitHubStandIn(tmp_path / "github", files={"train.py": "lr = 0.01\n"}, collaborators=ROLES,
-                       members={"mia"}, private=True) as gh:
+    with GitHubStandIn(
+        tmp_path / "github", files={"train.py": "lr = 0.01\n"}, collaborators=ROLES, members={"mia"}, private=True
+    ) as gh:
         yield gh
         assert gh.violations == [], gh.violations
 
 
 def lookup(gh: GitHubStandIn, clock: list[float]) -> CollaboratorPermissions:
-    repo = github.Github(auth=github.Auth.Token("tok-bot"), base_url=gh.api_url, retry=None,
-                         seconds_between_requests=None, seconds_between_writes=None).get_repo("octo-org/research")
+    repo = github.Github(
+        auth=github.Auth.Token("tok-bot"),
+        base_url=gh.api_url,
+        retry=None,
+        seconds_between_requests=None,
+        seconds_between_writes=None,
+    ).get_repo("octo-org/research")
     return CollaboratorPermissions.for_repository(repo, clock=lambda: clock[0])
 
 
@@ -46,8 +52,15 @@ def test_admin_maintain_and_write_steer_triage_read_and_none_do_not(standin: Git
     permissions = lookup(standin, [0.0])
     verdicts = {login: permissions.access(login) for login in [*ROLES, "mia", "stranger", "octo-org"]}
     assert {login: (a.role, a.may_steer) for login, a in verdicts.items()} == {
-        "olga": ("admin", True), "max": ("maintain", True), "alice": ("write", True), "tom": ("triage", False),
-        "rita": ("read", False), "mia": ("read", False), "stranger": ("none", False), "octo-org": ("admin", True)}
+        "olga": ("admin", True),
+        "max": ("maintain", True),
+        "alice": ("write", True),
+        "tom": ("triage", False),
+        "rita": ("read", False),
+        "mia": ("read", False),
+        "stranger": ("none", False),
+        "octo-org": ("admin", True),
+    }
 
 
 def test_the_legacy_permission_field_is_read_with_the_role_name() -> None:

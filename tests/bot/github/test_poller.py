@@ -66,10 +66,16 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
     for name in [n for n in os.environ if n.startswith("AUTORESEARCH_")]:
         monkeypatch.delenv(name)
     monkeypatch.chdir(tmp_path)  # no .env of the machine running the tests
-    with GitHubStandIn(tmp_path / "github", files=FILES, token_users={"tok-bot": BOT},
-                       collaborators={"alice": "write"}) as standin:
-        settings = load_service_settings(repository=REPO, github_token="tok-bot", github_api_url=standin.api_url,
-                                         poll=True, state_dir=tmp_path / "state")
+    with GitHubStandIn(
+        tmp_path / "github", files=FILES, token_users={"tok-bot": BOT}, collaborators={"alice": "write"}
+    ) as standin:
+        settings = load_service_settings(
+            repository=REPO,
+            github_token="tok-bot",
+            github_api_url=standin.api_url,
+            poll=True,
+            state_dir=tmp_path / "state",
+        )
         client = GitHubClient(settings.github(), sleep=lambda s: None)  # the retry backoff does not really wait
         number = open_experiment_pull(client)
         store = Store(tmp_path / "state" / "state.db")
@@ -89,8 +95,7 @@ def open_experiment_pull(client: GitHubClient) -> int:
     repo = client.repo()
     main = repo.get_git_ref("heads/main").object.sha
     base = repo.get_git_commit(main)
-    tree = repo.create_git_tree([InputGitTreeElement("train.py", "100644", "blob", content="lr = 0.02\n")],
-                                base.tree)
+    tree = repo.create_git_tree([InputGitTreeElement("train.py", "100644", "blob", content="lr = 0.02\n")], base.tree)
     commit = repo.create_git_commit("lr 0.02", tree, [base])
     repo.create_git_ref(f"refs/heads/{BRANCH}", commit.sha)
     return repo.create_pull(title="lr 0.02", body="hypothesis", head=BRANCH, base="main").number
@@ -99,7 +104,9 @@ def open_experiment_pull(client: GitHubClient) -> int:
 def experiment(store: Store, number: int) -> int:
     """The store's experiment behind the pull request, being measured."""
     exp = store.experiments.start_proposing("a" * 40)
-    store.experiments.fill_proposal(exp.id, title="lr 0.02", hypothesis="h", slug="x", code_hash="c1", train_py="x", meta={})
+    store.experiments.fill_proposal(
+        exp.id, title="lr 0.02", hypothesis="h", slug="x", code_hash="c1", train_py="x", meta={}
+    )
     store.experiments.update(exp.id, branch=BRANCH, head_sha="b" * 40)
     store.db.execute("UPDATE experiments SET state = 'measuring' WHERE id = ?", (exp.id,))
     store.published.set(exp.id, "pr", str(number))
@@ -196,7 +203,8 @@ def test_a_poll_with_nothing_new_makes_only_304_answers(world: World) -> None:
 
 
 def test_more_comments_than_a_page_are_all_read_and_the_cursor_moves_past_them(
-        world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(poller_module, "PER_PAGE", 2)
     for i in range(5):
         world.standin.advance(1)  # one second apart: the cursor is a time
@@ -227,8 +235,9 @@ def test_a_502_fails_one_poll_and_the_next_catches_up(world: World) -> None:
 def test_comments_from_before_polling_began_are_not_replayed(world: World, tmp_path: Path) -> None:
     world.standin.comment(world.number, "alice", "/pause")
     fresh = Store(tmp_path / "fresh.db")  # a bot that starts polling now, with the comment already there
-    poller = Poller(world.client, fresh, interval_s=world.poller.interval_s,
-                    now=lambda: datetime.now(UTC) + timedelta(seconds=2))
+    poller = Poller(
+        world.client, fresh, interval_s=world.poller.interval_s, now=lambda: datetime.now(UTC) + timedelta(seconds=2)
+    )
 
     assert poller.poll_once() == 0
     assert fresh.inbox.all() == []
@@ -295,8 +304,9 @@ def ended(world: World) -> int:
 def by_webhook(world: World, action: str, sender: str) -> str:
     """The verdict webhook mode gives: GitHub's real pull_request delivery (the vendored example) for
     this pull request, sent by `sender`, through webhooks.normalize and the same handler."""
-    payload = copy.deepcopy(next(e for e in json.loads((EXAMPLES / "pull_request.json").read_text())
-                                 if e.get("action") == action))
+    payload = copy.deepcopy(
+        next(e for e in json.loads((EXAMPLES / "pull_request.json").read_text()) if e.get("action") == action)
+    )
     payload["repository"]["full_name"] = REPO
     payload["pull_request"].update(number=world.number, merged=False)
     payload["pull_request"]["head"].update(ref=BRANCH, sha="b" * 40)
@@ -358,7 +368,8 @@ def test_a_close_by_someone_without_write_access_cancels_nothing_by_poll_as_by_w
 
 
 def test_who_reopened_is_the_newest_reopen_even_past_the_first_page_of_events(
-        world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(poller_module, "PER_PAGE", 2)
     world.standin.state.collaborators.update(tom="triage", bob="write")
     world.standin.close_pr(world.number, "alice")
@@ -389,7 +400,8 @@ def test_a_merge_seen_by_poll_asks_nobody(world: World) -> None:
 
 
 def test_a_poll_that_failed_to_store_a_reopen_reads_its_events_again_for_free(
-        world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
     exp_id = ended(world)
     world.standin.reopen_pr(world.number, "alice")
     real = Inbox.add
@@ -420,12 +432,15 @@ def test_pause_in_a_tracking_issue_is_acknowledged_there(world: World) -> None:
     assert len(world.standin.requests) - before == 3
     events = world.events()
     assert [(e.command, e.number, e.issue_number) for e in events] == [
-        ("pause", None, tracking), ("keep", None, tracking)]
+        ("pause", None, tracking),
+        ("keep", None, tracking),
+    ]
     world.apply_inbox()
     assert world.store.state.paused
     assert [e.outcome for e in world.store.inbox.all()] == [
         "paused: running experiments finish, nothing new is proposed until /resume",
-        "/keep works on an experiment's pull request"]  # a plain issue names no experiment
+        "/keep works on an experiment's pull request",
+    ]  # a plain issue names no experiment
 
     publisher = GitHubPublisher(world.store, world.client.repo(), read_file=lambda sha, path: "", uses_app=True)
     publisher.publish(Snapshot(main_sha="", main_val_bpb=None, margin=0.01, progress={}, budget_s=300.0))

@@ -45,30 +45,61 @@ class World:
     run_id: int
 
     def publish(self, **progress: object) -> None:
-        self.publisher.publish(Snapshot(main_sha="", main_val_bpb=2.0, margin=0.01,
-                                        progress={self.run_id: dict(progress)} if progress else {}, budget_s=300.0))
+        self.publisher.publish(
+            Snapshot(
+                main_sha="",
+                main_val_bpb=2.0,
+                margin=0.01,
+                progress={self.run_id: dict(progress)} if progress else {},
+                budget_s=300.0,
+            )
+        )
 
 
 def world_for(tmp_path: Path, token_user: str) -> Iterator[World]:
-    with GitHubStandIn(tmp_path / "github", files={"train.py": TRAIN}, token_users={"tok": token_user},
-                       collaborators={"researcher": "admin"}) as gh:
-        repo = github.Github(auth=github.Auth.Token("tok"), base_url=gh.api_url, retry=None,
-                             seconds_between_requests=None, seconds_between_writes=None).get_repo("octo-org/research")
+    with GitHubStandIn(
+        tmp_path / "github",
+        files={"train.py": TRAIN},
+        token_users={"tok": token_user},
+        collaborators={"researcher": "admin"},
+    ) as gh:
+        repo = github.Github(
+            auth=github.Auth.Token("tok"),
+            base_url=gh.api_url,
+            retry=None,
+            seconds_between_requests=None,
+            seconds_between_writes=None,
+        ).get_repo("octo-org/research")
         forge = GitHubForge(repo)
         main = forge.main_sha()
         store = Store(tmp_path / "state.db")
         exp = store.experiments.start_proposing(main)
-        store.experiments.fill_proposal(exp.id, title="higher lr", hypothesis="faster", slug="higher-lr", code_hash="c1",
-                            train_py="lr = 0.02\n", meta={})
+        store.experiments.fill_proposal(
+            exp.id,
+            title="higher lr",
+            hypothesis="faster",
+            slug="higher-lr",
+            code_hash="c1",
+            train_py="lr = 0.02\n",
+            meta={},
+        )
         head = forge.create_branch("autoresearch/1-higher-lr", main, {"train.py": "lr = 0.02\n"}, "higher lr")
         store.experiments.update(exp.id, state=State.BRANCHED, head_sha=head)
-        run = store.runs.add(experiment_id=exp.id, purpose="candidate", code_hash="c1", commit_sha=head,
-                            base_sha=main, asset="lr = 0.02\n", profile="smoke",
-                            experiment_fields={"state": State.MEASURING})
+        run = store.runs.add(
+            experiment_id=exp.id,
+            purpose="candidate",
+            code_hash="c1",
+            commit_sha=head,
+            base_sha=main,
+            asset="lr = 0.02\n",
+            profile="smoke",
+            experiment_fields={"state": State.MEASURING},
+        )
         store.state.bot_login = token_user  # as bot.app.serve writes it when it connects
         clock = Clock()
-        publisher = GitHubPublisher(store, repo, read_file=forge.read_file, uses_app=token_user.endswith("[bot]"),
-                                    clock=clock)
+        publisher = GitHubPublisher(
+            store, repo, read_file=forge.read_file, uses_app=token_user.endswith("[bot]"), clock=clock
+        )
         yield World(gh, store, publisher, clock, exp.id, run.id)
         assert gh.violations == []
 
@@ -85,10 +116,18 @@ def token_world(tmp_path: Path) -> Iterator[World]:
 
 def finish(world: World, status: str, val_bpb: float) -> None:
     store = world.store
-    store.runs.finish(world.run_id, status="ok", val_bpb=val_bpb, metrics={"num_steps": 100}, error=None,
-                     log_tail="step 100 loss 3.2")
-    store.experiments.update(world.exp_id, state=State.CLOSING, status=status, val_bpb=val_bpb, delta=val_bpb - 2.0,
-                            margin=0.01, reason=f"{status}: numbers")
+    store.runs.finish(
+        world.run_id, status="ok", val_bpb=val_bpb, metrics={"num_steps": 100}, error=None, log_tail="step 100 loss 3.2"
+    )
+    store.experiments.update(
+        world.exp_id,
+        state=State.CLOSING,
+        status=status,
+        val_bpb=val_bpb,
+        delta=val_bpb - 2.0,
+        margin=0.01,
+        reason=f"{status}: numbers",
+    )
     store.experiments.update(world.exp_id, state=State.DONE)
 
 
@@ -158,8 +197,10 @@ def test_a_first_publish_creates_without_looking_first(app_world: World) -> None
     before = len(gh.requests)  # the branch is the forge's
     world.publish()
     shown = [(r.method, r.operation) for r in gh.requests[before:]]
-    assert shown[:shown.index(("GET", "issues/list-for-repo"))] == [  # then the research log's first lookup
-        ("POST", "pulls/create"), ("POST", "checks/create")]  # the base train.py: the forge read it for the branch
+    assert shown[: shown.index(("GET", "issues/list-for-repo"))] == [  # then the research log's first lookup
+        ("POST", "pulls/create"),
+        ("POST", "checks/create"),
+    ]  # the base train.py: the forge read it for the branch
     [check] = gh.check_runs()
     assert check["status"] == "queued" and gh.labels(gh.pulls()[0]["number"]) == []  # the check shows it
 
@@ -203,7 +244,10 @@ def test_an_experiment_measured_again_loses_its_verdict_label_until_the_new_verd
     before = len(gh.requests)
     world.publish()
     assert [r.operation for r in gh.requests[before:] if r.method != "GET"] == [
-        "pulls/update", "issues/remove-label", "checks/create"]
+        "pulls/update",
+        "issues/remove-label",
+        "checks/create",
+    ]
     [pull] = gh.pulls()
     assert pull["state"] == "open" and gh.labels(pull["number"]) == ["needs a GPU"]
     world.publish()
@@ -213,6 +257,7 @@ def test_an_experiment_measured_again_loses_its_verdict_label_until_the_new_verd
 
 
 # --- only the bot's own content is the bot's: markers, replies ---------------------------------------
+
 
 def test_a_persons_comment_with_the_bots_decision_marker_is_not_adopted(app_world: World) -> None:
     gh, world = app_world.standin, app_world
@@ -239,7 +284,8 @@ def test_a_reply_that_cannot_be_posted_is_given_up_and_the_rest_go_on(app_world:
     world.publish()
     assert world.store.replies.pending() == []
     assert [c["body"] for c in gh.comments(number) if c["user"]["login"] == "autoresearch-bot[bot]"] == [
-        render.ack_comment("rerun", "", "measured once more", command)]
+        render.ack_comment("rerun", "", "measured once more", command)
+    ]
     assert any("given up" in e["message"] and "9999" in e["message"] for e in world.store.events.all())
 
 
@@ -266,8 +312,9 @@ def test_a_persons_comment_with_the_bots_ack_marker_does_not_stand_for_the_reply
     gh.comment(number, "mallory", f"{render.marker('ack', command)}\nsure, done")
     world.store.replies.add(command, number, render.ack_comment("rerun", "", "measured once more", command))
     world.publish()
-    assert [c["user"]["login"] for c in gh.comments(number)
-            if (render.find_marker(c["body"]) or ("",))[0] == "ack"] == ["mallory", "autoresearch-bot[bot]"]
+    assert [
+        c["user"]["login"] for c in gh.comments(number) if (render.find_marker(c["body"]) or ("",))[0] == "ack"
+    ] == ["mallory", "autoresearch-bot[bot]"]
 
 
 def test_a_pull_request_closed_while_away_goes_through_the_same_permission_check(app_world: World) -> None:
@@ -276,13 +323,15 @@ def test_a_pull_request_closed_while_away_goes_through_the_same_permission_check
     number = gh.pulls()[0]["number"]
     gh.state.collaborators["tom"] = "triage"
     gh.close_pr(number, "tom")  # its webhook found nobody listening
-    restarted = GitHubPublisher(world.store, world.publisher.repo, read_file=world.publisher.read_file,
-                                uses_app=True, clock=world.clock)
+    restarted = GitHubPublisher(
+        world.store, world.publisher.repo, read_file=world.publisher.read_file, uses_app=True, clock=world.clock
+    )
     world.publisher = restarted
     world.publish()
     [entry] = [e for e in world.store.inbox.all() if e.key.startswith("github:reconcile-pr-")]
-    events = GitHubEvents("octo-org/research", CollaboratorPermissions.for_repository(restarted.repo),
-                          loop=inbox.router)
+    events = GitHubEvents(
+        "octo-org/research", CollaboratorPermissions.for_repository(restarted.repo), loop=inbox.router
+    )
     apply_inbox(world.store, Router(inbox.router, events.router()))
     assert "triage role" in (world.store.inbox.all()[0].outcome or "")
     assert world.store.experiments.get(world.exp_id).request is None

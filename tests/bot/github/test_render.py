@@ -17,30 +17,75 @@ HEAD = "bbbbbbb" + "2" * 33
 MERGED = "ccccccc" + "3" * 33
 BASE_TRAIN_PY = "".join(f"line {i}\n" for i in range(100))
 # line 10 replaced, line 50 removed, two lines added at the end: +3 -2
-NEW_TRAIN_PY = "".join(f"line {i}\n" for i in range(100) if i not in (10, 50)).replace(
-    "line 9\n", "line 9\nline ten\n") + "extra 1\nextra 2\n"
+NEW_TRAIN_PY = (
+    "".join(f"line {i}\n" for i in range(100) if i not in (10, 50)).replace("line 9\n", "line 9\nline ten\n")
+    + "extra 1\nextra 2\n"
+)
 MULTIBYTE = "損失が発散した 🔥 "  # 3- and 4-byte characters
 
 
 def experiment(**fields: Any) -> Experiment:
     default = Experiment(
-        id=12, state="done", status="keep", title="Raise MATRIX_LR 0.04 -> 0.05",
+        id=12,
+        state="done",
+        status="keep",
+        title="Raise MATRIX_LR 0.04 -> 0.05",
         hypothesis="A higher matrix learning rate converges faster within the budget.",
-        branch="autoresearch/12-raise-matrix-lr", code_hash="c" * 64, train_py=NEW_TRAIN_PY,
-        meta={}, base_sha=MAIN, head_sha=HEAD, merged_sha=None, val_bpb=0.9712, delta=-0.0061, margin=0.002,
-        remeasured_delta=None, reason="val_bpb 0.971200 beats main 0.977300 by 0.006100, more than the noise margin",
-        error_tail=None, failures=0, retry_at=None, created_at=1.0, updated_at=2.0)
+        branch="autoresearch/12-raise-matrix-lr",
+        code_hash="c" * 64,
+        train_py=NEW_TRAIN_PY,
+        meta={},
+        base_sha=MAIN,
+        head_sha=HEAD,
+        merged_sha=None,
+        val_bpb=0.9712,
+        delta=-0.0061,
+        margin=0.002,
+        remeasured_delta=None,
+        reason="val_bpb 0.971200 beats main 0.977300 by 0.006100, more than the noise margin",
+        error_tail=None,
+        failures=0,
+        retry_at=None,
+        created_at=1.0,
+        updated_at=2.0,
+    )
     return replace(default, **fields)
 
 
 def run(run_id: int, val_bpb: float | None, **fields: Any) -> Run:
     default = Run(
-        id=run_id, experiment_id=12, purpose="candidate", code_hash="c" * 64, commit_sha=HEAD, base_sha=MAIN,
-        asset=NEW_TRAIN_PY, profile="smoke", seed=run_id, state="done", status="ok", val_bpb=val_bpb,
-        metrics={"peak_vram_mb": 2048.0, "mfu_percent": 31.5, "total_tokens_M": 12.5, "num_steps": 240,
-                 "num_params_M": 11.2, "training_seconds": 300.0, "total_seconds": 331.4},
-        harness_hash="h", data_fingerprint="d", error=None, log_tail=None, run_dir=None, queued_at=1.0,
-        started_at=2.0, finished_at=3.0, rerun_of=None, note=None)
+        id=run_id,
+        experiment_id=12,
+        purpose="candidate",
+        code_hash="c" * 64,
+        commit_sha=HEAD,
+        base_sha=MAIN,
+        asset=NEW_TRAIN_PY,
+        profile="smoke",
+        seed=run_id,
+        state="done",
+        status="ok",
+        val_bpb=val_bpb,
+        metrics={
+            "peak_vram_mb": 2048.0,
+            "mfu_percent": 31.5,
+            "total_tokens_M": 12.5,
+            "num_steps": 240,
+            "num_params_M": 11.2,
+            "training_seconds": 300.0,
+            "total_seconds": 331.4,
+        },
+        harness_hash="h",
+        data_fingerprint="d",
+        error=None,
+        log_tail=None,
+        run_dir=None,
+        queued_at=1.0,
+        started_at=2.0,
+        finished_at=3.0,
+        rerun_of=None,
+        note=None,
+    )
     return replace(default, **fields)
 
 
@@ -55,6 +100,7 @@ def huge_log() -> str:
 
 
 # --- markers --------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("kind, exp_id, extra", [("pr", 12, ""), ("decision", 12, "keep"), ("ack", 987654321, "")])
 def test_markers_round_trip_and_are_hidden_html_comments(kind: str, exp_id: int, extra: str) -> None:
@@ -97,6 +143,7 @@ def test_every_comment_carries_its_own_marker() -> None:
 
 # --- check titles and statuses ----------------------------------------------------------------------
 
+
 def test_check_title_of_a_kept_experiment_reads_exactly_as_specified() -> None:
     title = render.check_title(experiment(), status="keep", val_bpb=0.9712, delta=-0.0061, margin=0.002)
     assert title == "val_bpb 0.97120 (-0.00610 vs main, noise margin 0.00200): kept"
@@ -125,9 +172,11 @@ def test_check_title_while_waiting_and_training() -> None:
 
 def test_status_description_stays_within_140_characters_for_long_reasons() -> None:
     long = "because " * 200
-    for exp, status in [(experiment(status="crash", error_tail="RuntimeError: " + long), "crash"),
-                        (experiment(status="discard", val_bpb=None, reason=long), "discard"),
-                        (experiment(status="failed", val_bpb=None, reason=MULTIBYTE * 50), "failed")]:
+    for exp, status in [
+        (experiment(status="crash", error_tail="RuntimeError: " + long), "crash"),
+        (experiment(status="discard", val_bpb=None, reason=long), "discard"),
+        (experiment(status="failed", val_bpb=None, reason=MULTIBYTE * 50), "failed"),
+    ]:
         description = render.status_description(exp, status=status)
         assert len(description) <= 140 and "\n" not in description
     short = render.status_description(experiment(), status="keep")
@@ -143,7 +192,12 @@ def test_an_unknown_status_is_refused_with_the_known_ones() -> None:
 
 def test_conclusions_and_labels_cover_every_finished_status() -> None:
     assert {s: render.conclusion(s) for s in ("keep", "discard", "crash", "failed", "cancelled")} == {
-        "keep": "success", "discard": "neutral", "crash": "failure", "failed": "failure", "cancelled": "cancelled"}
+        "keep": "success",
+        "discard": "neutral",
+        "crash": "failure",
+        "failed": "failure",
+        "cancelled": "cancelled",
+    }
     assert render.LABELS["keep"].name == "autoresearch: kept"
     assert render.LABELS["crash"].name == "autoresearch: crashed"
     assert set(render.LABELS) == {"keep", "discard", "crash", "cancelled", "failed"}  # in flight: the check shows it
@@ -153,6 +207,7 @@ def test_conclusions_and_labels_cover_every_finished_status() -> None:
 
 
 # --- check fields ---------------------------------------------------------------------------------
+
 
 def test_every_check_field_fits_for_a_1mb_multibyte_log() -> None:
     log = huge_log()
@@ -195,10 +250,20 @@ def test_a_short_log_is_shown_whole() -> None:
 def test_check_summary_lists_the_real_metrics_and_each_run() -> None:
     runs = [run(1, 0.9710), run(2, 0.9714, purpose="confirm"), run(3, None, state="lost", status=None, note="restart")]
     summary = render.check_summary(experiment(), runs, main_val_bpb=0.9773, noise_margin=0.002)
-    for expected in ("| val_bpb | 0.971200 (mean of 2) |", "| Δ vs main | -0.006100 |", "| Noise margin | 0.002000 |",
-                     "| Runs | 2: 0.971000, 0.971400 |", "| Peak memory | 2.00 GB |", "| MFU | 31.50% |",
-                     "| Tokens | 12.5M |", "| Steps | 240 |", "| Parameters | 11.2M |", "| Total seconds | 331.4 |",
-                     "**Decision:** val_bpb 0.971200 beats main", "| 3 | candidate | lost | — | 240 | 331.4 | restart |"):
+    for expected in (
+        "| val_bpb | 0.971200 (mean of 2) |",
+        "| Δ vs main | -0.006100 |",
+        "| Noise margin | 0.002000 |",
+        "| Runs | 2: 0.971000, 0.971400 |",
+        "| Peak memory | 2.00 GB |",
+        "| MFU | 31.50% |",
+        "| Tokens | 12.5M |",
+        "| Steps | 240 |",
+        "| Parameters | 11.2M |",
+        "| Total seconds | 331.4 |",
+        "**Decision:** val_bpb 0.971200 beats main",
+        "| 3 | candidate | lost | — | 240 | 331.4 | restart |",
+    ):
         assert expected in summary
 
 
@@ -210,17 +275,22 @@ def test_check_summary_before_any_run_or_baseline() -> None:
 
 
 def test_progress_summary_reports_step_loss_time_and_percent() -> None:
-    progress = {"step": 120, "loss": 3.41234, "progress": 0.4583, "training_seconds": 110.0,
-                "remaining_seconds": 130.0}
+    progress = {"step": 120, "loss": 3.41234, "progress": 0.4583, "training_seconds": 110.0, "remaining_seconds": 130.0}
     summary = render.progress_summary(progress, 240.0)
-    for expected in ("| Step | 120 |", "| Loss | 3.4123 |", "| Elapsed | 1m50s of 4m00s |", "| Left | 2m10s |",
-                     "| Done | 45.8% |"):
+    for expected in (
+        "| Step | 120 |",
+        "| Loss | 3.4123 |",
+        "| Elapsed | 1m50s of 4m00s |",
+        "| Left | 2m10s |",
+        "| Done | 45.8% |",
+    ):
         assert expected in summary
     assert "None" not in render.progress_summary({}, None)
     assert "| Done | 25.0% |" in render.progress_summary({"step": 1, "training_seconds": 60.0}, 240.0)
 
 
 # --- the pull request -----------------------------------------------------------------------------
+
 
 def test_pr_title_is_prefixed_one_line_and_at_most_256_characters() -> None:
     assert render.pr_title(experiment()) == "[autoresearch #12] Raise MATRIX_LR 0.04 -> 0.05"
@@ -236,14 +306,17 @@ def test_diff_size_counts_added_and_removed_lines() -> None:
 def test_pr_body_lists_the_diff_size_history_main_and_steering() -> None:
     history = [experiment(id=i, status="discard", title=f"idea {i}", val_bpb=0.98, delta=0.0027) for i in range(1, 9)]
     history.append(experiment(id=9, status="crash", title="crashing idea", val_bpb=None, delta=None))
-    exp = experiment(meta={"expected": "about -0.005 val_bpb",
-                           "changes": [{"name": "MATRIX_LR", "old": 0.04, "new": 0.05}]})
+    exp = experiment(
+        meta={"expected": "about -0.005 val_bpb", "changes": [{"name": "MATRIX_LR", "old": 0.04, "new": 0.05}]}
+    )
     body = render.pr_body(exp, main_sha=MAIN, main_val_bpb=0.9773, base_train_py=BASE_TRAIN_PY, history=history)
     assert "**+3 −2** lines against main `aaaaaaa`" in body
     assert "A higher matrix learning rate" in body and "about -0.005 val_bpb" in body
     assert "- `MATRIX_LR`: 0.04 → 0.05" in body
     assert "Main `aaaaaaa` (this branch's base): val_bpb **0.977300**" in body
-    assert "| #9 crashing idea | crashed | — | — |" in body and "| #5 idea 5 | discarded | 0.980000 | +0.002700 |" in body
+    assert (
+        "| #9 crashing idea | crashed | — | — |" in body and "| #5 idea 5 | discarded | 0.980000 | +0.002700 |" in body
+    )
     assert "#4 idea 4" not in body  # only the last few
     for command in ("/rerun", "/keep", "/discard", "/pause", "/resume", "/try <idea>"):
         assert f"`{command}`" in body
@@ -268,25 +341,46 @@ def test_pr_body_cuts_a_huge_hypothesis_but_keeps_everything_else() -> None:
 
 # --- comments -------------------------------------------------------------------------------------
 
+
 def test_decision_comment_of_a_keep_gives_the_numbers_and_the_merge() -> None:
     exp = experiment(merged_sha=MERGED)
     comment = render.decision_comment(exp, main_val_bpb=0.9773, runs=[run(1, 0.9710), run(2, 0.9714)])
-    for expected in ("### Kept:", "| val_bpb | 0.971200 |", "| main | 0.977300 |", "| Δ vs main | -0.006100 |",
-                     "| Noise margin | 0.002000 |", "| Runs | 2: 0.971000, 0.971400 |", "Merged into main as `ccccccc`"):
+    for expected in (
+        "### Kept:",
+        "| val_bpb | 0.971200 |",
+        "| main | 0.977300 |",
+        "| Δ vs main | -0.006100 |",
+        "| Noise margin | 0.002000 |",
+        "| Runs | 2: 0.971000, 0.971400 |",
+        "Merged into main as `ccccccc`",
+    ):
         assert expected in comment
 
 
 def test_decision_comment_of_a_crash_gives_the_traceback_to_the_next_proposal() -> None:
-    exp = experiment(status="crash", val_bpb=None, delta=None, margin=None, reason="the run crashed: RuntimeError: boom",
-                     error_tail="Traceback (most recent call last):\n  File \"train.py\"\nRuntimeError: boom")
+    exp = experiment(
+        status="crash",
+        val_bpb=None,
+        delta=None,
+        margin=None,
+        reason="the run crashed: RuntimeError: boom",
+        error_tail='Traceback (most recent call last):\n  File "train.py"\nRuntimeError: boom',
+    )
     comment = render.decision_comment(exp, main_val_bpb=None, runs=[run(1, None, status="crash")])
     assert render.find_marker(comment) == ("decision", 12, "crash")
     assert "RuntimeError: boom\n```" in comment and "given to the next proposal" in comment
     assert "None" not in comment
 
 
-@pytest.mark.parametrize("status, words", [("discard", "kept as a record"), ("cancelled", "`/rerun`"),
-                                           ("failed", "gave up after 3 failed attempts"), (None, "No decision yet")])
+@pytest.mark.parametrize(
+    "status, words",
+    [
+        ("discard", "kept as a record"),
+        ("cancelled", "`/rerun`"),
+        ("failed", "gave up after 3 failed attempts"),
+        (None, "No decision yet"),
+    ],
+)
 def test_decision_comment_says_what_happens_next(status: str | None, words: str) -> None:
     exp = experiment(status=status, failures=3, val_bpb=None if status == "failed" else 0.98)
     comment = render.decision_comment(exp, main_val_bpb=None, runs=[])
@@ -301,14 +395,18 @@ def test_decision_comment_of_a_huge_crash_fits_a_comment() -> None:
 
 def test_ack_comment_quotes_the_command_and_says_the_outcome() -> None:
     ack = render.ack_comment("/try", "rotary embeddings\nand a longer context", "the agent will read it", 42)
-    assert ack == ("<!-- autoresearch:ack:42 -->\n> /try rotary embeddings\n> and a longer context\n\n"
-                   "the agent will read it")
+    assert ack == (
+        "<!-- autoresearch:ack:42 -->\n> /try rotary embeddings\n> and a longer context\n\nthe agent will read it"
+    )
     assert within(render.ack_comment("try", MULTIBYTE * 50_000, "noted", 1), render.PR_BODY_LIMIT)
 
 
 def test_numbers_are_rounded_as_specified() -> None:
     exp = replace(experiment(), val_bpb=0.123456789, delta=0.0000049, margin=0.00123)
-    assert render.check_title(exp, status="discard") == "val_bpb 0.12346 (+0.00000 vs main, noise margin 0.00123): discarded"
+    assert (
+        render.check_title(exp, status="discard")
+        == "val_bpb 0.12346 (+0.00000 vs main, noise margin 0.00123): discarded"
+    )
     assert "| val_bpb | 0.123457 |" in render.check_summary(exp, [], main_val_bpb=0.12, noise_margin=None)
 
 
@@ -319,22 +417,31 @@ def test_a_numeric_expected_effect_reads_as_a_signed_val_bpb_change() -> None:
 
 
 def test_the_agents_cost_is_shown_in_the_pull_request_and_the_check() -> None:
-    exp = experiment(meta={"cost_usd": 0.0421, "model": "claude-sonnet-4-5", "risk": "may diverge",
-                         "usage": {"input_tokens": 1200, "cache_read_input_tokens": 30000, "output_tokens": 900}})
+    exp = experiment(
+        meta={
+            "cost_usd": 0.0421,
+            "model": "claude-sonnet-4-5",
+            "risk": "may diverge",
+            "usage": {"input_tokens": 1200, "cache_read_input_tokens": 30000, "output_tokens": 900},
+        }
+    )
     body = render.pr_body(exp, main_sha="a" * 40, main_val_bpb=1.0, base_train_py="", history=[])
     assert "Proposing it cost $0.0421 (claude-sonnet-4-5): 1,200 input, 30,000 cache read, 900 output tokens" in body
     assert "Risk: may diverge" in body
     assert "| Agent cost | $0.0421" in render.check_summary(exp, [], main_val_bpb=1.0, noise_margin=0.01)
     assert render.agent_cost({}) == ""
     fix = experiment(meta={"fixes": 7})
-    assert "the fix of experiment 7" in render.pr_body(fix, main_sha="a" * 40, main_val_bpb=1.0, base_train_py="",
-                                                        history=[])
+    assert "the fix of experiment 7" in render.pr_body(
+        fix, main_sha="a" * 40, main_val_bpb=1.0, base_train_py="", history=[]
+    )
 
 
 def test_a_run_on_actions_links_its_log_and_an_unsandboxed_run_says_so() -> None:
     url = "https://github.com/owner/research/actions/runs/42"
-    runs = [run(1, 0.98, metrics={"actions_url": url, "sandboxed": True, "total_seconds": 321.5}),
-            run(2, 0.97, metrics={"sandboxed": False})]
+    runs = [
+        run(1, 0.98, metrics={"actions_url": url, "sandboxed": True, "total_seconds": 321.5}),
+        run(2, 0.97, metrics={"sandboxed": False}),
+    ]
     summary = render.check_summary(experiment(), runs, main_val_bpb=0.99, noise_margin=0.002)
     assert f"| 1 | candidate | ok | 0.980000 | — | 321.5 | [Actions log]({url}) |" in summary
     assert "unsandboxed" in summary.split("| 2 |")[1].splitlines()[0]

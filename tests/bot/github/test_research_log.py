@@ -42,19 +42,38 @@ class World:
 
     def log(self, store: Store | None = None) -> ResearchLog:
         """A ResearchLog as a fresh process makes it (nothing kept in memory between them)."""
-        return ResearchLog(store or self.store, self.repo, pace_write=lambda: self.writes.append("w"),
-                           clock=self.clock, every_s=EVERY_S)
+        return ResearchLog(
+            store or self.store,
+            self.repo,
+            pace_write=lambda: self.writes.append("w"),
+            clock=self.clock,
+            every_s=EVERY_S,
+        )
 
     def keep(self, title: str, val_bpb: float, pull: int | None = None) -> int:
         """An experiment that ran, was kept, and (with `pull`) was shown as that pull request."""
         store = self.store
         exp = store.experiments.start_proposing(self.main)
-        store.experiments.fill_proposal(exp.id, title=title, hypothesis="h", slug=f"exp-{exp.id}", code_hash=f"c{exp.id}",
-                            train_py=f"# {title}\n", meta={})
+        store.experiments.fill_proposal(
+            exp.id,
+            title=title,
+            hypothesis="h",
+            slug=f"exp-{exp.id}",
+            code_hash=f"c{exp.id}",
+            train_py=f"# {title}\n",
+            meta={},
+        )
         store.experiments.update(exp.id, state=State.BRANCHED, head_sha="b" * 40)
         store.experiments.update(exp.id, state=State.MEASURING)
-        store.experiments.update(exp.id, state=State.CLOSING, status="keep", val_bpb=val_bpb, delta=val_bpb - 1.0,
-                                margin=0.01, reason="keep: better")
+        store.experiments.update(
+            exp.id,
+            state=State.CLOSING,
+            status="keep",
+            val_bpb=val_bpb,
+            delta=val_bpb - 1.0,
+            margin=0.01,
+            reason="keep: better",
+        )
         store.experiments.update(exp.id, state=State.DONE)
         if pull is not None:
             store.published.set(exp.id, "pr", str(pull))
@@ -64,12 +83,26 @@ class World:
         """An experiment whose candidate run is training now: (experiment id, run id)."""
         store = self.store
         exp = store.experiments.start_proposing(self.main)
-        store.experiments.fill_proposal(exp.id, title=title, hypothesis="h", slug=f"exp-{exp.id}", code_hash=f"c{exp.id}",
-                            train_py=f"# {title}\n", meta={})
+        store.experiments.fill_proposal(
+            exp.id,
+            title=title,
+            hypothesis="h",
+            slug=f"exp-{exp.id}",
+            code_hash=f"c{exp.id}",
+            train_py=f"# {title}\n",
+            meta={},
+        )
         store.experiments.update(exp.id, state=State.BRANCHED, head_sha="c" * 40)
-        run = store.runs.add(experiment_id=exp.id, purpose="candidate", code_hash=f"c{exp.id}", commit_sha="c" * 40,
-                            base_sha=self.main, asset=f"# {title}\n", profile="smoke",
-                            experiment_fields={"state": State.MEASURING})
+        run = store.runs.add(
+            experiment_id=exp.id,
+            purpose="candidate",
+            code_hash=f"c{exp.id}",
+            commit_sha="c" * 40,
+            base_sha=self.main,
+            asset=f"# {title}\n",
+            profile="smoke",
+            experiment_fields={"state": State.MEASURING},
+        )
         store.runs.mark_started(run.id, "fake://1")
         return exp.id, run.id
 
@@ -86,15 +119,31 @@ class World:
 
 @pytest.fixture
 def world(tmp_path: Path) -> Iterator[World]:
-    with GitHubStandIn(tmp_path / "github", files={"train.py": "lr = 0.01\n"}, token_users={"tok": BOT},
-                       collaborators={"researcher": "admin"}) as gh:
-        repo = github.Github(auth=github.Auth.Token("tok"), base_url=gh.api_url, retry=None,
-                             seconds_between_requests=None, seconds_between_writes=None).get_repo("octo-org/research")
+    with GitHubStandIn(
+        tmp_path / "github",
+        files={"train.py": "lr = 0.01\n"},
+        token_users={"tok": BOT},
+        collaborators={"researcher": "admin"},
+    ) as gh:
+        repo = github.Github(
+            auth=github.Auth.Token("tok"),
+            base_url=gh.api_url,
+            retry=None,
+            seconds_between_requests=None,
+            seconds_between_writes=None,
+        ).get_repo("octo-org/research")
         store = Store(tmp_path / "state.db")
         store.state.bot_login = BOT  # as bot.app.serve writes it when it connects
         main = gh.ref("heads/main") or ""
-        run = store.runs.add(experiment_id=None, purpose="baseline", code_hash="main", commit_sha=main, base_sha=main,
-                            asset="lr = 0.01\n", profile="smoke")
+        run = store.runs.add(
+            experiment_id=None,
+            purpose="baseline",
+            code_hash="main",
+            commit_sha=main,
+            base_sha=main,
+            asset="lr = 0.01\n",
+            profile="smoke",
+        )
         store.runs.finish(run.id, status="ok", val_bpb=1.0, metrics={}, error=None, log_tail=None)
         yield World(gh, store, repo, Clock(), main)
         assert gh.violations == []
@@ -213,8 +262,16 @@ def test_a_deleted_log_is_opened_again(world: World) -> None:
 def test_the_body_keeps_github_limits_however_many_changes_are_kept() -> None:
     title = "<!-- autoresearch:log:0 --> a long title " + "é" * 300
     kept = [Kept(i, title, 1.0 - i * 1e-4, -1e-4, None, 1000 + i) for i in range(1, 2001)]
-    facts = Facts(baseline=1.0, kept=kept, finished={"keep": 2000}, in_progress=1, finished_last_day=48,
-                  spent_usd=12.5, running=[], queued=2)
+    facts = Facts(
+        baseline=1.0,
+        kept=kept,
+        finished={"keep": 2000},
+        in_progress=1,
+        finished_last_day=48,
+        spent_usd=12.5,
+        running=[],
+        queued=2,
+    )
     body = log_body(facts, now=0.0)
     assert len(body.encode()) <= 65_536 and body.count("<!-- autoresearch:") == 1
     assert "| 2000 |" in body and "| 1 |" not in body and "kept changes are not listed" in body
@@ -223,8 +280,7 @@ def test_the_body_keeps_github_limits_however_many_changes_are_kept() -> None:
 
 
 def test_a_persons_labelled_issue_with_the_marker_is_not_taken_for_the_log(world: World) -> None:
-    world.standin.open_issue("researcher", "fake log", f"{render.marker('log', 0)}\nall is well",
-                             labels=[LABEL.name])
+    world.standin.open_issue("researcher", "fake log", f"{render.marker('log', 0)}\nall is well", labels=[LABEL.name])
     world.log().update()
     [log] = [i for i in world.standin.issues() if i["user"]["login"] == BOT]
     assert world.creates() == 1 and log["title"] == TITLE

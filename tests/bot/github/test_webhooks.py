@@ -25,8 +25,17 @@ from bot.github.webhooks import (
 )
 
 EXAMPLES_DIR = Path(__file__).parent / "webhook_examples"
-HANDLED_EVENTS = ("ping", "push", "pull_request", "issue_comment", "pull_request_review",
-                  "pull_request_review_comment", "check_run", "installation", "installation_repositories")
+HANDLED_EVENTS = (
+    "ping",
+    "push",
+    "pull_request",
+    "issue_comment",
+    "pull_request_review",
+    "pull_request_review_comment",
+    "check_run",
+    "installation",
+    "installation_repositories",
+)
 
 
 def examples(event: str) -> list[dict[str, Any]]:
@@ -34,8 +43,11 @@ def examples(event: str) -> list[dict[str, Any]]:
 
 
 def all_examples() -> list[tuple[str, int, dict[str, Any]]]:
-    return [(path.stem, i, payload) for path in sorted(EXAMPLES_DIR.glob("*.json"))
-            for i, payload in enumerate(json.loads(path.read_text()))]
+    return [
+        (path.stem, i, payload)
+        for path in sorted(EXAMPLES_DIR.glob("*.json"))
+        for i, payload in enumerate(json.loads(path.read_text()))
+    ]
 
 
 def example(event: str, action: str | None = None, **where: Any) -> dict[str, Any]:
@@ -57,38 +69,69 @@ def expected_kind(event: str, payload: dict[str, Any]) -> str:
         return "push" if payload["ref"].startswith("refs/heads/") else "ignored"
     if event in ("installation", "installation_repositories"):
         return "installation"
-    return {("pull_request", "closed"): "pr_closed",
-            ("pull_request", "reopened"): "pr_reopened",
-            ("pull_request_review_comment", "created"): "feedback",
-            ("check_run", "rerequested"): "check_rerun",
-            ("check_run", "requested_action"): "check_action"}.get((event, action), "ignored")
+    return {
+        ("pull_request", "closed"): "pr_closed",
+        ("pull_request", "reopened"): "pr_reopened",
+        ("pull_request_review_comment", "created"): "feedback",
+        ("check_run", "rerequested"): "check_rerun",
+        ("check_run", "requested_action"): "check_action",
+    }.get((event, action), "ignored")
 
 
 def expected_fields(kind: str, p: dict[str, Any]) -> dict[str, Any]:
     """The fields a handler of `kind` reads, taken straight from the payload."""
-    common = {"sender": p["sender"]["login"], "sender_type": p["sender"]["type"],
-              "installation_id": (p.get("installation") or {}).get("id")}
+    common = {
+        "sender": p["sender"]["login"],
+        "sender_type": p["sender"]["type"],
+        "installation_id": (p.get("installation") or {}).get("id"),
+    }
     if kind == "push":
         files = {f for c in p["commits"] for key in ("added", "modified", "removed") for f in c[key]}
-        return {**common, "repository": p["repository"]["full_name"], "ref": p["ref"], "before": p["before"],
-                "after": p["after"], "branch": p["ref"].removeprefix("refs/heads/"),
-                "changed_files": tuple(sorted(files))}
+        return {
+            **common,
+            "repository": p["repository"]["full_name"],
+            "ref": p["ref"],
+            "before": p["before"],
+            "after": p["after"],
+            "branch": p["ref"].removeprefix("refs/heads/"),
+            "changed_files": tuple(sorted(files)),
+        }
     if kind in ("pr_closed", "pr_reopened"):
         pr = p["pull_request"]
-        return {**common, "repository": p["repository"]["full_name"], "number": pr["number"],
-                "branch": pr["head"]["ref"], "head_sha": pr["head"]["sha"], "merged": pr["merged"]}
+        return {
+            **common,
+            "repository": p["repository"]["full_name"],
+            "number": pr["number"],
+            "branch": pr["head"]["ref"],
+            "head_sha": pr["head"]["sha"],
+            "merged": pr["merged"],
+        }
     if kind == "feedback":  # the vendored review comments
         pr, comment = p["pull_request"], p["comment"]
-        return {**common, "repository": p["repository"]["full_name"], "number": pr["number"],
-                "branch": pr["head"]["ref"], "head_sha": pr["head"]["sha"], "body": comment["body"],
-                "comment_id": comment["id"], "association": comment["author_association"], "command": None}
+        return {
+            **common,
+            "repository": p["repository"]["full_name"],
+            "number": pr["number"],
+            "branch": pr["head"]["ref"],
+            "head_sha": pr["head"]["sha"],
+            "body": comment["body"],
+            "comment_id": comment["id"],
+            "association": comment["author_association"],
+            "command": None,
+        }
     if kind in ("check_rerun", "check_action"):
         run = p["check_run"]
-        return {**common, "repository": p["repository"]["full_name"], "check_run_id": run["id"],
-                "check_name": run["name"], "head_sha": run["head_sha"], "external_id": run["external_id"] or None,
-                "number": run["pull_requests"][0]["number"] if run["pull_requests"] else None,
-                "branch": run["check_suite"]["head_branch"],
-                "requested_action": (p.get("requested_action") or {}).get("identifier")}
+        return {
+            **common,
+            "repository": p["repository"]["full_name"],
+            "check_run_id": run["id"],
+            "check_name": run["name"],
+            "head_sha": run["head_sha"],
+            "external_id": run["external_id"] or None,
+            "number": run["pull_requests"][0]["number"] if run["pull_requests"] else None,
+            "branch": run["check_suite"]["head_branch"],
+            "requested_action": (p.get("requested_action") or {}).get("identifier"),
+        }
     if kind == "installation":
         return {**common, "repository": None, "installation_id": p["installation"]["id"]}
     if kind == "ping":
@@ -96,13 +139,20 @@ def expected_fields(kind: str, p: dict[str, Any]) -> dict[str, Any]:
     return {}
 
 
-@pytest.mark.parametrize(("event", "index", "payload"), all_examples(),
-                         ids=[f"{e}-{i}-{p.get('action') or '-'}" for e, i, p in all_examples()])
+@pytest.mark.parametrize(
+    ("event", "index", "payload"),
+    all_examples(),
+    ids=[f"{e}-{i}-{p.get('action') or '-'}" for e, i, p in all_examples()],
+)
 def test_every_vendored_example_normalizes_to_its_kind_and_fields(event: str, index: int, payload: dict) -> None:
     result = normalize(event, f"delivery-{index}", payload)
     kind = expected_kind(event, payload)
-    assert (result.kind, result.event, result.delivery, result.action) == (kind, event, f"delivery-{index}",
-                                                                         payload.get("action"))
+    assert (result.kind, result.event, result.delivery, result.action) == (
+        kind,
+        event,
+        f"delivery-{index}",
+        payload.get("action"),
+    )
     for name, value in expected_fields(kind, payload).items():
         assert getattr(result, name) == value, name
 
@@ -114,16 +164,22 @@ def test_the_vendored_examples_cover_every_event_handled_and_every_kind_but_the_
 
 
 def test_unrelated_events_and_unknown_actions_are_ignored_whatever_their_payload() -> None:
-    for event, payload in [("star", example("star", "created")), ("issues", example("issues", "opened")),
-                           ("a_future_event", {"action": 5, "repository": None}),
-                           ("pull_request", {"action": "labeled"}), ("check_run", {"action": "completed"}),
-                           ("issue_comment", {"action": "edited", "comment": None}),
-                           ("pull_request_review", {"action": "dismissed"}), ("check_suite", {})]:
+    for event, payload in [
+        ("star", example("star", "created")),
+        ("issues", example("issues", "opened")),
+        ("a_future_event", {"action": 5, "repository": None}),
+        ("pull_request", {"action": "labeled"}),
+        ("check_run", {"action": "completed"}),
+        ("issue_comment", {"action": "edited", "comment": None}),
+        ("pull_request_review", {"action": "dismissed"}),
+        ("check_suite", {}),
+    ]:
         result = normalize(event, "d", payload)
         assert result.kind == "ignored", event
 
 
 # --- variants of the vendored examples: what the vendored ones do not show -------------------------
+
 
 def comment_on_pull_request(body: str, *, action: str = "created") -> dict[str, Any]:
     payload = example("issue_comment", action)
@@ -135,10 +191,25 @@ def comment_on_pull_request(body: str, *, action: str = "created") -> dict[str, 
 def test_a_comment_on_a_pull_request_is_feedback_with_its_author_and_association() -> None:
     payload = comment_on_pull_request("Try a warmup of 200 steps instead.")
     result = normalize("issue_comment", "d", payload)
-    assert (result.kind, result.body, result.number, result.comment_id, result.association, result.sender,
-            result.sender_type, result.repository) == (
-        "feedback", "Try a warmup of 200 steps instead.", payload["issue"]["number"], payload["comment"]["id"],
-        "OWNER", "Codertocat", "User", "Codertocat/Hello-World")
+    assert (
+        result.kind,
+        result.body,
+        result.number,
+        result.comment_id,
+        result.association,
+        result.sender,
+        result.sender_type,
+        result.repository,
+    ) == (
+        "feedback",
+        "Try a warmup of 200 steps instead.",
+        payload["issue"]["number"],
+        payload["comment"]["id"],
+        "OWNER",
+        "Codertocat",
+        "User",
+        "Codertocat/Hello-World",
+    )
     assert result.command is None and result.argument == ""
 
 
@@ -183,13 +254,28 @@ def test_a_submitted_review_with_text_is_feedback_or_a_command_and_without_text_
     assert normalize("pull_request_review", "d", review).kind == "ignored"
     review["review"]["body"] = "The loss curve looks noisy."
     result = normalize("pull_request_review", "d", review)
-    assert (result.kind, result.body, result.comment_id, result.number, result.branch, result.head_sha,
-            result.association) == ("feedback", "The loss curve looks noisy.", review["review"]["id"],
-                                    review["pull_request"]["number"], review["pull_request"]["head"]["ref"],
-                                    review["pull_request"]["head"]["sha"], review["review"]["author_association"])
+    assert (
+        result.kind,
+        result.body,
+        result.comment_id,
+        result.number,
+        result.branch,
+        result.head_sha,
+        result.association,
+    ) == (
+        "feedback",
+        "The loss curve looks noisy.",
+        review["review"]["id"],
+        review["pull_request"]["number"],
+        review["pull_request"]["head"]["ref"],
+        review["pull_request"]["head"]["sha"],
+        review["review"]["author_association"],
+    )
     review["review"]["body"] = "/discard it is noise"
-    assert (normalize("pull_request_review", "d", review).command, normalize("pull_request_review", "d", review)
-            .argument) == ("discard", "it is noise")
+    assert (
+        normalize("pull_request_review", "d", review).command,
+        normalize("pull_request_review", "d", review).argument,
+    ) == ("discard", "it is noise")
     review["review"]["body"] = "   \n "
     assert normalize("pull_request_review", "d", review).kind == "ignored"
     dismissed = example("pull_request_review", "dismissed")
@@ -211,7 +297,11 @@ def test_a_comment_by_a_bot_carries_its_sender_type_for_the_handler_to_judge() -
     payload["comment"]["author_association"] = "NONE"
     result = normalize("issue_comment", "d", payload)
     assert (result.kind, result.sender, result.sender_type, result.association) == (
-        "command", "autoresearch-bot[bot]", "Bot", "NONE")
+        "command",
+        "autoresearch-bot[bot]",
+        "Bot",
+        "NONE",
+    )
 
 
 def test_a_merged_pull_request_says_so() -> None:
@@ -237,7 +327,11 @@ def test_a_branch_deletion_is_a_push_and_a_tag_is_not() -> None:
     payload["ref"] = "refs/heads/autoresearch/3-lower-lr"
     result = normalize("push", "d", payload)
     assert (result.kind, result.branch, result.after, result.changed_files) == (
-        "push", "autoresearch/3-lower-lr", ZERO_SHA, ())
+        "push",
+        "autoresearch/3-lower-lr",
+        ZERO_SHA,
+        (),
+    )
 
 
 def test_a_check_run_with_our_external_id_carries_it() -> None:
@@ -248,34 +342,38 @@ def test_a_check_run_with_our_external_id_carries_it() -> None:
 
 # --- commands -------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("text", "parsed"), [
-    ("/rerun", ("rerun", "")),
-    ("/keep", ("keep", "")),
-    ("/discard", ("discard", "")),
-    ("/pause", ("pause", "")),
-    ("/resume", ("resume", "")),
-    ("/try a lower learning rate", ("try", "a lower learning rate")),
-    ("/Keep", ("keep", "")),
-    ("/RERUN please, the GPU was busy", ("rerun", "please, the GPU was busy")),
-    ("/try\tdouble the batch", ("try", "double the batch")),
-    ("/try\nuse a cosine schedule\nwith warmup", ("try", "use a cosine schedule\nwith warmup")),
-    ("/discard\r\nnoise\r\nonly", ("discard", "noise\nonly")),
-    ("\n\n  /pause", ("pause", "")),
-    ("/keep\n\nThanks!", ("keep", "Thanks!")),
-    ("/try", None),              # no idea: plain feedback
-    ("/try   \n  ", None),
-    ("/keeping it", None),       # a longer word is not the command
-    ("/keep.", None),
-    ("/ keep", None),
-    ("/", None),
-    ("", None),
-    ("keep", None),
-    ("please /keep", None),      # not at the start of the first line
-    ("> /keep\nno", None),       # a quoted command is not a command
-    ("Looks good\n/keep", None),  # the first line decides
-    ("/merge", None),
-    ("//keep", None),
-])
+
+@pytest.mark.parametrize(
+    ("text", "parsed"),
+    [
+        ("/rerun", ("rerun", "")),
+        ("/keep", ("keep", "")),
+        ("/discard", ("discard", "")),
+        ("/pause", ("pause", "")),
+        ("/resume", ("resume", "")),
+        ("/try a lower learning rate", ("try", "a lower learning rate")),
+        ("/Keep", ("keep", "")),
+        ("/RERUN please, the GPU was busy", ("rerun", "please, the GPU was busy")),
+        ("/try\tdouble the batch", ("try", "double the batch")),
+        ("/try\nuse a cosine schedule\nwith warmup", ("try", "use a cosine schedule\nwith warmup")),
+        ("/discard\r\nnoise\r\nonly", ("discard", "noise\nonly")),
+        ("\n\n  /pause", ("pause", "")),
+        ("/keep\n\nThanks!", ("keep", "Thanks!")),
+        ("/try", None),  # no idea: plain feedback
+        ("/try   \n  ", None),
+        ("/keeping it", None),  # a longer word is not the command
+        ("/keep.", None),
+        ("/ keep", None),
+        ("/", None),
+        ("", None),
+        ("keep", None),
+        ("please /keep", None),  # not at the start of the first line
+        ("> /keep\nno", None),  # a quoted command is not a command
+        ("Looks good\n/keep", None),  # the first line decides
+        ("/merge", None),
+        ("//keep", None),
+    ],
+)
 def test_parse_command(text: str, parsed: tuple[str, str] | None) -> None:
     assert parse_command(text) == parsed
 
@@ -286,6 +384,7 @@ def test_every_command_word_is_recognised() -> None:
 
 
 # --- malformed payloads ---------------------------------------------------------------------------
+
 
 def _set(payload: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
     *parents, last = path.split(".")
@@ -310,8 +409,13 @@ MALFORMED = [
     ("pull_request", "closed", "pull_request.number", "2", "pull_request.number must be an integer, not a string"),
     ("pull_request", "closed", "pull_request.number", True, "pull_request.number must be an integer, not a boolean"),
     ("pull_request", "closed", "pull_request.head", None, "pull_request.head.ref is missing"),
-    ("pull_request", "reopened", "pull_request.head.sha", ["x"],
-     "pull_request.head.sha must be a string, not an array"),
+    (
+        "pull_request",
+        "reopened",
+        "pull_request.head.sha",
+        ["x"],
+        "pull_request.head.sha must be a string, not an array",
+    ),
     ("pull_request", "closed", "pull_request.merged", "yes", "pull_request.merged must be a boolean"),
     ("pull_request", "closed", "action", 3, "action must be a string"),
     ("push", None, "ref", _DELETE, "push: ref is missing"),
@@ -319,8 +423,13 @@ MALFORMED = [
     ("push", None, "commits", {}, "commits must be an array, not an object"),
     ("push", None, "commits", [None], "commits[0] must be an object, not null"),
     ("push", None, "commits.0.added", "README.md", "commits[0].added must be a list of paths"),
-    ("pull_request_review_comment", "created", "comment.author_association", _DELETE,
-     "comment.author_association is missing"),
+    (
+        "pull_request_review_comment",
+        "created",
+        "comment.author_association",
+        _DELETE,
+        "comment.author_association is missing",
+    ),
     ("pull_request_review_comment", "created", "comment.body", 5, "comment.body must be a string, not a number"),
     ("pull_request_review_comment", "created", "comment.id", "1", "comment.id must be an integer"),
     ("pull_request_review_comment", "created", "sender", _DELETE, "sender.login is missing"),
@@ -328,8 +437,13 @@ MALFORMED = [
     ("issue_comment", "created", "issue", None, "issue_comment.created: issue is missing"),
     ("check_run", "requested_action", "requested_action", _DELETE, "requested_action.identifier is missing"),
     ("check_run", "rerequested", "check_run.id", "4", "check_run.id must be an integer"),
-    ("check_run", "rerequested", "check_run.pull_requests", [{"number": "2"}],
-     "check_run.pull_requests[0].number must be an integer"),
+    (
+        "check_run",
+        "rerequested",
+        "check_run.pull_requests",
+        [{"number": "2"}],
+        "check_run.pull_requests[0].number must be an integer",
+    ),
     ("check_run", "rerequested", "check_run.head_sha", None, "check_run.head_sha is missing"),
     ("installation", "created", "installation", _DELETE, "installation.id is missing"),
     ("installation_repositories", "added", "installation.id", 1.5, "installation.id must be an integer, not a number"),
@@ -337,10 +451,12 @@ MALFORMED = [
 ]
 
 
-@pytest.mark.parametrize(("event", "action", "path", "value", "reason"), MALFORMED,
-                         ids=[f"{e}.{a}:{p}" for e, a, p, _, _ in MALFORMED])
+@pytest.mark.parametrize(
+    ("event", "action", "path", "value", "reason"), MALFORMED, ids=[f"{e}.{a}:{p}" for e, a, p, _, _ in MALFORMED]
+)
 def test_a_handled_payload_without_what_its_handler_needs_is_refused_with_the_reason(
-        event: str, action: str | None, path: str, value: Any, reason: str) -> None:
+    event: str, action: str | None, path: str, value: Any, reason: str
+) -> None:
     if event == "push":
         payload = example("push", None, ref="refs/heads/master")
     elif event == "issue_comment":
@@ -373,8 +489,10 @@ def _handled_examples() -> list[tuple[str, dict[str, Any]]]:
         if key not in seen and normalize(event, "d", payload).kind != "ignored":
             seen.add(key)
             out.append((event, payload))
-    out += [("issue_comment", comment_on_pull_request("/try more heads")),
-            ("issue_comment", comment_on_pull_request("feedback"))]
+    out += [
+        ("issue_comment", comment_on_pull_request("/try more heads")),
+        ("issue_comment", comment_on_pull_request("feedback")),
+    ]
     review = example("pull_request_review", "submitted")
     review["review"]["body"] = "nice"
     return out + [("pull_request_review", review)]
@@ -408,6 +526,7 @@ def _variants(payload: dict, key: str, value: Any, junk: Any):
 
 # --- the inbox payload ----------------------------------------------------------------------------
 
+
 def test_an_event_survives_the_trip_through_the_inbox_json() -> None:
     payloads = [(e, p) for e, _, p in all_examples()] + [("issue_comment", comment_on_pull_request("/keep x"))]
     for event, payload in payloads:
@@ -420,14 +539,18 @@ def test_from_payload_reads_older_and_newer_writers_and_refuses_nonsense() -> No
     minimal = {"delivery": "d", "event": "ping", "kind": "ping", "a_field_from_the_future": 1}
     event = GitHubEvent.from_payload(minimal)
     assert (event.kind, event.repository, event.changed_files, event.merged) == ("ping", None, (), False)
-    for bad, reason in [([], "must be a JSON object"), ({"event": "ping", "kind": "ping"}, "lacks delivery"),
-                        ({**minimal, "kind": "weather"}, "unknown kind"),
-                        ({**minimal, "changed_files": "a.py"}, "list of paths")]:
+    for bad, reason in [
+        ([], "must be a JSON object"),
+        ({"event": "ping", "kind": "ping"}, "lacks delivery"),
+        ({**minimal, "kind": "weather"}, "unknown kind"),
+        ({**minimal, "changed_files": "a.py"}, "list of paths"),
+    ]:
         with pytest.raises(MalformedPayload, match=reason):
             GitHubEvent.from_payload(bad)
 
 
 # --- signatures -----------------------------------------------------------------------------------
+
 
 def _sign(secret: bytes, body: bytes) -> str:
     return "sha256=" + hmac.new(secret, body, hashlib.sha256).hexdigest()

@@ -44,17 +44,20 @@ def program(**settings: object) -> str:
     return f"---\nautoresearch:\n{lines}\n---\n\n# Research program\n\nLower val_bpb.\n"
 
 
-
-
 def make_workdir(work: Path, train_py: str, program_md: str) -> LocalForge:
     return init_research_repo(work / "repo", {"train.py": train_py, "program.md": program_md})
 
 
 def conductor(work: Path, agent, *, experiments: int = 0) -> Conductor:
     store = Store(work / "state.db")
-    return Conductor(store, LocalForge(work / "repo"), FakeRunner(), agent,
-                     ConductorConfig(profile="smoke", identity=IDENTITY, max_experiments=experiments),
-                     publishers=[ResultsFile(store, work / "results.tsv")])
+    return Conductor(
+        store,
+        LocalForge(work / "repo"),
+        FakeRunner(),
+        agent,
+        ConductorConfig(profile="smoke", identity=IDENTITY, max_experiments=experiments),
+        publishers=[ResultsFile(store, work / "results.tsv")],
+    )
 
 
 def main_history(forge: LocalForge) -> list[git.Commit]:
@@ -73,13 +76,17 @@ class CrashThenRepeat:
     def propose(self, ctx: ProposalContext) -> Proposal:
         self.calls += 1
         if self.calls == 2:
-            return Proposal("Crash on purpose", "Checks that a crash is recorded and the loop goes on.",
-                            ctx.train_py.replace("import math\n", "import math" + CRASH_MARK, 1))
+            return Proposal(
+                "Crash on purpose",
+                "Checks that a crash is recorded and the loop goes on.",
+                ctx.train_py.replace("import math\n", "import math" + CRASH_MARK, 1),
+            )
         if self.calls == 3 and self.first is not None:
             return self.first
         proposal = self.explorer.propose(ctx)
-        proposal = Proposal(proposal.title, proposal.hypothesis,
-                            with_effect(proposal.train_py, +0.1, proposal.title), proposal.meta)
+        proposal = Proposal(
+            proposal.title, proposal.hypothesis, with_effect(proposal.train_py, +0.1, proposal.title), proposal.meta
+        )
         self.first = self.first or proposal
         return proposal
 
@@ -133,8 +140,6 @@ def test_the_loop_end_to_end_with_the_real_explorer(tmp_path: Path) -> None:
     assert [line.split("\t")[3] for line in lines[2:]] == [e.status for e in experiments]
 
 
-
-
 KILL_SCRIPT = """
 import json, sys
 from pathlib import Path
@@ -165,16 +170,27 @@ def start_conductor(work: Path, failpoint: str | None = None) -> subprocess.Pope
     env.pop("AUTORESEARCH_FAILPOINT", None)
     if failpoint:
         env["AUTORESEARCH_FAILPOINT"] = failpoint
-    return subprocess.Popen([sys.executable, str(work / "drive.py"), str(work), str(TESTS)], env=env, cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, str(work / "drive.py"), str(work), str(TESTS)],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def prepare_kill_workdir(work: Path) -> LocalForge:
     forge = make_workdir(work, MAIN_FOR_KILLS, program(first_baseline_runs=2, baseline_runs=2))
     (work / "drive.py").write_text(KILL_SCRIPT)
-    proposals = [{"title": "Fix MATRIX_LR", "hypothesis": "Far too low.", "train_py": with_effect(TRAIN_PY, -0.1)},
-                 {"title": "Crash", "hypothesis": "Crashes.",
-                  "train_py": MAIN_FOR_KILLS.replace("import math\n", "import math" + CRASH_MARK, 1)}]
+    proposals = [
+        {"title": "Fix MATRIX_LR", "hypothesis": "Far too low.", "train_py": with_effect(TRAIN_PY, -0.1)},
+        {
+            "title": "Crash",
+            "hypothesis": "Crashes.",
+            "train_py": MAIN_FOR_KILLS.replace("import math\n", "import math" + CRASH_MARK, 1),
+        },
+    ]
     (work / "proposals.jsonl").write_text("\n".join(json.dumps(p) for p in proposals) + "\n")
     store = Store(work / "state.db")
     submit(store, "steer", {"text": "be bold"}, author="alice", key="delivery-1")
@@ -187,7 +203,9 @@ def check_invariants(work: Path, forge: LocalForge) -> None:
     experiments = store.experiments.all()
     # every experiment ended exactly once, with the status its code deserves
     assert [(e.title, e.state, e.status) for e in experiments] == [
-        ("Fix MATRIX_LR", "done", "keep"), ("Crash", "done", "crash")]
+        ("Fix MATRIX_LR", "done", "keep"),
+        ("Crash", "done", "crash"),
+    ]
     for exp in experiments:
         done_events = [e for e in store.events.all(exp.id) if e["kind"] == "done"]
         assert len(done_events) == 1, f"experiment {exp.id} ended {len(done_events)} times"
@@ -199,8 +217,11 @@ def check_invariants(work: Path, forge: LocalForge) -> None:
     # moved under it; none was lost (the fake runner goes on while the conductor is dead, and a
     # resubmitted run id starts nothing new)
     runs = store.runs.all()
-    assert [(r.id, r.state, r.note) for r in runs if r.state != "done"
-            and not (r.state == "cancelled" and "main moved" in (r.note or ""))] == []
+    assert [
+        (r.id, r.state, r.note)
+        for r in runs
+        if r.state != "done" and not (r.state == "cancelled" and "main moved" in (r.note or ""))
+    ] == []
     for exp in experiments:
         assert [r for r in runs if r.experiment_id == exp.id and r.state == "done"]
     # main measured twice before the keep and twice after it (the kept runs do not stand in for main)
@@ -213,8 +234,19 @@ def check_invariants(work: Path, forge: LocalForge) -> None:
     store.close()
 
 
-FAILPOINTS = ["inbox_applied", "queued_baseline", "run_started", "run_done", "proposing", "proposed", "branched",
-              "queued_candidate", "merging", "closing", "done"]
+FAILPOINTS = [
+    "inbox_applied",
+    "queued_baseline",
+    "run_started",
+    "run_done",
+    "proposing",
+    "proposed",
+    "branched",
+    "queued_candidate",
+    "merging",
+    "closing",
+    "done",
+]
 
 
 @pytest.mark.parametrize("failpoint", FAILPOINTS)

@@ -89,6 +89,7 @@ def test_a_locked_store_leaves_the_entry_pending_for_the_next_tick(tmp_path: Pat
 
 # --- batches --------------------------------------------------------------------------------------
 
+
 def steers(store: Store, n: int, first: int = 0) -> None:
     with store.transaction():
         for i in range(first, first + n):
@@ -102,8 +103,9 @@ def commits(store: Store) -> list[str]:
     return seen
 
 
-def test_entries_are_applied_in_batches_of_one_transaction_each(tmp_path: Path,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_entries_are_applied_in_batches_of_one_transaction_each(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(events, "BATCH_SECONDS", 3600.0)  # only the count bounds a batch here
     store = Store(tmp_path / "state.db")
     steers(store, 450)
@@ -141,8 +143,10 @@ def test_a_failing_handler_rolls_back_only_its_own_writes_in_the_batch(tmp_path:
     outcomes = [e.outcome for e in store.inbox.all()]
     assert outcomes[1] == "rejected: 'a bug in the handler'" and all(e.processed_at for e in store.inbox.all())
     assert [e["message"] for e in store.events.all()] == [
-        "steer from bob: the agent will read: 'note 0'", "half from eve rejected: 'a bug in the handler'",
-        "steer from bob: the agent will read: 'note 1'"]
+        "steer from bob: the agent will read: 'note 0'",
+        "half from eve rejected: 'a bug in the handler'",
+        "steer from bob: the agent will read: 'note 1'",
+    ]
     store.close()
 
 
@@ -168,7 +172,8 @@ def test_a_store_error_in_a_batch_rolls_all_of_it_back_and_it_is_applied_once_la
 
 
 def test_the_batches_committed_before_the_store_locks_stay_and_the_rest_wait(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(events, "BATCH_ENTRIES", 2)
     monkeypatch.setattr(events, "BATCH_SECONDS", 3600.0)
     store = Store(tmp_path / "state.db")
@@ -217,20 +222,31 @@ CHILD = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize(("failpoint", "dies_at", "committed"), [
-    (None, "note 4", 3),  # killed half-way through the second batch: the first stays, the second is undone
-    ("inbox_applied", None, 3),  # killed right after the first batch's commit
-])
+@pytest.mark.parametrize(
+    ("failpoint", "dies_at", "committed"),
+    [
+        (None, "note 4", 3),  # killed half-way through the second batch: the first stays, the second is undone
+        ("inbox_applied", None, 3),  # killed right after the first batch's commit
+    ],
+)
 def test_a_conductor_killed_during_the_inbox_applies_each_entry_once_after_restart(
-        tmp_path: Path, failpoint: str | None, dies_at: str | None, committed: int) -> None:
+    tmp_path: Path, failpoint: str | None, dies_at: str | None, committed: int
+) -> None:
     db_path = tmp_path / "state.db"
     store = Store(db_path)
     steers(store, 7)
     env = {k: v for k, v in os.environ.items() if k != "AUTORESEARCH_FAILPOINT"}
     if failpoint:
         env["AUTORESEARCH_FAILPOINT"] = failpoint
-    child = subprocess.run([sys.executable, "-c", CHILD, str(db_path), dies_at or "-"], env=env, check=False,
-                           capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[3])
+    child = subprocess.run(
+        [sys.executable, "-c", CHILD, str(db_path), dies_at or "-"],
+        env=env,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).parents[3],
+    )
     assert child.returncode == -signal.SIGKILL, child.stderr
     assert len(store.feedback.recent(100)) == committed
     assert [e.key for e in store.inbox.pending()] == [f"k{i}" for i in range(committed, 7)]

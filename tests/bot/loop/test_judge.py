@@ -36,11 +36,25 @@ ONE_RUN_Z = JudgeConfig().noise_sigmas  # 2.5
 TWO_RUN_Z = JudgeConfig().confirm_sigmas  # 2.1
 
 
-def judge(candidate: list[float], *, main: list[float] | None = None, crash: str | None = None,
-          noise: Noise | None = NOISE, measured_on: str = MAIN, current_main: str = MAIN,
-          config: JudgeConfig | None = None) -> Decision:
-    return decide(candidate=candidate, crash=crash, main=MAIN_RUNS if main is None else main, noise=noise,
-                  measured_on=measured_on, current_main=current_main, config=config or JudgeConfig())
+def judge(
+    candidate: list[float],
+    *,
+    main: list[float] | None = None,
+    crash: str | None = None,
+    noise: Noise | None = NOISE,
+    measured_on: str = MAIN,
+    current_main: str = MAIN,
+    config: JudgeConfig | None = None,
+) -> Decision:
+    return decide(
+        candidate=candidate,
+        crash=crash,
+        main=MAIN_RUNS if main is None else main,
+        noise=noise,
+        measured_on=measured_on,
+        current_main=current_main,
+        config=config or JudgeConfig(),
+    )
 
 
 def keep_margin(z: float, dof: int, n_candidate: int, n_main: int, sigma: float = SIGMA) -> float:
@@ -50,16 +64,21 @@ def keep_margin(z: float, dof: int, n_candidate: int, n_main: int, sigma: float 
 
 # --- pooled_noise --------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("groups", "sigma", "dof"), [
-    # mean 2, squares 1 + 1 = 2, one degree of freedom
-    ([[1.0, 3.0]], math.sqrt(2.0), 1),
-    # squares 2 (first group) + 4 + 0 + 4 (second group, mean 4) = 10 over 1 + 2 degrees of freedom
-    ([[1.0, 3.0], [2.0, 4.0, 6.0]], math.sqrt(10.0 / 3.0), 3),
-    # repeats that agree exactly: zero noise, not "unknown"
-    ([[1.5, 1.5, 1.5]], 0.0, 2),
-    # squares 0.5 + 0.5 over 1 + 1
-    ([[0.5, 1.5], [2.0, 3.0]], math.sqrt(1.0 / 2.0), 2),
-], ids=["one-pair", "two-groups", "identical", "equal-groups"])
+
+@pytest.mark.parametrize(
+    ("groups", "sigma", "dof"),
+    [
+        # mean 2, squares 1 + 1 = 2, one degree of freedom
+        ([[1.0, 3.0]], math.sqrt(2.0), 1),
+        # squares 2 (first group) + 4 + 0 + 4 (second group, mean 4) = 10 over 1 + 2 degrees of freedom
+        ([[1.0, 3.0], [2.0, 4.0, 6.0]], math.sqrt(10.0 / 3.0), 3),
+        # repeats that agree exactly: zero noise, not "unknown"
+        ([[1.5, 1.5, 1.5]], 0.0, 2),
+        # squares 0.5 + 0.5 over 1 + 1
+        ([[0.5, 1.5], [2.0, 3.0]], math.sqrt(1.0 / 2.0), 2),
+    ],
+    ids=["one-pair", "two-groups", "identical", "equal-groups"],
+)
 def test_pooled_noise_known_values_and_degrees_of_freedom(groups, sigma, dof):
     noise = pooled_noise(groups)
     assert noise is not None
@@ -81,13 +100,17 @@ def test_pooled_noise_accepts_tuples_and_generators():
     assert pooled_noise(g for g in [(1.0, 3.0)]) == Noise(sigma=pytest.approx(math.sqrt(2.0)), dof=1)
 
 
-@pytest.mark.parametrize("groups", [[], [[]], [[1.0]], [[1.0], [2.0], [3.0]]],
-                         ids=["no-groups", "empty-group", "one-singleton", "only-singletons"])
+@pytest.mark.parametrize(
+    "groups",
+    [[], [[]], [[1.0]], [[1.0], [2.0], [3.0]]],
+    ids=["no-groups", "empty-group", "one-singleton", "only-singletons"],
+)
 def test_pooled_noise_is_none_without_repeats(groups):
     assert pooled_noise(groups) is None
 
 
 # --- Student-t quantiles and margins -------------------------------------------------------------
+
 
 @pytest.mark.parametrize("z", [2.0, 2.25])
 @pytest.mark.parametrize("dof", [1, 2, 5, 7, 30, 100])
@@ -115,8 +138,11 @@ def test_margin_uses_noise_sigmas_for_one_run_and_confirm_sigmas_for_two():
     assert margin(NOISE, 3, 7, config) == pytest.approx(keep_margin(TWO_RUN_Z, 30, 3, 7), rel=1e-9)
 
 
-@pytest.mark.parametrize(("min_margin", "expected"), [(0.001, keep_margin(ONE_RUN_Z, 30, 1, 6)), (0.05, 0.05)],
-                         ids=["formula-above-floor", "floor-wins"])
+@pytest.mark.parametrize(
+    ("min_margin", "expected"),
+    [(0.001, keep_margin(ONE_RUN_Z, 30, 1, 6)), (0.05, 0.05)],
+    ids=["formula-above-floor", "floor-wins"],
+)
 def test_margin_has_an_absolute_floor(min_margin, expected):
     assert margin(NOISE, 1, 6, JudgeConfig(min_margin=min_margin)) == pytest.approx(expected, rel=1e-9)
 
@@ -140,10 +166,12 @@ def test_one_degree_of_freedom_needs_a_much_larger_gain_than_many():
 
 # --- how often main is measured ------------------------------------------------------------------
 
+
 def test_defaults_are_the_benchmarked_rule():
     # bench/decision_accuracy.py and docs/benchmarks.md report these; change them together.
-    assert JudgeConfig() == JudgeConfig(noise_sigmas=2.5, confirm_sigmas=2.1, confirm_below=1.25, min_margin=0.0,
-                                        confirm=True, confirm_main_runs=1)
+    assert JudgeConfig() == JudgeConfig(
+        noise_sigmas=2.5, confirm_sigmas=2.1, confirm_below=1.25, min_margin=0.0, confirm=True, confirm_main_runs=1
+    )
 
 
 def test_first_main_is_measured_more_often_than_later_ones():
@@ -160,16 +188,22 @@ def test_main_is_measured_at_least_once():
 
 # --- decide: crash, remeasure, wait --------------------------------------------------------------
 
-@pytest.mark.parametrize("kwargs", [
-    dict(candidate=[0.5]),  # a great number
-    dict(candidate=[]),  # no number at all
-    dict(candidate=[0.5], main=[]),  # no main either
-    dict(candidate=[0.5], measured_on=OLD_MAIN),  # and measured on an old main
-    dict(candidate=[2.0], noise=None),
-], ids=["great-number", "no-candidate", "no-main", "old-main", "worse-no-noise"])
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(candidate=[0.5]),  # a great number
+        dict(candidate=[]),  # no number at all
+        dict(candidate=[0.5], main=[]),  # no main either
+        dict(candidate=[0.5], measured_on=OLD_MAIN),  # and measured on an old main
+        dict(candidate=[2.0], noise=None),
+    ],
+    ids=["great-number", "no-candidate", "no-main", "old-main", "worse-no-noise"],
+)
 def test_crash_wins_over_everything(kwargs):
-    d = judge(crash="Traceback (most recent call last):\n  File \"train.py\"\nRuntimeError: CUDA out of memory\n",
-              **kwargs)
+    d = judge(
+        crash='Traceback (most recent call last):\n  File "train.py"\nRuntimeError: CUDA out of memory\n', **kwargs
+    )
     assert d.action == "crash"
     # the reason quotes the last line of the traceback
     assert "RuntimeError: CUDA out of memory" in d.reason
@@ -206,6 +240,7 @@ def test_no_main_measurement_waits(noise):
 
 
 # --- decide: keep ---------------------------------------------------------------------------------
+
 
 def test_single_run_beyond_the_margin_is_kept_with_its_numbers():
     d = judge([0.95])
@@ -246,6 +281,7 @@ def test_min_margin_floor_holds_back_a_gain_the_noise_alone_would_keep():
 
 
 # --- decide: confirm --------------------------------------------------------------------------------
+
 
 def test_single_run_inside_the_confirm_window_gets_a_confirmation_and_one_main_run():
     # 2 standard errors: beyond the 1.25 of the confirm window, inside the keep margin (2.66 SE at
@@ -308,6 +344,7 @@ def test_confirm_off_decides_on_the_first_run():
 
 # --- decide: discard, ties ----------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("candidate", [[1.01], [1.001, 1.003]], ids=["one-run", "two-runs"])
 def test_worse_is_discarded(candidate):
     d = judge(candidate)
@@ -330,6 +367,7 @@ def test_zero_noise_keeps_any_strict_improvement():
 
 
 # --- decide: unknown noise ---------------------------------------------------------------------------
+
 
 def test_no_noise_estimate_never_keeps():
     huge = [0.1]
@@ -359,6 +397,7 @@ def test_no_noise_estimate_still_queues_a_main_run_when_confirm_main_runs_is_zer
 
 # --- the simulation behind the defaults ------------------------------------------------------------
 
+
 def load_bench():
     return load_bench_script("decision_accuracy")
 
@@ -387,5 +426,6 @@ def test_the_judges_settings_come_from_program_md():
     from bot.loop.program import LoopSettings
 
     settings = LoopSettings(noise_sigmas=3.0, confirm_sigmas=2.0, confirm_below=1.0, min_margin=0.001, confirm=False)
-    assert judge_config(settings) == JudgeConfig(noise_sigmas=3.0, confirm_sigmas=2.0, confirm_below=1.0,
-                                                 min_margin=0.001, confirm=False)
+    assert judge_config(settings) == JudgeConfig(
+        noise_sigmas=3.0, confirm_sigmas=2.0, confirm_below=1.0, min_margin=0.001, confirm=False
+    )

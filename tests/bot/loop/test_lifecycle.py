@@ -45,19 +45,38 @@ class Clock:
         return self.now
 
 
-def make(tmp_path: Path, agent, *, runner: FakeRunner | None = None, forge: LocalForge | None = None,
-         experiments: int = 0, settings: dict | None = None, identity: dict | None = None,
-         clock: Clock | None = None, **config) -> Conductor:
+def make(
+    tmp_path: Path,
+    agent,
+    *,
+    runner: FakeRunner | None = None,
+    forge: LocalForge | None = None,
+    experiments: int = 0,
+    settings: dict | None = None,
+    identity: dict | None = None,
+    clock: Clock | None = None,
+    **config,
+) -> Conductor:
     if forge is None:
         if (tmp_path / "repo").exists():
             forge = LocalForge(tmp_path / "repo")
         else:
-            forge = init_research_repo(tmp_path / "repo", {"train.py": MAIN,
-                                                           "program.md": program(**(settings or FAST))})
-    return Conductor(Store(tmp_path / "state.db"), forge, runner or FakeRunner(), agent,
-                     ConductorConfig(profile="smoke", identity=dict(identity or IDENTITY),
-                                     max_experiments=experiments, **{"retry_base_s": 0.0, **config}),
-                     clock=clock or time.time)
+            forge = init_research_repo(
+                tmp_path / "repo", {"train.py": MAIN, "program.md": program(**(settings or FAST))}
+            )
+    return Conductor(
+        Store(tmp_path / "state.db"),
+        forge,
+        runner or FakeRunner(),
+        agent,
+        ConductorConfig(
+            profile="smoke",
+            identity=dict(identity or IDENTITY),
+            max_experiments=experiments,
+            **{"retry_base_s": 0.0, **config},
+        ),
+        clock=clock or time.time,
+    )
 
 
 def tick_until(conductor: Conductor, done, *, ticks: int = 400) -> None:
@@ -72,12 +91,14 @@ def tick_until(conductor: Conductor, done, *, ticks: int = 400) -> None:
 
 def until_candidate_runs(conductor: Conductor, runner: FakeRunner) -> None:
     """Finish every other job (main's baseline) until the experiment's run is in flight."""
+
     def candidate_running() -> bool:
         if [r for r in conductor.store.runs.all(state="running") if r.purpose == "candidate"]:
             return True
         for run_id in runner.running():
             runner.finish(run_id)
         return False
+
     tick_until(conductor, candidate_running)
 
 
@@ -96,6 +117,7 @@ def commit_to_main(forge: LocalForge, files: dict[str, str], message: str = "a h
 
 
 # --- the happy paths ---------------------------------------------------------------------------
+
 
 def test_a_clear_gain_is_kept_and_main_measured_afresh(tmp_path: Path) -> None:
     loop = make(tmp_path, ScriptedAgent([proposal(-0.1, "better"), proposal(+0.1, "worse")]), experiments=2)
@@ -127,8 +149,12 @@ def test_the_target_number_of_experiments_stops_proposing(tmp_path: Path) -> Non
 
 
 def test_the_target_val_bpb_stops_proposing(tmp_path: Path) -> None:
-    loop = make(tmp_path, ScriptedAgent([proposal(-0.5, "big"), proposal(-0.6, "bigger")]),
-                settings=dict(FAST, target_val_bpb=1.6), lookahead=0)
+    loop = make(
+        tmp_path,
+        ScriptedAgent([proposal(-0.5, "big"), proposal(-0.6, "bigger")]),
+        settings=dict(FAST, target_val_bpb=1.6),
+        lookahead=0,
+    )
     run_to_end(loop)
     assert statuses(loop) == [("big", "keep")]
     assert "target val_bpb" in loop.stop_reason
@@ -143,6 +169,7 @@ def test_an_exhausted_agent_ends_the_loop(tmp_path: Path) -> None:
 
 # --- the judge's protocol ------------------------------------------------------------------------
 
+
 def test_the_first_main_is_measured_first_baseline_runs_times(tmp_path: Path) -> None:
     loop = make(tmp_path, ScriptedAgent([]), settings=dict(first_baseline_runs=5, baseline_runs=2))
     run_to_end(loop)
@@ -153,14 +180,26 @@ def test_a_borderline_gain_gets_a_confirmation_and_one_more_run_of_main(tmp_path
     # main: 2.000, 2.010, 1.990 (sigma 0.01, 2 degrees of freedom); one candidate run 0.025 better is
     # more than 1.25 standard errors (0.0144) but far inside the single-run margin: confirm it
     values = {1: 2.000, 2: 2.010, 3: 1.990, 4: 1.975, 5: 1.976, 6: 2.000}
-    runner = FakeRunner(outcome=lambda job: result_for(job, **({"val_bpb": values[job.run_id]}
-                                                              if job.run_id in values else {})))
-    loop = make(tmp_path, ScriptedAgent([proposal(-0.025, "borderline")]), runner=runner, experiments=1,
-                settings=dict(first_baseline_runs=3, baseline_runs=2))
+    runner = FakeRunner(
+        outcome=lambda job: result_for(job, **({"val_bpb": values[job.run_id]} if job.run_id in values else {}))
+    )
+    loop = make(
+        tmp_path,
+        ScriptedAgent([proposal(-0.025, "borderline")]),
+        runner=runner,
+        experiments=1,
+        settings=dict(first_baseline_runs=3, baseline_runs=2),
+    )
     run_to_end(loop)
     runs = loop.store.runs.all()
-    assert [(r.id, r.purpose) for r in runs[:6]] == [(1, "baseline"), (2, "baseline"), (3, "baseline"),
-                                                     (4, "candidate"), (5, "confirm"), (6, "baseline")]
+    assert [(r.id, r.purpose) for r in runs[:6]] == [
+        (1, "baseline"),
+        (2, "baseline"),
+        (3, "baseline"),
+        (4, "candidate"),
+        (5, "confirm"),
+        (6, "baseline"),
+    ]
     assert "beside the confirmation of experiment 1" in " ".join(e["message"] for e in loop.store.events.all())
     exp = loop.store.experiments.all()[0]
     # two runs (mean 1.9755) against main's four (mean 2.0), sigma from 4 degrees of freedom: kept
@@ -259,6 +298,7 @@ def test_a_merge_conflict_discards_with_the_reason(tmp_path: Path) -> None:
 
 # --- failures stay local ---------------------------------------------------------------------------
 
+
 def test_a_forge_step_failing_is_retried_then_the_experiment_fails_and_the_loop_goes_on(tmp_path: Path) -> None:
     class BrokenBranches(LocalForge):
         def create_branch(self, branch, base_sha, files, message):
@@ -267,8 +307,12 @@ def test_a_forge_step_failing_is_retried_then_the_experiment_fails_and_the_loop_
             return super().create_branch(branch, base_sha, files, message)
 
     init_research_repo(tmp_path / "repo", {"train.py": MAIN, "program.md": program(**FAST)})
-    loop = make(tmp_path, ScriptedAgent([proposal(-0.1, "doomed"), proposal(+0.1, "next")]),
-                forge=BrokenBranches(tmp_path / "repo"), experiments=2)
+    loop = make(
+        tmp_path,
+        ScriptedAgent([proposal(-0.1, "doomed"), proposal(+0.1, "next")]),
+        forge=BrokenBranches(tmp_path / "repo"),
+        experiments=2,
+    )
     run_to_end(loop)
     assert statuses(loop) == [("doomed", "failed"), ("next", "discard")]
     doomed = loop.store.experiments.all()[0]
@@ -286,16 +330,18 @@ def test_an_invalid_program_md_keeps_the_last_valid_settings_and_says_so(tmp_pat
 
 
 def test_a_crashing_main_blocks_with_a_clear_message(tmp_path: Path) -> None:
-    forge = init_research_repo(tmp_path / "repo", {"train.py": MAIN + CRASH_MARK,
-                                                   "program.md": program(**FAST)})
+    forge = init_research_repo(tmp_path / "repo", {"train.py": MAIN + CRASH_MARK, "program.md": program(**FAST)})
     loop = make(tmp_path, ScriptedAgent([proposal(-0.1, "x")]), forge=forge)
     run_to_end(loop)
     assert "crashed in 2 baseline runs" in loop.blocked
     assert loop.store.experiments.all() == []
 
 
-@pytest.mark.parametrize("error", [RuntimeError("the API is down"), AgentError("the API is down")],
-                         ids=["any exception", "an AgentError that is not AgentStopped"])
+@pytest.mark.parametrize(
+    "error",
+    [RuntimeError("the API is down"), AgentError("the API is down")],
+    ids=["any exception", "an AgentError that is not AgentStopped"],
+)
 def test_an_agent_exception_is_retried_with_backoff_and_never_ends_the_loop(tmp_path: Path, error) -> None:
     clock = Clock()
     agent = FailingAgent([proposal(-0.1, "finally")], failures=2, error=error)
@@ -365,6 +411,7 @@ def test_refused_proposals_are_fed_back_and_five_in_a_row_stop_the_agent(tmp_pat
 
 # --- results that must not count ----------------------------------------------------------------------
 
+
 def test_a_result_for_the_wrong_job_is_refused_and_run_again(tmp_path: Path) -> None:
     def wrong_first(job):
         result = result_for(job)
@@ -403,8 +450,12 @@ def test_a_run_on_a_busy_machine_is_run_again_once(tmp_path: Path) -> None:
     def busy_third(job):
         return result_for(job, cpu_share=0.4 if job.run_id == 3 else 0.95)
 
-    loop = make(tmp_path, ScriptedAgent([]), runner=FakeRunner(outcome=busy_third),
-                settings=dict(first_baseline_runs=3, baseline_runs=2))
+    loop = make(
+        tmp_path,
+        ScriptedAgent([]),
+        runner=FakeRunner(outcome=busy_third),
+        settings=dict(first_baseline_runs=3, baseline_runs=2),
+    )
     run_to_end(loop)
     third = loop.store.runs.get(3)
     assert third.state == "disturbed" and "40%" in third.note
@@ -448,8 +499,13 @@ class KilledFromOutside(FakeRunner):
     def lookup(self, run_id: int) -> RunStatus:
         if run_id in self.killed and run_id in self.jobs:
             why = "the training process was killed by SIGKILL, sent by something outside the run"
-            crash = RunResult(run_id=run_id, status="crash", error=why, log_tail="",
-                              metrics=dict(result_for(self.jobs[run_id]).metrics, outcome="lost"))
+            crash = RunResult(
+                run_id=run_id,
+                status="crash",
+                error=why,
+                log_tail="",
+                metrics=dict(result_for(self.jobs[run_id]).metrics, outcome="lost"),
+            )
             return RunStatus("lost", detail=why, result=crash)
         return super().lookup(run_id)
 
@@ -487,6 +543,7 @@ def test_submitting_the_same_run_twice_starts_one_run(tmp_path: Path) -> None:
 
 # --- identity -------------------------------------------------------------------------------------------
 
+
 def test_another_profile_in_the_same_work_directory_is_refused(tmp_path: Path) -> None:
     make(tmp_path, ScriptedAgent([])).start()
     other = make(tmp_path, ScriptedAgent([]), identity=dict(IDENTITY, profile="cpu"))
@@ -499,8 +556,9 @@ def test_a_changed_harness_starts_a_new_baseline_and_says_so(tmp_path: Path) -> 
     run_to_end(first)
     first.store.close()
     new = dict(IDENTITY, harness_hash="harness-2")
-    second = make(tmp_path, ScriptedAgent([]), identity=new,
-                  runner=FakeRunner(outcome=lambda job: result_for(job, identity=new)))
+    second = make(
+        tmp_path, ScriptedAgent([]), identity=new, runner=FakeRunner(outcome=lambda job: result_for(job, identity=new))
+    )
     run_to_end(second)
     changes = [e["message"] for e in second.store.events.all() if e["kind"] == "identity"]
     assert "harness_hash harness-1 -> harness-2" in changes[-1]
@@ -509,6 +567,7 @@ def test_a_changed_harness_starts_a_new_baseline_and_says_so(tmp_path: Path) -> 
 
 
 # --- the inbox -------------------------------------------------------------------------------------------
+
 
 def test_inbox_entries_apply_exactly_once_and_pause_resume_work(tmp_path: Path) -> None:
     loop = make(tmp_path, ScriptedAgent([proposal(+0.1, "a"), proposal(+0.2, "b")]), experiments=2)
@@ -540,14 +599,19 @@ def test_a_bad_inbox_entry_is_rejected_with_its_reason_and_blocks_nothing(tmp_pa
 
 def test_on_a_cpu_clock_a_run_with_another_thread_count_is_refused(tmp_path: Path) -> None:
     pinned = dict(IDENTITY, threads="2")
-    loop = make(tmp_path, ScriptedAgent([]), identity=pinned,
-                runner=FakeRunner(outcome=lambda job: result_for(job, threads=1 if job.run_id == 1 else 2)))
+    loop = make(
+        tmp_path,
+        ScriptedAgent([]),
+        identity=pinned,
+        runner=FakeRunner(outcome=lambda job: result_for(job, threads=1 if job.run_id == 1 else 2)),
+    )
     run_to_end(loop)
     assert loop.store.runs.get(1).state == "refused" and "1 CPU threads" in loop.store.runs.get(1).note
     assert len(loop.baseline.main_values(code_hash(MAIN))) == 2
 
 
 # --- what a review found --------------------------------------------------------------------------------
+
 
 def test_agent_failures_and_refusals_are_counted_apart(tmp_path: Path) -> None:
     class DownThenStubborn:
@@ -577,8 +641,13 @@ def test_an_agent_that_returns_no_proposal_is_retried_with_backoff(tmp_path: Pat
     clock = Clock()
     agent = Confused()
     loop = make(tmp_path, agent, experiments=1, clock=clock, retry_base_s=30.0)
-    tick_until(loop, lambda: loop.store.experiments.in_state("proposing")
-               and loop.store.experiments.in_state("proposing")[0].failures == 1)
+    tick_until(
+        loop,
+        lambda: (
+            loop.store.experiments.in_state("proposing")
+            and loop.store.experiments.in_state("proposing")[0].failures == 1
+        ),
+    )
     for _ in range(20):
         loop.tick()
     assert agent.calls == 1  # no tight loop
@@ -630,8 +699,10 @@ def test_main_crashing_once_is_bad_luck_twice_in_a_row_blocks(tmp_path: Path) ->
 
 
 def test_a_blocked_main_ends_the_loop_and_spends_no_runs(tmp_path: Path) -> None:
-    forge = init_research_repo(tmp_path / "repo", {"train.py": MAIN + CRASH_MARK,
-                                                   "program.md": program(first_baseline_runs=4, baseline_runs=2)})
+    forge = init_research_repo(
+        tmp_path / "repo",
+        {"train.py": MAIN + CRASH_MARK, "program.md": program(first_baseline_runs=4, baseline_runs=2)},
+    )
     runner = FakeRunner(slots=2)
     loop = make(tmp_path, ScriptedAgent([proposal(-0.1, "x")]), forge=forge, runner=runner)
     run_to_end(loop)
@@ -645,8 +716,9 @@ def test_a_merged_experiment_whose_branch_cannot_be_closed_stays_kept(tmp_path: 
             raise ForgeError("the branch is protected")
 
     init_research_repo(tmp_path / "repo", {"train.py": MAIN, "program.md": program(**FAST)})
-    loop = make(tmp_path, ScriptedAgent([proposal(-0.1, "better")]), forge=CannotClose(tmp_path / "repo"),
-                experiments=1)
+    loop = make(
+        tmp_path, ScriptedAgent([proposal(-0.1, "better")]), forge=CannotClose(tmp_path / "repo"), experiments=1
+    )
     run_to_end(loop)
     exp = loop.store.experiments.all()[0]
     assert exp.status == "keep" and loop.forge.main_sha() == exp.merged_sha
@@ -675,8 +747,11 @@ def test_a_malformed_inbox_payload_is_rejected_and_blocks_nothing(tmp_path: Path
 
 
 def test_a_result_with_another_seed_is_refused(tmp_path: Path) -> None:
-    loop = make(tmp_path, ScriptedAgent([]), runner=FakeRunner(
-        outcome=lambda job: result_for(job, seed=job.seed + 1 if job.run_id == 1 else job.seed)))
+    loop = make(
+        tmp_path,
+        ScriptedAgent([]),
+        runner=FakeRunner(outcome=lambda job: result_for(job, seed=job.seed + 1 if job.run_id == 1 else job.seed)),
+    )
     run_to_end(loop)
     assert loop.store.runs.get(1).state == "refused" and "seed" in loop.store.runs.get(1).note
 
@@ -689,8 +764,12 @@ def test_the_baseline_shown_is_measured_under_the_pinned_identity(tmp_path: Path
     old = view_of(first.store).baseline.val_bpb
     first.store.close()
     new = dict(IDENTITY, harness_hash="harness-2")
-    second = make(tmp_path, ScriptedAgent([]), identity=new,
-                  runner=FakeRunner(outcome=lambda job: result_for(job, identity=new, val_bpb=3.0)))
+    second = make(
+        tmp_path,
+        ScriptedAgent([]),
+        identity=new,
+        runner=FakeRunner(outcome=lambda job: result_for(job, identity=new, val_bpb=3.0)),
+    )
     run_to_end(second)
     assert old == pytest.approx(2.0, abs=0.001)
     assert view_of(second.store).baseline.val_bpb == pytest.approx(3.0)  # not a mean over both harnesses
@@ -698,6 +777,7 @@ def test_the_baseline_shown_is_measured_under_the_pinned_identity(tmp_path: Path
 
 
 # --- what people ask for on an experiment (pull request closed or reopened, /rerun, /keep, /discard) ---
+
 
 def test_a_pull_request_closed_by_a_person_cancels_its_runs_and_ends_it_cancelled(tmp_path: Path) -> None:
     runner = FakeRunner(auto=False)
@@ -768,6 +848,7 @@ def test_a_request_on_a_kept_experiment_changes_nothing(tmp_path: Path) -> None:
 
 # --- what proposals cost, and the one fix after a crash ------------------------------------------
 
+
 class Priced:
     """Proposes from a list, each answer costing `usd`; an AgentError in the list is raised with its
     cost attached, as an LLM agent's skipped proposal carries it."""
@@ -785,8 +866,7 @@ class Priced:
 
 
 def test_every_answer_is_charged_and_the_budget_stops_proposing(tmp_path: Path) -> None:
-    answers = [AgentError("skipped: the model refused"), proposal(+0.1, "a"), proposal(+0.2, "b"),
-               proposal(+0.3, "c")]
+    answers = [AgentError("skipped: the model refused"), proposal(+0.1, "a"), proposal(+0.2, "b"), proposal(+0.3, "c")]
     loop = make(tmp_path, Priced(answers, usd=0.40), experiments=5, agent_budget_usd=1.0)
     run_to_end(loop)
     exps = loop.store.experiments.all()
@@ -812,8 +892,9 @@ def test_a_freed_slot_starts_the_next_experiment_run_before_the_rest_of_the_tick
     # Advancing (judging, merging, closing branches) costs GitHub calls in service: done before the
     # next run starts, it would be idle time of the runner.
     runner = FakeRunner(auto=False)
-    loop = make(tmp_path, ScriptedAgent([proposal(0.3, "first"), proposal(0.3, "second")]), runner=runner,
-                experiments=2)
+    loop = make(
+        tmp_path, ScriptedAgent([proposal(0.3, "first"), proposal(0.3, "second")]), runner=runner, experiments=2
+    )
 
     def both_candidates_queued() -> bool:
         for run_id in runner.running():

@@ -31,8 +31,13 @@ def conductor(tmp_path: Path, api: AnthropicStandIn, runner: FakeRunner, lookahe
     forge = init_research_repo(tmp_path / "repo", {"train.py": MAIN, "program.md": PROGRAM})
     client = anthropic.Anthropic(api_key=api.api_key, base_url=api.base_url, max_retries=0, timeout=10)
     agent = ClaudeAgent(ClaudeConfig(), client=client)
-    return Conductor(Store(tmp_path / "state.db"), forge, runner, agent,
-                     ConductorConfig(profile="smoke", identity=dict(IDENTITY), lookahead=lookahead))
+    return Conductor(
+        Store(tmp_path / "state.db"),
+        forge,
+        runner,
+        agent,
+        ConductorConfig(profile="smoke", identity=dict(IDENTITY), lookahead=lookahead),
+    )
 
 
 def tick_until(loop: Conductor, done, timeout: float = 30.0) -> None:
@@ -68,8 +73,9 @@ def busy_after_each_finish(tmp_path: Path, lookahead: int | None, finishes: int)
         tick_until(loop, main_measured)
         busy = []
         for _ in range(finishes):
-            tick_until(loop, lambda: len(running(loop, "candidate")) == 2
-                       and (lookahead == 0 or queued_candidates(loop) >= 1))
+            tick_until(
+                loop, lambda: len(running(loop, "candidate")) == 2 and (lookahead == 0 or queued_candidates(loop) >= 1)
+            )
             runner.finish(running(loop, "candidate")[0].id)
             loop.tick()
             busy.append(len(running(loop)))

@@ -10,8 +10,18 @@ from bot.loop.program import LoopSettings, Program, SettingsError, parse_program
 
 PROGRAM_MD = Path(__file__).resolve().parents[3] / "program.md"
 
-DEFAULTS = dict(max_experiments=0, target_val_bpb=None, first_baseline_runs=6, baseline_runs=2, noise_sigmas=2.5,
-                confirm_sigmas=2.1, confirm_below=1.25, min_margin=0.0, confirm=True, paused=False)
+DEFAULTS = dict(
+    max_experiments=0,
+    target_val_bpb=None,
+    first_baseline_runs=6,
+    baseline_runs=2,
+    noise_sigmas=2.5,
+    confirm_sigmas=2.1,
+    confirm_below=1.25,
+    min_margin=0.0,
+    confirm=True,
+    paused=False,
+)
 
 
 def front(block: str, body: str = "# Program\n\nLower val_bpb.\n") -> str:
@@ -20,12 +30,17 @@ def front(block: str, body: str = "# Program\n\nLower val_bpb.\n") -> str:
 
 # --- no front matter, empty front matter ---------------------------------------------------------
 
-@pytest.mark.parametrize("text", [
-    "",
-    "# Research program\n\nImprove train.py; lower val_bpb.\n",
-    "Some text\n---\nautoresearch:\n  paused: true\n---\n",  # '---' not on the first line: no front matter
-    "\n---\nautoresearch:\n  paused: true\n---\n",
-], ids=["empty", "plain", "dashes-later", "leading-blank-line"])
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "# Research program\n\nImprove train.py; lower val_bpb.\n",
+        "Some text\n---\nautoresearch:\n  paused: true\n---\n",  # '---' not on the first line: no front matter
+        "\n---\nautoresearch:\n  paused: true\n---\n",
+    ],
+    ids=["empty", "plain", "dashes-later", "leading-blank-line"],
+)
 def test_no_front_matter_gives_defaults_and_the_full_text(text):
     program = parse_program(text)
     assert isinstance(program, Program)
@@ -37,8 +52,11 @@ def test_defaults_match_the_documented_values():
     assert LoopSettings().model_dump() == DEFAULTS
 
 
-@pytest.mark.parametrize("block", ["", "autoresearch:\n", "autoresearch: {}\n", "# only a comment\n"],
-                         ids=["empty", "null-map", "empty-map", "comment"])
+@pytest.mark.parametrize(
+    "block",
+    ["", "autoresearch:\n", "autoresearch: {}\n", "# only a comment\n"],
+    ids=["empty", "null-map", "empty-map", "comment"],
+)
 def test_empty_front_matter_gives_defaults(block):
     program = parse_program(front(block, "body\n"))
     assert program.settings.model_dump() == DEFAULTS
@@ -46,6 +64,7 @@ def test_empty_front_matter_gives_defaults(block):
 
 
 # --- a valid block -------------------------------------------------------------------------------
+
 
 def test_full_block_is_parsed_and_the_body_follows():
     text = front(
@@ -60,11 +79,21 @@ def test_full_block_is_parsed_and_the_body_follows():
         "  min_margin: 0.001\n"
         "  confirm: false\n"
         "  paused: true\n",
-        "\n\n# Research program\n\nLower val_bpb by editing train.py.\n")
+        "\n\n# Research program\n\nLower val_bpb by editing train.py.\n",
+    )
     program = parse_program(text)
-    assert program.settings.model_dump() == dict(max_experiments=50, target_val_bpb=0.95, first_baseline_runs=4,
-                                                  baseline_runs=3, noise_sigmas=1.5, confirm_sigmas=1.8,
-                                                  confirm_below=1.0, min_margin=0.001, confirm=False, paused=True)
+    assert program.settings.model_dump() == dict(
+        max_experiments=50,
+        target_val_bpb=0.95,
+        first_baseline_runs=4,
+        baseline_runs=3,
+        noise_sigmas=1.5,
+        confirm_sigmas=1.8,
+        confirm_below=1.0,
+        min_margin=0.001,
+        confirm=False,
+        paused=True,
+    )
     # the body starts right at its first line: leading blank lines and the block are gone
     assert program.instructions.startswith("# Research program")
     assert program.instructions.rstrip("\n") == "# Research program\n\nLower val_bpb by editing train.py."
@@ -89,16 +118,24 @@ def test_fence_lines_may_carry_surrounding_whitespace():
     assert program.instructions == "body"
 
 
-@pytest.mark.parametrize(("field", "value"), [
-    ("baseline_runs", 1), ("baseline_runs", 20), ("noise_sigmas", 0.0), ("min_margin", 0.0),
-    ("max_experiments", 0), ("target_val_bpb", 0.001),
-])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("baseline_runs", 1),
+        ("baseline_runs", 20),
+        ("noise_sigmas", 0.0),
+        ("min_margin", 0.0),
+        ("max_experiments", 0),
+        ("target_val_bpb", 0.001),
+    ],
+)
 def test_range_edges_are_accepted(field, value):
     program = parse_program(front(f"autoresearch:\n  {field}: {value}\n"))
     assert getattr(program.settings, field) == value
 
 
 # --- errors --------------------------------------------------------------------------------------
+
 
 def test_settings_error_is_a_value_error():
     assert issubclass(SettingsError, ValueError)
@@ -110,18 +147,21 @@ def test_unknown_key_under_autoresearch_is_named():
     assert "max_experimentz" in str(info.value)
 
 
-@pytest.mark.parametrize(("field", "value"), [
-    ("baseline_runs", "0"),
-    ("baseline_runs", "21"),
-    ("noise_sigmas", "-1"),
-    ("min_margin", "-0.5"),
-    ("max_experiments", "many"),
-    ("max_experiments", "-3"),
-    ("target_val_bpb", "0"),
-    ("target_val_bpb", "low"),
-    ("confirm", "maybe"),
-    ("paused", "[1, 2]"),
-])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("baseline_runs", "0"),
+        ("baseline_runs", "21"),
+        ("noise_sigmas", "-1"),
+        ("min_margin", "-0.5"),
+        ("max_experiments", "many"),
+        ("max_experiments", "-3"),
+        ("target_val_bpb", "0"),
+        ("target_val_bpb", "low"),
+        ("confirm", "maybe"),
+        ("paused", "[1, 2]"),
+    ],
+)
 def test_bad_type_or_range_names_the_field(field, value):
     with pytest.raises(SettingsError) as info:
         parse_program(front(f"autoresearch:\n  {field}: {value}\n"))
@@ -143,11 +183,15 @@ def test_several_bad_fields_are_all_named():
     assert "autoresearch.baseline_runs" in message and "autoresearch.noise_sigmas" in message
 
 
-@pytest.mark.parametrize("text", [
-    "---\nautoresearch:\n  paused: true\n# Research program\n",
-    "---\n",
-    "---",
-], ids=["block-then-body", "only-opening-line", "only-opening-no-newline"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "---\nautoresearch:\n  paused: true\n# Research program\n",
+        "---\n",
+        "---",
+    ],
+    ids=["block-then-body", "only-opening-line", "only-opening-no-newline"],
+)
 def test_unclosed_front_matter_says_to_close_it(text):
     with pytest.raises(SettingsError) as info:
         parse_program(text)
@@ -156,23 +200,31 @@ def test_unclosed_front_matter_says_to_close_it(text):
     assert "add a second '---'" in message
 
 
-@pytest.mark.parametrize("block", [
-    "autoresearch: [unclosed\n",
-    "autoresearch:\n  paused: true\n\tconfirm: false\n",
-    "autoresearch: {a: 1\n",
-    "autoresearch:\n  paused: true\n   confirm: : :\n",
-], ids=["unclosed-list", "tab-indent", "unclosed-map", "bad-mapping"])
+@pytest.mark.parametrize(
+    "block",
+    [
+        "autoresearch: [unclosed\n",
+        "autoresearch:\n  paused: true\n\tconfirm: false\n",
+        "autoresearch: {a: 1\n",
+        "autoresearch:\n  paused: true\n   confirm: : :\n",
+    ],
+    ids=["unclosed-list", "tab-indent", "unclosed-map", "bad-mapping"],
+)
 def test_invalid_yaml_is_a_settings_error(block):
     with pytest.raises(SettingsError) as info:
         parse_program(front(block))
     assert "not valid YAML" in str(info.value)
 
 
-@pytest.mark.parametrize(("block", "key"), [
-    ("foo: 1\n", "foo"),
-    ("max_experiments: 5\n", "max_experiments"),  # a setting at the top level instead of under autoresearch
-    ("autoresearch:\n  paused: true\nextra: 1\n", "extra"),
-], ids=["other-key", "setting-at-top-level", "alongside-autoresearch"])
+@pytest.mark.parametrize(
+    ("block", "key"),
+    [
+        ("foo: 1\n", "foo"),
+        ("max_experiments: 5\n", "max_experiments"),  # a setting at the top level instead of under autoresearch
+        ("autoresearch:\n  paused: true\nextra: 1\n", "extra"),
+    ],
+    ids=["other-key", "setting-at-top-level", "alongside-autoresearch"],
+)
 def test_top_level_key_other_than_autoresearch_is_rejected(block, key):
     with pytest.raises(SettingsError) as info:
         parse_program(front(block))
@@ -195,6 +247,7 @@ def test_autoresearch_that_is_not_a_map_is_rejected():
 
 
 # --- the repository's own program.md -------------------------------------------------------------
+
 
 def test_repository_program_md_parses():
     text = PROGRAM_MD.read_text(encoding="utf-8")

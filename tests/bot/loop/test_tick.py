@@ -52,9 +52,14 @@ class Broken(Publisher):
 def make(tmp_path: Path, proposals: list[Proposal], *, publishers: list[Publisher] = ()) -> Conductor:
     init_research_repo(tmp_path / "repo", {"train.py": MAIN, "program.md": PROGRAM})
     store = Store(tmp_path / "state.db")
-    return Conductor(store, CountingForge(LocalForge(tmp_path / "repo")), FakeRunner(), ScriptedAgent(proposals),
-                     ConductorConfig(profile="smoke", identity=dict(IDENTITY), max_experiments=len(proposals)),
-                     publishers=publishers)
+    return Conductor(
+        store,
+        CountingForge(LocalForge(tmp_path / "repo")),
+        FakeRunner(),
+        ScriptedAgent(proposals),
+        ConductorConfig(profile="smoke", identity=dict(IDENTITY), max_experiments=len(proposals)),
+        publishers=publishers,
+    )
 
 
 def ticks_until_finished(loop: Conductor, on_tick=lambda: None) -> None:

@@ -27,8 +27,10 @@ def test_a_change_to_comments_or_layout_alone_is_main() -> None:
 
 def test_an_earlier_experiment_is_recognised_through_its_comments() -> None:
     earlier = [(7, "lower warmdown", validation.normal_hash(CHANGED))]
-    assert problem(CHANGED + "# reworded\n", earlier) == \
-        "it repeats experiment 7 ('lower warmdown') up to comments and layout"
+    assert (
+        problem(CHANGED + "# reworded\n", earlier)
+        == "it repeats experiment 7 ('lower warmdown') up to comments and layout"
+    )
 
 
 def test_dropping_the_harness_is_refused() -> None:

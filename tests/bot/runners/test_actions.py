@@ -60,8 +60,14 @@ def standin(tmp_path: Path, smoke_prepared: Any) -> Iterator[GitHubStandIn]:
 
 @pytest.fixture
 def repo(standin: GitHubStandIn) -> Any:
-    gh = github.Github(auth=github.Auth.Token("tok-bot"), base_url=standin.api_url, retry=None,
-                       timeout=HTTP_TIMEOUT_S, seconds_between_requests=None, seconds_between_writes=None)
+    gh = github.Github(
+        auth=github.Auth.Token("tok-bot"),
+        base_url=standin.api_url,
+        retry=None,
+        timeout=HTTP_TIMEOUT_S,
+        seconds_between_requests=None,
+        seconds_between_writes=None,
+    )
     return gh.get_repo("octo-org/research")
 
 
@@ -98,8 +104,10 @@ def settle(runner: ActionsRunner, run_id: int, states: tuple[str, ...] = ("finis
 
 def workflow_logs(standin: GitHubStandIn) -> str:
     """Every workflow run's state and log, for an assertion's message."""
-    return "\n".join(f"--- workflow run {run.id}: {run.status} {run.conclusion}\n{run.log[-6000:]}"
-                     for run in list(standin.actions.runs.values()))
+    return "\n".join(
+        f"--- workflow run {run.id}: {run.status} {run.conclusion}\n{run.log[-6000:]}"
+        for run in list(standin.actions.runs.values())
+    )
 
 
 def record(tmp_path: Path, run_id: int) -> dict[str, Any]:
@@ -110,8 +118,9 @@ def dispatches(standin: GitHubStandIn) -> int:
     return len(standin.calls("POST", r"/actions/workflows/autoresearch-train\.yml/dispatches$"))
 
 
-def test_a_crashing_train_py_comes_back_as_its_checked_crash_result(runner: ActionsRunner, standin: GitHubStandIn,
-                                                                    tmp_path: Path) -> None:
+def test_a_crashing_train_py_comes_back_as_its_checked_crash_result(
+    runner: ActionsRunner, standin: GitHubStandIn, tmp_path: Path
+) -> None:
     url = runner.submit(job_at(standin))
     assert runner.submit(job_at(standin)) == url and dispatches(standin) == 1  # idempotent by run id
     status = settle(runner, 1)
@@ -130,8 +139,9 @@ def test_a_crashing_train_py_comes_back_as_its_checked_crash_result(runner: Acti
 
 
 @pytest.mark.slow
-def test_a_result_for_another_train_py_is_refused_not_finished(runner: ActionsRunner, standin: GitHubStandIn,
-                                                               tmp_path: Path) -> None:
+def test_a_result_for_another_train_py_is_refused_not_finished(
+    runner: ActionsRunner, standin: GitHubStandIn, tmp_path: Path
+) -> None:
     """Slow tier: it waits for the project's own workflow to run to its end, a real isolated run (`make
     test` runs one, the crash above)."""
     runner.submit(job_at(standin))
@@ -168,8 +178,9 @@ def test_a_lost_run_is_dispatched_again_exactly_once_then_lost(runner: ActionsRu
 
 
 @pytest.mark.slow
-def test_a_deleted_run_is_dispatched_again_and_finishes(runner: ActionsRunner, standin: GitHubStandIn,
-                                                        tmp_path: Path) -> None:
+def test_a_deleted_run_is_dispatched_again_and_finishes(
+    runner: ActionsRunner, standin: GitHubStandIn, tmp_path: Path
+) -> None:
     """Slow tier: it waits for the project's own workflow to run to its end, a real isolated run (`make
     test` runs one, the crash above)."""
     standin.actions.hold()
@@ -184,8 +195,9 @@ def test_a_deleted_run_is_dispatched_again_and_finishes(runner: ActionsRunner, s
 
 
 @pytest.mark.slow
-def test_a_run_queued_past_the_limit_is_cancelled_and_dispatched_again(repo: Any, standin: GitHubStandIn,
-                                                                       tmp_path: Path, clock: Clock) -> None:
+def test_a_run_queued_past_the_limit_is_cancelled_and_dispatched_again(
+    repo: Any, standin: GitHubStandIn, tmp_path: Path, clock: Clock
+) -> None:
     """Slow tier: it waits for the project's own workflow to run to its end, a real isolated run (`make
     test` runs one, the crash above)."""
     runner = make_runner(repo, tmp_path / "state", clock, queued_limit_s=600)
@@ -203,8 +215,9 @@ def test_a_run_queued_past_the_limit_is_cancelled_and_dispatched_again(repo: Any
     assert status.state == "finished", f"{status}\n{workflow_logs(standin)}"
 
 
-def test_a_run_no_runner_starts_is_lost_after_the_last_attempt(repo: Any, standin: GitHubStandIn, tmp_path: Path,
-                                                               clock: Clock) -> None:
+def test_a_run_no_runner_starts_is_lost_after_the_last_attempt(
+    repo: Any, standin: GitHubStandIn, tmp_path: Path, clock: Clock
+) -> None:
     runner = make_runner(repo, tmp_path / "state", clock, queued_limit_s=10, max_attempts=2)
     standin.actions.hold()
     runner.submit(job_at(standin))
@@ -215,8 +228,9 @@ def test_a_run_no_runner_starts_is_lost_after_the_last_attempt(repo: Any, standi
     assert all(run.conclusion == "cancelled" for run in standin.actions.runs.values())
 
 
-def test_a_cancelled_run_ends_cancelled_and_reports_nothing_more(runner: ActionsRunner, standin: GitHubStandIn,
-                                                                 tmp_path: Path) -> None:
+def test_a_cancelled_run_ends_cancelled_and_reports_nothing_more(
+    runner: ActionsRunner, standin: GitHubStandIn, tmp_path: Path
+) -> None:
     standin.push_file("train.py", SLEEP, user="octo-org", message="a slow train.py")
     runner.submit(job_at(standin, asset=SLEEP))
     workflow_run_id = record(tmp_path, 1)["workflow_run_id"]
@@ -230,8 +244,9 @@ def test_a_cancelled_run_ends_cancelled_and_reports_nothing_more(runner: Actions
 
 
 @pytest.mark.slow
-def test_a_restarted_runner_finds_its_run(repo: Any, runner: ActionsRunner, standin: GitHubStandIn, tmp_path: Path,
-                                          clock: Clock) -> None:
+def test_a_restarted_runner_finds_its_run(
+    repo: Any, runner: ActionsRunner, standin: GitHubStandIn, tmp_path: Path, clock: Clock
+) -> None:
     """Slow tier: it waits for the project's own workflow to run to its end, a real isolated run (`make
     test` runs one, the crash above)."""
     url = runner.submit(job_at(standin))
@@ -243,8 +258,9 @@ def test_a_restarted_runner_finds_its_run(repo: Any, runner: ActionsRunner, stan
     assert again.lookup(99).state == "unknown"
 
 
-def test_lookups_ask_github_once_per_interval_unless_notified(repo: Any, standin: GitHubStandIn, tmp_path: Path,
-                                                              clock: Clock) -> None:
+def test_lookups_ask_github_once_per_interval_unless_notified(
+    repo: Any, standin: GitHubStandIn, tmp_path: Path, clock: Clock
+) -> None:
     runner = make_runner(repo, tmp_path / "state", clock, poll_interval_s=30)
     told: list[int] = []
     runner.on_change(lambda: told.append(1))
@@ -266,12 +282,17 @@ def test_settings_read_the_environment_and_count_slots(monkeypatch: pytest.Monke
     monkeypatch.setenv("AUTORESEARCH_ACTIONS_QUEUE_AHEAD", "2")
     settings = ActionsSettings()
     assert (settings.slots, settings.workflow, settings.ref, settings.queued_limit_s) == (
-        9, "autoresearch-train.yml", "main", 600.0)
+        9,
+        "autoresearch-train.yml",
+        "main",
+        600.0,
+    )
 
 
 @pytest.mark.slow
-def test_the_repository_s_train_py_trains_and_scores_on_actions(repo: Any, standin: GitHubStandIn, tmp_path: Path,
-                                                                 clock: Clock) -> None:
+def test_the_repository_s_train_py_trains_and_scores_on_actions(
+    repo: Any, standin: GitHubStandIn, tmp_path: Path, clock: Clock
+) -> None:
     """Slow tier: the real train.py trains its whole budget in the project's own workflow."""
     train_py = (ROOT / "train.py").read_text()
     standin.push_file("train.py", train_py, user="octo-org", message="the real train.py")

@@ -19,9 +19,11 @@ from bot.runners.local import LocalRunner, last_progress
 ROOT = Path(__file__).resolve().parents[3]
 TRAIN_PY = (ROOT / "train.py").read_text()
 # hands over an untrained model at once: a run costs its imports, export and scoring, no training
-UNTRAINED = ("import torch\nfrom runner import harness\nh = harness.session()\n"
-             "model = torch.nn.Sequential(torch.nn.Embedding(h.vocab_size, 8), torch.nn.Linear(8, h.vocab_size))\n"
-             "h.finish(model)\n")
+UNTRAINED = (
+    "import torch\nfrom runner import harness\nh = harness.session()\n"
+    "model = torch.nn.Sequential(torch.nn.Embedding(h.vocab_size, 8), torch.nn.Linear(8, h.vocab_size))\n"
+    "h.finish(model)\n"
+)
 
 
 def wait_for(runner: LocalRunner, run_id: int, timeout: float = 120.0) -> RunStatus:
@@ -214,10 +216,12 @@ def wait_for_log(path: Path, text: str, timeout: float = 120.0) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["cancel", "close"])
 @pytest.mark.parametrize("sandboxed", [True, False], ids=["sandboxed", "unsandboxed"])
-def test_stopping_a_run_ends_every_process_it_started(tmp_path: Path, smoke_prepared, monkeypatch: pytest.MonkeyPatch,
-                                                      how: str, sandboxed: bool) -> None:
+def test_stopping_a_run_ends_every_process_it_started(
+    tmp_path: Path, smoke_prepared, monkeypatch: pytest.MonkeyPatch, how: str, sandboxed: bool
+) -> None:
     """Slow tier: a real run must be running, its escaped processes with it, to be stopped."""
     from runner import sandbox
+
     if sandboxed and not sandbox.available()[0]:
         pytest.skip(f"no sandbox here: {sandbox.available()[1]}")
     if not sandboxed:

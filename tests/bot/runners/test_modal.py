@@ -81,10 +81,18 @@ class FakeModal:
 
 def canned(job: JobSpec, **changes: Any) -> ResultSpec:
     fields: dict[str, Any] = {
-        "run_id": job.run_id, "experiment_id": job.experiment_id, "status": "ok", "val_bpb": 1.25,
-        "metrics": {"num_steps": 40}, "timings": Timings(queued=12.5, total=60.0), "profile": job.profile,
-        "seed": job.seed, "hashes": Hashes(asset=job.asset_sha256, harness=harness_hash(), data="d" * 16),
-        "runner": RunnerIdentity(backend="modal", device="NVIDIA H100", detail="fc-1"), "sandboxed": True}
+        "run_id": job.run_id,
+        "experiment_id": job.experiment_id,
+        "status": "ok",
+        "val_bpb": 1.25,
+        "metrics": {"num_steps": 40},
+        "timings": Timings(queued=12.5, total=60.0),
+        "profile": job.profile,
+        "seed": job.seed,
+        "hashes": Hashes(asset=job.asset_sha256, harness=harness_hash(), data="d" * 16),
+        "runner": RunnerIdentity(backend="modal", device="NVIDIA H100", detail="fc-1"),
+        "sandboxed": True,
+    }
     return ResultSpec(**(fields | changes))
 
 
@@ -149,15 +157,27 @@ def test_a_restarted_bot_finds_its_calls_and_their_results(tmp_path: Path, modal
     assert status.state == "finished" and status.result is not None and status.result.val_bpb == 1.25
 
 
-@pytest.mark.parametrize(("changes", "reason"), [
-    ({"hashes": Hashes(asset="0" * 64, harness=harness_hash(), data="")}, "another train.py"),
-    ({"hashes": Hashes(asset=JobSpec(run_id=1, asset="print('train')\n", profile="smoke").asset_sha256,
-                       harness="0123456789abcdef", data="")}, "harness 0123456789abcdef"),
-    ({"run_id": 2}, "the result is for run 2"),
-    ({"profile": "cpu"}, "ran profile cpu"),
-])
-def test_a_result_that_does_not_answer_its_job_is_refused_as_lost(runner: ModalRunner, modal: FakeModal,
-                                                                 changes: dict[str, Any], reason: str) -> None:
+@pytest.mark.parametrize(
+    ("changes", "reason"),
+    [
+        ({"hashes": Hashes(asset="0" * 64, harness=harness_hash(), data="")}, "another train.py"),
+        (
+            {
+                "hashes": Hashes(
+                    asset=JobSpec(run_id=1, asset="print('train')\n", profile="smoke").asset_sha256,
+                    harness="0123456789abcdef",
+                    data="",
+                )
+            },
+            "harness 0123456789abcdef",
+        ),
+        ({"run_id": 2}, "the result is for run 2"),
+        ({"profile": "cpu"}, "ran profile cpu"),
+    ],
+)
+def test_a_result_that_does_not_answer_its_job_is_refused_as_lost(
+    runner: ModalRunner, modal: FakeModal, changes: dict[str, Any], reason: str
+) -> None:
     runner.submit(job(1))
     modal.answer(**changes)
     status = runner.lookup(1)
@@ -234,7 +254,9 @@ def test_a_bot_stopped_before_its_spawn_spawns_at_the_next_lookup(runner: ModalR
     with pytest.raises(ConnectionError):
         runner.submit(job(1))
     modal.unreachable = False
-    assert runner.submit(job(1)) == "modal:" + str(runner.records.dir / "1.json")  # the record is there: no second spawn
+    assert runner.submit(job(1)) == "modal:" + str(
+        runner.records.dir / "1.json"
+    )  # the record is there: no second spawn
     assert runner.lookup(1).state == "queued" and list(modal.calls) == ["fc-1"]
 
 
@@ -260,7 +282,11 @@ def test_settings_come_from_autoresearch_modal_variables(monkeypatch: pytest.Mon
     monkeypatch.setenv("AUTORESEARCH_MODAL_GPUS", "3")
     settings = ModalSettings()
     assert (settings.app, settings.class_name, settings.gpus, settings.dict_name) == (
-        "research", "Trainer", 3, "autoresearch-progress")
+        "research",
+        "Trainer",
+        3,
+        "autoresearch-progress",
+    )
 
 
 # --- a call that runs the Trainer's body on a thread -------------------------------------------------
@@ -287,9 +313,16 @@ class ThreadedModal(FakeModal):
         call = self.calls[call_id]
 
         def run() -> None:
-            done = subprocess.run([sys.executable, "-c", CALL, call_id], check=False, input=job_json,
-                                  capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), cwd=ROOT,
-                                  timeout=300)
+            done = subprocess.run(
+                [sys.executable, "-c", CALL, call_id],
+                check=False,
+                input=job_json,
+                capture_output=True,
+                text=True,
+                env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                cwd=ROOT,
+                timeout=300,
+            )
             answer = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
             if done.returncode != 0 or answer.startswith("FAILED"):
                 call.failure = answer or done.stderr[-2000:]
@@ -357,20 +390,29 @@ def test_modal_raises_no_builtin_timeout_for_an_expired_or_timed_out_call() -> N
         assert not issubclass(kind, TimeoutError)
 
 
-@pytest.mark.parametrize(("outcome", "read"), [
-    (TimeoutError(), None),
-    ("{\"result\": 1}", "{\"result\": 1}"),
-])
+@pytest.mark.parametrize(
+    ("outcome", "read"),
+    [
+        (TimeoutError(), None),
+        ('{"result": 1}', '{"result": 1}'),
+    ],
+)
 def test_the_client_reads_a_running_or_finished_call(outcome: Any, read: str | None) -> None:
     pytest.importorskip("modal")
     assert ModalClient(ModalSettings(), sdk=StandInSDK(outcome)).poll("fc-1") == read
 
 
-@pytest.mark.parametrize(("name", "message"), [
-    ("OutputExpiredError", "expired"), ("FunctionTimeoutError", "timeout"), ("InternalFailure", "container failed"),
-    ("NotFoundError", "does not know"), ("InputCancellation", "cancelled outside the bot"),
-    ("RuntimeError", "RuntimeError: the harness failed"),
-])
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("OutputExpiredError", "expired"),
+        ("FunctionTimeoutError", "timeout"),
+        ("InternalFailure", "container failed"),
+        ("NotFoundError", "does not know"),
+        ("InputCancellation", "cancelled outside the bot"),
+        ("RuntimeError", "RuntimeError: the harness failed"),
+    ],
+)
 def test_the_client_reads_a_failed_call_as_failed(name: str, message: str) -> None:
     errors = pytest.importorskip("modal").exception
     error = RuntimeError("the harness failed") if name == "RuntimeError" else getattr(errors, name)("boom")
@@ -405,7 +447,14 @@ def test_a_missing_token_says_how_to_set_one(tmp_path: Path) -> None:
     pytest.importorskip("modal")
     env = {k: v for k, v in os.environ.items() if not k.startswith("MODAL_")}
     env.update(HOME=str(tmp_path), MODAL_CONFIG_PATH=str(tmp_path / "no-modal.toml"), PYTHONPATH=str(ROOT))
-    done = subprocess.run([sys.executable, "-c", NO_TOKEN], check=False, capture_output=True, text=True, env=env,
-                          cwd=tmp_path, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", NO_TOKEN],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert "modal token new" in done.stdout and "MODAL_TOKEN_ID" in done.stdout and "modal deploy" in done.stdout

@@ -61,8 +61,10 @@ def test_each_migration_moves_one_version_up(db: sqlite3.Connection, monkeypatch
     assert schema.migrate(db) == 0
     assert version(db) == 1
     assert "inbox" not in tables(db) and "failures" not in columns(db, "experiments")
-    db.execute("INSERT INTO experiments(id, state, title, hypothesis, branch, code_hash, train_py, base_sha,"
-               " created_at, updated_at) VALUES (7, 'done', 't', 'h', 'autoresearch/7-x', 'c', 'p', 'b', 1, 2)")
+    db.execute(
+        "INSERT INTO experiments(id, state, title, hypothesis, branch, code_hash, train_py, base_sha,"
+        " created_at, updated_at) VALUES (7, 'done', 't', 'h', 'autoresearch/7-x', 'c', 'p', 'b', 1, 2)"
+    )
     monkeypatch.undo()
     assert schema.migrate(db) == 1
     assert version(db) == schema.VERSION
@@ -84,8 +86,7 @@ def test_a_file_too_new_is_refused_and_left_alone(db: sqlite3.Connection):
     assert version(db) == schema.VERSION + 3 and tables(db) == set()
 
 
-def test_a_migration_that_fails_half_way_leaves_the_file_at_its_old_version(db: sqlite3.Connection,
-                                                                              monkeypatch):
+def test_a_migration_that_fails_half_way_leaves_the_file_at_its_old_version(db: sqlite3.Connection, monkeypatch):
     schema.migrate(db)
     db.execute("INSERT INTO feedback(at, author, text) VALUES (1, 'alice', 'kept')")
     monkeypatch.setattr(schema, "MIGRATIONS", [*schema.MIGRATIONS, BROKEN])

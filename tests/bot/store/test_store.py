@@ -49,8 +49,14 @@ def store(db_path: Path):
 
 def new_experiment(store: Store, n: int = 1, *, base_sha: str = MAIN, **overrides):
     """An experiment with a proposal: start_proposing, then fill_proposal."""
-    kwargs = dict(title=f"Experiment {n}", hypothesis=f"hypothesis {n}", slug=f"exp-{n}", code_hash=f"code-{n}",
-                  train_py=f"print({n})\n", meta={"changes": [{"name": "LR", "old": 0.04, "new": 0.05}]})
+    kwargs = dict(
+        title=f"Experiment {n}",
+        hypothesis=f"hypothesis {n}",
+        slug=f"exp-{n}",
+        code_hash=f"code-{n}",
+        train_py=f"print({n})\n",
+        meta={"changes": [{"name": "LR", "old": 0.04, "new": 0.05}]},
+    )
     kwargs.update(overrides)
     exp = store.experiments.start_proposing(base_sha)
     return store.experiments.fill_proposal(exp.id, **kwargs)
@@ -67,16 +73,32 @@ def experiment_in(store: Store, state: State, n: int = 1):
     return exp
 
 
-def new_run(store: Store, experiment_id: int | None = None, purpose: str = "candidate", code_hash: str = "code-1",
-            profile: str = "cpu", **kwargs):
-    return store.runs.add(experiment_id=experiment_id, purpose=purpose, code_hash=code_hash, commit_sha="c" * 40,
-                         base_sha=MAIN, asset="print(1)\n", profile=profile, **kwargs)
+def new_run(
+    store: Store,
+    experiment_id: int | None = None,
+    purpose: str = "candidate",
+    code_hash: str = "code-1",
+    profile: str = "cpu",
+    **kwargs,
+):
+    return store.runs.add(
+        experiment_id=experiment_id,
+        purpose=purpose,
+        code_hash=code_hash,
+        commit_sha="c" * 40,
+        base_sha=MAIN,
+        asset="print(1)\n",
+        profile=profile,
+        **kwargs,
+    )
 
 
 def add_failing_trigger(store: Store, table: str, when: str) -> None:
     """Make an INSERT into `table` fail inside SQLite (a real constraint failure, not a mock)."""
-    store.db.execute(f"CREATE TRIGGER fail_{table} BEFORE INSERT ON {table} WHEN {when} "
-                     "BEGIN SELECT RAISE(ABORT, 'injected failure'); END")
+    store.db.execute(
+        f"CREATE TRIGGER fail_{table} BEFORE INSERT ON {table} WHEN {when} "
+        "BEGIN SELECT RAISE(ABORT, 'injected failure'); END"
+    )
 
 
 def count(store: Store, table: str) -> int:
@@ -84,6 +106,7 @@ def count(store: Store, table: str) -> int:
 
 
 # --- the file ------------------------------------------------------------------------------------
+
 
 def test_wal_mode_is_on(store: Store, db_path: Path):
     assert store.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
@@ -112,6 +135,7 @@ def test_a_file_in_place_of_the_work_directory_is_refused(tmp_path: Path):
 
 
 # --- the loop's state (the settings table) --------------------------------------------------------
+
 
 def test_the_loop_state_has_its_defaults_before_anything_is_written(store: Store):
     state = store.state
@@ -155,7 +179,8 @@ def test_the_loop_state_reads_and_writes_the_settings_as_every_release_wrote_the
     for _, name, _, value in AS_WRITTEN:
         setattr(store.state, name, value)
     assert sorted(tuple(r) for r in store.db.execute("SELECT key, value FROM settings")) == sorted(
-        (k, text) for k, _, text, _ in AS_WRITTEN)
+        (k, text) for k, _, text, _ in AS_WRITTEN
+    )
     store.state.paused = False
     assert store.db.execute("SELECT value FROM settings WHERE key = 'paused'").fetchone()[0] == "0"
 
@@ -167,6 +192,7 @@ def test_an_unreadable_research_log_record_reads_as_none(store: Store):
 
 
 # --- the upgrade of a file written by the previous release ---------------------------------------
+
 
 def _rows(db: sqlite3.Connection, table: str) -> list[dict]:
     db.row_factory = sqlite3.Row
@@ -214,13 +240,17 @@ def test_upgrading_a_v0_file_keeps_every_row(v0_copy: Path, v0_rows: dict[str, l
         assert exps[0].val_bpb == 2.3 and exps[0].delta == 0.045 and exps[0].reason == "worse"
         assert exps[1].head_sha == "c" * 40
         # the new columns have their defaults
-        assert all(e.failures == 0 and e.retry_at is None and e.margin is None and e.remeasured_delta is None
-                   for e in exps)
+        assert all(
+            e.failures == 0 and e.retry_at is None and e.margin is None and e.remeasured_delta is None for e in exps
+        )
 
         runs = store.runs.all()
         assert [(r.id, r.experiment_id, r.purpose, r.state, r.status) for r in runs] == [
-            (1, None, "baseline", "done", "ok"), (2, None, "baseline", "done", "ok"),
-            (3, 1, "candidate", "done", "ok"), (4, 2, "candidate", "running", None)]
+            (1, None, "baseline", "done", "ok"),
+            (2, None, "baseline", "done", "ok"),
+            (3, 1, "candidate", "done", "ok"),
+            (4, 2, "candidate", "running", None),
+        ]
         assert [r.val_bpb for r in runs] == [2.25, 2.26, 2.3, None]
         assert runs[0].metrics["num_steps"] == 60 and runs[0].harness_hash == "0123456789abcdef"
         assert all(r.rerun_of is None and r.note is None for r in runs)
@@ -230,9 +260,9 @@ def test_upgrading_a_v0_file_keeps_every_row(v0_copy: Path, v0_rows: dict[str, l
         assert store.feedback.recent() == ["try a lower matrix_lr"]
         assert store.inbox.all() == []
         assert store.experiments.count() == 2 and store.experiments.counts_by_status() == {"discard": 1}
-        assert store.runs.measured_values(profile="cpu", harness_hash="0123456789abcdef",
-                                     data_fingerprint="fedcba9876543210") == [
-            ("c0", None, "baseline", 2.25), ("c0", None, "baseline", 2.26), ("c1", 1, "candidate", 2.3)]
+        assert store.runs.measured_values(
+            profile="cpu", harness_hash="0123456789abcdef", data_fingerprint="fedcba9876543210"
+        ) == [("c0", None, "baseline", 2.25), ("c0", None, "baseline", 2.26), ("c1", 1, "candidate", 2.3)]
     finally:
         store.close()
     assert hashlib.sha256((FIXTURES / "state_v0.db").read_bytes()).hexdigest() == fixture_hash
@@ -243,8 +273,10 @@ def test_an_upgraded_v0_file_has_the_schema_of_a_new_file(v0_copy: Path, tmp_pat
         db = sqlite3.connect(path)
         try:
             tables = sorted(r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'"))
-            indexes = sorted(r[0] for r in db.execute(
-                "SELECT name FROM sqlite_master WHERE type = 'index' AND name NOT LIKE 'sqlite_%'"))
+            indexes = sorted(
+                r[0]
+                for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'index' AND name NOT LIKE 'sqlite_%'")
+            )
             columns = {t: [tuple(c)[1:] for c in db.execute(f"PRAGMA table_info({t})")] for t in tables}
             return tables, indexes, columns
         finally:
@@ -260,8 +292,9 @@ def test_the_store_works_after_the_upgrade(v0_copy: Path):
     try:
         exp = store.experiments.start_proposing("a" * 40)
         assert exp.id == 3
-        exp = store.experiments.fill_proposal(exp.id, title="Wider MLP", hypothesis="h", slug="wider-mlp",
-                                              code_hash="c3", train_py="print(3)\n", meta={})
+        exp = store.experiments.fill_proposal(
+            exp.id, title="Wider MLP", hypothesis="h", slug="wider-mlp", code_hash="c3", train_py="print(3)\n", meta={}
+        )
         assert exp.branch == "autoresearch/3-wider-mlp"
         assert new_run(store, exp.id, code_hash="c3").id == 5
         # the run that was in flight when the old release stopped can be set aside and re-run
@@ -326,6 +359,7 @@ def test_an_upgrade_that_fails_half_way_leaves_the_file_at_its_old_version(v0_co
 
 
 # --- transactions --------------------------------------------------------------------------------
+
 
 def test_a_nested_transaction_commits_only_with_the_outermost(store: Store, db_path: Path):
     other = sqlite3.connect(db_path)
@@ -407,6 +441,7 @@ def test_a_savepoint_belongs_inside_a_transaction(store: Store):
 
 # --- experiments ---------------------------------------------------------------------------------
 
+
 def test_start_proposing_creates_an_experiment_without_a_proposal(store: Store):
     exp = store.experiments.start_proposing(MAIN)
     assert exp.id == 1 and exp.state == "proposing" and exp.base_sha == MAIN
@@ -415,14 +450,21 @@ def test_start_proposing_creates_an_experiment_without_a_proposal(store: Store):
     assert exp.meta == {} and exp.failures == 0 and exp.retry_at is None
     assert exp.created_at == exp.updated_at > 0
     assert [(e["kind"], e["message"]) for e in store.events.all(exp.id)] == [
-        ("proposing", "asked the agent for a proposal on main 0123456")]
+        ("proposing", "asked the agent for a proposal on main 0123456")
+    ]
 
 
 def test_fill_proposal_records_the_proposal(store: Store):
     started = store.experiments.start_proposing(MAIN)
-    exp = store.experiments.fill_proposal(started.id, title="Raise LR", hypothesis="faster", slug="raise-lr",
-                              code_hash="code-1", train_py="print(1)\n",
-                              meta={"changes": [{"name": "LR", "new": 0.05}]})
+    exp = store.experiments.fill_proposal(
+        started.id,
+        title="Raise LR",
+        hypothesis="faster",
+        slug="raise-lr",
+        code_hash="code-1",
+        train_py="print(1)\n",
+        meta={"changes": [{"name": "LR", "new": 0.05}]},
+    )
     assert exp.state == "proposed"
     assert exp.status is None
     assert exp.title == "Raise LR" and exp.hypothesis == "faster"
@@ -449,16 +491,18 @@ def test_ids_increase_and_branches_carry_them(store: Store):
 def test_fill_proposal_resets_failures(store: Store):
     exp = store.experiments.start_proposing(MAIN)
     store.experiments.update(exp.id, failures=3, retry_at=123.0)
-    filled = store.experiments.fill_proposal(exp.id, title="t", hypothesis="h", slug="s", code_hash="c", train_py="p",
-                                             meta={})
+    filled = store.experiments.fill_proposal(
+        exp.id, title="t", hypothesis="h", slug="s", code_hash="c", train_py="p", meta={}
+    )
     assert filled.failures == 0
 
 
 def test_fill_proposal_twice_is_refused(store: Store):
     exp = new_experiment(store, 1)
     with pytest.raises(InvalidTransition, match="proposed -> proposed"):
-        store.experiments.fill_proposal(exp.id, title="other", hypothesis="h", slug="other", code_hash="x",
-                                        train_py="p", meta={})
+        store.experiments.fill_proposal(
+            exp.id, title="other", hypothesis="h", slug="other", code_hash="x", train_py="p", meta={}
+        )
     assert store.experiments.get(exp.id) == exp
 
 
@@ -475,8 +519,11 @@ def test_withdraw_proposing_deletes_the_row_and_its_id_is_never_reused(store: St
         store.experiments.get(first.id)
     assert store.experiments.count() == 0
     event = store.events.all()[-1]
-    assert (event["experiment_id"], event["kind"], event["message"]) == (None, "agent",
-                                                                         "no experiment 1: the agent gave up")
+    assert (event["experiment_id"], event["kind"], event["message"]) == (
+        None,
+        "agent",
+        "no experiment 1: the agent gave up",
+    )
     second = store.experiments.start_proposing(MAIN)
     assert second.id == 2
     store.experiments.withdraw_proposing(second.id, "again")  # the newest row is gone too
@@ -506,15 +553,18 @@ def test_missing_experiment_raises_key_error(store: Store):
 
 def test_update_experiment_writes_fields_and_event(store: Store):
     exp = new_experiment(store)
-    updated = store.experiments.update(exp.id, state="branched", head_sha="d" * 40, meta={"k": [1, 2]},
-                                      event="branch pushed")
+    updated = store.experiments.update(
+        exp.id, state="branched", head_sha="d" * 40, meta={"k": [1, 2]}, event="branch pushed"
+    )
     assert updated.state == "branched"
     assert updated.head_sha == "d" * 40
     assert updated.meta == {"k": [1, 2]}
     assert updated.updated_at >= exp.updated_at
     assert updated.created_at == exp.created_at
     assert [(e["kind"], e["message"]) for e in store.events.all(exp.id)][1:] == [
-        ("proposed", exp.title), ("branched", "branch pushed")]
+        ("proposed", exp.title),
+        ("branched", "branch pushed"),
+    ]
 
 
 def test_update_experiment_event_kind_without_state_and_no_event(store: Store):
@@ -550,15 +600,19 @@ def test_update_experiment_with_unknown_column_writes_nothing(store: Store):
     assert not store.db.in_transaction
 
 
-@pytest.mark.parametrize(("old", "new"), [
-    (State.PROPOSED, State.MERGING),
-    (State.PROPOSING, State.BRANCHED),
-    (State.PROPOSED, State.MEASURING),
-    (State.BRANCHED, State.REBASING),
-    (State.CLOSING, State.MEASURING),
-    (State.DONE, State.MEASURING),
-    (State.DONE, State.DONE),
-], ids=lambda s: str(s))
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        (State.PROPOSED, State.MERGING),
+        (State.PROPOSING, State.BRANCHED),
+        (State.PROPOSED, State.MEASURING),
+        (State.BRANCHED, State.REBASING),
+        (State.CLOSING, State.MEASURING),
+        (State.DONE, State.MEASURING),
+        (State.DONE, State.DONE),
+    ],
+    ids=lambda s: str(s),
+)
 def test_a_forbidden_transition_raises_and_leaves_the_row_unchanged(store: Store, old: State, new: State):
     exp = experiment_in(store, old)
     events = store.events.all()
@@ -632,6 +686,7 @@ def test_experiment_by_code(store: Store):
 
 
 # --- runs ----------------------------------------------------------------------------------------
+
 
 def test_add_run_queues_with_a_seed_per_run(store: Store):
     exp = new_experiment(store)
@@ -715,16 +770,22 @@ def test_finish_run_records_the_result(store: Store):
 
 def test_finish_run_is_idempotent(store: Store):
     run = new_run(store)
-    first = store.runs.finish(run.id, status="ok", val_bpb=0.987, metrics={"peak_vram_mb": 1.0}, error=None,
-                             log_tail="first")
-    second = store.runs.finish(run.id, status="crash", val_bpb=None, metrics={"peak_vram_mb": 9.0},
-                              error="Traceback", log_tail="second")
+    first = store.runs.finish(
+        run.id, status="ok", val_bpb=0.987, metrics={"peak_vram_mb": 1.0}, error=None, log_tail="first"
+    )
+    second = store.runs.finish(
+        run.id, status="crash", val_bpb=None, metrics={"peak_vram_mb": 9.0}, error="Traceback", log_tail="second"
+    )
     assert second == first
     assert store.runs.get(run.id).status == "ok" and store.runs.get(run.id).val_bpb == 0.987
 
 
-RESULT = {"status": "ok", "val_bpb": 0.991, "metrics": {"val_bpb": 0.991, "cpu_share": 0.4, "num_steps": 12},
-          "log_tail": "step 12"}
+RESULT = {
+    "status": "ok",
+    "val_bpb": 0.991,
+    "metrics": {"val_bpb": 0.991, "cpu_share": 0.4, "num_steps": 12},
+    "log_tail": "step 12",
+}
 
 
 @pytest.mark.parametrize("state", SET_ASIDE, ids=str)
@@ -740,9 +801,15 @@ def test_set_aside_run_and_rerun_it(store: Store, state: RunState):
     assert rerun == store.runs.get(rerun.id)
     assert rerun.id == run.id + 1 and rerun.seed == rerun.id and rerun.rerun_of == run.id
     assert rerun.state == "queued" and rerun.status is None and rerun.metrics == {} and rerun.note is None
-    assert (rerun.experiment_id, rerun.purpose, rerun.code_hash, rerun.commit_sha, rerun.base_sha, rerun.asset,
-            rerun.profile) == (run.experiment_id, run.purpose, run.code_hash, run.commit_sha, run.base_sha,
-                               run.asset, run.profile)
+    assert (
+        rerun.experiment_id,
+        rerun.purpose,
+        rerun.code_hash,
+        rerun.commit_sha,
+        rerun.base_sha,
+        rerun.asset,
+        rerun.profile,
+    ) == (run.experiment_id, run.purpose, run.code_hash, run.commit_sha, run.base_sha, run.asset, run.profile)
     assert store.runs.all(state="running") == [] and store.runs.all(state="queued") == [rerun]
     event = store.events.all()[-1]
     assert (event["kind"], event["experiment_id"]) == (state.value, exp.id)
@@ -769,13 +836,22 @@ def test_set_aside_run_without_a_result_keeps_what_the_run_had(store: Store):
     store.runs.set_aside(run.id, RunState.CANCELLED, "moved on", rerun=False, result={"log_tail": "partial"})
     cancelled = store.runs.get(run.id)
     assert (cancelled.state, cancelled.status, cancelled.metrics, cancelled.log_tail) == (
-        "cancelled", None, {}, "partial")
+        "cancelled",
+        None,
+        {},
+        "partial",
+    )
 
 
 def test_a_set_aside_run_is_not_measured(store: Store):
     run = new_run(store)
-    store.runs.set_aside(run.id, RunState.DISTURBED, "busy machine", rerun=False,
-                        result={**RESULT, "metrics": {"harness_hash": "h", "data_fingerprint": "d"}})
+    store.runs.set_aside(
+        run.id,
+        RunState.DISTURBED,
+        "busy machine",
+        rerun=False,
+        result={**RESULT, "metrics": {"harness_hash": "h", "data_fingerprint": "d"}},
+    )
     assert store.runs.measured_values(profile="cpu", harness_hash="h", data_fingerprint="d") == []
     assert store.runs.latest_ok("candidate", 5) == []
 
@@ -856,8 +932,9 @@ def test_measured_values_only_ok_runs_under_one_identity(store: Store):
 
     def finished(code: str, experiment_id, purpose: str, status: str, value, profile: str = "cpu", **metrics):
         run = new_run(store, experiment_id, purpose, code_hash=code, profile=profile)
-        return store.runs.finish(run.id, status=status, val_bpb=value, metrics={**identity, **metrics},
-                                error=None, log_tail=None)
+        return store.runs.finish(
+            run.id, status=status, val_bpb=value, metrics={**identity, **metrics}, error=None, log_tail=None
+        )
 
     finished("main", None, "baseline", "ok", 1.0)
     finished("main", None, "baseline", "crash", None)
@@ -868,9 +945,12 @@ def test_measured_values_only_ok_runs_under_one_identity(store: Store):
     finished("code-1", exp.id, "candidate", "ok", 0.9)
     new_run(store, exp.id, "confirm", code_hash="code-1")  # still queued
     assert store.runs.measured_values(profile="cpu", harness_hash="h1", data_fingerprint="d1") == [
-        ("main", None, "baseline", 1.0), ("code-1", exp.id, "candidate", 0.9)]
+        ("main", None, "baseline", 1.0),
+        ("code-1", exp.id, "candidate", 0.9),
+    ]
     assert store.runs.measured_values(profile="gpu", harness_hash="h1", data_fingerprint="d1") == [
-        ("main", None, "baseline", 1.7)]
+        ("main", None, "baseline", 1.7)
+    ]
     assert store.runs.measured_values(profile="cpu", harness_hash="h3", data_fingerprint="d1") == []
 
 
@@ -886,6 +966,7 @@ def test_seen_code_hashes_covers_experiments_and_runs(store: Store):
 
 
 # --- the inbox -----------------------------------------------------------------------------------
+
 
 def test_add_inbox_records_an_entry(store: Store):
     assert store.inbox.last_id() == 0 and store.inbox.all() == [] and store.inbox.pending() == []
@@ -935,7 +1016,10 @@ def test_add_inbox_many_stores_a_batch_and_says_which_keys_were_new(store: Store
     assert stored == [True, False, True, False]
     assert ended == ["COMMIT"], "one transaction for the batch"
     assert [(e.key, e.payload) for e in store.inbox.all()] == [
-        ("seen", {}), ("a", {"text": "hi"}), ("b", {"text": "hi"})]
+        ("seen", {}),
+        ("a", {"text": "hi"}),
+        ("b", {"text": "hi"}),
+    ]
 
 
 def test_add_inbox_many_stores_all_or_none(store: Store):
@@ -992,6 +1076,7 @@ def test_an_inbox_entry_written_by_another_process_is_seen(db_path: Path):
 
 # --- a person's requests, what GitHub shows, the replies owed ------------------------------------
 
+
 def test_a_request_waits_on_its_experiment_and_the_latest_one_wins(store: Store):
     first, second = new_experiment(store, 1), new_experiment(store, 2)
     store.experiments.request(second.id, "rerun", "alice")
@@ -1038,6 +1123,7 @@ def test_a_reply_is_owed_once_per_comment_until_posted(store: Store):
 
 # --- events and feedback -------------------------------------------------------------------------
 
+
 def test_event_round_trip(store: Store):
     exp = new_experiment(store)
     store.events.add(exp.id, "note", "hello")
@@ -1067,6 +1153,7 @@ def test_feedback_round_trip_oldest_first_and_limited(store: Store):
 
 
 # --- resume --------------------------------------------------------------------------------------
+
 
 def test_reopened_store_sees_everything(db_path: Path):
     first = Store(db_path)
@@ -1144,8 +1231,9 @@ def run_child(db_path: Path, failpoint: str | None, mode: str = "plain") -> subp
     if failpoint is not None:
         env["AUTORESEARCH_FAILPOINT"] = failpoint
     db_path.parent.mkdir(parents=True, exist_ok=True)
-    return subprocess.run([sys.executable, "-c", CHILD, str(db_path), mode], env=env, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", CHILD, str(db_path), mode], env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_failpoint_kills_after_proposing_is_committed(db_path: Path):

@@ -33,23 +33,54 @@ CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver"
 PATH = {"measuring": ["branched", "measuring"], "done": ["branched", "measuring", "closing", "done"]}
 
 
-def measured(store: Store, *, experiment_id: int | None, purpose: str, code: str, commit: str, status: str,
-             val_bpb: float | None, metrics: dict | None = None) -> int:
-    run = store.runs.add(experiment_id=experiment_id, purpose=purpose, code_hash=code, commit_sha=commit,
-                         base_sha=MAIN_A, asset="print()\n", profile="cpu")
-    store.runs.finish(run.id, status=status, val_bpb=val_bpb, metrics=COUNTED if metrics is None else metrics,
-                      error="Traceback\nRuntimeError: boom" if status == "crash" else None, log_tail="")
+def measured(
+    store: Store,
+    *,
+    experiment_id: int | None,
+    purpose: str,
+    code: str,
+    commit: str,
+    status: str,
+    val_bpb: float | None,
+    metrics: dict | None = None,
+) -> int:
+    run = store.runs.add(
+        experiment_id=experiment_id,
+        purpose=purpose,
+        code_hash=code,
+        commit_sha=commit,
+        base_sha=MAIN_A,
+        asset="print()\n",
+        profile="cpu",
+    )
+    store.runs.finish(
+        run.id,
+        status=status,
+        val_bpb=val_bpb,
+        metrics=COUNTED if metrics is None else metrics,
+        error="Traceback\nRuntimeError: boom" if status == "crash" else None,
+        log_tail="",
+    )
     return run.id
 
 
-def experiment(store: Store, title: str, *, code: str, runs: list[tuple[str, float | None]], state: str = "done",
-               **fields) -> int:
+def experiment(
+    store: Store, title: str, *, code: str, runs: list[tuple[str, float | None]], state: str = "done", **fields
+) -> int:
     exp = store.experiments.start_proposing(MAIN_A)
-    store.experiments.fill_proposal(exp.id, title=title, hypothesis="because", slug="x", code_hash=code,
-                                    train_py="print()\n", meta={"cost_usd": 0.012})
+    store.experiments.fill_proposal(
+        exp.id,
+        title=title,
+        hypothesis="because",
+        slug="x",
+        code_hash=code,
+        train_py="print()\n",
+        meta={"cost_usd": 0.012},
+    )
     for status, value in runs:
-        measured(store, experiment_id=exp.id, purpose="candidate", code=code, commit="f" * 40, status=status,
-                 val_bpb=value)
+        measured(
+            store, experiment_id=exp.id, purpose="candidate", code=code, commit="f" * 40, status=status, val_bpb=value
+        )
     for step in PATH[state][:-1]:
         store.experiments.update(exp.id, state=step)
     store.experiments.update(exp.id, state=PATH[state][-1], head_sha=code[0] * 40, **fields)
@@ -57,8 +88,20 @@ def experiment(store: Store, title: str, *, code: str, runs: list[tuple[str, flo
 
 
 def progress_line(step: int, loss: float, fraction: float, left: float) -> str:
-    return json.dumps({"step": step, "loss": loss, "progress": fraction, "remaining_seconds": left,
-                       "training_seconds": 60 - left, "tokens": step * 1024, "clock": "cpu"}) + "\n"
+    return (
+        json.dumps(
+            {
+                "step": step,
+                "loss": loss,
+                "progress": fraction,
+                "remaining_seconds": left,
+                "training_seconds": 60 - left,
+                "tokens": step * 1024,
+                "clock": "cpu",
+            }
+        )
+        + "\n"
+    )
 
 
 @pytest.fixture
@@ -70,25 +113,56 @@ def seeded(tmp_path: Path):
     store.state.identity = IDENTITY
     for value in (1.0, 1.02):
         measured(store, experiment_id=None, purpose="baseline", code="A", commit=MAIN_A, status="ok", val_bpb=value)
-    measured(store, experiment_id=None, purpose="baseline", code="A", commit=MAIN_A, status="ok", val_bpb=0.5,
-             metrics={"harness_hash": "old", "data_fingerprint": "d1"})
-    experiment(store, "Raise the learning rate", code="E1", runs=[("ok", 0.98), ("ok", 0.97)], status="keep",
-               val_bpb=0.975, delta=-0.035, margin=0.012, reason="kept: clears the margin\nmore text")
+    measured(
+        store,
+        experiment_id=None,
+        purpose="baseline",
+        code="A",
+        commit=MAIN_A,
+        status="ok",
+        val_bpb=0.5,
+        metrics={"harness_hash": "old", "data_fingerprint": "d1"},
+    )
+    experiment(
+        store,
+        "Raise the learning rate",
+        code="E1",
+        runs=[("ok", 0.98), ("ok", 0.97)],
+        status="keep",
+        val_bpb=0.975,
+        delta=-0.035,
+        margin=0.012,
+        reason="kept: clears the margin\nmore text",
+    )
     for value in (0.97, 0.972):
         measured(store, experiment_id=None, purpose="baseline", code="B", commit=MAIN_B, status="ok", val_bpb=value)
     experiment(store, "Deeper model", code="E2", runs=[("ok", 0.99)], status="discard", val_bpb=0.99, delta=0.019)
-    experiment(store, "Huge <b>batch</b>", code="E3", runs=[("crash", None)], status="crash", val_bpb=0.7,
-               delta=-0.3)
+    experiment(store, "Huge <b>batch</b>", code="E3", runs=[("crash", None)], status="crash", val_bpb=0.7, delta=-0.3)
     running = experiment(store, "Still running", code="E4", runs=[], state="measuring")
-    run = store.runs.add(experiment_id=running, purpose="candidate", code_hash="E4", commit_sha="4" * 40,
-                         base_sha=MAIN_B, asset="print()\n", profile="cpu")
+    run = store.runs.add(
+        experiment_id=running,
+        purpose="candidate",
+        code_hash="E4",
+        commit_sha="4" * 40,
+        base_sha=MAIN_B,
+        asset="print()\n",
+        profile="cpu",
+    )
     run_dir = tmp_path / "runs" / str(run.id)
     (run_dir / PROGRESS_FILE).parent.mkdir(parents=True)
-    (run_dir / PROGRESS_FILE).write_text(progress_line(100, 3.5, 0.4, 36.0) + progress_line(120, 3.2141, 0.5, 30.0)
-                                            + '{"step": 13')
+    (run_dir / PROGRESS_FILE).write_text(
+        progress_line(100, 3.5, 0.4, 36.0) + progress_line(120, 3.2141, 0.5, 30.0) + '{"step": 13'
+    )
     store.runs.mark_started(run.id, str(run_dir))
-    store.runs.add(experiment_id=None, purpose="baseline", code_hash="B", commit_sha=MAIN_B, base_sha=MAIN_B,
-                   asset="print()\n", profile="cpu")  # queued
+    store.runs.add(
+        experiment_id=None,
+        purpose="baseline",
+        code_hash="B",
+        commit_sha=MAIN_B,
+        base_sha=MAIN_B,
+        asset="print()\n",
+        profile="cpu",
+    )  # queued
     store.state.spent_usd = 1.25
     store.published.set(1, "pr", "7")
     yield store, run.id
@@ -104,12 +178,17 @@ def client(seeded):
 
 # --- the state -------------------------------------------------------------------------------------
 
+
 def test_state_has_every_experiment_with_its_numbers(client: TestClient):
     state = client.get("/api/state").json()
     rows = {e["id"]: e for e in state["experiments"]}
     assert list(rows) == [1, 2, 3, 4]
-    assert (rows[1]["status"], rows[1]["val_bpb"], rows[1]["delta"], rows[1]["margin"]) == ("keep", 0.975, -0.035,
-                                                                                             0.012)
+    assert (rows[1]["status"], rows[1]["val_bpb"], rows[1]["delta"], rows[1]["margin"]) == (
+        "keep",
+        0.975,
+        -0.035,
+        0.012,
+    )
     assert rows[1]["runs"] == 2 and rows[1]["cost_usd"] == 0.012 and rows[1]["pr"] == 7
     assert rows[1]["reason"] == "kept: clears the margin"  # its first line
     assert rows[3]["status"] == "crash" and rows[3]["val_bpb"] is None and rows[3]["delta"] is None
@@ -130,7 +209,10 @@ def test_main_is_the_latest_mains_own_runs_under_the_pinned_identity(client: Tes
 def test_chart_has_the_baseline_and_each_judged_experiment_and_the_running_best(client: TestClient):
     chart = client.get("/api/state").json()["chart"]
     assert [(p["x"], p["id"], p["status"], p["kept"]) for p in chart["points"]] == [
-        (0, 0, "baseline", True), (1, 1, "keep", True), (2, 2, "discard", False)]
+        (0, 0, "baseline", True),
+        (1, 1, "keep", True),
+        (2, 2, "discard", False),
+    ]
     assert [(c["x"], c["id"]) for c in chart["crashes"]] == [(3, 3)]
     assert chart["best"] == [[0, pytest.approx(1.01)], [1, pytest.approx(1.01)], [1, 0.975], [3, 0.975]]
     assert chart["x_max"] == 3
@@ -139,22 +221,34 @@ def test_chart_has_the_baseline_and_each_judged_experiment_and_the_running_best(
 def test_the_running_slot_shows_the_last_whole_progress_line(client: TestClient, seeded):
     _, run_id = seeded
     [slot] = client.get("/api/state").json()["slots"]
-    assert (slot["run"], slot["experiment"], slot["title"], slot["purpose"]) == (run_id, 4, "Still running",
-                                                                                  "candidate")
+    assert (slot["run"], slot["experiment"], slot["title"], slot["purpose"]) == (
+        run_id,
+        4,
+        "Still running",
+        "candidate",
+    )
     assert (slot["step"], slot["loss"], slot["progress"], slot["remaining_seconds"]) == (120, 3.2141, 0.5, 30.0)
 
 
 def test_the_freshest_progress_and_the_conductors_report_are_shown(seeded):
     store, run_id = seeded
-    live = {"progress": {run_id: {"step": 150, "loss": 3.0, "progress": 0.75, "remaining_seconds": 15.0}},
-            "stop_reason": "reached 6 experiments", "budget_usd": 5.0}
+    live = {
+        "progress": {run_id: {"step": 150, "loss": 3.0, "progress": 0.75, "remaining_seconds": 15.0}},
+        "stop_reason": "reached 6 experiments",
+        "budget_usd": 5.0,
+    }
     with TestClient(dashboard_app(store_path=store.path, live=lambda: live)) as c:
         state = c.get("/api/state").json()
     with TestClient(dashboard_app(store_path=store.path)) as c:
         alone = c.get("/api/state").json()
     assert (state["slots"][0]["step"], state["slots"][0]["progress"]) == (150, 0.75)  # live is ahead of the file
-    assert state["agent"] == {"state": "stopped", "detail": "reached 6 experiments", "experiment": None,
-                              "budget_usd": 5.0, "budget_left_usd": 3.75}
+    assert state["agent"] == {
+        "state": "stopped",
+        "detail": "reached 6 experiments",
+        "experiment": None,
+        "budget_usd": 5.0,
+        "budget_left_usd": 3.75,
+    }
     assert state["main"] == alone["main"]  # main's numbers are the store's, whatever the conductor says
     live["progress"] = {run_id: {"step": 90, "loss": 3.9}}  # the conductor's last tick is behind the file
     with TestClient(dashboard_app(store_path=store.path, live=lambda: live)) as c:
@@ -172,13 +266,16 @@ def test_a_failing_live_leaves_the_store_view(seeded):
     assert answer.status_code == 200 and answer.json()["slots"][0]["step"] == 120
 
 
-@pytest.mark.parametrize(("setup", "live", "expected"), [
-    (lambda s: None, {}, "waiting"),
-    (lambda s: s.experiments.start_proposing(MAIN_B), {}, "thinking"),
-    (lambda s: setattr(s.state, "paused", True), {}, "paused"),
-    (lambda s: s.experiments.start_proposing(MAIN_B), {"blocked": "main's train.py crashed twice"}, "blocked"),
-    (lambda s: None, {"budget_usd": 1.0}, "stopped"),  # 1.25 spent
-])
+@pytest.mark.parametrize(
+    ("setup", "live", "expected"),
+    [
+        (lambda s: None, {}, "waiting"),
+        (lambda s: s.experiments.start_proposing(MAIN_B), {}, "thinking"),
+        (lambda s: setattr(s.state, "paused", True), {}, "paused"),
+        (lambda s: s.experiments.start_proposing(MAIN_B), {"blocked": "main's train.py crashed twice"}, "blocked"),
+        (lambda s: None, {"budget_usd": 1.0}, "stopped"),  # 1.25 spent
+    ],
+)
 def test_the_agents_state(seeded, setup, live, expected):
     store, _ = seeded
     setup(store)
@@ -193,9 +290,11 @@ def test_links_get_the_experiment_and_what_github_shows_of_it(seeded):
     links = dashboard.github_links("owner/repo")
     with TestClient(dashboard_app(store_path=store.path, links=links)) as c:
         rows = {e["id"]: e for e in c.get("/api/state").json()["experiments"]}
-    assert rows[1]["links"] == {"PR #7": "https://github.com/owner/repo/pull/7",
-                                "branch": "https://github.com/owner/repo/tree/autoresearch/1-x",
-                                "diff": f"https://github.com/owner/repo/compare/{MAIN_A}...{'E' * 40}"}
+    assert rows[1]["links"] == {
+        "PR #7": "https://github.com/owner/repo/pull/7",
+        "branch": "https://github.com/owner/repo/tree/autoresearch/1-x",
+        "diff": f"https://github.com/owner/repo/compare/{MAIN_A}...{'E' * 40}",
+    }
     enterprise = dashboard.github_links("o/r", "https://ghe.example.com/api/v3")
     assert enterprise(store.experiments.get(1), {"pr": "7"})["PR #7"] == "https://ghe.example.com/o/r/pull/7"
 
@@ -242,11 +341,16 @@ def test_a_store_of_an_older_release_is_not_read(tmp_path: Path):
 
 # --- read-only, a few queries -------------------------------------------------------------------------
 
+
 def test_only_get_routes_and_the_store_is_never_written(client: TestClient, seeded):
     store, _ = seeded
     router = dashboard.create_dashboard(store_path=store.path)
     assert {(route.path, *route.methods) for route in router.routes} == {
-        ("/", "GET"), ("/static/{name}", "GET"), ("/api/state", "GET"), ("/api/stream", "GET")}
+        ("/", "GET"),
+        ("/static/{name}", "GET"),
+        ("/api/state", "GET"),
+        ("/api/stream", "GET"),
+    }
     assert client.post("/api/state").status_code == 405
     before = store.db.execute("PRAGMA data_version").fetchone()[0], store.path.stat().st_mtime_ns
     for path in ("/", "/api/state", "/static/app.js"):
@@ -263,21 +367,39 @@ def _big_store(path: Path, experiments: int) -> None:
     store = Store(path)
     now = time.time()
     with store.transaction() as db:
-        db.executemany("INSERT INTO runs(experiment_id, purpose, code_hash, commit_sha, base_sha, asset, profile,"
-                       " seed, state, status, val_bpb, metrics, queued_at) VALUES (NULL, 'baseline', 'A', ?, ?, ?,"
-                       " 'cpu', 0, 'done', 'ok', ?, '{}', ?)",
-                       [(MAIN_A, MAIN_A, "x" * 20_000, 1.0 + i / 1000, now) for i in range(6)])
+        db.executemany(
+            "INSERT INTO runs(experiment_id, purpose, code_hash, commit_sha, base_sha, asset, profile,"
+            " seed, state, status, val_bpb, metrics, queued_at) VALUES (NULL, 'baseline', 'A', ?, ?, ?,"
+            " 'cpu', 0, 'done', 'ok', ?, '{}', ?)",
+            [(MAIN_A, MAIN_A, "x" * 20_000, 1.0 + i / 1000, now) for i in range(6)],
+        )
         for i in range(1, experiments + 1):
             status = ("keep", "discard", "discard", "crash")[i % 4]
-            db.execute("INSERT INTO experiments(id, state, status, title, hypothesis, branch, code_hash, train_py, "
-                       "meta, base_sha, head_sha, val_bpb, delta, margin, reason, created_at, updated_at) VALUES "
-                       "(?, 'done', ?, ?, 'h', ?, ?, ?, '{\"cost_usd\": 0.01}', ?, ?, ?, ?, 0.01, 'r', ?, ?)",
-                       (i, status, f"experiment {i}", f"autoresearch/{i}-x", f"E{i}", "x" * 20_000, MAIN_A,
-                        "e" * 40, 1.0 - i / 10_000, -0.001, now, now))
-            db.executemany("INSERT INTO runs(experiment_id, purpose, code_hash, commit_sha, base_sha, asset, profile,"
-                           " seed, state, status, val_bpb, metrics, queued_at) VALUES (?, 'candidate', ?, ?, ?, ?,"
-                           " 'cpu', 0, 'done', 'ok', ?, '{\"num_steps\": 100}', ?)",
-                           [(i, f"E{i}", "e" * 40, MAIN_A, "x" * 20_000, 1.0 - i / 10_000, now)] * 3)
+            db.execute(
+                "INSERT INTO experiments(id, state, status, title, hypothesis, branch, code_hash, train_py, "
+                "meta, base_sha, head_sha, val_bpb, delta, margin, reason, created_at, updated_at) VALUES "
+                "(?, 'done', ?, ?, 'h', ?, ?, ?, '{\"cost_usd\": 0.01}', ?, ?, ?, ?, 0.01, 'r', ?, ?)",
+                (
+                    i,
+                    status,
+                    f"experiment {i}",
+                    f"autoresearch/{i}-x",
+                    f"E{i}",
+                    "x" * 20_000,
+                    MAIN_A,
+                    "e" * 40,
+                    1.0 - i / 10_000,
+                    -0.001,
+                    now,
+                    now,
+                ),
+            )
+            db.executemany(
+                "INSERT INTO runs(experiment_id, purpose, code_hash, commit_sha, base_sha, asset, profile,"
+                " seed, state, status, val_bpb, metrics, queued_at) VALUES (?, 'candidate', ?, ?, ?, ?,"
+                " 'cpu', 0, 'done', 'ok', ?, '{\"num_steps\": 100}', ?)",
+                [(i, f"E{i}", "e" * 40, MAIN_A, "x" * 20_000, 1.0 - i / 10_000, now)] * 3,
+            )
             db.execute("INSERT INTO events(at, experiment_id, kind, message) VALUES (?, ?, 'done', 'm')", (now, i))
     store.close()
 
@@ -306,6 +428,7 @@ def test_a_thousand_experiments_take_the_same_few_queries(tmp_path: Path):
 
 
 # --- the token, the static files ---------------------------------------------------------------------
+
 
 def test_a_token_guards_every_route(seeded):
     store, _ = seeded
@@ -339,11 +462,20 @@ def test_the_page_and_its_files_come_from_the_package_with_strict_headers(client
     assert "default-src 'none'" in page.headers["content-security-policy"]
 
 
-@pytest.mark.parametrize("path", [
-    "/static/..%2Fdashboard.py", "/static/..%2F..%2Fpyproject.toml", "/static/%2e%2e%2fstore.py",
-    "/static/dashboard.py", "/static/", "/static/.%2Fapp.js", "/static/app.js%00",
-    "/static/%2Fetc%2Fpasswd", "/static/..\\dashboard.py",
-])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/static/..%2Fdashboard.py",
+        "/static/..%2F..%2Fpyproject.toml",
+        "/static/%2e%2e%2fstore.py",
+        "/static/dashboard.py",
+        "/static/",
+        "/static/.%2Fapp.js",
+        "/static/app.js%00",
+        "/static/%2Fetc%2Fpasswd",
+        "/static/..\\dashboard.py",
+    ],
+)
 def test_the_static_route_serves_its_three_files_only(client: TestClient, path: str):
     answer = client.get(path)
     assert answer.status_code == 404
@@ -351,6 +483,7 @@ def test_the_static_route_serves_its_three_files_only(client: TestClient, path: 
 
 
 # --- the stream ----------------------------------------------------------------------------------------
+
 
 def read_event(lines) -> tuple[str, dict]:
     name = None
@@ -406,14 +539,20 @@ def served(seeded):
 @pytest.fixture
 def browser(served):
     if not CHROMIUM.exists() or not CHROMEDRIVER.exists():
-        pytest.skip("the browser test needs /usr/bin/chromium and /usr/bin/chromedriver "
-                    "(Debian: apt-get install chromium chromium-driver)")
+        pytest.skip(
+            "the browser test needs /usr/bin/chromium and /usr/bin/chromedriver "
+            "(Debian: apt-get install chromium chromium-driver)"
+        )
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
     options = webdriver.ChromeOptions()
-    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
-                     "--proxy-server=127.0.0.1:9"):  # a proxy that answers nothing: a request off this machine fails
+    for argument in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--proxy-server=127.0.0.1:9",
+    ):  # a proxy that answers nothing: a request off this machine fails
         options.add_argument(argument)
     options.binary_location = str(CHROMIUM)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
@@ -450,8 +589,12 @@ def test_the_page_in_a_browser_draws_the_state_and_follows_a_finished_run(seeded
     assert browser.find_element(By.ID, "link").text == "live"
     assert count("#chart svg circle") == 3  # baseline, kept, discarded
     assert count("#chart svg path.crash") == 1
-    assert [r.get_attribute("data-id") for r in browser.find_elements(By.CSS_SELECTOR, "#experiments tbody tr")
-            ] == ["4", "3", "2", "1"]  # newest first
+    assert [r.get_attribute("data-id") for r in browser.find_elements(By.CSS_SELECTOR, "#experiments tbody tr")] == [
+        "4",
+        "3",
+        "2",
+        "1",
+    ]  # newest first
     assert "Huge <b>batch</b>" in browser.find_element(By.CSS_SELECTOR, "tr[data-id='3']").text  # text, not HTML
     [slot] = browser.find_elements(By.CSS_SELECTOR, "#slots .slot")
     assert "#4 Still running" in slot.text and "step 120" in slot.text and "30 s left" in slot.text
@@ -459,28 +602,31 @@ def test_the_page_in_a_browser_draws_the_state_and_follows_a_finished_run(seeded
     assert browser.find_element(By.ID, "queued").text == "(1 queued)"
     assert browser.execute_script("return [window.innerWidth, document.documentElement.scrollWidth]") == [412, 412]
     assert browser.execute_script(  # the phone sees the whole table without scrolling it sideways
-        "const t = document.querySelector('.table-wrap'); return t.scrollWidth <= t.clientWidth")
+        "const t = document.querySelector('.table-wrap'); return t.scrollWidth <= t.clientWidth"
+    )
     screenshot(browser, "dashboard.png", tmp_path)
-    browser.execute_cdp_cmd("Emulation.setEmulatedMedia",
-                            {"features": [{"name": "prefers-color-scheme", "value": "dark"}]})
+    browser.execute_cdp_cmd(
+        "Emulation.setEmulatedMedia", {"features": [{"name": "prefers-color-scheme", "value": "dark"}]}
+    )
     screenshot(browser, "dashboard-dark.png", tmp_path)
 
     store.runs.finish(run_id, status="ok", val_bpb=0.965, metrics=COUNTED, error=None, log_tail="")
-    store.experiments.update(4, state="done", status="discard", val_bpb=0.965, delta=-0.006,
-                             reason="within the noise margin")
+    store.experiments.update(
+        4, state="done", status="discard", val_bpb=0.965, delta=-0.006, reason="within the noise margin"
+    )
     wait.until(lambda _: count("#slots .slot") == 0 and count("#chart svg circle") == 4)
     assert "nothing running" in browser.find_element(By.ID, "slots").text
     assert "discard" in browser.find_element(By.CSS_SELECTOR, "tr[data-id='4'] .pill").text
     assert browser.find_element(By.ID, "link").text == "live"  # by the stream, not by polling
 
-    origins = browser.execute_script(
-        "return performance.getEntriesByType('resource').map(e => new URL(e.name).origin)")
+    origins = browser.execute_script("return performance.getEntriesByType('resource').map(e => new URL(e.name).origin)")
     assert set(origins) <= {served.url.rstrip("/")}  # nothing loaded from elsewhere
     problems = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
     assert problems == []  # no script error, no blocked resource, no Content-Security-Policy violation
 
 
 # --- what many viewers cost ------------------------------------------------------------------------------
+
 
 def test_the_state_is_built_and_encoded_once_per_change_of_the_store(seeded, tmp_path: Path, monkeypatch):
     store, run_id = seeded
@@ -496,11 +642,14 @@ def test_the_state_is_built_and_encoded_once_per_change_of_the_store(seeded, tmp
         store.runs.finish(run_id, status="ok", val_bpb=0.965, metrics=COUNTED, error=None, log_tail="")
         finished = c.get("/api/state").json()
     assert len(built) == 2
-    assert all({k: v for k, v in s.items() if k != "updated_at"} == {k: v for k, v in states[0].items()
-                                                                       if k != "updated_at"} for s in states)
+    assert all(
+        {k: v for k, v in s.items() if k != "updated_at"} == {k: v for k, v in states[0].items() if k != "updated_at"}
+        for s in states
+    )
     assert states[0]["slots"][0]["step"] == 120 and moved["slots"][0]["step"] == 140
-    assert {k: v for k, v in moved.items() if k not in ("slots", "updated_at")} == \
-        {k: v for k, v in states[0].items() if k not in ("slots", "updated_at")}
+    assert {k: v for k, v in moved.items() if k not in ("slots", "updated_at")} == {
+        k: v for k, v in states[0].items() if k not in ("slots", "updated_at")
+    }
     assert finished["slots"] == [] and finished["queued"] == states[0]["queued"]
     assert set(finished) == set(states[0])  # the same keys, whichever way the answer was put together
 

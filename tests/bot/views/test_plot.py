@@ -32,28 +32,74 @@ def store(tmp_path: Path):
 def baseline(store: Store, *values: float | None) -> None:
     """Finished baseline runs of the first main (None: a crashed one)."""
     for value in values:
-        run = store.runs.add(experiment_id=None, purpose="baseline", code_hash="A", commit_sha=MAIN_A,
-                             base_sha=MAIN_A, asset="print()\n", profile="cpu")
-        store.runs.finish(run.id, status="ok" if value is not None else "crash", val_bpb=value, metrics={},
-                          error=None if value is not None else "boom", log_tail="")
+        run = store.runs.add(
+            experiment_id=None,
+            purpose="baseline",
+            code_hash="A",
+            commit_sha=MAIN_A,
+            base_sha=MAIN_A,
+            asset="print()\n",
+            profile="cpu",
+        )
+        store.runs.finish(
+            run.id,
+            status="ok" if value is not None else "crash",
+            val_bpb=value,
+            metrics={},
+            error=None if value is not None else "boom",
+            log_tail="",
+        )
 
 
-def finished(store: Store, title: str, status: str, val_bpb: float | None = None, *,
-             margin: float | None = None, run: bool = True) -> None:
+def finished(
+    store: Store,
+    title: str,
+    status: str,
+    val_bpb: float | None = None,
+    *,
+    margin: float | None = None,
+    run: bool = True,
+) -> None:
     """One experiment taken through the allowed moves to done with `status` and numbers."""
     started = store.experiments.start_proposing(MAIN_A)
-    exp = store.experiments.fill_proposal(started.id, title=title, hypothesis="because", slug="x",
-                                          code_hash=f"code-{started.id}", train_py="print()\n", meta={})
+    exp = store.experiments.fill_proposal(
+        started.id,
+        title=title,
+        hypothesis="because",
+        slug="x",
+        code_hash=f"code-{started.id}",
+        train_py="print()\n",
+        meta={},
+    )
     if run:
-        queued = store.runs.add(experiment_id=exp.id, purpose="candidate", code_hash=f"code-{exp.id}",
-                                commit_sha="f" * 40, base_sha=MAIN_A, asset="print()\n", profile="cpu")
+        queued = store.runs.add(
+            experiment_id=exp.id,
+            purpose="candidate",
+            code_hash=f"code-{exp.id}",
+            commit_sha="f" * 40,
+            base_sha=MAIN_A,
+            asset="print()\n",
+            profile="cpu",
+        )
         ok = status not in ("crash", "failed")
-        store.runs.finish(queued.id, status="ok" if ok else "crash", val_bpb=val_bpb if ok else None,
-                          metrics={}, error=None if ok else "boom", log_tail="")
+        store.runs.finish(
+            queued.id,
+            status="ok" if ok else "crash",
+            val_bpb=val_bpb if ok else None,
+            metrics={},
+            error=None if ok else "boom",
+            log_tail="",
+        )
     for step in TO_DONE:
         store.experiments.update(exp.id, state=step)
-    store.experiments.update(exp.id, status=status, val_bpb=val_bpb, margin=margin,
-                             delta=None if val_bpb is None else val_bpb - 1.0, reason=f"{status} because")
+    store.experiments.update(
+        exp.id,
+        status=status,
+        val_bpb=val_bpb,
+        margin=margin,
+        delta=None if val_bpb is None else val_bpb - 1.0,
+        reason=f"{status} because",
+    )
 
 
 @pytest.fixture
@@ -75,10 +121,18 @@ def history(store: Store) -> Store:
 
 # --- chart_data ----------------------------------------------------------------------------------
 
+
 def test_chart_data_has_the_baseline_then_one_point_per_experiment_with_a_val_bpb(history: Store):
     data = plot.chart_data(view_of(history))
     assert [(p.x, p.status) for p in data.points] == [
-        (0, "baseline"), (1, "keep"), (2, "discard"), (4, "keep"), (6, "discard"), (8, "keep"), (9, "discard")]
+        (0, "baseline"),
+        (1, "keep"),
+        (2, "discard"),
+        (4, "keep"),
+        (6, "discard"),
+        (8, "keep"),
+        (9, "discard"),
+    ]
     assert data.points[0].val_bpb == pytest.approx(1.0)
     assert [p.val_bpb for p in data.points[1:]] == [0.98, 0.99, 0.95, 1.30, 0.94, 0.96]
     assert data.experiments == 9
@@ -159,6 +213,7 @@ def test_a_thousand_experiments_get_at_most_thirty_labels(store: Store, tmp_path
 
 # --- write_chart ---------------------------------------------------------------------------------
 
+
 def test_write_chart_png_reads_back(history: Store, tmp_path: Path):
     from matplotlib import image
 
@@ -213,6 +268,7 @@ def test_importing_the_module_leaves_matplotlib_alone():
     import subprocess
 
     code = "import sys, bot.views.plot; print('matplotlib' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=Path(__file__).parents[3])
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=Path(__file__).parents[3]
+    )
     assert out.stdout.strip() == "False"

@@ -34,18 +34,34 @@ MAIN_B_RUNS = [2.861, 2.865]
 DISCARDED = 2.87
 
 
-def run(store: Store, value: float, *, code: str, commit: str, identity: dict, experiment: int | None = None,
-        purpose: str = "baseline") -> None:
-    queued = store.runs.add(experiment_id=experiment, purpose=purpose, code_hash=code, commit_sha=commit,
-                            base_sha=MAIN_A, asset="print()\n", profile="cpu")
+def run(
+    store: Store,
+    value: float,
+    *,
+    code: str,
+    commit: str,
+    identity: dict,
+    experiment: int | None = None,
+    purpose: str = "baseline",
+) -> None:
+    queued = store.runs.add(
+        experiment_id=experiment,
+        purpose=purpose,
+        code_hash=code,
+        commit_sha=commit,
+        base_sha=MAIN_A,
+        asset="print()\n",
+        profile="cpu",
+    )
     measured_under = {"harness_hash": identity["harness_hash"], "data_fingerprint": identity["data_fingerprint"]}
     store.runs.finish(queued.id, status="ok", val_bpb=value, error=None, log_tail="", metrics=measured_under)
 
 
 def experiment(store: Store, title: str, code: str) -> int:
     exp = store.experiments.start_proposing(MAIN_A)
-    store.experiments.fill_proposal(exp.id, title=title, hypothesis="because", slug="x", code_hash=code,
-                                    train_py="print()\n", meta={})
+    store.experiments.fill_proposal(
+        exp.id, title=title, hypothesis="because", slug="x", code_hash=code, train_py="print()\n", meta={}
+    )
     store.experiments.update(exp.id, state=State.BRANCHED, head_sha=code[0] * 40)
     store.experiments.update(exp.id, state=State.MEASURING)
     return exp.id
@@ -67,9 +83,16 @@ def store(tmp_path: Path):
     run(s, CANDIDATE[0], code="E1", commit="e" * 40, identity=IDENTITY, experiment=kept, purpose="candidate")
     run(s, CANDIDATE[1], code="E1", commit="e" * 40, identity=IDENTITY, experiment=kept, purpose="confirm")
     value, base = statistics.fmean(CANDIDATE), statistics.fmean(SIX)
-    s.experiments.update(kept, state=State.MERGING, status="keep", val_bpb=value, delta=value - base, margin=0.0123,
-                         reason=f"val_bpb {value:.6f} beats main {base:.6f}",
-                         meta={"main_code": "A", "main_val_bpb": base, "runs": 2})
+    s.experiments.update(
+        kept,
+        state=State.MERGING,
+        status="keep",
+        val_bpb=value,
+        delta=value - base,
+        margin=0.0123,
+        reason=f"val_bpb {value:.6f} beats main {base:.6f}",
+        meta={"main_code": "A", "main_val_bpb": base, "runs": 2},
+    )
     s.experiments.update(kept, state=State.CLOSING, merged_sha=MAIN_B)
     s.experiments.update(kept, state=State.DONE)
     run(s, BESIDE, code="A", commit=MAIN_A, identity=IDENTITY)
@@ -77,8 +100,15 @@ def store(tmp_path: Path):
         run(s, value, code="E1", commit=MAIN_B, identity=IDENTITY)
     discarded = experiment(s, "Deeper model", "E2")
     run(s, DISCARDED, code="E2", commit="f" * 40, identity=IDENTITY, experiment=discarded, purpose="candidate")
-    s.experiments.update(discarded, state=State.CLOSING, status="discard", val_bpb=DISCARDED,
-                         delta=DISCARDED - statistics.fmean(MAIN_B_RUNS), margin=0.0456, reason="worse")
+    s.experiments.update(
+        discarded,
+        state=State.CLOSING,
+        status="discard",
+        val_bpb=DISCARDED,
+        delta=DISCARDED - statistics.fmean(MAIN_B_RUNS),
+        margin=0.0456,
+        reason="worse",
+    )
     s.experiments.update(discarded, state=State.DONE)
     yield s
     s.close()
