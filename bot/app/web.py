@@ -241,6 +241,115 @@ async def _raw_body(request: Request, buffered: _Buffered) -> bytes:
 WORKFLOW_EVENTS = ("workflow_run", "workflow_job")  # a training job on GitHub Actions moved
 
 
+class _Webhooks:
+    """POST /webhook: the body read within the memory cap, the checks (signature, headers, JSON),
+    and the delivery stored in the inbox; nothing else (the conductor acts on it)."""
+
+    def __init__(self, key: bytes, writer: _InboxWriter, buffered: _Buffered, runs_changed: Callable[[], None]) -> None:
+        self.key, self.writer, self.buffered, self.runs_changed = key, writer, buffered, runs_changed
+
+    async def handle(self, request: Request) -> JSONResponse:
+        try:
+            body = await _raw_body(request, self.buffered)
+        except _Refused as error:
+            return _refuse(request, error.status, error.message)
+        try:
+            return await self._deliver(request, body)
+        except Exception:  # a bug must answer JSON, never a traceback
+            log.exception("unexpected error handling a webhook delivery")
+            return _error(500, UNEXPECTED)
+        finally:
+            self.buffered.give_back(len(body))
+
+    async def _deliver(self, request: Request, body: bytes) -> JSONResponse:
+        # The checks are CPU work of microseconds for GitHub's usual payloads, done on the event loop;
+        # a large body (up to 25 MB) is hashed and parsed on a worker thread so the loop never stalls.
+        if len(body) > LOOP_BODY_BYTES:
+            checked = await run_in_threadpool(self._check, request, body)
+        else:
+            checked = self._check(request, body)
+        if isinstance(checked, JSONResponse):
+            return checked
+        name, delivery, payload = checked
+        if name in WORKFLOW_EVENTS:
+            try:
+                await run_in_threadpool(self.runs_changed)
+            except Exception:  # the runner polls GitHub anyway
+                log.exception("delivery %s (%s): telling the runner failed", delivery, name)
+            log.info("%s delivery %s: the runner will ask GitHub about its runs", name, delivery)
+            return JSONResponse({"ok": True, "detail": "the runner will ask GitHub about its runs"}, status_code=202)
+        try:
+            event = normalize(name, delivery, payload)
+        except MalformedPayload as error:
+            return _refuse(request, 400, str(error)[:500])
+        if event.kind == "ping":
+            log.info("ping delivery %s answered", delivery)
+            zen = payload.get("zen")
+            return JSONResponse({"ok": True, "zen": zen if isinstance(zen, str) else None})
+        if event.kind == "ignored":
+            log.info("ignored %s.%s delivery %s", name, event.action or "-", delivery)
+            return JSONResponse({"ok": True, "ignored": f"{name}.{event.action or '-'}"}, status_code=202)
+        inbox_key = f"github:{delivery}"
+        try:
+            stored = await self.writer.add(
+                key=inbox_key, kind="github", payload=event.to_payload(), author=event.sender or "github"
+            )
+        except STORE_ERRORS as error:  # the writer logged it with its traceback
+            log.warning("could not store delivery %s (%s): %s", delivery, name, error)
+            return _error(503, STORE_FAILED)
+        if not stored:
+            log.info("delivery %s (%s) was already stored", delivery, name)
+            return JSONResponse({"ok": True, "detail": "duplicate delivery, already stored"})
+        log.info("stored %s.%s delivery %s as %s", name, event.action or "-", delivery, event.kind)
+        return JSONResponse({"ok": True, "stored": inbox_key, "kind": event.kind}, status_code=202)
+
+    def _check(self, request: Request, body: bytes) -> JSONResponse | tuple[str, str, dict[str, Any]]:
+        """The signature, the headers and the JSON: a refusal, or the event's name, id and payload."""
+        headers = request.headers
+        if not verify_signature(self.key, body, headers.get("x-hub-signature-256")):
+            log.warning(
+                "webhook refused from %s: signature missing or wrong (if it came from GitHub, the "
+                "secret here differs from the App's)",
+                request.client.host if request.client else "?",
+            )
+            return _error(401, "signature missing or wrong")
+        name, delivery = headers.get("x-github-event"), headers.get("x-github-delivery")
+        if name is None or not _EVENT_NAME.fullmatch(name):
+            return _refuse(request, 400, "X-GitHub-Event is missing or not an event name")
+        if delivery is None or not _DELIVERY.fullmatch(delivery):
+            return _refuse(request, 400, "X-GitHub-Delivery is missing or not a delivery id")
+        try:
+            payload = json.loads(body)
+        except (ValueError, RecursionError):  # not JSON, not UTF-8, nested too deep
+            hint = " (set the webhook's content type to application/json)" if body.startswith(b"payload=") else ""
+            return _refuse(request, 400, f"the body is not JSON{hint}")
+        if not isinstance(payload, dict):
+            return _refuse(request, 400, "the body must be a JSON object")
+        return name, delivery, payload
+
+
+def _healthz(readers: ReadPool, health: Callable[[], dict]) -> Callable[[], JSONResponse]:
+    """GET /healthz over the store's read-only connections and the service's health()."""
+
+    def healthz() -> JSONResponse:
+        """200 when the store answers and health() says all is well, 503 otherwise, with what failed."""
+        healthy = True
+        try:
+            readers.check()
+            store = "ok"
+        except StoreUnavailable as error:
+            store, healthy = f"cannot read the store: {error.reason}", False
+        try:
+            info: dict[str, Any] = jsonable_encoder(dict(health()))
+        except Exception as error:  # a health report must not fail with a traceback
+            log.exception("health() failed")
+            info, healthy = {"health": f"could not collect: {error}"}, False
+        healthy = healthy and info.pop("ok", True) is not False
+        return JSONResponse({"ok": healthy, **info, "store": store}, status_code=200 if healthy else 503)
+
+    return healthz
+
+
 def create_app(
     *,
     store_path: Path,
@@ -290,104 +399,11 @@ def create_app(
         log.error("unexpected error answering %s %s", request.method, request.url.path, exc_info=error)
         return _error(500, UNEXPECTED)
 
-    async def webhook(request: Request) -> JSONResponse:
-        try:
-            body = await _raw_body(request, buffered)
-        except _Refused as error:
-            return _refuse(request, error.status, error.message)
-        try:
-            return await _deliver(request, body)
-        except Exception:  # a bug must answer JSON, never a traceback
-            log.exception("unexpected error handling a webhook delivery")
-            return _error(500, UNEXPECTED)
-        finally:
-            buffered.give_back(len(body))
-
-    async def _deliver(request: Request, body: bytes) -> JSONResponse:
-        # The checks are CPU work of microseconds for GitHub's usual payloads, done on the event loop;
-        # a large body (up to 25 MB) is hashed and parsed on a worker thread so the loop never stalls.
-        if len(body) > LOOP_BODY_BYTES:
-            checked = await run_in_threadpool(_check, request, body)
-        else:
-            checked = _check(request, body)
-        if isinstance(checked, JSONResponse):
-            return checked
-        name, delivery, payload = checked
-        if name in WORKFLOW_EVENTS:
-            try:
-                await run_in_threadpool(runs_changed)
-            except Exception:  # the runner polls GitHub anyway
-                log.exception("delivery %s (%s): telling the runner failed", delivery, name)
-            log.info("%s delivery %s: the runner will ask GitHub about its runs", name, delivery)
-            return JSONResponse({"ok": True, "detail": "the runner will ask GitHub about its runs"}, status_code=202)
-        try:
-            event = normalize(name, delivery, payload)
-        except MalformedPayload as error:
-            return _refuse(request, 400, str(error)[:500])
-        if event.kind == "ping":
-            log.info("ping delivery %s answered", delivery)
-            zen = payload.get("zen")
-            return JSONResponse({"ok": True, "zen": zen if isinstance(zen, str) else None})
-        if event.kind == "ignored":
-            log.info("ignored %s.%s delivery %s", name, event.action or "-", delivery)
-            return JSONResponse({"ok": True, "ignored": f"{name}.{event.action or '-'}"}, status_code=202)
-        inbox_key = f"github:{delivery}"
-        try:
-            stored = await writer.add(
-                key=inbox_key, kind="github", payload=event.to_payload(), author=event.sender or "github"
-            )
-        except STORE_ERRORS as error:  # the writer logged it with its traceback
-            log.warning("could not store delivery %s (%s): %s", delivery, name, error)
-            return _error(503, STORE_FAILED)
-        if not stored:
-            log.info("delivery %s (%s) was already stored", delivery, name)
-            return JSONResponse({"ok": True, "detail": "duplicate delivery, already stored"})
-        log.info("stored %s.%s delivery %s as %s", name, event.action or "-", delivery, event.kind)
-        return JSONResponse({"ok": True, "stored": inbox_key, "kind": event.kind}, status_code=202)
-
-    def _check(request: Request, body: bytes) -> JSONResponse | tuple[str, str, dict[str, Any]]:
-        """The signature, the headers and the JSON: a refusal, or the event's name, id and payload."""
-        headers = request.headers
-        if not verify_signature(key, body, headers.get("x-hub-signature-256")):
-            log.warning(
-                "webhook refused from %s: signature missing or wrong (if it came from GitHub, the "
-                "secret here differs from the App's)",
-                request.client.host if request.client else "?",
-            )
-            return _error(401, "signature missing or wrong")
-        name, delivery = headers.get("x-github-event"), headers.get("x-github-delivery")
-        if name is None or not _EVENT_NAME.fullmatch(name):
-            return _refuse(request, 400, "X-GitHub-Event is missing or not an event name")
-        if delivery is None or not _DELIVERY.fullmatch(delivery):
-            return _refuse(request, 400, "X-GitHub-Delivery is missing or not a delivery id")
-        try:
-            payload = json.loads(body)
-        except (ValueError, RecursionError):  # not JSON, not UTF-8, nested too deep
-            hint = " (set the webhook's content type to application/json)" if body.startswith(b"payload=") else ""
-            return _refuse(request, 400, f"the body is not JSON{hint}")
-        if not isinstance(payload, dict):
-            return _refuse(request, 400, "the body must be a JSON object")
-        return name, delivery, payload
+    webhook = _Webhooks(key, writer, buffered, runs_changed)
 
     # A plain route, not @app.post: FastAPI's parameter machinery cost about 0.1 ms a delivery, for nothing
     # this endpoint uses (it reads the raw body itself, as the signature covers those exact bytes).
-    app.router.add_route("/webhook", webhook, methods=["POST"])
+    app.router.add_route("/webhook", webhook.handle, methods=["POST"])
 
-    @app.get("/healthz")
-    def healthz() -> JSONResponse:
-        """200 when the store answers and health() says all is well, 503 otherwise, with what failed."""
-        healthy = True
-        try:
-            readers.check()
-            store = "ok"
-        except StoreUnavailable as error:
-            store, healthy = f"cannot read the store: {error.reason}", False
-        try:
-            info: dict[str, Any] = jsonable_encoder(dict(health()))
-        except Exception as error:  # a health report must not fail with a traceback
-            log.exception("health() failed")
-            info, healthy = {"health": f"could not collect: {error}"}, False
-        healthy = healthy and info.pop("ok", True) is not False
-        return JSONResponse({"ok": healthy, **info, "store": store}, status_code=200 if healthy else 503)
-
+    app.get("/healthz")(_healthz(readers, health))
     return app
