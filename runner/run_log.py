@@ -35,7 +35,7 @@ class RunLog:
         if self._file is None:
             return
         room = LOG_LIMIT_BYTES - self._bytes
-        if room > 0:
+        if room >= 0 and data:  # room 0: the log ended exactly at the cap, and this write is the first past it
             self._file.write(data[:room])
             if len(data) > room:
                 self._file.write(
