@@ -42,7 +42,7 @@ class Main:
 
     sha: str
     train_py: str
-    code: str  # code_hash(train_py)
+    code_hash: str  # of train_py
     instructions: str  # program.md without its front matter
     settings: LoopSettings
 
@@ -55,7 +55,7 @@ class Baseline:
         self.profile = profile
         self.main: Main | None = None  # main as last read: read() reads its files again only for a new sha
         self.blocked = ""  # why main cannot be measured ('' while it can): a human must fix main
-        self._blocked_code = ""  # main's train.py when it was blocked: a new train.py on main lifts the block
+        self._blocked_code_hash = ""  # of main's train.py when blocked: a new train.py lifts the block
         # commit sha -> code_hash of its train.py: every tick compares experiments' bases with main,
         # and a commit never changes
         self._code_at: dict[str, str] = {}
@@ -74,7 +74,7 @@ class Baseline:
                 program_md = ""
             instructions, settings = self._program(sha, program_md)
             self.main = Main(sha, text, code_hash(text), instructions, settings)
-            self._code_at[sha] = self.main.code
+            self._code_at[sha] = self.main.code_hash
         return self.main
 
     def _program(self, sha: str, text: str) -> tuple[str, LoopSettings]:
@@ -131,10 +131,10 @@ class Baseline:
     def schedule(self, main: Main) -> None:
         """Queue the baseline runs main still needs, or block the loop when main keeps crashing."""
         if self.blocked:
-            if self._blocked_code == main.code:
+            if self._blocked_code_hash == main.code_hash:
                 return  # main needs a human; a new train.py on main clears it
             self.blocked = ""
-        runs = [r for r in self.store.runs.all(code_hash=main.code) if r.purpose == "baseline"]
+        runs = [r for r in self.store.runs.all(code_hash=main.code_hash) if r.purpose == "baseline"]
         crashed = []  # main's crashes since its last good run: one may be bad luck (an OOM, a NaN)
         for run in (r for r in runs if r.state == RunState.DONE):
             crashed = crashed + [run] if run.status == "crash" else []
@@ -149,11 +149,11 @@ class Baseline:
             return
         pending = [r for r in runs if r.state in (RunState.QUEUED, RunState.RUNNING)]
         wanted = main_runs_wanted(
-            measurement.is_first_main(self.values(), main.code),
+            measurement.is_first_main(self.values(), main.code_hash),
             main.settings.first_baseline_runs,
             main.settings.baseline_runs,
         )
-        for _ in range(max(0, wanted - len(self.main_values(main.code)) - len(pending))):
+        for _ in range(max(0, wanted - len(self.main_values(main.code_hash)) - len(pending))):
             self.queue_run(main, f"measure main {main.sha[:7]}")
 
     def queue_run(self, main: Main, reason: str) -> None:
@@ -161,7 +161,7 @@ class Baseline:
         self.store.runs.add(
             experiment_id=None,
             purpose="baseline",
-            code_hash=main.code,
+            code_hash=main.code_hash,
             commit_sha=main.sha,
             base_sha=main.sha,
             asset=main.train_py,
@@ -171,7 +171,7 @@ class Baseline:
 
     def block(self, main: Main, message: str) -> None:
         """Nothing can be judged until a human fixes main: say so once."""
-        self._blocked_code = main.code
+        self._blocked_code_hash = main.code_hash
         if self.blocked != message:
             self.blocked = message
             self.store.events.add(None, "blocked", message)

@@ -207,7 +207,7 @@ class Conductor:
         if target and self.store.experiments.count() >= target and not self.store.experiments.in_state(State.PROPOSING):
             return f"reached {target} experiments"
         if settings.target_val_bpb is not None:
-            value = measurement.main_value(self.baseline.values(), main.code)
+            value = measurement.main_value(self.baseline.values(), main.code_hash)
             if value is not None and value <= settings.target_val_bpb:
                 return f"main reached the target val_bpb {settings.target_val_bpb}"
         if settings.paused:
@@ -226,8 +226,8 @@ class Conductor:
         values = self.baseline.values()
         return Snapshot(
             main_sha=main.sha,
-            main_val_bpb=measurement.main_value(values, main.code),
-            margin=measurement.main_margin(values, main.code, judge_config(main.settings)),
+            main_val_bpb=measurement.main_value(values, main.code_hash),
+            margin=measurement.main_margin(values, main.code_hash, judge_config(main.settings)),
             progress=dict(self.runs.progress),
             budget_s=float(self.profile.time_budget_s),
         )
@@ -272,6 +272,6 @@ class Conductor:
             crashed=counts.get(Status.CRASH, 0),
             failed=counts.get(Status.FAILED, 0),
             baseline_val_bpb=measurement.baseline_value(values, kept),
-            best_val_bpb=measurement.main_value(values, main.code) if main else None,
+            best_val_bpb=measurement.main_value(values, main.code_hash) if main else None,
             stop_reason=self.blocked or self.stop_reason,
         )

@@ -200,7 +200,7 @@ class Lifecycle:
         runs = [r for r in self.store.runs.all(experiment_id=exp.id) if r.code_hash == exp.code_hash]
         waiting = [r for r in runs if r.state in (RunState.QUEUED, RunState.RUNNING)]
         if exp.base_sha != main.sha:
-            if self.baseline.code_at(exp.base_sha) == main.code:  # main moved, its train.py did not (program.md)
+            if self.baseline.code_at(exp.base_sha) == main.code_hash:  # main moved, its train.py did not (program.md)
                 return self._follow_main(exp, main.sha)
             if any(r.state == RunState.RUNNING for r in waiting):
                 return None  # let it finish: the judge sends it to a re-measure
@@ -217,7 +217,7 @@ class Lifecycle:
         decision = decide(
             candidate=candidate,
             crash=(crash.error or "crashed") if crash else None,
-            main=self.baseline.main_values(main.code),
+            main=self.baseline.main_values(main.code_hash),
             noise=self.baseline.noise(),
             measured_on=exp.base_sha,
             current_main=main.sha,
@@ -241,9 +241,9 @@ class Lifecycle:
         if decision.action == "keep":
             meta = dict(
                 exp.meta,
-                main_code=main.code,
+                main_code=main.code_hash,
                 runs=len(candidate),
-                main_val_bpb=measurement.main_value(self.baseline.values(), main.code),
+                main_val_bpb=measurement.main_value(self.baseline.values(), main.code_hash),
             )
             return self.store.experiments.update(
                 exp.id, state=State.MERGING, meta=meta, event=decision.reason, **numbers
@@ -263,7 +263,7 @@ class Lifecycle:
         )
 
     def _step_rebasing(self, exp: Experiment, main: Main) -> Experiment:
-        if self.baseline.code_at(exp.base_sha) == main.code:
+        if self.baseline.code_at(exp.base_sha) == main.code_hash:
             return self.store.experiments.update(self._follow_main(exp, main.sha).id, state=State.MEASURING)
         try:
             head = self.forge.rebase_branch(exp.branch, main.sha, ASSET)
@@ -278,7 +278,7 @@ class Lifecycle:
                 event="conflict",
             )
         text = self.forge.read_file(head, ASSET)
-        if code_hash(text) == main.code:
+        if code_hash(text) == main.code_hash:
             return self.store.experiments.update(
                 exp.id,
                 state=State.CLOSING,

@@ -105,7 +105,7 @@ class Value(NamedTuple):
     val_bpb: float
 
 
-def counts(run: MeasuredRun, identity: dict[str, Any]) -> bool:
+def measured_under(run: MeasuredRun, identity: dict[str, Any]) -> bool:
     """Whether a finished run was measured under `identity`."""
     threads = pinned_threads(identity)
     return (
@@ -122,7 +122,10 @@ def counted_runs(runs: Iterable[R], identity: dict[str, Any]) -> list[R]:
     return [
         r
         for r in runs
-        if r.state == "done" and r.status == "ok" and r.val_bpb is not None and (not identity or counts(r, identity))
+        if r.state == "done"
+        and r.status == "ok"
+        and r.val_bpb is not None
+        and (not identity or measured_under(r, identity))
     ]
 
 

@@ -191,7 +191,7 @@ class Proposals:
         """Why the proposal cannot run, or None: it repeats no earlier experiment and passes
         bot.loop.validation's checks."""
         digest = code_hash(proposal.train_py)
-        if digest in seen or (digest != main.code and digest in self.store.experiments.seen_code_hashes()):
+        if digest in seen or (digest != main.code_hash and digest in self.store.experiments.seen_code_hashes()):
             earlier = self.store.experiments.by_code(digest)
             return f"it repeats experiment {earlier.id} ({earlier.title!r})" if earlier else "it repeats an earlier run"
         earlier = [
@@ -230,12 +230,12 @@ class Proposals:
             program_md=main.instructions,
             train_py=main.train_py,
             main_sha=main.sha,
-            main_val_bpb=measurement.main_value(self.baseline.values(), main.code),
+            main_val_bpb=measurement.main_value(self.baseline.values(), main.code_hash),
             history=history,
             feedback=self.store.feedback.recent() + notes,
             last_crash=crash.error_tail if crash else None,
             last_crash_id=crash.id if crash else None,
-            seen_hashes=self.store.experiments.seen_code_hashes() | seen | {main.code},
+            seen_hashes=self.store.experiments.seen_code_hashes() | seen | {main.code_hash},
             profile=self.profile.name,
             device_kind=self.profile.device,
             spent_usd=self.spent_usd(),
