@@ -1,5 +1,6 @@
 """The research loop end to end through the driver, with the real explorer and real git; and the
-conductor killed with SIGKILL at each transition, then restarted. The runners are fakes whose
+conductor killed with SIGKILL at each transition, then restarted (each conductor a process of its
+own, forked by conductor_forks.py from one interpreter that imported it once). The runners are fakes whose
 numbers the test chooses, so no verdict and no reached state depends on training noise; the one
 end-to-end run with real training is the demo's, in tests/bot/app/test_cli.py."""
 
@@ -8,9 +9,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import git
@@ -140,51 +143,54 @@ def test_the_loop_end_to_end_with_the_real_explorer(tmp_path: Path) -> None:
     assert [line.split("\t")[3] for line in lines[2:]] == [e.status for e in experiments]
 
 
-KILL_SCRIPT = """
-import json, sys
-from pathlib import Path
-sys.path.insert(0, str(Path.cwd()))  # the project first (cwd): tests/bot/... must not shadow bot/...
-sys.path.append(sys.argv[2])  # tests/, for fakes
-from fakes import IDENTITY, FileRunner
-from bot.agent.scripted import ScriptedAgent
-from bot.loop.conductor import Conductor, ConductorConfig
-from bot.loop.driver import Driver
-from bot.forge.local import LocalForge
-from bot.store import Store
-from bot.views.results import ResultsFile
-
-work = Path(sys.argv[1])
-store = Store(work / "state.db")
-loop = Conductor(store, LocalForge(work / "repo"), FileRunner(work / "runs", seconds=0.2),
-                 ScriptedAgent.from_jsonl(work / "proposals.jsonl"),
-                 ConductorConfig(profile="smoke", identity=IDENTITY, max_experiments=2),
-                 publishers=[ResultsFile(store, work / "results.tsv")])
-summary = Driver(loop, timer_s=0.05).run()
-print(json.dumps({"experiments": summary.experiments, "kept": summary.kept, "crashed": summary.crashed}))
-"""
-MAIN_FOR_KILLS = with_effect(TRAIN_PY, 0.0, "main")
+# The kill tests' train.py: what the conductor checks of one (it compiles and uses the harness), and
+# no more, because the fake runner never runs it and every start reads and parses it again
+KILL_TRAIN_PY = "import math\n\nfrom runner import harness\n\nMATRIX_LR = 0.04\nh = harness.session()\n"
+MAIN_FOR_KILLS = with_effect(KILL_TRAIN_PY, 0.0, "main")
 
 
-def start_conductor(work: Path, failpoint: str | None = None) -> subprocess.Popen:
-    env = dict(os.environ)
-    env.pop("AUTORESEARCH_FAILPOINT", None)
-    if failpoint:
-        env["AUTORESEARCH_FAILPOINT"] = failpoint
-    return subprocess.Popen(
-        [sys.executable, str(work / "drive.py"), str(work), str(TESTS)],
-        env=env,
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+class Conductors:
+    """Starts conductor processes on a work directory through conductor_forks.py: one interpreter
+    that imported the conductor once and forks a fresh process for each start."""
+
+    def __init__(self) -> None:
+        env = dict(os.environ)
+        env.pop("AUTORESEARCH_FAILPOINT", None)
+        self.server = subprocess.Popen(
+            [sys.executable, str(Path(__file__).with_name("conductor_forks.py")), str(TESTS)],
+            env=env,
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+
+    def run(self, work: Path, failpoint: str | None = None) -> int:
+        """Run a conductor on `work` until it ends (or its failpoint kills it); its return code."""
+        assert self.server.stdin and self.server.stdout
+        self.server.stdin.write(json.dumps({"work": str(work), "failpoint": failpoint}) + "\n")
+        self.server.stdin.flush()
+        ready, _, _ = select.select([self.server.stdout], [], [], 120)
+        assert ready, f"the conductor on {work} did not end within 120 s: see {work / 'conductor.err'}"
+        return json.loads(self.server.stdout.readline())["returncode"]
+
+    def close(self) -> None:
+        assert self.server.stdin
+        self.server.stdin.close()
+        self.server.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def conductors() -> Iterator[Conductors]:
+    started = Conductors()
+    yield started
+    started.close()
 
 
 def prepare_kill_workdir(work: Path) -> LocalForge:
     forge = make_workdir(work, MAIN_FOR_KILLS, program(first_baseline_runs=2, baseline_runs=2))
-    (work / "drive.py").write_text(KILL_SCRIPT)
     proposals = [
-        {"title": "Fix MATRIX_LR", "hypothesis": "Far too low.", "train_py": with_effect(TRAIN_PY, -0.1)},
+        {"title": "Fix MATRIX_LR", "hypothesis": "Far too low.", "train_py": with_effect(KILL_TRAIN_PY, -0.1)},
         {
             "title": "Crash",
             "hypothesis": "Crashes.",
@@ -250,16 +256,16 @@ FAILPOINTS = [
 
 
 @pytest.mark.parametrize("failpoint", FAILPOINTS)
-def test_killed_at_each_transition_then_restarted(tmp_path: Path, failpoint: str) -> None:
+def test_killed_at_each_transition_then_restarted(tmp_path: Path, failpoint: str, conductors: Conductors) -> None:
     forge = prepare_kill_workdir(tmp_path)
-    killed = start_conductor(tmp_path, failpoint)
-    _, err = killed.communicate(timeout=120)
-    assert killed.returncode == -signal.SIGKILL, f"the failpoint {failpoint} was never reached: {err[-2000:]}"
+    errors = tmp_path / "conductor.err"
+    killed = conductors.run(tmp_path, failpoint)
+    assert killed == -signal.SIGKILL, f"the failpoint {failpoint} was never reached: {errors.read_text()[-2000:]}"
+    assert not (tmp_path / "summary.json").exists()
 
-    resumed = start_conductor(tmp_path)
-    out, err = resumed.communicate(timeout=120)
-    assert resumed.returncode == 0, err[-3000:]
-    assert json.loads(out.strip().splitlines()[-1]) == {"experiments": 2, "kept": 1, "crashed": 1}
+    resumed = conductors.run(tmp_path)
+    assert resumed == 0, errors.read_text()[-3000:]
+    assert json.loads((tmp_path / "summary.json").read_text()) == {"experiments": 2, "kept": 1, "crashed": 1}
     check_invariants(tmp_path, forge)
 
 
