@@ -9,6 +9,11 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+# The exported model (runner.handoff): written by the training process to its scratch directory,
+# copied by the supervisor to the scorer's hand-over directory. A plain name here, so that the
+# supervisor, which only moves the file, need not import torch.
+MODEL_FILE = "model.pt2"
+
 
 def write_atomically(path: Path, write: Callable[[Path], object]) -> None:
     """Call `write(tmp)` to fill a temporary file beside `path`, then move it into place. The

@@ -27,7 +27,6 @@ from typing import Any
 
 import torch
 
-MODEL_FILE = "model.pt2"
 ALLOWED_NAMESPACES = ("aten", "prims")
 ALLOWED_PYTHON = {
     operator.getitem,

@@ -60,7 +60,8 @@ import torch
 from runner import dataloader, files
 from runner.data import Dataset, load_dataset, verify_dataset
 from runner.evaluate import evaluate_bpb
-from runner.handoff import MODEL_FILE, export_model
+from runner.files import MODEL_FILE
+from runner.handoff import export_model
 from runner.profiles import Profile, get_profile, harness_hash
 from runner.tokenizer import Tokenizer, load_tokenizer
 

@@ -33,7 +33,8 @@ information; only the scorer's val_bpb and the supervisor's clocks decide anythi
 
 The supervisor's parts: runner.sandbox (the boxes), runner.limits (what a run may hold),
 runner.processes (the run's processes, and how they end), runner.run_log (DIR/log.txt) and
-runner.score_process (the scoring process's lifetime).
+runner.score_process (the scoring process's lifetime). It imports no torch (its two processes do):
+it only moves the exported model's file, and every run and warm worker would pay for the import.
 
 Without a usable bubblewrap the run goes on unsandboxed, with a loud warning in the log and
 `sandboxed: false` in the result: train.py can then read what the user running it can read.
@@ -59,7 +60,7 @@ from typing import Any
 
 from runner import files, limits, processes, proctree, run_log, sandbox
 from runner.data import DataMissing, cache_dir, load_dataset, verify_dataset
-from runner.handoff import MODEL_FILE
+from runner.files import MODEL_FILE
 from runner.proctree import TreeCPU
 from runner.profiles import Profile, get_profile, harness_hash
 from runner.protocol import Hashes, JobSpec, ResultSpec, RunnerIdentity, Timings

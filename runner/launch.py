@@ -120,31 +120,7 @@ def start_isolated(
     environment's, runner.limits)."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "pid").unlink(missing_ok=True)
-    cmd = [
-        sys.executable,
-        "-m",
-        "runner.isolated",
-        "--job",
-        str(job_file),
-        "--out",
-        str(out),
-        "--backend",
-        "local",
-        "--threads",
-        str(threads),
-    ]
-    cmd += ["--data", data] if data else []
-    cmd += ["--gpu", gpu] if gpu else []
-    with open(out / "supervisor.log", "ab") as log:
-        proc = subprocess.Popen(
-            cmd,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=training_env(limits.as_env() if limits else None),
-            start_new_session=True,
-        )
-    (out / "pid").write_text(str(proc.pid))
-    return proc
+    return _start_supervisor(["--job", str(job_file)], out, data=data, threads=threads, gpu=gpu, limits=limits)
 
 
 def start_standby(
@@ -160,25 +136,31 @@ def start_standby(
     a run of `profile` in `out`, writes out/ready, and waits for its job's line on its stdin (a
     pipe the caller holds: closing it sends the worker away). Its pid goes to out/pid."""
     out.mkdir(parents=True, exist_ok=True)
-    cmd = [
-        sys.executable,
-        "-m",
-        "runner.isolated",
-        "--standby",
-        profile,
-        "--out",
-        str(out),
-        "--backend",
-        "local",
-        "--threads",
-        str(threads),
-    ]
+    return _start_supervisor(
+        ["--standby", profile], out, data=data, threads=threads, gpu=gpu, limits=limits, stdin=subprocess.PIPE
+    )
+
+
+def _start_supervisor(
+    what: list[str],
+    out: Path,
+    *,
+    data: str | None,
+    threads: int,
+    gpu: str | None,
+    limits: RunLimits | None,
+    stdin: int | None = None,
+) -> subprocess.Popen:
+    """`python -m runner.isolated` with `what` (its job, or --standby), in its own session, with
+    the scrubbed environment; its output goes to out/supervisor.log and its pid to out/pid."""
+    cmd = [sys.executable, "-m", "runner.isolated", *what, "--out", str(out), "--backend", "local"]
+    cmd += ["--threads", str(threads)]
     cmd += ["--data", data] if data else []
     cmd += ["--gpu", gpu] if gpu else []
     with open(out / "supervisor.log", "ab") as log:
         proc = subprocess.Popen(
             cmd,
-            stdin=subprocess.PIPE,
+            stdin=stdin,
             stdout=log,
             stderr=subprocess.STDOUT,
             env=training_env(limits.as_env() if limits else None),

@@ -25,15 +25,17 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import rustbpe
 import tiktoken
-import torch
 
 from runner import files
 from runner.data import DataCorrupt, DataMissing, Dataset, cache_dir
+
+if TYPE_CHECKING:  # torch is imported where a tokenizer is loaded: the cache's layout needs none of it
+    import torch
 
 # GPT-4 style pre-tokenisation, with numbers split into runs of at most two digits.
 SPLIT_PATTERN = (
@@ -245,6 +247,8 @@ def _read_cache(directory: Path, vocab_size: int, name: str) -> Tokenizer:
     encoding = tiktoken.Encoding(
         name=name, pat_str=SPLIT_PATTERN, mergeable_ranks=ranks, special_tokens=specials, explicit_n_vocab=vocab_size
     )
+    import torch
+
     return Tokenizer(encoding, torch.from_numpy(token_bytes.copy()))
 
 
