@@ -55,8 +55,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from scipy import special  # not scipy.stats: that import alone takes seconds
-
 if TYPE_CHECKING:
     from bot.loop.program import LoopSettings
 
@@ -142,6 +140,10 @@ def t_multiplier(z: float, dof: int) -> float:
     """
     if dof < 1:
         raise ValueError(f"a Student-t quantile needs at least 1 degree of freedom, got {dof}")
+    # imported here, not with the module: a process that never judges against a known noise (the
+    # CLI's other commands, the web service) does not pay for it. Not scipy.stats: that takes seconds.
+    from scipy import special
+
     return float(special.stdtrit(dof, special.ndtr(z)))  # t quantile at the normal's P(Z <= z)
 
 
