@@ -10,9 +10,11 @@ and a secondary-limit answer leave no duplicate. No verdict depends on noise.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
+import queue
 import signal
 import socket
 import subprocess
@@ -103,6 +105,7 @@ class World:
     runner: GatedRunner
     agent: RecordingAgent
     store: Store  # the test's own connection
+    waits: list[float]  # the seconds the GitHub client was asked to wait, in order
 
     def until(self, what: str, done: Callable[[], bool], timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
@@ -127,15 +130,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@functools.cache
+def app_key() -> tuple[rsa.RSAPrivateKey, str]:
+    """The GitHub App's key and its PEM, made once (an RSA key takes a while)."""
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    ).decode()
+    return key, pem
+
+
 @pytest.fixture
 def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
     for name in [n for n in os.environ if n.startswith("AUTORESEARCH_")]:
         monkeypatch.delenv(name)
     monkeypatch.chdir(tmp_path)
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    pem = key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    ).decode()
+    key, pem = app_key()
     with GitHubStandIn(
         tmp_path / "github",
         files={"train.py": MAIN, "program.md": program()},
@@ -153,8 +163,13 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
             profile="smoke",
             port=port,
         )
-        runner, agent = GatedRunner(), RecordingAgent(PROPOSALS)
-        service = Service(settings, make_parts=lambda s, c: Parts(runner, agent, dict(IDENTITY)), timer_s=0.2)
+        runner, agent, waits = GatedRunner(), RecordingAgent(PROPOSALS), []
+        service = Service(
+            settings,
+            make_parts=lambda s, c: Parts(runner, agent, dict(IDENTITY)),
+            timer_s=0.05,
+            sleep=waits.append,  # the waits GitHub asks for, noted and not slept
+        )
         service.start()
         server = uvicorn.Server(uvicorn.Config(service.app(), host="127.0.0.1", port=port, log_level="warning"))
         thread = threading.Thread(target=server.run, daemon=True)
@@ -162,7 +177,7 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
         standin.hook(f"http://127.0.0.1:{port}/webhook", SECRET)
         store = Store(settings.state_dir / "state.db")
         try:
-            yield World(standin, service, runner, agent, store)
+            yield World(standin, service, runner, agent, store, waits)
         finally:
             server.should_exit = True
             service.stop()
@@ -304,30 +319,101 @@ def test_four_experiments_as_pull_requests_steered_by_people(world: World) -> No
     # The faults did happen, and were answered without duplicates (counted above).
     assert [r.status for r in gh.calls("POST", r"/pulls$") if r.fault] == [502]
     assert [r.status for r in gh.calls("POST", r"/check-runs$") if r.fault] == [403]
+    assert world.waits == [1.0]  # the secondary limit's Retry-After, waited for before trying again
     assert [r.status for r in gh.calls("POST", r"/issues/\d+/comments$") if r.fault] == [502]
     assert gh.violations == []
 
 
 # --- killed with SIGKILL and started again: nothing twice, and the result lands ---------------------
 
-CHILD = Path(__file__).with_name("serve_child.py")
+TESTS = ROOT / "tests"
 
 
-def start_child(config: Path, log: Path, failpoint: str | None = None) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AUTORESEARCH_")}
-    if failpoint:
-        env["AUTORESEARCH_FAILPOINT"] = failpoint
-    return subprocess.Popen(
-        [sys.executable, str(CHILD), str(config)],
-        cwd=config.parent,
-        env=env,
-        stdout=log.open("ab"),
-        stderr=subprocess.STDOUT,
-    )
+class ServiceProcess:
+    """One service process forked by serve_child.py."""
+
+    def __init__(self, forks: ServeForks, pid: int) -> None:
+        self.forks, self.pid = forks, pid
+        self.returncode: int | None = None
+
+    def signal(self, sig: signal.Signals) -> None:
+        if self.returncode is None:
+            os.kill(self.pid, sig)
+
+    def wait(self, timeout: float) -> int:
+        """Its return code once it has ended (-9: killed); TimeoutError if it has not by `timeout`."""
+        if self.returncode is None:
+            self.returncode = self.forks.answer(timeout)["returncode"]
+        return self.returncode
+
+    def stop(self) -> None:
+        """Stop the service as an operator would (SIGTERM): a request in flight (the research log's
+        edit, say) finishes rather than being cut, which the stand-in would count as its own error."""
+        self.signal(signal.SIGTERM)
+        try:
+            self.wait(45)
+        except TimeoutError:
+            self.signal(signal.SIGKILL)
+            self.wait(10)
 
 
-def child_config(tmp_path: Path, gh: GitHubStandIn, pem: str, run_seconds: float) -> Path:
-    """The config of serve_child.py (one experiment, expected to be kept), with the stand-in's
+class ServeForks:
+    """Starts service processes through serve_child.py: one interpreter that imported the service
+    once and forks a fresh process for each start, one at a time."""
+
+    def __init__(self) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AUTORESEARCH_")}
+        self.server = subprocess.Popen(
+            [sys.executable, str(Path(__file__).with_name("serve_child.py")), str(TESTS)],
+            env=env,
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.answers: queue.Queue[dict | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.server.stdout
+        for line in self.server.stdout:
+            self.answers.put(json.loads(line))
+        self.answers.put(None)
+
+    def answer(self, timeout: float) -> dict:
+        try:
+            answer = self.answers.get(timeout=timeout)
+        except queue.Empty:
+            raise TimeoutError(f"serve_child.py said nothing for {timeout:.0f} s") from None
+        assert answer is not None, "serve_child.py ended (its error is in the captured stderr)"
+        return answer
+
+    def start(self, config: Path, log: Path, failpoint: str | None = None, hold: str | None = None) -> ServiceProcess:
+        """A fresh service process on `config` (child_config's), its output appended to `log`; it dies
+        at `failpoint`, and keeps a job whose train.py contains `hold` running."""
+        assert self.server.stdin
+        request = {"config": str(config), "log": str(log), "failpoint": failpoint, "hold": hold}
+        self.server.stdin.write(json.dumps(request) + "\n")
+        self.server.stdin.flush()
+        return ServiceProcess(self, self.answer(60)["pid"])
+
+    def close(self) -> None:
+        assert self.server.stdin
+        self.server.stdin.close()
+        self.server.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def serve_forks() -> Iterator[ServeForks]:
+    forks = ServeForks()
+    try:
+        yield forks
+    finally:
+        forks.close()
+
+
+def child_config(tmp_path: Path, gh: GitHubStandIn, pem: str, run_seconds: float, train_py: str) -> Path:
+    """The config of serve_child.py (one experiment proposing `train_py`), with the stand-in's
     webhooks pointed at the port it will listen on."""
     port = free_port()
     config = tmp_path / "config.json"
@@ -341,7 +427,7 @@ def child_config(tmp_path: Path, gh: GitHubStandIn, pem: str, run_seconds: float
                 "port": port,
                 "runs_dir": str(tmp_path / "runs"),
                 "run_seconds": run_seconds,
-                "proposals": [{"title": "better", "hypothesis": "h", "train_py": with_effect(MAIN, -0.1, "better")}],
+                "proposals": [{"title": "better", "hypothesis": "h", "train_py": train_py}],
             }
         )
     )
@@ -349,29 +435,9 @@ def child_config(tmp_path: Path, gh: GitHubStandIn, pem: str, run_seconds: float
     return config
 
 
-def stop_child(child: subprocess.Popen) -> None:
-    """Stop the service as an operator would (SIGTERM): a request in flight (the research log's
-    edit, say) finishes rather than being cut, which the stand-in would count as its own error."""
-    if child.poll() is None:
-        child.send_signal(signal.SIGTERM)
-        try:
-            child.wait(45)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait(10)
-
-
 def one_experiment_program(**settings: int) -> str:
     front = "\n".join(f"  {k}: {json.dumps(v)}" for k, v in dict(SETTINGS, max_experiments=1, **settings).items())
     return f"---\nautoresearch:\n{front}\n---\n\nLower val_bpb.\n"
-
-
-def app_key() -> tuple[object, str]:
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    pem = key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    ).decode()
-    return key, pem
 
 
 def test_a_workflow_run_delivery_tells_the_runner_and_stopping_the_service_closes_it(world: World) -> None:
@@ -397,27 +463,31 @@ def final(store: Store) -> bool:
 
 @pytest.mark.parametrize("kill_at", ["pull_request_created", "check_run_created", "comment_posted", "mid-run"])
 def test_a_server_killed_anywhere_restarts_without_duplicates_and_the_result_lands(
-    tmp_path: Path, kill_at: str
+    tmp_path: Path, serve_forks: ServeForks, kill_at: str
 ) -> None:
+    """Killed at a failpoint (right after GitHub acted, before the store knew), or while the
+    experiment's run goes on (held until the next life): the next life finishes the work."""
     key, pem = app_key()
     with GitHubStandIn(
         tmp_path / "github",
         files={"train.py": MAIN, "program.md": one_experiment_program()},
         app_public_key=key.public_key(),
     ) as gh:
-        config = child_config(tmp_path, gh, pem, run_seconds=1.5)
+        config = child_config(tmp_path, gh, pem, run_seconds=0.05, train_py=held(-0.1, "better").train_py)
         log = tmp_path / "serve.log"
-        child = start_child(config, log, None if kill_at == "mid-run" else kill_at)
+        if kill_at == "mid-run":
+            child = serve_forks.start(config, log, hold=f"{HOLD}better")
+            wait_for("a check in progress", lambda: any(c["status"] == "in_progress" for c in gh.check_runs()), log)
+            child.signal(signal.SIGKILL)
+        else:
+            child = serve_forks.start(config, log, failpoint=kill_at)
         try:
-            if kill_at == "mid-run":
-                wait_for("a check in progress", lambda: any(c["status"] == "in_progress" for c in gh.check_runs()), log)
-                child.send_signal(signal.SIGKILL)
             assert child.wait(60) == -signal.SIGKILL, log.read_text()[-3000:]
-            child = start_child(config, log)
+            child = serve_forks.start(config, log)
             store = Store(tmp_path / "state" / "state.db")
             wait_for("the result on GitHub", lambda: final(store), log)
         finally:
-            stop_child(child)
+            child.stop()
         exp = store.experiments.all()[0]
         assert exp.status == "keep" and gh.ref("heads/main") == exp.merged_sha
         assert len(gh.pulls()) == 1 and gh.pulls()[0]["merged"] is True
@@ -430,7 +500,9 @@ def test_a_server_killed_anywhere_restarts_without_duplicates_and_the_result_lan
         assert gh.violations == []
 
 
-def test_a_pull_request_closed_while_the_server_was_down_cancels_its_experiment(tmp_path: Path) -> None:
+def test_a_pull_request_closed_while_the_server_was_down_cancels_its_experiment(
+    tmp_path: Path, serve_forks: ServeForks
+) -> None:
     key, pem = app_key()
     program_md = one_experiment_program(first_baseline_runs=1, baseline_runs=1)  # proposed while main runs
     with GitHubStandIn(
@@ -439,21 +511,22 @@ def test_a_pull_request_closed_while_the_server_was_down_cancels_its_experiment(
         app_public_key=key.public_key(),
         collaborators={"alice": "write"},
     ) as gh:
-        config = child_config(tmp_path, gh, pem, run_seconds=600)  # main's runs too: the experiment waits its turn
+        train_py = with_effect(MAIN, -0.1, "better")
+        config = child_config(tmp_path, gh, pem, run_seconds=600, train_py=train_py)  # the experiment waits its turn
         log = tmp_path / "serve.log"
-        child = start_child(config, log)
+        child = serve_forks.start(config, log)
         try:
             wait_for(
                 "the experiment's queued check", lambda: any(c["name"] == CHECK_NAME for c in gh.check_runs()), log
             )
-            child.send_signal(signal.SIGKILL)
+            child.signal(signal.SIGKILL)
             child.wait(30)
             gh.close_pr(gh.pulls()[0]["number"], "alice")  # its webhook finds nobody listening
-            child = start_child(config, log)
+            child = serve_forks.start(config, log)
             store = Store(tmp_path / "state" / "state.db")
             wait_for("the cancellation on GitHub", lambda: final(store), log)
         finally:
-            stop_child(child)
+            child.stop()
         exp = store.experiments.all()[0]
         assert exp.status == "cancelled" and gh.labels(gh.pulls()[0]["number"]) == ["autoresearch: cancelled"]
         assert [c["conclusion"] for c in gh.check_runs() if c["name"] == CHECK_NAME] == ["cancelled"]
