@@ -14,6 +14,7 @@ button).
 
 from __future__ import annotations
 
+import asyncio
 import re
 import socket
 import subprocess
@@ -44,6 +45,49 @@ APP_PERMISSIONS = {
     "statuses": "write",
 }
 APP_EVENTS = ["check_run", "issue_comment", "pull_request", "pull_request_review", "push"]
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, stopped without its fixed waits: uvicorn looks at `should_exit` every
+    0.1 s and then sleeps 0.1 s more before it looks at its connections; `exit_now()` wakes it at
+    once and the shutdown ends as soon as the last connection is closed and the last request
+    answered (or `timeout_graceful_shutdown` has passed, as in uvicorn)."""
+
+    _loop: asyncio.AbstractEventLoop | None = None
+    _woken: asyncio.Event
+
+    def exit_now(self) -> None:
+        self.should_exit = True
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._woken.set)
+
+    async def main_loop(self) -> None:
+        self._woken = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+        ticks = 0
+        while not await self.on_tick(ticks):  # a tick of 10 refreshes the Date header
+            ticks = (ticks + 10) % 864000
+            try:
+                await asyncio.wait_for(self._woken.wait(), timeout=1.0)
+            except TimeoutError:
+                pass
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        for server in self.servers:
+            server.close()
+        for sock in sockets or []:
+            sock.close()
+        for connection in list(self.server_state.connections):
+            connection.shutdown()  # an idle keep-alive connection closes now, a busy one after its answer
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.timeout_graceful_shutdown
+        while (self.server_state.connections or self.server_state.tasks) and loop.time() < deadline:
+            await asyncio.sleep(0.005)
+        for task in self.server_state.tasks:
+            task.cancel(msg="Task cancelled, timeout graceful shutdown exceeded")
+        for server in self.servers:
+            await server.wait_closed()
+        await self.lifespan.shutdown()
 
 
 class GitHubStandIn:
@@ -99,7 +143,7 @@ class GitHubStandIn:
         self.hookshot = Hookshot(self._check_webhook, ("integration", app_id))
         self.state.sink = self.hookshot.emit
         self.actions = Actions(self.state, self.root, runners=actions_runners)
-        self._server: uvicorn.Server | None = None
+        self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 
     # lifecycle ------------------------------------------------------------------------------
@@ -119,7 +163,7 @@ class GitHubStandIn:
             lifespan="off",
             timeout_graceful_shutdown=2,
         )
-        self._server = uvicorn.Server(config)
+        self._server = _Server(config)
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [sock]}, name="standin-uvicorn", daemon=True
         )
@@ -135,7 +179,7 @@ class GitHubStandIn:
         self.gateway.stopping.set()
         self.actions.stop()
         if self._server is not None and self._thread is not None:
-            self._server.should_exit = True
+            self._server.exit_now()
             self._thread.join(timeout=10)
         self.hookshot.close()
 
