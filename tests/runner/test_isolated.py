@@ -8,7 +8,8 @@ process never sees them).
 
 The attacks on the machine and on the reported number share one run (`attacked`): its train.py
 tries each in turn, says what it could do, and hands over its model; then the same path runs an
-honest job. Two runs for all of them, in `make test`. Each attack that needs a run of its own
+honest job, in a warm worker renamed to its run's directory as the local runner does (the cold run
+is the attacks'). Two runs for all of them, in `make test`. Each attack that needs a run of its own
 (a model the scorer must refuse, a clock or a limit that ends the run) is in the slow tier; the
 scorer's verdict on each refused model is pinned in this process by tests/runner/test_score.py.
 """
@@ -27,7 +28,7 @@ import pytest
 from hostile import escape, marked, sleeper
 
 from runner import profiles, sandbox
-from runner.isolated import run_job
+from runner.isolated import Supervisor, run_job
 from runner.protocol import JobSpec, ResultSpec
 
 pytestmark = pytest.mark.skipif(not sandbox.available()[0], reason=f"no sandbox here: {sandbox.available()[1]}")
@@ -52,6 +53,7 @@ torch.nn.init.zeros_(model.out.weight)
 torch.nn.init.zeros_(model.out.bias)
 """
 HONEST_FLOOR = 3.0  # val_bpb of the untrained Tiny is log2(1024) * tokens / bytes, about 4
+READY_S = 300.0  # a generous bound for importing torch on a busy machine; never reached when all is well
 MARK = "autoresearch-attack-marker"
 
 
@@ -107,7 +109,7 @@ class Attacked:
     directory: Path  # run/: the attacks' run; next/: the honest job after it
     result: ResultSpec  # the attacks' run, which hands over the untrained model at its end
     log: str
-    next: ResultSpec  # the honest job the same path ran right after
+    next: ResultSpec  # the honest job the same path ran right after, in a renamed warm worker
     accepted: list[object]  # connections the host's loopback accepted from the attacks' run
     harness_before: bytes  # runner/evaluate.py before the run
 
@@ -227,22 +229,41 @@ def attacked(smoke_prepared, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         directory=directory,
         result=result,
         log=log(directory),
-        next=run(directory, "h.finish(model)\n", name="next"),
+        next=run_warm_renamed(directory / "worker", directory / "next", HEADER + "h.finish(model)\n"),
         accepted=accepted,
         harness_before=before,
     )
 
 
+def run_warm_renamed(worker_dir: Path, run_dir: Path, asset: str) -> ResultSpec:
+    """A warm worker's run, as the local runner makes one: a supervisor prepared before its job (its
+    processes ready, torch imported), its directory renamed to the run's when the job comes."""
+    worker = Supervisor(worker_dir, "smoke", threads=1)
+    worker.prepare()
+    assert worker.wait_ready(READY_S), "the worker's processes never said they were ready"
+    os.rename(worker_dir, run_dir)
+    return worker.run(JobSpec(run_id=1, asset=asset, profile="smoke", seed=3), out=run_dir)
+
+
 def test_an_honest_run_is_scored_outside_the_sandbox(attacked: Attacked, smoke_prepared) -> None:
-    """The honest job the path ran right after the attacks: nothing of them carried over."""
-    result = attacked.next
+    """The honest job the path ran right after the attacks, in a warm worker whose directory was
+    renamed to the run's: nothing of the attacks carried over, and the sandboxed processes, which
+    see the directory at its old path, noticed nothing of the rename (the unsandboxed ones, which
+    see it: tests/runner/test_isolated_warm.py)."""
+    result, run_dir = attacked.next, attacked.directory / "next"
     assert result.status == "ok" and result.sandboxed and result.runner.sandbox.startswith("bubblewrap"), result.error
     assert result.val_bpb > HONEST_FLOOR
     assert "causal" in result.metrics["probe"]
-    assert result.hashes.data == smoke_prepared.dataset.fingerprint
+    assert result.hashes.data == smoke_prepared.dataset.fingerprint and result.seed == 3
     assert result.timings.evaluation > 0 and result.timings.training_wall > 0
-    stored = ResultSpec.model_validate_json((attacked.directory / "next" / "result.json").read_text())
+    assert result.metrics["warm"] is True  # its training process had imported torch when the job came
+    assert result.metrics["ready_cpu_seconds"] > 0  # and that CPU time is not the run's
+    stored = ResultSpec.model_validate_json((run_dir / "result.json").read_text())
     assert stored == result
+    text = (run_dir / "log.txt").read_text()
+    assert "WARNING: running train.py WITHOUT a sandbox" not in text
+    assert "[harness] ready" not in text  # the supervisor's signal, not train.py's output
+    assert (run_dir / "asset" / "train.py").read_text() == HEADER + "h.finish(model)\n"
     assert not list(attacked.directory.rglob("model.pt2")), "a scored model is not kept (hundreds of MB on a GPU)"
     assert not leftover_processes()
 
@@ -378,7 +399,7 @@ h.finish(model)
 )
 def test_a_failing_run_is_a_crash_that_says_why(smoke_prepared, tmp_path: Path, body: str, expected: str) -> None:
     """Slow tier: each way to fail is a run of its own (a crash through the isolated path runs in
-    `make test` as tests/bot/app/test_cli.py's `train --json` of a broken train.py)."""
+    `make test` as tests/bot/runners/test_local.py's test_a_crash_is_a_result_with_the_error)."""
     result = run(tmp_path, body)
     assert result.status == "crash" and expected.lower() in result.error.lower(), result.error
     assert result.val_bpb is None and result.log_tail is not None

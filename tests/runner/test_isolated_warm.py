@@ -5,8 +5,10 @@ exactly as a cold one, and a worker that is not needed, or breaks while it waits
 Jobs hand over an untrained model at once (the Tiny model of test_isolated), so a run costs the
 imports, the export and the scoring: seconds, and no verdict depends on training noise.
 
-`make test` runs a worker's job in its renamed directory, both ways; the rest is the slow tier,
-each test a worker of its own (two processes that import torch) for one more way a worker is used.
+`make test` runs a worker's job in its renamed directory unsandboxed, the way whose processes see
+the rename (sandboxed, the same run is tests/runner/test_isolated.py's honest run after the
+attacks); the rest is the slow tier, each test a worker of its own (two processes that import
+torch) for one more way a worker is used.
 """
 
 from __future__ import annotations
@@ -29,11 +31,13 @@ ROOT = Path(__file__).resolve().parents[2]
 READY_S = 300.0  # a generous bound for importing torch on a busy machine; never reached when all is well
 
 
-@pytest.fixture(params=["sandboxed", "unsandboxed"], autouse=True)
+@pytest.fixture(params=[pytest.param("sandboxed", marks=pytest.mark.slow), "unsandboxed"], autouse=True)
 def sandboxing(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
     """Every test runs both ways: in bubblewrap (skipped where there is none) and without it
     (AUTORESEARCH_SANDBOX=off, which the workers started on the command line inherit). Without a
-    sandbox the processes see their directory's rename: the path that broke before."""
+    sandbox the processes see their directory's rename: the path that broke before. Sandboxed is
+    the slow tier: a run of its own, where `make test` has the same path in test_isolated.py's
+    honest run (a warm worker renamed to its run's directory, in bubblewrap)."""
     if request.param == "sandboxed":
         usable, why = sandbox.available()
         if not usable:

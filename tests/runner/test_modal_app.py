@@ -1,9 +1,11 @@
 """The Modal app (runner.modal_app): it builds without a token or a network, its image installs what
-pyproject pins, and its Trainer's body runs a job through the isolated path (via Modal's `.local()`,
-on this machine) and answers a ResultSpec, never a builtin TimeoutError."""
+pyproject pins, and its Trainer's body (via Modal's `.local()`, on this machine) hands a job to a
+worker prepared before it came and answers a ResultSpec, never a builtin TimeoutError. In `make
+test` that worker is a fake; in the slow tier it is the isolated path's."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -83,38 +85,69 @@ def test_the_image_installs_the_training_dependencies_pyproject_pins() -> None:
 
 CRASH_JOB = JobSpec(run_id=7, experiment_id=3, asset=CRASH, profile="smoke", seed=1)
 
+# For `make test`: runner.isolated.Supervisor as NextRun uses it, without its two processes that
+# import torch. What the Trainer does around the run is under test here (its worker prepared before
+# the job, the next one prepared at once, the answer); the isolated run itself is the slow tier's
+# (test_each_job_gets_a_worker_prepared_before_it_came, test_the_repository_train_py_measures_through_local).
+FAKE_WORKER = """
+import runner.isolated
+from runner.profiles import harness_hash
+from runner.protocol import Hashes, ResultSpec, RunnerIdentity
+
+class FakeWorker:
+    made = []
+
+    def __init__(self, out, profile, *, backend):
+        self.out, self.profile, self.backend, self.prepared, self.ran = out, profile, backend, False, None
+        FakeWorker.made.append(self)
+
+    def prepare(self):
+        self.prepared = True
+
+    def run(self, job, *, received_at, detail, on_progress):
+        assert self.prepared, "the job came to a worker that was not prepared"
+        self.ran = job.run_id
+        return ResultSpec(
+            run_id=job.run_id, experiment_id=job.experiment_id, status="crash", error="the fake's crash of " + job.asset,
+            hashes=Hashes(asset=job.asset_sha256, harness=harness_hash(), data=""),
+            runner=RunnerIdentity(backend=self.backend), profile=job.profile, seed=job.seed,
+        )
+
+runner.isolated.Supervisor = FakeWorker
+"""
+
 
 @pytest.fixture(scope="module")
-def deployed(smoke_prepared: Any) -> tuple[dict[str, str], str]:
-    """One container's life through Modal's `.local()`: (what Trainer().identity answers, what
-    Trainer().run answers for CRASH_JOB), from one Trainer, entered once as a container is."""
-    return _run_locally(CRASH_JOB, spawned_at=100.0)
+def deployed(smoke_prepared: Any) -> Local:
+    """One container's life through Modal's `.local()`, with FAKE_WORKER for its workers: what
+    Trainer().identity answers, what Trainer().run answers for CRASH_JOB, and its workers."""
+    return _run_locally(CRASH_JOB, spawned_at=100.0, fake_worker=True)
 
 
-def test_a_crashing_train_py_comes_back_as_a_crash_result_through_local(
-    deployed: tuple[dict[str, str], str], smoke_prepared: Any
-) -> None:
-    result = ResultSpec.model_validate_json(deployed[1])
+def test_a_job_comes_back_as_its_result_through_local(deployed: Local) -> None:
+    result = ResultSpec.model_validate_json(deployed.answer)
     check_result(CRASH_JOB, result, harness=harness_hash())
     assert result.status == "crash" and "crashes on purpose" in (result.error or "")
-    assert result.runner.backend == "modal" and result.hashes.data == smoke_prepared.dataset.fingerprint
+    assert result.runner.backend == "modal"
     assert result.timings.queued is not None and result.timings.queued > 0  # spawned at t=100 s (1970)
+    # the container's first worker, prepared at its start, ran the job; the next one was prepared then
+    assert deployed.workers == [["smoke", "modal", True, CRASH_JOB.run_id], ["smoke", "modal", True, None]]
 
 
 @pytest.mark.slow
 def test_the_repository_train_py_measures_through_local(smoke_prepared: Any) -> None:
-    """Slow tier: the real train.py trains its whole budget; `make test` sends a crash the same way."""
+    """Slow tier: the real train.py trains its whole budget, through a real isolated run (`make test`
+    sends a job the same way, to a fake worker)."""
     job = JobSpec(run_id=8, asset=(ROOT / "train.py").read_text(), profile="smoke")
-    result = ResultSpec.model_validate_json(_run_locally(job)[1])
+    result = ResultSpec.model_validate_json(_run_locally(job).answer)
     check_result(job, result, harness=harness_hash())
     assert result.status == "ok", result.error
     assert result.val_bpb is not None and result.val_bpb > 0 and result.timings.queued is None
+    assert result.hashes.data == smoke_prepared.dataset.fingerprint
 
 
-def test_the_deployment_tells_its_measurement_identity(
-    deployed: tuple[dict[str, str], str], smoke_prepared: Any
-) -> None:
-    assert deployed[0] == {
+def test_the_deployment_tells_its_measurement_identity(deployed: Local, smoke_prepared: Any) -> None:
+    assert deployed.identity == {
         "profile": "smoke",
         "harness_hash": harness_hash(),
         "data_fingerprint": smoke_prepared.dataset.fingerprint,
@@ -125,20 +158,30 @@ LOCAL = """
 import json, sys, warnings
 import runner.modal_app as m
 warnings.simplefilter("ignore")  # Modal: "executing locally ... no access to the mounted Volume"
-spawned_at = float(sys.argv[1]) if len(sys.argv) > 1 else None
+spawned_at = float(sys.argv[1]) if sys.argv[1] != "-" else None
 trainer = m.Trainer()
 print(json.dumps(trainer.identity.local()))
 print(trainer.run.local(sys.stdin.read(), spawned_at))
+made = [[w.profile, w.backend, w.prepared, w.ran] for w in getattr(runner.isolated.Supervisor, "made", [])]
+print(json.dumps(made))
 """
 
 
-def _run_locally(job: JobSpec, spawned_at: float | None = None) -> tuple[dict[str, str], str]:
+@dataclasses.dataclass
+class Local:
+    identity: dict[str, str]  # what Trainer().identity answered
+    answer: str  # what Trainer().run answered: the run's ResultSpec as JSON
+    workers: list[list[Any]]  # with FAKE_WORKER, each worker made: [profile, backend, prepared, run id it ran]
+
+
+def _run_locally(job: JobSpec, spawned_at: float | None = None, *, fake_worker: bool = False) -> Local:
     """`Trainer().identity.local()` and `.run.local(job)` on one Trainer in a fresh Python, whose
     `runner` is the package itself (under pytest it is tests/runner/'s namespace package), with the
-    session's data cache: (the identity, the run's ResultSpec JSON)."""
+    session's data cache; its workers are FAKE_WORKER's with `fake_worker`."""
     env = dict(os.environ, AUTORESEARCH_PROFILE="smoke", PYTHONPATH=str(ROOT))
+    script = "import runner.isolated\n" + (FAKE_WORKER if fake_worker else "") + LOCAL
     done = subprocess.run(
-        [sys.executable, "-c", LOCAL, *([str(spawned_at)] if spawned_at else [])],
+        [sys.executable, "-c", script, str(spawned_at) if spawned_at else "-"],
         check=False,
         input=job.model_dump_json(),
         capture_output=True,
@@ -148,8 +191,8 @@ def _run_locally(job: JobSpec, spawned_at: float | None = None) -> tuple[dict[st
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    identity, answer = done.stdout.strip().splitlines()[-2:]
-    return json.loads(identity), answer
+    identity, answer, workers = done.stdout.strip().splitlines()[-3:]
+    return Local(json.loads(identity), answer, json.loads(workers))
 
 
 def test_a_job_for_another_profile_is_refused_with_what_to_deploy() -> None:

@@ -118,16 +118,25 @@ def dispatches(standin: GitHubStandIn) -> int:
     return len(standin.calls("POST", r"/actions/workflows/autoresearch-train\.yml/dispatches$"))
 
 
-def test_a_crashing_train_py_comes_back_as_its_checked_crash_result(
+def test_a_run_that_crashes_on_the_runner_comes_back_as_its_checked_crash_result(
     runner: ActionsRunner, standin: GitHubStandIn, tmp_path: Path
 ) -> None:
+    """The project's workflow and its real supervisor, on a runner machine whose data is not
+    prepared: the supervisor's crash result, written before any process of the run imports torch,
+    comes back the way a train.py's crash does (artifact, download, check). A train.py's own crash
+    on Actions is the slow tier's (test_a_result_for_another_train_py_is_refused_not_finished); on
+    the isolated path `make test` has it in tests/bot/runners/test_local.py."""
+    standin.actions.machine_env["AUTORESEARCH_CACHE"] = str(tmp_path / "unprepared")
     url = runner.submit(job_at(standin))
     assert runner.submit(job_at(standin)) == url and dispatches(standin) == 1  # idempotent by run id
     status = settle(runner, 1)
     assert status.state == "finished" and status.result is not None, f"{status}\n{workflow_logs(standin)}"
     result = status.result
     assert (result.run_id, result.status, result.metrics["outcome"]) == (1, "crash", "crash")
-    assert "SystemExit" in result.log_tail or "code 3" in (result.error or ""), result.error
+    assert "no prepared data" in (result.error or "") and "autoresearch prepare --profile smoke" in result.error, (
+        result.error
+    )
+    assert "status:           crash" in result.log_tail  # the supervisor's summary block, from the artifact's log
     assert result.metrics["actions_url"] == url
     workflow_run_id = record(tmp_path, 1)["workflow_run_id"]
     assert result.metrics["runner"]["backend"] == "actions"
@@ -142,13 +151,15 @@ def test_a_crashing_train_py_comes_back_as_its_checked_crash_result(
 def test_a_result_for_another_train_py_is_refused_not_finished(
     runner: ActionsRunner, standin: GitHubStandIn, tmp_path: Path
 ) -> None:
-    """Slow tier: it waits for the project's own workflow to run to its end, a real isolated run (`make
-    test` runs one, the crash above)."""
+    """Slow tier: it waits for the project's own workflow to run to its end, a real isolated run of a
+    crashing train.py (`make test` runs the workflow to a supervisor's crash before training, above)."""
     runner.submit(job_at(standin))
     workflow_run = standin.actions.wait(record(tmp_path, 1)["workflow_run_id"], timeout=DEADLINE_S)
     artifact = standin.actions.artifacts[workflow_run.artifacts[0]]
     with zipfile.ZipFile(io.BytesIO(artifact.data)) as archive:
         result = json.loads(archive.read("result.json"))
+    assert result["status"] == "crash", result  # train.py's crash, before the test alters its result
+    assert "SystemExit" in result["log_tail"] or "code 3" in (result["error"] or ""), result["error"]
     result["hashes"]["asset"] = asset_sha256("print('another train.py')\n")
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w") as archive:
@@ -182,7 +193,7 @@ def test_a_deleted_run_is_dispatched_again_and_finishes(
     runner: ActionsRunner, standin: GitHubStandIn, tmp_path: Path
 ) -> None:
     """Slow tier: it waits for the project's own workflow to run to its end, a real isolated run (`make
-    test` runs one, the crash above)."""
+    test` runs the workflow to a supervisor's crash before training, above)."""
     standin.actions.hold()
     runner.submit(job_at(standin))
     first = record(tmp_path, 1)["workflow_run_id"]
@@ -199,7 +210,7 @@ def test_a_run_queued_past_the_limit_is_cancelled_and_dispatched_again(
     repo: Any, standin: GitHubStandIn, tmp_path: Path, clock: Clock
 ) -> None:
     """Slow tier: it waits for the project's own workflow to run to its end, a real isolated run (`make
-    test` runs one, the crash above)."""
+    test` runs the workflow to a supervisor's crash before training, above)."""
     runner = make_runner(repo, tmp_path / "state", clock, queued_limit_s=600)
     standin.actions.hold()
     runner.submit(job_at(standin))
@@ -248,7 +259,7 @@ def test_a_restarted_runner_finds_its_run(
     repo: Any, runner: ActionsRunner, standin: GitHubStandIn, tmp_path: Path, clock: Clock
 ) -> None:
     """Slow tier: it waits for the project's own workflow to run to its end, a real isolated run (`make
-    test` runs one, the crash above)."""
+    test` runs the workflow to a supervisor's crash before training, above)."""
     url = runner.submit(job_at(standin))
     again = make_runner(repo, tmp_path / "state", clock)
     assert again.submit(job_at(standin)) == url

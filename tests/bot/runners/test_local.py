@@ -15,6 +15,7 @@ from hostile import marked as hostile_marked
 
 from bot.core.records import Job, RunStatus
 from bot.runners.local import LocalRunner, last_progress
+from runner import proctree
 
 ROOT = Path(__file__).resolve().parents[3]
 TRAIN_PY = (ROOT / "train.py").read_text()
@@ -34,6 +35,23 @@ def wait_for(runner: LocalRunner, run_id: int, timeout: float = 120.0) -> RunSta
             return status
         time.sleep(0.1)
     raise AssertionError("no result in time")
+
+
+def wait_for_processes_of(pid: int, timeout: float = 120.0) -> set[int]:
+    """The processes below `pid` once there are some: a supervisor has started its run."""
+    deadline = time.time() + timeout
+    while not (found := proctree.descendants([pid], proctree.snapshot())):
+        assert time.time() < deadline, f"process {pid} never started a process"
+        time.sleep(0.05)
+    return found
+
+
+def running(pid: int) -> bool:
+    """Whether `pid` is alive and not a zombie."""
+    try:
+        return "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
 
 
 def wait_until_stopped(pid: int, timeout: float = 60.0) -> None:
@@ -71,6 +89,10 @@ def test_a_run_reports_its_measurement_and_progress(tmp_path: Path, smoke_prepar
 
 
 def test_a_crash_is_a_result_with_the_error(tmp_path: Path, smoke_prepared) -> None:
+    """A real isolated run (its training and scoring processes import torch): `make test`'s one crash
+    of a train.py through the whole path, from the supervisor's process to the runner's result. The
+    Actions and Modal runners' crash handling is tested on cheaper runs (tests/bot/runners/test_actions.py,
+    tests/runner/test_modal_app.py)."""
     runner = LocalRunner(tmp_path, slots=1)
     runner.submit(Job(run_id=1, asset="raise KeyError('no such knob')\n", profile="smoke", seed=1))
     result = wait_for(runner, 1).result
@@ -91,11 +113,10 @@ def test_submitting_the_same_run_id_twice_starts_one_process(tmp_path: Path, smo
 def test_cancel_stops_the_job(tmp_path: Path, smoke_prepared) -> None:
     runner = LocalRunner(tmp_path, slots=1)
     runner.submit(Job(run_id=2, asset="import time\ntime.sleep(60)\n", profile="smoke", seed=2))
-    time.sleep(1.0)
     pid = int((tmp_path / "2" / "pid").read_text())
-    runner.cancel(2)
-    time.sleep(0.3)
-    assert not Path(f"/proc/{pid}").exists() or "State:\tZ" in Path(f"/proc/{pid}/status").read_text()
+    started = wait_for_processes_of(pid)  # the run's training and scoring processes
+    runner.cancel(2)  # returns once the supervisor has ended its run and been reaped
+    assert not running(pid) and not [child for child in started if running(child)]
     assert not (tmp_path / "2" / "result.json").exists()
     # a cancelled (or Ctrl-C'd) run is lost to whoever asks later, never train.py's crash
     assert LocalRunner(tmp_path).lookup(2).state == "lost"
@@ -106,7 +127,6 @@ def test_a_restarted_runner_finds_its_jobs_from_the_files(tmp_path: Path, smoke_
     """Slow tier: a real run (three processes that import torch) must still run when the runner restarts."""
     first = LocalRunner(tmp_path, slots=1)
     first.submit(Job(run_id=3, asset="import time\ntime.sleep(3)\nraise SystemExit(3)\n", profile="smoke", seed=3))
-    time.sleep(0.5)
     second = LocalRunner(tmp_path, slots=1)  # the conductor restarted: nothing in memory
     assert second.lookup(3).state == "running"
     status = wait_for(second, 3)
