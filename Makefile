@@ -1,6 +1,8 @@
 # The two commands of the README. Each creates or reuses .venv and installs what it needs.
-# `make test` is the fast tier (minutes); `make test-slow` the tests marked slow (pyproject.toml's
-# [tool.pytest.ini_options] says what that means); CI (.ci/run) runs both, the fast tier first.
+# `make test` is the fast tier (minutes), one pytest-xdist worker per core, a test file's tests on one
+# worker (their module fixtures made once); `make test-slow` the tests marked slow (pyproject.toml's
+# [tool.pytest.ini_options] says what that means), one at a time, since most are real runs whose
+# limits a second worker beside them would strain. CI (.ci/run) runs both, the fast tier first.
 PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
@@ -11,7 +13,7 @@ demo: $(STAMP)
 	$(VENV)/bin/autoresearch demo $(ARGS)
 
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest -m "not slow" $(ARGS)
+	$(VENV)/bin/python -m pytest -m "not slow" -n auto --dist loadfile $(ARGS)
 
 test-slow: $(STAMP)
 	$(VENV)/bin/python -m pytest -m slow $(ARGS)
