@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import os
 import queue
 import signal
@@ -38,7 +39,8 @@ from bot.app.settings import load_service_settings
 from bot.core.records import Job, Proposal, ProposalContext, RunStatus
 from bot.github.publisher import CHECK_NAME
 from bot.github.render import find_marker
-from bot.store import Store
+from bot.store import Experiment, Store
+from tests.bot.app.instant_runner import InstantRunner
 
 ROOT = Path(__file__).resolve().parents[3]
 MAIN = with_effect((ROOT / "train.py").read_text(), 0.0, "main")
@@ -533,37 +535,100 @@ def test_a_pull_request_closed_while_the_server_was_down_cancels_its_experiment(
         assert gh.violations == []
 
 
-# --- the real thing on the CPU: local runner, real training, the offline explorer ----------------
+# --- the service on this machine's runner: local_parts, polling -------------------------------------
+
+
+def local_service_settings(tmp_path: Path, api_url: str, **extra: object):
+    """The settings of `autoresearch serve --poll` on the local runner (the default), as an App."""
+    return load_service_settings(
+        repository="octo-org/research",
+        github_app_id=1,
+        github_private_key=app_key()[1],
+        github_api_url=api_url,
+        poll=True,
+        state_dir=tmp_path / "state",
+        profile="smoke",
+        **extra,
+    )
+
+
+def check_one_experiment_shown_once(gh: GitHubStandIn, store: Store) -> Experiment:
+    """The one experiment's verdict as GitHub shows it, whatever it was: one pull request, merged
+    if kept; one check on its head, concluded by the verdict; one decision comment. Returns it."""
+    [exp] = store.experiments.all()
+    assert exp.status in ("keep", "discard", "crash")
+    [pull] = gh.pulls()
+    [check] = [c for c in gh.check_runs(exp.head_sha) if c["name"] == CHECK_NAME]
+    assert check["conclusion"] == {"keep": "success", "discard": "neutral", "crash": "failure"}[exp.status]
+    assert pull["merged"] is (exp.status == "keep")
+    if exp.status == "keep":
+        assert gh.ref("heads/main") == exp.merged_sha
+    decisions = [c for c in gh.comments(pull["number"]) if (find_marker(c["body"]) or ("",))[0] == "decision"]
+    assert len(decisions) == 1
+    ok = [r for r in store.runs.all() if r.status == "ok"]
+    assert ok and all(r.metrics.get("profile") == "smoke" and math.isfinite(r.val_bpb) for r in ok)
+    assert gh.violations == []
+    return exp
+
+
+def test_serve_on_the_local_runner_polls_and_reports_on_github(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The service as `autoresearch serve --poll` builds it on this machine (local_parts: the data
+    prepared, the local runner under the state directory, the configured agent), on runs whose
+    outcome the test chose: the better train.py is kept, and GitHub shows it. The same on real
+    training: the slow test below."""
+    from bot.app.serve import local_parts
+
+    for name in [n for n in os.environ if n.startswith("AUTORESEARCH_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+    prepared: list[tuple] = []
+    monkeypatch.setattr("runner.prepare.prepare", lambda *args, **options: prepared.append((*args, options)))
+    monkeypatch.setattr("bot.runners.local.LocalRunner", InstantRunner)
+    monkeypatch.setattr("runner.identity.measurement_identity", lambda profile, data, threads: dict(IDENTITY))
+    script = tmp_path / "proposals.jsonl"
+    script.write_text(json.dumps({"title": "better", "train_py": with_effect(MAIN, -0.1, "better")}))
+    key, _ = app_key()
+    with GitHubStandIn(
+        tmp_path / "github",
+        files={"train.py": MAIN, "program.md": one_experiment_program()},
+        app_public_key=key.public_key(),
+    ) as gh:
+        settings = local_service_settings(tmp_path, gh.api_url, agent="scripted", agent_script=script)
+        service = Service(settings, make_parts=local_parts, timer_s=0.05)
+        service.start()
+        store = Store(settings.state_dir / "state.db")
+        try:
+            wait_for("the experiment decided and shown", lambda: final(store), tmp_path / "no-log")
+        finally:
+            service.stop()
+        assert check_one_experiment_shown_once(gh, store).status == "keep"
+    assert prepared == [("smoke", None, {"progress": False})]
+    assert isinstance(service.conductor.runner, InstantRunner)
+    made_with = service.conductor.runner.made_with
+    assert made_with == {"root": settings.state_dir / "runs", "slots": settings.slots, "data": None, "warm": True}
+    assert (settings.state_dir / "results.tsv").read_text().count("\n") == 1 + 2  # main's row and the kept one
 
 
 @pytest.mark.slow
 def test_serve_with_the_local_runner_trains_and_reports_on_github(
     tmp_path: Path, smoke_prepared, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Real runs decide this experiment, so only what is sure is asserted: it ends, GitHub shows
-    the verdict it reached, and nothing is shown twice. Slow tier: the service on real training runs
-    of the real train.py (main's baselines and the experiment's) is what is under test."""
+    """The service on real runs of the real train.py, with the offline explorer. Real runs decide
+    this experiment, so only what is sure is asserted: it ends, GitHub shows the verdict it reached,
+    and nothing is shown twice; the outcome on chosen runs: the fast test above. Slow tier: the
+    service on real training runs (main's baselines and the experiment's) is what is under test."""
     from bot.app.serve import local_parts
 
     for name in [n for n in os.environ if n.startswith("AUTORESEARCH_") and n != "AUTORESEARCH_CACHE"]:
         monkeypatch.delenv(name)
     monkeypatch.chdir(tmp_path)
-    key, pem = app_key()
-    train_py = (ROOT / "train.py").read_text()
+    key, _ = app_key()
     with GitHubStandIn(
         tmp_path / "github",
-        files={"train.py": train_py, "program.md": one_experiment_program()},
+        files={"train.py": (ROOT / "train.py").read_text(), "program.md": one_experiment_program()},
         app_public_key=key.public_key(),
     ) as gh:
-        settings = load_service_settings(
-            repository="octo-org/research",
-            github_app_id=1,
-            github_private_key=pem,
-            github_api_url=gh.api_url,
-            poll=True,
-            state_dir=tmp_path / "state",
-            profile="smoke",
-        )
+        settings = local_service_settings(tmp_path, gh.api_url)
         service = Service(settings, make_parts=local_parts, timer_s=0.5)
         service.start()
         store = Store(settings.state_dir / "state.db")
@@ -574,16 +639,7 @@ def test_serve_with_the_local_runner_trains_and_reports_on_github(
             raise AssertionError(f"conductor: {service.status}; events: {recent}") from None
         finally:
             service.stop()
-    exp = store.experiments.all()[0]
-    assert exp.status in ("keep", "discard", "crash")
-    [pull] = gh.pulls()
-    [check] = [c for c in gh.check_runs(exp.head_sha) if c["name"] == CHECK_NAME]
-    assert check["conclusion"] == {"keep": "success", "discard": "neutral", "crash": "failure"}[exp.status]
-    assert pull["merged"] is (exp.status == "keep")
-    if exp.status == "keep":
-        assert gh.ref("heads/main") == exp.merged_sha
-    assert all(r.metrics.get("profile") == "smoke" for r in store.runs.all() if r.status == "ok")
-    assert gh.violations == []
+        check_one_experiment_shown_once(gh, store)
 
 
 def test_the_server_takes_webhooks_while_github_is_unreachable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
