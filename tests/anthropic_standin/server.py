@@ -1,9 +1,9 @@
 """AnthropicStandIn: the Messages API on loopback, answering from a script, for tests that drive
 the real `anthropic` SDK.
 
-It owns the lifecycle (uvicorn in a background thread on a free port), the knobs a test turns
-(the script, the API key, the cache's minimum and its clock), and what a test reads back (every
-request, the violations of the API's rules, the prompt's text).
+It owns the lifecycle (uvicorn in a background thread on a free port: loopback.py), the knobs a
+test turns (the script, the API key, the cache's minimum and its clock), and what a test reads back
+(every request, the violations of the API's rules, the prompt's text).
 
     with AnthropicStandIn([Reply.tool_use("str_replace_based_edit_tool", {...}), Reply.text("Done.")]) as api:
         client = anthropic.Anthropic(api_key=api.api_key, base_url=api.base_url, max_retries=0)
@@ -14,15 +14,12 @@ request, the violations of the API's rules, the prompt's text).
 
 from __future__ import annotations
 
-import asyncio
 import json
-import socket
 import threading
-import time
 from collections.abc import Callable, Iterable
 from typing import Any, Self
 
-import uvicorn
+from loopback import LoopbackServer
 
 from . import app as api
 from .app import RequestRecord
@@ -41,25 +38,6 @@ class FakeClock:
 
     def advance(self, seconds: float) -> None:
         self.now += seconds
-
-
-class _Server(uvicorn.Server):
-    """uvicorn's server, told to exit at once by stop() instead of noticing at its next 0.1 s tick
-    (every test starts and stops one, so the tick would cost a second every ten tests)."""
-
-    _loop: asyncio.AbstractEventLoop | None = None
-
-    async def main_loop(self) -> None:
-        self._exit = asyncio.Event()
-        self._loop = asyncio.get_running_loop()
-        await self.on_tick(0)  # the Date header, as uvicorn's own loop sets it
-        if not self.should_exit:
-            await self._exit.wait()
-
-    def exit_now(self) -> None:
-        self.should_exit = True
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._exit.set)
 
 
 class AnthropicStandIn:
@@ -84,39 +62,19 @@ class AnthropicStandIn:
         self._ids = 0
         self._lock = threading.Lock()
         self._stopping = threading.Event()
-        self._base_url: str | None = None
-        self._server: _Server | None = None
-        self._thread: threading.Thread | None = None
+        self._server: LoopbackServer | None = None
 
     # lifecycle ------------------------------------------------------------------------------
 
     def start(self) -> Self:
-        # proto=IPPROTO_TCP so asyncio sets TCP_NODELAY on each connection (no delayed-ACK waits)
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.bind(("127.0.0.1", 0))
-        self._base_url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        config = uvicorn.Config(
-            api.build(self), log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=2
-        )
-        self._server = _Server(config)
-        self._thread = threading.Thread(
-            target=self._server.run, kwargs={"sockets": [sock]}, name="anthropic-standin-uvicorn", daemon=True
-        )
-        self._thread.start()
-        deadline = time.monotonic() + 10
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("the Anthropic stand-in did not start; see the log above")
-            time.sleep(0.01)
+        self._server = LoopbackServer(name="anthropic-standin-uvicorn")
+        self._server.start(api.build(self))
         return self
 
     def stop(self) -> None:
         self._stopping.set()  # slow replies still being held give up at once
-        if self._server is not None and self._thread is not None:
-            self._server.exit_now()
-            self._thread.join(timeout=10)
+        if self._server is not None:
+            self._server.stop()
 
     def __enter__(self) -> Self:
         return self.start()
@@ -127,9 +85,9 @@ class AnthropicStandIn:
     @property
     def base_url(self) -> str:
         """For anthropic.Anthropic(base_url=...): the SDK appends /v1/messages itself."""
-        if self._base_url is None:
+        if self._server is None:
             raise RuntimeError("start the stand-in first (use it as a context manager)")
-        return self._base_url
+        return self._server.base_url
 
     # knobs ----------------------------------------------------------------------------------
 

@@ -1,7 +1,7 @@
 """GitHubStandIn: a GitHub for one repository, on loopback, for end-to-end tests.
 
-It owns the lifecycle (uvicorn in a background thread on a free port), the knobs a test turns
-(webhook target, faults, the clock), what a test reads back (requests, deliveries, OpenAPI
+It owns the lifecycle (uvicorn in a background thread on a free port: loopback.py), the knobs a
+test turns (webhook target, faults, the clock), what a test reads back (requests, deliveries, OpenAPI
 violations, the state as GitHub's JSON), and the things people do on github.com (comment, review,
 close, reopen, open and close an issue, push a file with git, re-run a check, press a check-run
 button).
@@ -14,17 +14,13 @@ button).
 
 from __future__ import annotations
 
-import asyncio
 import re
-import socket
 import subprocess
 import tempfile
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
-import uvicorn
+from loopback import LoopbackServer
 
 from . import api, openapi
 from . import payloads as P
@@ -45,49 +41,6 @@ APP_PERMISSIONS = {
     "statuses": "write",
 }
 APP_EVENTS = ["check_run", "issue_comment", "pull_request", "pull_request_review", "push"]
-
-
-class _Server(uvicorn.Server):
-    """uvicorn's server, stopped without its fixed waits: uvicorn looks at `should_exit` every
-    0.1 s and then sleeps 0.1 s more before it looks at its connections; `exit_now()` wakes it at
-    once and the shutdown ends as soon as the last connection is closed and the last request
-    answered (or `timeout_graceful_shutdown` has passed, as in uvicorn)."""
-
-    _loop: asyncio.AbstractEventLoop | None = None
-    _woken: asyncio.Event
-
-    def exit_now(self) -> None:
-        self.should_exit = True
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._woken.set)
-
-    async def main_loop(self) -> None:
-        self._woken = asyncio.Event()
-        self._loop = asyncio.get_running_loop()
-        ticks = 0
-        while not await self.on_tick(ticks):  # a tick of 10 refreshes the Date header
-            ticks = (ticks + 10) % 864000
-            try:
-                await asyncio.wait_for(self._woken.wait(), timeout=1.0)
-            except TimeoutError:
-                pass
-
-    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        for server in self.servers:
-            server.close()
-        for sock in sockets or []:
-            sock.close()
-        for connection in list(self.server_state.connections):
-            connection.shutdown()  # an idle keep-alive connection closes now, a busy one after its answer
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.config.timeout_graceful_shutdown
-        while (self.server_state.connections or self.server_state.tasks) and loop.time() < deadline:
-            await asyncio.sleep(0.005)
-        for task in self.server_state.tasks:
-            task.cancel(msg="Task cancelled, timeout graceful shutdown exceeded")
-        for server in self.servers:
-            await server.wait_closed()
-        await self.lifespan.shutdown()
 
 
 class GitHubStandIn:
@@ -143,44 +96,21 @@ class GitHubStandIn:
         self.hookshot = Hookshot(self._check_webhook, ("integration", app_id))
         self.state.sink = self.hookshot.emit
         self.actions = Actions(self.state, self.root, runners=actions_runners)
-        self._server: _Server | None = None
-        self._thread: threading.Thread | None = None
+        self._server: LoopbackServer | None = None
 
     # lifecycle ------------------------------------------------------------------------------
 
     def start(self) -> GitHubStandIn:
-        # proto=IPPROTO_TCP so asyncio sets TCP_NODELAY on each connection; without it every
-        # answer waits out the peer's delayed ACK (40 ms a request on Linux loopback)
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.bind(("127.0.0.1", 0))
-        self.state.base_url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        config = uvicorn.Config(
-            api.build(self.state, self.auth, self.gateway, self.actions),
-            log_level="warning",
-            access_log=False,
-            lifespan="off",
-            timeout_graceful_shutdown=2,
-        )
-        self._server = _Server(config)
-        self._thread = threading.Thread(
-            target=self._server.run, kwargs={"sockets": [sock]}, name="standin-uvicorn", daemon=True
-        )
-        self._thread.start()
-        deadline = time.monotonic() + 10
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("the GitHub stand-in did not start; see the log above")
-            time.sleep(0.01)
+        self._server = LoopbackServer(name="standin-uvicorn")
+        self.state.base_url = self._server.base_url
+        self._server.start(api.build(self.state, self.auth, self.gateway, self.actions))
         return self
 
     def stop(self) -> None:
         self.gateway.stopping.set()
         self.actions.stop()
-        if self._server is not None and self._thread is not None:
-            self._server.exit_now()
-            self._thread.join(timeout=10)
+        if self._server is not None:
+            self._server.stop()
         self.hookshot.close()
 
     def __enter__(self) -> GitHubStandIn:
