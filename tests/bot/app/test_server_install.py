@@ -5,6 +5,7 @@ runner, stops at start naming the runner to choose; and the container's health c
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -24,65 +25,79 @@ class Block:
             raise ImportError('the server must not import ' + name)
 sys.meta_path.insert(0, Block())
 """
-BLOCK = (
+# One interpreter with the training stack blocked checks the three ways a server meets it, in turn:
+# importing the server's modules; settings that send the runs elsewhere; `autoresearch serve` on the
+# local runner (the default), which must stop at start. It prints what it saw as one JSON object.
+SERVER = (
     NO_TRAINING_STACK
     + """
+import contextlib, io, json, os
+seen = {}
 import bot.app.cli, bot.app.serve, bot.app.web, bot.views.dashboard, bot.views.plot, bot.github.forge, bot.github.publisher, bot.github.handlers
 import bot.github.client, bot.github.research_log, bot.agent.claude, bot.agent.choice
-print('ok')
-"""
-)
+seen['imported'] = True
 
-
-def test_the_server_imports_without_the_training_stack() -> None:
-    done = subprocess.run([sys.executable, "-c", BLOCK], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "ok"
-
-
-def test_a_server_without_the_training_stack_sends_its_runs_elsewhere_without_importing_it() -> None:
-    code = (
-        NO_TRAINING_STACK
-        + """
 import bot.runners.actions, bot.runners.modal
 from runner.profiles import harness_hash
 from bot.app.settings import load_service_settings
 settings = load_service_settings(repository='o/r', github_token='t', poll=True, runner='actions',
                                  data_fingerprint='645762e5f242651d')
-print(settings.runner, len(harness_hash()))
+seen['elsewhere'] = [settings.runner, len(harness_hash())]
+
+os.environ.update(json.loads(os.environ.pop('SERVE_ENVIRONMENT')))
+os.chdir(os.environ.pop('SERVE_DIRECTORY'))
+said = io.StringIO()
+with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
+    try:
+        bot.app.cli.app(['serve'], prog_name='autoresearch')
+    except SystemExit as end:
+        seen['serve_exit'] = end.code
+seen['serve_said'] = said.getvalue()
+print(json.dumps(seen))
 """
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=_without_service_settings(),
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split()[0] == "actions"
+)
 
 
-def test_serve_without_the_training_stack_on_the_default_runner_stops_at_start_naming_the_runners(
-    tmp_path: Path,
-) -> None:
-    """The slim container image: `autoresearch serve` on the local runner (the default) exits at once,
-    before any thread or port, with the runners to choose instead."""
-    code = NO_TRAINING_STACK + "from bot.app.cli import app\napp(['serve'], prog_name='autoresearch')\n"
-    env = {
-        **_without_service_settings(),
+@pytest.fixture(scope="module")
+def without_the_training_stack(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """What SERVER saw, run once for the tests below."""
+    serve = {
         "AUTORESEARCH_REPOSITORY": "o/r",
         "AUTORESEARCH_GITHUB_TOKEN": "t",
         "AUTORESEARCH_POLL": "true",
+    }
+    env = {
+        **_without_service_settings(),
         "COLUMNS": "1000",
-        "PYTHONPATH": str(ROOT),
+        "PYTHONPATH": str(ROOT),  # `serve` runs in a directory of its own
+        "SERVE_ENVIRONMENT": json.dumps(serve),
+        "SERVE_DIRECTORY": str(tmp_path_factory.mktemp("serve")),
     }
     done = subprocess.run(
-        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env
+        [sys.executable, "-c", SERVER], cwd=ROOT, capture_output=True, text=True, timeout=120, env=env
     )
-    said = done.stdout + done.stderr
-    assert done.returncode == 2, said
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_the_server_imports_without_the_training_stack(without_the_training_stack: dict) -> None:
+    assert without_the_training_stack["imported"] is True
+
+
+def test_a_server_without_the_training_stack_sends_its_runs_elsewhere_without_importing_it(
+    without_the_training_stack: dict,
+) -> None:
+    runner, harness_hash_length = without_the_training_stack["elsewhere"]
+    assert runner == "actions" and harness_hash_length > 0
+
+
+def test_serve_without_the_training_stack_on_the_default_runner_stops_at_start_naming_the_runners(
+    without_the_training_stack: dict,
+) -> None:
+    """The slim container image: `autoresearch serve` on the local runner (the default) exits at once,
+    before any thread or port, with the runners to choose instead."""
+    said = without_the_training_stack["serve_said"]
+    assert without_the_training_stack["serve_exit"] == 2, said
     assert (
         "AUTORESEARCH_RUNNER: local (the default) trains on this machine, but the training stack is not "
         "installed here" in said
