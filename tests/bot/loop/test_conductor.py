@@ -145,7 +145,19 @@ def test_the_loop_end_to_end_with_the_real_explorer(tmp_path: Path) -> None:
 
 # The kill tests' train.py: what the conductor checks of one (it compiles and uses the harness), and
 # no more, because the fake runner never runs it and every start reads and parses it again
-KILL_TRAIN_PY = "import math\n\nfrom runner import harness\n\nMATRIX_LR = 0.04\nh = harness.session()\n"
+KILL_TRAIN_PY = """
+import math
+
+from runner import harness
+
+MATRIX_LR = 0.04
+h = harness.session()
+batches = h.train_batches(8)
+while not h.time_up():
+    x, y = next(batches)
+    h.step_done(math.log(MATRIX_LR))
+h.finish(None)
+""".lstrip()
 MAIN_FOR_KILLS = with_effect(KILL_TRAIN_PY, 0.0, "main")
 
 

@@ -1,11 +1,15 @@
-"""GPUs never wait for the agent: with a slow model (the real Claude agent on the scripted Messages
-API, answering each turn after a delay), the proposals prepared ahead keep both slots busy; without
-lookahead a slot that frees stays idle until the model answers. No training: the fake runner's
-jobs end when the test says so."""
+"""GPUs never wait for the agent: the proposals prepared ahead keep both slots busy when one frees;
+without lookahead a slot that frees stays idle until the model answers. The model is the real
+Claude agent on the scripted Messages API; whatever its speed, the conductor takes an answer in a
+later tick than the one that asked, so one tick after a slot frees shows whether a proposal was
+ready for it. The tests tick when the conductor is woken (the agent answered, a run finished), as
+the driver does, and never wait on a clock. No training: the fake runner's jobs end when the test
+says so."""
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -19,10 +23,22 @@ from bot.forge.local import init_research_repo
 from bot.loop.conductor import Conductor, ConductorConfig
 from bot.store import Store
 
-ROOT = Path(__file__).resolve().parents[3]
-MAIN = (ROOT / "train.py").read_text()
+# a train.py with what the agent and the conductor check of one (it compiles, uses the harness), and
+# no more: the fake runner never runs it, and the conductor parses it again for every proposal
+MAIN = """
+import math
+
+from runner import harness
+
+MATRIX_LR = 0.04
+h = harness.session()
+batches = h.train_batches(8)
+while not h.time_up():
+    x, y = next(batches)
+    h.step_done(math.log(MATRIX_LR))
+h.finish(None)
+""".lstrip()
 PROGRAM = "---\nautoresearch:\n  first_baseline_runs: 2\n  baseline_runs: 2\n---\n\nLower val_bpb.\n"
-TURN_S = 0.3  # the model's think time per turn; a proposal is two turns
 
 pytestmark = pytest.mark.filterwarnings("ignore:The model .* is deprecated:DeprecationWarning")
 
@@ -40,12 +56,26 @@ def conductor(tmp_path: Path, api: AnthropicStandIn, runner: FakeRunner, lookahe
     )
 
 
-def tick_until(loop: Conductor, done, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not done():
-        assert time.monotonic() < deadline, "the condition was never reached"
-        loop.tick()
-        time.sleep(0.01)
+class Ticker:
+    """Ticks the conductor as the driver would: again as soon as it is woken (the agent answered,
+    the runner finished a job), or after the driver's timer (1 s here) if nothing woke it."""
+
+    def __init__(self, loop: Conductor) -> None:
+        self.loop = loop
+        self.woken = threading.Event()
+        loop.wake_on(self.woken.set)
+
+    def tick(self) -> None:
+        self.woken.clear()
+        self.loop.tick()
+
+    def until(self, done, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not done():
+            assert time.monotonic() < deadline, "the condition was never reached"
+            self.tick()
+            if not done():
+                self.woken.wait(timeout=1.0)
 
 
 def running(loop: Conductor, purpose: str | None = None) -> list:
@@ -60,30 +90,31 @@ def busy_after_each_finish(tmp_path: Path, lookahead: int | None, finishes: int)
     """How many slots run right after each finished candidate run (one tick, no waiting)."""
     runner = FakeRunner(slots=2, auto=False)
     # each proposal: an edit that makes it new (a marked effect for the fake runner), then submit
-    slow_model = edit_then_submit(lambda n: f"_fake_effect = (0.01, {json.dumps(f'p{n}')})", delay_s=TURN_S)
-    with AnthropicStandIn([slow_model] * 40) as api:
+    model = edit_then_submit(lambda n: f"_fake_effect = (0.01, {json.dumps(f'p{n}')})")
+    with AnthropicStandIn([model] * 40) as api:
         loop = conductor(tmp_path, api, runner, lookahead)
         loop.start()
+        ticker = Ticker(loop)
 
         def main_measured() -> bool:
             for run in running(loop, "baseline"):
                 runner.finish(run.id)
             return len([r for r in loop.store.runs.all(state="done") if r.purpose == "baseline"]) >= 2
 
-        tick_until(loop, main_measured)
+        ticker.until(main_measured)
         busy = []
         for _ in range(finishes):
-            tick_until(
-                loop, lambda: len(running(loop, "candidate")) == 2 and (lookahead == 0 or queued_candidates(loop) >= 1)
+            ticker.until(
+                lambda: len(running(loop, "candidate")) == 2 and (lookahead == 0 or queued_candidates(loop) >= 1)
             )
             runner.finish(running(loop, "candidate")[0].id)
-            loop.tick()
+            ticker.tick()
             busy.append(len(running(loop)))
         assert api.violations == []
     return busy
 
 
-def test_with_lookahead_a_slow_model_never_leaves_a_slot_idle(tmp_path: Path) -> None:
+def test_with_lookahead_a_freed_slot_never_waits_for_the_model(tmp_path: Path) -> None:
     assert busy_after_each_finish(tmp_path, None, finishes=3) == [2, 2, 2]
 
 
