@@ -3,17 +3,25 @@ plumbing (hash-object, mktree through a scratch index, commit-tree, update-ref, 
 
 Nothing here knows about HTTP or GitHub's JSON; it answers in plain records. Callers hold the
 state lock, so each call sees a repository nobody else is changing.
+
+A question about objects named only by full shas (a commit's fields, a tree, a diff between two
+commits, their merge base) has one answer forever, since objects never change: the first answer
+git gives is kept and given again without asking git (a pull request's payload asks the same ones
+several times a request). Anything that names a ref, or an abbreviated sha, asks git every time.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 ZERO = "0" * 40
+FULL_SHA = re.compile(r"[0-9a-f]{40}")
 _STATUS = {"A": "added", "D": "removed", "M": "modified", "R": "renamed", "C": "copied", "T": "changed"}
 
 
@@ -66,9 +74,15 @@ class FileChange:
     previous_filename: str | None = None
 
 
+def _fixed(*revs: str | None) -> bool:
+    """Whether every rev is a full sha (or the "a..b" range of two): what they name never changes."""
+    return all(rev is not None and all(FULL_SHA.fullmatch(r) for r in rev.split("..")) for rev in revs)
+
+
 class BareRepo:
     def __init__(self, path: Path):
         self.path = path
+        self._kept: dict[tuple[str, ...], bytes] = {}  # git's answers about full shas, by its arguments
 
     @classmethod
     def create(cls, path: Path, files: dict[str, str | bytes], branch: str, author: Person) -> BareRepo:
@@ -99,9 +113,18 @@ class BareRepo:
             raise GitError(done.stderr.decode(errors="replace").strip() or f"git {args[0]} failed")
         return done.stdout
 
-    def _ok(self, *args: str) -> bool:
+    def _ask(self, fixed: bool, *args: str) -> bytes:
+        """git's answer; when `fixed` (the question names objects only by full sha), asked once and
+        then kept (an error, such as an object not there yet, is not kept)."""
+        if not fixed:
+            return self.git(*args)
+        if args not in self._kept:
+            self._kept[args] = self.git(*args)
+        return self._kept[args]
+
+    def _ok(self, fixed: bool, *args: str) -> bool:
         try:
-            self.git(*args)
+            self._ask(fixed, *args)
             return True
         except GitError:
             return False
@@ -110,7 +133,7 @@ class BareRepo:
 
     def object_type(self, sha: str) -> str | None:
         try:
-            return self.git("cat-file", "-t", sha).decode().strip()
+            return self._ask(_fixed(sha), "cat-file", "-t", sha).decode().strip()
         except GitError:
             return None
 
@@ -133,12 +156,12 @@ class BareRepo:
         return self.git("hash-object", "-w", "--stdin", input=data).decode().strip()
 
     def read_blob(self, sha: str) -> bytes:
-        return self.git("cat-file", "blob", sha)
+        return self._ask(_fixed(sha), "cat-file", "blob", sha)
 
     def tree(self, sha: str, recursive: bool = False) -> list[TreeEntry]:
         args = ["ls-tree", "-l", "-z"] + (["-r", "-t"] if recursive else []) + [sha]
         entries = []
-        for line in self.git(*args).decode().split("\0"):
+        for line in self._ask(_fixed(sha), *args).decode().split("\0"):
             if line:
                 meta, path = line.split("\t", 1)
                 mode, kind, obj, size = meta.split()
@@ -148,8 +171,9 @@ class BareRepo:
     def entry(self, rev: str, path: str) -> TreeEntry | None:
         """The tree entry at `path` in commit `rev` (the root tree for an empty path)."""
         if not path:
-            return TreeEntry("040000", "tree", self.git("rev-parse", f"{rev}^{{tree}}").decode().strip(), None, "")
-        out = self.git("ls-tree", "-l", "-z", rev, "--", path).decode().split("\0")[0]
+            root = self._ask(_fixed(rev), "rev-parse", f"{rev}^{{tree}}").decode().strip()
+            return TreeEntry("040000", "tree", root, None, "")
+        out = self._ask(_fixed(rev), "ls-tree", "-l", "-z", rev, "--", path).decode().split("\0")[0]
         if not out:
             return None
         meta, found = out.split("\t", 1)
@@ -161,8 +185,10 @@ class BareRepo:
         {path, mode, type, sha}; sha None deletes the path; nested paths make subtrees."""
         with tempfile.TemporaryDirectory(dir=self.path) as scratch:
             env = {"GIT_INDEX_FILE": str(Path(scratch) / "index")}
-            self.git("read-tree", *([base] if base else ["--empty"]), env=env)
-            present = [p for p in self.git("ls-files", "-z", env=env).decode().split("\0") if p]
+            present = []  # a new index file is empty: no need to ask git for it
+            if base:
+                self.git("read-tree", base, env=env)
+                present = [p for p in self.git("ls-files", "-z", env=env).decode().split("\0") if p]
             removals, additions, subtrees = set(), [], []
             for e in entries:
                 path = e["path"].strip("/")
@@ -194,7 +220,7 @@ class BareRepo:
         return self.git(*args, input=message.encode(), env=env).decode().strip()
 
     def read_commit(self, sha: str) -> CommitInfo:
-        raw = self.git("cat-file", "commit", sha).decode(errors="replace")
+        raw = self._ask(_fixed(sha), "cat-file", "commit", sha).decode(errors="replace")
         head, _, message = raw.partition("\n\n")
         fields: dict[str, list[str]] = {}
         for line in head.split("\n"):
@@ -226,27 +252,32 @@ class BareRepo:
     # history --------------------------------------------------------------------------------
 
     def is_ancestor(self, a: str, b: str) -> bool:
-        return self._ok("merge-base", "--is-ancestor", a, b)
+        return self._ok(_fixed(a, b), "merge-base", "--is-ancestor", a, b)
 
     def merge_base(self, a: str, b: str) -> str | None:
         try:
-            return self.git("merge-base", a, b).decode().strip()
+            return self._ask(_fixed(a, b), "merge-base", a, b).decode().strip()
         except GitError:
             return None
 
     def rev_list(self, *specs: str) -> list[str]:
         """Commits in the range, oldest first."""
-        return self.git("rev-list", "--reverse", *specs, "--").decode().split()
+        return self._ask(_fixed(*specs), "rev-list", "--reverse", *specs, "--").decode().split()
 
     def mergeable(self, base: str, head: str) -> bool:
         """Whether head merges into base without conflicts (git merge-tree, no work tree)."""
-        return self._ok("merge-tree", "--write-tree", base, head)
+        return self._ok(_fixed(base, head), "merge-tree", "--write-tree", base, head)
+
+    @functools.cached_property
+    def empty_tree(self) -> str:
+        return self.git("hash-object", "-t", "tree", "--stdin", input=b"").decode().strip()
 
     def changes(self, a: str | None, b: str) -> list[FileChange]:
         """Files changed from commit `a` (None: the empty tree) to commit `b`, with line counts
         and the unified-diff hunks GitHub shows as `patch`."""
-        old = a or self.git("hash-object", "-t", "tree", "--stdin", input=b"").decode().strip()
-        raw = self.git("diff-tree", "-r", "-z", "-M", "--raw", "--numstat", old, b).decode().split("\0")
+        old = a or self.empty_tree
+        fixed = _fixed(old, b)
+        raw = self._ask(fixed, "diff-tree", "-r", "-z", "-M", "--raw", "--numstat", old, b).decode().split("\0")
         metas, counts, i = [], {}, 0
         while i < len(raw) and raw[i]:
             item = raw[i]
@@ -265,7 +296,7 @@ class BareRepo:
         out = []
         for status, sha, paths in metas:
             name = paths[-1]
-            patch = self.git("diff-tree", "-p", "-M", old, b, "--", *paths).decode(errors="replace")
+            patch = self._ask(fixed, "diff-tree", "-p", "-M", old, b, "--", *paths).decode(errors="replace")
             hunks = patch[patch.find("\n@@") + 1 :] if "\n@@" in patch else None
             plus, minus = counts.get(name, (0, 0))
             out.append(
