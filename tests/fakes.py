@@ -6,6 +6,7 @@ every path in milliseconds, with results chosen by the test instead of by traini
 - `FileRunner`: the same protocol persisted in a directory, so a conductor killed with SIGKILL and
   started again finds its jobs (for the kill tests, which run the conductor in a child process).
 - `SlowAgent`, `FailingAgent`: agents that block until released, or raise first.
+- `SMALL_TRAIN_PY`: a train.py for the fake runners, which never run it.
 
 The forge in these tests is the real LocalForge (git on disk is fast and real); the agent is the
 real ScriptedAgent wherever a fixed list of proposals will do.
@@ -27,6 +28,27 @@ IDENTITY = {"profile": "smoke", "harness_hash": "harness-1", "data_fingerprint":
 EFFECT = re.compile(r'^_fake_effect = \(([-+0-9.e]+), ".*"\)$', re.M)
 BASE_VAL_BPB = 2.0
 CRASH_MARK = '\n_fake_crash = "boom"\n'  # a train.py holding this line crashes in the fake runners
+
+# A train.py with what the conductor and the agents check of one (it compiles, imports the harness
+# and uses each part of its interface) and two constants to edit, a few lines apart. The fake
+# runners never run it, and the loop parses every train.py it is given: the real one costs tens of
+# milliseconds a proposal.
+SMALL_TRAIN_PY = """
+import math
+
+from runner import harness
+
+MATRIX_LR = 0.04
+DEPTH = 4
+WARMDOWN_RATIO = 0.5
+
+h = harness.session()
+batches = h.train_batches(8)
+while not h.time_up():
+    x, y = next(batches)
+    h.step_done(math.log(MATRIX_LR * DEPTH))
+h.finish(None)
+""".lstrip()
 
 
 def with_effect(text: str, effect: float, tag: str = "") -> str:

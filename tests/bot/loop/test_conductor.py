@@ -18,7 +18,7 @@ from pathlib import Path
 
 import git
 import pytest
-from fakes import CRASH_MARK, IDENTITY, FakeRunner, with_effect
+from fakes import CRASH_MARK, IDENTITY, SMALL_TRAIN_PY, FakeRunner, with_effect
 
 from bot.agent.explorer import OfflineExplorer
 from bot.agent.scripted import ScriptedAgent
@@ -143,22 +143,7 @@ def test_the_loop_end_to_end_with_the_real_explorer(tmp_path: Path) -> None:
     assert [line.split("\t")[3] for line in lines[2:]] == [e.status for e in experiments]
 
 
-# The kill tests' train.py: what the conductor checks of one (it compiles and uses the harness), and
-# no more, because the fake runner never runs it and every start reads and parses it again
-KILL_TRAIN_PY = """
-import math
-
-from runner import harness
-
-MATRIX_LR = 0.04
-h = harness.session()
-batches = h.train_batches(8)
-while not h.time_up():
-    x, y = next(batches)
-    h.step_done(math.log(MATRIX_LR))
-h.finish(None)
-""".lstrip()
-MAIN_FOR_KILLS = with_effect(KILL_TRAIN_PY, 0.0, "main")
+MAIN_FOR_KILLS = with_effect(SMALL_TRAIN_PY, 0.0, "main")
 
 
 class Conductors:
@@ -202,7 +187,7 @@ def conductors() -> Iterator[Conductors]:
 def prepare_kill_workdir(work: Path) -> LocalForge:
     forge = make_workdir(work, MAIN_FOR_KILLS, program(first_baseline_runs=2, baseline_runs=2))
     proposals = [
-        {"title": "Fix MATRIX_LR", "hypothesis": "Far too low.", "train_py": with_effect(KILL_TRAIN_PY, -0.1)},
+        {"title": "Fix MATRIX_LR", "hypothesis": "Far too low.", "train_py": with_effect(SMALL_TRAIN_PY, -0.1)},
         {
             "title": "Crash",
             "hypothesis": "Crashes.",

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from fakes import CRASH_MARK, IDENTITY, FailingAgent, FakeRunner, SlowAgent, result_for, with_effect
+from fakes import CRASH_MARK, IDENTITY, SMALL_TRAIN_PY, FailingAgent, FakeRunner, SlowAgent, result_for, with_effect
 
 from bot.agent.scripted import ScriptedAgent
 from bot.core.protocols import AgentError, ForgeError
@@ -21,8 +21,7 @@ from bot.loop.measurement import WrongProfile
 from bot.loop.runs import MAX_LOST_RUNS
 from bot.store import Store
 
-ROOT = Path(__file__).resolve().parents[3]
-MAIN = with_effect((ROOT / "train.py").read_text(), 0.0, "main")
+MAIN = with_effect(SMALL_TRAIN_PY, 0.0, "main")
 
 
 def program(**settings: object) -> str:

@@ -16,35 +16,20 @@ from pathlib import Path
 import anthropic
 import pytest
 from anthropic_standin import AnthropicStandIn, edit_then_submit
-from fakes import IDENTITY, FakeRunner
+from fakes import IDENTITY, SMALL_TRAIN_PY, FakeRunner
 
 from bot.agent.claude import ClaudeAgent, ClaudeConfig
 from bot.forge.local import init_research_repo
 from bot.loop.conductor import Conductor, ConductorConfig
 from bot.store import Store
 
-# a train.py with what the agent and the conductor check of one (it compiles, uses the harness), and
-# no more: the fake runner never runs it, and the conductor parses it again for every proposal
-MAIN = """
-import math
-
-from runner import harness
-
-MATRIX_LR = 0.04
-h = harness.session()
-batches = h.train_batches(8)
-while not h.time_up():
-    x, y = next(batches)
-    h.step_done(math.log(MATRIX_LR))
-h.finish(None)
-""".lstrip()
 PROGRAM = "---\nautoresearch:\n  first_baseline_runs: 2\n  baseline_runs: 2\n---\n\nLower val_bpb.\n"
 
 pytestmark = pytest.mark.filterwarnings("ignore:The model .* is deprecated:DeprecationWarning")
 
 
 def conductor(tmp_path: Path, api: AnthropicStandIn, runner: FakeRunner, lookahead: int | None) -> Conductor:
-    forge = init_research_repo(tmp_path / "repo", {"train.py": MAIN, "program.md": PROGRAM})
+    forge = init_research_repo(tmp_path / "repo", {"train.py": SMALL_TRAIN_PY, "program.md": PROGRAM})
     client = anthropic.Anthropic(api_key=api.api_key, base_url=api.base_url, max_retries=0, timeout=10)
     agent = ClaudeAgent(ClaudeConfig(), client=client)
     return Conductor(
