@@ -479,11 +479,12 @@ def test_a_server_killed_anywhere_restarts_without_duplicates_and_the_result_lan
         log = tmp_path / "serve.log"
         if kill_at == "mid-run":
             child = serve_forks.start(config, log, hold=f"{HOLD}better")
-            wait_for("a check in progress", lambda: any(c["status"] == "in_progress" for c in gh.check_runs()), log)
-            child.signal(signal.SIGKILL)
         else:
             child = serve_forks.start(config, log, failpoint=kill_at)
         try:
+            if kill_at == "mid-run":
+                wait_for("a check in progress", lambda: any(c["status"] == "in_progress" for c in gh.check_runs()), log)
+                child.signal(signal.SIGKILL)
             assert child.wait(60) == -signal.SIGKILL, log.read_text()[-3000:]
             child = serve_forks.start(config, log)
             store = Store(tmp_path / "state" / "state.db")
@@ -513,8 +514,8 @@ def test_a_pull_request_closed_while_the_server_was_down_cancels_its_experiment(
         app_public_key=key.public_key(),
         collaborators={"alice": "write"},
     ) as gh:
-        train_py = with_effect(MAIN, -0.1, "better")
-        config = child_config(tmp_path, gh, pem, run_seconds=600, train_py=train_py)  # the experiment waits its turn
+        # no run ends, main's neither: the experiment waits its turn
+        config = child_config(tmp_path, gh, pem, run_seconds=600, train_py=with_effect(MAIN, -0.1, "better"))
         log = tmp_path / "serve.log"
         child = serve_forks.start(config, log)
         try:
