@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from fakes import IDENTITY, FakeRunner, with_effect
+from fakes import IDENTITY, SMALL_TRAIN_PY, FakeRunner, with_effect
 
 from bot.agent.scripted import ScriptedAgent
 from bot.core.protocols import Publisher, Snapshot
@@ -16,8 +16,7 @@ from bot.loop.conductor import Conductor, ConductorConfig
 from bot.store import Store
 from bot.views.results import ResultsFile, export_tsv
 
-ROOT = Path(__file__).resolve().parents[3]
-MAIN = with_effect((ROOT / "train.py").read_text(), 0.0, "main")
+MAIN = with_effect(SMALL_TRAIN_PY, 0.0, "main")
 PROGRAM = "---\nautoresearch:\n  first_baseline_runs: 2\n  baseline_runs: 2\n---\n\nLower val_bpb.\n"
 
 
