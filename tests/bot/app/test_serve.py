@@ -664,6 +664,7 @@ def test_the_server_takes_webhooks_while_github_is_unreachable(tmp_path: Path, m
         settings,
         make_parts=lambda s, c: Parts(FakeRunner(), RecordingAgent([]), dict(IDENTITY)),
         connect_backoff_s=(0.05, 0.2),
+        sleep=lambda seconds: None,  # the client's backoff between its tries, not slept
     )
     service.start()
     try:
@@ -700,7 +701,7 @@ def test_the_server_takes_webhooks_while_github_is_unreachable(tmp_path: Path, m
         assert health["conductor"] in ("starting", "waiting_for_github")  # not stopped: the work waits
         assert [e.kind for e in Store(settings.state_dir / "state.db").inbox.all()] == ["github"]  # the work waits
     finally:
-        service.stop(timeout=2)  # the thread ends after the client's current round of retries
+        service.stop(timeout=5)
 
 
 # --- what /healthz and the log tell a stranger and an operator -----------------------------------
