@@ -502,8 +502,9 @@ def test_the_stream_starts_with_the_whole_state(client: TestClient):
     assert name == "state" and [e["id"] for e in state["experiments"]] == [1, 2, 3, 4]
 
 
-def test_the_stream_sends_progress_then_a_new_state_through_uvicorn(seeded, tmp_path: Path):
+def test_the_stream_sends_progress_then_a_new_state_through_uvicorn(seeded, tmp_path: Path, monkeypatch):
     store, run_id = seeded
+    monkeypatch.setattr(dashboard_stream, "CHECK_S", 0.05)  # each change is seen within a tick, not a second
     server = serve_in_thread(dashboard_app(store_path=store.path, token=TOKEN))
     try:
         with httpx.stream("GET", server.url + "api/stream", params={"token": TOKEN}, timeout=10) as answer:
@@ -527,9 +528,11 @@ PHONE = {"width": 412, "height": 915, "deviceScaleFactor": 1, "mobile": True}
 
 
 @pytest.fixture
-def served(seeded):
-    """The dashboard, with a token, on a free loopback port (stopped after the browser has quit)."""
+def served(seeded, monkeypatch):
+    """The dashboard, with a token, on a free loopback port (stopped after the browser has quit);
+    its stream looks at the store every 0.05 s instead of every second."""
     store, _ = seeded
+    monkeypatch.setattr(dashboard_stream, "CHECK_S", 0.05)
     server = serve_in_thread(dashboard_app(store_path=store.path, token=TOKEN))
     yield server
     server.stop()

@@ -199,7 +199,7 @@ def many(store: Store, n: int, seed: int = 0) -> None:
                 finished(store, f"try {i}", "discard", main + rng.uniform(0.0, 0.05), run=False)
 
 
-def test_a_thousand_experiments_get_at_most_thirty_labels(store: Store, tmp_path: Path):
+def test_a_thousand_experiments_get_at_most_thirty_labels(store: Store):
     many(store, 1000)
     data = plot.chart_data(view_of(store))
     assert data.experiments == 1000 and data.crashed == 50 and data.kept == 50
@@ -207,7 +207,14 @@ def test_a_thousand_experiments_get_at_most_thirty_labels(store: Store, tmp_path
     assert len(data.best_steps) == 1 + 50
     labelled = [p for p in data.points if p.label]
     assert len(labelled) == plot.MAX_LABELS and all(p.status == "keep" for p in labelled)
-    plot.write_chart(store, tmp_path / "big.png")
+
+
+def test_a_crowded_chart_is_drawn(store: Store, tmp_path: Path):
+    """Past 200 points the discarded ones are drawn smaller; 250 experiments are enough for that
+    (drawing a thousand costs seconds and shows nothing more)."""
+    many(store, 250)
+    data = plot.write_chart(store, tmp_path / "big.png")
+    assert len(data.points) > 200
     assert (tmp_path / "big.png").read_bytes().startswith(PNG_SIGNATURE)
 
 
