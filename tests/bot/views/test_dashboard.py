@@ -363,7 +363,8 @@ def test_only_get_routes_and_the_store_is_never_written(client: TestClient, seed
 
 
 def _big_store(path: Path, experiments: int) -> None:
-    """`experiments` finished experiments with three runs each, written in one transaction."""
+    """`experiments` finished experiments with three runs each, written in one transaction (small
+    train.py and assets: what is counted here is queries, not bytes)."""
     store = Store(path)
     now = time.time()
     with store.transaction() as db:
@@ -371,7 +372,7 @@ def _big_store(path: Path, experiments: int) -> None:
             "INSERT INTO runs(experiment_id, purpose, code_hash, commit_sha, base_sha, asset, profile,"
             " seed, state, status, val_bpb, metrics, queued_at) VALUES (NULL, 'baseline', 'A', ?, ?, ?,"
             " 'cpu', 0, 'done', 'ok', ?, '{}', ?)",
-            [(MAIN_A, MAIN_A, "x" * 20_000, 1.0 + i / 1000, now) for i in range(6)],
+            [(MAIN_A, MAIN_A, "print()\n", 1.0 + i / 1000, now) for i in range(6)],
         )
         for i in range(1, experiments + 1):
             status = ("keep", "discard", "discard", "crash")[i % 4]
@@ -385,7 +386,7 @@ def _big_store(path: Path, experiments: int) -> None:
                     f"experiment {i}",
                     f"autoresearch/{i}-x",
                     f"E{i}",
-                    "x" * 20_000,
+                    "print()\n",
                     MAIN_A,
                     "e" * 40,
                     1.0 - i / 10_000,
@@ -398,30 +399,28 @@ def _big_store(path: Path, experiments: int) -> None:
                 "INSERT INTO runs(experiment_id, purpose, code_hash, commit_sha, base_sha, asset, profile,"
                 " seed, state, status, val_bpb, metrics, queued_at) VALUES (?, 'candidate', ?, ?, ?, ?,"
                 " 'cpu', 0, 'done', 'ok', ?, '{\"num_steps\": 100}', ?)",
-                [(i, f"E{i}", "e" * 40, MAIN_A, "x" * 20_000, 1.0 - i / 10_000, now)] * 3,
+                [(i, f"E{i}", "e" * 40, MAIN_A, "print()\n", 1.0 - i / 10_000, now)] * 3,
             )
             db.execute("INSERT INTO events(at, experiment_id, kind, message) VALUES (?, ?, 'done', 'm')", (now, i))
     store.close()
 
 
-def _selects(path: Path) -> tuple[int, float, dict]:
+def _selects(path: Path) -> tuple[int, dict]:
     readers = ReadPool(path)
     statements: list[str] = []
     with readers.snapshot() as db:
         db.set_trace_callback(statements.append)
-        started = time.perf_counter()
         state = build_state(db, links=lambda exp, shown: {"diff": "https://example.com/" + str(exp.id)})
-        took = time.perf_counter() - started
         db.set_trace_callback(None)
     readers.close_all()
-    return sum(s.lstrip().upper().startswith("SELECT") for s in statements), took, state
+    return sum(s.lstrip().upper().startswith("SELECT") for s in statements), state
 
 
 def test_a_thousand_experiments_take_the_same_few_queries(tmp_path: Path):
     _big_store(tmp_path / "small.db", 3)
     _big_store(tmp_path / "big.db", 1000)
-    small, _, _ = _selects(tmp_path / "small.db")
-    big, _, state = _selects(tmp_path / "big.db")
+    small, _ = _selects(tmp_path / "small.db")
+    big, state = _selects(tmp_path / "big.db")
     assert small == big <= 8  # no query per experiment: one per table, and one per setting of the loop's state
     assert len(state["experiments"]) == 1000 and len(state["chart"]["points"]) == 1 + 750
     # its time is a benchmark's question (docs/benchmarks.md), not a test's: machines here are shared
