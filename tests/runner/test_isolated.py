@@ -272,7 +272,10 @@ def test_an_honest_run_is_scored_outside_the_sandbox(attacked: Attacked, smoke_p
 
 
 def test_a_fake_summary_block_is_not_read(attacked: Attacked) -> None:
-    assert "val_bpb:          0.100000" in attacked.log
+    assert "(train.py printed) val_bpb:          0.100000" in attacked.log  # marked as train.py's own words
+    assert [line for line in attacked.log.splitlines() if line.startswith("val_bpb:")] == [
+        f"val_bpb:          {attacked.result.val_bpb:.6f}"
+    ], "the only unmarked val_bpb line is the scorer's"
     assert attacked.result.status == "ok" and attacked.result.val_bpb > HONEST_FLOOR, attacked.result.error
 
 
