@@ -137,7 +137,8 @@ def test_train_prints_the_scorers_number_once_and_where_the_result_is(
 
 class CrashingRun:
     """runner.isolated.run_job for `train` where the CLI's own output is under test: train.py says a
-    line, then the run is the crash of a broken train.py (the real one: tests/runner/test_isolated.py)."""
+    line, then the run is the crash of a broken train.py (the real one:
+    tests/bot/runners/test_local.py::test_a_crash_is_a_result_with_the_error)."""
 
     def __call__(self, job, out: Path, *, on_line, **options):
         from runner.protocol import Hashes, ResultSpec, RunnerIdentity
