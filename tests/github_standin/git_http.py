@@ -89,6 +89,7 @@ def _push(st: State, env: dict[str, str], data: bytes, login: str) -> bytes:
     with st.lock:
         before = st.repo.refs()
         output = _cgi(env, data)
+        st.repo.refs_moved()
         st.pushed(before, login)
         return output
 

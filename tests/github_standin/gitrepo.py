@@ -8,6 +8,8 @@ A question about objects named only by full shas (a commit's fields, a tree, a d
 commits, their merge base) has one answer forever, since objects never change: the first answer
 git gives is kept and given again without asking git (a pull request's payload asks the same ones
 several times a request). Anything that names a ref, or an abbreviated sha, asks git every time.
+The refs themselves are read once and kept until they move: by set_ref or delete_ref here, or by a
+push through git-http-backend, whose caller says so (refs_moved).
 """
 
 from __future__ import annotations
@@ -83,6 +85,7 @@ class BareRepo:
     def __init__(self, path: Path):
         self.path = path
         self._kept: dict[tuple[str, ...], bytes] = {}  # git's answers about full shas, by its arguments
+        self._refs: dict[str, str] | None = None  # every ref's sha, as git last listed them
 
     @classmethod
     def create(cls, path: Path, files: dict[str, str | bytes], branch: str, author: Person) -> BareRepo:
@@ -239,15 +242,27 @@ class BareRepo:
     # refs -----------------------------------------------------------------------------------
 
     def refs(self) -> dict[str, str]:
-        out = self.git("for-each-ref", "--format=%(refname) %(objectname)", "refs/").decode()
-        return dict(line.split(" ", 1) for line in out.splitlines() if line)
+        if self._refs is None:
+            out = self.git("for-each-ref", "--format=%(refname) %(objectname)", "refs/").decode()
+            self._refs = dict(line.split(" ", 1) for line in out.splitlines() if line)
+        return dict(self._refs)
+
+    def refs_moved(self) -> None:
+        """Another git process (git-http-backend taking a push) may have moved refs: list them again."""
+        self._refs = None
 
     def set_ref(self, name: str, new: str, old: str) -> None:
         """Move `name` from `old` (ZERO: must not exist yet) to `new`, atomically."""
-        self.git("update-ref", name, new, old)
+        try:
+            self.git("update-ref", name, new, old)
+        finally:
+            self._refs = None
 
     def delete_ref(self, name: str, old: str) -> None:
-        self.git("update-ref", "-d", name, old)
+        try:
+            self.git("update-ref", "-d", name, old)
+        finally:
+            self._refs = None
 
     # history --------------------------------------------------------------------------------
 
