@@ -6,7 +6,7 @@ imports each time.
 Run as `python conductor_forks.py TESTS_DIR` from the project's root. Each line on stdin is a JSON
 request {"work": dir, "failpoint": name or null}; the forked child runs the loop in `work` through
 the driver (a ScriptedAgent over work/proposals.jsonl, a FileRunner over work/runs, at most two
-experiments), writes its summary to work/summary.json and its stderr to work/conductor.err. The
+experiments), writes its summary to work/summary.json and its output to work/conductor.err. The
 answer, one JSON line on stdout, is the child's return code as subprocess gives it (-9 when the
 failpoint killed it).
 """
@@ -55,8 +55,9 @@ def child(work: Path, failpoint: str | None) -> None:
     """The forked conductor process: never returns."""
     code = 1
     try:
-        err = os.open(work / "conductor.err", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-        os.dup2(err, 2)
+        output = os.open(work / "conductor.err", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(output, 1)  # stdout too: the answers to the test are the server's alone
+        os.dup2(output, 2)
         os.environ.pop("AUTORESEARCH_FAILPOINT", None)
         if failpoint:
             os.environ["AUTORESEARCH_FAILPOINT"] = failpoint
@@ -65,6 +66,7 @@ def child(work: Path, failpoint: str | None) -> None:
     except BaseException:
         traceback.print_exc()
     finally:
+        sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
 

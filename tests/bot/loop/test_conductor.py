@@ -150,17 +150,20 @@ class Conductors:
     """Starts conductor processes on a work directory through conductor_forks.py: one interpreter
     that imported the conductor once and forks a fresh process for each start."""
 
-    def __init__(self) -> None:
+    def __init__(self, errors: Path) -> None:
         env = dict(os.environ)
         env.pop("AUTORESEARCH_FAILPOINT", None)
-        self.server = subprocess.Popen(
-            [sys.executable, str(Path(__file__).with_name("conductor_forks.py")), str(TESTS)],
-            env=env,
-            cwd=ROOT,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
+        self.errors = errors
+        with errors.open("w") as stderr:
+            self.server = subprocess.Popen(
+                [sys.executable, str(Path(__file__).with_name("conductor_forks.py")), str(TESTS)],
+                env=env,
+                cwd=ROOT,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                text=True,
+            )
 
     def run(self, work: Path, failpoint: str | None = None) -> int:
         """Run a conductor on `work` until it ends (or its failpoint kills it); its return code."""
@@ -169,17 +172,17 @@ class Conductors:
         self.server.stdin.flush()
         ready, _, _ = select.select([self.server.stdout], [], [], 120)
         assert ready, f"the conductor on {work} did not end within 120 s: see {work / 'conductor.err'}"
-        return json.loads(self.server.stdout.readline())["returncode"]
+        answer = self.server.stdout.readline()
+        assert answer, f"conductor_forks.py ended: {self.errors.read_text()[-3000:]}"
+        return json.loads(answer)["returncode"]
 
     def close(self) -> None:
-        assert self.server.stdin
-        self.server.stdin.close()
-        self.server.wait(timeout=60)
+        self.server.communicate(timeout=60)  # the end of its input ends the server
 
 
 @pytest.fixture(scope="module")
-def conductors() -> Iterator[Conductors]:
-    started = Conductors()
+def conductors(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Conductors]:
+    started = Conductors(tmp_path_factory.mktemp("conductors") / "server.err")
     yield started
     started.close()
 
