@@ -104,7 +104,7 @@ class Baseline:
 
     # --- what the runs measured ------------------------------------------------------------------
     def values(self) -> list[tuple[str, int | None, str, float]]:
-        """(code, experiment, purpose, val_bpb) of every run that counts, in run order: those
+        """(code_hash, experiment, purpose, val_bpb) of every run that counts, in run order: those
         measurement.counted would pick, selected by the store's query."""
         if self._values is None:
             ident = self.identity
@@ -120,9 +120,9 @@ class Baseline:
         """A run's result was recorded: the values are read again when next asked for."""
         self._values = None
 
-    def main_values(self, code: str) -> list[float]:
-        """Main's val_bpb values for the train.py `code`: its own baseline runs only."""
-        return measurement.main_values(self.values(), code)
+    def main_values(self, code_hash: str) -> list[float]:
+        """Main's val_bpb values for the train.py whose hash is `code_hash`: its own baseline runs only."""
+        return measurement.main_values(self.values(), code_hash)
 
     def noise(self) -> Noise | None:
         return measurement.noise(self.values())
@@ -177,14 +177,14 @@ class Baseline:
             self.store.events.add(None, "blocked", message)
             log.error("%s", message)
 
-    def note_remeasured_delta(self, code: str, main: Main) -> None:
-        """Once a kept experiment's new main (train.py `code`) has its fresh baseline, record the
+    def note_remeasured_delta(self, code_hash: str, main: Main) -> None:
+        """Once a kept experiment's new main (the train.py whose hash is `code_hash`) has its fresh baseline, record the
         unselected delta: that baseline against the old main's."""
-        values = self.main_values(code)
+        values = self.main_values(code_hash)
         if len(values) < main.settings.baseline_runs:
             return
         for exp in self.store.experiments.in_state(State.DONE):
-            if exp.status == Status.KEEP and exp.code_hash == code and exp.remeasured_delta is None:
+            if exp.status == Status.KEEP and exp.code_hash == code_hash and exp.remeasured_delta is None:
                 old = self.main_values(exp.meta.get("main_code", ""))
                 if old:
                     delta = statistics.fmean(values) - statistics.fmean(old)

@@ -96,10 +96,11 @@ R = TypeVar("R", bound=MeasuredRun)
 
 
 class Value(NamedTuple):
-    """One counted run's val_bpb: the code it measured, its experiment (None for a run of main) and
-    why it ran (`baseline` for main's own runs). store.runs.measured_values gives the same tuples."""
+    """One counted run's val_bpb: the code_hash of the train.py it measured, its experiment (None for a
+    run of main) and why it ran (`baseline` for main's own runs). store.runs.measured_values gives the
+    same tuples."""
 
-    code: str
+    code_hash: str
     experiment: int | None
     purpose: str
     val_bpb: float
@@ -134,27 +135,27 @@ def counted(runs: Iterable[MeasuredRun], identity: dict[str, Any]) -> list[Value
     return [Value(r.code_hash, r.experiment_id, r.purpose, r.val_bpb) for r in counted_runs(runs, identity)]
 
 
-def main_values(values: Iterable[tuple[str, int | None, str, float]], code: str) -> list[float]:
-    """Main's val_bpb values for the train.py `code`: its own baseline runs only, those queued
+def main_values(values: Iterable[tuple[str, int | None, str, float]], code_hash: str) -> list[float]:
+    """Main's val_bpb values for the train.py whose hash is `code_hash`: its own baseline runs only, those queued
     beside a confirmation included (a kept experiment's runs never count: they were selected)."""
-    return [v for c, _, purpose, v in values if c == code and purpose == "baseline"]
+    return [v for c, _, purpose, v in values if c == code_hash and purpose == "baseline"]
 
 
-def main_value(values: Iterable[tuple[str, int | None, str, float]], code: str) -> float | None:
+def main_value(values: Iterable[tuple[str, int | None, str, float]], code_hash: str) -> float | None:
     """Main's val_bpb as the judge compares against it now: the mean of `main_values`."""
-    own = main_values(values, code)
+    own = main_values(values, code_hash)
     return statistics.fmean(own) if own else None
 
 
 def first_main(values: Iterable[tuple[str, int | None, str, float]]) -> str | None:
-    """The code of the first main measured under the pinned identity: the loop's baseline."""
+    """The code_hash of the first main measured under the pinned identity: the loop's baseline."""
     return next((c for c, _, purpose, _ in values if purpose == "baseline"), None)
 
 
-def is_first_main(values: Iterable[tuple[str, int | None, str, float]], code: str) -> bool:
-    """Whether `code` is the first main measured under the pinned identity (no other code has a
+def is_first_main(values: Iterable[tuple[str, int | None, str, float]], code_hash: str) -> bool:
+    """Whether `code_hash` is the first main measured under the pinned identity (no other code has a
     baseline run that counts), so the noise will rest on its runs alone (judge.main_runs_wanted)."""
-    return not any(c != code for c, _, purpose, _ in values if purpose == "baseline")
+    return not any(c != code_hash for c, _, purpose, _ in values if purpose == "baseline")
 
 
 def noise(values: Iterable[tuple[str, int | None, str, float]]) -> Noise | None:
@@ -162,15 +163,17 @@ def noise(values: Iterable[tuple[str, int | None, str, float]]) -> Noise | None:
     runs, each experiment's runs. A kept experiment's runs stay apart from its new main's runs:
     they were selected for coming out low."""
     groups: dict[tuple[str, int | None], list[float]] = {}
-    for code, experiment, purpose, value in values:
-        groups.setdefault((code, None if purpose == "baseline" else experiment), []).append(value)
+    for code_hash, experiment, purpose, value in values:
+        groups.setdefault((code_hash, None if purpose == "baseline" else experiment), []).append(value)
     return pooled_noise(groups.values())
 
 
-def main_margin(values: Sequence[tuple[str, int | None, str, float]], code: str, config: JudgeConfig) -> float | None:
-    """The noise margin now: the improvement one candidate run must show against main's runs of
-    `code`; None while main has no run or the noise is not known."""
-    own = main_values(values, code)
+def main_margin(
+    values: Sequence[tuple[str, int | None, str, float]], code_hash: str, config: JudgeConfig
+) -> float | None:
+    """The noise margin now: the improvement one candidate run must show against main's runs of the
+    train.py whose hash is `code_hash`; None while main has no run or the noise is not known."""
+    own = main_values(values, code_hash)
     found = noise(values)
     return margin(found, 1, len(own), config) if found and own else None
 
