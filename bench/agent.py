@@ -69,7 +69,7 @@ def context(n_history: int) -> ProposalContext:
     ]
     return ProposalContext(
         program_md=PROGRAM,
-        train_py=MAIN,
+        asset=MAIN,
         main_val_bpb=1.01,
         history=history,
         feedback=["alice on #12: try a longer warmdown", "bob asks to try next: a deeper model"],

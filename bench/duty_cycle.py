@@ -244,7 +244,7 @@ class SimAgent:
         self.count += 1
         gain = self.rng.random() < self.keep_share
         effect = -8 * self.sigma if gain else self.rng.uniform(0.0, 2 * self.sigma)
-        lines = ctx.train_py.splitlines(keepends=True)
+        lines = ctx.asset.splitlines(keepends=True)
         # after a different top-level blank line each time: changes made on the same main merge
         # cleanly when one of them is kept first (all at the end of the file, they would conflict)
         spots = [i for i in range(len(lines) - 1) if not lines[i].strip() and lines[i + 1][:1] not in " \t\n#"]

@@ -42,7 +42,7 @@ from bot.agent.editor import (
     Submission,
     ToolResult,
     Workspace,
-    check_train_py,
+    check_asset,
     editor_tool,
     parse_submit,
 )
@@ -69,7 +69,7 @@ class ClaudeConfig:
     temperature: float = 1.0
     timeout_s: float = 120.0  # one request
     max_retries: int = 4  # the SDK's retries (429, 529, 5xx, connection errors), with its backoff and jitter
-    max_train_py_bytes: int = 200_000
+    max_asset_bytes: int = 200_000
     prices: pricing.Prices | None = None  # None: the list prices of the model's family
     base_url: str | None = None  # tests and proxies
 
@@ -118,7 +118,7 @@ class _Session:
         self.client = agent.client
         self.tools = agent.tools
         self.ctx = ctx
-        self.workspace = Workspace(ctx.train_py, ctx.program_md)
+        self.workspace = Workspace(ctx.asset, ctx.program_md)
         self.system = [{"type": "text", "text": system_prompt(), "cache_control": dict(EPHEMERAL)}]
         self.messages: list[dict[str, Any]] = []
         self.usage = {key: 0 for key in pricing.USAGE_FIELDS}
@@ -248,8 +248,8 @@ class _Session:
             self.last_error = parsed.error
             return parsed
         self.last_error = None
-        text = self.workspace.train_py
-        problem = check_train_py(text, main_train_py=self.ctx.train_py, max_bytes=self.config.max_train_py_bytes)
+        text = self.workspace.asset
+        problem = check_asset(text, main_asset=self.ctx.asset, max_bytes=self.config.max_asset_bytes)
         if problem is None and code_hash(text) in self.ctx.seen_hashes:
             earlier = next((e for e in reversed(self.ctx.history) if e.code_hash == code_hash(text)), None)
             which = f"experiment #{earlier.id} ({earlier.title!r})" if earlier else "an earlier experiment"
@@ -268,7 +268,7 @@ class _Session:
         if sub.fixes_crash and self.ctx.last_crash_id is not None:
             meta["fixes"] = self.ctx.last_crash_id
         log.info("claude: proposal %r after %d turns, $%.4f", sub.title, self.turns, meta["cost_usd"])
-        return Proposal(title=sub.title, hypothesis=sub.hypothesis, train_py=text, meta=meta)
+        return Proposal(title=sub.title, hypothesis=sub.hypothesis, asset=text, meta=meta)
 
     # --- the API -----------------------------------------------------------------------------------
     def _send(self, content: list[dict[str, Any]]) -> None:

@@ -9,7 +9,7 @@ the Claude agent returns the message to the model once and gives up on the secon
 same kind in a row (bot.agent.claude).
 
 The tool definitions follow Anthropic's text editor tool (commands view, str_replace, insert,
-create and undo_edit); `submit` is our own. `check_train_py` is what a submitted train.py must pass.
+create and undo_edit); `submit` is our own. `check_asset` is what a submitted train.py must pass.
 """
 
 from __future__ import annotations
@@ -190,9 +190,9 @@ def missing_harness_uses(text: str) -> list[str]:
     return missing + [f"h.{name}" for name in HARNESS_USES if name not in used]
 
 
-def check_train_py(text: str, *, main_train_py: str, max_bytes: int) -> tuple[str, str] | None:
+def check_asset(text: str, *, main_asset: str, max_bytes: int) -> tuple[str, str] | None:
     """Why a submitted train.py cannot be an experiment, as (kind, message for the model); None if it can."""
-    if code_hash(text) == code_hash(main_train_py):
+    if code_hash(text) == code_hash(main_asset):
         return ("unchanged", "train.py is identical to main's: there is nothing to measure. Edit it, then submit.")
     size = len(text.encode("utf-8"))
     if size > max_bytes:
@@ -221,12 +221,12 @@ def check_train_py(text: str, *, main_train_py: str, max_bytes: int) -> tuple[st
 class Workspace:
     """train.py, program.md and harness.md in memory; only train.py can change."""
 
-    def __init__(self, train_py: str, program_md: str, harness_md: str = HARNESS_SUMMARY) -> None:
-        self.files = {TRAIN_PY: train_py, PROGRAM_MD: program_md, HARNESS_MD: harness_md}
+    def __init__(self, asset: str, program_md: str, harness_md: str = HARNESS_SUMMARY) -> None:
+        self.files = {TRAIN_PY: asset, PROGRAM_MD: program_md, HARNESS_MD: harness_md}
         self._undo: list[str] = []
 
     @property
-    def train_py(self) -> str:
+    def asset(self) -> str:
         return self.files[TRAIN_PY]
 
     def run(self, arguments: Any) -> ToolResult:

@@ -89,7 +89,7 @@ class OfflineExplorer:
     # The public entry point --------------------------------------------------------------------
 
     def propose(self, ctx: ProposalContext) -> Proposal:
-        consts = find_constants(ctx.train_py)
+        consts = find_constants(ctx.asset)
         knobs = [k for k in KNOBS if live(k, ctx.device_kind) and k.name in consts and usable(k, consts[k.name].value)]
         if not knobs:
             raise AgentStopped("explorer found no tunable constant in train.py. " + _block_help(ctx.device_kind))
@@ -103,13 +103,13 @@ class OfflineExplorer:
                 f"Set {total_name} to a multiple of {device_name} * {seq_len} on main first."
             )
 
-        main_hash = code_hash(ctx.train_py)
+        main_hash = code_hash(ctx.asset)
         rng = random.Random(self._rng_seed(ctx, main_hash))
         arms: dict[tuple[str, int], Arm] = {}
         for k in knobs:
             for d in (1, -1):
                 arms[(k.name, d)] = Arm(knob=k, const=consts[k.name], direction=d, jitter=rng.random() * JITTER)
-        shape = skeleton(ctx.train_py)
+        shape = skeleton(ctx.asset)
         learn(arms, ctx.history, shape)
         apply_feedback(arms, ctx.feedback, ctx.history)
         ranked = sorted(arms.values(), key=lambda a: (-a.score, a.knob.name, -a.direction))
@@ -146,7 +146,7 @@ class OfflineExplorer:
                     body += (
                         " Nothing else changes, so any difference in val_bpb can be attributed to this one constant."
                     )
-                return Proposal(title=title, hypothesis=body, train_py=text, meta=meta)
+                return Proposal(title=title, hypothesis=body, asset=text, meta=meta)
 
         raise AgentStopped(
             f"explorer exhausted: all {tried} nearby edits of the tunable constants "
@@ -195,9 +195,9 @@ class OfflineExplorer:
                 )
         if not batch_splits(values, ctx.device_kind, seq_len):
             return None
-        text = apply_edits(ctx.train_py, edits)
+        text = apply_edits(ctx.asset, edits)
         h = code_hash(text)
-        if h == code_hash(ctx.train_py) or h in ctx.seen_hashes or not compiles(text):
+        if h == code_hash(ctx.asset) or h in ctx.seen_hashes or not compiles(text):
             return None
         return text, sources, followed
 
@@ -253,5 +253,5 @@ class OfflineExplorer:
                     "skeleton": shape,
                     "explorer": {"seed": self.seed, "arms": [self._explain(a), self._explain(b)]},
                 }
-                return Proposal(title=title, hypothesis=body, train_py=text, meta=meta)
+                return Proposal(title=title, hypothesis=body, asset=text, meta=meta)
         return None

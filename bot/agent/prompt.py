@@ -74,7 +74,7 @@ def context_blocks(ctx: ProposalContext) -> list[dict[str, Any]]:
     stable = (
         f"# {PROGRAM_MD}: the research program\n\n{ctx.program_md.strip()}\n\n"
         f"# {TRAIN_PY} on main{f' (commit {ctx.main_sha[:12]})' if ctx.main_sha else ''}: "
-        f"also at {ROOT}/{TRAIN_PY}\n\n```python\n{ctx.train_py.rstrip()}\n```\n"
+        f"also at {ROOT}/{TRAIN_PY}\n\n```python\n{ctx.asset.rstrip()}\n```\n"
     )
     return [
         {"type": "text", "text": stable, "cache_control": dict(EPHEMERAL)},
@@ -100,7 +100,7 @@ def _now(ctx: ProposalContext) -> str:
     )
     live = (
         "; train.py's CPU_* size constants are the live ones"
-        if ctx.device_kind == "cpu" and "CPU_" in ctx.train_py
+        if ctx.device_kind == "cpu" and "CPU_" in ctx.asset
         else ""
     )
     return f"# Now\nProfile {ctx.profile} on {ctx.device_kind}{live}; {bpb}."

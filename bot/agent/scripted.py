@@ -29,7 +29,7 @@ class ScriptedAgent:
                     Proposal(
                         title=item["title"],
                         hypothesis=item.get("hypothesis", ""),
-                        train_py=item["train_py"],
+                        asset=item["train_py"],
                         meta=item.get("meta", {}),
                     )
                 )
@@ -41,6 +41,6 @@ class ScriptedAgent:
 
     def propose(self, ctx: ProposalContext) -> Proposal:
         for proposal in self.proposals:
-            if code_hash(proposal.train_py) not in ctx.seen_hashes:
+            if code_hash(proposal.asset) not in ctx.seen_hashes:
                 return proposal
         raise AgentStopped(f"all {len(self.proposals)} scripted proposals have been tried")

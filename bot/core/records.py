@@ -30,7 +30,7 @@ class Proposal:
 
     title: str
     hypothesis: str
-    train_py: str
+    asset: str
     # Free-form, agent-specific facts kept with the experiment (the explorer stores its edits here:
     # {"changes": [{"name": "MATRIX_LR", "old": 0.04, "new": 0.05}]}).
     meta: dict[str, Any] = field(default_factory=dict)
@@ -62,7 +62,7 @@ class ProposalContext:
     """Everything an agent may read to propose the next experiment."""
 
     program_md: str
-    train_py: str  # train.py on the current main
+    asset: str  # train.py on the current main
     main_val_bpb: float | None
     history: list[HistoryEntry]
     feedback: list[str] = field(default_factory=list)  # recent human comments, oldest first
@@ -70,7 +70,7 @@ class ProposalContext:
     seen_hashes: set[str] = field(default_factory=set)  # code_hash of every train.py tried so far
     profile: str = "cpu"
     device_kind: str = "cpu"  # "cpu" or "cuda": which size constants of train.py are live
-    main_sha: str = ""  # the main commit train_py was read from: the experiment's base
+    main_sha: str = ""  # the main commit asset was read from: the experiment's base
     last_crash_id: int | None = None  # the experiment whose traceback last_crash is
     spent_usd: float = 0.0  # what proposals have cost so far (an LLM agent's budget counts it)
 

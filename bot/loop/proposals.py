@@ -163,8 +163,8 @@ class Proposals:
                 title=answer.title,
                 hypothesis=answer.hypothesis,
                 slug=answer.slug,
-                code_hash=code_hash(answer.train_py),
-                train_py=answer.train_py,
+                code_hash=code_hash(answer.asset),
+                train_py=answer.asset,
                 meta=meta,
             )
             if meta.get("fixes"):
@@ -176,7 +176,7 @@ class Proposals:
         pending.cost_usd += cost
         self.store.events.add(None, "refused", f"proposal {answer.title!r} refused: {problem}")
         log.warning("proposal %r refused: %s", answer.title, problem)
-        pending.seen.add(code_hash(answer.train_py))
+        pending.seen.add(code_hash(answer.asset))
         pending.notes.append(f"(conductor) your proposal {answer.title!r} was refused: {problem}")
         refusals = len(pending.notes)
         if refusals >= self.max_refusals:
@@ -190,14 +190,14 @@ class Proposals:
     def validate(self, proposal: Proposal, main: Main, seen: set[str]) -> str | None:
         """Why the proposal cannot run, or None: it repeats no earlier experiment and passes
         bot.loop.validation's checks."""
-        digest = code_hash(proposal.train_py)
+        digest = code_hash(proposal.asset)
         if digest in seen or (digest != main.code_hash and digest in self.store.experiments.seen_code_hashes()):
             earlier = self.store.experiments.by_code(digest)
             return f"it repeats experiment {earlier.id} ({earlier.title!r})" if earlier else "it repeats an earlier run"
         earlier = [
             (exp_id, title, self._normal_hash(code, exp_id)) for exp_id, title, code in self.store.experiments.codes()
         ]
-        return validation.problem(proposal.title, proposal.train_py, main_train_py=main.train_py, earlier=earlier)
+        return validation.problem(proposal.title, proposal.asset, main_train_py=main.train_py, earlier=earlier)
 
     def _normal_hash(self, code: str, exp_id: int) -> str | None:
         if code not in self._normal:
@@ -228,7 +228,7 @@ class Proposals:
         seen = self._pending.seen if self._pending else set()
         return ProposalContext(
             program_md=main.instructions,
-            train_py=main.train_py,
+            asset=main.train_py,
             main_sha=main.sha,
             main_val_bpb=measurement.main_value(self.baseline.values(), main.code_hash),
             history=history,

@@ -58,7 +58,7 @@ def ctx(**changes) -> ProposalContext:
     ]
     fields = dict(
         program_md=PROGRAM_MD,
-        train_py=TRAIN_PY,
+        asset=TRAIN_PY,
         main_val_bpb=1.512,
         history=history,
         feedback=["Keep the parameter count roughly where it is.", "/try a longer warmdown"],
@@ -129,7 +129,7 @@ def test_an_edit_session_returns_the_edited_train_py(api):
     api.add(view(view_range=[40, 50]), RAISE_LR, submit())
     proposal = agent(api).propose(ctx())
     assert isinstance(proposal, Proposal)
-    assert proposal.train_py == TRAIN_PY.replace("MATRIX_LR = 0.04", "MATRIX_LR = 0.05")
+    assert proposal.asset == TRAIN_PY.replace("MATRIX_LR = 0.04", "MATRIX_LR = 0.05")
     assert proposal.title == "Raise MATRIX_LR to 0.05"
     assert proposal.hypothesis.startswith("Muon tolerates")
     meta = proposal.meta
@@ -211,7 +211,7 @@ def test_a_malformed_tool_call_is_answered_and_the_next_turn_recovers(api):
     proposal = agent(api).propose(ctx())
     bad = results(api, 2)[0]
     assert bad["is_error"] is True and "old_str" in bad["content"]
-    assert "MATRIX_LR = 0.05" in proposal.train_py
+    assert "MATRIX_LR = 0.05" in proposal.asset
 
 
 def test_a_second_malformed_call_in_a_row_skips(api):
@@ -250,7 +250,7 @@ def test_an_edit_of_program_md_is_refused_and_train_py_untouched(api):
     refused = results(api, 2)[0]
     assert refused["is_error"] is True and "read-only" in refused["content"]
     assert "Lower **val_bpb**" in results(api, 3)[0]["content"]
-    assert proposal.train_py == TRAIN_PY.replace("MATRIX_LR = 0.04", "MATRIX_LR = 0.05")
+    assert proposal.asset == TRAIN_PY.replace("MATRIX_LR = 0.04", "MATRIX_LR = 0.05")
 
 
 def test_a_submit_identical_to_main_is_told_once_then_skipped(api):
@@ -272,7 +272,7 @@ def test_a_repeat_of_an_earlier_experiment_is_told_once(api):
     proposal = agent(api).propose(ctx())
     told = results(api, 3)[0]
     assert told["is_error"] is True and "repeats experiment #3" in told["content"]
-    assert "MATRIX_LR = 0.05" in proposal.train_py
+    assert "MATRIX_LR = 0.05" in proposal.asset
 
 
 def test_a_submit_that_breaks_the_harness_interface_is_told_once_then_skipped(api):
@@ -288,7 +288,7 @@ def test_a_submit_that_does_not_compile_can_be_fixed(api):
     )
     proposal = agent(api).propose(ctx())
     assert "does not compile" in results(api, 3)[0]["content"]
-    assert "MATRIX_LR = 0.05" in proposal.train_py
+    assert "MATRIX_LR = 0.05" in proposal.asset
 
 
 def test_ending_the_turn_without_submit_gets_one_reminder_then_skips(api):
@@ -350,7 +350,7 @@ def test_rate_limits_and_overload_are_retried_by_the_sdk(api):
         submit(),
     )
     proposal = agent(api, max_retries=2).propose(ctx())
-    assert "MATRIX_LR = 0.05" in proposal.train_py
+    assert "MATRIX_LR = 0.05" in proposal.asset
     assert api.calls == 5 and proposal.meta["turns"] == 2
 
 
@@ -393,7 +393,7 @@ def test_the_key_is_read_from_the_environment(api, monkeypatch):
     monkeypatch.setenv("ANTHROPIC_API_KEY", api.api_key)
     api.add(RAISE_LR, submit())
     claude = ClaudeAgent(ClaudeConfig(base_url=api.base_url))
-    assert "MATRIX_LR = 0.05" in claude.propose(ctx()).train_py
+    assert "MATRIX_LR = 0.05" in claude.propose(ctx()).asset
 
 
 def test_an_invalid_key_stops_the_loop(api):

@@ -19,7 +19,7 @@ from bot.agent.editor import (
     Submission,
     ToolResult,
     Workspace,
-    check_train_py,
+    check_asset,
     editor_tool,
     missing_harness_uses,
     parse_submit,
@@ -32,8 +32,8 @@ PROGRAM_MD = (REPO / "program.md").read_text()
 SMALL = "A = 1\nB = 2\nB = 2\nC = 3\n"
 
 
-def workspace(train_py: str = SMALL) -> Workspace:
-    return Workspace(train_py, "# program\nLower val_bpb.\n")
+def workspace(asset: str = SMALL) -> Workspace:
+    return Workspace(asset, "# program\nLower val_bpb.\n")
 
 
 def test_view_numbers_the_lines_and_honours_a_range():
@@ -61,7 +61,7 @@ def test_str_replace_applies_a_unique_match_and_shows_the_result():
     ws = workspace()
     result = ws.run({"command": "str_replace", "path": "/repo/train.py", "old_str": "A = 1", "new_str": "A = 10"})
     assert not result.is_error
-    assert ws.train_py == "A = 10\nB = 2\nB = 2\nC = 3\n"
+    assert ws.asset == "A = 10\nB = 2\nB = 2\nC = 3\n"
     assert "     1\tA = 10" in result.text
 
 
@@ -69,14 +69,14 @@ def test_str_replace_without_a_match_changes_nothing():
     ws = workspace()
     result = ws.run({"command": "str_replace", "path": "/repo/train.py", "old_str": "D = 4", "new_str": "D = 5"})
     assert result.error == NOT_APPLIED and "does not occur" in result.text
-    assert ws.train_py == SMALL
+    assert ws.asset == SMALL
 
 
 def test_str_replace_with_two_matches_changes_nothing_and_names_the_lines():
     ws = workspace()
     result = ws.run({"command": "str_replace", "path": "/repo/train.py", "old_str": "B = 2", "new_str": "B = 3"})
     assert result.error == NOT_APPLIED and "2 times" in result.text and "lines 2, 3" in result.text
-    assert ws.train_py == SMALL
+    assert ws.asset == SMALL
 
 
 @pytest.mark.parametrize(
@@ -92,7 +92,7 @@ def test_writes_to_anything_but_train_py_are_refused(command):
     ws = workspace()
     result = ws.run(command)
     assert result.error == READ_ONLY and "read-only" in result.text
-    assert ws.files["program.md"] == "# program\nLower val_bpb.\n" and ws.train_py == SMALL
+    assert ws.files["program.md"] == "# program\nLower val_bpb.\n" and ws.asset == SMALL
 
 
 def test_create_of_a_new_file_is_refused():
@@ -105,7 +105,7 @@ def test_create_of_a_new_file_is_refused():
 def test_create_of_train_py_replaces_it():
     ws = workspace()
     assert not ws.run({"command": "create", "path": "/repo/train.py", "file_text": "X = 1\n"}).is_error
-    assert ws.train_py == "X = 1\n"
+    assert ws.asset == "X = 1\n"
 
 
 @pytest.mark.parametrize(
@@ -126,7 +126,7 @@ def test_bad_arguments_are_answered_as_malformed_calls(arguments):
     ws = workspace()
     result = ws.run(arguments)
     assert result.error == BAD_CALL and result.text
-    assert ws.train_py == SMALL
+    assert ws.asset == SMALL
 
 
 def test_insert_adds_lines_after_the_given_line():
@@ -134,9 +134,9 @@ def test_insert_adds_lines_after_the_given_line():
     assert not ws.run(
         {"command": "insert", "path": "/repo/train.py", "insert_line": 1, "insert_text": "A2 = 1.5"}
     ).is_error
-    assert ws.train_py.splitlines()[:3] == ["A = 1", "A2 = 1.5", "B = 2"]
+    assert ws.asset.splitlines()[:3] == ["A = 1", "A2 = 1.5", "B = 2"]
     assert not ws.run({"command": "insert", "path": "/repo/train.py", "insert_line": 0, "new_str": "# top\n"}).is_error
-    assert ws.train_py.startswith("# top\nA = 1\n")
+    assert ws.asset.startswith("# top\nA = 1\n")
     beyond = ws.run({"command": "insert", "path": "/repo/train.py", "insert_line": 99, "insert_text": "x"})
     assert beyond.error == NOT_APPLIED
 
@@ -145,7 +145,7 @@ def test_undo_edit_restores_the_previous_text():
     ws = workspace()
     ws.run({"command": "str_replace", "path": "/repo/train.py", "old_str": "C = 3", "new_str": "C = 4"})
     assert not ws.run({"command": "undo_edit", "path": "/repo/train.py"}).is_error
-    assert ws.train_py == SMALL
+    assert ws.asset == SMALL
     assert ws.run({"command": "undo_edit", "path": "/repo/train.py"}).error == NOT_APPLIED
 
 
@@ -191,7 +191,7 @@ def test_parse_submit_refuses_missing_or_mistyped_fields(arguments):
 def test_the_repository_train_py_passes_the_submit_checks_once_changed():
     changed = TRAIN_PY.replace("MATRIX_LR = 0.04", "MATRIX_LR = 0.05")
     assert missing_harness_uses(TRAIN_PY) == []
-    assert check_train_py(changed, main_train_py=TRAIN_PY, max_bytes=200_000) is None
+    assert check_asset(changed, main_asset=TRAIN_PY, max_bytes=200_000) is None
 
 
 @pytest.mark.parametrize(
@@ -205,7 +205,7 @@ def test_the_repository_train_py_passes_the_submit_checks_once_changed():
     ],
 )
 def test_submit_checks_name_what_is_wrong(text, kind):
-    problem = check_train_py(text, main_train_py=TRAIN_PY, max_bytes=200_000)
+    problem = check_asset(text, main_asset=TRAIN_PY, max_bytes=200_000)
     assert problem is not None and problem[0] == kind
 
 

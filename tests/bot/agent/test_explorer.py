@@ -75,11 +75,11 @@ CPU_SIZES = {f"CPU_{n}" for n in GPU_SIZES}
 
 
 def ctx_for(
-    train_py: str = TRAIN_PY, history=None, device_kind: str = "cpu", profile: str | None = None, **kw
+    asset: str = TRAIN_PY, history=None, device_kind: str = "cpu", profile: str | None = None, **kw
 ) -> ProposalContext:
     return ProposalContext(
         program_md="Lower val_bpb.",
-        train_py=train_py,
+        asset=asset,
         main_val_bpb=1.0,
         history=list(history or []),
         device_kind=device_kind,
@@ -107,9 +107,9 @@ def changes(p: Proposal) -> list[dict]:
     return p.meta["changes"]
 
 
-def entry(i: int, p_or_meta, status: str, delta: float | None, train_py: str = "") -> HistoryEntry:
+def entry(i: int, p_or_meta, status: str, delta: float | None, asset: str = "") -> HistoryEntry:
     meta = p_or_meta.meta if isinstance(p_or_meta, Proposal) else p_or_meta
-    text = p_or_meta.train_py if isinstance(p_or_meta, Proposal) else train_py
+    text = p_or_meta.asset if isinstance(p_or_meta, Proposal) else asset
     return HistoryEntry(
         id=i,
         title=f"exp {i}",
@@ -130,7 +130,7 @@ def run_loop(
     for _ in range(n):
         p = explorer.propose(ctx)
         out.append(p)
-        ctx.seen_hashes.add(code_hash(p.train_py))
+        ctx.seen_hashes.add(code_hash(p.asset))
         ctx.history.append(entry(len(ctx.history) + 1, p, status, delta))
     return out
 
@@ -155,7 +155,7 @@ def test_explorer_is_an_agent():
 @pytest.mark.parametrize("seed", range(6))
 def test_proposal_changes_exactly_one_constant(seed, device_kind):
     p = OfflineExplorer(seed).propose(ctx_for(device_kind=device_kind))
-    diff = changed_lines(TRAIN_PY, p.train_py)
+    diff = changed_lines(TRAIN_PY, p.asset)
     assert len(diff) == 1, diff
     ((old_line, new_line),) = diff
     # Same name, same comment: only the value's span changed.
@@ -163,10 +163,10 @@ def test_proposal_changes_exactly_one_constant(seed, device_kind):
     assert new_line.startswith(old_line.split("=")[0] + "=")
     if "#" in old_line:
         assert new_line[new_line.index("#") :] == old_line[old_line.index("#") :]
-    compile(p.train_py, "train.py", "exec")
+    compile(p.asset, "train.py", "exec")
     (change,) = changes(p)
     assert change["name"] == name
-    new_value = find_constants(p.train_py)[name].value
+    new_value = find_constants(p.asset)[name].value
     assert new_value == change["new"] != change["old"] == find_constants(TRAIN_PY)[name].value
     assert change["direction"] in (1, -1)
     assert in_bounds(name, new_value)
@@ -177,7 +177,7 @@ def test_proposal_changes_exactly_one_constant(seed, device_kind):
 def test_every_line_but_one_is_byte_identical_including_crlf():
     crlf = TRAIN_PY.replace("\n", "\r\n")
     p = OfflineExplorer(0).propose(ctx_for(crlf))
-    old, new = crlf.splitlines(keepends=True), p.train_py.splitlines(keepends=True)
+    old, new = crlf.splitlines(keepends=True), p.asset.splitlines(keepends=True)
     assert len(old) == len(new)
     assert sum(a != b for a, b in zip(old, new, strict=True)) == 1
     assert all(line.endswith("\r\n") for line in new)
@@ -186,7 +186,7 @@ def test_every_line_but_one_is_byte_identical_including_crlf():
 def test_powers_of_two_are_written_back_as_powers():
     ctx = ctx_for(feedback=["try a higher cpu_total_batch_size"])
     p = OfflineExplorer(0).propose(ctx)
-    assert changed_lines(TRAIN_PY, p.train_py) == [("CPU_TOTAL_BATCH_SIZE = 2**12", "CPU_TOTAL_BATCH_SIZE = 2**13")]
+    assert changed_lines(TRAIN_PY, p.asset) == [("CPU_TOTAL_BATCH_SIZE = 2**12", "CPU_TOTAL_BATCH_SIZE = 2**13")]
     assert p.title == "Raise CPU_TOTAL_BATCH_SIZE 2**12 -> 2**13"
 
 
@@ -194,7 +194,7 @@ def test_powers_of_two_are_written_back_as_powers():
 def test_many_proposals_stay_in_bounds_and_compile(seed):
     ctx = ctx_for()
     for p in run_loop(OfflineExplorer(seed), ctx, 60):
-        compile(p.train_py, "train.py", "exec")
+        compile(p.asset, "train.py", "exec")
         for ch in changes(p):
             assert in_bounds(ch["name"], ch["new"]), ch
 
@@ -232,7 +232,7 @@ def test_deterministic_for_the_same_seed_and_context():
     history = [entry(1, {"changes": [{"name": "MATRIX_LR", "old": 0.03, "new": 0.04, "direction": 1}]}, "keep", -0.01)]
     a = OfflineExplorer(7).propose(ctx_for(history=history))
     b = OfflineExplorer(7).propose(ctx_for(history=history))
-    assert (a.title, a.hypothesis, a.train_py, a.meta) == (b.title, b.hypothesis, b.train_py, b.meta)
+    assert (a.title, a.hypothesis, a.asset, a.meta) == (b.title, b.hypothesis, b.asset, b.meta)
 
 
 def test_different_seeds_can_differ():
@@ -245,15 +245,15 @@ def test_never_repeats_a_train_py(device_kind):
     ctx = ctx_for(device_kind=device_kind)
     main_hash = code_hash(TRAIN_PY)
     proposals = run_loop(OfflineExplorer(0), ctx, 40)
-    hashes = [code_hash(p.train_py) for p in proposals]
+    hashes = [code_hash(p.asset) for p in proposals]
     assert len(set(hashes)) == 40
     assert main_hash not in hashes
 
 
 def test_skips_a_candidate_already_seen():
     first = OfflineExplorer(0).propose(ctx_for())
-    second = OfflineExplorer(0).propose(ctx_for(seen_hashes={code_hash(first.train_py)}))
-    assert code_hash(second.train_py) != code_hash(first.train_py)
+    second = OfflineExplorer(0).propose(ctx_for(seen_hashes={code_hash(first.asset)}))
+    assert code_hash(second.asset) != code_hash(first.asset)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -353,7 +353,7 @@ def test_the_skeleton_ignores_constant_values_but_not_code():
     assert skeleton(set_constant(TRAIN_PY, "CPU_DEPTH", "5")) == skeleton(TRAIN_PY)
     assert skeleton(TRAIN_PY.replace("math.ceil(", "math.floor(")) != skeleton(TRAIN_PY)
     p = OfflineExplorer(0).propose(ctx_for())
-    assert p.meta["skeleton"] == skeleton(TRAIN_PY) == skeleton(p.train_py)
+    assert p.meta["skeleton"] == skeleton(TRAIN_PY) == skeleton(p.asset)
 
 
 def test_combines_two_helpful_changes_after_a_losing_streak():
@@ -371,8 +371,8 @@ def test_combines_two_helpful_changes_after_a_losing_streak():
     combo = next(p for p in proposals if len(changes(p)) == 2)
     assert {ch["name"] for ch in changes(combo)} == {"MATRIX_LR", "WARMDOWN_RATIO"}
     assert all(ch["direction"] == 1 for ch in changes(combo))
-    assert len(changed_lines(main, combo.train_py)) == 2
-    compile(combo.train_py, "train.py", "exec")
+    assert len(changed_lines(main, combo.asset)) == 2
+    compile(combo.asset, "train.py", "exec")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -391,7 +391,7 @@ def test_the_fixture_holds_train_pys_constants_block():
 def test_depth_9_and_beyond_is_reachable_on_cuda():
     p = OfflineExplorer(0).propose(ctx_for(device_kind="cuda", feedback=["make the model deeper: more depth"]))
     assert [(ch["name"], ch["new"]) for ch in changes(p)] == [("DEPTH", 9)]
-    nine = p.train_py
+    nine = p.asset
     history = [entry(1, p, "keep", -0.01)]
     deeper = 0
     for seed in range(10):
@@ -403,7 +403,7 @@ def test_depth_9_and_beyond_is_reachable_on_cuda():
 def splits(p: Proposal, ctx: ProposalContext) -> bool:
     """What train.py demands: TOTAL_BATCH_SIZE a positive multiple of DEVICE_BATCH_SIZE * seq_len."""
     prefix = "CPU_" if ctx.device_kind == "cpu" else ""
-    consts = find_constants(p.train_py)
+    consts = find_constants(p.asset)
     total, device = consts[f"{prefix}TOTAL_BATCH_SIZE"].value, consts[f"{prefix}DEVICE_BATCH_SIZE"].value
     per_pass = device * get_profile(ctx.profile).seq_len
     return total >= per_pass and total % per_pass == 0
@@ -435,9 +435,9 @@ def test_no_proposal_breaks_the_batch_into_partial_passes(profile, seed):
         ctx.feedback.append(pushes[(seed + i) % len(pushes)])  # a human who keeps asking for batch changes
         p = explorer.propose(ctx)
         assert splits(p, ctx), p.title
-        ctx.seen_hashes.add(code_hash(p.train_py))
+        ctx.seen_hashes.add(code_hash(p.asset))
         ctx.history.append(entry(len(ctx.history) + 1, p, "keep", -0.001))
-        ctx.train_py = p.train_py  # every proposal is kept: the batch constants wander far
+        ctx.asset = p.asset  # every proposal is kept: the batch constants wander far
         batch_moves += any("BATCH" in ch["name"] for ch in changes(p))
     assert batch_moves >= 20
 
@@ -445,7 +445,7 @@ def test_no_proposal_breaks_the_batch_into_partial_passes(profile, seed):
 def test_lowering_the_total_batch_takes_the_micro_batch_down():
     ctx = ctx_for(feedback=["the batch is too big, use a smaller cpu_total_batch_size"])  # cpu: 16 x 256 = 2**12
     p = OfflineExplorer(0).propose(ctx)
-    assert changed_lines(TRAIN_PY, p.train_py) == [
+    assert changed_lines(TRAIN_PY, p.asset) == [
         ("CPU_TOTAL_BATCH_SIZE = 2**12", "CPU_TOTAL_BATCH_SIZE = 2**11"),
         ("CPU_DEVICE_BATCH_SIZE = 16", "CPU_DEVICE_BATCH_SIZE = 8"),
     ]
@@ -456,7 +456,7 @@ def test_lowering_the_total_batch_takes_the_micro_batch_down():
     assert "whole number of forward passes of 256-token sequences" in p.hypothesis
     # on smoke (seq_len 128) 2**11 is still one pass of 16 sequences: nothing else moves
     q = OfflineExplorer(0).propose(ctx_for(profile="smoke", feedback=ctx.feedback))
-    assert changed_lines(TRAIN_PY, q.train_py) == [("CPU_TOTAL_BATCH_SIZE = 2**12", "CPU_TOTAL_BATCH_SIZE = 2**11")]
+    assert changed_lines(TRAIN_PY, q.asset) == [("CPU_TOTAL_BATCH_SIZE = 2**12", "CPU_TOTAL_BATCH_SIZE = 2**11")]
 
 
 @pytest.mark.parametrize("profile, allowed", [("cpu", False), ("smoke", True)])
@@ -512,7 +512,7 @@ def test_feedback_already_followed_is_not_forced_again():
     first = OfflineExplorer(0).propose(ctx_for(feedback=[comment]))
     history = [entry(1, first, "discard", 0.01)]
     second = OfflineExplorer(0).propose(
-        ctx_for(history=history, feedback=[comment], seen_hashes={code_hash(first.train_py)})
+        ctx_for(history=history, feedback=[comment], seen_hashes={code_hash(first.asset)})
     )
     assert "feedback" not in second.meta
 

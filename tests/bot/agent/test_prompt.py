@@ -35,7 +35,7 @@ def entry(i: int, status: str | None = None) -> HistoryEntry:
 def context(**changes) -> ProposalContext:
     fields = dict(
         program_md=PROGRAM_MD,
-        train_py=TRAIN_PY,
+        asset=TRAIN_PY,
         main_val_bpb=1.512345,
         history=[entry(i) for i in range(1, 6)],
         profile="cpu",

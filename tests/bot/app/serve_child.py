@@ -64,7 +64,7 @@ def run_service(config: dict, hold: str | None) -> None:
         profile="smoke",
         port=config["port"],
     )
-    proposals = [Proposal(p["title"], p["hypothesis"], p["train_py"]) for p in config["proposals"]]
+    proposals = [Proposal(p["title"], p["hypothesis"], p["asset"]) for p in config["proposals"]]
     runner = HoldingRunner(Path(config["runs_dir"]), config["run_seconds"], hold)
     serve(settings, make_parts=lambda s, c: Parts(runner, ScriptedAgent(proposals), dict(IDENTITY)), timer_s=TIMER_S)
 

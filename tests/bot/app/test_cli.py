@@ -211,15 +211,15 @@ def test_demo_runs_then_resumes_to_a_larger_target(tmp_path: Path, instant_runs:
     below."""
     work, script = tmp_path / "demo", tmp_path / "proposals.jsonl"
     seeded_workdir(work, first_baseline_runs=2, baseline_runs=2)
-    train_py = (ROOT / "train.py").read_text()
+    asset = (ROOT / "train.py").read_text()
     demo = ["demo", "--workdir", str(work), "--profile", "smoke", "--dashboard-port", "0"]
     demo += ["--agent", "scripted", "--agent-script", str(script)]
 
-    script.write_text(json.dumps({"title": "better", "train_py": with_effect(train_py, -0.1, "better")}))
+    script.write_text(json.dumps({"title": "better", "train_py": with_effect(asset, -0.1, "better")}))
     first = cli.invoke(app, [*demo, "--experiments", "1"])
     assert first.exit_code == 0, first.output
     check_the_first_demo(first)
-    script.write_text(json.dumps({"title": "worse", "train_py": with_effect(train_py, +0.1, "worse")}))
+    script.write_text(json.dumps({"title": "worse", "train_py": with_effect(asset, +0.1, "worse")}))
     again = cli.invoke(app, [*demo, "--experiments", "2"])
     assert again.exit_code == 0, again.output
     check_a_resumed_demo(work)

@@ -414,8 +414,8 @@ def serve_forks() -> Iterator[ServeForks]:
         forks.close()
 
 
-def child_config(tmp_path: Path, gh: GitHubStandIn, pem: str, run_seconds: float, train_py: str) -> Path:
-    """The config of serve_child.py (one experiment proposing `train_py`), with the stand-in's
+def child_config(tmp_path: Path, gh: GitHubStandIn, pem: str, run_seconds: float, asset: str) -> Path:
+    """The config of serve_child.py (one experiment proposing `asset`), with the stand-in's
     webhooks pointed at the port it will listen on."""
     port = free_port()
     config = tmp_path / "config.json"
@@ -429,7 +429,7 @@ def child_config(tmp_path: Path, gh: GitHubStandIn, pem: str, run_seconds: float
                 "port": port,
                 "runs_dir": str(tmp_path / "runs"),
                 "run_seconds": run_seconds,
-                "proposals": [{"title": "better", "hypothesis": "h", "train_py": train_py}],
+                "proposals": [{"title": "better", "hypothesis": "h", "asset": asset}],
             }
         )
     )
@@ -475,7 +475,7 @@ def test_a_server_killed_anywhere_restarts_without_duplicates_and_the_result_lan
         files={"train.py": MAIN, "program.md": one_experiment_program()},
         app_public_key=key.public_key(),
     ) as gh:
-        config = child_config(tmp_path, gh, pem, run_seconds=0.05, train_py=held(-0.1, "better").train_py)
+        config = child_config(tmp_path, gh, pem, run_seconds=0.05, asset=held(-0.1, "better").asset)
         log = tmp_path / "serve.log"
         if kill_at == "mid-run":
             child = serve_forks.start(config, log, hold=f"{HOLD}better")
@@ -515,7 +515,7 @@ def test_a_pull_request_closed_while_the_server_was_down_cancels_its_experiment(
         collaborators={"alice": "write"},
     ) as gh:
         # no run ends, main's neither: the experiment waits its turn
-        config = child_config(tmp_path, gh, pem, run_seconds=600, train_py=with_effect(MAIN, -0.1, "better"))
+        config = child_config(tmp_path, gh, pem, run_seconds=600, asset=with_effect(MAIN, -0.1, "better"))
         log = tmp_path / "serve.log"
         child = serve_forks.start(config, log)
         try:

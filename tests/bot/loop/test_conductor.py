@@ -47,8 +47,8 @@ def program(**settings: object) -> str:
     return f"---\nautoresearch:\n{lines}\n---\n\n# Research program\n\nLower val_bpb.\n"
 
 
-def make_workdir(work: Path, train_py: str, program_md: str) -> LocalForge:
-    return init_research_repo(work / "repo", {"train.py": train_py, "program.md": program_md})
+def make_workdir(work: Path, asset: str, program_md: str) -> LocalForge:
+    return init_research_repo(work / "repo", {"train.py": asset, "program.md": program_md})
 
 
 def conductor(work: Path, agent, *, experiments: int = 0) -> Conductor:
@@ -82,13 +82,13 @@ class CrashThenRepeat:
             return Proposal(
                 "Crash on purpose",
                 "Checks that a crash is recorded and the loop goes on.",
-                ctx.train_py.replace("import math\n", "import math" + CRASH_MARK, 1),
+                ctx.asset.replace("import math\n", "import math" + CRASH_MARK, 1),
             )
         if self.calls == 3 and self.first is not None:
             return self.first
         proposal = self.explorer.propose(ctx)
         proposal = Proposal(
-            proposal.title, proposal.hypothesis, with_effect(proposal.train_py, +0.1, proposal.title), proposal.meta
+            proposal.title, proposal.hypothesis, with_effect(proposal.asset, +0.1, proposal.title), proposal.meta
         )
         self.first = self.first or proposal
         return proposal

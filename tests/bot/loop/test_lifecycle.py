@@ -399,7 +399,7 @@ def test_the_agent_is_asked_again_in_the_tick_that_takes_its_answer(tmp_path: Pa
 def test_refused_proposals_are_fed_back_and_five_in_a_row_stop_the_agent(tmp_path: Path) -> None:
     class Stubborn:
         def propose(self, ctx):
-            return Proposal("same as main", "h", ctx.train_py)
+            return Proposal("same as main", "h", ctx.asset)
 
     loop = make(tmp_path, Stubborn(), experiments=3)
     run_to_end(loop)
@@ -621,7 +621,7 @@ def test_agent_failures_and_refusals_are_counted_apart(tmp_path: Path) -> None:
             if self.calls <= 4:
                 raise ConnectionError("529 overloaded")
             if self.calls == 5:
-                return Proposal("same as main", "h", ctx.train_py)
+                return Proposal("same as main", "h", ctx.asset)
             return proposal(-0.1, "good")
 
     loop = make(tmp_path, DownThenStubborn(), experiments=1)
@@ -861,7 +861,7 @@ class Priced:
         if isinstance(answer, AgentError):
             answer.meta = {"cost_usd": self.usd}
             raise answer
-        return Proposal(answer.title, answer.hypothesis, answer.train_py, meta={"cost_usd": self.usd, **answer.meta})
+        return Proposal(answer.title, answer.hypothesis, answer.asset, meta={"cost_usd": self.usd, **answer.meta})
 
 
 def test_every_answer_is_charged_and_the_budget_stops_proposing(tmp_path: Path) -> None:
