@@ -92,7 +92,7 @@ def populate(store: Store, main_sha: str, n: int) -> None:
             hypothesis="a change",
             slug=f"e{i}",
             code_hash=code_hash(asset),
-            train_py=asset,
+            asset=asset,
             meta={},
         )
         store.experiments.update(exp.id, state=State.BRANCHED, head_sha=main_sha)

@@ -176,7 +176,7 @@ class Lifecycle:
         head = self.forge.create_branch(
             exp.branch,
             exp.base_sha,
-            {ASSET: exp.train_py},
+            {ASSET: exp.asset},
             f"{exp.title}\n\n{exp.hypothesis}\n\nautoresearch-experiment: {exp.id}",
         )
         return self.store.experiments.update(
@@ -190,7 +190,7 @@ class Lifecycle:
             code_hash=exp.code_hash,
             commit_sha=exp.head_sha or "",
             base_sha=exp.base_sha,
-            asset=exp.train_py,
+            asset=exp.asset,
             profile=self.profile,
             experiment_fields={"state": State.MEASURING},
         )
@@ -301,7 +301,7 @@ class Lifecycle:
                 "state": State.MEASURING,
                 "base_sha": main.sha,
                 "head_sha": head,
-                "train_py": text,
+                "asset": text,
                 "code_hash": code_hash(text),
             },
         )

@@ -164,7 +164,7 @@ class Proposals:
                 hypothesis=answer.hypothesis,
                 slug=answer.slug,
                 code_hash=code_hash(answer.asset),
-                train_py=answer.asset,
+                asset=answer.asset,
                 meta=meta,
             )
             if meta.get("fixes"):
@@ -201,7 +201,7 @@ class Proposals:
 
     def _normal_hash(self, code: str, exp_id: int) -> str | None:
         if code not in self._normal:
-            self._normal[code] = validation.normal_hash(self.store.experiments.get(exp_id).train_py or "")
+            self._normal[code] = validation.normal_hash(self.store.experiments.get(exp_id).asset or "")
         return self._normal[code]
 
     def context(self, main: Main) -> ProposalContext:

@@ -176,7 +176,7 @@ class Runs:
             code_hash=exp.code_hash,
             commit_sha=exp.head_sha or "",
             base_sha=exp.base_sha,
-            asset=exp.train_py,
+            asset=exp.asset,
             profile=self.profile,
             reason=reason,
         )

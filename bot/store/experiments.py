@@ -31,7 +31,7 @@ class Experiment:
     hypothesis: str
     branch: str | None
     code_hash: str | None
-    train_py: str | None
+    asset: str | None  # the text of the edited file (train.py), once proposed
     meta: dict[str, Any]
     base_sha: str
     head_sha: str | None
@@ -83,7 +83,7 @@ class Experiments:
         hypothesis: str,
         slug: str,
         code_hash: str,
-        train_py: str,
+        asset: str,
         meta: dict[str, Any],
     ) -> Experiment:
         """Record a validated proposal; the branch name is fixed here, from the id."""
@@ -94,7 +94,7 @@ class Experiments:
             hypothesis=hypothesis,
             branch=f"autoresearch/{exp_id}-{slug}",
             code_hash=code_hash,
-            train_py=train_py,
+            asset=asset,
             meta=meta,
             failures=0,
             event=title,
@@ -178,8 +178,7 @@ class Experiments:
     def codes(self) -> list[tuple[int, str, str]]:
         """(id, title, code_hash) of every experiment with a proposed train.py, without the texts."""
         rows = self.db.execute(
-            "SELECT id, title, code_hash FROM experiments "
-            "WHERE code_hash IS NOT NULL AND train_py IS NOT NULL ORDER BY id"
+            "SELECT id, title, code_hash FROM experiments WHERE code_hash IS NOT NULL AND asset IS NOT NULL ORDER BY id"
         )
         return [(r[0], r[1], r[2]) for r in rows]
 

@@ -114,7 +114,13 @@ CREATE TABLE replies (              -- answers to people's /commands, posted by 
 );
 """
 
-MIGRATIONS: list[str] = [V1, V2, V3]
+# Version 4: one word for the text of the file an experiment edits (train.py): runs always called it
+# `asset`, and experiments now do too.
+V4 = """
+ALTER TABLE experiments RENAME COLUMN train_py TO asset;
+"""
+
+MIGRATIONS: list[str] = [V1, V2, V3, V4]
 VERSION = len(MIGRATIONS)
 
 

@@ -32,7 +32,7 @@ from runner.progress import last_progress
 EVENTS = 12  # recent events read, newest first
 FROM_BASELINE_RUNS = "baseline runs"
 FROM_KEPT_EXPERIMENT = "kept experiment, not re-measured yet"
-_EXPERIMENT_COLUMNS = ", ".join(f.name for f in fields(Experiment) if f.name != "train_py")  # train.py is heavy
+_EXPERIMENT_COLUMNS = ", ".join(f.name for f in fields(Experiment) if f.name != "asset")  # train.py is heavy
 _RUN_COLUMNS = (
     "id, experiment_id, purpose, code_hash, commit_sha, state, status, val_bpb, profile, harness_hash, "
     "data_fingerprint, metrics, run_dir, started_at"
@@ -98,7 +98,7 @@ def read_rows(db: sqlite3.Connection, *, events: int = EVENTS) -> StoreRows:
     experiments = []
     for row in db.execute(f"SELECT {_EXPERIMENT_COLUMNS} FROM experiments ORDER BY id"):
         data = dict(zip(_EXPERIMENT_COLUMNS.split(", "), row, strict=True))
-        experiments.append(Experiment(**data | {"train_py": None, "meta": json.loads(data["meta"] or "{}")}))
+        experiments.append(Experiment(**data | {"asset": None, "meta": json.loads(data["meta"] or "{}")}))
     runs = read_runs(db)
     published: dict[int, dict[str, str]] = {}
     for exp_id, key, value in db.execute("SELECT experiment_id, key, value FROM published"):

@@ -32,7 +32,7 @@ def store(tmp_path: Path) -> Store:
 def experiment(store: Store, *, state: str = "measuring", status: str | None = None) -> int:
     exp = store.experiments.start_proposing("a" * 40)
     store.experiments.fill_proposal(
-        exp.id, title="wider", hypothesis="h", slug="wider", code_hash="c1", train_py="x", meta={}
+        exp.id, title="wider", hypothesis="h", slug="wider", code_hash="c1", asset="x", meta={}
     )
     store.experiments.update(exp.id, branch=BRANCH, head_sha="b" * 40)
     store.db.execute("UPDATE experiments SET state = ?, status = ? WHERE id = ?", (state, status, exp.id))

@@ -105,7 +105,7 @@ def experiment(store: Store, number: int) -> int:
     """The store's experiment behind the pull request, being measured."""
     exp = store.experiments.start_proposing("a" * 40)
     store.experiments.fill_proposal(
-        exp.id, title="lr 0.02", hypothesis="h", slug="x", code_hash="c1", train_py="x", meta={}
+        exp.id, title="lr 0.02", hypothesis="h", slug="x", code_hash="c1", asset="x", meta={}
     )
     store.experiments.update(exp.id, branch=BRANCH, head_sha="b" * 40)
     store.db.execute("UPDATE experiments SET state = 'measuring' WHERE id = ?", (exp.id,))

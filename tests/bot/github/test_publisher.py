@@ -80,7 +80,7 @@ def world_for(tmp_path: Path, token_user: str) -> Iterator[World]:
             hypothesis="faster",
             slug="higher-lr",
             code_hash="c1",
-            train_py="lr = 0.02\n",
+            asset="lr = 0.02\n",
             meta={},
         )
         head = forge.create_branch("autoresearch/1-higher-lr", main, {"train.py": "lr = 0.02\n"}, "higher lr")

@@ -33,7 +33,7 @@ def experiment(**fields: Any) -> Experiment:
         hypothesis="A higher matrix learning rate converges faster within the budget.",
         branch="autoresearch/12-raise-matrix-lr",
         code_hash="c" * 64,
-        train_py=NEW_TRAIN_PY,
+        asset=NEW_TRAIN_PY,
         meta={},
         base_sha=MAIN,
         head_sha=HEAD,
@@ -324,7 +324,7 @@ def test_pr_body_lists_the_diff_size_history_main_and_steering() -> None:
 
 
 def test_pr_body_without_baseline_history_or_expectation_is_none_safe() -> None:
-    exp = experiment(status=None, val_bpb=None, delta=None, train_py=None, meta={})
+    exp = experiment(status=None, val_bpb=None, delta=None, asset=None, meta={})
     body = render.pr_body(exp, main_sha=MAIN, main_val_bpb=None, base_train_py="", history=[])
     assert "None" not in body
     assert "val_bpb not measured yet" in body and "Not stated by the agent." in body

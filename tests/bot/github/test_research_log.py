@@ -60,7 +60,7 @@ class World:
             hypothesis="h",
             slug=f"exp-{exp.id}",
             code_hash=f"c{exp.id}",
-            train_py=f"# {title}\n",
+            asset=f"# {title}\n",
             meta={},
         )
         store.experiments.update(exp.id, state=State.BRANCHED, head_sha="b" * 40)
@@ -89,7 +89,7 @@ class World:
             hypothesis="h",
             slug=f"exp-{exp.id}",
             code_hash=f"c{exp.id}",
-            train_py=f"# {title}\n",
+            asset=f"# {title}\n",
             meta={},
         )
         store.experiments.update(exp.id, state=State.BRANCHED, head_sha="c" * 40)

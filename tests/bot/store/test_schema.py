@@ -35,14 +35,15 @@ def columns(db: sqlite3.Connection, table: str) -> list[str]:
 
 
 def test_version_is_the_length_of_the_chain():
-    assert schema.VERSION == len(schema.MIGRATIONS) == 3
+    assert schema.VERSION == len(schema.MIGRATIONS) == 4
 
 
 def test_a_new_file_runs_the_whole_chain(db: sqlite3.Connection):
     assert schema.migrate(db) == 0
     assert version(db) == schema.VERSION
     assert {"experiments", "runs", "events", "feedback", "settings", "inbox"} <= tables(db)
-    assert {"failures", "retry_at", "margin", "remeasured_delta"} <= set(columns(db, "experiments"))
+    assert {"failures", "retry_at", "margin", "remeasured_delta", "asset"} <= set(columns(db, "experiments"))
+    assert "train_py" not in columns(db, "experiments")
     assert {"rerun_of", "note"} <= set(columns(db, "runs"))
     assert not db.in_transaction
 

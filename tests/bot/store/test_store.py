@@ -21,6 +21,7 @@ from bot.store import InvalidTransition, Store, schema
 
 MAIN = "0123456789abcdef0123456789abcdef01234567"
 FIXTURES = Path(__file__).parent / "fixtures"
+RENAMED = {"experiments": {"train_py": "asset"}}  # old column -> its name now, per table
 
 # the states an experiment passes through to reach each state, in allowed moves
 PATH: dict[State, list[State]] = {
@@ -54,7 +55,7 @@ def new_experiment(store: Store, n: int = 1, *, base_sha: str = MAIN, **override
         hypothesis=f"hypothesis {n}",
         slug=f"exp-{n}",
         code_hash=f"code-{n}",
-        train_py=f"print({n})\n",
+        asset=f"print({n})\n",
         meta={"changes": [{"name": "LR", "old": 0.04, "new": 0.05}]},
     )
     kwargs.update(overrides)
@@ -230,14 +231,17 @@ def test_upgrading_a_v0_file_keeps_every_row(v0_copy: Path, v0_rows: dict[str, l
         for table, old_rows in v0_rows.items():
             new_rows = _rows(store.db, table)
             assert len(new_rows) == len(old_rows), table
-            # every old column keeps its value, row for row
-            assert [{k: r[k] for k in old} for old, r in zip(old_rows, new_rows, strict=True)] == old_rows, table
+            # every old column keeps its value, row for row (under its new name, if it was renamed)
+            renamed = RENAMED.get(table, {})
+            kept = [{k: r[renamed.get(k, k)] for k in old} for old, r in zip(old_rows, new_rows, strict=True)]
+            assert kept == old_rows, table
 
         exps = store.experiments.all()
         assert [(e.id, e.state, e.status) for e in exps] == [(1, "done", "discard"), (2, "measuring", None)]
         assert exps[0].title == "Raise MATRIX_LR" and exps[0].branch == "autoresearch/1-raise-matrix-lr"
         assert exps[0].meta == {"changes": [{"name": "MATRIX_LR", "old": 0.04, "new": 0.06}]}
         assert exps[0].val_bpb == 2.3 and exps[0].delta == 0.045 and exps[0].reason == "worse"
+        assert [e.asset for e in exps] == [r["train_py"] for r in v0_rows["experiments"]]
         assert exps[1].head_sha == "c" * 40
         # the new columns have their defaults
         assert all(
@@ -293,7 +297,7 @@ def test_the_store_works_after_the_upgrade(v0_copy: Path):
         exp = store.experiments.start_proposing("a" * 40)
         assert exp.id == 3
         exp = store.experiments.fill_proposal(
-            exp.id, title="Wider MLP", hypothesis="h", slug="wider-mlp", code_hash="c3", train_py="print(3)\n", meta={}
+            exp.id, title="Wider MLP", hypothesis="h", slug="wider-mlp", code_hash="c3", asset="print(3)\n", meta={}
         )
         assert exp.branch == "autoresearch/3-wider-mlp"
         assert new_run(store, exp.id, code_hash="c3").id == 5
@@ -354,6 +358,37 @@ def test_an_upgrade_that_fails_half_way_leaves_the_file_at_its_old_version(v0_co
     try:
         assert store.upgraded_from == 1
         assert [(e.id, e.state) for e in store.experiments.all()] == [(1, "done"), (2, "measuring")]
+    finally:
+        store.close()
+
+
+def test_a_version_3_file_reads_each_experiments_train_py_as_its_asset(db_path: Path, monkeypatch):
+    # a state.db as the previous release (schema 3, the column still named train_py) left it
+    db_path.parent.mkdir()
+    db = sqlite3.connect(db_path, isolation_level=None)
+    try:
+        monkeypatch.setattr(schema, "MIGRATIONS", schema.MIGRATIONS[:3])
+        monkeypatch.setattr(schema, "VERSION", 3)
+        schema.migrate(db)
+        monkeypatch.undo()
+        db.execute(
+            "INSERT INTO experiments(id, state, title, hypothesis, branch, code_hash, train_py, base_sha,"
+            " created_at, updated_at) VALUES (4, 'measuring', 'Wider MLP', 'h', 'autoresearch/4-wider-mlp', 'c4',"
+            " 'print(4)\n', ?, 1, 2)",
+            (MAIN,),
+        )
+        db.execute(
+            "INSERT INTO experiments(state, base_sha, created_at, updated_at) VALUES ('proposing', ?, 3, 3)", (MAIN,)
+        )
+    finally:
+        db.close()
+    store = Store(db_path)
+    try:
+        assert store.upgraded_from == 3
+        assert store.experiments.get(4).asset == "print(4)\n"
+        assert store.experiments.get(5).asset is None
+        assert store.experiments.codes() == [(4, "Wider MLP", "c4")]
+        assert store.experiments.update(4, asset="print(5)\n").asset == "print(5)\n"  # written where it is read
     finally:
         store.close()
 
@@ -446,7 +481,7 @@ def test_start_proposing_creates_an_experiment_without_a_proposal(store: Store):
     exp = store.experiments.start_proposing(MAIN)
     assert exp.id == 1 and exp.state == "proposing" and exp.base_sha == MAIN
     assert (exp.status, exp.title, exp.hypothesis) == (None, "", "")
-    assert (exp.branch, exp.code_hash, exp.train_py, exp.head_sha) == (None, None, None, None)
+    assert (exp.branch, exp.code_hash, exp.asset, exp.head_sha) == (None, None, None, None)
     assert exp.meta == {} and exp.failures == 0 and exp.retry_at is None
     assert exp.created_at == exp.updated_at > 0
     assert [(e["kind"], e["message"]) for e in store.events.all(exp.id)] == [
@@ -462,7 +497,7 @@ def test_fill_proposal_records_the_proposal(store: Store):
         hypothesis="faster",
         slug="raise-lr",
         code_hash="code-1",
-        train_py="print(1)\n",
+        asset="print(1)\n",
         meta={"changes": [{"name": "LR", "new": 0.05}]},
     )
     assert exp.state == "proposed"
@@ -471,7 +506,7 @@ def test_fill_proposal_records_the_proposal(store: Store):
     assert exp.branch == "autoresearch/1-raise-lr"
     assert exp.meta == {"changes": [{"name": "LR", "new": 0.05}]}
     assert exp.base_sha == MAIN
-    assert exp.code_hash == "code-1" and exp.train_py == "print(1)\n"
+    assert exp.code_hash == "code-1" and exp.asset == "print(1)\n"
     assert (exp.head_sha, exp.merged_sha, exp.val_bpb, exp.delta, exp.reason) == (None,) * 5
     assert exp.created_at == started.created_at <= exp.updated_at
     assert store.experiments.get(exp.id) == exp
@@ -492,7 +527,7 @@ def test_fill_proposal_resets_failures(store: Store):
     exp = store.experiments.start_proposing(MAIN)
     store.experiments.update(exp.id, failures=3, retry_at=123.0)
     filled = store.experiments.fill_proposal(
-        exp.id, title="t", hypothesis="h", slug="s", code_hash="c", train_py="p", meta={}
+        exp.id, title="t", hypothesis="h", slug="s", code_hash="c", asset="p", meta={}
     )
     assert filled.failures == 0
 
@@ -501,14 +536,14 @@ def test_fill_proposal_twice_is_refused(store: Store):
     exp = new_experiment(store, 1)
     with pytest.raises(InvalidTransition, match="proposed -> proposed"):
         store.experiments.fill_proposal(
-            exp.id, title="other", hypothesis="h", slug="other", code_hash="x", train_py="p", meta={}
+            exp.id, title="other", hypothesis="h", slug="other", code_hash="x", asset="p", meta={}
         )
     assert store.experiments.get(exp.id) == exp
 
 
 def test_fill_proposal_of_a_missing_experiment_raises_key_error(store: Store):
     with pytest.raises(KeyError):
-        store.experiments.fill_proposal(9, title="t", hypothesis="h", slug="s", code_hash="c", train_py="p", meta={})
+        store.experiments.fill_proposal(9, title="t", hypothesis="h", slug="s", code_hash="c", asset="p", meta={})
     assert count(store, "experiments") == 0 and store.events.all() == []
 
 
@@ -1210,7 +1245,7 @@ CHILD = textwrap.dedent("""
     exp = store.experiments.start_proposing("abc")
     print("started", exp.id, flush=True)
     exp = store.experiments.fill_proposal(exp.id, title="Raise LR", hypothesis="faster", slug="raise-lr",
-                                          code_hash="h1", train_py="print(1)\\n", meta={"n": 1})
+                                          code_hash="h1", asset="print(1)\\n", meta={"n": 1})
     print("added", exp.id, flush=True)
     if mode == "nested":
         with store.transaction():

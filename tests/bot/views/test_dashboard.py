@@ -74,7 +74,7 @@ def experiment(
         hypothesis="because",
         slug="x",
         code_hash=code,
-        train_py="print()\n",
+        asset="print()\n",
         meta={"cost_usd": 0.012},
     )
     for status, value in runs:
@@ -377,7 +377,7 @@ def _big_store(path: Path, experiments: int) -> None:
         for i in range(1, experiments + 1):
             status = ("keep", "discard", "discard", "crash")[i % 4]
             db.execute(
-                "INSERT INTO experiments(id, state, status, title, hypothesis, branch, code_hash, train_py, "
+                "INSERT INTO experiments(id, state, status, title, hypothesis, branch, code_hash, asset, "
                 "meta, base_sha, head_sha, val_bpb, delta, margin, reason, created_at, updated_at) VALUES "
                 "(?, 'done', ?, ?, 'h', ?, ?, ?, '{\"cost_usd\": 0.01}', ?, ?, ?, ?, 0.01, 'r', ?, ?)",
                 (

@@ -68,7 +68,7 @@ def finished(
         hypothesis="because",
         slug="x",
         code_hash=f"code-{started.id}",
-        train_py="print()\n",
+        asset="print()\n",
         meta={},
     )
     if run:

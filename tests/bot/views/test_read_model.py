@@ -60,7 +60,7 @@ def run(
 def experiment(store: Store, title: str, code: str) -> int:
     exp = store.experiments.start_proposing(MAIN_A)
     store.experiments.fill_proposal(
-        exp.id, title=title, hypothesis="because", slug="x", code_hash=code, train_py="print()\n", meta={}
+        exp.id, title=title, hypothesis="because", slug="x", code_hash=code, asset="print()\n", meta={}
     )
     store.experiments.update(exp.id, state=State.BRANCHED, head_sha=code[0] * 40)
     store.experiments.update(exp.id, state=State.MEASURING)

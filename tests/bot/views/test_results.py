@@ -82,7 +82,7 @@ def experiment(
 ):
     started = store.experiments.start_proposing(MAIN_A)
     exp = store.experiments.fill_proposal(
-        started.id, title=title, hypothesis="because", slug="x", code_hash=code_hash, train_py="print()\n", meta={}
+        started.id, title=title, hypothesis="because", slug="x", code_hash=code_hash, asset="print()\n", meta={}
     )
     for run_status, value, metrics in runs:
         measured(
