@@ -198,7 +198,7 @@ class GitHubPublisher(Publisher):
                 exp,
                 main_sha=exp.base_sha,
                 main_val_bpb=snapshot.main_val_bpb,
-                base_train_py=self._base_text(exp),
+                base_asset=self._base_text(exp),
                 history=history,
             )
             self.pace_write()

@@ -272,13 +272,13 @@ def _history(exp: Experiment, history: list[Experiment]) -> str:
 
 
 def pr_body(
-    exp: Experiment, *, main_sha: str, main_val_bpb: float | None, base_train_py: str, history: list[Experiment]
+    exp: Experiment, *, main_sha: str, main_val_bpb: float | None, base_asset: str, history: list[Experiment]
 ) -> str:
     """The PR description: hypothesis, expected effect, diff size, what it builds on, how to steer."""
     if exp.asset is None:
         size = "The proposed train.py is not recorded yet."
     else:
-        added, removed = diff_size(base_train_py, exp.asset)
+        added, removed = diff_size(base_asset, exp.asset)
         size = f"`train.py`: **+{added} −{removed}** lines against main `{main_sha[:7]}`."
     changes = _changes(exp.meta)
     if isinstance(exp.meta.get("fixes"), int):

@@ -41,8 +41,8 @@ class Main:
     """Main as read once per tick."""
 
     sha: str
-    train_py: str
-    code_hash: str  # of train_py
+    asset: str  # train.py's text
+    code_hash: str  # of asset
     instructions: str  # program.md without its front matter
     settings: LoopSettings
 
@@ -164,7 +164,7 @@ class Baseline:
             code_hash=main.code_hash,
             commit_sha=main.sha,
             base_sha=main.sha,
-            asset=main.train_py,
+            asset=main.asset,
             profile=self.profile,
             reason=reason,
         )

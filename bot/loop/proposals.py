@@ -197,7 +197,7 @@ class Proposals:
         earlier = [
             (exp_id, title, self._normal_hash(code, exp_id)) for exp_id, title, code in self.store.experiments.codes()
         ]
-        return validation.problem(proposal.title, proposal.asset, main_train_py=main.train_py, earlier=earlier)
+        return validation.problem(proposal.title, proposal.asset, main_asset=main.asset, earlier=earlier)
 
     def _normal_hash(self, code: str, exp_id: int) -> str | None:
         if code not in self._normal:
@@ -228,7 +228,7 @@ class Proposals:
         seen = self._pending.seen if self._pending else set()
         return ProposalContext(
             program_md=main.instructions,
-            asset=main.train_py,
+            asset=main.asset,
             main_sha=main.sha,
             main_val_bpb=measurement.main_value(self.baseline.values(), main.code_hash),
             history=history,

@@ -13,7 +13,7 @@ import ast
 import hashlib
 from collections.abc import Iterable
 
-MAX_TRAIN_PY_BYTES = 200_000
+MAX_ASSET_BYTES = 200_000
 
 
 def normal_hash(text: str) -> str | None:
@@ -49,21 +49,21 @@ def uses_harness(tree: ast.Module) -> bool:
 
 def problem(
     title: str,
-    train_py: str,
+    asset: str,
     *,
-    main_train_py: str,
+    main_asset: str,
     earlier: Iterable[tuple[int, str, str]],
-    max_bytes: int = MAX_TRAIN_PY_BYTES,
+    max_bytes: int = MAX_ASSET_BYTES,
 ) -> str | None:
     """Why the proposal cannot run, or None. `earlier`: (experiment id, title, normal_hash) of every
     experiment so far."""
     if not title.strip():
         return "it has no title"
-    size = len(train_py.encode("utf-8"))
+    size = len(asset.encode("utf-8"))
     if size > max_bytes:
         return f"train.py is {size:,} bytes, more than the limit of {max_bytes:,}"
     try:
-        tree = ast.parse(train_py, "train.py")
+        tree = ast.parse(asset, "train.py")
         compile(tree, "train.py", "exec")
     except SyntaxError as error:
         return f"train.py does not compile: {error.msg} (line {error.lineno})"
@@ -75,7 +75,7 @@ def problem(
             "the harness owns the data, the clock and the evaluation, so keep both"
         )
     digest = hashlib.sha256(ast.dump(tree).encode()).hexdigest()
-    if digest == normal_hash(main_train_py):
+    if digest == normal_hash(main_asset):
         return "train.py is identical to main's (up to comments and layout)"
     for exp_id, exp_title, other in earlier:
         if other == digest:

@@ -13,7 +13,7 @@ CHANGED = MAIN.replace("WARMDOWN_RATIO = 0.5", "WARMDOWN_RATIO = 0.4")
 
 
 def problem(text: str, earlier: list[tuple[int, str, str]] | None = None, **kw) -> str | None:
-    return validation.problem("a title", text, main_train_py=MAIN, earlier=earlier or [], **kw)
+    return validation.problem("a title", text, main_asset=MAIN, earlier=earlier or [], **kw)
 
 
 def test_a_real_change_passes() -> None:
@@ -42,5 +42,5 @@ def test_dropping_the_harness_is_refused() -> None:
 def test_syntax_errors_sizes_and_titles() -> None:
     assert problem(CHANGED + "\ndef broken(:\n").startswith("train.py does not compile")
     assert "more than the limit" in problem(CHANGED, max_bytes=1000)
-    assert validation.problem(" ", CHANGED, main_train_py=MAIN, earlier=[]) == "it has no title"
+    assert validation.problem(" ", CHANGED, main_asset=MAIN, earlier=[]) == "it has no title"
     assert problem(CHANGED + "\x00").startswith("train.py does not compile")

@@ -305,10 +305,10 @@ def test_the_repository_s_train_py_trains_and_scores_on_actions(
     repo: Any, standin: GitHubStandIn, tmp_path: Path, clock: Clock
 ) -> None:
     """Slow tier: the real train.py trains its whole budget in the project's own workflow."""
-    train_py = (ROOT / "train.py").read_text()
-    standin.push_file("train.py", train_py, user="octo-org", message="the real train.py")
+    asset = (ROOT / "train.py").read_text()
+    standin.push_file("train.py", asset, user="octo-org", message="the real train.py")
     runner = make_runner(repo, tmp_path / "state", clock)
-    runner.submit(job_at(standin, asset=train_py))
+    runner.submit(job_at(standin, asset=asset))
     status = settle(runner, 1)
     assert status.state == "finished" and status.result is not None, f"{status}\n{workflow_logs(standin)}"
     assert status.result.status == "ok", f"{status.result.error}\n{status.result.log_tail}"
