@@ -36,7 +36,19 @@ store nor the forge. The rule, in plain words:
    runs that got a change kept are never main's values: they were selected for coming out low.
    See `main_runs_wanted`.
 
-5. Everything else. A crash is a crash, whatever the number. A result measured on an older main
+5. Simpler code. A change that makes train.py smaller (fewer lines of code and fewer code tokens,
+   counted on the code itself: see bot.loop.simplicity) and is not kept or confirmed by the rule
+   above gets a rule of its own, non-inferiority: it is kept when its runs rule out a loss larger
+   than `simplicity_sigmas` (1) sigma, that is when delta + k * standard error < margin with k the
+   Student-t quantile of a one-sided 95% (`simplicity_z` 1.645) at `dof`. It is judged on two or
+   more runs: a single run that loses less than half that margin earns one confirmation run (and
+   main its extra run), anything worse is discarded at once; with confirmations off it is judged
+   on its one run. A change with a true loss at the margin is then kept at most 5% of the time; a
+   change with none about a quarter of the time, since a margin of one sigma is narrow for two
+   runs. A change that is both simpler and clearly better is an ordinary keep, said as such. With
+   `simpler` not given, or `simplicity_sigmas` 0, the rule above is all there is.
+
+6. Everything else. A crash is a crash, whatever the number. A result measured on an older main
    is re-measured on the current one before it may merge. Ties go to main. While no group has two
    runs (the noise is unknown) nothing is kept: an improvement gets a confirmation and one more
    run of main, or, with confirmations off, is discarded.
@@ -57,6 +69,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from bot.loop.program import LoopSettings
+    from bot.loop.simplicity import Simplification
 
 # How many times main is measured: the first main of a loop carries the whole noise estimate on
 # its own, so it gets enough runs for a usable sigma; later mains only need a fresh mean.
@@ -78,6 +91,9 @@ class JudgeConfig:
     min_margin: float = 0.0  # absolute floor on the margin, in val_bpb
     confirm: bool = True  # False: never confirm, decide on the first run
     confirm_main_runs: int = 1  # runs of main queued beside each confirmation run
+    simplicity_sigmas: float = 1.0  # a simpler change may lose at most this many sigma (0: no simplicity rule)
+    simplicity_z: float = 1.645  # one-sided confidence that it loses less, a z converted to Student-t (95%)
+    simplicity_confirm_below: float = 0.5  # a simpler single run losing less than this share of the margin is confirmed
 
 
 def judge_config(settings: LoopSettings) -> JudgeConfig:
@@ -88,6 +104,7 @@ def judge_config(settings: LoopSettings) -> JudgeConfig:
         confirm_below=settings.confirm_below,
         min_margin=settings.min_margin,
         confirm=settings.confirm,
+        simplicity_sigmas=settings.simplicity_sigmas,
     )
 
 
@@ -99,6 +116,7 @@ class Decision:
     delta: float | None = None
     margin: float | None = None
     extra_main_runs: int = 0  # on "confirm": runs of main to queue beside the confirmation run
+    loss_margin: float | None = None  # judged as a simplification: the loss its runs must rule out
 
 
 def main_runs_wanted(
@@ -168,8 +186,10 @@ def decide(
     measured_on: str,
     current_main: str,
     config: JudgeConfig,
+    simpler: Simplification | None = None,
 ) -> Decision:
-    """Judge one experiment from its runs on `measured_on` against main's baseline runs."""
+    """Judge one experiment from its runs on `measured_on` against main's baseline runs; `simpler`
+    says how much smaller its train.py is than main's, when it is (bot.loop.simplicity)."""
     if crash is not None:
         last = crash.strip().splitlines()[-1] if crash.strip() else "no output"
         return Decision("crash", f"the run crashed: {last}")
@@ -188,9 +208,12 @@ def decide(
     delta = value - base
     runs = f"{len(candidate)} run{'s' if len(candidate) > 1 else ''} against {len(main)} of main"
     single = len(candidate) < 2
+    as_simplification = simpler is not None and noise is not None and config.simplicity_sigmas > 0
     if delta >= 0:
         band = margin(noise, len(candidate), len(main), config) if noise else None
         numbers = dict(val_bpb=value, delta=delta, margin=band)
+        if as_simplification:
+            return _simplification(value, base, len(candidate), len(main), noise, simpler, config, band)
         if delta == 0:
             return Decision("discard", f"val_bpb {value:.6f} ties main: main keeps the tie", **numbers)
         return Decision("discard", f"val_bpb {value:.6f} is worse than main {base:.6f} by {delta:.6f}", **numbers)
@@ -234,9 +257,67 @@ def decide(
             extra_main_runs=extra,
             **numbers,
         )
+    if as_simplification:
+        return _simplification(value, base, len(candidate), len(main), noise, simpler, config, band)
     return Decision(
         "discard",
         f"val_bpb {value:.6f} improves on main {base:.6f} by only {-delta:.6f}, inside the "
         f"noise margin {band:.6f} ({runs}, {noise_words}): not a measurable gain",
+        **numbers,
+    )
+
+
+def _simplification(
+    value: float,
+    base: float,
+    n_candidate: int,
+    n_main: int,
+    noise: Noise,
+    simpler: Simplification,
+    config: JudgeConfig,
+    band: float | None,
+) -> Decision:
+    """Keep, confirm or discard a smaller train.py that the gain rule does not keep: kept when its
+    runs rule out, at one-sided `simplicity_z` confidence, a loss larger than `simplicity_sigmas`
+    sigma (non-inferiority); judged on two or more runs unless confirmations are off."""
+    delta = value - base
+    loss_margin = config.simplicity_sigmas * noise.sigma
+    numbers = dict(val_bpb=value, delta=delta, margin=band, loss_margin=loss_margin)
+    confidence = f"{100 * 0.5 * math.erfc(-config.simplicity_z / math.sqrt(2)):.3g}%"
+    allowed = f"{loss_margin:.6f} ({config.simplicity_sigmas:g} sigma)"
+    head = f"val_bpb {value:.6f} against main {base:.6f} ({delta:+.6f}), a simplification: {simpler.words()}"
+    if n_candidate < 2 and config.confirm:
+        below = config.simplicity_confirm_below * loss_margin
+        if delta < below:
+            extra = config.confirm_main_runs
+            main_words = f" and {extra} more run{'s' if extra > 1 else ''} of main" if extra else ""
+            return Decision(
+                "confirm",
+                f"{head}; its run is less than {below:.6f} worse than main, so one confirmation run{main_words} "
+                f"to rule out a loss larger than {allowed} at {confidence}",
+                extra_main_runs=extra,
+                **numbers,
+            )
+        return Decision(
+            "discard",
+            f"{head}; but its run is {delta:.6f} worse than main, not less than {below:.6f}: too "
+            f"much for a confirmation to rule out a loss larger than {allowed}",
+            **numbers,
+        )
+    upper = delta + t_multiplier(config.simplicity_z, noise.dof) * standard_error(noise, n_candidate, n_main)
+    runs = f"{n_candidate} run{'s' if n_candidate > 1 else ''} against {n_main} of main"
+    noise_words = f"sigma {noise.sigma:.6f} from {noise.dof} degree{'s' if noise.dof > 1 else ''} of freedom"
+    if upper < loss_margin:
+        return Decision(
+            "keep",
+            f"kept for simplicity: {simpler.words()}, and the runs rule out a loss larger than {allowed} "
+            f"at {confidence}: val_bpb {value:.6f} against main {base:.6f} ({delta:+.6f}, at most "
+            f"{upper:+.6f}; {runs}, {noise_words})",
+            **numbers,
+        )
+    return Decision(
+        "discard",
+        f"{head}; but the runs do not rule out a loss larger than {allowed} at {confidence}: it "
+        f"may be as large as {upper:+.6f} ({runs}, {noise_words})",
         **numbers,
     )

@@ -13,6 +13,8 @@ program.md may start with a YAML block between two `---` lines holding an `autor
       confirm_below: 1.25      # a single run this many standard errors better gets a confirmation
       min_margin: 0.0          # absolute floor on the margin, in val_bpb
       confirm: true            # borderline improvements get one confirmation run
+      simplicity_sigmas: 1.0   # a smaller train.py is kept if its runs rule out a loss of more
+                               # than this many sigma (0: simpler code gets no rule of its own)
       paused: false            # true: finish what runs, propose nothing new
     ---
 
@@ -42,6 +44,7 @@ class LoopSettings(BaseModel):
     confirm_below: float = Field(1.25, ge=0)
     min_margin: float = Field(0.0, ge=0)
     confirm: bool = True
+    simplicity_sigmas: float = Field(1.0, ge=0)
     paused: bool = False
 
     @model_validator(mode="after")

@@ -21,6 +21,7 @@ from bot.loop.judge import (
     standard_error,
     t_multiplier,
 )
+from bot.loop.simplicity import Simplification
 
 MAIN = "a" * 40
 OLD_MAIN = "b" * 40
@@ -449,3 +450,164 @@ def test_the_judges_settings_come_from_program_md():
     assert judge_config(settings) == JudgeConfig(
         noise_sigmas=3.0, confirm_sigmas=2.0, confirm_below=1.0, min_margin=0.001, confirm=False
     )
+
+
+# --- decide: a smaller train.py (non-inferiority) ----------------------------------------------------
+
+SIMPLER = Simplification(lines=3, tokens=20)
+LOSS_MARGIN = JudgeConfig().simplicity_sigmas * SIGMA  # one sigma: 0.01
+SIMPLICITY_Z = JudgeConfig().simplicity_z  # 1.645: one-sided 95%
+
+
+def judge_simpler(candidate: list[float], *, simpler: Simplification | None = SIMPLER, **kwargs) -> Decision:
+    config = kwargs.pop("config", None) or JudgeConfig()
+    main = kwargs.pop("main", None) or MAIN_RUNS
+    noise = kwargs.pop("noise", NOISE)
+    return decide(
+        candidate=candidate,
+        crash=None,
+        main=main,
+        noise=noise,
+        measured_on=MAIN,
+        current_main=MAIN,
+        config=config,
+        simpler=simpler,
+        **kwargs,
+    )
+
+
+def worst_loss(candidate: list[float], main: list[float] = MAIN_RUNS, dof: int = 30) -> float:
+    """The one-sided 95% upper bound of (candidate - main), computed independently of the judge."""
+    se = SIGMA * math.sqrt(1 / len(candidate) + 1 / len(main))
+    return sum(candidate) / len(candidate) - sum(main) / len(main) + t_quantile(normal_tail(SIMPLICITY_Z), dof) * se
+
+
+@pytest.mark.parametrize(
+    "candidate",
+    [[0.95], [1.0 - 2 * SE_1], [1.0 - SE_1], [1.0], [1.003], [1.2], [0.99, 0.99], [1.0, 1.001], [1.05, 1.04]],
+    ids=[
+        "clear-gain",
+        "confirm-window",
+        "small-gain",
+        "tie",
+        "small-loss",
+        "large-loss",
+        "two-gain",
+        "two-tie",
+        "two-loss",
+    ],
+)
+@pytest.mark.parametrize("noise", [NOISE, Noise(0.02, 3), None], ids=["noise", "few-dof", "no-noise"])
+@pytest.mark.parametrize("confirm", [True, False], ids=["confirm", "no-confirm"])
+def test_a_change_that_is_not_simpler_is_judged_exactly_as_before(candidate, noise, confirm):
+    config = JudgeConfig(confirm=confirm)
+    before = judge(candidate, noise=noise, config=config)
+    assert judge_simpler(candidate, simpler=None, noise=noise, config=config) == before
+    # and a simpler one is too when program.md sets the simplicity rule off
+    off = JudgeConfig(confirm=confirm, simplicity_sigmas=0.0)
+    assert judge_simpler(candidate, noise=noise, config=off) == judge(candidate, noise=noise, config=off) == before
+
+
+def test_a_simpler_change_that_is_clearly_better_is_an_ordinary_keep_said_as_such():
+    d = judge_simpler([0.95])
+    assert d == judge([0.95])
+    assert d.action == "keep" and d.loss_margin is None
+    assert d.reason.startswith("val_bpb 0.950000 beats main 1.000000 by 0.050000, more than the noise margin")
+
+
+def test_a_simpler_change_in_the_gain_rules_confirm_window_gets_the_ordinary_confirmation():
+    assert judge_simpler([1.0 - 2 * SE_1]) == judge([1.0 - 2 * SE_1])
+
+
+def test_a_simpler_single_run_without_a_clear_loss_gets_a_confirmation_run_and_a_run_of_main():
+    d = judge_simpler([1.002])
+    assert d.action == "confirm" and d.extra_main_runs == 1
+    assert d.loss_margin == pytest.approx(LOSS_MARGIN)
+    assert d.delta == pytest.approx(0.002)
+    assert d.margin == pytest.approx(keep_margin(ONE_RUN_Z, 30, 1, 6), rel=1e-9)
+    assert d.reason == (
+        "val_bpb 1.002000 against main 1.000000 (+0.002000), a simplification: 3 fewer lines of code "
+        "(20 fewer code tokens); its run is less than 0.005000 worse than main, so one confirmation run "
+        "and 1 more run of main to rule out a loss larger than 0.010000 (1 sigma) at 95%"
+    )
+
+
+def test_a_simpler_single_run_losing_half_the_margin_is_discarded_without_a_confirmation():
+    # half of one sigma (0.005) is the line: a run this much worse rarely survives a confirmation
+    assert judge_simpler([1.0049]).action == "confirm"
+    d = judge_simpler([1.0051])
+    assert d.action == "discard" and d.extra_main_runs == 0
+    assert "a simplification: 3 fewer lines of code" in d.reason
+    assert "not less than 0.005000" in d.reason and "a loss larger than 0.010000 (1 sigma)" in d.reason
+
+
+def test_a_simpler_change_whose_runs_rule_out_a_loss_beyond_the_margin_is_kept_for_simplicity():
+    # two runs against six of main, sigma 0.01 from 30 degrees of freedom: the 95% upper bound of the
+    # difference is delta + 1.697 * 0.00816 = delta + 0.01386, so a delta of -0.004 rules out a loss
+    # of more than 0.01; the gain rule would need a gain of 0.018
+    candidate = [0.995, 0.997]
+    assert worst_loss(candidate) < LOSS_MARGIN
+    d = judge_simpler(candidate)
+    assert d.action == "keep"
+    assert d.loss_margin == pytest.approx(LOSS_MARGIN)
+    assert d.margin == pytest.approx(keep_margin(TWO_RUN_Z, 30, 2, 6), rel=1e-9)  # the gain rule's, as ever
+    assert d.reason == (
+        "kept for simplicity: 3 fewer lines of code (20 fewer code tokens), and the runs rule out a loss "
+        f"larger than 0.010000 (1 sigma) at 95%: val_bpb 0.996000 against main 1.000000 (-0.004000, at most "
+        f"{worst_loss(candidate):+.6f}; 2 runs against 6 of main, sigma 0.010000 from 30 degrees of freedom)"
+    )
+
+
+def test_a_simpler_change_is_kept_only_when_the_bound_is_strictly_inside_the_margin():
+    # an upper bound exactly at the margin does not rule the margin out
+    bound = t_quantile(normal_tail(SIMPLICITY_Z), 30) * SIGMA * math.sqrt(1 / 2 + 1 / 6)
+    at_margin = 1.0 + LOSS_MARGIN - bound
+    assert judge_simpler([at_margin - 1e-9, at_margin - 1e-9]).action == "keep"
+    assert judge_simpler([at_margin + 1e-9, at_margin + 1e-9]).action == "discard"
+
+
+def test_a_simpler_change_whose_runs_cannot_rule_out_the_loss_is_discarded_saying_so():
+    candidate = [1.0, 1.002]
+    d = judge_simpler(candidate)
+    assert d.action == "discard" and d.loss_margin == pytest.approx(LOSS_MARGIN)
+    assert d.reason == (
+        "val_bpb 1.001000 against main 1.000000 (+0.001000), a simplification: 3 fewer lines of code "
+        "(20 fewer code tokens); but the runs do not rule out a loss larger than 0.010000 (1 sigma) at 95%: "
+        f"it may be as large as {worst_loss(candidate):+.6f} (2 runs against 6 of main, sigma 0.010000 from "
+        "30 degrees of freedom)"
+    )
+
+
+def test_the_simplicity_margin_is_in_sigma_and_its_confidence_a_one_sided_student_t():
+    # two sigma of margin, and few degrees of freedom behind sigma widen the bound
+    wide = JudgeConfig(simplicity_sigmas=2.0)
+    candidate = [1.004, 1.006]
+    assert judge_simpler(candidate).action == "discard"
+    assert worst_loss(candidate) < 2 * LOSS_MARGIN
+    d = judge_simpler(candidate, config=wide)
+    assert d.action == "keep" and d.loss_margin == pytest.approx(0.02) and "(2 sigma) at 95%" in d.reason
+    assert worst_loss(candidate, dof=2) > 2 * LOSS_MARGIN
+    assert judge_simpler(candidate, config=wide, noise=Noise(SIGMA, 2)).action == "discard"
+    strict = JudgeConfig(simplicity_sigmas=2.0, simplicity_z=2.0)
+    assert "at 97.7%" in judge_simpler([1.0, 1.0], config=strict).reason
+
+
+def test_with_confirmations_off_a_simpler_change_is_judged_on_its_one_run():
+    config = JudgeConfig(confirm=False, simplicity_sigmas=2.0)
+    assert worst_loss([0.998]) < 2 * LOSS_MARGIN
+    d = judge_simpler([0.998], config=config)
+    assert d.action == "keep" and d.reason.startswith("kept for simplicity") and "1 run against 6 of main" in d.reason
+    assert judge_simpler([1.003], config=config).action == "discard"
+
+
+def test_without_a_noise_estimate_a_simpler_change_is_judged_by_the_gain_rule():
+    for candidate in ([1.0], [1.01], [0.99]):
+        assert judge_simpler(candidate, noise=None) == judge(candidate, noise=None)
+
+
+def test_the_simplicity_margin_comes_from_program_md():
+    from bot.loop.judge import judge_config
+    from bot.loop.program import LoopSettings
+
+    assert judge_config(LoopSettings()).simplicity_sigmas == 1.0
+    assert judge_config(LoopSettings(simplicity_sigmas=0.5)).simplicity_sigmas == 0.5

@@ -20,6 +20,7 @@ DEFAULTS = dict(
     confirm_below=1.25,
     min_margin=0.0,
     confirm=True,
+    simplicity_sigmas=1.0,
     paused=False,
 )
 
@@ -78,6 +79,7 @@ def test_full_block_is_parsed_and_the_body_follows():
         "  confirm_below: 1.0\n"
         "  min_margin: 0.001\n"
         "  confirm: false\n"
+        "  simplicity_sigmas: 0.5\n"
         "  paused: true\n",
         "\n\n# Research program\n\nLower val_bpb by editing train.py.\n",
     )
@@ -92,6 +94,7 @@ def test_full_block_is_parsed_and_the_body_follows():
         confirm_below=1.0,
         min_margin=0.001,
         confirm=False,
+        simplicity_sigmas=0.5,
         paused=True,
     )
     # the body starts right at its first line: leading blank lines and the block are gone
