@@ -8,7 +8,8 @@ keep anyway), then every active experiment as far as it goes without waiting:
     proposed   push its branch (one commit on main)
     branched   queue its candidate run
     measuring  wait for its runs, then the judge (bot.loop.judge) decides from the numbers alone:
-               keep, discard, crash, one confirmation run more, or a re-measure on a newer main
+               keep, discard, crash, one confirmation run more, or a re-measure on a newer main;
+               a change that makes train.py smaller (bot.loop.simplicity) may be kept for simplicity
     rebasing   re-graft its change onto the new main and queue a re-measure (or follow a main whose
                train.py did not change: its runs still count)
     merging    squash-merge into main, compare-and-swap on the main it was measured against
@@ -27,7 +28,7 @@ from dataclasses import dataclass, replace
 from bot.core.protocols import Forge, MainMoved, MergeConflict
 from bot.core.records import code_hash
 from bot.core.states import Request, RunState, State, Status
-from bot.loop import measurement
+from bot.loop import measurement, simplicity
 from bot.loop.baseline import ASSET, Baseline, Main
 from bot.loop.judge import decide, judge_config
 from bot.loop.runs import Runs
@@ -214,6 +215,7 @@ class Lifecycle:
         if not candidate and crash is None and exp.base_sha == main.sha:
             self.runs.queue(exp, "candidate", "no run under the pinned harness and data")
             return None
+        simpler = simplicity.simplification(main.asset, exp.asset) if exp.asset else None
         decision = decide(
             candidate=candidate,
             crash=(crash.error or "crashed") if crash else None,
@@ -222,9 +224,11 @@ class Lifecycle:
             measured_on=exp.base_sha,
             current_main=main.sha,
             config=judge_config(main.settings),
+            simpler=simpler,
         )
         if decision.action == "wait":
             return None
+        for_simplicity = decision.action == "keep" and decision.loss_margin is not None
         who = exp.meta.get("keep_anyway")
         if who and decision.action in ("confirm", "discard") and decision.val_bpb is not None:
             decision = replace(
@@ -245,6 +249,11 @@ class Lifecycle:
                 runs=len(candidate),
                 main_val_bpb=measurement.main_value(self.baseline.values(), main.code_hash),
             )
+            meta.pop("kept_for_simplicity", None)  # from an earlier keep on an older main
+            if for_simplicity and simpler:
+                meta["kept_for_simplicity"] = dict(
+                    lines=simpler.lines, tokens=simpler.tokens, loss_margin=decision.loss_margin
+                )
             return self.store.experiments.update(
                 exp.id, state=State.MERGING, meta=meta, event=decision.reason, **numbers
             )
@@ -309,11 +318,14 @@ class Lifecycle:
 
     def _step_merging(self, exp: Experiment, main: Main) -> Experiment | None:
         runs = exp.meta.get("runs", 1)
+        simpler = "kept_for_simplicity" in exp.meta
         message = (
-            f"{exp.title} (val_bpb {exp.val_bpb:.6f}, {exp.delta:+.6f} vs main)\n\n{exp.hypothesis}\n\n"
+            f"{exp.title} (val_bpb {exp.val_bpb:.6f}, {exp.delta:+.6f} vs main"
+            f"{', kept for simplicity' if simpler else ''})\n\n{exp.hypothesis}\n\n"
             f"{exp.reason}\n\nval_bpb is the mean of its {runs} run{'s' if runs != 1 else ''}; the new main "
             f"is measured afresh, and that re-measured delta is the one to quote.\n\n"
             f"autoresearch-experiment: {exp.id}\nautoresearch-val-bpb: {exp.val_bpb:.6f}"
+            + ("\nautoresearch-kept-for: simplicity" if simpler else "")
         )
         try:
             merged = self.forge.merge(exp.branch, exp.base_sha, message)

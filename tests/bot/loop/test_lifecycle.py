@@ -916,3 +916,54 @@ def test_a_freed_slot_starts_the_next_experiment_run_before_the_rest_of_the_tick
     runner.finish(first.id)
     loop.tick()
     assert started_when_advancing == ["running"]
+
+
+# --- simpler code --------------------------------------------------------------------------------
+
+SIMPLER_MAIN = MAIN.replace("WARMDOWN_RATIO = 0.5\n", "")  # one statement (3 code tokens) fewer
+
+
+def test_a_smaller_train_py_that_loses_nothing_is_kept_for_simplicity_and_merged_saying_so(tmp_path: Path) -> None:
+    # main: six runs around 2.0 (sigma 0.0071); the deletion's run is 0.002 worse, less than half the
+    # margin of two sigma (program.md's simplicity_sigmas): a confirmation and one more run of main.
+    # Two runs (mean 2.0) against seven of main (mean 2.0), sigma 0.00607 from 7 degrees of freedom:
+    # the one-sided 95% bound of the loss, 1.895 * 0.00487 = 0.0092, is inside the margin 0.0121.
+    values = {1: 2.000, 2: 2.010, 3: 1.990, 4: 2.005, 5: 1.995, 6: 2.000, 7: 2.002, 8: 1.998, 9: 2.000}
+    runner = FakeRunner(
+        outcome=lambda job: result_for(job, **({"val_bpb": values[job.run_id]} if job.run_id in values else {}))
+    )
+    deletion = Proposal("drop the warmdown", "it does nothing here", with_effect(SIMPLER_MAIN, 0.0, "drop"))
+    loop = make(
+        tmp_path,
+        ScriptedAgent([deletion]),
+        runner=runner,
+        experiments=1,
+        settings=dict(first_baseline_runs=6, baseline_runs=2, simplicity_sigmas=2.0),
+    )
+    run_to_end(loop)
+    assert [(r.id, r.purpose) for r in loop.store.runs.all()[6:9]] == [
+        (7, "candidate"),
+        (8, "confirm"),
+        (9, "baseline"),
+    ]
+    exp = loop.store.experiments.all()[0]
+    assert exp.status == "keep" and exp.val_bpb == pytest.approx(2.0) and exp.delta == pytest.approx(0.0)
+    assert exp.reason.startswith(
+        "kept for simplicity: 1 fewer line of code (3 fewer code tokens), and the runs rule out a loss "
+        "larger than 0.012142 (2 sigma) at 95%: val_bpb 2.000000 against main 2.000000 (+0.000000, at most +0.009223;"
+    )
+    assert exp.meta["kept_for_simplicity"] == dict(lines=1, tokens=3, loss_margin=pytest.approx(0.012142, abs=1e-6))
+    assert loop.forge.main_sha() == exp.merged_sha
+    message = loop.forge.repo.commit(exp.merged_sha).message
+    assert message.splitlines()[0] == "drop the warmdown (val_bpb 2.000000, +0.000000 vs main, kept for simplicity)"
+    assert exp.reason in message and message.rstrip().endswith("autoresearch-kept-for: simplicity")
+
+
+def test_a_smaller_train_py_that_is_clearly_better_is_an_ordinary_keep(tmp_path: Path) -> None:
+    better = Proposal("drop the warmdown", "it hurts", with_effect(SIMPLER_MAIN, -0.1, "drop"))
+    loop = make(tmp_path, ScriptedAgent([better]), experiments=1)
+    run_to_end(loop)
+    exp = loop.store.experiments.all()[0]
+    assert exp.status == "keep" and "beats main" in exp.reason and "kept_for_simplicity" not in exp.meta
+    message = loop.forge.repo.commit(exp.merged_sha).message
+    assert "simplicity" not in message
