@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from bot.loop.simplicity import Simplification, simplification
 from bot.store import Experiment, Run
 from bot.views.text import bpb as _bpb
 from bot.views.text import cell as _cell
@@ -148,7 +149,9 @@ class Label:
 
 # The verdicts. An experiment in flight carries none: its check run (or commit status) shows it.
 LABELS: dict[str, Label] = {
-    "keep": Label("autoresearch: kept", "0e8a16", "Beat main by more than the noise margin and was merged"),
+    "keep": Label(
+        "autoresearch: kept", "0e8a16", "Beat main by more than the noise margin, or matched it with less code; merged"
+    ),
     "discard": Label("autoresearch: discarded", "cfd3d7", "Not a measurable gain over main; kept as a record"),
     "crash": Label("autoresearch: crashed", "d73a4a", "Its training run crashed; the traceback goes to the agent"),
     "cancelled": Label("autoresearch: cancelled", "6a737d", "Stopped by a person before a decision"),
@@ -169,6 +172,18 @@ _OUTCOME_WORDS = {
     "failed": "failed",
     "cancelled": "cancelled",
 }
+
+
+def _kept_for_simplicity(exp: Experiment) -> tuple[Simplification, float] | None:
+    """How much smaller a keep for simplicity made train.py, and the loss its runs ruled out; None
+    for any other experiment (bot.loop.lifecycle records `kept_for_simplicity` in its meta)."""
+    found = exp.meta.get("kept_for_simplicity") if exp.status == "keep" else None
+    if not isinstance(found, dict):
+        return None
+    lines, tokens, loss = found.get("lines"), found.get("tokens"), _number(found.get("loss_margin"))
+    if not isinstance(lines, int) or not isinstance(tokens, int) or loss is None:
+        return None
+    return Simplification(lines=lines, tokens=tokens), loss
 
 
 def conclusion(status: str) -> str:
@@ -280,6 +295,13 @@ def pr_body(
     else:
         added, removed = diff_size(base_asset, exp.asset)
         size = f"`train.py`: **+{added} −{removed}** lines against main `{main_sha[:7]}`."
+        smaller = simplification(base_asset, exp.asset)
+        if smaller:
+            size += (
+                f" It makes train.py smaller: {smaller.words()}, counted without comments, docstrings "
+                f"or layout. A smaller train.py may be kept for simplicity: when its runs rule out a loss "
+                f"larger than `simplicity_sigmas` (program.md) times the noise."
+            )
     changes = _changes(exp.meta)
     if isinstance(exp.meta.get("fixes"), int):
         changes.append(f"It is proposed as the fix of experiment {exp.meta['fixes']}, which crashed.")
@@ -312,12 +334,15 @@ def pr_body(
 # --- check runs and commit statuses ---------------------------------------------------------------
 
 
-def _numbers(val_bpb: float | None, delta: float | None, margin: float | None) -> str:
-    """`val_bpb 0.97120 (-0.00610 vs main, noise margin 0.00200)`, 5 decimals."""
+def _numbers(val_bpb: float | None, delta: float | None, margin: float | None, loss_margin: float | None = None) -> str:
+    """`val_bpb 0.97120 (-0.00610 vs main, noise margin 0.00200)`, 5 decimals; with a loss margin
+    (a keep for simplicity) `loss margin 0.01000` instead of the noise margin."""
     if val_bpb is None:
         return ""
     parts = [f"{delta:+.5f} vs main" if delta is not None else "no main baseline yet"]
-    if margin is not None:
+    if loss_margin is not None:
+        parts.append(f"loss margin {loss_margin:.5f}")
+    elif margin is not None:
         parts.append(f"noise margin {margin:.5f}")
     return f"val_bpb {val_bpb:.5f} ({', '.join(parts)})"
 
@@ -346,12 +371,14 @@ def check_title(
     elif status == "crash":
         title = f"crashed: {_last_error_line(exp)}"
     elif status in _OUTCOME_WORDS:
+        simpler = _kept_for_simplicity(exp) if status == "keep" else None
         numbers = _numbers(
             val_bpb if val_bpb is not None else exp.val_bpb,
             delta if delta is not None else exp.delta,
             margin if margin is not None else exp.margin,
+            simpler[1] if simpler else None,
         )
-        word = _OUTCOME_WORDS[status]
+        word = f"kept for simplicity, {simpler[0].words()}" if simpler else _OUTCOME_WORDS[status]
         title = f"{numbers}: {word}" if numbers else f"{word}: {exp.reason}" if exp.reason else word
     else:
         raise ValueError(f"no check title for status {status!r}: one of queued, running, {', '.join(_OUTCOME_WORDS)}")
@@ -415,6 +442,7 @@ def check_summary(exp: Experiment, runs: list[Run], *, main_val_bpb: float | Non
         f"| main | {_bpb(main_val_bpb) if main_val_bpb is not None else 'not measured yet'} |",
         f"| Δ vs main | {_signed(_delta(exp, value, main_val_bpb))} |",
         f"| Noise margin | {_bpb(margin) if margin is not None else 'not known yet'} |",
+        *_simplicity_row(exp),
         f"| Runs | {len(counted)}{': ' + values if values else ''} |",
     ]
     for label, key, combine, show in _METRICS:
@@ -445,6 +473,15 @@ def check_summary(exp: Experiment, runs: list[Run], *, main_val_bpb: float | Non
             listed.append(f"\n*{len(runs) - RUNS_SHOWN} earlier runs are not listed.*")
         parts.append("\n".join(listed))
     return _limit("\n\n".join(parts), CHECK_FIELD_LIMIT)
+
+
+def _simplicity_row(exp: Experiment) -> list[str]:
+    """The table row of a keep for simplicity: how much smaller, and the loss its runs ruled out."""
+    simpler = _kept_for_simplicity(exp)
+    if simpler is None:
+        return []
+    smaller, loss = simpler
+    return [f"| Kept for simplicity | {smaller.words()}; its runs rule out a loss larger than {_bpb(loss)} |"]
 
 
 def _last_line(text: str | None) -> str:
@@ -541,7 +578,7 @@ def _next_step(exp: Experiment) -> str:
 def decision_comment(exp: Experiment, *, main_val_bpb: float | None, runs: list[Run]) -> str:
     """Why the experiment ended as it did, in numbers, and what happens next."""
     status = exp.status or "undecided"
-    word = _OUTCOME_WORDS.get(status, status)
+    word = "kept for simplicity" if _kept_for_simplicity(exp) else _OUTCOME_WORDS.get(status, status)
     counted = _counted(runs)
     main = _main_value(exp, main_val_bpb)
     lines = [
@@ -560,6 +597,7 @@ def decision_comment(exp: Experiment, *, main_val_bpb: float | None, runs: list[
             f"| main | {_bpb(main) if main is not None else 'not measured yet'} |",
             f"| Δ vs main | {_signed(_delta(exp, exp.val_bpb, main))} |",
             f"| Noise margin | {_bpb(exp.margin) if exp.margin is not None else 'not known yet'} |",
+            *_simplicity_row(exp),
             f"| Runs | {len(counted)}: {values} |",
         ]
         if exp.remeasured_delta is not None:

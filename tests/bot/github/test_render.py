@@ -462,3 +462,84 @@ def test_a_marker_counts_only_in_the_bots_own_content() -> None:
     assert render.authored_by("Autoresearch[bot]", "autoresearch[bot]")
     assert not render.authored_by("mallory", "autoresearch[bot]")
     assert not render.authored_by("autoresearch[bot]", None) and not render.authored_by(None, "autoresearch[bot]")
+
+
+# --- a keep for simplicity --------------------------------------------------------------------------
+
+SIMPLE_MAIN = "from runner import harness\n\nSOFTCAP = 15.0  # tanh cap\nh = harness.session()\nh.finish(SOFTCAP)\n"
+SIMPLE_CHANGE = "from runner import harness\n\nh = harness.session()\nh.finish(None)\n"
+
+
+def kept_for_simplicity(**fields: Any) -> Experiment:
+    kept = dict(
+        title="Drop the logit softcap",
+        val_bpb=0.9774,
+        delta=0.0001,
+        meta={"kept_for_simplicity": {"lines": 1, "tokens": 3, "loss_margin": 0.002}},
+        reason="kept for simplicity: 1 fewer line of code (3 fewer code tokens), and the runs rule out a loss "
+        "larger than 0.002000 (1 sigma) at 95%",
+    )
+    return experiment(**{**kept, **fields})
+
+
+def test_the_pull_request_of_a_smaller_train_py_says_it_may_be_kept_for_simplicity() -> None:
+    exp = experiment(asset=SIMPLE_CHANGE, status=None)
+    body = render.pr_body(exp, main_sha=MAIN, main_val_bpb=0.9773, base_asset=SIMPLE_MAIN, history=[])
+    assert (
+        "It makes train.py smaller: 1 fewer line of code (3 fewer code tokens), counted without comments, "
+        "docstrings or layout. A smaller train.py may be kept for simplicity" in body
+    )
+    longer = render.pr_body(
+        experiment(asset=SIMPLE_MAIN, status=None),
+        main_sha=MAIN,
+        main_val_bpb=0.9773,
+        base_asset=SIMPLE_CHANGE,
+        history=[],
+    )
+    assert "smaller" not in longer and "simplicity" not in longer
+
+
+def test_the_check_of_a_keep_for_simplicity_says_so_with_its_loss_margin() -> None:
+    exp = kept_for_simplicity()
+    title = render.check_title(exp, status="keep", margin=0.0035)
+    assert title == (
+        "val_bpb 0.97740 (+0.00010 vs main, loss margin 0.00200): kept for simplicity, "
+        "1 fewer line of code (3 fewer code tokens)"
+    )
+    assert render.status_description(exp, status="keep").startswith(title[:100])
+    assert render.conclusion(exp.status) == "success"
+    summary = render.check_summary(exp, [run(1, 0.9775), run(2, 0.9773)], main_val_bpb=0.9773, noise_margin=0.0035)
+    assert "| Noise margin | 0.003500 |" in summary
+    assert (
+        "| Kept for simplicity | 1 fewer line of code (3 fewer code tokens); its runs rule out a loss larger "
+        "than 0.002000 |" in summary
+    )
+    assert "**Decision:** kept for simplicity: 1 fewer line of code" in summary
+
+
+def test_the_decision_comment_of_a_keep_for_simplicity_says_so() -> None:
+    comment = render.decision_comment(
+        kept_for_simplicity(merged_sha=MERGED), main_val_bpb=0.9773, runs=[run(1, 0.9775), run(2, 0.9773)]
+    )
+    assert "### Kept for simplicity: Drop the logit softcap" in comment
+    assert "**Why:** kept for simplicity: 1 fewer line of code (3 fewer code tokens), and the runs rule out" in comment
+    assert "| Kept for simplicity | 1 fewer line of code (3 fewer code tokens); its runs rule out" in comment
+    assert "Merged into main as `ccccccc`" in comment
+
+
+@pytest.mark.parametrize(
+    "meta",
+    [{}, {"kept_for_simplicity": "yes"}, {"kept_for_simplicity": {"lines": "1", "tokens": 3, "loss_margin": 0.002}}],
+    ids=["ordinary", "not-a-map", "bad-count"],
+)
+def test_an_ordinary_keep_or_a_malformed_record_reads_as_an_ordinary_keep(meta: dict[str, Any]) -> None:
+    exp = experiment(meta=meta)
+    assert render.check_title(exp, status="keep") == "val_bpb 0.97120 (-0.00610 vs main, noise margin 0.00200): kept"
+    assert "### Kept: " in render.decision_comment(exp, main_val_bpb=0.9773, runs=[])
+    assert "simplicity" not in render.check_summary(exp, [], main_val_bpb=0.9773, noise_margin=None)
+
+
+def test_a_discarded_experiment_never_reads_as_kept_for_simplicity() -> None:
+    exp = kept_for_simplicity(status="discard", reason="not a measurable gain")
+    assert render.check_title(exp, status="discard").endswith(": discarded")
+    assert "simplicity" not in render.decision_comment(exp, main_val_bpb=0.9773, runs=[])
