@@ -1,0 +1,422 @@
+"""The real conductor on simulated time: a fake runner, a fake agent and an injected clock.
+
+`simulate()` drives bot.loop.conductor.Conductor itself, unchanged (baseline, proposals,
+lifecycle, runs, the judge), through one trajectory of a research loop, as fast as the CPU allows:
+
+- the clock is a number the driver moves: to the end of the next run, never by sleeping;
+- the runner (`SimRunner`) has K slots; a run ends `budget` seconds after it started, times
+  1 + U(0, `jitter`), and its val_bpb is main's true value plus the true effects its train.py
+  carries, plus the drift of the measurement at its start, plus noise from a `NoiseModel`, drawn in
+  the order the conductor starts runs;
+- the agent (`EffectAgent`) proposes main's train.py with one line added, `_effect_<n> = <x>`,
+  whose x is the change's true effect (the runner reads these lines), each at its own place so
+  that a change made on an older main re-grafts cleanly onto a newer one;
+- the agent answers at once: the conductor asks it on its real thread (bot.loop.agent_worker),
+  and the driver waits for the answer and ticks again, as the real driver does when woken;
+- a tick happens after every answer and at every run's end, as the real driver's wakes make it;
+- the forge is bot.forge.memory.MemoryForge and the store SQLite in memory (`cheap=True`), or
+  the local git forge and a store file (`cheap=False`, for the check that the cheap pieces change
+  nothing the conductor does: tests/bench/test_schedule_sim.py).
+
+Effects and noise are in units of sigma, the run-to-run standard deviation (`SIGMA` in val_bpb).
+What a trajectory did comes back as a `Trajectory`: every experiment with its true effect and
+verdict, every run with the main it measured against and whether main had moved by its end, and
+a trace of runs started and verdicts given, in order.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import tempfile
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from bot.core.protocols import AgentStopped, Forge
+from bot.core.records import Job, Proposal, ProposalContext, RunResult, RunStatus
+from bot.core.states import State
+from bot.loop.conductor import Conductor, ConductorConfig
+from bot.store import Store
+
+SIGMA = 0.001  # run-to-run standard deviation of val_bpb, the unit of every effect here
+BASE_VAL_BPB = 1.0
+BUDGET_S = 300.0  # a run, in simulated seconds (the h100 profile's budget)
+IDENTITY = {"profile": "h100", "harness_hash": "sim-harness", "data_fingerprint": "sim-data"}
+SPOTS = 128  # places in train.py where a change adds its line; more than the experiments ever in flight
+EFFECT_LINE = re.compile(r"^_effect_\d+ = ([-+0-9.e]+)$", re.M)
+# places are comment lines, which the loop's checks never parse: the asset each proposal is
+# validated with stays a few statements long
+SIM_TRAIN_PY = (
+    "from runner import harness\n\nh = harness.session()\n"
+    + "".join(f"# place {k}\n" for k in range(SPOTS))
+    + "h.finish(None)\n"
+)
+
+
+def program_md(max_experiments: int, **settings: object) -> str:
+    lines = "".join(f"  {key}: {value}\n" for key, value in {"max_experiments": max_experiments, **settings}.items())
+    return f"---\nautoresearch:\n{lines}---\n\n# Research program\n\nLower val_bpb.\n"
+
+
+# --- what the world is like: effects of changes and noise of runs ---------------------------------
+
+
+@dataclass(frozen=True)
+class Effects:
+    """A distribution of the true effects of proposed changes, in sigma (negative is better)."""
+
+    name: str
+    description: str
+    null: float  # share of changes with no effect
+    harmful: float  # share that hurt, by Exponential(mean harm) sigma
+    harm: float
+    helpful_gains: tuple[float, ...] = ()  # the rest help by one of these gains, equally likely...
+    help_mean: float = 0.0  # ...or, when no gains are listed, by Exponential(mean help_mean) sigma
+
+    def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        kind, size = rng.random(n), rng.exponential(1.0, n)
+        if self.helpful_gains:
+            gain = np.asarray(self.helpful_gains)[rng.integers(0, len(self.helpful_gains), n)]
+        else:
+            gain = self.help_mean * rng.exponential(1.0, n)
+        return np.where(kind < self.null, 0.0, np.where(kind < self.null + self.harmful, self.harm * size, -gain))
+
+
+EFFECTS = {
+    # The default: an agent editing a tuned train.py. Most edits break something, often clearly
+    # (karpathy's own run kept 22 of 126 with no margin at all); a fifth do nothing measurable; a
+    # fifth help, by 1, 2 or 3 sigma.
+    "mixed": Effects(
+        "mixed",
+        "20% no effect; 60% harmful, +Exponential(mean 4 sigma); 20% helpful, a gain of 1, 2 or 3 sigma equally likely",
+        null=0.2,
+        harmful=0.6,
+        harm=4.0,
+        helpful_gains=(1.0, 2.0, 3.0),
+    ),
+    # A harder world: half the edits do nothing and the helpful ones are mostly small, so few
+    # keeps are possible and false keeps weigh more among them.
+    "sparse": Effects(
+        "sparse",
+        "50% no effect; 30% harmful, +Exponential(mean 2 sigma); 20% helpful, -Exponential(mean 1.5 sigma)",
+        null=0.5,
+        harmful=0.3,
+        harm=2.0,
+        help_mean=1.5,
+    ),
+}
+
+
+@dataclass(frozen=True)
+class NoiseModel:
+    """How one run's value strays from its code's true value, in sigma: a draw per run from
+    `kind` (unit standard deviation), and the measurement's drift, a random walk shared by every
+    run with a step of `drift` sigma per `budget` of time (taken at the run's start)."""
+
+    name: str
+    description: str
+    kind: str  # gauss | t3 | outliers
+    drift: float = 0.0
+    outlier_share: float = 0.05
+    outlier_size: float = 4.0
+
+    def draw(self, rng: np.random.Generator) -> float:
+        if self.kind == "t3":
+            return float(rng.standard_t(3)) / math.sqrt(3.0)  # t(3) has variance 3
+        value = float(rng.standard_normal())
+        if self.kind == "outliers" and rng.random() < self.outlier_share:
+            value += self.outlier_size  # a slow neighbour, a throttled device: fewer steps, a worse value
+        return value
+
+
+NOISE = {
+    "gauss": NoiseModel("gauss", "Gaussian", "gauss"),
+    "t3": NoiseModel("t3", "Student-t(3), scaled to unit standard deviation", "t3"),
+    "outliers": NoiseModel("outliers", "Gaussian, 5% of runs worse by 4 sigma", "outliers"),
+    "drift": NoiseModel("drift", "Gaussian, plus a random walk of 0.15 sigma per run's time", "gauss", drift=0.15),
+}
+
+
+# --- the simulated pieces -------------------------------------------------------------------------
+
+
+class SimClock:
+    """The conductor's clock: a number that only the driver moves."""
+
+    def __init__(self, now: float = 1_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class SimJob:
+    job: Job
+    start: float
+    end: float
+    value: float
+    cancelled: bool = False
+
+
+class SimRunner:
+    """The Runner protocol on a SimClock: `slots` slots, a run ends at its start + `budget_s` x
+    (1 + U(0, jitter)) with the value of its train.py as `value_of` says, plus noise."""
+
+    def __init__(
+        self,
+        slots: int,
+        clock: SimClock,
+        rng: np.random.Generator,
+        noise: NoiseModel,
+        *,
+        budget_s: float = BUDGET_S,
+        jitter: float = 0.02,
+    ) -> None:
+        self.slots = slots
+        self.clock = clock
+        self.rng = rng
+        self.noise = noise
+        self.budget_s = budget_s
+        self.jitter = jitter
+        self.jobs: dict[int, SimJob] = {}
+        self.level = 0.0  # the measurement's drift now, in sigma
+        self._level_at = clock.now
+
+    def check_ready(self, identity: dict[str, str]) -> None:
+        pass
+
+    def on_change(self, callback: Callable[[], None]) -> None:
+        pass  # the driver knows when runs end: it moves the clock there
+
+    def notify(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def submit(self, job: Job) -> str:
+        if job.run_id not in self.jobs:
+            now = self.clock()
+            if self.noise.drift:
+                elapsed = (now - self._level_at) / self.budget_s
+                self.level += self.noise.drift * math.sqrt(elapsed) * float(self.rng.standard_normal())
+                self._level_at = now
+            effects = sum(float(x) for x in EFFECT_LINE.findall(job.asset))
+            value = BASE_VAL_BPB + SIGMA * (effects + self.level + self.noise.draw(self.rng))
+            end = now + self.budget_s * (1.0 + self.jitter * float(self.rng.random()))
+            self.jobs[job.run_id] = SimJob(job, now, end, value)
+        return f"sim://{job.run_id}"
+
+    def lookup(self, run_id: int) -> RunStatus:
+        sim = self.jobs.get(run_id)
+        if sim is None or sim.cancelled:
+            return RunStatus("unknown")
+        if self.clock() < sim.end:
+            return RunStatus("running", progress={"progress": (self.clock() - sim.start) / (sim.end - sim.start)})
+        return RunStatus("finished", result=result_for(sim.job, sim.value))
+
+    def cancel(self, run_id: int) -> None:
+        if run_id in self.jobs:
+            self.jobs[run_id].cancelled = True
+            self.jobs[run_id].end = min(self.jobs[run_id].end, self.clock())
+
+    def next_end(self) -> float | None:
+        """When the next running run ends (None: nothing runs)."""
+        now = self.clock()
+        ends = [j.end for j in self.jobs.values() if not j.cancelled and j.end > now]
+        return min(ends) if ends else None
+
+
+def result_for(job: Job, value: float) -> RunResult:
+    metrics = dict(IDENTITY, asset_sha256=job.asset_sha256, val_bpb=value, num_steps=1000, clock="cuda", seed=job.seed)
+    return RunResult(run_id=job.run_id, status="ok", val_bpb=value, metrics=metrics, log_tail="simulated")
+
+
+class EffectAgent:
+    """Proposes main's train.py with one line added that carries the next true effect (in sigma);
+    change n goes after the line `# place <n mod SPOTS>`, so two changes in flight never touch the same place."""
+
+    def __init__(self, effects: list[float]) -> None:
+        self.effects = effects
+        self.asked = 0
+
+    def propose(self, ctx: ProposalContext) -> Proposal:
+        n = self.asked
+        if n >= len(self.effects):
+            raise AgentStopped("no more changes")
+        self.asked += 1
+        anchor = f"\n# place {n % SPOTS}\n"
+        asset = ctx.asset.replace(anchor, f"{anchor}_effect_{n + 1} = {self.effects[n]!r}\n", 1)
+        return Proposal(f"change {n + 1}", f"true effect {self.effects[n]:+.3f} sigma", asset)
+
+
+# --- one trajectory -------------------------------------------------------------------------------
+
+
+@dataclass
+class SimRun:
+    id: int
+    purpose: str
+    experiment: int | None
+    start: float
+    end: float
+    moved: bool  # main was no longer the main it measured against when it ended (or was cancelled)
+
+
+@dataclass
+class SimExperiment:
+    id: int
+    effect: float  # true, in sigma
+    status: str | None
+    delta: float | None  # as judged, in sigma
+    remeasured_delta: float | None  # in sigma
+
+
+@dataclass
+class Trajectory:
+    experiments: list[SimExperiment]
+    runs: list[SimRun]
+    # (time, "run", purpose, experiment) for each run started, (time, "verdict", experiment, status)
+    # for each experiment ended, in the order the ticks did them
+    trace: list[tuple] = field(default_factory=list)
+    ticks: int = 0
+
+
+def simulate(
+    effects: list[float],
+    *,
+    slots: int = 1,
+    noise: NoiseModel = NOISE["gauss"],
+    seed: int | tuple[int, ...] = 0,
+    lookahead: int | None = None,
+    until: int | None = None,
+    cheap: bool = True,
+    workdir: Path | None = None,
+    jitter: float = 0.02,
+) -> Trajectory:
+    """One loop of len(effects) experiments whose true effects (sigma) are `effects`, in proposal
+    order. `until`: stop once that experiment has its verdict (the probes of experiment 1).
+    `cheap=False` runs the local git forge and a store file in `workdir` (a temporary one if None)."""
+    with tempfile.TemporaryDirectory(prefix="schedule-sim-") as tmp:
+        work = workdir or Path(tmp)
+        files = {"train.py": SIM_TRAIN_PY, "program.md": program_md(len(effects))}
+        forge: Forge
+        if cheap:
+            from bot.forge.memory import MemoryForge
+
+            forge, store = MemoryForge(files), Store(Path(":memory:"))
+        else:
+            from bot.forge.local import init_research_repo
+
+            forge, store = init_research_repo(work / "repo", files), Store(work / "state.db")
+        try:
+            return _drive(forge, store, effects, slots, noise, seed, lookahead, until, jitter)
+        finally:
+            store.close()
+
+
+def _drive(
+    forge: Forge,
+    store: Store,
+    effects: list[float],
+    slots: int,
+    noise: NoiseModel,
+    seed: int | tuple[int, ...],
+    lookahead: int | None,
+    until: int | None,
+    jitter: float,
+) -> Trajectory:
+    clock = SimClock()
+    runner = SimRunner(slots, clock, np.random.default_rng(seed), noise, jitter=jitter)
+    agent = EffectAgent(effects)
+    config = ConductorConfig(profile=IDENTITY["profile"], identity=dict(IDENTITY), lookahead=lookahead)
+    conductor = Conductor(store, forge, runner, agent, config, clock=clock)
+    answered = threading.Event()
+    conductor.wake_on(answered.set)
+    worker = conductor.proposals.worker
+    mains: list[tuple[float, str]] = []  # (time, sha): main as each tick left it
+    trace: list[tuple] = []
+    seen_runs: set[int] = set()
+    decided: set[int] = set()
+    tick = 0
+    while True:
+        answered.clear()
+        conductor.tick()
+        tick += 1
+        sha = forge.main_sha()
+        if not mains or mains[-1][1] != sha:
+            mains.append((clock.now, sha))
+        for run_id in sorted(set(runner.jobs) - seen_runs):
+            seen_runs.add(run_id)
+            run = store.runs.get(run_id)
+            trace.append((clock.now, "run", run.purpose, run.experiment_id))
+        for exp_id, status in store.db.execute(
+            "SELECT id, status FROM experiments WHERE state = ? ORDER BY id", (State.DONE,)
+        ):
+            if exp_id not in decided:
+                decided.add(exp_id)
+                trace.append((clock.now, "verdict", exp_id, status))
+        if conductor.finished() or (until is not None and until in decided):
+            break
+        proposing = store.experiments.in_state(State.PROPOSING)
+        if proposing and not conductor.stop_reason and (proposing[0].retry_at or 0) <= clock.now:
+            # the agent answers at once, on its own thread: tick again once it has (a question not
+            # yet asked, its last thread still ending, is asked by that tick)
+            if worker.busy(proposing[0].id):
+                answered.wait(timeout=10)
+            continue
+        wake = runner.next_end() or _next_retry(store, clock.now)  # a backoff running out: the driver's timer
+        if wake is None:
+            raise RuntimeError(f"the simulated loop stalled at tick {tick}: nothing runs, waits or is asked")
+        clock.now = wake
+    error = store.db.execute("SELECT message FROM events WHERE kind = 'error' ORDER BY id LIMIT 1").fetchone()
+    if error is not None:  # figures from a loop whose phases failed would measure the failure
+        raise RuntimeError(f"the conductor failed in a simulated loop: {error[0]}")
+    return Trajectory(_experiments(store, effects), _runs(store, runner, mains), trace, tick)
+
+
+def _next_retry(store: Store, now: float) -> float | None:
+    retries = [e.retry_at for e in store.experiments.active() if e.retry_at and e.retry_at > now]
+    return min(retries) if retries else None
+
+
+def _experiments(store: Store, effects: list[float]) -> list[SimExperiment]:
+    found = []
+    for exp in store.experiments.all():
+        if not exp.title:  # withdrawn while proposing
+            continue
+        n = int(exp.title.split()[-1])
+        found.append(
+            SimExperiment(
+                id=exp.id,
+                effect=effects[n - 1],
+                status=exp.status,
+                delta=None if exp.delta is None else exp.delta / SIGMA,
+                remeasured_delta=None if exp.remeasured_delta is None else exp.remeasured_delta / SIGMA,
+            )
+        )
+    return found
+
+
+def _runs(store: Store, runner: SimRunner, mains: list[tuple[float, str]]) -> list[SimRun]:
+    def main_at(time: float) -> str:
+        """Main as the tick at `time` found it: moved by ticks strictly before."""
+        sha = mains[0][1]
+        for at, moved_to in mains:
+            if at >= time:
+                break
+            sha = moved_to
+        return sha
+
+    found = []
+    for run_id, sim in sorted(runner.jobs.items()):
+        run = store.runs.get(run_id)
+        found.append(
+            SimRun(run_id, run.purpose, run.experiment_id, sim.start, sim.end, main_at(sim.end) != run.base_sha)
+        )
+    return found
