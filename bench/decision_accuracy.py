@@ -1,39 +1,40 @@
-"""Benchmark: how often the judge keeps the wrong change, and what its decisions cost in runs.
+"""Benchmark: how often the judge keeps the wrong change, and what its decisions cost in runs, on the
+schedule the conductor really runs.
 
-Simulates the conductor's protocol with one slot and Gaussian run-to-run noise (sigma = 1, so
-every effect is in units of sigma), and drives the real `bot.loop.judge.decide` and
-`bot.loop.judge.pooled_noise` through it:
+Every loop has `--experiments` (100) changes whose true effects, in sigma (the run-to-run standard
+deviation), come from one of schedule_sim.EFFECTS (`--effects`; most changes hurt or do nothing,
+some help), and runs whose noise comes from one of schedule_sim.NOISE (`--noise`): Gaussian,
+Student-t(3), 5% of runs worse by 4 sigma, or a drift of the measurement (a random walk of 0.15
+sigma per run's time). Three ways of running them, on the same effects:
 
-- the first main is measured `first_baseline_runs` times; after a keep the new main is measured
-  `baseline_runs` times afresh;
-- each experiment gets one candidate run; "confirm" queues one more candidate run and
-  `extra_main_runs` runs of main, which count in main's values and in the noise;
-- the noise is pooled over every group of repeated runs of the same code (each main's runs, each
-  candidate's runs); main's values for a comparison are its own baseline runs (and the extra ones)
-  only, never a kept candidate's runs.
+- THE REAL TICK: bench/schedule_sim.py drives the conductor itself (bot.loop.conductor, its
+  baseline, proposals, lifecycle and runs, and the judge of bot/loop/judge.py) with a simulated
+  runner of K slots (`--slots`: 1 4 16) and the default lookahead (one proposal per slot), the
+  agent answering at once;
+- ONE RUN AFTER ANOTHER: a model of the protocol with one slot and nothing overlapping: an
+  experiment's confirmation and the extra run of main beside it land before its verdict, and no
+  candidate runs on a main about to move; the judge is the real `decide` and `pooled_noise`;
+- THE REFERENCE: karpathy/autoresearch's rule in the same model: one run, kept if lower than main
+  at all; main measured once, afresh after each keep.
 
-Three rules go through the same trajectories (same effects, same noise draws):
+A keep is false when the change's true effect is not negative. "Experiment 1": P(keep) of a change
+with no effect, and of a true 3-sigma gain, when it is the loop's first experiment (probe loops,
+the first change forced, run until its verdict; the sequential model judges it beside the loop
+without changing it). "Later": the share of the loop's own true 3-sigma gains (experiments 2 and
+on) that were kept. Runs per experiment: every run started, main's included, over the experiments.
+Runs on a main that had moved: runs that ended when main was no longer the main they measured
+against (per 100 experiments). Biases, in sigma, over kept changes: the delta the keep was judged
+on minus the true effect, and the re-measured delta (the new main's fresh baseline against the
+old main's) minus the true effect.
 
-- OLD: the judge before the Student-t rule, reimplemented here as a reference (`old_rule`).
-- NEW: the real judge with its defaults.
-- KARPATHY: the reference loop's single-run rule (`karpathy_rule`): keep if the one run is lower
-  than main at all; here main is measured once, afresh after each keep, like the others.
-
-The true effect of each proposed change is drawn from one of EFFECTS (below; `--effects`): most
-changes hurt or do nothing, some help. A keep is false when the change's true effect is not
-negative. Power is measured with probes: at every experiment of every trajectory a change with a
-fixed true gain (0, 1, 2, 3 sigma) is judged against the loop's state at that point (its runs and
-its extra main runs are drawn, but they do not change the trajectory). The selection bias of a
-kept change is its reported delta minus its true effect; the re-measured delta (what the
-conductor reports after a keep) is the fresh main's baseline mean minus the old main's mean.
-
-    .venv/bin/python bench/decision_accuracy.py [--trajectories N] [--experiments 100] [--seed S]
-                                                [--effects mixed|sparse]
+    .venv/bin/python bench/decision_accuracy.py [--trajectories 100] [--sequential 4000] [--slots 1 4 16]
+        [--noise gauss t3 outliers drift] [--effects mixed|sparse] [--experiments 100] [--seed 0] [--jobs N]
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import os
 import platform
@@ -41,67 +42,151 @@ import shlex
 import statistics
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
 
-from bot.loop.judge import Decision, JudgeConfig, Noise, decide, main_runs_wanted, pooled_noise
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import schedule_sim  # noqa: E402
+from schedule_sim import EFFECTS, NOISE, Effects, NoiseModel  # noqa: E402
 
-MAIN = "m" * 40  # every judged run was measured on the current main: no re-measures in one slot
-PROBE_GAINS = (0.0, 1.0, 2.0, 3.0)  # true gains of the probe changes, in sigma
+from bot.loop.judge import Decision, JudgeConfig, Noise, decide, main_runs_wanted, pooled_noise  # noqa: E402
+
 EARLY = 10  # "early in a loop": experiments 1-10
-MAX_CONFIRMATIONS = 5  # a rule that keeps asking for runs is cut off here (none of the three does)
+GAIN = 3.0  # the gain whose P(keep) is reported, in sigma
+MAIN = "m" * 40  # the sequential model judges every run on the current main: no re-measures
+
+
+@dataclass
+class Tally:
+    """What one way of running the loop did, summed over trajectories."""
+
+    trajectories: int = 0
+    experiments: int = 0
+    runs: int = 0
+    moved_runs: int = 0
+    keeps: int = 0
+    false_keeps: int = 0
+    early_keeps: int = 0
+    early_false_keeps: int = 0
+    gains: int = 0  # true GAIN-sigma changes after experiment 1
+    gains_kept: int = 0
+    kept_bias: float = 0.0  # sums, over keeps: judged delta - true effect
+    remeasured: int = 0
+    remeasured_bias: float = 0.0
+    null_probes: int = 0
+    null_probes_kept: int = 0
+    gain_probes: int = 0
+    gain_probes_kept: int = 0
+    seconds: float = 0.0  # CPU seconds of the processes that ran it
+
+    def add(self, other: Tally) -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    def count_keep(self, index: int, effect: float, delta: float | None) -> None:
+        false = effect >= 0
+        self.keeps += 1
+        self.false_keeps += false
+        if index < EARLY:
+            self.early_keeps += 1
+            self.early_false_keeps += false
+        if delta is not None:
+            self.kept_bias += delta - effect
+
+
+# --- the real tick -------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class Effects:
-    """A distribution of the true effects of proposed changes, in sigma (negative is better)."""
+class Task:
+    """One trajectory of the real tick: a whole loop, or a probe of experiment 1 forced to `probe`."""
 
-    name: str
-    description: str
-    null: float  # share of changes with no effect
-    harmful: float  # share that hurt, by Exponential(mean harm) sigma
-    harm: float
-    helpful_gains: tuple[float, ...] = ()  # the rest help by one of these gains, equally likely...
-    help_mean: float = 0.0  # ...or, when no gains are listed, by Exponential(mean help_mean) sigma
+    slots: int
+    noise: str
+    effects: str
+    experiments: int
+    seed: int
+    index: int
+    probe: float | None = None
 
-    def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        kind, size = rng.random(n), rng.exponential(1.0, n)
-        if self.helpful_gains:
-            gain = np.asarray(self.helpful_gains)[rng.integers(0, len(self.helpful_gains), n)]
+
+def loop_effects(effects: Effects, experiments: int, seed: int, index: int) -> list[float]:
+    """The true effects of trajectory `index`: the same for every way of running it."""
+    return effects.draw(np.random.default_rng([seed, index]), experiments).tolist()
+
+
+def run_task(task: Task) -> Tally:
+    started = time.process_time()
+    effects = loop_effects(EFFECTS[task.effects], task.experiments, task.seed, task.index)
+    tally = Tally()
+    if task.probe is not None:
+        effects[0] = task.probe
+    trajectory = schedule_sim.simulate(
+        effects,
+        slots=task.slots,
+        noise=NOISE[task.noise],
+        seed=(task.seed, task.index, 1 if task.probe is None else 2),
+        until=None if task.probe is None else 1,
+    )
+    if task.probe is not None:
+        kept = trajectory.experiments[0].status == "keep"
+        if task.probe == 0.0:
+            tally.null_probes, tally.null_probes_kept = 1, kept
         else:
-            gain = self.help_mean * rng.exponential(1.0, n)
-        return np.where(kind < self.null, 0.0, np.where(kind < self.null + self.harmful, self.harm * size, -gain))
+            tally.gain_probes, tally.gain_probes_kept = 1, kept
+    else:
+        tally.trajectories = 1
+        tally.experiments = len(trajectory.experiments)
+        tally.runs = len(trajectory.runs)
+        tally.moved_runs = sum(run.moved for run in trajectory.runs)
+        for index, exp in enumerate(trajectory.experiments):
+            if index > 0 and exp.effect == -GAIN:
+                tally.gains += 1
+                tally.gains_kept += exp.status == "keep"
+            if exp.status == "keep":
+                tally.count_keep(index, exp.effect, exp.delta)
+                if exp.remeasured_delta is not None:
+                    tally.remeasured += 1
+                    tally.remeasured_bias += exp.remeasured_delta - exp.effect
+    tally.seconds = time.process_time() - started
+    return tally
 
 
-EFFECTS = {
-    # The default: an agent editing a tuned train.py. Most edits break something, often clearly
-    # (karpathy's own run kept 22 of 126 with no margin at all); a fifth do nothing measurable; a
-    # fifth help, by 1, 2 or 3 sigma.
-    "mixed": Effects(
-        "mixed",
-        "20% no effect; 60% harmful, +Exponential(mean 4 sigma); 20% helpful, a gain of 1, 2 or 3 sigma equally likely",
-        null=0.2,
-        harmful=0.6,
-        harm=4.0,
-        helpful_gains=(1.0, 2.0, 3.0),
-    ),
-    # A harder world: half the edits do nothing and the helpful ones are mostly small, so few
-    # keeps are possible and false keeps weigh more among them.
-    "sparse": Effects(
-        "sparse",
-        "50% no effect; 30% harmful, +Exponential(mean 2 sigma); 20% helpful, -Exponential(mean 1.5 sigma)",
-        null=0.5,
-        harmful=0.3,
-        harm=2.0,
-        help_mean=1.5,
-    ),
-}
+def real_tick(slots: int, noise: str, args: argparse.Namespace) -> Iterator[Task]:
+    for index in range(args.trajectories):
+        common = dict(slots=slots, noise=noise, effects=args.effects, experiments=args.experiments, seed=args.seed)
+        yield Task(**common, index=index)
+        yield Task(**common, index=index, probe=0.0)
+        yield Task(**common, index=index, probe=-GAIN)
+
+
+# --- one run after another -----------------------------------------------------------------------
 
 
 JudgeFn = Callable[[list[float], list[float], Noise | None], Decision]
+
+
+def new_rule(candidate: list[float], main: list[float], noise: Noise | None) -> Decision:
+    """The real judge (bot/loop/judge.py) with its defaults."""
+    return decide(
+        candidate=candidate,
+        crash=None,
+        main=main,
+        noise=noise,
+        measured_on=MAIN,
+        current_main=MAIN,
+        config=JudgeConfig(),
+    )
+
+
+def karpathy_rule(candidate: list[float], main: list[float], noise: Noise | None) -> Decision:
+    """REFERENCE ONLY: karpathy/autoresearch's rule: keep if the single run is lower at all."""
+    value, base = candidate[0], statistics.fmean(main)
+    return Decision("keep" if value < base else "discard", "single run", value, value - base, 0.0)
 
 
 @dataclass(frozen=True)
@@ -112,85 +197,29 @@ class Rule:
     baseline_runs: int
 
 
-def new_rule(config: JudgeConfig | None = None) -> JudgeFn:
-    """The real judge (bot/loop/judge.py) with `config`, defaults unless given."""
-    config = config or JudgeConfig()
-
-    def judge(candidate: list[float], main: list[float], noise: Noise | None) -> Decision:
-        return decide(
-            candidate=candidate, crash=None, main=main, noise=noise, measured_on=MAIN, current_main=MAIN, config=config
-        )
-
-    return judge
-
-
-def old_rule(candidate: list[float], main: list[float], noise: Noise | None) -> Decision:
-    """REFERENCE ONLY: the judge's rule before the Student-t change, as it stood in bot/loop/judge.py.
-
-    margin = max(min_margin, 2.0 * sigma * sqrt(1/nc + 1/nm)) with min_margin 0; keep below
-    -margin; an improvement inside the margin, or while the noise is unknown, gets one
-    confirmation (no extra run of main); ties go to main.
-    """
-    value, base = statistics.fmean(candidate), statistics.fmean(main)
-    delta = value - base
-    sigma = noise.sigma if noise else None
-    band = 0.0 if sigma is None else 2.0 * sigma * math.sqrt(1 / len(candidate) + 1 / len(main))
-    single = len(candidate) < 2
-    if delta < 0 and sigma is None and single:
-        return Decision("confirm", "noise unknown", value, delta, band)
-    if delta < -band:
-        return Decision("keep", "beats the margin", value, delta, band)
-    if delta < 0 and single:
-        return Decision("confirm", "inside the margin", value, delta, band)
-    return Decision("discard", "inside the margin or worse", value, delta, band)
-
-
-def karpathy_rule(candidate: list[float], main: list[float], noise: Noise | None) -> Decision:
-    """REFERENCE ONLY: karpathy/autoresearch's rule: keep if the single run is lower at all."""
-    value, base = candidate[0], statistics.fmean(main)
-    return Decision("keep" if value < base else "discard", "single run", value, value - base, 0.0)
-
-
-RULES = (
-    Rule("OLD (2.0 sigma, fixed z)", old_rule, 2, 2),
-    Rule("NEW (Student-t, bot/loop/judge.py)", new_rule(), main_runs_wanted(True), main_runs_wanted(False)),
-    Rule("KARPATHY (single run, no margin)", karpathy_rule, 1, 1),
-)
+SEQUENTIAL = Rule("one run after another", new_rule, main_runs_wanted(True), main_runs_wanted(False))
+REFERENCE = Rule("the reference (single run, keep if lower)", karpathy_rule, 1, 1)
 
 
 class Draws:
-    """Standard normal run noise, drawn in blocks with numpy and handed out one at a time."""
+    """One run's deviation in sigma: the noise model's draw plus the measurement's drift, a random
+    walk that takes one step per run of the loop; a probe's runs (`walk`: the loop's draws) read
+    the loop's level and move it not."""
 
-    def __init__(self, rng: np.random.Generator, block: int = 1024) -> None:
-        self.rng, self.block = rng, block
-        self.values: list[float] = []
+    def __init__(self, rng: np.random.Generator, noise: NoiseModel, walk: Draws | None = None) -> None:
+        self.rng, self.noise, self.walk = rng, noise, walk
+        self.level = 0.0
 
     def __call__(self) -> float:
-        if not self.values:
-            self.values = self.rng.standard_normal(self.block).tolist()
-        return self.values.pop()
-
-
-@dataclass
-class Tally:
-    """What one rule did over all trajectories."""
-
-    experiments: int = 0
-    runs: int = 0
-    keeps: int = 0
-    false_keeps: int = 0
-    early_keeps: int = 0
-    early_false_keeps: int = 0
-    kept_bias: list[float] = field(default_factory=list)  # reported delta - true delta, kept changes
-    remeasured_bias: list[float] = field(default_factory=list)  # fresh main mean - old main mean - true delta
-    probe_keeps: dict[float, int] = field(default_factory=lambda: {g: 0 for g in PROBE_GAINS})
-    probes: int = 0
-    first_probe_keeps: dict[float, int] = field(default_factory=lambda: {g: 0 for g in PROBE_GAINS})
-    first_probes: int = 0
+        if self.walk is not None:
+            return self.noise.draw(self.rng) + self.walk.level
+        if self.noise.drift:
+            self.level += self.noise.drift * float(self.rng.standard_normal())
+        return self.noise.draw(self.rng) + self.level
 
 
 class Loop:
-    """One trajectory's state: main's runs, the finished groups of repeated runs, the noise estimate."""
+    """One trajectory's state: main's runs, the finished groups of repeated runs."""
 
     def __init__(self, rule: Rule, draw: Draws) -> None:
         self.rule = rule
@@ -198,85 +227,68 @@ class Loop:
         self.main = [self.true_main + draw() for _ in range(rule.first_baseline_runs)]
         self.repeated: list[list[float]] = []  # finished groups with 2+ runs: old mains, confirmed candidates
         self.runs = len(self.main)
-        self._noise: Noise | None = None
-        self._stale = True
-
-    def noise(self, candidate: list[float], main: list[float]) -> Noise | None:
-        """The real pooled_noise over every repeated group, this candidate's and main's extra runs included.
-        Between changes to the groups the last answer is reused: only its cost is saved."""
-        if len(candidate) > 1 or main is not self.main:
-            return pooled_noise([main, *self.repeated, candidate])
-        if self._stale:
-            self._noise, self._stale = pooled_noise([self.main, *self.repeated]), False
-        return self._noise
 
     def judge(self, true_effect: float, draw: Draws, commit: bool) -> Decision:
         """Measure and judge one change; when `commit` is false (a probe) nothing it ran stays."""
         candidate = [self.true_main + true_effect + draw()]
         main = self.main
-        for _ in range(MAX_CONFIRMATIONS + 1):
-            decision = self.rule.judge(candidate, main, self.noise(candidate, main))
+        while True:
+            decision = self.rule.judge(candidate, main, pooled_noise([main, *self.repeated, candidate]))
             if decision.action != "confirm":
                 break
             candidate.append(self.true_main + true_effect + draw())
             main = main + [self.true_main + draw() for _ in range(decision.extra_main_runs)]
-        if commit and (len(candidate) > 1 or main is not self.main):
+        if commit:
             self.runs += len(candidate) + len(main) - len(self.main)
             self.main = main
             if len(candidate) > 1:
                 self.repeated.append(candidate)
-            self._stale = True
-        elif commit:
-            self.runs += 1
         return decision
 
-    def new_main(self, true_value: float, draw: Draws) -> list[float]:
-        """After a keep: main is the kept code, measured afresh; the old main's runs stay a group."""
+    def new_main(self, true_value: float, draw: Draws) -> float:
+        """After a keep: main is the kept code, measured afresh; returns the re-measured delta."""
+        old = statistics.fmean(self.main)
         self.repeated.append(self.main)
         self.true_main = true_value
         self.main = [true_value + draw() for _ in range(self.rule.baseline_runs)]
         self.runs += len(self.main)
-        self._stale = True
-        return self.main
+        return statistics.fmean(self.main) - old
 
 
-def simulate(rule: Rule, trajectories: int, experiments: int, seed: int, effects: Effects = EFFECTS["mixed"]) -> Tally:
-    """Run `trajectories` loops of `experiments` experiments under `rule` and count what happened."""
+def one_after_another(rule: Rule, noise: NoiseModel, args: argparse.Namespace) -> Tally:
     tally = Tally()
-    for trajectory in range(trajectories):
-        # Common random numbers: every rule sees the same effects and the same noise streams.
-        rng = np.random.default_rng([seed, trajectory])
-        true_effects = effects.draw(rng, experiments).tolist()
-        draw, probe_draw = Draws(rng), Draws(np.random.default_rng([seed, trajectory, 1]))
+    started = time.process_time()
+    for index in range(args.sequential):
+        effects = loop_effects(EFFECTS[args.effects], args.experiments, args.seed, index)
+        rng = np.random.default_rng([args.seed, index, 1])
+        draw = Draws(rng, noise)
+        probe = Draws(np.random.default_rng([args.seed, index, 2]), noise, walk=draw)
         loop = Loop(rule, draw)
-        for index, effect in enumerate(true_effects):
-            for gain in PROBE_GAINS:
-                kept = loop.judge(-gain, probe_draw, commit=False).action == "keep"
-                tally.probe_keeps[gain] += kept
-                if index == 0:
-                    tally.first_probe_keeps[gain] += kept
-            tally.probes += 1
-            tally.first_probes += index == 0
+        tally.null_probes += 1
+        tally.null_probes_kept += loop.judge(0.0, probe, commit=False).action == "keep"
+        tally.gain_probes += 1
+        tally.gain_probes_kept += loop.judge(-GAIN, probe, commit=False).action == "keep"
+        for position, effect in enumerate(effects):
             decision = loop.judge(effect, draw, commit=True)
-            tally.experiments += 1
-            if decision.action != "keep":
-                continue
-            false = effect >= 0
-            tally.keeps += 1
-            tally.false_keeps += false
-            if index < EARLY:
-                tally.early_keeps += 1
-                tally.early_false_keeps += false
-            assert decision.delta is not None
-            tally.kept_bias.append(decision.delta - effect)
-            old_mean = statistics.fmean(loop.main)
-            fresh = loop.new_main(loop.true_main + effect, draw)
-            tally.remeasured_bias.append(statistics.fmean(fresh) - old_mean - effect)
+            kept = decision.action == "keep"
+            if position > 0 and effect == -GAIN:
+                tally.gains += 1
+                tally.gains_kept += kept
+            if kept:
+                tally.count_keep(position, effect, decision.delta)
+                tally.remeasured += 1
+                tally.remeasured_bias += loop.new_main(loop.true_main + effect, draw) - effect
+        tally.trajectories += 1
+        tally.experiments += len(effects)
         tally.runs += loop.runs
+    tally.seconds = time.process_time() - started
     return tally
 
 
-def ratio(part: int, whole: int) -> float:
+# --- the table -----------------------------------------------------------------------------------
+
+
+def ratio(part: float, whole: float) -> float:
     return part / whole if whole else math.nan
 
 
@@ -284,42 +296,36 @@ def pct(value: float) -> str:
     return "n/a" if math.isnan(value) else f"{100 * value:.1f}%"
 
 
-def mean(values: list[float]) -> str:
-    return f"{statistics.fmean(values):+.2f}" if values else "n/a"
-
-
-def table(results: list[tuple[Rule, Tally]]) -> str:
-    head = (
-        "| rule | main runs (first/later) | false keeps, exp 1-10 | false keeps, all | null kept at exp 1 "
-        "| P(keep) at exp 1: 1 / 2 / 3 sigma | P(keep) over the loop: 0 / 1 / 2 / 3 sigma "
-        "| runs per experiment | kept-delta bias (sigma) | re-measured-delta bias (sigma) |"
+def row(name: str, t: Tally) -> str:
+    return (
+        f"| {name} | {t.trajectories} "
+        f"| {pct(ratio(t.early_false_keeps, t.early_keeps))} ({t.early_false_keeps}/{t.early_keeps}) / "
+        f"{pct(ratio(t.false_keeps, t.keeps))} ({t.false_keeps}/{t.keeps}) "
+        f"| {pct(ratio(t.null_probes_kept, t.null_probes))} "
+        f"| {pct(ratio(t.gain_probes_kept, t.gain_probes))} / {pct(ratio(t.gains_kept, t.gains))} "
+        f"| {ratio(t.runs, t.experiments):.3f} | {100 * ratio(t.moved_runs, t.experiments):.1f} "
+        f"| {ratio(t.kept_bias, t.keeps):+.2f} / {ratio(t.remeasured_bias, t.remeasured):+.2f} |"
     )
-    lines = [head, "|" + "---|" * (head.count("|") - 1)]
-    for rule, t in results:
-        at_first = " / ".join(pct(ratio(t.first_probe_keeps[g], t.first_probes)) for g in PROBE_GAINS[1:])
-        over_loop = " / ".join(pct(ratio(t.probe_keeps[g], t.probes)) for g in PROBE_GAINS)
-        lines.append(
-            f"| {rule.name} | {rule.first_baseline_runs}/{rule.baseline_runs} "
-            f"| {pct(ratio(t.early_false_keeps, t.early_keeps))} ({t.early_false_keeps}/{t.early_keeps}) "
-            f"| {pct(ratio(t.false_keeps, t.keeps))} ({t.false_keeps}/{t.keeps}) "
-            f"| {pct(ratio(t.first_probe_keeps[0.0], t.first_probes))} | {at_first} | {over_loop} "
-            f"| {ratio(t.runs, t.experiments):.3f} | {mean(t.kept_bias)} | {mean(t.remeasured_bias)} |"
-        )
-    return "\n".join(lines)
+
+
+HEAD = (
+    "| how the loop runs | loops | false keeps, % of keeps: exp 1-10 / all | null kept at exp 1 "
+    f"| P(keep) of a true {GAIN:g}-sigma gain: exp 1 / later | runs per experiment "
+    "| runs on a main that had moved, per 100 exp | bias of kept / re-measured delta (sigma) |"
+)
 
 
 def targets(t: Tally) -> list[tuple[str, float, bool]]:
-    """The judge's targets, each with the measured value and whether it is met."""
-    early = ratio(t.early_false_keeps, t.early_keeps)
-    overall = ratio(t.false_keeps, t.keeps)
-    null = ratio(t.first_probe_keeps[0.0], t.first_probes)
-    power = ratio(t.first_probe_keeps[3.0], t.first_probes)
-    runs = ratio(t.runs, t.experiments)
+    """The judge's targets (issue 18), each with the measured value and whether it is met."""
+    early, overall = ratio(t.early_false_keeps, t.early_keeps), ratio(t.false_keeps, t.keeps)
+    null, first = ratio(t.null_probes_kept, t.null_probes), ratio(t.gain_probes_kept, t.gain_probes)
+    later, runs = ratio(t.gains_kept, t.gains), ratio(t.runs, t.experiments)
     return [
         ("false keeps in experiments 1-10 <= 5% of keeps", early, early <= 0.05),
         ("false keeps overall <= 5% of keeps", overall, overall <= 0.05),
         ("a null change kept at experiment 1 <= 5%", null, null <= 0.05),
-        ("P(keep) of a true 3-sigma gain at experiment 1 >= 80%", power, power >= 0.80),
+        (f"P(keep) of a true {GAIN:g}-sigma gain at experiment 1 >= 80%", first, first >= 0.80),
+        (f"P(keep) of a true {GAIN:g}-sigma gain later >= 80%", later, later >= 0.80),
         ("runs per experiment <= 1.45", runs, runs <= 1.45),
     ]
 
@@ -342,33 +348,87 @@ def machine() -> str:
     return f"{os.cpu_count()} cores {cpu}{memory}, Python {platform.python_version()}"
 
 
+@dataclass
+class Results:
+    real: dict[tuple[str, int], Tally] = field(default_factory=dict)  # (noise, slots) -> tally
+    sequential: dict[tuple[str, str], Tally] = field(default_factory=dict)  # (noise, rule) -> tally
+
+
+def measure(args: argparse.Namespace) -> Results:
+    results = Results()
+    tasks = [task for noise in args.noise for slots in args.slots for task in real_tick(slots, noise, args)]
+    outcomes: Iterator[Tally]
+    if args.jobs > 1:
+        pool = ProcessPoolExecutor(args.jobs)
+        outcomes = pool.map(run_task, tasks, chunksize=4)
+    else:
+        pool, outcomes = None, map(run_task, tasks)
+    try:
+        for task, outcome in zip(tasks, outcomes, strict=True):
+            results.real.setdefault((task.noise, task.slots), Tally()).add(outcome)
+    finally:
+        if pool is not None:
+            pool.shutdown()
+    for noise in args.noise:
+        for rule in (SEQUENTIAL, REFERENCE):
+            results.sequential[(noise, rule.name)] = one_after_another(rule, NOISE[noise], args)
+    return results
+
+
+def report(results: Results, args: argparse.Namespace) -> str:
+    lines = []
+    for noise in args.noise:
+        lines += ["", f"Noise: {NOISE[noise].description}.", "", HEAD, "|" + "---|" * (HEAD.count("|") - 1)]
+        for slots in args.slots:
+            lines.append(row(f"the real tick, {slots} slot{'s' if slots > 1 else ''}", results.real[(noise, slots)]))
+        for rule in (SEQUENTIAL, REFERENCE):
+            lines.append(row(rule.name, results.sequential[(noise, rule.name)]))
+    lines += ["", "Targets for the real tick (each noise, each number of slots):"]
+    for (noise, slots), tally in results.real.items():
+        missed = [
+            f"{text}: {value:.3f}" if text.startswith("runs") else f"{text}: {pct(value)}"
+            for text, value, met in targets(tally)
+            if not met
+        ]
+        lines.append(f"- {noise}, {slots} slot(s): {'all met' if not missed else 'NOT met: ' + '; '.join(missed)}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--trajectories", type=int, default=8000)
+    parser.add_argument("--trajectories", type=int, default=100, help="loops of the real tick per noise and slots")
+    parser.add_argument("--sequential", type=int, default=4000, help="loops of the sequential model per noise and rule")
+    parser.add_argument("--slots", type=int, nargs="+", default=[1, 4, 16])
+    parser.add_argument("--noise", choices=sorted(NOISE), nargs="+", default=list(NOISE))
+    parser.add_argument("--effects", choices=sorted(EFFECTS), default="mixed")
     parser.add_argument("--experiments", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--effects", choices=sorted(EFFECTS), default="mixed")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes for the real tick")
     args = parser.parse_args(argv)
-    effects = EFFECTS[args.effects]
+    logging.getLogger("bot").setLevel(logging.ERROR)  # a failing phase stops the bench (schedule_sim)
     started = time.perf_counter()
-    results = [(rule, simulate(rule, args.trajectories, args.experiments, args.seed, effects)) for rule in RULES]
+    results = measure(args)
     elapsed = time.perf_counter() - started
     command = " ".join(
         shlex.quote(a)
         for a in [".venv/bin/python", "bench/decision_accuracy.py", *(sys.argv[1:] if argv is None else argv)]
     )
+    real_cpu = sum(t.seconds for t in results.real.values())
+    per_loop = {
+        slots: ratio(
+            sum(t.seconds for (_, s), t in results.real.items() if s == slots),
+            sum(t.trajectories for (_, s), t in results.real.items() if s == slots),
+        )
+        for slots in args.slots
+    }
     print(f"Command: `{command}`  ")
-    print(f"Date: {time.strftime('%Y-%m-%d')}; machine: {machine()}; {elapsed:.0f} s  ")
+    print(f"Date: {time.strftime('%Y-%m-%d')}; machine: {machine()}; {elapsed:.0f} s wall, {args.jobs} process(es)  ")
     print(
-        f"{args.trajectories} trajectories x {args.experiments} experiments, seed {args.seed}; one slot, "
-        f"Gaussian noise (sigma 1); true effects ({effects.name}): {effects.description}.\n"
+        f"The real tick: {real_cpu:.0f} CPU s; per loop of {args.experiments} experiments with its two probes, "
+        + ", ".join(f"{slots} slot(s) {seconds:.2f} s" for slots, seconds in per_loop.items())
+        + f". True effects ({args.effects}): {EFFECTS[args.effects].description}."
     )
-    print(table(results))
-    new = next(t for rule, t in results if rule.name.startswith("NEW"))
-    print("\nTargets for NEW:")
-    for text, value, met in targets(new):
-        shown = f"{value:.3f}" if text.startswith("runs") else pct(value)
-        print(f"- {text}: {shown} ({'met' if met else 'NOT met'})")
+    print(report(results, args))
 
 
 if __name__ == "__main__":
