@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 from benches import load as load_bench_script
@@ -424,22 +426,26 @@ def load_bench():
 
 def test_simulated_null_change_at_experiment_one_is_rarely_kept():
     bench = load_bench()
-    new = next(rule for rule in bench.RULES if rule.name.startswith("NEW"))
-    old = next(rule for rule in bench.RULES if rule.name.startswith("OLD"))
-    # Only experiment 1 matters here, so one experiment per trajectory. 1000 seeded trajectories put a
-    # standard error of about 0.5 percentage point on a rate near 2% and about 1.2 on the old rule's
-    # 17%: each bound below is 6 standard errors or more away from the rate it bounds.
-    tally_new = bench.simulate(new, trajectories=1000, experiments=1, seed=7)
-    tally_old = bench.simulate(old, trajectories=1000, experiments=1, seed=7)
-    null_new = tally_new.first_probe_keeps[0.0] / tally_new.first_probes
-    null_old = tally_old.first_probe_keeps[0.0] / tally_old.first_probes
-    assert null_new <= 0.05  # the target
-    assert null_old >= 0.10  # the old rule's known fault, so the simulation can tell them apart
+    gauss = bench.NOISE["gauss"]
+
+    def first_experiment(rule, trajectories: int):
+        # Only experiment 1 matters here, so one experiment per trajectory.
+        options = SimpleNamespace(sequential=trajectories, experiments=1, seed=7, effects="mixed")
+        return bench.one_after_another(rule, gauss, options)
+
+    # 1000 seeded trajectories put a standard error of about 0.5 percentage point on a rate near 2%
+    # and about 1.6 on the reference rule's 50%: each bound below is 6 standard errors or more away
+    # from the rate it bounds.
+    tally_new = first_experiment(bench.SEQUENTIAL, 1000)
+    tally_reference = first_experiment(bench.REFERENCE, 1000)
+    assert tally_new.null_probes_kept / tally_new.null_probes <= 0.05  # the target
+    # the reference's single-run rule keeps noise, so the simulation can tell the rules apart
+    assert tally_reference.null_probes_kept / tally_reference.null_probes >= 0.10
     # and the caution does not cost the power to see a real gain of 3 sigma (target 80%; loose here)
-    assert tally_new.first_probe_keeps[3.0] / tally_new.first_probes >= 0.75
+    assert tally_new.gain_probes_kept / tally_new.gain_probes >= 0.75
     # the same seed gives the same trajectories
-    again = bench.simulate(new, trajectories=50, experiments=1, seed=7)
-    assert again.first_probe_keeps == bench.simulate(new, trajectories=50, experiments=1, seed=7).first_probe_keeps
+    again = replace(first_experiment(bench.SEQUENTIAL, 50), seconds=0.0)
+    assert again == replace(first_experiment(bench.SEQUENTIAL, 50), seconds=0.0)
 
 
 def test_the_judges_settings_come_from_program_md():
