@@ -28,7 +28,15 @@ if os.fork() == 0:
     if os.fork() == 0:
         os.execv(sys.executable, {argv})
     os._exit(0)
-while len([1 for p in os.listdir("/proc") if p.isdigit() and b"{mark}" in open(f"/proc/{{p}}/cmdline", "rb").read()]) < 3:
+def marked():
+    found = 0
+    for p in os.listdir("/proc"):
+        try:
+            found += p.isdigit() and b"{mark}" in open(f"/proc/{{p}}/cmdline", "rb").read()
+        except OSError:
+            pass  # a process that ended between the listing and the read (unsandboxed, it sees them all)
+    return found
+while marked() < 3:
     time.sleep(0.1)
 print("escaped", flush=True)
 """
