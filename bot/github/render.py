@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from bot.loop.simplicity import Simplification, simplification
+from bot.core.simplicity import Simplification, simplification
 from bot.store import Experiment, Run
 from bot.views.text import bpb as _bpb
 from bot.views.text import cell as _cell

@@ -8,5 +8,5 @@
     driver        when to tick: when something arrives, and on a slow timer
 
 and the rules they share: `judge` (keep or discard, from numbers alone), `measurement` (which runs
-count, main's value, the noise), `simplicity` (how much smaller a change makes train.py), `validation`
-(is a proposal well formed), `program` (program.md's settings)."""
+count, main's value, the noise), `validation` (is a proposal well formed), `program` (program.md's
+settings)."""

@@ -37,7 +37,7 @@ store nor the forge. The rule, in plain words:
    See `main_runs_wanted`.
 
 5. Simpler code. A change that makes train.py smaller (fewer lines of code and fewer code tokens,
-   counted on the code itself: see bot.loop.simplicity) and is not kept or confirmed by the rule
+   counted on the code itself: see bot.core.simplicity) and is not kept or confirmed by the rule
    above gets a rule of its own, non-inferiority: it is kept when its runs rule out a loss larger
    than `simplicity_sigmas` (1) sigma, that is when delta + k * standard error < margin with k the
    Student-t quantile of a one-sided 95% (`simplicity_z` 1.645) at `dof`. It is judged on two or
@@ -68,8 +68,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from bot.core.simplicity import Simplification
     from bot.loop.program import LoopSettings
-    from bot.loop.simplicity import Simplification
 
 # How many times main is measured: the first main of a loop carries the whole noise estimate on
 # its own, so it gets enough runs for a usable sigma; later mains only need a fresh mean.
@@ -189,7 +189,7 @@ def decide(
     simpler: Simplification | None = None,
 ) -> Decision:
     """Judge one experiment from its runs on `measured_on` against main's baseline runs; `simpler`
-    says how much smaller its train.py is than main's, when it is (bot.loop.simplicity)."""
+    says how much smaller its train.py is than main's, when it is (bot.core.simplicity)."""
     if crash is not None:
         last = crash.strip().splitlines()[-1] if crash.strip() else "no output"
         return Decision("crash", f"the run crashed: {last}")

@@ -9,7 +9,7 @@ keep anyway), then every active experiment as far as it goes without waiting:
     branched   queue its candidate run
     measuring  wait for its runs, then the judge (bot.loop.judge) decides from the numbers alone:
                keep, discard, crash, one confirmation run more, or a re-measure on a newer main;
-               a change that makes train.py smaller (bot.loop.simplicity) may be kept for simplicity
+               a change that makes train.py smaller (bot.core.simplicity) may be kept for simplicity
     rebasing   re-graft its change onto the new main and queue a re-measure (or follow a main whose
                train.py did not change: its runs still count)
     merging    squash-merge into main, compare-and-swap on the main it was measured against
@@ -25,10 +25,11 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from bot.core import simplicity
 from bot.core.protocols import Forge, MainMoved, MergeConflict
 from bot.core.records import code_hash
 from bot.core.states import Request, RunState, State, Status
-from bot.loop import measurement, simplicity
+from bot.loop import measurement
 from bot.loop.baseline import ASSET, Baseline, Main
 from bot.loop.judge import decide, judge_config
 from bot.loop.runs import Runs

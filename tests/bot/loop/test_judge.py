@@ -10,6 +10,7 @@ import pytest
 from benches import load as load_bench_script
 from scipy import special
 
+from bot.core.simplicity import Simplification
 from bot.loop.judge import (
     BASELINE_RUNS,
     FIRST_BASELINE_RUNS,
@@ -23,7 +24,6 @@ from bot.loop.judge import (
     standard_error,
     t_multiplier,
 )
-from bot.loop.simplicity import Simplification
 
 MAIN = "a" * 40
 OLD_MAIN = "b" * 40

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from fakes import SMALL_TRAIN_PY
 
-from bot.loop.simplicity import Simplification, Size, simplification, size
+from bot.core.simplicity import Simplification, Size, simplification, size
 
 MAIN = '''"""A tiny training script."""
 import math
