@@ -53,6 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import schedule_sim  # noqa: E402
 from schedule_sim import EFFECTS, NOISE, Effects, NoiseModel  # noqa: E402
 
+from bot.core.simplicity import Simplification  # noqa: E402
 from bot.loop.judge import Decision, JudgeConfig, Noise, decide, main_runs_wanted, pooled_noise  # noqa: E402
 
 EARLY = 10  # "early in a loop": experiments 1-10
@@ -167,23 +168,34 @@ def real_tick(slots: int, noise: str, args: argparse.Namespace) -> Iterator[Task
 # --- one run after another -----------------------------------------------------------------------
 
 
-JudgeFn = Callable[[list[float], list[float], Noise | None], Decision]
+# (candidate's runs, main's runs, the pooled noise, how much smaller the change makes train.py)
+JudgeFn = Callable[[list[float], list[float], Noise | None, Simplification | None], Decision]
 
 
-def new_rule(candidate: list[float], main: list[float], noise: Noise | None) -> Decision:
-    """The real judge (bot/loop/judge.py) with its defaults."""
-    return decide(
-        candidate=candidate,
-        crash=None,
-        main=main,
-        noise=noise,
-        measured_on=MAIN,
-        current_main=MAIN,
-        config=JudgeConfig(),
-    )
+@dataclass(frozen=True)
+class RealJudge:
+    """The real judge (bot/loop/judge.py) with `config`."""
+
+    config: JudgeConfig = JudgeConfig()
+
+    def __call__(
+        self, candidate: list[float], main: list[float], noise: Noise | None, simpler: Simplification | None
+    ) -> Decision:
+        return decide(
+            candidate=candidate,
+            crash=None,
+            main=main,
+            noise=noise,
+            measured_on=MAIN,
+            current_main=MAIN,
+            config=self.config,
+            simpler=simpler,
+        )
 
 
-def karpathy_rule(candidate: list[float], main: list[float], noise: Noise | None) -> Decision:
+def karpathy_rule(
+    candidate: list[float], main: list[float], noise: Noise | None, simpler: Simplification | None
+) -> Decision:
     """REFERENCE ONLY: karpathy/autoresearch's rule: keep if the single run is lower at all."""
     value, base = candidate[0], statistics.fmean(main)
     return Decision("keep" if value < base else "discard", "single run", value, value - base, 0.0)
@@ -197,7 +209,7 @@ class Rule:
     baseline_runs: int
 
 
-SEQUENTIAL = Rule("one run after another", new_rule, main_runs_wanted(True), main_runs_wanted(False))
+SEQUENTIAL = Rule("one run after another", RealJudge(), main_runs_wanted(True), main_runs_wanted(False))
 REFERENCE = Rule("the reference (single run, keep if lower)", karpathy_rule, 1, 1)
 
 
@@ -228,12 +240,13 @@ class Loop:
         self.repeated: list[list[float]] = []  # finished groups with 2+ runs: old mains, confirmed candidates
         self.runs = len(self.main)
 
-    def judge(self, true_effect: float, draw: Draws, commit: bool) -> Decision:
-        """Measure and judge one change; when `commit` is false (a probe) nothing it ran stays."""
+    def judge(self, true_effect: float, draw: Draws, commit: bool, simpler: Simplification | None = None) -> Decision:
+        """Measure and judge one change (`simpler`: it makes train.py that much smaller); when
+        `commit` is false (a probe) nothing it ran stays."""
         candidate = [self.true_main + true_effect + draw()]
         main = self.main
         while True:
-            decision = self.rule.judge(candidate, main, pooled_noise([main, *self.repeated, candidate]))
+            decision = self.rule.judge(candidate, main, pooled_noise([main, *self.repeated, candidate]), simpler)
             if decision.action != "confirm":
                 break
             candidate.append(self.true_main + true_effect + draw())

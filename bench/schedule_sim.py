@@ -10,7 +10,10 @@ lifecycle, runs, the judge), through one trajectory of a research loop, as fast 
   the order the conductor starts runs;
 - the agent (`EffectAgent`) proposes main's train.py with one line added, `_effect_<n> = <x>`,
   whose x is the change's true effect (the runner reads these lines), each at its own place so
-  that a change made on an older main re-grafts cleanly onto a newer one;
+  that a change made on an older main re-grafts cleanly onto a newer one; a simplification (the
+  changes the caller names) deletes the spare code main's first train.py holds at its place and
+  writes its effect line there instead, so train.py gets smaller as bot.core.simplicity counts it
+  and the judge's simplicity rule applies (without simplifications train.py has no spare code);
 - the agent answers at once: the conductor asks it on its real thread (bot.loop.agent_worker),
   and the driver waits for the answer and ticks again, as the real driver does when woken;
 - a tick happens after every answer and at every run's end, as the real driver's wakes make it;
@@ -20,7 +23,7 @@ lifecycle, runs, the judge), through one trajectory of a research loop, as fast 
 
 Effects and noise are in units of sigma, the run-to-run standard deviation (`SIGMA` in val_bpb).
 What a trajectory did comes back as a `Trajectory`: every experiment with its true effect and
-verdict, every run with the main it measured against and whether main had moved by its end, and
+verdict (and whether it was a simplification, kept for simplicity), every run with the main it measured against and whether main had moved by its end, and
 a trace of runs started and verdicts given, in order.
 """
 
@@ -48,13 +51,23 @@ BUDGET_S = 300.0  # a run, in simulated seconds (the h100 profile's budget)
 IDENTITY = {"profile": "h100", "harness_hash": "sim-harness", "data_fingerprint": "sim-data"}
 SPOTS = 128  # places in train.py where a change adds its line; more than the experiments ever in flight
 EFFECT_LINE = re.compile(r"^_effect_\d+ = ([-+0-9.e]+)$", re.M)
-# places are comment lines, which the loop's checks never parse: the asset each proposal is
-# validated with stays a few statements long
-SIM_TRAIN_PY = (
-    "from runner import harness\n\nh = harness.session()\n"
-    + "".join(f"# place {k}\n" for k in range(SPOTS))
-    + "h.finish(None)\n"
-)
+
+
+def spare_code(place: int) -> str:
+    """Code at a place that a simplification deletes: two statements (6 code tokens), where the one
+    line it writes in their stead, its effect, has one line and 3-4 tokens."""
+    return f"_spare_{place} = 1\n_spare_{place} += 1\n"
+
+
+def sim_train_py(spare_places: frozenset[int] = frozenset()) -> str:
+    """Main's first train.py: a place per change, and spare code at the places of simplifications.
+    Places are comment lines, which the loop's checks never parse: the asset each proposal is
+    validated with stays a few statements long."""
+    places = "".join(f"# place {k}\n" + (spare_code(k) if k in spare_places else "") for k in range(SPOTS))
+    return "from runner import harness\n\nh = harness.session()\n" + places + "h.finish(None)\n"
+
+
+SIM_TRAIN_PY = sim_train_py()  # a loop without simplifications
 
 
 def program_md(max_experiments: int, **settings: object) -> str:
@@ -239,10 +252,13 @@ def result_for(job: Job, value: float) -> RunResult:
 
 class EffectAgent:
     """Proposes main's train.py with one line added that carries the next true effect (in sigma);
-    change n goes after the line `# place <n mod SPOTS>`, so two changes in flight never touch the same place."""
+    change n goes after the line `# place <n mod SPOTS>`, so two changes in flight never touch the
+    same place. A simplification (its position in `simplifications`) instead writes its effect line
+    in place of the spare code at its place: train.py gets a line and 2-3 code tokens smaller."""
 
-    def __init__(self, effects: list[float]) -> None:
+    def __init__(self, effects: list[float], simplifications: frozenset[int] = frozenset()) -> None:
         self.effects = effects
+        self.simplifications = simplifications
         self.asked = 0
 
     def propose(self, ctx: ProposalContext) -> Proposal:
@@ -250,8 +266,15 @@ class EffectAgent:
         if n >= len(self.effects):
             raise AgentStopped("no more changes")
         self.asked += 1
+        line = f"_effect_{n + 1} = {self.effects[n]!r}\n"
+        if n in self.simplifications:
+            spare = spare_code(n % SPOTS)
+            if spare not in ctx.asset:
+                raise RuntimeError(f"simplification {n + 1} found no spare code at place {n % SPOTS} to delete")
+            asset = ctx.asset.replace(spare, line, 1)
+            return Proposal(f"simplification {n + 1}", f"true effect {self.effects[n]:+.3f} sigma, less code", asset)
         anchor = f"\n# place {n % SPOTS}\n"
-        asset = ctx.asset.replace(anchor, f"{anchor}_effect_{n + 1} = {self.effects[n]!r}\n", 1)
+        asset = ctx.asset.replace(anchor, f"{anchor}{line}", 1)
         return Proposal(f"change {n + 1}", f"true effect {self.effects[n]:+.3f} sigma", asset)
 
 
@@ -275,6 +298,8 @@ class SimExperiment:
     status: str | None
     delta: float | None  # as judged, in sigma
     remeasured_delta: float | None  # in sigma
+    simpler: bool = False  # proposed as a simplification: it deletes code
+    kept_for_simplicity: bool = False  # kept by the judge's simplicity rule, not as a gain
 
 
 @dataclass
@@ -298,13 +323,23 @@ def simulate(
     cheap: bool = True,
     workdir: Path | None = None,
     jitter: float = 0.02,
+    simplifications: frozenset[int] = frozenset(),
+    settings: dict[str, object] | None = None,
 ) -> Trajectory:
     """One loop of len(effects) experiments whose true effects (sigma) are `effects`, in proposal
-    order. `until`: stop once that experiment has its verdict (the probes of experiment 1).
-    `cheap=False` runs the local git forge and a store file in `workdir` (a temporary one if None)."""
+    order; the changes at the (0-based) positions in `simplifications` delete code. `settings`: more
+    of program.md's front matter (simplicity_sigmas...). `until`: stop once that experiment has its
+    verdict (the probes of experiment 1). `cheap=False` runs the local git forge and a store file in
+    `workdir` (a temporary one if None)."""
+    if simplifications and len(effects) > SPOTS:
+        raise ValueError(f"simplifications need a place of their own: at most {SPOTS} experiments, not {len(effects)}")
+    agent = EffectAgent(effects, simplifications)
     with tempfile.TemporaryDirectory(prefix="schedule-sim-") as tmp:
         work = workdir or Path(tmp)
-        files = {"train.py": SIM_TRAIN_PY, "program.md": program_md(len(effects))}
+        files = {
+            "train.py": sim_train_py(frozenset(n % SPOTS for n in simplifications)),
+            "program.md": program_md(len(effects), **(settings or {})),
+        }
         forge: Forge
         if cheap:
             from bot.forge.memory import MemoryForge
@@ -315,7 +350,7 @@ def simulate(
 
             forge, store = init_research_repo(work / "repo", files), Store(work / "state.db")
         try:
-            return _drive(forge, store, effects, slots, noise, seed, lookahead, until, jitter)
+            return _drive(forge, store, agent, slots, noise, seed, lookahead, until, jitter)
         finally:
             store.close()
 
@@ -323,7 +358,7 @@ def simulate(
 def _drive(
     forge: Forge,
     store: Store,
-    effects: list[float],
+    agent: EffectAgent,
     slots: int,
     noise: NoiseModel,
     seed: int | tuple[int, ...],
@@ -333,7 +368,6 @@ def _drive(
 ) -> Trajectory:
     clock = SimClock()
     runner = SimRunner(slots, clock, np.random.default_rng(seed), noise, jitter=jitter)
-    agent = EffectAgent(effects)
     config = ConductorConfig(profile=IDENTITY["profile"], identity=dict(IDENTITY), lookahead=lookahead)
     conductor = Conductor(store, forge, runner, agent, config, clock=clock)
     answered = threading.Event()
@@ -377,7 +411,7 @@ def _drive(
     error = store.db.execute("SELECT message FROM events WHERE kind = 'error' ORDER BY id LIMIT 1").fetchone()
     if error is not None:  # figures from a loop whose phases failed would measure the failure
         raise RuntimeError(f"the conductor failed in a simulated loop: {error[0]}")
-    return Trajectory(_experiments(store, effects), _runs(store, runner, mains), trace, tick)
+    return Trajectory(_experiments(store, agent), _runs(store, runner, mains), trace, tick)
 
 
 def _next_retry(store: Store, now: float) -> float | None:
@@ -385,7 +419,7 @@ def _next_retry(store: Store, now: float) -> float | None:
     return min(retries) if retries else None
 
 
-def _experiments(store: Store, effects: list[float]) -> list[SimExperiment]:
+def _experiments(store: Store, agent: EffectAgent) -> list[SimExperiment]:
     found = []
     for exp in store.experiments.all():
         if not exp.title:  # withdrawn while proposing
@@ -394,10 +428,12 @@ def _experiments(store: Store, effects: list[float]) -> list[SimExperiment]:
         found.append(
             SimExperiment(
                 id=exp.id,
-                effect=effects[n - 1],
+                effect=agent.effects[n - 1],
                 status=exp.status,
                 delta=None if exp.delta is None else exp.delta / SIGMA,
                 remeasured_delta=None if exp.remeasured_delta is None else exp.remeasured_delta / SIGMA,
+                simpler=n - 1 in agent.simplifications,
+                kept_for_simplicity=exp.status == "keep" and "kept_for_simplicity" in exp.meta,
             )
         )
     return found

@@ -8,6 +8,9 @@ from __future__ import annotations
 import benches
 import pytest
 
+from bot.core.simplicity import simplification
+from bot.forge.merge import merge_text
+
 sim = benches.load("schedule_sim")
 
 # clear gains among losses and nulls: keeps move main under experiments in flight, so the loops
@@ -43,3 +46,42 @@ def test_each_change_carries_its_effect_and_runs_measure_it() -> None:
     assert experiment.status == "discard"
     assert experiment.delta is not None and 30.0 < experiment.delta < 50.0  # 40 sigma, give or take the noise
     assert [run.purpose for run in trajectory.runs] == ["baseline"] * 6 + ["candidate"]
+
+
+def test_a_simplification_makes_train_py_smaller_as_the_judge_counts_it() -> None:
+    main = sim.sim_train_py(frozenset({1}))
+    agent = sim.EffectAgent([0.5, -0.25], simplifications=frozenset({1}))
+    context = sim.ProposalContext(program_md="", asset=main, main_val_bpb=None, history=[])
+
+    added, simplified = agent.propose(context), agent.propose(context)
+
+    assert simplification(main, added.asset) is None
+    smaller = simplification(main, simplified.asset)
+    assert smaller is not None and smaller.lines == 1 and smaller.tokens >= 2
+    assert sim.EFFECT_LINE.findall(simplified.asset) == ["-0.25"]  # the runner reads its true effect
+
+
+def test_a_simplification_re_grafts_onto_a_main_moved_by_its_neighbours() -> None:
+    base = sim.sim_train_py(frozenset({4, 5}))
+    context = sim.ProposalContext(program_md="", asset=base, main_val_bpb=None, history=[])
+    agent = sim.EffectAgent([0.0] * 7, simplifications=frozenset({4, 5}))
+    proposals = [agent.propose(context).asset for _ in range(7)]
+    moved = merge_text(base, proposals[3], proposals[6], path="train.py", branch="p6")  # places 3 and 6
+    moved = merge_text(base, moved, proposals[5], path="train.py", branch="p5")  # a simplification at 5
+
+    merged = merge_text(base, moved, proposals[4], path="train.py", branch="p4")  # ...and one at 4 onto it
+
+    assert sorted(sim.EFFECT_LINE.findall(merged)) == ["0.0"] * 4
+    assert "_spare_" not in merged
+    assert simplification(moved, merged) is not None
+
+
+def test_each_simplification_carries_its_effect_and_the_simplicity_setting_reaches_the_judge() -> None:
+    lenient = sim.simulate([0.0, 40.0], seed=0, simplifications=frozenset({0, 1}), settings={"simplicity_sigmas": 50})
+    off = sim.simulate([0.0], seed=0, simplifications=frozenset({0}), settings={"simplicity_sigmas": 0})
+
+    null, loss = lenient.experiments
+    assert null.simpler and null.status == "keep" and null.kept_for_simplicity
+    assert loss.simpler and loss.delta is not None and 30.0 < loss.delta < 50.0
+    (null_off,) = off.experiments
+    assert null_off.simpler and not null_off.kept_for_simplicity
