@@ -13,6 +13,10 @@ asked again with the reason, when it repeats an earlier experiment or fails bot.
 `max_refusals` in a row stop the asking. A proposal taken becomes an experiment and goes straight
 into the lifecycle. What answers cost (Proposal.meta["cost_usd"]) adds up; once it reaches the
 budget, the agent is asked nothing more.
+
+The history the agent is told of, and the code hashes a proposal must not repeat, are kept in
+memory (_History) and brought up to date with only the experiments and runs written since the last
+question: asking costs about the same at experiment 1000 as at 10.
 """
 
 from __future__ import annotations
@@ -43,6 +47,95 @@ class _Pending:
     notes: list[str] = field(default_factory=list)  # why earlier answers were refused, for the agent
     seen: set[str] = field(default_factory=set)  # code of the refused answers
     cost_usd: float = 0.0  # what the refused or skipped answers cost, charged to the experiment
+
+
+@dataclass(frozen=True)
+class _Known:
+    """One proposed experiment as the agent is told of it, with what the proposal checks need."""
+
+    entry: HistoryEntry
+    state: str
+    code_hash: str | None
+    has_asset: bool
+    fixes: object  # meta["fixes"]: the crashed experiment it claims to fix, if any
+
+
+def _known(e: Experiment) -> _Known:
+    entry = HistoryEntry(
+        id=e.id,
+        title=e.title,
+        hypothesis=e.hypothesis,
+        status=e.status or "running",
+        val_bpb=e.val_bpb,
+        delta=e.delta,
+        code_hash=e.code_hash or "",
+        meta=e.meta,
+        error_tail=e.error_tail,
+        margin=e.margin,
+        lesson=_lesson(e.reason),
+    )
+    return _Known(entry, e.state, e.code_hash, e.asset is not None, e.meta.get("fixes"))
+
+
+class _History:
+    """Every proposed experiment (not those the agent is still proposing) and every run's code
+    hash, held in memory. refresh() reads only what was written since it last did: the experiments
+    bot.store.experiments counts as written since, and the runs with higher ids. Its entries are
+    shared by the contexts given to the agent, which only reads them."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._version: int | None = None  # the experiments' write count it reflects; None: read them all
+        self._known: dict[int, _Known] = {}
+        self._last_run = 0  # the highest run id whose code hash is in _run_hashes
+        self._run_hashes: set[str] = set()
+
+    def refresh(self) -> None:
+        experiments = self.store.experiments
+        version = experiments.version
+        if self._version is None:
+            self._known = {e.id: _known(e) for e in experiments.all()}
+            self._last_run, self._run_hashes = 0, set()
+        else:
+            changed = experiments.changed_since(self._version)
+            fresh = {e.id: e for e in experiments.several(changed) if e.state != State.PROPOSING}
+            top = next(reversed(self._known), 0)
+            unordered = any(exp_id < top and exp_id not in self._known for exp_id in fresh)
+            for exp_id in changed - fresh.keys():
+                self._known.pop(exp_id, None)
+            for exp_id in sorted(fresh):
+                self._known[exp_id] = _known(fresh[exp_id])
+            if unordered:  # a new entry below the highest id: put it in its place
+                self._known = dict(sorted(self._known.items()))
+        for run_id, code in experiments.run_code_hashes(after=self._last_run):
+            self._run_hashes.add(code)
+            self._last_run = run_id
+        # what is read inside a transaction may yet be rolled back: read it all again next time
+        self._version = None if self.store.db.in_transaction else version
+
+    def entries(self) -> list[HistoryEntry]:
+        """In id order."""
+        return [k.entry for k in self._known.values()]
+
+    def seen_hashes(self) -> set[str]:
+        """The hash of every train.py proposed or run."""
+        return {k.code_hash for k in self._known.values() if k.code_hash is not None} | self._run_hashes
+
+    def codes(self) -> list[tuple[int, str, str]]:
+        """(id, title, code_hash) of every experiment with a proposed train.py, in id order."""
+        return [
+            (k.entry.id, k.entry.title, k.code_hash)
+            for k in self._known.values()
+            if k.code_hash is not None and k.has_asset
+        ]
+
+    def unfixed_crash(self) -> HistoryEntry | None:
+        """The latest finished experiment if it crashed and no experiment yet claims to fix it: its
+        traceback goes to the agent, so that one fix is tried, once."""
+        last = next((k for k in reversed(self._known.values()) if k.state == State.DONE), None)
+        if last is None or last.entry.status != Status.CRASH:
+            return None
+        return None if any(k.fixes == last.entry.id for k in self._known.values()) else last.entry
 
 
 class Proposals:
@@ -76,6 +169,7 @@ class Proposals:
         self.clock = clock
         self.stopped = ""  # why the agent is asked nothing more: it gave up, was refused too often, or spent its budget
         self._pending: _Pending | None = None
+        self._history = _History(store)
         # code -> validation.normal_hash of an experiment's train.py: a history of a thousand is read
         # and parsed once, not at every proposal
         self._normal: dict[str, str | None] = {}
@@ -190,13 +284,12 @@ class Proposals:
     def validate(self, proposal: Proposal, main: Main, seen: set[str]) -> str | None:
         """Why the proposal cannot run, or None: it repeats no earlier experiment and passes
         bot.loop.validation's checks."""
+        self._history.refresh()
         digest = code_hash(proposal.asset)
-        if digest in seen or (digest != main.code_hash and digest in self.store.experiments.seen_code_hashes()):
+        if digest in seen or (digest != main.code_hash and digest in self._history.seen_hashes()):
             earlier = self.store.experiments.by_code(digest)
             return f"it repeats experiment {earlier.id} ({earlier.title!r})" if earlier else "it repeats an earlier run"
-        earlier = [
-            (exp_id, title, self._normal_hash(code, exp_id)) for exp_id, title, code in self.store.experiments.codes()
-        ]
+        earlier = [(exp_id, title, self._normal_hash(code, exp_id)) for exp_id, title, code in self._history.codes()]
         return validation.problem(proposal.title, proposal.asset, main_asset=main.asset, earlier=earlier)
 
     def _normal_hash(self, code: str, exp_id: int) -> str | None:
@@ -206,24 +299,8 @@ class Proposals:
 
     def context(self, main: Main) -> ProposalContext:
         """What the agent is told: everything it needs, nothing of the store itself."""
-        done = self.store.experiments.all()
-        history = [
-            HistoryEntry(
-                id=e.id,
-                title=e.title,
-                hypothesis=e.hypothesis,
-                status=e.status or "running",
-                val_bpb=e.val_bpb,
-                delta=e.delta,
-                code_hash=e.code_hash or "",
-                meta=e.meta,
-                error_tail=e.error_tail,
-                margin=e.margin,
-                lesson=_lesson(e.reason),
-            )
-            for e in done
-        ]
-        crash = _unfixed_crash(done)
+        self._history.refresh()
+        crash = self._history.unfixed_crash()
         notes = self._pending.notes if self._pending else []
         seen = self._pending.seen if self._pending else set()
         return ProposalContext(
@@ -231,11 +308,11 @@ class Proposals:
             asset=main.asset,
             main_sha=main.sha,
             main_val_bpb=measurement.main_value(self.baseline.values(), main.code_hash),
-            history=history,
+            history=self._history.entries(),
             feedback=self.store.feedback.recent() + notes,
             last_crash=crash.error_tail if crash else None,
             last_crash_id=crash.id if crash else None,
-            seen_hashes=self.store.experiments.seen_code_hashes() | seen | {main.code_hash},
+            seen_hashes=self._history.seen_hashes() | seen | {main.code_hash},
             profile=self.profile.name,
             device_kind=self.profile.device,
             spent_usd=self.spent_usd(),
@@ -250,16 +327,6 @@ class Proposals:
         if cost:
             self.store.state.spent_usd += cost
         return cost
-
-
-def _unfixed_crash(done: list[Experiment]) -> Experiment | None:
-    """The latest finished experiment if it crashed and no experiment yet claims to fix it: its
-    traceback goes to the agent, so that one fix is tried, once."""
-    finished = [e for e in done if e.state == State.DONE]
-    if not finished or finished[-1].status != Status.CRASH:
-        return None
-    crash = finished[-1]
-    return None if any(e.meta.get("fixes") == crash.id for e in done) else crash
 
 
 def _lesson(reason: str | None, limit: int = 160) -> str:

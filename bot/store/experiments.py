@@ -2,7 +2,9 @@
 
 Every state change is checked against bot.core.states.TRANSITIONS here, so no caller can move an
 experiment along a path the table does not list; a change and its event are one transaction, and
-the crash tests' failpoint of the new state fires once it is committed.
+the crash tests' failpoint of the new state fires once it is committed. Every write to the table
+goes through here and is counted (`version`), so a reader that keeps experiments in memory reads
+again only those written since it last looked (`changed_since`), not the whole table.
 """
 
 from __future__ import annotations
@@ -60,6 +62,19 @@ class Experiments:
     def __init__(self, db: Database, events: Events) -> None:
         self.db = db
         self.events = events
+        self._written: list[int] = []  # the id of each experiment written through here, in order
+
+    # --- what changed ----------------------------------------------------------------------------
+    @property
+    def version(self) -> int:
+        """How many writes this component has made since the store was opened: a reader that keeps
+        experiments in memory notes it, then asks changed_since(it) what to read again."""
+        return len(self._written)
+
+    def changed_since(self, version: int) -> set[int]:
+        """The ids of the experiments written since `version` (a deleted one among them). A write
+        rolled back is still counted: reading its row again does no harm."""
+        return set(self._written[version:])
 
     # --- the lifecycle -------------------------------------------------------------------------
     def start_proposing(self, base_sha: str) -> Experiment:
@@ -71,6 +86,7 @@ class Experiments:
                 (base_sha, now, now),
             )
             exp_id = cursor.lastrowid
+            self._written.append(exp_id)
             self.events.add(exp_id, "proposing", f"asked the agent for a proposal on main {base_sha[:7]}")
         self.db.failpoint("proposing")
         return self.get(exp_id)
@@ -102,6 +118,7 @@ class Experiments:
 
     def withdraw_proposing(self, exp_id: int, why: str) -> None:
         """Forget an experiment the agent never proposed (it has no branch and no run)."""
+        self._written.append(exp_id)
         with self.db.transaction() as conn:
             if conn.execute("DELETE FROM experiments WHERE id = ? AND state = 'proposing'", (exp_id,)).rowcount:
                 self.events.add(None, "agent", f"no experiment {exp_id}: {why}")
@@ -109,6 +126,7 @@ class Experiments:
     def update(self, exp_id: int, *, event: str | None = None, **fields: Any) -> Experiment:
         """Write fields (a state change among them, if TRANSITIONS allows it) and, optionally, an
         event in one transaction."""
+        self._written.append(exp_id)
         if "meta" in fields:
             fields["meta"] = json.dumps(fields["meta"])
         fields["updated_at"] = time.time()
@@ -145,6 +163,15 @@ class Experiments:
         """Every experiment with a proposal (not those the agent is still proposing), in id order."""
         return self._select("WHERE state != 'proposing'")
 
+    def several(self, ids: set[int]) -> list[Experiment]:
+        """The experiments among `ids` that exist, those the agent is still proposing included, in id order."""
+        wanted = sorted(ids)
+        found: list[Experiment] = []
+        for start in range(0, len(wanted), 500):  # an old SQLite takes at most 999 parameters
+            chunk = wanted[start : start + 500]
+            found += self._select(f"WHERE id IN ({', '.join('?' for _ in chunk)})", tuple(chunk))
+        return found
+
     def active(self) -> list[Experiment]:
         """The experiments not done yet, those being proposed included."""
         return self._select(f"WHERE state IN ({', '.join('?' for _ in ACTIVE)})", ACTIVE)
@@ -175,18 +202,12 @@ class Experiments:
         ).fetchone()
         return experiment_of(row) if row else None
 
-    def codes(self) -> list[tuple[int, str, str]]:
-        """(id, title, code_hash) of every experiment with a proposed train.py, without the texts."""
-        rows = self.db.execute(
-            "SELECT id, title, code_hash FROM experiments WHERE code_hash IS NOT NULL AND asset IS NOT NULL ORDER BY id"
-        )
-        return [(r[0], r[1], r[2]) for r in rows]
-
-    def seen_code_hashes(self) -> set[str]:
-        """The hash of every train.py proposed or run (a rebased experiment's runs carry new ones)."""
-        hashes = {r[0] for r in self.db.execute("SELECT code_hash FROM experiments WHERE code_hash IS NOT NULL")}
-        hashes |= {r[0] for r in self.db.execute("SELECT DISTINCT code_hash FROM runs")}
-        return hashes
+    def run_code_hashes(self, *, after: int = 0) -> list[tuple[int, str]]:
+        """(run id, code_hash) of every run with an id above `after`, in id order: the train.py each
+        measured (a rebased experiment's runs carry new ones, main's runs main's). A run's code never
+        changes and no run is deleted, so a reader that keeps them reads only the new ones."""
+        rows = self.db.execute("SELECT id, code_hash FROM runs WHERE id > ? ORDER BY id", (after,))
+        return [(r[0], r[1]) for r in rows]
 
     def _select(self, where: str, params: tuple = ()) -> list[Experiment]:
         return [experiment_of(r) for r in self.db.execute(f"SELECT * FROM experiments {where} ORDER BY id", params)]

@@ -387,7 +387,7 @@ def test_a_version_3_file_reads_each_experiments_train_py_as_its_asset(db_path: 
         assert store.upgraded_from == 3
         assert store.experiments.get(4).asset == "print(4)\n"
         assert store.experiments.get(5).asset is None
-        assert store.experiments.codes() == [(4, "Wider MLP", "c4")]
+        assert [(e.id, e.title, e.code_hash) for e in store.experiments.all()] == [(4, "Wider MLP", "c4")]
         assert store.experiments.update(4, asset="print(5)\n").asset == "print(5)\n"  # written where it is read
     finally:
         store.close()
@@ -989,15 +989,27 @@ def test_measured_values_only_ok_runs_under_one_identity(store: Store):
     assert store.runs.measured_values(profile="cpu", harness_hash="h3", data_fingerprint="d1") == []
 
 
-def test_seen_code_hashes_covers_experiments_and_runs(store: Store):
-    assert store.experiments.seen_code_hashes() == set()
-    store.experiments.start_proposing(MAIN)  # no code yet: nothing seen
-    assert store.experiments.seen_code_hashes() == set()
+def test_run_code_hashes_lists_each_runs_code_after_a_run_id(store: Store):
+    assert store.experiments.run_code_hashes() == []
     exp = new_experiment(store, 1, code_hash="exp-hash")
-    new_run(store, None, "baseline", code_hash="main-hash")
+    main = new_run(store, None, "baseline", code_hash="main-hash")
     # a rebased experiment: its run has the new hash, the experiment row keeps the old one until updated
-    new_run(store, exp.id, "remeasure", code_hash="rebased-hash")
-    assert store.experiments.seen_code_hashes() == {"exp-hash", "main-hash", "rebased-hash"}
+    rebased = new_run(store, exp.id, "remeasure", code_hash="rebased-hash")
+    assert store.experiments.run_code_hashes() == [(main.id, "main-hash"), (rebased.id, "rebased-hash")]
+    assert store.experiments.run_code_hashes(after=main.id) == [(rebased.id, "rebased-hash")]
+
+
+def test_experiments_count_their_writes_for_readers_that_keep_them(store: Store):
+    before = store.experiments.version
+    exp = store.experiments.start_proposing(MAIN)
+    other = new_experiment(store, 2)
+    middle = store.experiments.version
+    store.experiments.request(exp.id, "cancel", "alice")
+    assert store.experiments.changed_since(middle) == {exp.id}
+    assert store.experiments.changed_since(before) == {exp.id, other.id}
+    assert store.experiments.changed_since(store.experiments.version) == set()
+    store.experiments.withdraw_proposing(exp.id, "gone")
+    assert [e.id for e in store.experiments.several({exp.id, other.id})] == [other.id]
 
 
 # --- the inbox -----------------------------------------------------------------------------------
