@@ -277,9 +277,10 @@ def summary_table(comparisons: list[Comparison]) -> str:
     lines = [header, "|" + "---|" * (header.count("|") - 1)]
     for c in comparisons:
         s = c.summary()
+        corr = fmt(s.get("corr"), 2) + (f" {fmt(s['corr_ci'])}" if s.get("corr_ci") else "")
         lines.append(
             f"| {c.variant} | {s['n']} | {fmt(s.get('sd_main'))} | {fmt(s.get('sd_change'))} | "
-            f"{fmt(s.get('mean_d'), 4)} | {fmt(s.get('sd_d'))} | {fmt(s.get('corr'), 2)} {fmt(s.get('corr_ci'))} | "
+            f"{fmt(s.get('mean_d'), 4)} | {fmt(s.get('sd_d'))} | {corr} | "
             f"{fmt(s.get('var_ratio'), 3)} | {fmt(s.get('runs_factor'), 1)} | "
             f"{fmt(s.get('runs_factor_main_known'), 1)} | {fmt(s.get('corr_d_dsteps'), 2)} |"
         )
