@@ -9,7 +9,11 @@ without reading git again.
 Main's val_bpb is the mean of main's own baseline runs (the rules are bot.loop.measurement's): the
 first main is measured `first_baseline_runs` times, every later main (after a keep)
 `baseline_runs` times afresh; a kept experiment's runs were selected for coming out low, so they
-feed the noise but never main's value. `schedule()` queues the runs main still needs. A train.py on
+feed the noise but never main's value. A run of main set aside as an outlier, or grown old once
+main's runs drift (measurement.main_runs), no longer counts, so `schedule()`, which queues the runs
+main still needs, measures main again; what it noticed is recorded as an event ("outlier",
+"drift"), once per main and process. The values and what is computed from them (the pooled
+noise, each main's runs) are read once per change: after a run finished. A train.py on
 main that crashes MAX_BASELINE_CRASHES times in a row, or whose runs cannot be measured at all,
 blocks the loop until a human commits a new one. Once a kept experiment's new main has its fresh
 baseline, the experiment gets its re-measured delta (the unselected one to quote).
@@ -59,8 +63,12 @@ class Baseline:
         # commit sha -> code_hash of its train.py: every tick compares experiments' bases with main,
         # and a commit never changes
         self._code_at: dict[str, str] = {}
-        # the values that count, read again only after a run finished, so an idle tick reads no history
+        # the values that count, read again only after a run finished, so an idle tick reads no history;
+        # what is computed from them (the pooled noise, each main's values) is kept beside them until then
         self._values: list[tuple[str, int | None, str, float]] | None = None
+        self._noise: tuple[Noise | None] | None = None  # a 1-tuple once computed: None is a valid answer
+        self._main_runs: dict[str, measurement.MainRuns] = {}
+        self._noted: set[tuple[str, str]] = set()  # (code_hash, what was noticed) already recorded as an event
 
     # --- main ------------------------------------------------------------------------------------
     def read(self) -> Main:
@@ -117,15 +125,28 @@ class Baseline:
         return self._values
 
     def run_finished(self) -> None:
-        """A run's result was recorded: the values are read again when next asked for."""
+        """A run's result was recorded: the values, and what is computed from them, are read again
+        when next asked for."""
         self._values = None
+        self._noise = None
+        self._main_runs = {}
+
+    def main_runs(self, code_hash: str) -> measurement.MainRuns:
+        """Main's own runs for the train.py whose hash is `code_hash` as the judge reads them
+        (measurement.main_runs: an outlier set aside, only recent runs once main drifts)."""
+        if code_hash not in self._main_runs:
+            self._main_runs[code_hash] = measurement.main_runs(self.values(), code_hash, self.noise())
+        return self._main_runs[code_hash]
 
     def main_values(self, code_hash: str) -> list[float]:
         """Main's val_bpb values for the train.py whose hash is `code_hash`: its own baseline runs only."""
-        return measurement.main_values(self.values(), code_hash)
+        return list(self.main_runs(code_hash).values)
 
     def noise(self) -> Noise | None:
-        return measurement.noise(self.values())
+        """The pooled run-to-run noise (measurement.noise), computed once per change of the values."""
+        if self._noise is None:
+            self._noise = (measurement.noise(self.values()),)
+        return self._noise[0]
 
     # --- main's own runs -------------------------------------------------------------------------
     def schedule(self, main: Main) -> None:
@@ -148,13 +169,42 @@ class Baseline:
             )
             return
         pending = [r for r in runs if r.state in (RunState.QUEUED, RunState.RUNNING)]
-        wanted = main_runs_wanted(
-            measurement.is_first_main(self.values(), main.code_hash),
+        own = self.main_runs(main.code_hash)
+        self._note(main, own)
+        reason = f"measure main {main.sha[:7]}" + (" afresh: its runs drift" if own.drift else "")
+        for _ in range(max(0, self.runs_wanted(main) - len(own.values) - len(pending))):
+            self.queue_run(main, reason)
+
+    def runs_wanted(self, main: Main) -> int:
+        """How many values main needs before experiments are judged against it (judge.main_runs_wanted):
+        the first main's count while the noise rests on it alone, baseline_runs once other code has
+        been measured or once main drifts (then the noise is known, and only a fresh mean is needed)."""
+        return main_runs_wanted(
+            measurement.is_first_main(self.values(), main.code_hash) and self.main_runs(main.code_hash).drift is None,
             main.settings.first_baseline_runs,
             main.settings.baseline_runs,
         )
-        for _ in range(max(0, wanted - len(self.main_values(main.code_hash)) - len(pending))):
-            self.queue_run(main, f"measure main {main.sha[:7]}")
+
+    def _note(self, main: Main, own: measurement.MainRuns) -> None:
+        """Record, once per main, what its runs showed: a run set aside as an outlier, a drift."""
+        if own.outlier is not None and (main.code_hash, f"outlier {own.outlier!r}") not in self._noted:
+            self._noted.add((main.code_hash, f"outlier {own.outlier!r}"))
+            self.store.events.add(
+                None,
+                "outlier",
+                f"a run of main {main.sha[:7]} measured val_bpb {own.outlier:.6f}, worse than main's other runs by "
+                f"more than the noise allows: it is left out of main's value and main is measured once more",
+            )
+        if own.drift is not None and (main.code_hash, "drift") not in self._noted:
+            self._noted.add((main.code_hash, "drift"))
+            self.store.events.add(
+                None,
+                "drift",
+                f"main {main.sha[:7]}'s measurement moves with time: its {own.drift.runs} runs drift by "
+                f"{100 * own.drift.slope:+.6f} val_bpb per 100 runs of the loop (t = {own.drift.t:+.1f}), more than "
+                f"the noise explains. It is judged against its runs among the loop's last {measurement.RECENT_RUNS} "
+                "and measured afresh when they grow older",
+            )
 
     def queue_run(self, main: Main, reason: str) -> None:
         """Queue one more run of main's own train.py."""

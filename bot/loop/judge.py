@@ -34,7 +34,12 @@ store nor the forge. The rule, in plain words:
    the noise estimate starts from 5 degrees of freedom; every later main (after a keep)
    `baseline_runs` (2) times afresh, since by then the noise is known from earlier groups. The
    runs that got a change kept are never main's values: they were selected for coming out low.
-   See `main_runs_wanted`.
+   See `main_runs_wanted`. Runs that say more about the machine than about main are left out of
+   main's value and main is measured again (bot.loop.measurement.main_runs): one worse than main's
+   other runs by more than the noise allows (a one-sided Student-t test on the run against the
+   rest, 0.1% under Gaussian noise), which would raise main's value and make false keeps; and, once
+   main's runs trend with time beyond the noise (1%), every run older than the loop's last 20, so
+   a candidate is judged against main as it measures now. The noise keeps every run.
 
 5. Simpler code. A change that makes train.py smaller (fewer lines of code and fewer code tokens,
    counted on the code itself: see bot.core.simplicity) and is not kept or confirmed by the rule

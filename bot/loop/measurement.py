@@ -11,22 +11,31 @@ more about a busy machine than about its train.py and is run once more.
 Of the finished runs, those that count are ok, carry a val_bpb and were measured under the pinned
 identity (`counted`). Main's value is the mean of its own baseline runs (`main_values`): a kept
 experiment's runs were selected for coming out low, so they feed the noise (`noise`) but never
-main's value. The baseline of a loop is its first main's value as the judge last compared against
+main's value. Two kinds of runs of main say more about the machine than about main and are left
+out of its value (`main_runs`), so that main is measured again: a run worse than the rest by more
+than the noise allows (`outlier`: a slow neighbour, a throttled device), and, once main's runs
+move with the loop's run order (`drift`), every run older than the loop's last RECENT_RUNS. The
+noise keeps every run: a sigma trimmed of the runs that came out worst would be too small for
+noise with heavy tails both ways (measured in bench/decision_accuracy.py's t(3) noise). The baseline of a loop is its first main's value as the judge last compared against
 it (`baseline_value`). Everything here is pure: the conductor decides what to do with the answers,
 and every view (bot.views.read_model) shows the same numbers because it asks the same functions.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple, Protocol, TypeVar
 
 from bot.core.records import RunResult, asset_sha256
-from bot.loop.judge import JudgeConfig, Noise, margin, pooled_noise
+from bot.loop.judge import JudgeConfig, Noise, margin, pooled_noise, t_multiplier
 from bot.store import Experiment, Run, Store
 
 IDENTITY_KEYS = ("profile", "harness_hash", "data_fingerprint")
+OUTLIER_Z = 3.09  # a run of main this much worse than the rest (one-sided 0.1%, Student-t) is set aside
+DRIFT_Z = 2.576  # main's runs drift when their trend over run order is this significant (two-sided 1%)
+RECENT_RUNS = 20  # once main drifts, it is judged against its runs among the loop's last this many
 OPTIONAL_KEYS = ("threads",)
 
 
@@ -135,16 +144,116 @@ def counted(runs: Iterable[MeasuredRun], identity: dict[str, Any]) -> list[Value
     return [Value(r.code_hash, r.experiment_id, r.purpose, r.val_bpb) for r in counted_runs(runs, identity)]
 
 
-def main_values(values: Iterable[tuple[str, int | None, str, float]], code_hash: str) -> list[float]:
-    """Main's val_bpb values for the train.py whose hash is `code_hash`: its own baseline runs only, those queued
-    beside a confirmation included (a kept experiment's runs never count: they were selected)."""
-    return [v for c, _, purpose, v in values if c == code_hash and purpose == "baseline"]
+class MainRuns(NamedTuple):
+    """Main's own runs as the judge reads them: `values`, the val_bpb it is judged against; `outlier`,
+    a run set aside for being worse than the rest by more than the noise allows (None if none);
+    `drift`, how its runs move with the loop's run order when they move (None if they do not)."""
+
+    values: list[float]
+    outlier: float | None
+    drift: Drift | None
 
 
-def main_value(values: Iterable[tuple[str, int | None, str, float]], code_hash: str) -> float | None:
+class Drift(NamedTuple):
+    """Main's runs move with time: their least-squares slope, in val_bpb per run of the loop, its t
+    statistic against the pooled noise, and how many of main's runs it was measured on."""
+
+    slope: float
+    t: float
+    runs: int
+
+
+def main_runs(
+    values: Sequence[tuple[str, int | None, str, float]], code_hash: str, found: Noise | None = None
+) -> MainRuns:
+    """Main's own baseline runs for the train.py whose hash is `code_hash` (those queued beside a
+    confirmation included; a kept experiment's runs never count: they were selected), less those
+    that say more about the machine than about main:
+
+    - an outlier (`outlier`): the one run worse than the rest of main's runs by more than the noise
+      allows, which would raise main's value and make false keeps;
+    - once main's runs move with time (`drift`), every run older than the loop's last RECENT_RUNS.
+
+    Main then has fewer values than it wants and baseline.schedule measures it again. `found` is the
+    pooled noise of `values` (`noise`), computed here when not given."""
+    own = [(i, v) for i, (c, _, purpose, v) in enumerate(values) if c == code_hash and purpose == "baseline"]
+    if len(own) < 2:
+        return MainRuns([v for _, v in own], None, None)
+    found = noise(values) if found is None else found
+    if found is None:
+        return MainRuns([v for _, v in own], None, None)
+    set_aside = None
+    worst = outlier([v for _, v in own], found)
+    if worst is not None:
+        set_aside = own.pop(worst)[1]
+    moving = drift(own, found)
+    if moving is not None:
+        own = [(i, v) for i, v in own if i >= len(values) - RECENT_RUNS]
+    return MainRuns([v for _, v in own], set_aside, moving)
+
+
+def main_values(
+    values: Sequence[tuple[str, int | None, str, float]], code_hash: str, found: Noise | None = None
+) -> list[float]:
+    """Main's val_bpb values for the train.py whose hash is `code_hash`: the values of `main_runs`."""
+    return main_runs(values, code_hash, found).values
+
+
+def main_value(values: Sequence[tuple[str, int | None, str, float]], code_hash: str) -> float | None:
     """Main's val_bpb as the judge compares against it now: the mean of `main_values`."""
     own = main_values(values, code_hash)
     return statistics.fmean(own) if own else None
+
+
+def outlier(group: Sequence[float], found: Noise, z: float = OUTLIER_Z) -> int | None:
+    """The index of the run of `group` (repeated runs of one train.py, part of the pooled noise
+    `found`) that is worse than the others by more than the noise allows, or None.
+
+    The test is the externally studentized residual: the run's distance above the mean of the
+    others, over the standard error of that distance with sigma pooled without this run's share
+    (found's sum of squares less n/(n-1) e^2, on dof - 1 degrees of freedom). Under Gaussian noise
+    it follows Student-t, so a run is set aside with probability P(Z > z) (0.1%) whatever the
+    degrees of freedom. One-sided, because a disturbance (a slow neighbour, a throttled device)
+    makes a run worse, never better; of a pair, the worse run is the one suspected."""
+    n = len(group)
+    if n < 2 or found.dof < 2:
+        return None
+    mean = statistics.fmean(group)
+    squares = found.sigma**2 * found.dof
+    best: tuple[float, int] | None = None
+    for index, value in enumerate(group):
+        share = n / (n - 1) * (value - mean) ** 2
+        rest = squares - share
+        if value <= mean or rest <= 0:
+            continue
+        score = math.sqrt(share / (rest / (found.dof - 1)))
+        if score > t_multiplier(z, found.dof - 1) and (best is None or score > best[0]):
+            best = (score, index)
+    return None if best is None else best[1]
+
+
+def drift(runs: Sequence[tuple[int, float]], found: Noise, z: float = DRIFT_Z) -> Drift | None:
+    """How main's runs, (position in the loop's run order, val_bpb), move with time, or None when
+    they do not: the least-squares slope of val_bpb on position is tested against the pooled noise
+    that the trend leaves (found's sum of squares, which holds these runs, less slope^2 * Sxx, on
+    dof - 1 degrees of freedom): t = slope * sqrt(Sxx) / that sigma follows Student-t under no
+    drift, so at two-sided `z` a main that does not move is called drifting in 1% of tests. Main's first runs all start together, so the test speaks once main has runs spread
+    over the loop (those queued beside confirmations, or measured afresh)."""
+    if len(runs) < 3:
+        return None
+    mean_at = statistics.fmean(i for i, _ in runs)
+    mean = statistics.fmean(v for _, v in runs)
+    spread = sum((i - mean_at) ** 2 for i, _ in runs)
+    if spread == 0:
+        return None
+    slope = sum((i - mean_at) * (v - mean) for i, v in runs) / spread
+    rest = found.sigma**2 * found.dof - slope**2 * spread  # the pooled squares the trend leaves
+    if found.dof < 2 or rest <= 0:
+        return None
+    t = slope * math.sqrt(spread / (rest / (found.dof - 1)))
+    if abs(t) <= t_multiplier(z, found.dof - 1):
+        return None
+    return Drift(slope, t, len(runs))
 
 
 def first_main(values: Iterable[tuple[str, int | None, str, float]]) -> str | None:

@@ -7,6 +7,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pytest
 
 from bot.core.states import RunState
@@ -195,3 +196,79 @@ def test_the_stores_measured_values_are_the_runs_counted_under_each_identity(tmp
         )
         assert measured == measurement.counted(runs, identity), identity
     store.close()
+
+
+def baseline_values(code: str, values: list[float]) -> list[measurement.Value]:
+    return [measurement.Value(code, None, "baseline", v) for v in values]
+
+
+FIVE = [1.000, 1.001, 0.999, 1.0005, 0.9995]  # main's runs that agree: sigma about 0.0008
+
+
+def test_a_run_of_main_worse_than_the_rest_by_more_than_the_noise_allows_is_set_aside():
+    values = baseline_values("A", [*FIVE, 1.010])
+    found = measurement.main_runs(values, "A")
+    assert found.values == FIVE and found.outlier == 1.010
+    assert measurement.main_value(values, "A") == pytest.approx(statistics.fmean(FIVE))
+    assert measurement.noise(values) == pooled_noise([[*FIVE, 1.010]])  # the noise keeps every run
+
+
+def test_a_run_of_main_within_the_noise_or_better_than_the_rest_stays():
+    """One-sided: a disturbance makes a run worse, so a better run is never set aside."""
+    for last in (1.004, 0.990):
+        values = baseline_values("A", [*FIVE, last])
+        assert measurement.main_runs(values, "A") == measurement.MainRuns([*FIVE, last], None, None)
+
+
+def test_of_a_pair_of_main_that_disagrees_the_worse_run_is_set_aside():
+    values = baseline_values("A", [*FIVE, 1.0]) + baseline_values("B", [0.990, 0.996])
+    assert measurement.main_runs(values, "B") == measurement.MainRuns([0.990], 0.996, None)
+    agreeing = baseline_values("A", [*FIVE, 1.0]) + baseline_values("B", [0.990, 0.991])
+    assert measurement.main_values(agreeing, "B") == [0.990, 0.991]
+
+
+def test_under_gaussian_noise_a_run_is_set_aside_about_one_time_in_a_thousand():
+    """The test is calibrated: groups of six Gaussian runs alone (5 degrees of freedom), 20000 of
+    them, flag about 6 x 0.1% of groups (standard error 0.055%)."""
+    rng = np.random.default_rng(7)
+    flagged = 0
+    for draws in rng.standard_normal((20000, 6)):
+        group = draws.tolist()
+        flagged += measurement.outlier(group, pooled_noise([group])) is not None
+    assert 0.003 < flagged / 20000 < 0.009  # measured 0.59%
+
+
+def test_mains_runs_that_drift_with_time_are_noticed_and_only_the_recent_ones_count():
+    """The first main's six runs, then a run of main beside every tenth experiment, each lower
+    than the last: main is judged against its runs among the loop's last RECENT_RUNS."""
+    values = baseline_values("A", [*FIVE, 1.0])
+    for k in range(60):
+        values.append(measurement.Value("E", k, "candidate", 1.01))
+        if k % 10 == 9:
+            values.append(measurement.Value("A", None, "baseline", 1.0 - 0.00005 * len(values)))
+    found = measurement.main_runs(values, "A")
+    assert found.drift is not None and found.drift.slope < 0 and found.drift.runs == 12
+    recent = [v.val_bpb for v in values[-measurement.RECENT_RUNS :] if v.purpose == "baseline"]
+    assert found.values == recent and len(recent) == 2
+
+
+def test_mains_runs_that_scatter_without_a_trend_all_count():
+    values = baseline_values("A", [*FIVE, 1.0])
+    for k in range(60):
+        values.append(measurement.Value("E", k, "candidate", 1.01))
+        if k % 10 == 9:
+            values.append(measurement.Value("A", None, "baseline", 1.0 + (0.0008 if k % 20 == 9 else -0.0008)))
+    found = measurement.main_runs(values, "A")
+    assert found.drift is None and len(found.values) == 12
+
+
+def test_the_drift_test_is_calibrated_on_runs_without_drift():
+    """Twelve Gaussian runs of main spread over 70 runs of the loop, no drift: the trend is called
+    significant in about 1% of 20000 loops (standard error 0.07%)."""
+    rng = np.random.default_rng(11)
+    positions = [0, 1, 2, 3, 4, 5, 15, 25, 35, 45, 55, 65]
+    noticed = 0
+    for draws in rng.standard_normal((20000, len(positions))):
+        runs = list(zip(positions, draws.tolist(), strict=True))
+        noticed += measurement.drift(runs, pooled_noise([draws.tolist()])) is not None
+    assert 0.006 < noticed / 20000 < 0.015  # measured 1.09%
