@@ -144,6 +144,15 @@ def counted(runs: Iterable[MeasuredRun], identity: dict[str, Any]) -> list[Value
     return [Value(r.code_hash, r.experiment_id, r.purpose, r.val_bpb) for r in counted_runs(runs, identity)]
 
 
+class Drift(NamedTuple):
+    """Main's runs move with time: their least-squares slope, in val_bpb per run of the loop, its t
+    statistic against the pooled noise, and how many of main's runs it was measured on."""
+
+    slope: float
+    t: float
+    runs: int
+
+
 class MainRuns(NamedTuple):
     """Main's own runs as the judge reads them: `values`, the val_bpb it is judged against; `outlier`,
     a run set aside for being worse than the rest by more than the noise allows (None if none);
@@ -152,15 +161,6 @@ class MainRuns(NamedTuple):
     values: list[float]
     outlier: float | None
     drift: Drift | None
-
-
-class Drift(NamedTuple):
-    """Main's runs move with time: their least-squares slope, in val_bpb per run of the loop, its t
-    statistic against the pooled noise, and how many of main's runs it was measured on."""
-
-    slope: float
-    t: float
-    runs: int
 
 
 def main_runs(
