@@ -34,6 +34,9 @@ For each change, over the seeds where both it and main were measured:
                               (pooled over many runs) and each candidate run meets a run of main
                               under its seed that is there already
     corr(d, dsteps)           whether the pairs whose step counts differ more are the off ones
+    sd d at equal steps       the sd of d - slope * dsteps, the slope being val_bpb's on num_steps
+                              within each variant, pooled: what pairing would leave if both runs of
+                              a pair trained the same number of steps
 
     .venv/bin/python bench/paired_seeds.py --seeds 1-8 --profile cpu [--variants warmdown-0.4,depth+1]
 """
@@ -203,6 +206,7 @@ class Comparison:
     change: list[float]
     main_steps: list[int]
     change_steps: list[int]
+    bpb_per_step: float | None = None  # val_bpb's slope on the step count, to hold the steps equal
 
     @property
     def diffs(self) -> list[float]:
@@ -231,6 +235,9 @@ class Comparison:
             "runs_factor_main_known": var_b / var_d if var_d > 0 else None,
             "corr_d_dsteps": correlation(self.diffs, self.step_diffs),
         }
+        if self.bpb_per_step is not None:
+            held = [d - self.bpb_per_step * steps for d, steps in zip(self.diffs, self.step_diffs, strict=True)]
+            row["sd_d_equal_steps"] = statistics.stdev(held)
         return row
 
 
@@ -249,7 +256,23 @@ def fisher_interval(r: float | None, n: int) -> tuple[float, float] | None:
     return math.tanh(z - half), math.tanh(z + half)
 
 
-def compare(found: dict[tuple[str, int], dict], variant: str, seeds: list[int]) -> Comparison:
+def bpb_per_step(found: dict[tuple[str, int], dict]) -> float | None:
+    """val_bpb's slope on num_steps within each variant, pooled over the variants (each one's runs
+    centred on its own means): what one more step of the same train.py is worth. None without spread."""
+    groups: dict[str, list[tuple[int, float]]] = {}
+    for (variant, _), r in found.items():
+        groups.setdefault(variant, []).append((r["num_steps"], r["val_bpb"]))
+    products = spread = 0.0
+    for runs in groups.values():
+        mean_steps, mean_bpb = statistics.fmean(s for s, _ in runs), statistics.fmean(b for _, b in runs)
+        products += sum((s - mean_steps) * (b - mean_bpb) for s, b in runs)
+        spread += sum((s - mean_steps) ** 2 for s, _ in runs)
+    return products / spread if spread > 0 else None
+
+
+def compare(
+    found: dict[tuple[str, int], dict], variant: str, seeds: list[int], slope: float | None = None
+) -> Comparison:
     both = [s for s in seeds if (MAIN, s) in found and (variant, s) in found]
     return Comparison(
         variant=variant,
@@ -258,6 +281,7 @@ def compare(found: dict[tuple[str, int], dict], variant: str, seeds: list[int]) 
         change=[found[(variant, s)]["val_bpb"] for s in both],
         main_steps=[found[(MAIN, s)]["num_steps"] for s in both],
         change_steps=[found[(variant, s)]["num_steps"] for s in both],
+        bpb_per_step=slope,
     )
 
 
@@ -272,7 +296,7 @@ def fmt(value: Any, digits: int = 4) -> str:
 def summary_table(comparisons: list[Comparison]) -> str:
     header = (
         "| change | seeds | sd main | sd change | mean d | sd d | corr (95%) | var(d)/(var a+var b) "
-        "| x runs | x runs, main known | corr(d, dsteps) |"
+        "| x runs | x runs, main known | corr(d, dsteps) | sd d at equal steps |"
     )
     lines = [header, "|" + "---|" * (header.count("|") - 1)]
     for c in comparisons:
@@ -282,7 +306,8 @@ def summary_table(comparisons: list[Comparison]) -> str:
             f"| {c.variant} | {s['n']} | {fmt(s.get('sd_main'))} | {fmt(s.get('sd_change'))} | "
             f"{fmt(s.get('mean_d'), 4)} | {fmt(s.get('sd_d'))} | {corr} | "
             f"{fmt(s.get('var_ratio'), 3)} | {fmt(s.get('runs_factor'), 1)} | "
-            f"{fmt(s.get('runs_factor_main_known'), 1)} | {fmt(s.get('corr_d_dsteps'), 2)} |"
+            f"{fmt(s.get('runs_factor_main_known'), 1)} | {fmt(s.get('corr_d_dsteps'), 2)} | "
+            f"{fmt(s.get('sd_d_equal_steps'))} |"
         )
     return "\n".join(lines)
 
@@ -307,7 +332,8 @@ def report(
     records: list[dict[str, Any]], profile: str, shas: dict[str, str], seeds: list[int], variants: list[str]
 ) -> str:
     found = current(records, profile, shas)
-    comparisons = [compare(found, v, seeds) for v in variants if v != MAIN]
+    slope = bpb_per_step(found)
+    comparisons = [compare(found, v, seeds, slope) for v in variants if v != MAIN]
     ours = list(found.values())
     loads = [r[k] for r in ours for k in ("load_before", "load_after") if r.get(k) is not None]
     shares = [r["cpu_share"] for r in ours if r.get("cpu_share")]
@@ -318,7 +344,8 @@ def report(
         + (f", {len(failed)} failed" if failed else "")
         + (f"; load average (1 min) {min(loads):.1f}-{max(loads):.1f}" if loads else "")
         + (f"; cpu share {min(shares):.2f}-{max(shares):.2f}" if shares else "")
-        + (f"; a run took {statistics.median(walls):.0f} s (median)" if walls else "")
+        + (f"; a run took {statistics.median(walls):.0f} s (median)" if walls else ""),
+        f"val_bpb per step, within each train.py: {fmt(slope, 5)} (sd d at equal steps: d less it times dsteps)",
     ]
     return "\n\n".join([summary_table(comparisons), seed_table(comparisons, found, seeds), *notes])
 

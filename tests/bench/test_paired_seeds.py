@@ -92,6 +92,22 @@ def test_paired_figures_on_numbers_worked_by_hand():
     assert low < row["corr"] < high <= 1
 
 
+def test_holding_the_steps_equal_takes_out_what_the_step_counts_explain():
+    # two train.pys, each 0.01 lower per step it trains, at different levels
+    found = {
+        (variant, seed): {"num_steps": steps, "val_bpb": level - 0.01 * steps}
+        for variant, level in (("main", 3.0), ("x", 2.0))
+        for seed, steps in ((1, 30), (2, 33), (3, 31))
+    }
+    slope = bench.bpb_per_step(found)
+    assert slope == pytest.approx(-0.01)
+    found[("x", 2)]["num_steps"] = 36  # x ran 3 steps more than main under seed 2, and is lower for it
+    found[("x", 2)]["val_bpb"] -= 0.03
+    row = bench.compare(found, "x", [1, 2, 3], slope).summary()
+    assert row["sd_d"] > 0.01
+    assert row["sd_d_equal_steps"] == pytest.approx(0.0, abs=1e-12)
+
+
 def test_a_change_that_moves_nothing_has_no_ratio_rather_than_a_division_by_zero():
     row = bench.Comparison("same", [1, 2, 3], [1.0, 2.0, 3.0], [1.0, 2.0, 3.0], [5, 5, 5], [5, 5, 5]).summary()
     assert row["sd_d"] == 0 and row["runs_factor"] is None and row["corr_d_dsteps"] is None
