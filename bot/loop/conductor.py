@@ -1,11 +1,13 @@
 """The conductor: one idempotent tick at a time over main, proposals, the experiment lifecycle and runs.
 
 `tick()` is the one page to read: it reads main once (bot.loop.baseline), applies new inbox
-entries (bot.loop.inbox), collects finished runs and starts the next experiment run on a freed
-slot (bot.loop.runs), advances every active experiment up to its merge and close
-(bot.loop.lifecycle; a merge moved main, so main is read again), queues main's own baseline runs,
-asks the agent for the next proposal in the background (bot.loop.proposals), dispatches queued
-runs to free slots, and shows the result to the publishers. Nothing in a tick waits: the agent
+entries (bot.loop.inbox), collects finished runs (bot.loop.runs), queues main's own baseline runs,
+gives the judge's verdicts (bot.loop.lifecycle: the judge needs no forge), then starts the next
+queued run on a freed slot, advances every other experiment up to its merge and close (a merge
+moved main, so main is read again and what ran on the old one follows it), asks the agent for the
+next proposal in the background (bot.loop.proposals), dispatches queued runs to free slots, and
+shows the result to the publishers. The order serves the judge: the runs a verdict waits for come
+before it, a new main's baseline runs first, and no run starts on a main about to move. Nothing in a tick waits: the agent
 thinks on its own thread, runners are asked with lookup(). A driver (bot.loop.driver) calls tick()
 when something arrives and on a slow timer. A phase that fails is logged and recorded, and the
 next tick tries again; a conductor killed anywhere resumes where it stopped.
@@ -157,17 +159,22 @@ class Conductor:
             return
         self._guard("applying the inbox", apply_inbox, self.store, self.router)
         self._guard("collecting runs", self.runs.collect, main)
-        # A slot freed by a run that just ended takes the next queued experiment run now, before the
-        # rest of the tick (advancing, merging, proposing): that work is the idle gap between two
-        # runs. Only runs measured on the main just read (one whose main moved is cancelled by
-        # advancing, not started), and no baseline (main's crashes are judged after collecting).
-        self._guard("dispatching runs", self.runs.dispatch, main, True)
+        # Main's runs first: those it still wants are queued (a main that keeps crashing blocks here,
+        # before a run of it could start). Then the judge, who needs no forge: a verdict's runs (a
+        # confirmation, main's run beside it) are queued, and a keep stops runs on the main it is
+        # about to move, before a slot freed by a run that just ended is filled. Then that slot takes
+        # the next queued run at once, before the rest of the tick (pushing, merging, closing,
+        # proposing): that work is the idle gap between two runs.
+        self._guard("measuring main", self.baseline.schedule, main)
+        self._guard("judging experiments", self.lifecycle.judge_all, main)
+        self._guard("dispatching runs", self.runs.dispatch, main)
         merged = self._guard("advancing experiments", self.lifecycle.advance_all, main)
-        if merged:  # our own merge moved main: the rest of the tick works on the new one
+        while merged:  # our own merge moved main: the new main's runs, and what ran on the old one follows it
             main = self._read_main("reading main after a merge")
             if main is None:
                 return
-        self._guard("measuring main", self.baseline.schedule, main)
+            self._guard("measuring main", self.baseline.schedule, main)
+            merged = self._guard("advancing experiments", self.lifecycle.advance_all, main)
         self.stop_reason = self._why_stop(main)
         self._guard("proposing", self.proposals.propose, main, self.stop_reason)
         self._guard("dispatching runs", self.runs.dispatch, main)

@@ -7,16 +7,21 @@ keep anyway), then every active experiment as far as it goes without waiting:
 
     proposed   push its branch (one commit on main)
     branched   queue its candidate run
-    measuring  wait for its runs, then the judge (bot.loop.judge) decides from the numbers alone:
-               keep, discard, crash, one confirmation run more, or a re-measure on a newer main;
-               a change that makes train.py smaller (bot.core.simplicity) may be kept for simplicity
+    measuring  wait for its runs and main's runs queued before them (main's first runs, those
+               beside its confirmation), then the judge (bot.loop.judge) decides from the numbers
+               alone: keep, discard, crash, one confirmation run more, or a re-measure on a newer
+               main; a change that makes train.py smaller (bot.core.simplicity) may be kept for
+               simplicity. Measured on a main that has moved on since, a change that came out no
+               better than that main is discarded there; one that improved on it is re-measured
     rebasing   re-graft its change onto the new main and queue a re-measure (or follow a main whose
                train.py did not change: its runs still count)
     merging    squash-merge into main, compare-and-swap on the main it was measured against
     closing    mark its branch closed with its verdict; done
 
-A step that fails is retried with backoff; after `step_retries` failures the experiment ends as
-`failed` and the loop goes on. `advance()` says when a merge moved main, so the tick reads it again.
+`judge_all()` does what needs no forge (people's requests, the verdicts on main) early in the tick,
+`advance_all()` the rest. A step that fails is retried with backoff; after `step_retries` failures
+the experiment ends as `failed` and the loop goes on. `advance()` says when a merge moved main, so
+the tick reads it again.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from bot.core.records import code_hash
 from bot.core.states import Request, RunState, State, Status
 from bot.loop import measurement
 from bot.loop.baseline import ASSET, Baseline, Main
-from bot.loop.judge import decide, judge_config
+from bot.loop.judge import decide, judge_config, main_runs_wanted
 from bot.loop.runs import Runs
 from bot.store import Experiment, Run, Store
 
@@ -73,16 +78,64 @@ class Lifecycle:
         self.backoff = backoff
         self.clock = clock
 
-    def advance_all(self, main: Main) -> bool:
-        """Act on what people asked for, then advance every active experiment; True when a merge
-        moved main (the rest of the tick must read it again)."""
+    def judge_all(self, main: Main) -> None:
+        """Act on what people asked for, then give the judge's verdict to every experiment measured
+        on main whose runs are in. Neither needs the forge, so the tick does this before it fills a
+        freed slot: the runs a verdict asks for (a confirmation, main's run beside it) are queued
+        before the slot goes to the next candidate, and a keep stops runs on a main about to move."""
         for exp in self.store.experiments.requested():
             self._act_on_request(exp, main)
+        measuring = [e for e in self.store.experiments.in_state(State.MEASURING) if e.base_sha == main.sha]
+        if not measuring:
+            return
+        runs = self.store.runs.of_experiments([e.id for e in measuring])  # one read for all of them
+        pending = self._main_pending(main)
+        now = self.clock()
+        for exp in measuring:
+            if exp.retry_at and exp.retry_at > now:
+                continue
+            try:
+                self._step_measuring(exp, main, runs[exp.id], pending)
+            except Exception as error:  # noqa: BLE001 - one experiment's failure must not stop the loop
+                self._step_failed(self.store.experiments.get(exp.id), f"{type(error).__name__}: {error}")
+
+    def advance_all(self, main: Main) -> bool:
+        """Advance every active experiment but those measured on main (judge_all's); True when a
+        merge moved main (the rest of the tick must read it again)."""
         merged = False
         for exp in self.store.experiments.active():
-            if exp.state != State.PROPOSING:
+            if exp.state != State.PROPOSING and not (exp.state == State.MEASURING and exp.base_sha == main.sha):
                 merged = self.advance(exp, main) or merged
         return merged
+
+    def _main_pending(self, main: Main) -> list[int]:
+        """The ids of main's own runs queued or running, which a verdict may wait for (see
+        _waits_for_main); none while main is blocked: its runs do not start then."""
+        if self.baseline.blocked:
+            return []
+        return [
+            r.id
+            for r in self.store.runs.all(code_hash=main.code_hash)
+            if r.purpose == "baseline" and r.state in (RunState.QUEUED, RunState.RUNNING)
+        ]
+
+    def _waits_for_main(self, main: Main, last_run: int, pending: list[int]) -> bool:
+        """Whether the verdict on an experiment whose last run is `last_run` waits for main's runs
+        `pending`: those queued before that run (main's runs beside its confirmation, main's first
+        runs), and any while main has fewer runs than it wants (one lost or crashed is run again).
+        Main's runs queued later, beside another experiment's confirmation, are not waited for:
+        with many slots some always are, and a verdict that waits keeps main from moving. A run
+        waited for ends (done, lost or cancelled): the wait cannot last for ever."""
+        if not pending:
+            return False
+        if min(pending) < last_run:
+            return True
+        wanted = main_runs_wanted(
+            measurement.is_first_main(self.baseline.values(), main.code_hash),
+            main.settings.first_baseline_runs,
+            main.settings.baseline_runs,
+        )
+        return len(self.baseline.main_values(main.code_hash)) < wanted
 
     # --- what people asked for (bot.core.states.Request), acted on before the lifecycle moves ---------
     def _act_on_request(self, exp: Experiment, main: Main) -> None:
@@ -198,14 +251,20 @@ class Lifecycle:
         )
         return self.store.experiments.get(exp.id)
 
-    def _step_measuring(self, exp: Experiment, main: Main) -> Experiment | None:
-        runs = [r for r in self.store.runs.all(experiment_id=exp.id) if r.code_hash == exp.code_hash]
+    def _step_measuring(
+        self, exp: Experiment, main: Main, runs: list[Run] | None = None, main_pending: list[int] | None = None
+    ) -> Experiment | None:
+        """Wait for the experiment's runs and main's, then judge. `runs` (the experiment's, as read
+        this tick) and `main_pending` (see _main_pending) are read here when not given."""
+        if runs is None:
+            runs = self.store.runs.all(experiment_id=exp.id)
+        runs = [r for r in runs if r.code_hash == exp.code_hash]
         waiting = [r for r in runs if r.state in (RunState.QUEUED, RunState.RUNNING)]
         if exp.base_sha != main.sha:
             if self.baseline.code_at(exp.base_sha) == main.code_hash:  # main moved, its train.py did not (program.md)
                 return self._follow_main(exp, main.sha)
             if any(r.state == RunState.RUNNING for r in waiting):
-                return None  # let it finish: the judge sends it to a re-measure
+                return None  # let it finish: judged against the main it ran on, a loss needs no re-measure
             self.runs.cancel(exp, f"main moved to {main.sha[:7]} before it ran")
             waiting = []
         if waiting:
@@ -216,6 +275,17 @@ class Lifecycle:
         if not candidate and crash is None and exp.base_sha == main.sha:
             self.runs.queue(exp, "candidate", "no run under the pinned harness and data")
             return None
+        if crash is None and exp.base_sha == main.sha:
+            if main_pending is None:
+                main_pending = self._main_pending(main)
+            if not self.baseline.main_values(main.code_hash) or self._waits_for_main(
+                main, max(r.id for r in runs), main_pending
+            ):
+                return None  # the runs of main it is to be judged with come first (a crash is a crash at once)
+        if exp.base_sha != main.sha and candidate and crash is None and not exp.meta.get("keep_anyway"):
+            lost = self._worse_where_it_ran(exp, main, candidate)
+            if lost is not None:
+                return lost
         simpler = simplicity.simplification(main.asset, exp.asset) if exp.asset else None
         decision = decide(
             candidate=candidate,
@@ -235,10 +305,10 @@ class Lifecycle:
             decision = replace(
                 decision, action="keep", reason=f"kept by {who} over the judge, who said: {decision.reason}"
             )
-        if decision.action == "confirm":
-            self.runs.queue(exp, "confirm", decision.reason)
+        if decision.action == "confirm":  # main's runs beside it first: its verdict waits for them
             for _ in range(decision.extra_main_runs):
                 self.baseline.queue_run(main, f"beside the confirmation of experiment {exp.id}")
+            self.runs.queue(exp, "confirm", decision.reason)
             return None
         if decision.action == "remeasure":
             return self.store.experiments.update(exp.id, state=State.REBASING, event=decision.reason)
@@ -262,6 +332,36 @@ class Lifecycle:
         error_tail = _error_tail(crash) if crash else None
         return self.store.experiments.update(
             exp.id, state=State.CLOSING, status=status, error_tail=error_tail, event=decision.reason, **numbers
+        )
+
+    def _worse_where_it_ran(self, exp: Experiment, main: Main, candidate: list[float]) -> Experiment | None:
+        """Discard an experiment whose runs, measured on a main that has moved on since, came out no
+        better than that main, as the judge would have there; None when it improved on it (or that
+        main has no value): then it is re-measured on the current main before it may merge. A run
+        on a main that moved is not wasted on a loss, and a gain is not judged twice."""
+        there = decide(
+            candidate=candidate,
+            crash=None,
+            main=self.baseline.main_values(self.baseline.code_at(exp.base_sha)),
+            noise=self.baseline.noise(),
+            measured_on=exp.base_sha,
+            current_main=exp.base_sha,
+            config=judge_config(main.settings),
+            simpler=simplicity.simplification(self.forge.read_file(exp.base_sha, ASSET), exp.asset)
+            if exp.asset
+            else None,
+        )
+        if there.action != "discard" or there.delta is None or there.delta < 0:
+            return None
+        return self.store.experiments.update(
+            exp.id,
+            state=State.CLOSING,
+            status=Status.DISCARD,
+            val_bpb=there.val_bpb,
+            delta=there.delta,
+            margin=there.margin,
+            reason=f"measured on main {exp.base_sha[:7]}, which has moved on since: {there.reason}",
+            event=there.reason,
         )
 
     def _follow_main(self, exp: Experiment, main_sha: str) -> Experiment:

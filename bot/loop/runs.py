@@ -1,10 +1,11 @@
 """Runs: queued runs started on free slots, running ones asked about, and what comes back recorded.
 
 `dispatch()` starts queued runs while slots are free: main's baselines first, then re-measures,
-confirmations, candidates. `collect()` asks the runner about every running run (lookup(), never a
-wait) and records what finished, once its result passed measurement.refusal (it answers this job,
-this code, under the pinned identity) and measurement.disturbance (a CPU run slowed by a busy
-machine runs once more). A lost run runs again; so does a refused result. A code whose runs keep
+confirmations, candidates, only those measured on main's train.py, and none while a keep waits to
+be merged (main is about to move); a queued run of a main that moved is set aside, never run.
+`collect()` asks the runner about every running run (lookup(), never a wait) and records what
+finished, once its result passed measurement.refusal (it answers this job, this code, under the
+pinned identity) and measurement.disturbance (a CPU run slowed by a busy machine runs once more). A lost run runs again; so does a refused result. A code whose runs keep
 getting lost or refused is given up on: its experiment fails, or, for main's own train.py, the
 loop is blocked until a human fixes it. A run killed from outside is lost, but lost MAX_KILLED_RUNS
 times in a row it is charged as the crash it may be.
@@ -55,16 +56,23 @@ class Runs:
         self.report = report  # records a failure that holds up nothing else (the tick's error log)
         self.progress: dict[int, dict[str, Any]] = {}  # run id -> its latest progress line (only the runner knows)
 
-    def dispatch(self, main: Main, on_main_only: bool = False) -> None:
-        """Start queued runs on free slots: baselines first, then re-measures, confirmations, candidates.
-        `on_main_only`: only experiment runs measured on main (early in a tick, before advancing)."""
+    def dispatch(self, main: Main) -> None:
+        """Start queued runs on free slots in priority order: main's baselines first, then
+        re-measures, confirmations, candidates; only runs measured on main's train.py. A queued run
+        of a main whose train.py is no longer main's is set aside, never run: no verdict will use it.
+        A queued run of an experiment measured on an older main waits for the lifecycle to re-graft
+        it. Nothing starts while a keep measured on main waits to be merged: main is about to move."""
+        queued = sorted(self.store.runs.all(state=RunState.QUEUED), key=lambda r: (RUN_PRIORITY[r.purpose], r.id))
+        for run in [r for r in queued if r.experiment_id is None and r.code_hash != main.code_hash]:
+            self.store.runs.set_aside(run.id, RunState.CANCELLED, f"main moved to {main.sha[:7]}", rerun=False)
+            queued.remove(run)
         free = self.runner.slots - self.store.runs.count(RunState.RUNNING)
         if free <= 0 or self.baseline.blocked:  # nothing can be judged until main is fixed: spend no runs
             return
-        queued = sorted(self.store.runs.all(state=RunState.QUEUED), key=lambda r: (RUN_PRIORITY[r.purpose], r.id))
-        if on_main_only:
-            queued = [r for r in queued if r.experiment_id is not None and r.base_sha == main.sha]
-        for run in queued[:free]:
+        if any(e.base_sha == main.sha for e in self.store.experiments.in_state(State.MERGING)):
+            return
+        on_main = [r for r in queued if r.base_sha == main.sha or self.baseline.code_at(r.base_sha) == main.code_hash]
+        for run in on_main[:free]:
             try:
                 handle = self.runner.submit(_job(run))  # idempotent by run id: safe before the write
             except Exception as error:  # noqa: BLE001 - one run the runner refuses must not hold up the rest

@@ -197,6 +197,18 @@ class Runs:
         where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
         return [run_of(r) for r in self.db.execute(f"SELECT * FROM runs{where} ORDER BY id", params)]
 
+    def of_experiments(self, experiment_ids: list[int]) -> dict[int, list[Run]]:
+        """The runs of each of these experiments, in id order: one read for all of them (the
+        conductor judges every experiment in flight at each tick)."""
+        found: dict[int, list[Run]] = {exp_id: [] for exp_id in experiment_ids}
+        if experiment_ids:
+            marks = ", ".join("?" for _ in experiment_ids)
+            for row in self.db.execute(
+                f"SELECT * FROM runs WHERE experiment_id IN ({marks}) ORDER BY id", experiment_ids
+            ):
+                found[row["experiment_id"]].append(run_of(row))
+        return found
+
     def count(self, *states: str) -> int:
         """How many runs are in any of these states."""
         marks = ", ".join("?" for _ in states)

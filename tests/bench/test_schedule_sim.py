@@ -1,7 +1,9 @@
 """bench/schedule_sim.py: the real conductor on simulated time. Its cheap pieces (the forge in
 memory, SQLite in memory) must change nothing the conductor does: the same short loops run on the
 local git forge and a store file start the same runs in the same order at the same simulated
-times, give the same verdicts with the same deltas, and spend the same runs on a main that moved."""
+times, give the same verdicts with the same deltas, and spend the same runs on a main that moved.
+Its simplifications make train.py smaller as the judge counts it, re-graft onto a moved main and
+carry their true effect to the runner."""
 
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ def test_cheap_pieces_give_the_same_runs_and_verdicts_as_git_and_a_store_file(sl
     assert cheap.runs == real.runs
     assert [e.status for e in cheap.experiments].count("keep") == 3
     assert any(run.purpose == "remeasure" for run in cheap.runs)
-    assert any(run.moved for run in cheap.runs)
+    assert any(run.moved for run in cheap.runs) == (slots > 1)  # one slot: no run on a main about to move
 
 
 def test_a_probe_stops_at_its_experiments_verdict() -> None:

@@ -178,7 +178,7 @@ def test_the_first_main_is_measured_first_baseline_runs_times(tmp_path: Path) ->
 def test_a_borderline_gain_gets_a_confirmation_and_one_more_run_of_main(tmp_path: Path) -> None:
     # main: 2.000, 2.010, 1.990 (sigma 0.01, 2 degrees of freedom); one candidate run 0.025 better is
     # more than 1.25 standard errors (0.0144) but far inside the single-run margin: confirm it
-    values = {1: 2.000, 2: 2.010, 3: 1.990, 4: 1.975, 5: 1.976, 6: 2.000}
+    values = {1: 2.000, 2: 2.010, 3: 1.990, 4: 1.975, 5: 2.000, 6: 1.976}
     runner = FakeRunner(
         outcome=lambda job: result_for(job, **({"val_bpb": values[job.run_id]} if job.run_id in values else {}))
     )
@@ -196,8 +196,8 @@ def test_a_borderline_gain_gets_a_confirmation_and_one_more_run_of_main(tmp_path
         (2, "baseline"),
         (3, "baseline"),
         (4, "candidate"),
-        (5, "confirm"),
-        (6, "baseline"),
+        (5, "baseline"),  # main's run beside the confirmation, queued first: the verdict waits for it
+        (6, "confirm"),
     ]
     assert "beside the confirmation of experiment 1" in " ".join(e["message"] for e in loop.store.events.all())
     exp = loop.store.experiments.all()[0]
@@ -928,7 +928,7 @@ def test_a_smaller_train_py_that_loses_nothing_is_kept_for_simplicity_and_merged
     # margin of two sigma (program.md's simplicity_sigmas): a confirmation and one more run of main.
     # Two runs (mean 2.0) against seven of main (mean 2.0), sigma 0.00607 from 7 degrees of freedom:
     # the one-sided 95% bound of the loss, 1.895 * 0.00487 = 0.0092, is inside the margin 0.0121.
-    values = {1: 2.000, 2: 2.010, 3: 1.990, 4: 2.005, 5: 1.995, 6: 2.000, 7: 2.002, 8: 1.998, 9: 2.000}
+    values = {1: 2.000, 2: 2.010, 3: 1.990, 4: 2.005, 5: 1.995, 6: 2.000, 7: 2.002, 8: 2.000, 9: 1.998}
     runner = FakeRunner(
         outcome=lambda job: result_for(job, **({"val_bpb": values[job.run_id]} if job.run_id in values else {}))
     )
@@ -943,8 +943,8 @@ def test_a_smaller_train_py_that_loses_nothing_is_kept_for_simplicity_and_merged
     run_to_end(loop)
     assert [(r.id, r.purpose) for r in loop.store.runs.all()[6:9]] == [
         (7, "candidate"),
-        (8, "confirm"),
-        (9, "baseline"),
+        (8, "baseline"),
+        (9, "confirm"),
     ]
     exp = loop.store.experiments.all()[0]
     assert exp.status == "keep" and exp.val_bpb == pytest.approx(2.0) and exp.delta == pytest.approx(0.0)

@@ -1,0 +1,286 @@
+"""A schedule that serves the judge: the runs a verdict waits for come before it, a new main's
+baseline first, no run on a main that moved, and what lookahead prepared on an old main measured
+on the new one. Driven with fakes (a runner whose jobs end when the test says, with values the
+test chose, the forge and the store in memory), so the order of runs is the test's, never a
+clock's."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+from fakes import EFFECT, IDENTITY, SMALL_TRAIN_PY, FakeRunner, result_for, with_effect
+
+from bot.agent.scripted import ScriptedAgent
+from bot.core.records import Job, Proposal, RunResult
+from bot.core.states import State
+from bot.forge.memory import MemoryForge
+from bot.loop.conductor import Conductor, ConductorConfig
+from bot.loop.runs import MAX_LOST_RUNS
+from bot.store import Store
+
+MAIN = with_effect(SMALL_TRAIN_PY, 0.0, "main")
+
+
+def program(**settings: object) -> str:
+    lines = "\n".join(f"  {k}: {json.dumps(v)}" for k, v in settings.items())
+    return f"---\nautoresearch:\n{lines}\n---\n\nLower val_bpb.\n"
+
+
+def change(effect: float, title: str) -> Proposal:
+    return Proposal(title, f"hypothesis of {title}", with_effect(MAIN, effect, title))
+
+
+def change_at_top(effect: float, title: str) -> Proposal:
+    """A change on another line than `change`'s: it re-grafts cleanly onto a main that kept one."""
+    marked = MAIN.replace("import math\n", f"import math\n_fake_effect = ({effect}, {json.dumps(title)})\n", 1)
+    return Proposal(title, f"hypothesis of {title}", marked)
+
+
+class Noise:
+    """The runs' values: 2.0 plus the effects their train.py carries, plus the next of `draws` for
+    each run in the order the test finishes them (0 once they run out)."""
+
+    def __init__(self, draws: list[float] = ()) -> None:
+        self.draws: Iterator[float] = iter(draws)
+
+    def __call__(self, job: Job) -> RunResult:
+        value = 2.0 + sum(float(m) for m in EFFECT.findall(job.asset)) + next(self.draws, 0.0)
+        return result_for(job, val_bpb=round(value, 6))
+
+
+class Loop:
+    """The conductor with a runner of `slots` and a scripted agent; `tick()` ticks as the driver
+    does when woken, until every question to the agent is answered."""
+
+    def __init__(
+        self, proposals: list[Proposal], *, slots: int, noise: Noise, forge=None, runner=None, **settings
+    ) -> None:
+        self.forge = forge or MemoryForge({"train.py": MAIN, "program.md": program(**settings)})
+        self.runner = runner or FakeRunner(slots, auto=False, outcome=noise)
+        self.conductor = Conductor(
+            Store(Path(":memory:")),
+            self.forge,
+            self.runner,
+            ScriptedAgent(proposals),
+            ConductorConfig(profile="smoke", identity=dict(IDENTITY), max_experiments=len(proposals), retry_base_s=0.0),
+        )
+        self.store = self.conductor.store
+        self.woken = threading.Event()
+        self.conductor.wake_on(self.woken.set)
+
+    def tick(self) -> None:
+        for _ in range(50):
+            self.woken.clear()
+            self.conductor.tick()
+            proposing = self.store.experiments.in_state(State.PROPOSING)
+            if not proposing or self.conductor.stop_reason:
+                return
+            if self.conductor.proposals.worker.busy(proposing[0].id):
+                self.woken.wait(timeout=10)
+        raise AssertionError("the agent never stopped being asked")
+
+    def started(self) -> list[tuple[str, int | None]]:
+        """(purpose, experiment) of every run the runner was given, in the order it got them."""
+        return [(run.purpose, run.experiment_id) for run in map(self.store.runs.get, self.runner.jobs)]
+
+    def running(self) -> list[tuple[str, int | None]]:
+        return [(r.purpose, r.experiment_id) for r in self.store.runs.all(state="running")]
+
+    def finish(self, purpose: str, experiment: int | None = None, count: int = 1) -> None:
+        """Finish `count` running runs of this purpose (and experiment), then tick."""
+        runs = [
+            r for r in self.store.runs.all(state="running") if (r.purpose, r.experiment_id) == (purpose, experiment)
+        ]
+        assert len(runs) >= count, f"{count} running {purpose} runs of {experiment} wanted, found {self.running()}"
+        for run in runs[:count]:
+            self.runner.finish(run.id)
+        self.tick()
+
+    def status(self, exp_id: int) -> tuple[str, str | None]:
+        exp = self.store.experiments.get(exp_id)
+        return exp.state, exp.status
+
+
+def measured(loop: Loop, runs: int) -> None:
+    """Main's first `runs` runs, finished one at a time."""
+    loop.tick()
+    for _ in range(runs):
+        loop.finish("baseline")
+
+
+# main: 2.000, 2.010, 1.990 (sigma 0.01 from 2 degrees of freedom); a first run 0.025 better earns a
+# confirmation and one more run of main (tests/bot/loop/test_lifecycle.py has the arithmetic), and
+# the two runs (1.975, 1.976) against main's four (2.0) are kept
+BORDERLINE = dict(first_baseline_runs=3, baseline_runs=2)
+BORDERLINE_NOISE = [0.0, 0.010, -0.010, 0.0, 0.0, 0.001]
+
+
+def test_a_confirmation_is_judged_with_the_run_of_main_queued_beside_it(tmp_path: Path) -> None:
+    loop = Loop(
+        [change(-0.025, "borderline"), change(0.1, "next")], slots=1, noise=Noise(BORDERLINE_NOISE), **BORDERLINE
+    )
+    measured(loop, 3)
+    assert loop.running() == [("candidate", 1)] and ("candidate", 2) in [
+        (r.purpose, r.experiment_id) for r in loop.store.runs.all(state="queued")
+    ]  # the next proposal is ready: lookahead
+
+    loop.finish("candidate", 1)  # judged first: the slot goes to main's run beside the confirmation
+    assert loop.running() == [("baseline", None)]
+    loop.finish("baseline")
+    assert loop.running() == [("confirm", 1)]
+    loop.finish("confirm", 1)
+
+    exp = loop.store.experiments.get(1)
+    assert exp.status == "keep" and "2 runs against 4 of main" in exp.reason
+
+
+def test_after_a_keep_the_new_mains_baseline_runs_first_and_the_next_change_is_measured_on_it(tmp_path: Path) -> None:
+    loop = Loop(
+        [change(-0.025, "borderline"), change_at_top(-0.5, "next")],
+        slots=1,
+        noise=Noise(BORDERLINE_NOISE),
+        **BORDERLINE,
+    )
+    measured(loop, 3)
+    loop.finish("candidate", 1)
+    loop.finish("baseline")
+    loop.finish("confirm", 1)  # kept and merged: main moved under the next change, prepared on the old main
+    loop.finish("baseline")
+    loop.finish("baseline")  # the new main's two runs, before any run measured on it
+    loop.finish("remeasure", 2)
+
+    assert loop.started()[3:9] == [
+        ("candidate", 1),
+        ("baseline", None),
+        ("confirm", 1),
+        ("baseline", None),
+        ("baseline", None),
+        ("remeasure", 2),
+    ]  # the next change's candidate, queued on the old main, never ran: it was re-grafted onto the new one
+    second = loop.store.experiments.get(2)
+    assert second.status == "keep" and "1 run against 2 of main" in second.reason
+    assert second.base_sha == loop.store.experiments.get(1).merged_sha  # measured on the new main
+
+
+def test_the_first_candidates_are_judged_against_all_of_mains_first_runs(tmp_path: Path) -> None:
+    # finished in this order: the two candidates (2.1, 2.2), main's first four runs (2.0), its last two (2.06)
+    noise = Noise([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.06, 0.06])
+    loop = Loop([change(0.1, "worse"), change(0.2, "worse still")], slots=8, noise=noise, first_baseline_runs=6)
+    loop.tick()
+    assert sorted(loop.running()) == [("baseline", None)] * 6 + [("candidate", 1), ("candidate", 2)]
+    loop.finish("candidate", 1)
+    loop.finish("candidate", 2)
+    loop.finish("baseline", count=4)
+    assert loop.status(1) == loop.status(2) == ("measuring", None)  # main's last two runs are still out
+
+    loop.finish("baseline", count=2)
+    for exp in loop.store.experiments.all():
+        assert exp.status == "discard" and "worse than main 2.020000" in exp.reason  # the mean of all six
+
+
+def test_queued_runs_of_a_main_whose_train_py_moved_are_set_aside_never_run(tmp_path: Path) -> None:
+    loop = Loop([], slots=1, noise=Noise(), first_baseline_runs=3)
+    loop.tick()
+    old = loop.forge.main_sha()
+    queued = [r.id for r in loop.store.runs.all(state="queued")]
+    assert len(queued) == 2
+    human = with_effect(MAIN, -0.5, "a human's train.py")
+    loop.forge.create_branch("human", old, {"train.py": human}, "a human commit")
+    loop.forge.merge("human", old, "a human commit")
+
+    loop.tick()
+    assert [loop.store.runs.get(i).state for i in queued] == ["cancelled", "cancelled"]
+    assert not set(queued) & set(loop.runner.jobs)
+    assert all(r.code_hash != loop.store.runs.get(queued[0]).code_hash for r in loop.store.runs.all(state="queued"))
+
+
+class MergeFailsOnce(MemoryForge):
+    """The forge in memory whose first merge fails (GitHub down for a moment)."""
+
+    failed = False
+
+    def merge(self, branch: str, expected_main: str, message: str) -> str:
+        if not self.failed:
+            self.failed = True
+            raise ConnectionError("GitHub is down")
+        return super().merge(branch, expected_main, message)
+
+
+def test_while_a_keep_waits_to_be_merged_no_run_starts_on_the_main_it_will_move(tmp_path: Path) -> None:
+    forge = MergeFailsOnce({"train.py": MAIN, "program.md": program(first_baseline_runs=2, baseline_runs=2)})
+    loop = Loop(
+        [change(-0.5, "much better"), change(0.1, "next")],
+        slots=1,
+        noise=Noise([0.0, 0.001]),
+        forge=forge,
+        first_baseline_runs=2,
+        baseline_runs=2,
+    )
+    measured(loop, 2)
+    loop.finish("candidate", 1)  # kept; its merge fails this tick
+    assert loop.status(1) == ("merging", None) and loop.running() == []
+
+    loop.tick()  # merged now: the new main's run starts, not the next change's candidate on the old main
+    assert loop.status(1) == ("done", "keep") and loop.running() == [("baseline", None)]
+
+
+class LostAfter(FakeRunner):
+    """A runner that loses every run of main after its first `good` runs of main."""
+
+    def __init__(self, good: int, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.good = good
+
+    def submit(self, job: Job) -> str:
+        if job.experiment_id is None:
+            if self.good:
+                self.good -= 1
+            else:
+                self.lost.add(job.run_id)
+        return super().submit(job)
+
+
+def test_a_verdict_does_not_wait_for_runs_of_a_main_that_cannot_be_measured(tmp_path: Path) -> None:
+    runner = LostAfter(1, slots=2, auto=False, outcome=Noise())
+    loop = Loop([change(0.1, "worse")], slots=2, noise=Noise(), runner=runner, first_baseline_runs=2)
+    loop.tick()
+    loop.finish("baseline")  # main's first run; every later one is lost
+    loop.finish("candidate", 1)
+    for _ in range(MAX_LOST_RUNS):
+        loop.tick()
+    assert loop.conductor.blocked
+    exp = loop.store.experiments.get(1)
+    assert exp.status == "discard" and "worse than main" in exp.reason
+
+
+class CountingRuns:
+    """The store's runs, counting the reads of experiments' runs."""
+
+    def __init__(self, runs) -> None:
+        self.runs = runs
+        self.reads = 0
+
+    def all(self, **filters):
+        self.reads += filters.get("experiment_id") is not None
+        return self.runs.all(**filters)
+
+    def of_experiments(self, ids):
+        self.reads += 1
+        return self.runs.of_experiments(ids)
+
+    def __getattr__(self, name: str):
+        return getattr(self.runs, name)
+
+
+def test_a_tick_reads_the_runs_of_the_experiments_in_flight_once(tmp_path: Path) -> None:
+    loop = Loop([change(0.1 * n, f"change {n}") for n in range(1, 9)], slots=4, noise=Noise(), first_baseline_runs=2)
+    loop.tick()
+    loop.finish("baseline", count=2)
+    counting = CountingRuns(loop.store.runs)
+    loop.store.runs = counting
+    loop.tick()  # eight experiments in flight, four running, none finished
+    assert len(loop.store.experiments.in_state(State.MEASURING)) == 8
+    assert counting.reads == 1
