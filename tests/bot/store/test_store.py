@@ -932,6 +932,22 @@ def test_runs_filters(store: Store):
     assert [r.id for r in store.runs.all(state="done", experiment_id=e1.id, code_hash="y")] == [r3.id]
 
 
+def test_the_runs_of_several_experiments_come_in_one_read_each_in_run_order(store: Store):
+    e1, e2, e3 = (new_experiment(store, n) for n in (1, 2, 3))
+    r1 = new_run(store, e1.id)
+    r2 = new_run(store, e2.id)
+    r3 = new_run(store, e1.id, purpose="confirm")
+    new_run(store)  # main's: no experiment
+    found = store.runs.of_experiments([e1.id, e2.id, e3.id])
+    assert {exp: [r.id for r in runs] for exp, runs in found.items()} == {
+        e1.id: [r1.id, r3.id],
+        e2.id: [r2.id],
+        e3.id: [],
+    }
+    assert found[e1.id] == store.runs.all(experiment_id=e1.id)
+    assert store.runs.of_experiments([]) == {}
+
+
 def test_count_runs_by_state(store: Store):
     runs = [new_run(store) for _ in range(5)]
     store.runs.mark_started(runs[0].id, "/r/1")
