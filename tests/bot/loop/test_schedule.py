@@ -1,6 +1,6 @@
 """A schedule that serves the judge: the runs a verdict waits for come before it, a new main's
-baseline first, no run on a main that moved, and what lookahead prepared on an old main measured
-on the new one. Driven with fakes (a runner whose jobs end when the test says, with values the
+baseline first, no run on a main that moved, what lookahead prepared on an old main measured on
+the new one, and a change that ran on a main that moved judged there when it lost. Driven with fakes (a runner whose jobs end when the test says, with values the
 test chose, the forge and the store in memory), so the order of runs is the test's, never a
 clock's."""
 
@@ -11,6 +11,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 from fakes import EFFECT, IDENTITY, SMALL_TRAIN_PY, FakeRunner, result_for, with_effect
 
 from bot.agent.scripted import ScriptedAgent
@@ -284,3 +285,33 @@ def test_a_tick_reads_the_runs_of_the_experiments_in_flight_once(tmp_path: Path)
     loop.tick()  # eight experiments in flight, four running, none finished
     assert len(loop.store.experiments.in_state(State.MEASURING)) == 8
     assert counting.reads == 1
+
+
+def kept_beside(other: Proposal) -> Loop:
+    """Two slots: a clear gain is kept and merged while `other` runs beside it on the old main,
+    then `other` finishes. Main's first runs: 2.0 and 2.01."""
+    loop = Loop([change(-0.5, "much better"), other], slots=2, noise=Noise([0.0, 0.01]), first_baseline_runs=2)
+    measured(loop, 2)
+    assert sorted(loop.running()) == [("candidate", 1), ("candidate", 2)]
+    loop.finish("candidate", 1)
+    assert loop.status(1) == ("done", "keep") and sorted(loop.running()) == [("baseline", None), ("candidate", 2)]
+    loop.finish("candidate", 2)
+    return loop
+
+
+def test_a_change_no_better_than_the_main_it_ran_on_is_discarded_there_without_a_remeasure(tmp_path: Path) -> None:
+    loop = kept_beside(change_at_top(0.1, "worse"))
+
+    exp = loop.store.experiments.get(2)
+    assert exp.status == "discard" and exp.reason.startswith(f"measured on main {exp.base_sha[:7]}, which has moved on")
+    assert exp.delta == pytest.approx(0.095)  # against the main it ran on: 2.0 and 2.01
+    assert ("remeasure", 2) not in loop.started()
+
+
+def test_a_change_that_improved_on_the_main_it_ran_on_is_remeasured_on_the_new_one(tmp_path: Path) -> None:
+    loop = kept_beside(change_at_top(-0.001, "a little better"))
+
+    assert loop.status(2) == ("measuring", None)
+    assert loop.store.experiments.get(2).base_sha == loop.store.experiments.get(1).merged_sha
+    loop.finish("baseline")
+    assert loop.running() == [("baseline", None), ("remeasure", 2)]
