@@ -86,6 +86,8 @@ class Lifecycle:
         for exp in self.store.experiments.requested():
             self._act_on_request(exp, main)
         measuring = [e for e in self.store.experiments.in_state(State.MEASURING) if e.base_sha == main.sha]
+        waiting = self.store.runs.waiting_experiments([e.id for e in measuring])  # their own runs are not in
+        measuring = [e for e in measuring if e.id not in waiting]
         if not measuring:
             return
         runs = self.store.runs.of_experiments([e.id for e in measuring])  # one read for all of them

@@ -209,6 +209,20 @@ class Runs:
                 found[row["experiment_id"]].append(run_of(row))
         return found
 
+    def waiting_experiments(self, experiment_ids: list[int]) -> set[int]:
+        """Those of these experiments with a run of their current train.py queued or running (their
+        verdicts wait): one light read, so the runs of the others alone are read whole."""
+        if not experiment_ids:
+            return set()
+        marks = ", ".join("?" for _ in experiment_ids)
+        rows = self.db.execute(
+            "SELECT DISTINCT runs.experiment_id FROM runs JOIN experiments ON experiments.id = runs.experiment_id"
+            " AND experiments.code_hash = runs.code_hash WHERE runs.state IN ('queued', 'running')"
+            f" AND runs.experiment_id IN ({marks})",
+            experiment_ids,
+        )
+        return {row[0] for row in rows}
+
     def count(self, *states: str) -> int:
         """How many runs are in any of these states."""
         marks = ", ".join("?" for _ in states)

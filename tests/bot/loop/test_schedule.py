@@ -258,33 +258,40 @@ def test_a_verdict_does_not_wait_for_runs_of_a_main_that_cannot_be_measured(tmp_
 
 
 class CountingRuns:
-    """The store's runs, counting the reads of experiments' runs."""
+    """The store's runs, recording which experiments' runs are read whole."""
 
     def __init__(self, runs) -> None:
         self.runs = runs
-        self.reads = 0
+        self.reads: list[list[int]] = []
 
     def all(self, **filters):
-        self.reads += filters.get("experiment_id") is not None
+        if filters.get("experiment_id") is not None:
+            self.reads.append([filters["experiment_id"]])
         return self.runs.all(**filters)
 
     def of_experiments(self, ids):
-        self.reads += 1
+        self.reads.append(list(ids))
         return self.runs.of_experiments(ids)
 
     def __getattr__(self, name: str):
         return getattr(self.runs, name)
 
 
-def test_a_tick_reads_the_runs_of_the_experiments_in_flight_once(tmp_path: Path) -> None:
+def test_a_tick_reads_whole_only_the_runs_of_experiments_whose_runs_are_in_and_once(tmp_path: Path) -> None:
     loop = Loop([change(0.1 * n, f"change {n}") for n in range(1, 9)], slots=4, noise=Noise(), first_baseline_runs=2)
     loop.tick()
     loop.finish("baseline", count=2)
+    assert len(loop.store.experiments.in_state(State.MEASURING)) == 8  # four running, four queued
     counting = CountingRuns(loop.store.runs)
     loop.store.runs = counting
-    loop.tick()  # eight experiments in flight, four running, none finished
-    assert len(loop.store.experiments.in_state(State.MEASURING)) == 8
-    assert counting.reads == 1
+
+    loop.tick()
+    assert counting.reads == []  # every verdict waits for a run: none read
+    for run in [r for r in counting.all(state="running") if r.experiment_id in (1, 2)]:
+        loop.runner.finish(run.id)
+    loop.tick()
+    assert counting.reads == [[1, 2]]
+    assert loop.status(1) == loop.status(2) == ("done", "discard")
 
 
 def kept_beside(other: Proposal) -> Loop:

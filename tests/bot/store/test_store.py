@@ -948,6 +948,17 @@ def test_the_runs_of_several_experiments_come_in_one_read_each_in_run_order(stor
     assert store.runs.of_experiments([]) == {}
 
 
+def test_an_experiment_waits_while_a_run_of_its_current_train_py_is_queued_or_running(store: Store):
+    e1, e2, e3, e4 = (new_experiment(store, n) for n in (1, 2, 3, 4))
+    new_run(store, e1.id, code_hash="code-1")  # queued
+    store.runs.mark_started(new_run(store, e2.id, code_hash="code-2").id, "/r")  # running
+    done = new_run(store, e3.id, code_hash="code-3")
+    store.runs.finish(done.id, status="ok", val_bpb=1.0, metrics={}, error=None, log_tail=None)
+    new_run(store, e4.id, code_hash="older")  # queued, but of a train.py it no longer has
+    assert store.runs.waiting_experiments([e1.id, e2.id, e3.id, e4.id]) == {e1.id, e2.id}
+    assert store.runs.waiting_experiments([]) == set()
+
+
 def test_count_runs_by_state(store: Store):
     runs = [new_run(store) for _ in range(5)]
     store.runs.mark_started(runs[0].id, "/r/1")
