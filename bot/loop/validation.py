@@ -10,14 +10,17 @@ code's syntax tree), so a change to a comment is not an experiment.
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 from collections.abc import Iterable
 
 MAX_ASSET_BYTES = 200_000
 
 
+@functools.lru_cache(maxsize=32)
 def normal_hash(text: str) -> str | None:
-    """The identity of the code itself (its syntax tree), or None if it does not parse."""
+    """The identity of the code itself (its syntax tree), or None if it does not parse. Cached:
+    main's text is checked again at every proposal."""
     try:
         tree = ast.parse(text)
     except (SyntaxError, ValueError):
