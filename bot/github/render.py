@@ -23,8 +23,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from bot.core.simplicity import Simplification, simplification
+from bot.core.simplicity import simplification
 from bot.store import Experiment, Run
+from bot.views.read_model import kept_for_simplicity
 from bot.views.text import bpb as _bpb
 from bot.views.text import cell as _cell
 from bot.views.text import clean as _clean
@@ -172,18 +173,6 @@ _OUTCOME_WORDS = {
     "failed": "failed",
     "cancelled": "cancelled",
 }
-
-
-def _kept_for_simplicity(exp: Experiment) -> tuple[Simplification, float] | None:
-    """How much smaller a keep for simplicity made train.py, and the loss its runs ruled out; None
-    for any other experiment (bot.loop.lifecycle records `kept_for_simplicity` in its meta)."""
-    found = exp.meta.get("kept_for_simplicity") if exp.status == "keep" else None
-    if not isinstance(found, dict):
-        return None
-    lines, tokens, loss = found.get("lines"), found.get("tokens"), _number(found.get("loss_margin"))
-    if not isinstance(lines, int) or not isinstance(tokens, int) or loss is None:
-        return None
-    return Simplification(lines=lines, tokens=tokens), loss
 
 
 def conclusion(status: str) -> str:
@@ -371,14 +360,14 @@ def check_title(
     elif status == "crash":
         title = f"crashed: {_last_error_line(exp)}"
     elif status in _OUTCOME_WORDS:
-        simpler = _kept_for_simplicity(exp) if status == "keep" else None
+        simpler = kept_for_simplicity(exp) if status == "keep" else None
         numbers = _numbers(
             val_bpb if val_bpb is not None else exp.val_bpb,
             delta if delta is not None else exp.delta,
             margin if margin is not None else exp.margin,
-            simpler[1] if simpler else None,
+            simpler.loss_margin if simpler else None,
         )
-        word = f"kept for simplicity, {simpler[0].words()}" if simpler else _OUTCOME_WORDS[status]
+        word = simpler.words() if simpler else _OUTCOME_WORDS[status]
         title = f"{numbers}: {word}" if numbers else f"{word}: {exp.reason}" if exp.reason else word
     else:
         raise ValueError(f"no check title for status {status!r}: one of queued, running, {', '.join(_OUTCOME_WORDS)}")
@@ -477,11 +466,13 @@ def check_summary(exp: Experiment, runs: list[Run], *, main_val_bpb: float | Non
 
 def _simplicity_row(exp: Experiment) -> list[str]:
     """The table row of a keep for simplicity: how much smaller, and the loss its runs ruled out."""
-    simpler = _kept_for_simplicity(exp)
+    simpler = kept_for_simplicity(exp)
     if simpler is None:
         return []
-    smaller, loss = simpler
-    return [f"| Kept for simplicity | {smaller.words()}; its runs rule out a loss larger than {_bpb(loss)} |"]
+    return [
+        f"| Kept for simplicity | {simpler.smaller.words()}; its runs rule out a loss larger than "
+        f"{_bpb(simpler.loss_margin)} |"
+    ]
 
 
 def _last_line(text: str | None) -> str:
@@ -578,7 +569,7 @@ def _next_step(exp: Experiment) -> str:
 def decision_comment(exp: Experiment, *, main_val_bpb: float | None, runs: list[Run]) -> str:
     """Why the experiment ended as it did, in numbers, and what happens next."""
     status = exp.status or "undecided"
-    word = "kept for simplicity" if _kept_for_simplicity(exp) else _OUTCOME_WORDS.get(status, status)
+    word = "kept for simplicity" if kept_for_simplicity(exp) else _OUTCOME_WORDS.get(status, status)
     counted = _counted(runs)
     main = _main_value(exp, main_val_bpb)
     lines = [

@@ -44,15 +44,17 @@ def build_state(
                   proposed), budget_usd, budget_left_usd}
     spent_usd    what the agent's answers cost so far
     queued       runs waiting for a slot
-    counts       {keep, discard, crash, failed, cancelled (finished experiments), active}
+    counts       {keep, discard, crash, failed, cancelled (finished experiments), active,
+                  kept_for_simplicity (of the keeps)}
     slots        [{run, experiment, title, purpose, started_at, step, loss, progress (0-1),
                   remaining_seconds, training_seconds}], one per running run
-    chart        {points: [{x, id, title, val_bpb, status, kept}] (the baseline at x 0, then each kept
+    chart        {points: [{x, id, title, val_bpb, status, kept, for_simplicity}] (the baseline at x 0, then each kept
                   or discarded experiment at its place among the finished ones), crashes: [{x, id,
                   title, status}], best: [[x, val_bpb], ...] (the running best's step vertices), x_max}
-    experiments  [{id, title, state, status, val_bpb, delta, margin, remeasured_delta, runs (finished),
-                  in_flight (queued or running), cost_usd, reason (first line), request, pr, links
-                  {label: url}, updated_at}] in id order; a proposal in the making is no row
+    experiments  [{id, title, state, status, kept_for_simplicity (its words, or null), val_bpb, delta,
+                  margin, remeasured_delta, runs (finished), in_flight (queued or running), cost_usd,
+                  reason (first line), request, pr, links {label: url}, updated_at}] in id order; a
+                  proposal in the making is no row
     events       the latest events, newest first: [{id, at, experiment, kind, message}]
     """
     live = live or {}
@@ -71,7 +73,7 @@ def build_state(
         "agent": vars(view.agent),
         "spent_usd": view.spent_usd,
         "queued": len(view.queued),
-        "counts": view.counts,
+        "counts": {**view.counts, "kept_for_simplicity": view.kept_for_simplicity},
         "slots": [_slot(run, view.title_of(run), live) for run in view.running],
         "chart": _chart(view),
         "experiments": [_row(e, links) for e in view.experiments],
@@ -164,6 +166,7 @@ def _chart(view: View) -> dict[str, Any]:
                 "val_bpb": p.val_bpb,
                 "status": p.status,
                 "kept": p.status in ("baseline", Status.KEEP),
+                "for_simplicity": p.for_simplicity,
             }
             for p in chart.points
             if p.status in ("baseline", Status.KEEP, Status.DISCARD)
@@ -176,6 +179,7 @@ def _chart(view: View) -> dict[str, Any]:
 
 def _row(view: ExperimentView, links: Links | None) -> dict[str, Any]:
     e = view.experiment
+    simpler = view.kept_for_simplicity
     found: dict[str, str] = {}
     if links is not None:
         try:
@@ -187,6 +191,7 @@ def _row(view: ExperimentView, links: Links | None) -> dict[str, Any]:
         "title": e.title,
         "state": e.state,
         "status": e.status,
+        "kept_for_simplicity": simpler.words() if simpler else None,
         "val_bpb": view.val_bpb,
         "delta": view.delta,
         "margin": e.margin,

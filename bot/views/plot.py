@@ -3,9 +3,9 @@ draws it.
 
 x is the experiment number (0 = the loop's baseline, then 1, 2, ... for the finished experiments in
 order), y is val_bpb (lower is better). Discarded experiments are light grey dots, kept
-ones a strong colour with a short title, crashes and failures (no val_bpb) small marks on the bottom
-edge. A step line follows main's val_bpb after each keep, with the noise margin now drawn as a band
-around it when one is known.
+ones a strong colour with a short title (a square when kept for simplicity, not for a gain),
+crashes and failures (no val_bpb) small marks on the bottom edge. A step line follows main's
+val_bpb after each keep, with the noise margin now drawn as a band around it when one is known.
 
 chart_data() is pure (the read model's chart, bot.views.read_model); write_chart() draws it. matplotlib is imported
 inside write_chart, through the object-oriented Figure API with the Agg canvas: importing this module
@@ -40,6 +40,7 @@ class Point:
     title: str
     id: int = 0  # the experiment's id in the store (0 for the baseline)
     label: str | None = None  # the short title drawn beside it (kept points only, at most MAX_LABELS)
+    for_simplicity: bool = False  # kept for simplicity, not for a gain
 
 
 @dataclass
@@ -53,6 +54,7 @@ class ChartData:
     experiments: int = 0  # finished experiments (the baseline not counted)
     crashes: list[int] = field(default_factory=list)  # x of each crashed or failed experiment
     margin: float | None = None  # the noise margin now (what one run must improve on main by), drawn around `best`
+    kept_for_simplicity: int = 0  # of the kept, those kept for simplicity
 
     @property
     def gain(self) -> float | None:
@@ -65,7 +67,10 @@ class ChartData:
 def chart_data(view: View) -> ChartData:
     """The chart's numbers, from the read model: nothing is drawn here."""
     chart = view.chart
-    points = [Point(x=p.x, val_bpb=p.val_bpb, status=p.status, title=p.title, id=p.id) for p in chart.points]
+    points = [
+        Point(x=p.x, val_bpb=p.val_bpb, status=p.status, title=p.title, id=p.id, for_simplicity=p.for_simplicity)
+        for p in chart.points
+    ]
     steps = list(chart.main_steps)
     crashes = [mark.x for mark in chart.crashes]
     _choose_labels(points, steps)
@@ -79,6 +84,7 @@ def chart_data(view: View) -> ChartData:
         experiments=chart.x_max,
         crashes=crashes,
         margin=view.main.margin,
+        kept_for_simplicity=view.kept_for_simplicity,
     )
 
 
@@ -169,7 +175,8 @@ def _draw(data: ChartData):
         if point.status == "baseline":
             style = {"marker": "D", "ms": 8, "color": BASELINE_COLOUR, "zorder": 4}
         elif point.status == "keep":
-            style = {"marker": "o", "ms": 7, "color": KEEP_COLOUR, "markeredgecolor": "black", "mew": 0.6, "zorder": 4}
+            style = {"marker": "s" if point.for_simplicity else "o", "ms": 7, "color": KEEP_COLOUR}
+            style |= {"markeredgecolor": "black", "mew": 0.6, "zorder": 4}
         else:  # discarded, or cancelled after it was measured
             style = {"marker": "o", "ms": 3 if small else 5, "color": DISCARD_COLOUR, "zorder": 2}
         if clipped:
@@ -207,6 +214,16 @@ def _draw(data: ChartData):
 
     ax.plot([], [], linestyle="none", marker="o", color=DISCARD_COLOUR, label="discarded")
     ax.plot([], [], linestyle="none", marker="o", color=KEEP_COLOUR, markeredgecolor="black", label="kept")
+    if any(p.for_simplicity for p in data.points):
+        ax.plot(
+            [],
+            [],
+            linestyle="none",
+            marker="s",
+            color=KEEP_COLOUR,
+            markeredgecolor="black",
+            label="kept for simplicity",
+        )
     ax.set_ylim(low, high)
     ax.set_xlim(-0.02 * last_x - 0.5, last_x * 1.02 + 0.5)
     ax.grid(True, alpha=0.3)
@@ -234,6 +251,8 @@ def _y_range(data: ChartData) -> tuple[float, float]:
 
 def _title(data: ChartData) -> str:
     head = f"{data.experiments} experiments, {data.kept} kept"
+    if data.kept_for_simplicity:
+        head += f" ({data.kept_for_simplicity} for simplicity)"
     if data.crashed:
         head += f", {data.crashed} crashed"
     if data.best is None:

@@ -3,7 +3,8 @@
 `read_rows(db)` takes what is shown from one connection (the dashboard's read-only one, or a
 Store's) in five queries, whatever the number of experiments; `build_view(rows, live)` is pure:
 rows in, one frozen View out, with main's value, the loop's baseline, the noise margin now, each
-experiment's numbers, the chart's points and the agent's state. The numbers come from
+experiment's numbers (a keep for simplicity told apart from a gain: kept_for_simplicity), the
+chart's points and the agent's state. The numbers come from
 bot.loop.measurement and bot.loop.judge, the functions the conductor decides with, so the
 dashboard, `autoresearch status`, `autoresearch results` and results.tsv, the chart, the research
 log and the demo's live display show the same baseline, margin and deltas: each of them reads a
@@ -22,6 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from bot.core.simplicity import Simplification
 from bot.core.states import RunState, State, Status
 from bot.loop import measurement
 from bot.loop.judge import judge_config
@@ -138,6 +140,34 @@ def read_runs(db: sqlite3.Connection, where: str = "1") -> tuple[RunRow, ...]:
 
 # --- the view ---------------------------------------------------------------------------------------
 @dataclass(frozen=True)
+class KeptForSimplicity:
+    """Why a keep for simplicity was kept: how much smaller it made train.py, and the loss its runs
+    ruled out (bot.loop.judge's simplicity rule)."""
+
+    smaller: Simplification
+    loss_margin: float
+
+    def words(self) -> str:
+        """`kept for simplicity, 1 fewer line of code (3 fewer code tokens)`."""
+        return f"kept for simplicity, {self.smaller.words()}"
+
+
+def kept_for_simplicity(exp: Experiment) -> KeptForSimplicity | None:
+    """What made a keep a keep for simplicity (bot.loop.lifecycle records it in the experiment's meta
+    as `kept_for_simplicity`: lines, tokens, loss_margin); None for any other experiment, and for a
+    record that does not read as one."""
+    found = exp.meta.get("kept_for_simplicity") if exp.status == Status.KEEP else None
+    if not isinstance(found, dict):
+        return None
+    lines, tokens, loss = found.get("lines"), found.get("tokens"), found.get("loss_margin")
+    if not isinstance(lines, int) or not isinstance(tokens, int):
+        return None
+    if isinstance(loss, bool) or not isinstance(loss, (int, float)):
+        return None
+    return KeptForSimplicity(Simplification(lines=lines, tokens=tokens), float(loss))
+
+
+@dataclass(frozen=True)
 class MainView:
     """Main now: the latest main queued for measuring, as the judge compares against it."""
 
@@ -182,6 +212,10 @@ class ExperimentView:
         number = self.published.get("pr")
         return int(number) if number and number.isdigit() else None
 
+    @property
+    def kept_for_simplicity(self) -> KeptForSimplicity | None:
+        return kept_for_simplicity(self.experiment)
+
 
 @dataclass(frozen=True)
 class Point:
@@ -190,6 +224,7 @@ class Point:
     title: str
     val_bpb: float
     status: str  # "baseline", keep, discard, or cancelled (after it was measured)
+    for_simplicity: bool = False  # a keep for simplicity, not for a gain
 
 
 @dataclass(frozen=True)
@@ -227,6 +262,7 @@ class View:
     baseline: Baseline | None
     agent: AgentView
     counts: dict[str, int]  # finished experiments per status (each Status), and "active" (not done nor proposing)
+    kept_for_simplicity: int  # of the keeps counted, those kept for simplicity
     spent_usd: float  # what the agent's answers cost so far
     running: tuple[RunRow, ...]
     queued: tuple[RunRow, ...]  # runs waiting for a slot
@@ -283,6 +319,9 @@ def build_view(rows: StoreRows, live: Live | None = None) -> View:
         baseline=baseline,
         agent=_agent(rows, live, spent),
         counts=counts,
+        kept_for_simplicity=sum(
+            1 for e in experiments if e.experiment.state == State.DONE and e.kept_for_simplicity is not None
+        ),
         spent_usd=spent,
         running=tuple(r for r in rows.runs if r.state == RunState.RUNNING),
         queued=tuple(r for r in rows.runs if r.state == RunState.QUEUED),
@@ -394,7 +433,16 @@ def _chart(experiments: tuple[ExperimentView, ...], baseline: Baseline | None) -
             continue
         if e.val_bpb is None:  # cancelled before it was measured: a place on the axis, nothing drawn
             continue
-        points.append(Point(x=x, id=e.id, title=e.title, val_bpb=e.val_bpb, status=e.status or ""))
+        points.append(
+            Point(
+                x=x,
+                id=e.id,
+                title=e.title,
+                val_bpb=e.val_bpb,
+                status=e.status or "",
+                for_simplicity=view.kept_for_simplicity is not None,
+            )
+        )
         if e.status == Status.KEEP:
             steps.append((x, e.val_bpb))
             if not best or e.val_bpb < best[-1][1]:

@@ -1,6 +1,6 @@
 """The research log's text: a summary of the research so far, read from the read model (best
-val_bpb and its gain over the loop's baseline, the kept changes in order, counts, pace, agent
-spend, what is running), in Markdown. bot.github.research_log keeps it as one issue's body.
+val_bpb and its gain over the loop's baseline, the kept changes in order, those kept for
+simplicity said so, counts, pace, agent spend, what is running), in Markdown. bot.github.research_log keeps it as one issue's body.
 
 The "Updated ..." line at its end says when it was written; content_digest leaves it out, so a
 summary whose content did not change is never written again just because the time moved.
@@ -43,6 +43,7 @@ class Kept:
     delta: float | None  # vs main at the decision
     remeasured_delta: float | None  # the new main's fresh baseline minus the old main's
     pull: int | None
+    for_simplicity: bool = False  # kept for simplicity (a smaller train.py), not for a gain
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,7 @@ class Facts:
     spent_usd: float
     running: list[Running]
     queued: int  # runs waiting for a runner
+    kept_for_simplicity: int = 0  # of the keeps, those kept for simplicity
 
 
 def facts(view: View, now: float) -> Facts:
@@ -79,6 +81,7 @@ def facts(view: View, now: float) -> Facts:
             e.experiment.delta,
             e.experiment.remeasured_delta,
             e.pull,
+            e.kept_for_simplicity is not None,
         )
         for e in done
         if e.experiment.status == Status.KEEP
@@ -101,6 +104,7 @@ def facts(view: View, now: float) -> Facts:
         baseline=view.baseline.val_bpb if view.baseline else None,
         kept=kept,
         finished=finished,
+        kept_for_simplicity=view.kept_for_simplicity,
         in_progress=view.counts["active"] + proposing,
         finished_last_day=sum(e.experiment.updated_at >= now - DAY_S for e in done),
         spent_usd=view.spent_usd,
@@ -136,6 +140,7 @@ def _standing(f: Facts) -> list[str]:
     total = sum(f.finished.values())
     outcomes = [
         f"{f.finished.get(status, 0)} {word}"
+        + (f" ({f.kept_for_simplicity} for simplicity)" if status == "keep" and f.kept_for_simplicity else "")
         for status, word in _OUTCOMES
         if status in ("keep", "discard", "crash") or f.finished.get(status)
     ]
@@ -165,8 +170,9 @@ def _running(f: Facts) -> list[str]:
 
 
 def _kept_row(k: Kept) -> str:
+    change = cell(one_line(k.title, 120)) + (" (kept for simplicity)" if k.for_simplicity else "")
     return (
-        f"| {k.id} | {cell(one_line(k.title, 120))} | {bpb(k.val_bpb)} | {signed(k.delta)} "
+        f"| {k.id} | {change} | {bpb(k.val_bpb)} | {signed(k.delta)} "
         f"| {signed(k.remeasured_delta)} | {f'#{k.pull}' if k.pull else '—'} |"
     )
 

@@ -5,8 +5,10 @@ results.tsv has the reference's columns, tab-separated:
     commit  val_bpb  memory_gb  status  description
 with the loop's baseline (its first main, as the judge last compared against it) as its first row
 (status keep), then one row per finished experiment (status keep, discard, crash or failed; a crash
-or failure shows val_bpb 0.000000 and memory 0.0). The richer rows (delta, margin, re-measured
-delta, steps, tokens/s) and one row per run are for `autoresearch results`.
+or failure shows val_bpb 0.000000 and memory 0.0). A keep for simplicity keeps status keep; its
+description says `<title>; kept for simplicity, 1 fewer line of code (3 fewer code tokens)`. The
+richer rows (delta, margin, re-measured delta, steps, tokens/s, kept_for_simplicity) and one row
+per run are for `autoresearch results`.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from bot.core.protocols import Publisher, Snapshot
+from bot.core.simplicity import Simplification
 from bot.store import Store
 from bot.views.read_model import RunRow, View, view_of
 from runner import files
@@ -45,11 +48,13 @@ def rows(view: View) -> list[dict[str, Any]]:
                 "description": "baseline",
                 "reason": "main as it was before any experiment",
                 "cost_usd": None,
+                "kept_for_simplicity": None,
             }
         )
     for finished in view.finished:
         exp = finished.experiment
         ok = [r for r in finished.runs if r.status == "ok"]
+        simpler = finished.kept_for_simplicity
         out.append(
             {
                 "id": exp.id,
@@ -66,6 +71,14 @@ def rows(view: View) -> list[dict[str, Any]]:
                 "description": exp.title,
                 "reason": exp.reason,
                 "cost_usd": exp.meta.get("cost_usd"),
+                # a keep for simplicity: how much smaller, the loss its runs ruled out (else None)
+                "kept_for_simplicity": None
+                if simpler is None
+                else {
+                    "lines": simpler.smaller.lines,
+                    "tokens": simpler.smaller.tokens,
+                    "loss_margin": simpler.loss_margin,
+                },
             }
         )
     return out
@@ -95,13 +108,23 @@ def run_rows(store: Store) -> list[dict[str, Any]]:
 def to_tsv(view: View) -> str:
     lines = ["\t".join(TSV_COLUMNS)]
     for row in rows(view):
-        description = " ".join(row["description"].split())  # no tabs or line breaks inside a field
+        description = " ".join(described(row).split())  # no tabs or line breaks inside a field
         lines.append(
             "\t".join(
                 [row["commit"], f"{row['val_bpb'] or 0.0:.6f}", f"{row['memory_gb']:.1f}", row["status"], description]
             )
         )
     return "\n".join(lines) + "\n"
+
+
+def described(row: dict[str, Any]) -> str:
+    """A row's description, and for a keep for simplicity `; kept for simplicity, 1 fewer line of
+    code (3 fewer code tokens)` after it."""
+    simpler = row["kept_for_simplicity"]
+    if simpler is None:
+        return row["description"]
+    smaller = Simplification(lines=simpler["lines"], tokens=simpler["tokens"])
+    return f"{row['description']}; kept for simplicity, {smaller.words()}"
 
 
 def export_tsv(store: Store, path: Path) -> None:

@@ -1,7 +1,7 @@
 """`autoresearch status`: a work directory at a glance, read from its store alone (whether a
-conductor is running there or not): what runs and waits, main's val_bpb beside the loop's baseline
-and the noise margin, the agent, recent events. The numbers are the read model's
-(bot.views.read_model), as on the dashboard."""
+conductor is running there or not): what runs and waits, the experiments done (the keeps for
+simplicity said apart), main's val_bpb beside the loop's baseline and the noise margin, the agent,
+recent events. The numbers are the read model's (bot.views.read_model), as on the dashboard."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from bot.views.read_model import FROM_KEPT_EXPERIMENT, View, progress_of
+from bot.views.terminal import kept_count
 
 EVENTS = 8  # recent events shown
 
@@ -29,7 +30,7 @@ def render_workdir_status(view: View) -> Group:
     done = sum(n for status, n in counts.items() if status != "active")
     parts.append(
         Text(
-            f"experiments done {done}: kept {counts['keep']}, discarded {counts['discard']}, "
+            f"experiments done {done}: kept {kept_count(view)}, discarded {counts['discard']}, "
             f"crashed {counts['crash']}, failed {counts['failed']}"
         )
     )

@@ -1,6 +1,7 @@
 """What the terminal shows of a loop besides `autoresearch status` (bot.views.status): the demo's
 live progress line and its runs in flight, and the tables of `autoresearch results`. The numbers
-are the read model's (bot.views.read_model), as on the dashboard."""
+are the read model's (bot.views.read_model), as on the dashboard; a keep for simplicity is counted
+among the keeps and said apart (`kept 3 (1 for simplicity)`; its description as in results.tsv)."""
 
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ def render_live_progress(view: View, live: Live, experiments: int, started: floa
         ("experiments ", "bold"),
         f"{done}/{experiments} done  ",
         ("kept ", "green"),
-        f"{counts['keep']}  ",
+        f"{kept_count(view)}  ",
         ("discarded ", "yellow"),
         f"{counts['discard']}  ",
         ("crashed ", "red"),
@@ -77,7 +78,7 @@ def results_table(view: View) -> Table:
             str(row["runs"]),
             f"[{COLOURS.get(row['status'], 'white')}]{row['status']}[/]",
             *cost,
-            row["description"],
+            results.described(row),
         )
     return table
 
@@ -102,6 +103,12 @@ def runs_table(store: Store) -> Table:
             (row["note"] or "").strip().splitlines()[-1][:80] if row["note"] else "",
         )
     return table
+
+
+def kept_count(view: View) -> str:
+    """`3`, or `3 (1 for simplicity)` when some keeps were kept for simplicity."""
+    simpler = f" ({view.kept_for_simplicity} for simplicity)" if view.kept_for_simplicity else ""
+    return f"{view.counts['keep']}{simpler}"
 
 
 def _signed(value: float | None) -> str:

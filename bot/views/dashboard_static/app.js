@@ -184,7 +184,9 @@
     var c = s.counts || {};
     var done = (c.keep || 0) + (c.discard || 0) + (c.crash || 0) + (c.failed || 0) + (c.cancelled || 0);
     $("counts").textContent = done + " done";
-    var detail = [(c.keep || 0) + " kept", (c.discard || 0) + " discarded", (c.crash || 0) + " crashed"];
+    var simpler = c.kept_for_simplicity ? " (" + c.kept_for_simplicity + " for simplicity)" : "";
+    var kept = (c.keep || 0) + " kept" + simpler;
+    var detail = [kept, (c.discard || 0) + " discarded", (c.crash || 0) + " crashed"];
     if (c.failed) detail.push(c.failed + " failed");
     if (c.cancelled) detail.push(c.cancelled + " cancelled");
     if (c.active) detail.push(c.active + " in progress");
@@ -282,11 +284,15 @@
     });
     var dots = svg("g", { "class": "points" }, root);
     points.forEach(function (p) {
-      var dot = svg("circle", { cx: sx(p.x), cy: sy(p.val_bpb), r: p.kept ? 5 : 4, "class": "point " + p.status },
-                    dots);
+      var cx = sx(p.x), cy = sy(p.val_bpb);
+      var dot = p.for_simplicity  // a keep for simplicity: a square
+        ? svg("rect", { x: cx - 4.5, y: cy - 4.5, width: 9, height: 9, "class": "point keep simplicity" }, dots)
+        : svg("circle", { cx: cx, cy: cy, r: p.kept ? 5 : 4, "class": "point " + p.status }, dots);
       var tip = svg("title", {}, dot);
-      tip.textContent = (p.id ? "#" + p.id + " " : "") + p.title + ": " + fixed(p.val_bpb) + " (" + p.status + ")";
+      tip.textContent = (p.id ? "#" + p.id + " " : "") + p.title + ": " + fixed(p.val_bpb) + " ("
+        + (p.for_simplicity ? "kept for simplicity" : p.status) + ")";
     });
+    $("key-simplicity").hidden = !points.some(function (p) { return p.for_simplicity; });
   }
 
   function resultOf(e) { return e.state === "done" ? (e.status || "done") : e.state; }
@@ -308,7 +314,9 @@
       tr.dataset.id = e.id;
       make("td", "num", e.id, tr);
       var result = make("td", null, null, tr);
-      make("span", "pill " + resultOf(e), resultOf(e) + (e.in_flight ? " …" : ""), result);
+      var word = resultOf(e) + (e.kept_for_simplicity ? " (simplicity)" : "");
+      var pill = make("span", "pill " + resultOf(e), word + (e.in_flight ? " …" : ""), result);
+      if (e.kept_for_simplicity) pill.title = e.kept_for_simplicity;
       make("td", "num", fixed(e.val_bpb), tr);
       make("td", "num " + (isNum(e.delta) ? (e.delta < 0 ? "better" : "worse") : ""), signed(e.delta), tr);
       make("td", "num wide", fixed(e.margin), tr);

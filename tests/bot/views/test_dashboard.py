@@ -194,7 +194,16 @@ def test_state_has_every_experiment_with_its_numbers(client: TestClient):
     assert rows[3]["status"] == "crash" and rows[3]["val_bpb"] is None and rows[3]["delta"] is None
     assert (rows[4]["state"], rows[4]["status"], rows[4]["in_flight"], rows[4]["runs"]) == ("measuring", None, 1, 0)
     assert all(row["links"] == {} for row in rows.values())  # no links() given
-    assert state["counts"] == {"keep": 1, "discard": 1, "crash": 1, "failed": 0, "cancelled": 0, "active": 1}
+    assert state["counts"] == {
+        "keep": 1,
+        "discard": 1,
+        "crash": 1,
+        "failed": 0,
+        "cancelled": 0,
+        "active": 1,
+        "kept_for_simplicity": 0,
+    }
+    assert all(row["kept_for_simplicity"] is None for row in rows.values())
     assert state["queued"] == 1 and state["spent_usd"] == 1.25
 
 
@@ -612,13 +621,25 @@ def test_the_page_in_a_browser_draws_the_state_and_follows_a_finished_run(seeded
     )
     screenshot(browser, "dashboard-dark.png", tmp_path)
 
+    assert not browser.find_element(By.ID, "key-simplicity").is_displayed()  # no keep for simplicity yet
     store.runs.finish(run_id, status="ok", val_bpb=0.965, metrics=COUNTED, error=None, log_tail="")
     store.experiments.update(
-        4, state="done", status="discard", val_bpb=0.965, delta=-0.006, reason="within the noise margin"
+        4,
+        state="done",
+        status="keep",
+        val_bpb=0.9712,
+        delta=0.0002,
+        reason="kept for simplicity: 2 fewer lines of code (9 fewer code tokens)",
+        meta={"kept_for_simplicity": {"lines": 2, "tokens": 9, "loss_margin": 0.004}},
     )
-    wait.until(lambda _: count("#slots .slot") == 0 and count("#chart svg circle") == 4)
+    wait.until(lambda _: count("#slots .slot") == 0 and count("#chart svg rect.point.simplicity") == 1)
+    assert count("#chart svg circle") == 3  # a keep for simplicity is a square, not a dot
     assert "nothing running" in browser.find_element(By.ID, "slots").text
-    assert "discard" in browser.find_element(By.CSS_SELECTOR, "tr[data-id='4'] .pill").text
+    pill = browser.find_element(By.CSS_SELECTOR, "tr[data-id='4'] .pill")
+    assert pill.text == "keep (simplicity)"
+    assert pill.get_attribute("title") == "kept for simplicity, 2 fewer lines of code (9 fewer code tokens)"
+    assert browser.find_element(By.ID, "key-simplicity").is_displayed()
+    assert "2 kept (1 for simplicity)" in browser.find_element(By.ID, "counts-detail").text
     assert browser.find_element(By.ID, "link").text == "live"  # by the stream, not by polling
 
     origins = browser.execute_script("return performance.getEntriesByType('resource').map(e => new URL(e.name).origin)")

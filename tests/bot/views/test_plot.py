@@ -246,6 +246,15 @@ def test_write_chart_svg_has_one_marker_per_point_and_per_crash(history: Store, 
     assert "9 experiments, 3 kept, 2 crashed" in svg  # the title, as text (svg.fonttype none)
     assert "best val_bpb 0.940000" in svg and "lower is better" in svg
     assert "Raise the learning rate" in svg and "Deeper model" not in svg  # only kept ones labelled
+    assert "for simplicity" not in svg  # no keep for simplicity: no legend entry for one
+
+
+def test_a_keep_for_simplicity_is_a_square_with_its_own_legend_entry(history: Store, tmp_path: Path):
+    history.experiments.update(4, meta={"kept_for_simplicity": {"lines": 2, "tokens": 9, "loss_margin": 0.004}})
+    data = plot.write_chart(history, tmp_path / "progress.svg")
+    assert [p.id for p in data.points if p.for_simplicity] == [4] and data.kept_for_simplicity == 1
+    svg = (tmp_path / "progress.svg").read_text()
+    assert "9 experiments, 3 kept (1 for simplicity), 2 crashed" in svg and "kept for simplicity" in svg
 
 
 def test_write_chart_is_deterministic(history: Store, tmp_path: Path):

@@ -19,10 +19,10 @@ from bot.loop.judge import JudgeConfig, margin
 from bot.store import Store
 from bot.views import plot, results
 from bot.views.dashboard import dashboard_app
-from bot.views.read_model import read_view, view_of
-from bot.views.research_log import facts
+from bot.views.read_model import kept_for_simplicity, read_view, view_of
+from bot.views.research_log import facts, log_text
 from bot.views.status import EVENTS, render_workdir_status
-from bot.views.terminal import results_table
+from bot.views.terminal import render_live_progress, results_table
 
 OLD = {"profile": "cpu", "harness_hash": "h0", "data_fingerprint": "d1"}
 IDENTITY = {"profile": "cpu", "harness_hash": "h1", "data_fingerprint": "d1"}
@@ -170,6 +170,56 @@ def test_before_the_keep_the_baseline_is_main_now_with_every_run_that_counts(tmp
     mean = statistics.fmean([*SIX, BESIDE])  # what the judge compares the next experiment against
     assert view.baseline is not None and view.baseline.val_bpb == pytest.approx(mean)
     assert view.main.val_bpb == pytest.approx(mean) and view.main.runs == 7
+
+
+SIMPLER = {"lines": 2, "tokens": 9, "loss_margin": 0.004}  # as bot.loop.lifecycle records a keep for simplicity
+KEPT_FOR_SIMPLICITY = "kept for simplicity, 2 fewer lines of code (9 fewer code tokens)"
+
+
+def test_a_keep_for_simplicity_is_said_so_wherever_a_keep_is_shown(store: Store):
+    meta = store.experiments.get(1).meta
+    store.experiments.update(1, meta={**meta, "kept_for_simplicity": SIMPLER})
+    view = view_of(store)
+    assert view.counts["keep"] == 1 and view.kept_for_simplicity == 1
+
+    # results.tsv keeps the reference's columns and status; the description says it
+    assert results.to_tsv(view).splitlines()[2].split("\t")[3:] == [
+        "keep",
+        f"Raise the learning rate; {KEPT_FOR_SIMPLICITY}",
+    ]
+    assert (
+        results.rows(view)[1]["kept_for_simplicity"] == SIMPLER and results.rows(view)[2]["kept_for_simplicity"] is None
+    )
+    assert f"Raise the learning rate; {KEPT_FOR_SIMPLICITY}" in text(results_table(view))
+    assert "kept 1 (1 for simplicity)" in text(render_live_progress(view, {}, 2, started=0.0))
+    assert "experiments done 2: kept 1 (1 for simplicity), discarded 1" in text(render_workdir_status(view))
+
+    with TestClient(dashboard_app(store_path=store.path)) as client:
+        state = client.get("/api/state").json()
+    assert state["counts"]["keep"] == 1 and state["counts"]["kept_for_simplicity"] == 1
+    assert [e["kept_for_simplicity"] for e in state["experiments"]] == [KEPT_FOR_SIMPLICITY, None]
+    assert [(p["status"], p["for_simplicity"]) for p in state["chart"]["points"]] == [
+        ("baseline", False),
+        ("keep", True),
+        ("discard", False),
+    ]
+
+    assert [p.for_simplicity for p in plot.chart_data(view).points] == [False, True, False]
+
+    log = log_text(facts(view, now=0.0), now=0.0, limit=65_536)
+    assert "| Experiments | 2 finished: 1 kept (1 for simplicity), 1 discarded, 0 crashed;" in log
+    assert "| 1 | Raise the learning rate (kept for simplicity) |" in log
+
+
+def test_a_keep_with_no_simplicity_record_or_a_broken_one_is_a_plain_keep(store: Store):
+    for record in (None, "yes", {"lines": "2", "tokens": 9, "loss_margin": 0.004}, {"lines": 2, "tokens": 9}):
+        meta = {k: v for k, v in store.experiments.get(1).meta.items() if k != "kept_for_simplicity"}
+        store.experiments.update(1, meta=meta if record is None else {**meta, "kept_for_simplicity": record})
+        view = view_of(store)
+        assert view.kept_for_simplicity == 0 and kept_for_simplicity(view.experiments[0].experiment) is None
+        assert "for simplicity" not in results.to_tsv(view) + text(render_workdir_status(view))
+    store.experiments.update(2, meta={"kept_for_simplicity": SIMPLER})  # a discard never reads as one
+    assert view_of(store).kept_for_simplicity == 0
 
 
 def text(renderable) -> str:

@@ -260,6 +260,7 @@ def test_rows_baseline_first_then_finished_experiments_in_id_order(history: Stor
         "description",
         "reason",
         "cost_usd",
+        "kept_for_simplicity",
     }
     assert all(set(row) == set(baseline) for row in rows)
 
