@@ -326,6 +326,7 @@ class StandInProcess:
 PHASES = {
     "read_main": ("baseline", "read"),
     "collect": ("runs", "collect"),
+    "judge": ("lifecycle", "judge_all"),
     "_advance_all": ("lifecycle", "advance_all"),
     "schedule_baseline": ("baseline", "schedule"),
     "propose": ("proposals", "propose"),
