@@ -305,8 +305,8 @@ def summary_table(comparisons: list[Comparison]) -> str:
         lines.append(
             f"| {c.variant} | {s['n']} | {fmt(s.get('sd_main'))} | {fmt(s.get('sd_change'))} | "
             f"{fmt(s.get('mean_d'), 4)} | {fmt(s.get('sd_d'))} | {corr} | "
-            f"{fmt(s.get('var_ratio'), 3)} | {fmt(s.get('runs_factor'), 1)} | "
-            f"{fmt(s.get('runs_factor_main_known'), 1)} | {fmt(s.get('corr_d_dsteps'), 2)} | "
+            f"{fmt(s.get('var_ratio'), 3)} | {fmt(s.get('runs_factor'), 2)} | "
+            f"{fmt(s.get('runs_factor_main_known'), 2)} | {fmt(s.get('corr_d_dsteps'), 2)} | "
             f"{fmt(s.get('sd_d_equal_steps'))} |"
         )
     return "\n".join(lines)
