@@ -37,6 +37,8 @@ For each change, over the seeds where both it and main were measured:
     sd d at equal steps       the sd of d - slope * dsteps, the slope being val_bpb's on num_steps
                               within each variant, pooled: what pairing would leave if both runs of
                               a pair trained the same number of steps
+    var ratio at equal steps  the var ratio with every value moved by -slope * its steps: how much
+                              of the rest the seed explains, once the step counts are held equal
 
     .venv/bin/python bench/paired_seeds.py --seeds 1-8 --profile cpu [--variants warmdown-0.4,depth+1]
 """
@@ -235,9 +237,14 @@ class Comparison:
             "runs_factor_main_known": var_b / var_d if var_d > 0 else None,
             "corr_d_dsteps": correlation(self.diffs, self.step_diffs),
         }
-        if self.bpb_per_step is not None:
-            held = [d - self.bpb_per_step * steps for d, steps in zip(self.diffs, self.step_diffs, strict=True)]
-            row["sd_d_equal_steps"] = statistics.stdev(held)
+        if self.bpb_per_step is not None:  # each value moved to where its run would be at no steps at all
+            slope = self.bpb_per_step
+            held_a = [a - slope * steps for a, steps in zip(self.main, self.main_steps, strict=True)]
+            held_b = [b - slope * steps for b, steps in zip(self.change, self.change_steps, strict=True)]
+            held_d = [b - a for a, b in zip(held_a, held_b, strict=True)]
+            var_held = statistics.variance(held_a) + statistics.variance(held_b)
+            row["sd_d_equal_steps"] = statistics.stdev(held_d)
+            row["var_ratio_equal_steps"] = statistics.variance(held_d) / var_held if var_held > 0 else None
         return row
 
 
@@ -296,7 +303,7 @@ def fmt(value: Any, digits: int = 4) -> str:
 def summary_table(comparisons: list[Comparison]) -> str:
     header = (
         "| change | seeds | sd main | sd change | mean d | sd d | corr (95%) | var(d)/(var a+var b) "
-        "| x runs | x runs, main known | corr(d, dsteps) | sd d at equal steps |"
+        "| x runs | x runs, main known | corr(d, dsteps) | sd d at equal steps | var ratio at equal steps |"
     )
     lines = [header, "|" + "---|" * (header.count("|") - 1)]
     for c in comparisons:
@@ -307,7 +314,7 @@ def summary_table(comparisons: list[Comparison]) -> str:
             f"{fmt(s.get('mean_d'), 4)} | {fmt(s.get('sd_d'))} | {corr} | "
             f"{fmt(s.get('var_ratio'), 3)} | {fmt(s.get('runs_factor'), 2)} | "
             f"{fmt(s.get('runs_factor_main_known'), 2)} | {fmt(s.get('corr_d_dsteps'), 2)} | "
-            f"{fmt(s.get('sd_d_equal_steps'))} |"
+            f"{fmt(s.get('sd_d_equal_steps'))} | {fmt(s.get('var_ratio_equal_steps'), 3)} |"
         )
     return "\n".join(lines)
 

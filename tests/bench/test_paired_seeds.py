@@ -93,11 +93,12 @@ def test_paired_figures_on_numbers_worked_by_hand():
 
 
 def test_holding_the_steps_equal_takes_out_what_the_step_counts_explain():
-    # two train.pys, each 0.01 lower per step it trains, at different levels
+    # two train.pys, each 0.01 lower per step it trains, at different levels, and a seed's effect
+    # that both share and that does not go with the steps
     found = {
-        (variant, seed): {"num_steps": steps, "val_bpb": level - 0.01 * steps}
+        (variant, seed): {"num_steps": steps, "val_bpb": level + shared - 0.01 * steps}
         for variant, level in (("main", 3.0), ("x", 2.0))
-        for seed, steps in ((1, 30), (2, 33), (3, 31))
+        for seed, steps, shared in ((1, 30, 0.01), (2, 33, 0.005), (3, 31, -0.015))
     }
     slope = bench.bpb_per_step(found)
     assert slope == pytest.approx(-0.01)
@@ -106,6 +107,7 @@ def test_holding_the_steps_equal_takes_out_what_the_step_counts_explain():
     row = bench.compare(found, "x", [1, 2, 3], slope).summary()
     assert row["sd_d"] > 0.01
     assert row["sd_d_equal_steps"] == pytest.approx(0.0, abs=1e-12)
+    assert row["var_ratio_equal_steps"] == pytest.approx(0.0, abs=1e-12)  # the seed explains the rest
 
 
 def test_a_change_that_moves_nothing_has_no_ratio_rather_than_a_division_by_zero():
