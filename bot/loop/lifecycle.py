@@ -36,7 +36,7 @@ from bot.core.records import code_hash
 from bot.core.states import Request, RunState, State, Status
 from bot.loop import measurement
 from bot.loop.baseline import ASSET, Baseline, Main
-from bot.loop.judge import decide, judge_config, main_runs_wanted
+from bot.loop.judge import decide, judge_config
 from bot.loop.runs import Runs
 from bot.store import Experiment, Run, Store
 
@@ -132,12 +132,7 @@ class Lifecycle:
             return False
         if min(pending) < last_run:
             return True
-        wanted = main_runs_wanted(
-            measurement.is_first_main(self.baseline.values(), main.code_hash),
-            main.settings.first_baseline_runs,
-            main.settings.baseline_runs,
-        )
-        return len(self.baseline.main_values(main.code_hash)) < wanted
+        return len(self.baseline.main_values(main.code_hash)) < self.baseline.runs_wanted(main)
 
     # --- what people asked for (bot.core.states.Request), acted on before the lifecycle moves ---------
     def _act_on_request(self, exp: Experiment, main: Main) -> None:

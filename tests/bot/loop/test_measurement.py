@@ -252,6 +252,20 @@ def test_mains_runs_that_drift_with_time_are_noticed_and_only_the_recent_ones_co
     assert found.values == recent and len(recent) == 2
 
 
+def test_a_drifting_main_without_a_recent_run_shows_its_latest_run_while_it_is_measured_afresh():
+    """The judge gets no value (it waits for main's fresh runs), but people are shown main as last
+    measured: the summary, the views and the target never lose main's value."""
+    values = baseline_values("A", [*FIVE, 1.0])
+    for k in range(60):
+        values.append(measurement.Value("E", k, "candidate", 1.01))
+        if k % 10 == 9 and k < 40:
+            values.append(measurement.Value("A", None, "baseline", 1.0 - 0.00005 * len(values)))
+    found = measurement.main_runs(values, "A")
+    assert found.drift is not None and found.values == []
+    assert measurement.main_values(values, "A") == []
+    assert measurement.main_value(values, "A") == [v.val_bpb for v in values if v.purpose == "baseline"][-1]
+
+
 def test_mains_runs_that_scatter_without_a_trend_all_count():
     values = baseline_values("A", [*FIVE, 1.0])
     for k in range(60):
