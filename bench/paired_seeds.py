@@ -11,8 +11,9 @@ The changes (each an edit of main's train.py, applied here and checked to apply 
     matrix-lr-x1.5    MATRIX_LR times 1.5                           a learning rate
     depth+1           DEPTH and CPU_DEPTH plus one (wider too)      the model's size
     value-embed-all   a value embedding in every layer, not every   a new piece of the model
-                      other one (this also shifts the generator's
-                      draws for every weight built after it)
+                      other one (its construction draws from the
+                      generator before init_weights, so, as with
+                      depth+1, no weight starts as main's does)
     main-again        main's train.py once more, on the first       how deterministic a run is:
                       --repeats seeds only                          same value? same steps?
 
@@ -28,6 +29,8 @@ For each change, over the seeds where both it and main were measured:
     corr                      Pearson's correlation of the two sides, with a 95% interval (Fisher's z)
     var ratio                 var(d) / (var(main) + var(change)): the paired difference's variance
                               as a fraction of an unpaired one's
+    one seed out              the lowest and highest var ratio leaving one seed out: whether a
+                              single seed (two runs under one burst of load, say) makes the ratio
     x runs                    1 / var ratio: how many times more runs an unpaired comparison needs
                               for the same standard error of the difference
     x runs, main known        var(change) / var(d): the same when main's mean is known already
@@ -218,6 +221,20 @@ class Comparison:
     def step_diffs(self) -> list[int]:
         return [b - a for a, b in zip(self.main_steps, self.change_steps, strict=True)]
 
+    def ratio_range_one_seed_out(self) -> tuple[float, float] | None:
+        """The lowest and highest var ratio over the comparisons that leave one seed out: how much
+        the ratio owes to a single seed. None below 4 seeds."""
+        ratios = []
+        for left_out in range(len(self.seeds)):
+            main = self.main[:left_out] + self.main[left_out + 1 :]
+            change = self.change[:left_out] + self.change[left_out + 1 :]
+            if len(main) < 3:
+                return None
+            spread = statistics.variance(main) + statistics.variance(change)
+            if spread > 0:
+                ratios.append(statistics.variance([b - a for a, b in zip(main, change, strict=True)]) / spread)
+        return (min(ratios), max(ratios)) if ratios else None
+
     def summary(self) -> dict[str, Any]:
         """The figures of the module's docstring; None where too few seeds or no spread make one."""
         n = len(self.seeds)
@@ -236,6 +253,7 @@ class Comparison:
             "runs_factor": (var_a + var_b) / var_d if var_d > 0 else None,
             "runs_factor_main_known": var_b / var_d if var_d > 0 else None,
             "corr_d_dsteps": correlation(self.diffs, self.step_diffs),
+            "var_ratio_one_out": self.ratio_range_one_seed_out(),
         }
         if self.bpb_per_step is not None:  # each value moved to where its run would be at no steps at all
             slope = self.bpb_per_step
@@ -302,7 +320,7 @@ def fmt(value: Any, digits: int = 4) -> str:
 
 def summary_table(comparisons: list[Comparison]) -> str:
     header = (
-        "| change | seeds | sd main | sd change | mean d | sd d | corr (95%) | var(d)/(var a+var b) "
+        "| change | seeds | sd main | sd change | mean d | sd d | corr (95%) | var(d)/(var a+var b) | one seed out "
         "| x runs | x runs, main known | corr(d, dsteps) | sd d at equal steps | var ratio at equal steps |"
     )
     lines = [header, "|" + "---|" * (header.count("|") - 1)]
@@ -312,7 +330,7 @@ def summary_table(comparisons: list[Comparison]) -> str:
         lines.append(
             f"| {c.variant} | {s['n']} | {fmt(s.get('sd_main'))} | {fmt(s.get('sd_change'))} | "
             f"{fmt(s.get('mean_d'), 4)} | {fmt(s.get('sd_d'))} | {corr} | "
-            f"{fmt(s.get('var_ratio'), 3)} | {fmt(s.get('runs_factor'), 2)} | "
+            f"{fmt(s.get('var_ratio'), 3)} | {fmt(s.get('var_ratio_one_out'))} | {fmt(s.get('runs_factor'), 2)} | "
             f"{fmt(s.get('runs_factor_main_known'), 2)} | {fmt(s.get('corr_d_dsteps'), 2)} | "
             f"{fmt(s.get('sd_d_equal_steps'))} | {fmt(s.get('var_ratio_equal_steps'), 3)} |"
         )

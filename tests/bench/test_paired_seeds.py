@@ -110,6 +110,17 @@ def test_holding_the_steps_equal_takes_out_what_the_step_counts_explain():
     assert row["var_ratio_equal_steps"] == pytest.approx(0.0, abs=1e-12)  # the seed explains the rest
 
 
+def test_a_ratio_that_one_seed_makes_shows_in_the_range_leaving_one_seed_out():
+    # seeds 1-4 pull the two sides apart; seed 5, high on both sides, alone makes them agree
+    comparison = bench.Comparison(
+        "x", [1, 2, 3, 4, 5], [1.0, 2.0, 1.0, 2.0, 10.0], [2.0, 1.0, 2.0, 1.0, 10.0], *[[30] * 5] * 2
+    )
+    row = comparison.summary()
+    low, high = row["var_ratio_one_out"]
+    assert row["var_ratio"] < 0.1 and low < 0.1
+    assert high == pytest.approx(2.0)  # without seed 5: d = +-1 against sides of variance 1/3 each
+
+
 def test_a_change_that_moves_nothing_has_no_ratio_rather_than_a_division_by_zero():
     row = bench.Comparison("same", [1, 2, 3], [1.0, 2.0, 3.0], [1.0, 2.0, 3.0], [5, 5, 5], [5, 5, 5]).summary()
     assert row["sd_d"] == 0 and row["runs_factor"] is None and row["corr_d_dsteps"] is None
