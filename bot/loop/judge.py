@@ -48,9 +48,9 @@ store nor the forge. The rule, in plain words:
    Student-t quantile of a one-sided 95% (`simplicity_z` 1.645) at `dof`. It is judged on two or
    more runs: a single run that loses less than half that margin earns one confirmation run (and
    main its extra run), anything worse is discarded at once; with confirmations off it is judged
-   on its one run. A change with a true loss at the margin is then kept at most 5% of the time; a
-   change with none about a quarter of the time, since a margin of one sigma is narrow for two
-   runs. A change that is both simpler and clearly better is an ordinary keep, said as such. With
+   on its one run. A change with a true loss at the margin is then kept at most 5% of the time (3%
+   measured); a change with none about a fifth of the time, since a margin of one sigma is narrow
+   for two runs (bench/simplicity_accuracy.py). A change that is both simpler and clearly better is an ordinary keep, said as such. With
    `simpler` not given, or `simplicity_sigmas` 0, the rule above is all there is.
 
 6. Everything else. A crash is a crash, whatever the number. A result measured on an older main
