@@ -49,7 +49,9 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# this bench and schedule_sim beside it, and the bot package of the tree this file is in (not the one
+# the virtual environment was installed from: a copy of the tree measures its own code)
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 import schedule_sim  # noqa: E402
 from schedule_sim import EFFECTS, NOISE, Effects, NoiseModel  # noqa: E402
 
