@@ -343,13 +343,28 @@ def _read_pid(out: Path) -> int | None:
         return None
 
 
-def _is_our_child(pid: int | None) -> bool:
-    """True if `pid` is alive and is a harness process (not a recycled pid)."""
+EXEC_WAIT_S = 1.0  # how long a live process whose command line reads empty is given to finish its exec
+
+
+def _is_our_child(pid: int | None, proc: Path = Path("/proc")) -> bool:
+    """True if `pid` is alive and is a harness process (not a recycled pid).
+
+    A process just started can read as having an empty command line: its exec has passed the point
+    where the starter's Popen returns (close-on-exec descriptors closed) but has not yet set up its
+    new arguments. On a loaded machine that window is long enough for a restarted runner to look, so
+    an empty command line is read again for up to EXEC_WAIT_S (a kernel thread, which has none, is
+    then not ours)."""
     if not pid:
         return False
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return False
-    return b"runner.isolated" in cmdline and "State:\tZ" not in status
+    deadline = time.monotonic() + EXEC_WAIT_S
+    while True:
+        try:
+            cmdline = (proc / str(pid) / "cmdline").read_bytes()
+            status = (proc / str(pid) / "status").read_text()
+        except OSError:
+            return False
+        if "State:\tZ" in status:
+            return False
+        if cmdline or time.monotonic() >= deadline:
+            return b"runner.isolated" in cmdline
+        time.sleep(0.01)

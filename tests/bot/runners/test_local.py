@@ -14,6 +14,7 @@ from hostile import escape
 from hostile import marked as hostile_marked
 
 from bot.core.records import Job, RunStatus
+from bot.runners import local
 from bot.runners.local import LocalRunner, last_progress
 from runner import proctree
 
@@ -137,6 +138,41 @@ def test_a_restarted_runner_finds_its_jobs_from_the_files(tmp_path: Path, smoke_
     (tmp_path / "9").mkdir()
     (tmp_path / "9" / "job.json").write_text('{"run_id": 9, "pid": 999999999}')
     assert LocalRunner(tmp_path).lookup(9).state == "lost"
+
+
+def _fake_proc(root: Path, pid: int, cmdline: bytes, state: str = "S (sleeping)") -> None:
+    (root / str(pid)).mkdir(parents=True, exist_ok=True)
+    (root / str(pid) / "cmdline").write_bytes(cmdline)
+    (root / str(pid) / "status").write_text(f"Name:\tpython\nState:\t{state}\n")
+
+
+def test_a_run_still_in_its_exec_is_found_once_its_command_line_is_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between exec's point of no return (Popen has returned) and its new arguments, a process's
+    command line reads empty: a restarted runner that looks then must wait for it, not call the run
+    lost (seen once in the slow tier on a loaded machine)."""
+    _fake_proc(tmp_path, 41, b"")
+    waits: list[float] = []
+
+    def exec_finishes(seconds: float) -> None:  # the kernel sets up the new arguments while we wait
+        waits.append(seconds)
+        (tmp_path / "41" / "cmdline").write_bytes(b"python\0-m\0runner.isolated\0--job\0j\0")
+
+    monkeypatch.setattr(local.time, "sleep", exec_finishes)
+    assert local._is_our_child(41, tmp_path) and len(waits) == 1
+
+
+def test_a_process_that_is_not_a_harness_run_is_not_ours(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_proc(tmp_path, 42, b"bash\0")  # a recycled pid
+    _fake_proc(tmp_path, 43, b"python\0-m\0runner.isolated\0", state="Z (zombie)")  # ended, not reaped
+    _fake_proc(tmp_path, 44, b"")  # a kernel thread: its command line stays empty
+    monkeypatch.setattr(local, "EXEC_WAIT_S", 0.05)
+    assert not local._is_our_child(42, tmp_path)
+    assert not local._is_our_child(43, tmp_path)
+    assert not local._is_our_child(44, tmp_path)
+    assert not local._is_our_child(45, tmp_path)  # gone
+    assert not local._is_our_child(None, tmp_path)
 
 
 def test_each_slot_of_a_cuda_profile_gets_its_own_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
