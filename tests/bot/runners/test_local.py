@@ -38,13 +38,23 @@ def wait_for(runner: LocalRunner, run_id: int, timeout: float = 120.0) -> RunSta
     raise AssertionError("no result in time")
 
 
-def wait_for_processes_of(pid: int, timeout: float = 120.0) -> set[int]:
-    """The processes below `pid` once there are some: a supervisor has started its run."""
+def wait_for_processes_of(pid: int, timeout: float = 120.0) -> dict[int, int]:
+    """The processes below `pid` once there are some (a supervisor has started its run), each pid
+    with its start time: with the pid, that names a process (pids are reused, soon on a busy machine)."""
     deadline = time.time() + timeout
-    while not (found := proctree.descendants([pid], proctree.snapshot())):
+    while not (found := proctree.descendants([pid], procs := proctree.snapshot())):
         assert time.time() < deadline, f"process {pid} never started a process"
         time.sleep(0.05)
-    return found
+    return {child: procs[child].start for child in found}
+
+
+def still_running(started: dict[int, int]) -> list[int]:
+    """Which of the processes `started` (pid -> start time) are alive, not zombies, and the same
+    processes: a pid reused by another process since does not count."""
+    procs = proctree.snapshot()
+    return [
+        pid for pid, start in started.items() if pid in procs and procs[pid].start == start and not procs[pid].zombie
+    ]
 
 
 def running(pid: int) -> bool:
@@ -117,7 +127,7 @@ def test_cancel_stops_the_job(tmp_path: Path, smoke_prepared) -> None:
     pid = int((tmp_path / "2" / "pid").read_text())
     started = wait_for_processes_of(pid)  # the run's training and scoring processes
     runner.cancel(2)  # returns once the supervisor has ended its run and been reaped
-    assert not running(pid) and not [child for child in started if running(child)]
+    assert not running(pid) and not still_running(started)
     assert not (tmp_path / "2" / "result.json").exists()
     # a cancelled (or Ctrl-C'd) run is lost to whoever asks later, never train.py's crash
     assert LocalRunner(tmp_path).lookup(2).state == "lost"
