@@ -1,0 +1,115 @@
+"""Tasks: what the loop edits and how it is measured.
+
+The loop's three primitives are one editable asset, one scalar metric and a fixed evaluation.
+A `Task` names them: the asset's path in the research repository, the `Metric` (its name, unit and
+direction) and the module that prepares the task's fixed inputs and evaluates an asset. Training a
+language model (`train.py`, val_bpb, lower is better) is one task and the default; the others are
+registered in `TASKS` beside it.
+
+Training keeps its own path, runner.isolated (train in one sandbox, score in another); every other
+task's evaluator module (`Task.evaluator`, imported only when a run needs it) offers two functions:
+
+    prepare(profile: str, *, progress: bool = False) -> str
+        Make the task's fixed inputs (a generated database, a downloaded labelled set) once,
+        deterministically, in the cache (runner.data.cache_dir()); later calls find them and do
+        no work. Returns their fingerprint (a sha256 the results carry, as training's data does).
+
+    evaluate(asset: str, profile: str, seed: int, workdir: Path) -> Evaluation
+        Measure one asset text under one profile. The asset never reports its own number: a
+        trusted process measures it, any code of the asset runs sandboxed (runner.sandbox) with
+        only what the task allows it to see, and a correctness gate runs before the metric. An
+        asset that fails the gate, or reaches for what it may not, is `rejected` with the reason.
+        `workdir` is a private directory for the run's files; the function must not raise for a
+        bad asset (only for a broken machine: missing prepared inputs raise runner.data.DataMissing).
+
+Profiles name a scale: "smoke" is small and fast (tests, a first try), "cpu" is the task's real
+size on one machine. Tasks other than training define what each means in their module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Direction = Literal["lower", "higher"]
+EvaluationStatus = Literal["ok", "crash", "timeout", "rejected"]
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str  # "val_bpb", "p95_ms", "accuracy": the check's and the tables' name for the number
+    unit: str  # in words, for texts: "bits per byte", "milliseconds", "fraction correct"
+    direction: Direction
+    digits: int = 4  # decimals shown
+
+    @property
+    def lower_is_better(self) -> bool:
+        return self.direction == "lower"
+
+    def loss(self, value: float) -> float:
+        """The value on the scale the judge minimises: the metric itself, or its negation."""
+        return value if self.lower_is_better else -value
+
+    def format(self, value: float) -> str:
+        return f"{value:.{self.digits}f}"
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str  # "training", "query-latency", "ticket-routing": program.md's `task:` and the CLI's --task
+    asset: str  # the editable file's path in the research repository
+    metric: Metric
+    evaluator: str  # the module with prepare() and evaluate()
+    summary: str  # one line: what is edited, what is measured
+
+
+@dataclass
+class Evaluation:
+    """What evaluating one asset found. Only `value` of an ok evaluation ever decides anything."""
+
+    status: EvaluationStatus
+    value: float | None = None
+    error: str | None = None  # why, for anything but ok: the gate's reason for a rejection
+    metrics: dict[str, Any] = field(default_factory=dict)  # informational: rows, batches, percentiles...
+    setup_s: float = 0.0  # wall seconds before measuring (copying the database, starting the sandbox)
+    evaluation_s: float = 0.0  # wall seconds measuring
+    sandboxed: bool = False
+    log_tail: str = ""  # the end of what the asset's process printed, for the person reading the run
+
+    def __post_init__(self) -> None:
+        if self.status == "ok" and self.value is None:
+            raise ValueError("an ok evaluation must carry its value")
+        if self.status != "ok" and not self.error:
+            raise ValueError(f"a {self.status} evaluation must say why (error)")
+
+
+TRAINING = Task(
+    name="training",
+    asset="train.py",
+    metric=Metric("val_bpb", "bits per byte", "lower", digits=4),
+    evaluator="runner.isolated",
+    summary="train a small language model for a fixed time budget; validation bits per byte",
+)
+QUERY_LATENCY = Task(
+    name="query-latency",
+    asset="query.sql",
+    metric=Metric("p95_ms", "milliseconds", "lower", digits=2),
+    evaluator="runner.tasks.query_latency",
+    summary="make a slow SQL query fast; p95 latency over repeated executions, same rows as the reference",
+)
+TICKET_ROUTING = Task(
+    name="ticket-routing",
+    asset="router.py",
+    metric=Metric("accuracy", "fraction of hold-out tickets routed to their queue", "higher", digits=4),
+    evaluator="runner.tasks.ticket_routing",
+    summary="route support tickets to queues; accuracy on a hold-out set the router never sees labelled",
+)
+TASKS: dict[str, Task] = {task.name: task for task in (TRAINING, QUERY_LATENCY, TICKET_ROUTING)}
+DEFAULT_TASK = TRAINING.name
+
+
+def get_task(name: str) -> Task:
+    try:
+        return TASKS[name]
+    except KeyError:
+        raise ValueError(f"unknown task {name!r}: choose one of {', '.join(sorted(TASKS))}") from None
