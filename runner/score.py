@@ -7,12 +7,16 @@ probe (runner.probe) on the first validation batch, and evaluates val_bpb with t
 evaluation (runner.evaluate) on the validation split, which the training sandbox never saw. Its
 answer is one JSON object on the last line of stdout, read by the supervisor (runner.isolated):
 {"val_bpb": ..., ...} when scored, {"rejected": why} for a model that may not be scored, or
-{"error": why} when scoring failed.
+{"error": why} when scoring failed. A scored answer carries `params_fingerprint`, a hash of the
+model's parameters' names, shapes and dtypes as this process loaded them: a change to train.py that
+keeps it equal to main's keeps main's parameters, and only such a change is judged on paired seeds
+(bot.loop.judge). It comes from here, never from what train.py says of itself.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -84,6 +88,7 @@ class Scorer:
         done = time.time()
         return {
             "val_bpb": evaluation.val_bpb,
+            "params_fingerprint": params_fingerprint(model),
             "eval_tokens": evaluation.tokens,
             "eval_bytes": evaluation.bytes,
             "probe": probe.detail,
@@ -93,6 +98,13 @@ class Scorer:
             "eval_seconds": done - probed,
             "device": _device_name(device),
         }
+
+
+def params_fingerprint(model: torch.nn.Module) -> str:
+    """A short hash of the model's parameters' names, shapes and dtypes, in name order: equal for two
+    models whose parameters differ only in their values."""
+    described = sorted(f"{name}:{tuple(p.shape)}:{p.dtype}" for name, p in model.named_parameters())
+    return hashlib.sha256("\n".join(described).encode()).hexdigest()[:16]
 
 
 def _device_name(device: torch.device) -> str:

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from runner.handoff import export_model
+from runner.handoff import export_model, load_model
 from runner.profiles import get_profile
+from runner.score import params_fingerprint
 
 SMOKE = get_profile("smoke")
 HONEST_FLOOR = 3.0  # val_bpb of a model that learned nothing is log2(1024) * tokens / bytes, about 4
@@ -78,6 +79,25 @@ def test_an_untrained_model_is_scored_near_the_uniform_bpb(warm_scorer, tmp_path
     answer = warm_scorer.score(exported(Untrained(), tmp_path))
     assert answer["val_bpb"] > HONEST_FLOOR and "causal" in answer["probe"]
     assert answer["eval_tokens"] >= SMOKE.eval_tokens and answer["device"] == "cpu"
+    assert answer["params_fingerprint"] == params_fingerprint(Untrained())
+
+
+class Wider(Untrained):
+    def __init__(self) -> None:
+        super().__init__()
+        self.out = torch.nn.Linear(8, SMOKE.vocab_size, bias=False)
+
+
+def test_the_parameters_fingerprint_tells_shapes_apart_but_not_values(tmp_path: Path) -> None:
+    """Only a change that keeps main's parameters' names, shapes and dtypes pairs with main's runs."""
+    torch.manual_seed(1)
+    first = Untrained()
+    torch.manual_seed(2)
+    other_values = Untrained()
+    assert params_fingerprint(first) == params_fingerprint(other_values)
+    assert params_fingerprint(Wider()) != params_fingerprint(first)  # a parameter less
+    assert params_fingerprint(Untrained().to(torch.float64)) != params_fingerprint(first)  # another dtype
+    assert params_fingerprint(load_model(exported(first, tmp_path))) == params_fingerprint(first)  # as scored
 
 
 @pytest.mark.parametrize(
