@@ -1,5 +1,8 @@
 """The isolated run: the one path every runner takes to turn a JobSpec into a ResultSpec.
 
+This docstring is training's path. A job of another task (JobSpec.task, runner.tasks) goes to its
+task's evaluator instead (runner.tasks.run), from run_job and from a warm worker alike.
+
 `run_job` (or `python -m runner.isolated --job JOB.json --out DIR`) is the supervisor. It never
 runs train.py's code itself. In order:
 1. checks the prepared data against its fingerprint;
@@ -65,6 +68,8 @@ from runner.proctree import TreeCPU
 from runner.profiles import Profile, get_profile, harness_hash
 from runner.protocol import Hashes, JobSpec, ResultSpec, RunnerIdentity, Timings
 from runner.score_process import ScoreProcess
+from runner.tasks import DEFAULT_TASK
+from runner.tasks.run import run_task_job
 from runner.tokenizer import is_cached, tokenizer_dir
 
 MODEL_LIMIT_BYTES = 8 << 30  # the exported model handed to the scorer
@@ -204,6 +209,11 @@ class Supervisor:
         """Run `job`. `out`: where the caller has since moved the run directory (a warm worker's
         directory renamed to its run's); `received_at`: when the job arrived (default: now);
         `detail`, `on_progress`: the job's, for a worker prepared before they were known."""
+        if job.task != DEFAULT_TASK:  # a worker prepares training; another task's job goes to its evaluator
+            self.discard()
+            return run_task_job(
+                job, out or self.out, backend=self.identity.backend, detail=detail or "", on_line=self.on_line
+            )
         self._job, self._received = job, received_at or time.time()
         if detail is not None:
             self.identity = self.identity.model_copy(update={"detail": detail})
@@ -686,7 +696,10 @@ class Supervisor:
 
 def run_job(job: JobSpec, out: Path, **options: Any) -> ResultSpec:
     """Run `job` through the isolated path in directory `out`, cold: its processes start now.
-    See Supervisor for the options."""
+    See Supervisor for the options. A job of another task than training goes to its evaluator
+    (runner.tasks.run), with the options that path takes."""
+    if job.task != DEFAULT_TASK:
+        return run_task_job(job, out, **{key: options[key] for key in TASK_OPTIONS if key in options})
     received = time.time()
     supervisor = Supervisor(out, job.profile, **options)
     supervisor.prepare()
@@ -695,6 +708,7 @@ def run_job(job: JobSpec, out: Path, **options: Any) -> ResultSpec:
 
 _OWN_PROCESS = False  # main() runs here: this process serves its supervisor only, from its main thread
 OUT_OF_MEMORY = re.compile(r"MemoryError|can't allocate memory|Cannot allocate memory|bad_alloc")
+TASK_OPTIONS = ("backend", "detail", "on_line")  # what another task's run takes of run_job's options
 OUT_OF_TASKS = re.compile(r"BlockingIOError|Resource temporarily unavailable|can't start new thread")
 
 
@@ -778,7 +792,7 @@ def _report(job: JobSpec, result: ResultSpec) -> None:
         re.sub(
             r"\s+",
             " ",
-            f"run {job.run_id}: {result.status} {result.val_bpb if result.val_bpb is not None else result.error or ''}",
+            f"run {job.run_id}: {result.status} {result.value if result.value is not None else result.error or ''}",
         )[:300],
         file=sys.stderr,
     )

@@ -24,8 +24,11 @@ run's clock, and a 16-thread run gets no 48 CPU seconds of slack.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
+
+from runner.tasks import DEFAULT_TASK, get_task
 
 
 @dataclass(frozen=True)
@@ -168,10 +171,29 @@ MEASURING_FILES = (
 )
 
 
-def harness_hash() -> str:
-    """sha256 over the source of the measuring harness: a change to the measurement changes it."""
+def harness_hash(task: str = DEFAULT_TASK) -> str:
+    """sha256 over the source of the measuring harness: a change to the measurement changes it.
+    Another task's harness is training's files and runner/tasks/'s own (the task spec, its run)
+    and its evaluator's source, so a change to one task's evaluator leaves the others' baselines valid."""
+    here = Path(__file__).parent
+    paths = [here / name for name in MEASURING_FILES]
+    if task != DEFAULT_TASK:
+        paths += [
+            here / "tasks" / "__init__.py",
+            here / "tasks" / "run.py",
+            *_evaluator_source(get_task(task).evaluator),
+        ]
     digest = hashlib.sha256()
-    for path in (Path(__file__).parent / name for name in MEASURING_FILES):
+    for path in paths:
         digest.update(path.name.encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
+
+
+def _evaluator_source(module: str) -> list[Path]:
+    """The Python files of an evaluator: its package's, or its one module."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None:
+        raise ValueError(f"the evaluator module {module} cannot be found")
+    origin = Path(spec.origin)
+    return sorted(origin.parent.rglob("*.py")) if origin.name == "__init__.py" else [origin]

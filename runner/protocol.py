@@ -2,11 +2,20 @@
 
 A `JobSpec` goes to a runner and a `ResultSpec` comes back, as JSON, with a version field: a
 runner on another machine may run another release. The run itself always goes through
-`runner.isolated` (sandboxed training, evaluation in a process that never ran train.py), so
-every backend measures the same way; a backend only carries the two documents.
+`runner.isolated` (sandboxed training, evaluation in a process that never ran train.py; or, for a
+task other than training, the task's evaluator: runner.tasks.run), so every backend measures the
+same way; a backend only carries the two documents.
+
+Both documents name their task (runner.tasks: "training" by default). A result's number is
+`value`, the task's metric measured by the harness (val_bpb, p95_ms, accuracy...). A training
+result also carries it as `val_bpb`, its old name, and a training document is written without
+`task` and `value`, exactly as before tasks: a job or result of the previous release parses as
+training, and one of this release reads in the previous one. The bot keeps the name val_bpb past
+this boundary (bot.runners.specs): RunResult.val_bpb and the store's column hold the task's
+value, whatever its metric.
 
 `check_result` is what the bot does with an answer before it believes it: the result must name
-the job's run id, the sha256 of the job's train.py and the harness the bot runs, or it is
+the job's run id and task, the sha256 of the job's asset and the harness the bot runs, or it is
 refused (`ResultRefused`), whatever number it carries.
 """
 
@@ -15,7 +24,9 @@ from __future__ import annotations
 import hashlib
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
+
+from runner.tasks import DEFAULT_TASK, TASKS
 
 PROTOCOL_VERSION = 1
 STATUSES = ("ok", "crash", "timeout", "rejected", "lost")
@@ -26,20 +37,21 @@ def sha256_text(text: str) -> str:
 
 
 class ResultRefused(ValueError):
-    """A result that does not answer its job (another run, another train.py, another harness)."""
+    """A result that does not answer its job (another run, task, asset or harness)."""
 
 
 class JobSpec(BaseModel):
-    """One time-boxed run of one train.py under one profile."""
+    """One time-boxed run of one asset (train.py for training) under one profile."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     version: Literal[1] = PROTOCOL_VERSION
+    task: str = Field(DEFAULT_TASK, min_length=1)  # runner.tasks: what the asset is and how it is measured
     experiment_id: int | None = None  # None for a baseline run of main
     run_id: int = Field(ge=0)
     repository: str = ""  # owner/name, or "" for a local work directory
     commit: str = ""  # the commit the asset was read from
-    asset: str  # the train.py text
+    asset: str  # the asset's text (train.py for training)
     asset_sha256: str = ""  # filled in from the asset when left empty
     profile: str
     seed: int = 0
@@ -56,6 +68,10 @@ class JobSpec(BaseModel):
         if sha256_text(self.asset) != self.asset_sha256:
             raise ValueError("asset_sha256 is not the sha256 of asset: the job was changed in transit")
         return self
+
+    @model_serializer(mode="wrap")
+    def _as_before_tasks(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _without_training_task(handler(self), self.task)
 
 
 class Timings(BaseModel):
@@ -77,9 +93,9 @@ class Timings(BaseModel):
 class Hashes(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    asset: str  # sha256 of the train.py that ran
+    asset: str  # sha256 of the asset that ran
     harness: str  # runner.profiles.harness_hash() of the code that measured
-    data: str  # the prepared data's fingerprint ("" when the run never got to the data)
+    data: str  # the prepared data's (a task's fixed inputs') fingerprint ("" when the run never got to them)
 
 
 class RunnerIdentity(BaseModel):
@@ -93,16 +109,18 @@ class RunnerIdentity(BaseModel):
 
 
 class ResultSpec(BaseModel):
-    """What a run produced. Only `val_bpb` from a result whose status is ok ever decides a merge."""
+    """What a run produced. Only `value` from a result whose status is ok ever decides a merge."""
 
     model_config = ConfigDict(extra="forbid")
 
     version: Literal[1] = PROTOCOL_VERSION
+    task: str = Field(DEFAULT_TASK, min_length=1)
     run_id: int
     experiment_id: int | None = None
     # lost: killed from outside the run (not by its code or its limits): it runs again, not charged to train.py
     status: Literal["ok", "crash", "timeout", "rejected", "lost"]
-    val_bpb: float | None = None
+    value: float | None = None  # the task's metric, measured by the harness
+    val_bpb: float | None = None  # training's value under its own name (None for any other task)
     error: str | None = None  # why, for anything but ok
     metrics: dict[str, Any] = Field(default_factory=dict)  # steps, tokens, MFU, memory... (train.py's claims)
     log_tail: str = ""
@@ -115,17 +133,13 @@ class ResultSpec(BaseModel):
 
     def summary_block(self) -> str:
         """The reference's summary block, written after scoring: `grep "^val_bpb:" run.log` finds
-        the scorer's number, and finds nothing when the run was not measured (as the reference's
-        does after a crash). Training time is the supervisor's measurement; steps, tokens, memory
-        and MFU are what train.py claims."""
+        the scorer's number (another task's: its metric's name, `grep "^p95_ms:"`), and finds
+        nothing when the run was not measured (as the reference's does after a crash). Training
+        time is the supervisor's measurement; steps, tokens, memory and MFU are what train.py claims."""
+        if self.task != DEFAULT_TASK:
+            return self._task_summary_block()
         claims = self.metrics
-        lines = ["---"]
-        if self.status == "ok" and self.val_bpb is not None:
-            lines.append(f"val_bpb:          {self.val_bpb:.6f}")
-        else:
-            lines.append(
-                f"status:           {self.status} ({(self.error or '').splitlines()[0][:200] if self.error else ''})"
-            )
+        lines = ["---", self._score_line("val_bpb")]
         lines += [
             f"training_seconds: {float(claims.get('training_seconds') or self.timings.training):.1f}",
             f"total_seconds:    {self.timings.total:.1f}",
@@ -145,22 +159,77 @@ class ResultSpec(BaseModel):
             lines.append(f"depth:            {depth}")
         return "\n".join(lines)
 
+    def _task_summary_block(self) -> str:
+        """A task's summary block: its metric's line, then the evaluator's and the run's seconds."""
+        name = TASKS[self.task].metric.name if self.task in TASKS else "value"
+        width = max(len(name), len("evaluation_seconds")) + 2
+        return "\n".join(
+            [
+                "---",
+                self._score_line(name, width),
+                f"{'evaluation_seconds:':<{width}}{self.timings.evaluation:.1f}",
+                f"{'total_seconds:':<{width}}{self.timings.total:.1f}",
+            ]
+        )
+
+    def _score_line(self, name: str, width: int = 18) -> str:
+        if self.status == "ok" and self.value is not None:
+            return f"{name + ':':<{width}}{self.value:.6f}"
+        why = (self.error or "").splitlines()[0][:200] if self.error else ""
+        return f"{'status:':<{width}}{self.status} ({why})"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _value_is_val_bpb_for_training(cls, data: Any) -> Any:
+        """A training result's value and val_bpb are one number: a result of the previous release
+        carries val_bpb only. Any other task's result carries value only."""
+        if not isinstance(data, dict):
+            return data
+        value, val_bpb = data.get("value"), data.get("val_bpb")
+        if data.get("task", DEFAULT_TASK) != DEFAULT_TASK:
+            if val_bpb is not None:
+                raise ValueError(f"a {data['task']} result carries its number as value, not val_bpb")
+            return data
+        if value is not None and val_bpb is not None and float(value) != float(val_bpb):
+            raise ValueError(f"a training result's value ({value}) and val_bpb ({val_bpb}) differ")
+        number = value if value is not None else val_bpb
+        return dict(data, value=number, val_bpb=number)
+
     @model_validator(mode="after")
     def _number_only_when_ok(self) -> ResultSpec:
-        if self.status == "ok" and self.val_bpb is None:
-            raise ValueError("an ok result must carry val_bpb")
+        if self.status == "ok" and self.value is None:
+            raise ValueError(
+                f"an ok result must carry its value ({'val_bpb' if self.task == DEFAULT_TASK else 'value'})"
+            )
         if self.status != "ok" and not self.error:
             raise ValueError(f"a {self.status} result must say why (error)")
         return self
+
+    @model_serializer(mode="wrap")
+    def _as_before_tasks(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data = _without_training_task(handler(self), self.task)
+        if self.task == DEFAULT_TASK:
+            data.pop("value", None)  # val_bpb says it
+        return data
+
+
+def _without_training_task(data: dict[str, Any], task: str) -> dict[str, Any]:
+    """A training document as the previous release wrote it: without `task`, which it did not know."""
+    if task == DEFAULT_TASK:
+        data.pop("task", None)
+    return data
 
 
 def check_result(job: JobSpec, result: ResultSpec, *, harness: str) -> None:
     """Raise ResultRefused unless `result` answers `job`, measured by the harness `harness`."""
     if result.run_id != job.run_id:
         raise ResultRefused(f"the result is for run {result.run_id}, not run {job.run_id}")
+    if result.task != job.task:
+        raise ResultRefused(f"run {job.run_id}: the result is of the {result.task} task, the job's is {job.task}")
     if result.hashes.asset != job.asset_sha256:
+        what = "train.py" if job.task == DEFAULT_TASK else f"{job.task} asset"
         raise ResultRefused(
-            f"run {job.run_id}: the result measured another train.py (asset sha256 "
+            f"run {job.run_id}: the result measured another {what} (asset sha256 "
             f"{result.hashes.asset[:12]}, the job's is {job.asset_sha256[:12]})"
         )
     if result.hashes.harness != harness:

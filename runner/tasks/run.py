@@ -1,0 +1,125 @@
+"""The isolated run of a task other than training: a JobSpec to its task's evaluator, a ResultSpec back.
+
+runner.isolated.run_job (and so `python -m runner.isolated --job`, the path every runner takes)
+sends a job whose task is not training here. `run_task_job` finds the task (runner.tasks), checks
+its prepared inputs (the evaluator's `fingerprint(profile)`: missing ones are a crash that says
+to run `autoresearch prepare --task T`, as training's missing data is), and hands the asset to the
+evaluator's `evaluate` with a private directory OUT/work. The evaluator sandboxes the asset's code
+and gates it before it measures (runner.tasks); this module only turns its Evaluation into a
+ResultSpec: the asset's sha256, the harness hash (runner.profiles.harness_hash, which covers
+runner/tasks/), the inputs' fingerprint, the timings, whether it ran sandboxed, status and error.
+An evaluator that raises is a crash of the machine, not of the asset, and says so.
+
+The run directory gets log.txt (what the asset printed, then the summary block with the metric's
+name) and result.json, as a training run's does.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import shutil
+import socket
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+from runner import files, run_log, sandbox
+from runner.data import DataMissing
+from runner.profiles import harness_hash
+from runner.protocol import Hashes, JobSpec, ResultSpec, RunnerIdentity, Timings
+from runner.tasks import TASKS, Evaluation, get_task
+
+
+def run_task_job(
+    job: JobSpec,
+    out: Path,
+    *,
+    backend: str = "local",
+    detail: str = "",
+    on_line: Callable[[str], None] | None = None,
+) -> ResultSpec:
+    """Evaluate `job`'s asset with its task's evaluator in run directory `out`; never raises for
+    a bad asset, a missing input or a failing evaluator (each is a result that says why)."""
+    received = time.time()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "result.json").unlink(missing_ok=True)
+    workdir = out / "work"
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir()
+    evaluation, fingerprint = _evaluate(job, workdir)
+    result = ResultSpec(
+        task=job.task,
+        run_id=job.run_id,
+        experiment_id=job.experiment_id,
+        status=evaluation.status,
+        value=evaluation.value if evaluation.status == "ok" else None,
+        error=evaluation.error,
+        metrics={
+            **evaluation.metrics,
+            "total_seconds": round(time.time() - received, 3),
+            "eval_seconds": round(evaluation.evaluation_s, 3),
+        },
+        timings=Timings(
+            sandbox_setup=evaluation.setup_s, evaluation=evaluation.evaluation_s, total=time.time() - received
+        ),
+        hashes=Hashes(
+            asset=job.asset_sha256, harness=harness_hash(job.task) if job.task in TASKS else "", data=fingerprint
+        ),
+        runner=RunnerIdentity(
+            backend=backend,
+            host=socket.gethostname(),
+            device="cpu",
+            sandbox=sandbox.available()[1] if evaluation.sandboxed else "none",
+            detail=detail,
+        ),
+        sandboxed=evaluation.sandboxed,
+        profile=job.profile,
+        seed=job.seed,
+    )
+    output = _marked_claims(evaluation.log_tail, job.task)
+    if on_line is not None:
+        for line in output.splitlines():
+            on_line(line)
+    files.write_text(out / "log.txt", (output + "\n" if output else "") + "\n" + result.summary_block() + "\n")
+    result = result.model_copy(update={"log_tail": run_log.tail(out / "log.txt")})
+    files.write_text(out / "result.json", result.model_dump_json(indent=2))
+    return result
+
+
+def _evaluate(job: JobSpec, workdir: Path) -> tuple[Evaluation, str]:
+    """The evaluator's Evaluation of the job's asset, and the prepared inputs' fingerprint ("" when
+    the run never got to them)."""
+    try:
+        task = get_task(job.task)
+    except ValueError as error:  # a job from a newer bot, say
+        return Evaluation(
+            "crash", error=f"{error}: this runner does not know the task; update it to the bot's version"
+        ), ""
+    fingerprint = ""
+    try:
+        evaluator = importlib.import_module(task.evaluator)
+        fingerprint = evaluator.fingerprint(job.profile)
+        return evaluator.evaluate(job.asset, job.profile, job.seed, workdir), fingerprint
+    except DataMissing as error:
+        return Evaluation("crash", error=str(error)), fingerprint
+    except Exception as error:  # the evaluator's own failure: reported as a result, like any other
+        return Evaluation(
+            "crash",
+            error=(
+                f"the {task.name} evaluator failed ({type(error).__name__}: {error}): a fault of this machine "
+                "or of the harness, not of the asset"
+            ),
+            log_tail=traceback.format_exc(),
+        ), fingerprint
+
+
+def _marked_claims(output: str, task: str) -> str:
+    """What the asset printed, with a line that looks like the summary's score marked as its claim:
+    only the summary block names the metric at the start of a line."""
+    try:
+        name = get_task(task).metric.name
+    except ValueError:
+        return output
+    return re.sub(rf"^(?={re.escape(name)}:)", "(the asset printed) ", output, flags=re.MULTILINE)
