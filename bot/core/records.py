@@ -86,11 +86,12 @@ class Job:
     conductor's: submitting the same id twice starts one run."""
 
     run_id: int
-    asset: str  # the train.py text to run
+    asset: str  # the train.py text to run (another task's asset: runner.tasks)
     profile: str
     seed: int
     commit: str = ""  # the git commit the asset came from, for the record
     experiment_id: int | None = None  # None for a baseline run of main
+    task: str = "training"  # runner.tasks: what the asset is and how it is measured
 
     @property
     def asset_sha256(self) -> str:

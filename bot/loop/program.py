@@ -4,6 +4,8 @@ program.md may start with a YAML block between two `---` lines holding an `autor
 
     ---
     autoresearch:
+      task: training           # what is edited and measured (runner.tasks): training, query-latency,
+                               # ticket-routing; one per repository, fixed when its loop first starts
       max_experiments: 50      # stop proposing after this many experiments (0: no limit)
       target_val_bpb: 0.95     # stop once main reaches this val_bpb or lower
       first_baseline_runs: 6   # measurements of the first main: the noise estimate starts here
@@ -21,7 +23,8 @@ program.md may start with a YAML block between two `---` lines holding an `autor
 Everything is optional; the text after the block is the agent's instructions. The file is read
 from main on every tick, so a commit to program.md steers the next experiment. A front matter
 that does not validate raises SettingsError; the conductor then keeps the last valid settings
-and records the error.
+and records the error. So does a `task` other than the loop's (`parse_program(text, task=...)`):
+a repository holds one task, and its measurements never compare with another's.
 """
 
 from __future__ import annotations
@@ -29,12 +32,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from runner.tasks import DEFAULT_TASK, TASKS
 
 
 class LoopSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+    task: str = DEFAULT_TASK
     max_experiments: int = Field(0, ge=0)
     target_val_bpb: float | None = Field(None, gt=0)
     first_baseline_runs: int = Field(6, ge=1, le=50)
@@ -46,6 +52,13 @@ class LoopSettings(BaseModel):
     confirm: bool = True
     simplicity_sigmas: float = Field(1.0, ge=0)
     paused: bool = False
+
+    @field_validator("task")
+    @classmethod
+    def _known_task(cls, task: str) -> str:
+        if task not in TASKS:
+            raise ValueError(f"unknown task {task!r}: choose one of {', '.join(sorted(TASKS))}")
+        return task
 
     @model_validator(mode="after")
     def _noise_must_be_measurable(self) -> LoopSettings:
@@ -68,7 +81,20 @@ class Program:
     instructions: str  # program.md without its front matter
 
 
-def parse_program(text: str) -> Program:
+def parse_program(text: str, *, task: str | None = None) -> Program:
+    """program.md's settings and instructions. `task`: the loop's task, when it runs one already;
+    program.md naming another (or none, for a loop of another task than training) is refused."""
+    program = _parse(text)
+    if task is not None and program.settings.task != task:
+        raise SettingsError(
+            f"program.md names the task {program.settings.task!r}, but this repository's loop runs {task!r}: "
+            f"a repository holds one task. Put `task: {task}` back in program.md's front matter, "
+            f"or start a new repository (or work directory) for {program.settings.task!r}"
+        )
+    return program
+
+
+def _parse(text: str) -> Program:
     lines = text.splitlines()
     if not lines or lines[0].strip() != "---":
         return Program(LoopSettings(), text)
@@ -96,7 +122,8 @@ def parse_program(text: str) -> Program:
         settings = LoopSettings.model_validate(data.get("autoresearch") or {})
     except ValidationError as error:
         problems = "; ".join(
-            f"autoresearch{''.join('.' + str(part) for part in e['loc'])}: {e['msg']}" for e in error.errors()
+            f"autoresearch{''.join('.' + str(part) for part in e['loc'])}: {e['msg'].removeprefix('Value error, ')}"
+            for e in error.errors()
         )
         raise SettingsError(f"program.md front matter: {problems}") from None
     return Program(settings, body)

@@ -1,7 +1,8 @@
 """The GitHub Actions runner: each job is one `workflow_dispatch` of the training workflow
 (.github/workflows/autoresearch-train.yml) on the repository's self-hosted GPU runners.
 
-The workflow checks out the job's commit, refuses a train.py whose sha256 is not the job's, runs
+The workflow checks out the job's commit, refuses an asset (train.py, or another task's: the
+`task` input, sent only for a task other than training) whose sha256 is not the job's, runs
 `python -m runner.isolated --backend actions`, and uploads result.json and log.txt as the artifact
 `autoresearch-run-<run_id>`. This runner dispatches it (`return_run_details`, so GitHub names the
 workflow run at once), asks GitHub about that workflow run when the conductor looks, downloads
@@ -46,6 +47,7 @@ from bot.core.records import Job, RunStatus
 from bot.runners.journal import RunRecords
 from bot.runners.specs import ResultRefused, checked_result, finished_status, job_spec
 from runner.protocol import JobSpec, ResultSpec
+from runner.tasks import DEFAULT_TASK
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +92,7 @@ class ActionsRunner:
         self._repo = repo
         self.records = RunRecords(state_dir / "actions")
         self._pace = pace_write
-        self._harness = harness
+        self._harness: dict[str, str] = {DEFAULT_TASK: harness} if harness else {}  # task -> its harness hash
         self._clock = clock
         self._seen: dict[int, tuple[float, RunStatus]] = {}  # run id -> (when asked, the answer)
         self._lock = threading.Lock()
@@ -222,7 +224,9 @@ class ActionsRunner:
             return RunStatus("lost", detail=outcome["detail"])
         job = JobSpec.model_validate(record["job"])
         try:
-            result = checked_result(job, ResultSpec.model_validate(outcome["result"]), harness=self._harness_hash())
+            result = checked_result(
+                job, ResultSpec.model_validate(outcome["result"]), harness=self._harness_hash(job.task)
+            )
         except ResultRefused as error:
             return RunStatus("lost", detail=f"result refused: {error} (workflow run {record['html_url']})")
         result.metrics["actions_url"] = record["html_url"]
@@ -262,6 +266,8 @@ class ActionsRunner:
             "seed": str(job.seed),
             "protocol_version": str(job.version),
         }
+        if job.task != DEFAULT_TASK:  # only then: a workflow of the release before tasks has no such input
+            inputs["task"] = job.task
         repo = self._repo()
         workflow, ref = self.settings.workflow, self.settings.ref
         self._pace()
@@ -317,12 +323,12 @@ class ActionsRunner:
                 raise
 
     # --- the state files -------------------------------------------------------------------------
-    def _harness_hash(self) -> str:
-        if self._harness is None:
-            from runner.profiles import harness_hash  # reads the harness sources once
+    def _harness_hash(self, task: str) -> str:
+        if task not in self._harness:
+            from runner.profiles import harness_hash  # reads the harness sources once per task
 
-            self._harness = harness_hash()
-        return self._harness
+            self._harness[task] = harness_hash(task)
+        return self._harness[task]
 
 
 def _dispatch_refused(error: GithubException, repository: str, workflow: str, ref: str) -> str:

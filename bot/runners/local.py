@@ -8,7 +8,7 @@ outcome.json once the runner has collected it), so lookup() can answer from the 
 restarted conductor finds the jobs that went on without it, and the results they left behind.
 
 Warm workers (`warm=True`; the service and the demo turn them on): once a slot has started a
-job, a worker for its next job is started at once (`runner.isolated --standby`, in
+training job, a worker for its next job is started at once (`runner.isolated --standby`, in
 `<runs_dir>/.standby-<slot>-<pid>-<n>/`): its training and scoring processes import torch and load
 the data while the slot's current run trains. The next job of
 that slot and profile renames the worker's directory to its run directory and hands it the job on
@@ -47,6 +47,7 @@ from runner import files, launch, limits, run_log, sandbox
 from runner.profiles import get_profile, harness_hash
 from runner.progress import last_progress
 from runner.protocol import JobSpec, ResultSpec
+from runner.tasks import DEFAULT_TASK
 
 log = logging.getLogger(__name__)
 SUPERVISOR_GRACE_S = 60.0  # beyond the training and scoring limits, before the supervisor itself is killed
@@ -120,7 +121,8 @@ class LocalRunner:
         profile = get_profile(job.profile)
         slot = self._free_slot()
         gpu = self.gpus[slot % len(self.gpus)] if profile.device == "cuda" else None
-        worker = self._take_standby(slot, job.profile, gpu)
+        training = job.task == DEFAULT_TASK  # warm workers prepare training; another task's run starts as it comes
+        worker = self._take_standby(slot, job.profile, gpu) if training else None
         if worker is not None:
             if out.exists():  # a submit that died before it wrote job.json left this
                 shutil.rmtree(out)
@@ -155,7 +157,7 @@ class LocalRunner:
         self._slot_of[job.run_id] = slot
         if self._notify is not None:
             threading.Thread(target=self._watch, args=(proc,), daemon=True).start()
-        if self.warm:
+        if self.warm and training:
             self._start_standby(slot, job.profile, gpu)
         return str(out)
 
@@ -306,7 +308,9 @@ def _finished(out: Path, job: dict[str, Any], outcome: dict[str, Any]) -> RunSta
         )
     try:
         spec = JobSpec.model_validate_json((out / "jobspec.json").read_text())
-        return finished_status(checked_result(spec, ResultSpec.model_validate(outcome), harness=harness_hash()))
+        return finished_status(
+            checked_result(spec, ResultSpec.model_validate(outcome), harness=harness_hash(spec.task))
+        )
     except (OSError, ValueError, ResultRefused) as error:
         return RunStatus("lost", detail=f"result refused: {error}")
 

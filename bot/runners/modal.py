@@ -31,6 +31,7 @@ from bot.runners.journal import RunRecords
 from bot.runners.specs import checked_result, finished_status, job_spec
 from runner.profiles import harness_hash
 from runner.protocol import JobSpec, ResultRefused, ResultSpec
+from runner.tasks import DEFAULT_TASK
 
 log = logging.getLogger(__name__)
 
@@ -193,7 +194,9 @@ class ModalRunner:
         job = JobSpec.model_validate_json(record["job"])
         try:
             spec = ResultSpec.model_validate_json(record["result"])
-            result = checked_result(job, spec, harness=self.harness)
+            result = checked_result(
+                job, spec, harness=self.harness if job.task == DEFAULT_TASK else harness_hash(job.task)
+            )
         except ValidationError as error:
             return RunStatus(
                 "lost",

@@ -6,6 +6,10 @@ it ran. A timed-out or rejected run is recorded as a crash of its train.py, with
 `metrics["outcome"]` keeping which, and its error saying why. A run the supervisor found killed
 from outside (`lost`: not its code, not its limits) is a lost run (`finished_status`), carrying
 the crash it would be charged as if that keeps happening (the conductor decides).
+
+The name val_bpb ends here for the number (runner.protocol): `RunResult.val_bpb`, and the store's
+column, hold the result's `value`, the task's metric (val_bpb for training), as measured; which way
+is better is the task's metric's direction (runner.tasks.Metric).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ def job_spec(job: Job, *, repository: str = "") -> JobSpec:
         asset_sha256=job.asset_sha256,
         profile=job.profile,
         seed=job.seed,
+        task=job.task,
     )
 
 
@@ -45,7 +50,7 @@ def run_result(spec: ResultSpec) -> RunResult:
         timings=spec.timings.model_dump(),
     )
     if spec.status == "ok":
-        return RunResult(run_id=spec.run_id, status="ok", val_bpb=spec.val_bpb, metrics=metrics, log_tail=spec.log_tail)
+        return RunResult(run_id=spec.run_id, status="ok", val_bpb=spec.value, metrics=metrics, log_tail=spec.log_tail)
     return RunResult(
         run_id=spec.run_id,
         status="crash",

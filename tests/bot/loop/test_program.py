@@ -7,10 +7,12 @@ from pathlib import Path
 import pytest
 
 from bot.loop.program import LoopSettings, Program, SettingsError, parse_program
+from runner.tasks import TASKS
 
 PROGRAM_MD = Path(__file__).resolve().parents[3] / "program.md"
 
 DEFAULTS = dict(
+    task="training",
     max_experiments=0,
     target_val_bpb=None,
     first_baseline_runs=6,
@@ -70,6 +72,7 @@ def test_empty_front_matter_gives_defaults(block):
 def test_full_block_is_parsed_and_the_body_follows():
     text = front(
         "autoresearch:\n"
+        "  task: training\n"
         "  max_experiments: 50      # stop proposing after this many\n"
         "  target_val_bpb: 0.95\n"
         "  first_baseline_runs: 4\n"
@@ -85,6 +88,7 @@ def test_full_block_is_parsed_and_the_body_follows():
     )
     program = parse_program(text)
     assert program.settings.model_dump() == dict(
+        task="training",
         max_experiments=50,
         target_val_bpb=0.95,
         first_baseline_runs=4,
@@ -260,3 +264,29 @@ def test_repository_program_md_parses():
     assert "train.py" in program.instructions
     # the front matter is not part of what the agent is told
     assert not program.instructions.startswith("---")
+
+
+# --- the task -------------------------------------------------------------------------------------
+
+
+def test_program_md_names_its_task_and_training_is_the_default():
+    assert parse_program(front("autoresearch:\n  task: query-latency\n")).settings.task == "query-latency"
+    assert parse_program(front("autoresearch:\n  paused: true\n")).settings.task == "training"
+
+
+def test_an_unknown_task_is_a_settings_error_naming_the_choices():
+    with pytest.raises(SettingsError) as info:
+        parse_program(front("autoresearch:\n  task: sorting\n"))
+    message = str(info.value)
+    assert "autoresearch.task: unknown task 'sorting'" in message
+    assert all(name in message for name in TASKS) and "Value error" not in message
+
+
+def test_a_program_md_naming_another_task_than_the_loops_is_refused():
+    """A repository holds one task: a commit that changes it is refused, and the loop keeps its settings."""
+    text = front("autoresearch:\n  task: ticket-routing\n")
+    with pytest.raises(SettingsError, match="this repository's loop runs 'query-latency': a repository holds one task"):
+        parse_program(text, task="query-latency")
+    with pytest.raises(SettingsError, match="names the task 'training'"):
+        parse_program(front("autoresearch:\n  paused: true\n"), task="ticket-routing")
+    assert parse_program(text, task="ticket-routing").settings.task == "ticket-routing"

@@ -7,8 +7,9 @@ raises DataMissing, and `evaluate` counts words. Words in the asset steer it: RE
 CRASH makes the asset's run crash, BROKEN makes the evaluator itself raise (a broken machine).
 
 Registered only in tests, by `register(monkeypatch)` in a test's fixture (tests/conftest.py adds
-tests/ to sys.path, so this module imports as `fake_task`): FAKE is in runner.tasks.TASKS for that
-test only, with its cache in a fresh directory.
+tests/ to sys.path, so this package imports as `fake_task`): FAKE is in runner.tasks.TASKS for that
+test only, with its cache in a fresh directory. Its starter files (words.txt, program.md) lie in
+this package's directory, as a bundled task's do in its own.
 """
 
 from __future__ import annotations
@@ -28,8 +29,6 @@ FAKE = Task(
     evaluator="fake_task",
     summary="say it in fewer words; the number of words",
 )
-STARTER = "the quick brown fox jumps over the lazy dog\n"
-PROGRAM = "---\nautoresearch:\n  task: word-count\n---\nSay it in fewer words.\n"
 
 
 def register(monkeypatch: pytest.MonkeyPatch, cache: Path) -> Task:

@@ -1,0 +1,31 @@
+"""The bot's side of the protocol for tasks: a job carries its task to the runner, and a task's
+result comes back with its value where the conductor reads a run's number (RunResult.val_bpb)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import fake_task
+import pytest
+
+from bot.core.records import Job
+from bot.runners.specs import checked_result, job_spec
+from runner.profiles import harness_hash
+from runner.tasks.run import run_task_job
+
+
+def test_a_training_job_is_sent_as_before_tasks() -> None:
+    spec = job_spec(Job(run_id=1, asset="print(1)\n", profile="smoke", seed=0))
+    assert spec.task == "training" and "task" not in spec.model_dump_json()
+
+
+def test_a_task_job_and_its_result_carry_the_task_and_its_value(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    fake_task.register(monkeypatch, tmp_path / "cache")
+    fake_task.prepare("smoke")
+    spec = job_spec(Job(run_id=2, asset="a b c d\n", profile="smoke", seed=1, task="word-count"))
+    assert spec.task == "word-count"
+    result = checked_result(spec, run_task_job(spec, tmp_path / "run"), harness=harness_hash("word-count"))
+    assert (result.status, result.val_bpb) == ("ok", 4.0)
+    assert result.metrics["data_fingerprint"] == fake_task.fingerprint("smoke")
