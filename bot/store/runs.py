@@ -1,9 +1,14 @@
 """The runs table: each training run queued, started, finished or set aside, and what it measured.
 
-A run's id is its idempotency key with the runner, and its seed. A run is queued in the same
-transaction as the experiment change that asks for it; finishing is done once (a second report of
-the same run changes nothing); a run set aside (lost, refused, disturbed, cancelled) is re-run as a
-new run in the same transaction.
+A run's id is its idempotency key with the runner. Its seed is its index among the runs of the same
+side on the same main, from 1 (`next_seed`): main's k-th baseline run of a train.py gets seed k, an
+experiment's k-th run of a train.py (the change as grafted onto one main) gets seed k, so a candidate
+and main share seeds and the judge can compare them seed by seed (bot.loop.judge, paired seeds). A
+run is queued in the same transaction as the experiment change that asks for it; finishing is done
+once (a second report of the same run changes nothing); a run set aside (lost, refused, disturbed,
+cancelled) is re-run as a new run with the same seed, in the same transaction. A store written
+before seeds were indices keeps its runs' seeds (their run ids, which no run of the other side
+shares); a run queued since numbers on from how many runs its side already has.
 """
 
 from __future__ import annotations
@@ -77,19 +82,34 @@ class Runs:
         transaction, so a restart never finds the one without the other."""
         now = time.time()
         with self.db.transaction() as conn:
+            seed = self._next_seed(conn, experiment_id, code_hash)
             cursor = conn.execute(
                 "INSERT INTO runs(experiment_id, purpose, code_hash, commit_sha, base_sha, asset, profile,"
-                " seed, state, queued_at) VALUES (?, ?, ?, ?, ?, ?, ?, 0, 'queued', ?)",
-                (experiment_id, purpose, code_hash, commit_sha, base_sha, asset, profile, now),
+                " seed, state, queued_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'queued', ?)",
+                (experiment_id, purpose, code_hash, commit_sha, base_sha, asset, profile, seed, now),
             )
             run_id = cursor.lastrowid
-            conn.execute("UPDATE runs SET seed = ? WHERE id = ?", (run_id, run_id))  # a new seed per run
             if experiment_fields:
                 self.experiments.update(experiment_id, **experiment_fields)
             message = f"run {run_id} ({purpose}) queued" + (f": {reason}" if reason else "")
             self.events.add(experiment_id, "queued", message)
         self.db.failpoint(f"queued_{purpose}")
         return self.get(run_id)
+
+    def next_seed(self, experiment_id: int | None, code_hash: str) -> int:
+        """The seed the next run of this side would get: main's (`experiment_id` None) or one
+        experiment's runs of the train.py whose hash is `code_hash`."""
+        return self._next_seed(self.db.conn, experiment_id, code_hash)
+
+    @staticmethod
+    def _next_seed(conn: sqlite3.Connection, experiment_id: int | None, code_hash: str) -> int:
+        """1 + the runs of this side queued so far, re-runs not counted (a re-run keeps the seed of
+        the run it repeats)."""
+        count = conn.execute(
+            "SELECT COUNT(*) FROM runs WHERE experiment_id IS ? AND code_hash = ? AND rerun_of IS NULL",
+            (experiment_id, code_hash),
+        ).fetchone()[0]
+        return count + 1
 
     def mark_started(self, run_id: int, run_dir: str) -> None:
         self.db.execute(
@@ -142,7 +162,7 @@ class Runs:
         self, run_id: int, state: RunState, why: str, *, rerun: bool = True, result: dict[str, Any] | None = None
     ) -> Run | None:
         """Mark a run lost, refused, disturbed or cancelled (keeping what it reported in `result`)
-        and, with `rerun`, queue an identical one (new id, new seed), in one transaction."""
+        and, with `rerun`, queue an identical one (new id, the same seed), in one transaction."""
         now = time.time()
         result = result or {}
         with self.db.transaction() as conn:
@@ -169,11 +189,10 @@ class Runs:
                 cursor = conn.execute(
                     "INSERT INTO runs(experiment_id, purpose, code_hash, commit_sha, base_sha, asset, profile,"
                     " seed, state, queued_at, rerun_of) SELECT experiment_id, purpose, code_hash, commit_sha,"
-                    " base_sha, asset, profile, 0, 'queued', ?, id FROM runs WHERE id = ?",
+                    " base_sha, asset, profile, seed, 'queued', ?, id FROM runs WHERE id = ?",
                     (now, run_id),
                 )
                 new_id = cursor.lastrowid
-                conn.execute("UPDATE runs SET seed = ? WHERE id = ?", (new_id, new_id))
             again = f"; queued again as run {new_id}" if new_id else ""
             self.events.add(row[0], state.value, f"run {run_id}: {why}{again}")
         return self.get(new_id) if new_id else None
@@ -245,11 +264,34 @@ class Runs:
         The values bot.loop.measurement.counted gives of every run: this query must match its rule
         (tests/bot/loop/test_measurement.py pins the two equal). The conductor asks again after each
         run it records, and reading whole runs (their logs among them) to apply the rule costs ten times this."""
-        rows = self.db.execute(
-            "SELECT code_hash, experiment_id, purpose, val_bpb FROM runs WHERE state = 'done' AND status = 'ok'"
+        rows = self._measured(
+            "code_hash, experiment_id, purpose, val_bpb", profile, harness_hash, data_fingerprint, threads
+        )
+        return [(r[0], r[1], r[2], r[3]) for r in rows]
+
+    def measured_seeds(
+        self, *, profile: str, harness_hash: str, data_fingerprint: str, threads: int | None = None
+    ) -> list[tuple[int, str, str | None]]:
+        """(seed, base_sha, params_fingerprint) of the runs measured_values gives, in the same order:
+        what pairs a candidate's run with main's (bot.loop.measurement.paired_differences). The
+        fingerprint of its parameters' names, shapes and dtypes is the scorer's (runner.score), None
+        for a run whose runner did not report one."""
+        rows = self._measured(
+            "seed, base_sha, json_extract(metrics, '$.params_fingerprint')",
+            profile,
+            harness_hash,
+            data_fingerprint,
+            threads,
+        )
+        return [(r[0], r[1], r[2] if isinstance(r[2], str) else None) for r in rows]
+
+    def _measured(
+        self, columns: str, profile: str, harness_hash: str, data_fingerprint: str, threads: int | None
+    ) -> sqlite3.Cursor:
+        return self.db.execute(
+            f"SELECT {columns} FROM runs WHERE state = 'done' AND status = 'ok'"
             " AND val_bpb IS NOT NULL AND profile = ? AND harness_hash = ? AND data_fingerprint = ?"
             " AND (? IS NULL OR json_extract(metrics, '$.clock') IS NOT 'cpu'"
             " OR json_extract(metrics, '$.threads') = ?) ORDER BY id",
             (profile, harness_hash, data_fingerprint, threads, threads),
         )
-        return [(r[0], r[1], r[2], r[3]) for r in rows]

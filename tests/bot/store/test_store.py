@@ -723,12 +723,11 @@ def test_experiment_by_code(store: Store):
 # --- runs ----------------------------------------------------------------------------------------
 
 
-def test_add_run_queues_with_a_seed_per_run(store: Store):
+def test_add_run_queues_with_its_index_among_its_sides_runs_as_seed(store: Store):
     exp = new_experiment(store)
     runs = [new_run(store, exp.id), new_run(store, exp.id, purpose="confirm"), new_run(store, None, "baseline")]
     assert [r.id for r in runs] == [1, 2, 3]
-    assert [r.seed for r in runs] == [r.id for r in runs]
-    assert len({r.seed for r in runs}) == 3
+    assert [r.seed for r in runs] == [1, 2, 1]  # the experiment's first and second run, main's first
     assert all(r.state == "queued" and r.status is None and r.metrics == {} for r in runs)
     assert all(r.rerun_of is None and r.note is None for r in runs)
     assert runs[2].experiment_id is None and runs[2].purpose == "baseline"
@@ -834,7 +833,7 @@ def test_set_aside_run_and_rerun_it(store: Store, state: RunState):
     assert (old.status, old.val_bpb, old.metrics, old.log_tail) == ("ok", 0.991, RESULT["metrics"], "step 12")
     assert old.run_dir == "/tmp/runs/1" and old.seed == run.seed
     assert rerun == store.runs.get(rerun.id)
-    assert rerun.id == run.id + 1 and rerun.seed == rerun.id and rerun.rerun_of == run.id
+    assert rerun.id == run.id + 1 and rerun.seed == run.seed and rerun.rerun_of == run.id
     assert rerun.state == "queued" and rerun.status is None and rerun.metrics == {} and rerun.note is None
     assert (
         rerun.experiment_id,
@@ -897,7 +896,21 @@ def test_a_rerun_can_be_set_aside_again(store: Store):
     third = store.runs.set_aside(second.id, RunState.REFUSED, "wrong identity")
     assert (second.rerun_of, third.rerun_of) == (first.id, second.id)
     assert [r.state for r in store.runs.all()] == ["lost", "refused", "queued"]
-    assert len({r.seed for r in store.runs.all()}) == 3
+    assert {r.seed for r in store.runs.all()} == {first.seed}  # a re-run keeps the seed of the run it repeats
+    assert new_run(store).seed == first.seed + 1  # re-runs take no seed of their own
+
+
+def test_seeds_count_main_per_train_py_and_an_experiment_per_main_it_is_measured_on(store: Store):
+    """Main's k-th run of a train.py and an experiment's k-th run measured on one main share seed k;
+    main's new train.py, and an experiment re-measured on a new main (a new code_hash), start again at 1."""
+    exp, other = new_experiment(store), new_experiment(store, 3)
+    main = [new_run(store, None, "baseline", code_hash="main-1").seed for _ in range(3)]
+    candidate = [new_run(store, exp.id, "candidate").seed, new_run(store, exp.id, "confirm").seed]
+    assert (main, candidate) == ([1, 2, 3], [1, 2])
+    assert new_run(store, other.id, "candidate", code_hash="code-3").seed == 1  # each experiment its own count
+    assert new_run(store, None, "baseline", code_hash="main-2").seed == 1  # the next main
+    assert new_run(store, exp.id, "remeasure", code_hash="code-1-on-main-2").seed == 1  # re-measured there
+    assert store.runs.next_seed(exp.id, "code-1") == 3 and store.runs.next_seed(None, "main-1") == 4
 
 
 def test_set_aside_run_is_one_transaction(store: Store):
@@ -1004,11 +1017,15 @@ def test_measured_values_only_ok_runs_under_one_identity(store: Store):
     finished("main", None, "baseline", "ok", 1.5, harness_hash="h2")
     finished("main", None, "baseline", "ok", 1.6, data_fingerprint="d2")
     finished("main", None, "baseline", "ok", 1.7, profile="gpu")
-    finished("code-1", exp.id, "candidate", "ok", 0.9)
+    finished("code-1", exp.id, "candidate", "ok", 0.9, params_fingerprint="f1")
     new_run(store, exp.id, "confirm", code_hash="code-1")  # still queued
     assert store.runs.measured_values(profile="cpu", harness_hash="h1", data_fingerprint="d1") == [
         ("main", None, "baseline", 1.0),
         ("code-1", exp.id, "candidate", 0.9),
+    ]
+    assert store.runs.measured_seeds(profile="cpu", harness_hash="h1", data_fingerprint="d1") == [
+        (1, MAIN, None),  # main's first run; its runner reported no fingerprint
+        (1, MAIN, "f1"),  # the experiment's first run
     ]
     assert store.runs.measured_values(profile="gpu", harness_hash="h1", data_fingerprint="d1") == [
         ("main", None, "baseline", 1.7)
