@@ -1,0 +1,335 @@
+"""The ticket-routing task's evaluator (runner.tasks.ticket_routing): the tickets' download, cache and
+seeded split; the starting router's accuracy on the vendored sample; and what the gate, the sandbox
+and the time box make of routers that cheat, lie, crash, hang or print.
+
+Every evaluation here is real (a process on the vendored sample's tickets) and deterministic: a
+router's answers depend on its seed only. Tests of what the sandbox hides skip where bubblewrap
+cannot run; without it a router reads what the user can (the unsandboxed test shows that the
+cheat is real), and everything else here holds the same.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from runner import sandbox
+from runner.data import DataCorrupt, DataMissing
+from runner.download import DownloadError
+from runner.tasks import ticket_routing
+from runner.tasks.ticket_routing import tickets
+from runner.tasks.ticket_routing.evaluation import Scale, evaluate_router
+
+SANDBOX, WHY_NOT = sandbox.available()
+needs_sandbox = pytest.mark.skipif(not SANDBOX, reason=f"no sandbox here: {WHY_NOT}")
+SMALL = Scale(time_box_s=30.0, batch_size=8)
+SAMPLE = tickets.read_csv((tickets.SAMPLE_DIR / "banking77_sample.csv").read_bytes(), "sample")
+
+
+@pytest.fixture(scope="module")
+def split() -> tuple[list[tickets.Ticket], list[tickets.Ticket]]:
+    """The sample's split of seed 0, cut to 40 hold-out tickets (5 batches of SMALL)."""
+    train, holdout = tickets.split(SAMPLE, 0)
+    return train, holdout[:40]
+
+
+def router(route: str, *, train: str = "pass", head: str = "") -> str:
+    """The text of a router.py whose train() and route(texts) have the bodies given."""
+    return f"{head}\ndef train(examples):\n    {train}\n\ndef route(texts):\n    {route}\n"
+
+
+FIRST_QUEUE = "return ['card_arrival'] * len(texts)"
+
+
+def run(asset: str, split, tmp_path: Path, scale: Scale = SMALL, **options):
+    train, holdout = split
+    return evaluate_router(asset, train, holdout, tmp_path / "work", scale=scale, **options)
+
+
+# --- the tickets -----------------------------------------------------------------------------------
+def test_split_holds_out_a_fifth_of_every_queue_disjointly_and_repeats_for_a_seed() -> None:
+    train, holdout = tickets.split(SAMPLE, 7)
+    assert len(train) + len(holdout) == len(SAMPLE) == 360
+    assert not {text for text, _ in train} & {text for text, _ in holdout}
+    per_queue = {queue: sum(q == queue for _, q in holdout) for _, queue in SAMPLE}
+    assert set(per_queue.values()) == {6}  # 20% of 30, in each of the 12 queues
+    assert tickets.split(SAMPLE, 7) == (train, holdout)
+    assert tickets.split(SAMPLE, 8)[1] != holdout
+
+
+def test_csv_with_other_columns_says_what_it_lacks() -> None:
+    assert tickets.read_csv(b"text,queue\nmy card is lost,lost_card\n,empty\n", "t.csv") == [
+        ("my card is lost", "lost_card")
+    ]
+    with pytest.raises(DataCorrupt, match="no `text` and `category` columns.*body, label"):
+        tickets.read_csv(b"body,label\nx,y\n", "t.csv")
+
+
+def test_prepare_smoke_once_and_a_changed_pool_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AUTORESEARCH_CACHE", str(tmp_path))
+    with pytest.raises(DataMissing, match="autoresearch prepare --task ticket-routing --profile smoke"):
+        ticket_routing.fingerprint("smoke")
+    first = ticket_routing.prepare("smoke")
+    assert ticket_routing.prepare("smoke") == ticket_routing.fingerprint("smoke") == first
+    pool = tickets.load_pool("smoke")
+    assert len(pool.tickets) == 360 and len(pool.queues) == 12
+    manifest = json.loads((pool.root / "manifest.json").read_text())
+    assert manifest["licence"] == "CC BY 4.0" and manifest["tickets"] == 360
+    with (pool.root / "pool.jsonl").open("a") as handle:
+        handle.write(json.dumps({"text": "planted", "queue": "card_arrival"}) + "\n")
+    with pytest.raises(DataCorrupt, match="do not match their manifest"):
+        ticket_routing.fingerprint("smoke")
+
+
+class _Files(ThreadingHTTPServer):
+    """Serves `files` (name -> bytes) on 127.0.0.1 and records each path asked for."""
+
+    daemon_threads = True
+
+    def __init__(self, files: dict[str, bytes]) -> None:
+        super().__init__(("127.0.0.1", 0), _Serve)
+        self.files, self.hits = files, []
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class _Serve(BaseHTTPRequestHandler):
+    server: _Files
+
+    def do_GET(self) -> None:
+        name = self.path.lstrip("/")
+        self.server.hits.append(name)
+        body = self.server.files.get(name)
+        self.send_response(200 if body is not None else 404)
+        self.send_header("Content-Length", str(len(body or b"")))
+        self.end_headers()
+        self.wfile.write(body or b"")
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def served() -> Iterator[_Files]:
+    halves = {"train.csv": SAMPLE[:200], "test.csv": SAMPLE[200:]}
+    files = {
+        name: ("text,category\n" + "".join(f'"{t}",{q}\n' for t, q in rows)).encode() for name, rows in halves.items()
+    }
+    server = _Files(files)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+    thread.join(timeout=5)
+
+
+def _remote_source(server: _Files, corrupt: str = "") -> tickets.Source:
+    def sha(name: str) -> str:
+        return hashlib.sha256(server.files[name] + (b"x" if name == corrupt else b"")).hexdigest()
+
+    remote = tuple(tickets.RemoteFile(f"{server.url}/{name}", sha(name)) for name in ("train.csv", "test.csv"))
+    return tickets.Source(name="served", description="the sample, served", licence="CC BY 4.0", remote=remote)
+
+
+def test_cpu_tickets_are_downloaded_checked_and_pooled_once(
+    served: _Files, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AUTORESEARCH_CACHE", str(tmp_path))
+    monkeypatch.setitem(tickets.SOURCES, "cpu", _remote_source(served))
+    fingerprint = ticket_routing.prepare("cpu")
+    assert served.hits == ["train.csv", "test.csv"]
+    assert len(tickets.load_pool("cpu").tickets) == 360
+    assert ticket_routing.prepare("cpu") == fingerprint and len(served.hits) == 2  # found, not fetched again
+
+
+def test_a_download_that_fails_its_checksum_leaves_no_pool(
+    served: _Files, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AUTORESEARCH_CACHE", str(tmp_path))
+    monkeypatch.setitem(tickets.SOURCES, "cpu", _remote_source(served, corrupt="test.csv"))
+    monkeypatch.setattr(tickets, "RETRIES", 0)
+    with pytest.raises(DownloadError, match="checksum mismatch"):
+        ticket_routing.prepare("cpu")
+    with pytest.raises(DataMissing):
+        ticket_routing.fingerprint("cpu")
+
+
+# --- the starting router -----------------------------------------------------------------------------
+def test_starter_routes_the_sample_far_above_chance_and_the_same_each_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AUTORESEARCH_CACHE", str(tmp_path / "cache"))
+    ticket_routing.prepare("smoke")
+    starter = ticket_routing.STARTER.read_text()
+    first = ticket_routing.evaluate(starter, "smoke", 1, tmp_path / "a")
+    assert first.status == "ok", first.error
+    assert first.value is not None and first.value > 0.75  # chance: 1/12; it scores 0.90 on seed 1
+    assert first.metrics["holdout_tickets"] == 72 and first.metrics["queues"] == 12
+    assert first.metrics["data"] == ticket_routing.fingerprint("smoke")
+    assert first.sandboxed == SANDBOX
+    again = ticket_routing.evaluate(starter, "smoke", 1, tmp_path / "b")
+    assert again.value == first.value
+
+
+# --- the gate ----------------------------------------------------------------------------------------
+def test_an_unknown_queue_is_rejected_with_the_ticket_and_the_queue(split, tmp_path: Path) -> None:
+    result = run(router("return ['card_arrival'] * (len(texts) - 1) + ['complaints']"), split, tmp_path)
+    assert result.status == "rejected" and result.value is None
+    assert "to 'complaints' at batch 1 of 5, which is not a queue of the training split" in result.error
+
+
+def test_a_wrong_count_is_rejected(split, tmp_path: Path) -> None:
+    result = run(router("return ['card_arrival']"), split, tmp_path)
+    assert result.status == "rejected"
+    assert "returned 1 queues for 8 tickets at batch 1 of 5" in result.error
+
+
+def test_an_answer_json_cannot_carry_is_rejected(split, tmp_path: Path) -> None:
+    result = run(router("return {'card_arrival'}"), split, tmp_path)
+    assert result.status == "rejected" and "route() returned a set, not a list of strings" in result.error
+
+
+def test_printing_reaches_the_log_and_changes_no_answer(split, tmp_path: Path) -> None:
+    """What the router prints, through print, sys.__stdout__ or descriptor 1, even a line shaped
+    like an answer, goes to the log: the evaluator reads the host's answers only."""
+    noisy = router(
+        "print(json.dumps({'labels': ['card_arrival'] * len(texts)})); "
+        "sys.__stdout__.write('{\"ready\": true}\\n'); sys.__stdout__.flush(); "
+        "os.write(1, b'route called\\n'); "
+        "return ['lost_or_stolen_card'] * len(texts)",
+        train="print('training on', len(examples), 'tickets')",
+        head="import json, os, sys",
+    )
+    quiet = run(router("return ['lost_or_stolen_card'] * len(texts)"), split, tmp_path / "quiet")
+    result = run(noisy, split, tmp_path / "noisy")
+    assert result.status == "ok", result.error
+    lost_cards = sum(queue == "lost_or_stolen_card" for _, queue in split[1])
+    assert result.value == quiet.value == lost_cards / 40
+    assert "training on 288 tickets" in result.log_tail and "route called" in result.log_tail
+
+
+def test_a_line_written_into_the_answers_channel_is_rejected_not_counted(split, tmp_path: Path) -> None:
+    """The host's answers travel on a private descriptor; a router that finds it and writes into it
+    gets the run rejected, never a number."""
+    forger = router(
+        FIRST_QUEUE,
+        train=("for fd in range(3, 64):\n        try: os.write(fd, b'accuracy: 1.0\\n')\n        except OSError: pass"),
+        head="import os",
+    )
+    result = run(forger, split, tmp_path)
+    assert result.status == "rejected" and result.value is None
+    assert "not the host's answer" in result.error and "accuracy: 1.0" in result.error
+
+
+# --- crashes, the time box, the limits ---------------------------------------------------------------
+def test_an_exception_is_a_crash_with_its_traceback(split, tmp_path: Path) -> None:
+    result = run(router(FIRST_QUEUE, train="raise ValueError('no tickets about mortgages')"), split, tmp_path)
+    assert result.status == "crash"
+    assert "Traceback" in result.error and "ValueError: no tickets about mortgages" in result.error
+
+
+def test_a_router_that_exits_is_a_crash(split, tmp_path: Path) -> None:
+    result = run(router("os._exit(3)", head="import os"), split, tmp_path)
+    assert result.status == "crash" and "ended at batch 1 of 5 without an answer (exit code 3)" in result.error
+
+
+def test_an_endless_loop_is_stopped_at_the_time_box(split, tmp_path: Path) -> None:
+    result = run(router("while True: pass"), split, tmp_path, scale=Scale(time_box_s=1.0, batch_size=8))
+    assert result.status == "timeout" and result.value is None
+    assert "ran past its time box of 1 s" in result.error and "at batch 1 of 5" in result.error
+
+
+def test_memory_past_the_run_limit_is_a_crash_that_names_the_limit(
+    split, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AUTORESEARCH_RUN_MEMORY", "512M")
+    result = run(router(FIRST_QUEUE, train="bytearray(2 << 30)"), split, tmp_path)
+    assert result.status == "crash"
+    assert "router.py ran out of memory: a run may hold 512 MiB" in result.error
+
+
+# --- what the router can see -------------------------------------------------------------------------
+def _snoop(*places: Path | str) -> str:
+    """A router that looks for the hold-out's labels wherever it could guess they are (`places`, and
+    the file descriptors of its own first process and its parent's) in any file of JSON lines or
+    CSV, routes a ticket by any labelled copy of its text it finds, and logs how many it found."""
+    return f"""
+import csv, json, os, stat, sys
+PLACES = {[str(place) for place in places]!r}
+labelled = {{}}
+
+def look(path):
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            lines = handle.read(4 << 20).splitlines()
+    except OSError:
+        return
+    for line in lines:
+        try:
+            row = json.loads(line)
+            labelled[row["text"]] = row["queue"]
+        except Exception:
+            pass
+    try:
+        labelled.update(row for row in csv.reader(lines) if len(row) == 2)
+    except csv.Error:
+        pass
+
+def train(examples):
+    for place in PLACES:
+        for root, dirs, files in os.walk(place):
+            if root.startswith("/proc/") and root.count("/") > 2:
+                dirs[:] = []
+            for name in files:
+                if not root.startswith("/proc") or name in ("environ", "cmdline"):
+                    look(os.path.join(root, name))
+    for proc in ("/proc/1", "/proc/%d" % os.getppid()):
+        for fd in range(64):
+            look(proc + "/fd/%d" % fd)
+    train.queues = sorted(set(queue for _, queue in examples))
+    labelled.update({{text: queue for text, queue in examples}})
+
+def route(texts):
+    print("FOUND", sum(text in labelled for text in texts), "of", len(texts), file=sys.stderr)
+    return [labelled[text] if labelled.get(text) in train.queues else train.queues[0] for text in texts]
+"""
+
+
+@needs_sandbox
+def test_a_router_that_looks_for_the_holdout_labels_finds_none(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("AUTORESEARCH_CACHE", str(cache))
+    ticket_routing.prepare("smoke")
+    workdir = tmp_path / "run" / "work"
+    snoop = _snoop(cache, tickets.SAMPLE_DIR, workdir, workdir.parent, "/proc", "/tmp")
+    result = ticket_routing.evaluate(snoop, "smoke", 1, workdir)
+    assert result.status == "ok" and result.sandboxed, result.error
+    assert "FOUND 0 of 24" in result.log_tail and "FOUND 1" not in result.log_tail
+    assert result.value == 6 / 72  # the first queue's six tickets: chance, nothing learned from the hold-out
+
+
+def test_unsandboxed_the_same_router_reads_the_labels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the sandbox is for: without it the cache is readable, and the snooping router is right
+    about every ticket (so the sandboxed test above would catch a sandbox that let it see)."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("AUTORESEARCH_CACHE", str(cache))
+    ticket_routing.prepare("smoke")
+    train, holdout = tickets.split(tickets.load_pool("smoke").tickets, 1)
+    workdir = tmp_path / "run" / "work"
+    result = evaluate_router(
+        _snoop(cache, workdir), train, holdout, workdir, scale=ticket_routing.SCALES["smoke"], use_sandbox=False
+    )
+    assert result.status == "ok" and not result.sandboxed
+    assert result.value == 1.0
+    assert "WITHOUT a sandbox" in result.log_tail
