@@ -1,4 +1,5 @@
-"""The `autoresearch` command: prepare, train, demo, serve; steer, pause, resume, status, results, plot, dashboard."""
+"""The `autoresearch` command: prepare, run (alias train), demo, serve; steer, pause, resume, status, results,
+plot, dashboard. prepare, run and demo take `--task` (runner.tasks; training by default)."""
 
 from __future__ import annotations
 
@@ -22,21 +23,33 @@ console = Console() if sys.stdout.isatty() else Console(width=UNBOUNDED_WIDTH)
 DEFAULT_WORKDIR = Path(".autoresearch/demo")
 
 
+TASK_HELP = "training, query-latency or ticket-routing: what is edited and how it is measured"
+
+
 @app.command()
 def prepare(
     profile: str = typer.Option("cpu", help="h100, cpu or smoke"),
     data: str = typer.Option(
         None, help="builtin, a base URL of parquet shards, or a directory of .txt/.md files (default: the profile's)"
     ),
+    task: str = typer.Option("training", help=TASK_HELP),
 ) -> None:
-    """Prepare the data and tokenizer for a profile (a second call does no work)."""
+    """Prepare the data and tokenizer for a profile, or a task's fixed inputs (a second call does no work)."""
     from runner.data import DataMissing
     from runner.download import DownloadError
     from runner.prepare import prepare as do_prepare
     from runner.profiles import get_profile
+    from runner.tasks import DEFAULT_TASK
+    from runner.tasks.run import prepare_task
 
     try:
         get_profile(profile)
+        if task != DEFAULT_TASK:
+            if data is not None:
+                raise ValueError(f"--data is training's: the {task} task prepares its own inputs")
+            fingerprint = prepare_task(task, profile, progress=True)
+            console.print(f"{task}: the {profile} profile's inputs are ready (fingerprint {fingerprint})")
+            return
         prepared = do_prepare(profile, data, progress=True)
     except (ValueError, DataMissing, DownloadError, OSError, RuntimeError) as error:
         console.print(f"[red]error:[/] {error}")
@@ -52,10 +65,10 @@ def prepare(
     )
 
 
-@app.command()
-def train(
+def run(
     profile: str = typer.Option("cpu", help="h100, cpu or smoke"),
-    asset: Path = typer.Option(Path("train.py"), help="the train.py to run"),
+    asset: Path = typer.Option(None, help="the asset to run (default: the task's, train.py for training)"),
+    task: str = typer.Option("training", help=TASK_HELP),
     data: str = typer.Option(None, help="data source (default: the profile's)"),
     out: Path = typer.Option(None, help="run directory (default: runs/<profile>-<time>)"),
     seed: int = typer.Option(0),
@@ -65,24 +78,28 @@ def train(
     ),
     no_sandbox: bool = typer.Option(False, "--no-sandbox", help="run without bubblewrap (marked unsandboxed)"),
 ) -> None:
-    """Run one time-boxed training run exactly as the bot's runners do: train.py in a sandbox, the
-    model scored by a separate process. Exit code 0 when it was measured, 1 otherwise."""
+    """Run the asset once, measured exactly as the bot's runners do: train.py trained in a sandbox and
+    its model scored by a separate process, or another task's asset gated and measured by its
+    evaluator. Exit code 0 when it was measured, 1 otherwise."""
     import time
 
     from runner.isolated import run_job
     from runner.profiles import get_profile
     from runner.protocol import JobSpec
+    from runner.tasks import get_task
 
     try:
         get_profile(profile)
+        spec = get_task(task)
     except ValueError as error:
         console.print(f"[red]error:[/] {error}")
         raise typer.Exit(2) from None
+    asset = asset or Path(spec.asset)
     if not asset.is_file():
         console.print(f"[red]error:[/] {asset} does not exist")
         raise typer.Exit(2)
     out = (out or Path("runs") / f"{profile}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
-    job = JobSpec(run_id=0, asset=asset.read_text(encoding="utf-8"), profile=profile, seed=seed)
+    job = JobSpec(task=task, run_id=0, asset=asset.read_text(encoding="utf-8"), profile=profile, seed=seed)
     stream = sys.stderr if as_json else sys.stdout
     result = run_job(
         job,
@@ -99,7 +116,14 @@ def train(
             raise typer.Exit(1)
         return
     print(result.summary_block(), flush=True)  # the reference's block: `grep "^val_bpb:" run.log` reads the score
-    if result.status == "ok":
+    if result.status == "ok" and task != "training":
+        console.print(
+            f"{spec.metric.name} {spec.metric.format(result.value or 0.0)} {spec.metric.unit}, "
+            f"{spec.metric.direction} is better  (measured outside the asset by the {task} evaluator in "
+            f"{result.timings.evaluation:.1f}s; {'sandboxed' if result.sandboxed else '[yellow]NOT sandboxed[/]'})"
+        )
+        console.print(f"result: {out / 'result.json'}")
+    elif result.status == "ok":
         timings = result.timings
         console.print(
             f"val_bpb {result.val_bpb:.6f}  (scored outside the sandbox: training {timings.training:.1f}s "
@@ -113,6 +137,10 @@ def train(
         raise typer.Exit(1)
 
 
+app.command("run")(run)
+app.command("train", help="The same as `autoresearch run` (its name before tasks).")(run)
+
+
 @app.command()
 def demo(
     workdir: Path = typer.Option(DEFAULT_WORKDIR, help="where the research repo, store and runs live"),
@@ -122,6 +150,7 @@ def demo(
         help="total experiments for this work directory (0: program.md's max_experiments, where 0 means no limit)",
     ),
     profile: str = typer.Option("cpu", help="cpu (about 40 s a run) or smoke (a few seconds)"),
+    task: str = typer.Option("training", help=TASK_HELP + " (another than training needs --agent scripted or claude)"),
     slots: int = typer.Option(1, min=1, help="runs in parallel"),
     seed: int = typer.Option(0, help="seed of the offline explorer"),
     data: str = typer.Option(None, help="data source (default: the profile's)"),
@@ -142,7 +171,7 @@ def demo(
     import git
 
     from bot.agent.choice import make_agent
-    from bot.app.demo import DemoOptions, WorkdirBusy, check_workdir, run_demo
+    from bot.app.demo import DemoOptions, WorkdirBusy, check_agent_for_task, check_workdir, run_demo
     from bot.core.protocols import AgentError, ForgeError
     from bot.loop.conductor import ConductorError
     from bot.loop.program import SettingsError
@@ -153,6 +182,7 @@ def demo(
 
     try:  # mistakes in the arguments are reported before anything is created
         get_profile(profile)
+        check_agent_for_task(agent, task)
         check_workdir(workdir)
         make_agent(agent, script=agent_script, seed=seed)  # a missing key or file, say
     except (ValueError, OSError, AgentError) as error:
@@ -172,6 +202,7 @@ def demo(
                 agent_script=agent_script,
                 budget_usd=budget,
                 dashboard_port=None if no_dashboard else dashboard_port,
+                task=task,
             ),
             console,
         )

@@ -2,7 +2,8 @@
 
 `autoresearch demo` builds (or reopens) a work directory
 
-    <workdir>/repo/        the research repository (main holds the best measured train.py)
+    <workdir>/repo/        the research repository (main holds the best measured train.py, or the
+                           asset of the task it runs: `--task`, runner.tasks)
     <workdir>/state.db     the store
     <workdir>/runs/<id>/   one directory per training run (train.py, log.txt, result.json)
     <workdir>/results.tsv  the reference's results table
@@ -10,13 +11,19 @@
 
 and drives the conductor over it (bot.loop.driver) with a live display in a terminal, and one printed
 line per event either way (so `make demo > file`, CI and nohup show progress). A work directory
-measures one profile. Running it again resumes; `autoresearch steer/pause/resume` reach it while it
-runs, through the store's inbox.
+measures one profile and one task. Running it again resumes; `autoresearch steer/pause/resume`
+reach it while it runs, through the store's inbox.
+
+A task other than training starts from the starter files in its evaluator's package directory (its
+asset and program.md, e.g. runner/tasks/ticket_routing/router.py), prepares that task's inputs and
+pins its identity (runner.tasks.run). The offline explorer tunes train.py's constants only, so such a
+task needs the scripted agent or Claude (`check_agent_for_task`).
 """
 
 from __future__ import annotations
 
 import fcntl
+import importlib.util
 import logging
 import os
 import time
@@ -24,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+import git
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
@@ -33,6 +41,7 @@ from bot.forge.local import init_research_repo
 from bot.loop import measurement
 from bot.loop.conductor import Conductor, ConductorConfig, Summary
 from bot.loop.driver import Driver
+from bot.loop.program import SettingsError, parse_program
 from bot.runners.local import LocalRunner
 from bot.store import Store
 from bot.views import results
@@ -41,6 +50,8 @@ from bot.views.terminal import render_live_progress
 from runner.identity import measurement_identity
 from runner.prepare import prepare
 from runner.profiles import get_profile
+from runner.tasks import DEFAULT_TASK, get_task
+from runner.tasks.run import prepare_task, task_identity
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 SEED_FILES = ("train.py", "program.md")
@@ -59,10 +70,14 @@ class DemoOptions:
     agent_script: Path | None = None
     budget_usd: float | None = None  # overrides AUTORESEARCH_ANTHROPIC_BUDGET_USD
     dashboard_port: int | None = 8090  # None: no dashboard; a taken port: any free one
+    task: str = DEFAULT_TASK  # runner.tasks: what the research repository's main holds and the loop measures
 
 
-def seed_files() -> dict[str, str]:
-    """The train.py and program.md a new research repository starts from."""
+def seed_files(task: str = DEFAULT_TASK) -> dict[str, str]:
+    """The asset (train.py for training) and program.md a new research repository starts from: the
+    project's own for training, the starter files beside the task's evaluator for another task."""
+    if task != DEFAULT_TASK:
+        return _starter_files(task)
     missing = [name for name in SEED_FILES if not (PROJECT_ROOT / name).exists()]
     if missing:
         raise FileNotFoundError(
@@ -70,6 +85,53 @@ def seed_files() -> dict[str, str]:
             "run autoresearch from a clone of the autoresearch-bot repository"
         )
     return {name: (PROJECT_ROOT / name).read_text(encoding="utf-8") for name in SEED_FILES}
+
+
+def _starter_files(task: str) -> dict[str, str]:
+    spec = importlib.util.find_spec(get_task(task).evaluator)
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError(f"the {task} task's evaluator {get_task(task).evaluator} is not installed")
+    root = Path(spec.origin).parent
+    names = (get_task(task).asset, "program.md")
+    missing = [name for name in names if not (root / name).is_file()]
+    if missing:
+        raise FileNotFoundError(f"the {task} task has no starter {', '.join(missing)} in {root}")
+    return {name: (root / name).read_text(encoding="utf-8") for name in names}
+
+
+EXPLORER_TASKS = (DEFAULT_TASK,)  # the tasks whose asset has constants the offline explorer tunes
+
+
+def check_agent_for_task(agent: str, task: str) -> None:
+    """Refuse, before anything is created, an agent that could propose nothing for the task."""
+    get_task(task)  # an unknown task names the choices
+    if agent == "explorer" and task not in EXPLORER_TASKS:
+        raise ValueError(
+            f"the offline explorer tunes train.py's constants and has nothing to tune in the {task} task's "
+            f"{get_task(task).asset}: use --agent scripted --agent-script FILE, or --agent claude"
+        )
+
+
+class WrongTask(ValueError):
+    """A work directory's repository holds another task than the one asked for."""
+
+
+def check_task(workdir: Path, task: str) -> None:
+    """A work directory's repository holds one task: refuse another before preparing anything for it.
+    The task is the one program.md on its main names (training when it names none)."""
+    try:
+        program_md = git.Repo(workdir / "repo").git.show("main:program.md")
+    except (git.InvalidGitRepositoryError, git.NoSuchPathError, git.GitCommandError):
+        return  # no repository yet, or no program.md on its main: the loop starts it or says what is wrong
+    try:
+        held = parse_program(program_md).settings.task
+    except SettingsError:
+        return  # the loop reports what is wrong with main's program.md, and keeps its task
+    if held != task:
+        raise WrongTask(
+            f"the research repository in {workdir} holds the {held} task (its program.md says so), not {task}: "
+            f"use --task {held} here, or another --workdir for {task}"
+        )
 
 
 class WorkdirBusy(RuntimeError):
@@ -104,8 +166,11 @@ def check_workdir(workdir: Path) -> Path:
 
 def build_conductor(options: DemoOptions, console: Console | None = None) -> tuple[Conductor, Store, LocalRunner]:
     workdir = options.workdir
-    prepare(options.profile, options.data, progress=console is not None)
-    forge = init_research_repo(workdir / "repo", seed_files())
+    if options.task == DEFAULT_TASK:
+        prepare(options.profile, options.data, progress=console is not None)
+    else:
+        prepare_task(options.task, options.profile, progress=console is not None)
+    forge = init_research_repo(workdir / "repo", seed_files(options.task))
     store = Store(workdir / "state.db")
     runner = LocalRunner(workdir / "runs", slots=options.slots, data=options.data, warm=True)
     if console is not None:
@@ -117,7 +182,11 @@ def build_conductor(options: DemoOptions, console: Console | None = None) -> tup
             if usable
             else f"[bold yellow]WARNING: runs are NOT sandboxed[/] ({why}); train.py can read what you can read"
         )
-    identity = measurement_identity(options.profile, options.data, threads=runner.threads)
+    identity = (
+        measurement_identity(options.profile, options.data, threads=runner.threads)
+        if options.task == DEFAULT_TASK
+        else task_identity(options.task, options.profile)
+    )
     agent, budget = make_agent(options.agent, script=options.agent_script, seed=options.seed)
     config = ConductorConfig(
         profile=options.profile,
@@ -147,8 +216,10 @@ def check_profile(workdir: Path, profile: str) -> None:
 def run_demo(options: DemoOptions, console: Console | None = None) -> Summary:
     console = console or Console()
     get_profile(options.profile)  # an unknown profile is refused before anything is created
+    check_agent_for_task(options.agent, options.task)
     options.workdir = check_workdir(options.workdir)
     check_profile(options.workdir, options.profile)
+    check_task(options.workdir, options.task)
     options.workdir.mkdir(parents=True, exist_ok=True)
     lock = lock_workdir(options.workdir)
     _log_to(options.workdir / "conductor.log")
@@ -162,7 +233,8 @@ def _run_locked(options: DemoOptions, console: Console) -> Summary:
     conductor, store, runner = build_conductor(options, console)
     budget = get_profile(options.profile).time_budget_s
     console.print(
-        f"[bold]autoresearch demo[/]: profile [cyan]{options.profile}[/] ({budget:.0f}s per run), "
+        f"[bold]autoresearch demo[/]: {'' if options.task == DEFAULT_TASK else f'task [cyan]{options.task}[/], '}"
+        f"profile [cyan]{options.profile}[/] ({budget:.0f}s per run), "
         f"{options.experiments} experiments, {options.slots} slot(s), work directory {options.workdir}"
     )
     started = time.time()

@@ -30,12 +30,11 @@ from bot.core.records import code_hash
 from bot.core.states import RunState, State, Status
 from bot.loop import measurement
 from bot.loop.judge import Noise, main_runs_wanted
-from bot.loop.program import LoopSettings, SettingsError, parse_program
+from bot.loop.program import LoopSettings, SettingsError, loop_task, parse_program
 from bot.store import Store
 
 log = logging.getLogger(__name__)
 
-ASSET = "train.py"
 PROGRAM = "program.md"
 MAX_BASELINE_CRASHES = 2  # crashes of main's own train.py before the loop asks for a human
 
@@ -56,6 +55,7 @@ class Baseline:
         self.store = store
         self.forge = forge
         self.identity = identity  # the pinned measurement identity: only runs under it count
+        self.task = loop_task(identity)  # what main holds and the loop measures: train.py, or another task's asset
         self.profile = profile
         self.main: Main | None = None  # main as last read: read() reads its files again only for a new sha
         self.blocked = ""  # why main cannot be measured ('' while it can): a human must fix main
@@ -75,7 +75,7 @@ class Baseline:
         """Main now: its sha from the forge, its files only when the sha is new."""
         sha = self.forge.main_sha()
         if self.main is None or self.main.sha != sha:
-            text = self.forge.read_file(sha, ASSET)
+            text = self.forge.read_file(sha, self.task.asset)
             try:
                 program_md = self.forge.read_file(sha, PROGRAM)
             except FileNotFoundError:
@@ -89,7 +89,7 @@ class Baseline:
         """program.md's instructions and settings; an invalid front matter keeps the last valid
         settings (stored, so a restart keeps them too) and records the error once per commit."""
         try:
-            program = parse_program(text)
+            program = parse_program(text, task=self.task.name)
         except SettingsError as error:
             kept = self.store.state.program_settings
             settings = LoopSettings.model_validate_json(kept) if kept else LoopSettings()
@@ -107,7 +107,7 @@ class Baseline:
     def code_at(self, sha: str) -> str:
         """The code_hash of train.py at commit `sha`."""
         if sha not in self._code_at:
-            self._code_at[sha] = code_hash(self.forge.read_file(sha, ASSET))
+            self._code_at[sha] = code_hash(self.forge.read_file(sha, self.task.asset))
         return self._code_at[sha]
 
     # --- what the runs measured ------------------------------------------------------------------

@@ -35,7 +35,7 @@ from bot.core.protocols import Forge, MainMoved, MergeConflict
 from bot.core.records import code_hash
 from bot.core.states import Request, RunState, State, Status
 from bot.loop import measurement
-from bot.loop.baseline import ASSET, Baseline, Main
+from bot.loop.baseline import Baseline, Main
 from bot.loop.judge import decide, judge_config
 from bot.loop.runs import Runs
 from bot.store import Experiment, Run, Store
@@ -228,7 +228,7 @@ class Lifecycle:
         head = self.forge.create_branch(
             exp.branch,
             exp.base_sha,
-            {ASSET: exp.asset},
+            {self.baseline.task.asset: exp.asset},
             f"{exp.title}\n\n{exp.hypothesis}\n\nautoresearch-experiment: {exp.id}",
         )
         return self.store.experiments.update(
@@ -344,7 +344,7 @@ class Lifecycle:
             measured_on=exp.base_sha,
             current_main=exp.base_sha,
             config=judge_config(main.settings),
-            simpler=simplicity.simplification(self.forge.read_file(exp.base_sha, ASSET), exp.asset)
+            simpler=simplicity.simplification(self.forge.read_file(exp.base_sha, self.baseline.task.asset), exp.asset)
             if exp.asset
             else None,
         )
@@ -364,7 +364,7 @@ class Lifecycle:
     def _follow_main(self, exp: Experiment, main_sha: str) -> Experiment:
         """Move the branch onto a main whose train.py is the one it was measured against: its runs
         still count, since the judge compares train.py, not the commit around it."""
-        head = self.forge.rebase_branch(exp.branch, main_sha, ASSET)
+        head = self.forge.rebase_branch(exp.branch, main_sha, self.baseline.task.asset)
         return self.store.experiments.update(
             exp.id, base_sha=main_sha, head_sha=head, event=f"followed main to {main_sha[:7]} (train.py unchanged)"
         )
@@ -373,7 +373,7 @@ class Lifecycle:
         if self.baseline.code_at(exp.base_sha) == main.code_hash:
             return self.store.experiments.update(self._follow_main(exp, main.sha).id, state=State.MEASURING)
         try:
-            head = self.forge.rebase_branch(exp.branch, main.sha, ASSET)
+            head = self.forge.rebase_branch(exp.branch, main.sha, self.baseline.task.asset)
         except MergeConflict as error:
             return self.store.experiments.update(
                 exp.id,
@@ -384,7 +384,7 @@ class Lifecycle:
                 reason=f"its change to train.py conflicts with main {main.sha[:7]}: {error}",
                 event="conflict",
             )
-        text = self.forge.read_file(head, ASSET)
+        text = self.forge.read_file(head, self.baseline.task.asset)
         if code_hash(text) == main.code_hash:
             return self.store.experiments.update(
                 exp.id,

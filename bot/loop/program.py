@@ -29,12 +29,13 @@ a repository holds one task, and its measurements never compare with another's.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from runner.tasks import DEFAULT_TASK, TASKS
+from runner.tasks import DEFAULT_TASK, TASKS, Task, get_task
 
 
 class LoopSettings(BaseModel):
@@ -79,6 +80,12 @@ class SettingsError(ValueError):
 class Program:
     settings: LoopSettings
     instructions: str  # program.md without its front matter
+
+
+def loop_task(identity: Mapping[str, str]) -> Task:
+    """The task a loop runs: the one its measurement identity names (training when it names none,
+    as every identity pinned before tasks)."""
+    return get_task(identity.get("task", DEFAULT_TASK))
 
 
 def parse_program(text: str, *, task: str | None = None) -> Program:

@@ -74,7 +74,8 @@ class Runs:
         on_main = [r for r in queued if r.base_sha == main.sha or self.baseline.code_at(r.base_sha) == main.code_hash]
         for run in on_main[:free]:
             try:
-                handle = self.runner.submit(_job(run))  # idempotent by run id: safe before the write
+                # idempotent by run id: safe before the write
+                handle = self.runner.submit(_job(run, self.baseline.task.name))
             except Exception as error:  # noqa: BLE001 - one run the runner refuses must not hold up the rest
                 self.report(f"starting run {run.id}", error)
                 continue
@@ -94,7 +95,7 @@ class Runs:
                 continue
             self.progress.pop(run.id, None)
             if status.state == "unknown":  # written as started, never submitted: submit it now
-                self.store.runs.mark_started(run.id, self.runner.submit(_job(run)))
+                self.store.runs.mark_started(run.id, self.runner.submit(_job(run, self.baseline.task.name)))
             elif status.state == "lost":
                 self._lost(run, status.detail or "the runner lost it", main, charge=status.result)
             else:
@@ -198,8 +199,9 @@ class Runs:
                 self.store.runs.set_aside(run.id, RunState.CANCELLED, why, rerun=False)
 
 
-def _job(run: Run) -> Job:
+def _job(run: Run, task: str) -> Job:
     return Job(
+        task=task,
         run_id=run.id,
         asset=run.asset,
         profile=run.profile,

@@ -12,6 +12,10 @@ An evaluator that raises is a crash of the machine, not of the asset, and says s
 
 The run directory gets log.txt (what the asset printed, then the summary block with the metric's
 name) and result.json, as a training run's does.
+
+`prepare_task` and `task_identity` are a task's runner.prepare.prepare and
+runner.identity.measurement_identity: its fixed inputs made once, and the identity a loop pins
+(profile, the task's harness hash, the inputs' fingerprint, and the task, which training's has not).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 from runner import files, run_log, sandbox
 from runner.data import DataMissing
@@ -88,6 +93,27 @@ def run_task_job(
     return result
 
 
+def evaluator_of(task: str) -> ModuleType:
+    """The module that prepares and evaluates `task` (runner.tasks); ValueError for an unknown task."""
+    return importlib.import_module(get_task(task).evaluator)
+
+
+def prepare_task(task: str, profile: str, *, progress: bool = False) -> str:
+    """Make the task's fixed inputs for `profile` (a second call does no work); their fingerprint."""
+    return evaluator_of(task).prepare(profile, progress=progress)
+
+
+def task_identity(task: str, profile: str) -> dict[str, str]:
+    """The measurement identity of a loop of `task` under `profile`. Raises DataMissing when the
+    inputs are not prepared."""
+    return {
+        "profile": profile,
+        "harness_hash": harness_hash(task),
+        "data_fingerprint": evaluator_of(task).fingerprint(profile),
+        "task": task,
+    }
+
+
 def _evaluate(job: JobSpec, workdir: Path) -> tuple[Evaluation, str]:
     """The evaluator's Evaluation of the job's asset, and the prepared inputs' fingerprint ("" when
     the run never got to them)."""
@@ -99,7 +125,7 @@ def _evaluate(job: JobSpec, workdir: Path) -> tuple[Evaluation, str]:
         ), ""
     fingerprint = ""
     try:
-        evaluator = importlib.import_module(task.evaluator)
+        evaluator = evaluator_of(task.name)
         fingerprint = evaluator.fingerprint(job.profile)
         return evaluator.evaluate(job.asset, job.profile, job.seed, workdir), fingerprint
     except DataMissing as error:

@@ -1,0 +1,105 @@
+"""The `autoresearch` command on a task other than training (the word-count task of
+tests/fake_task): prepare --task, run --task (and its old name, train), demo --task."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import fake_task
+import pytest
+from typer.testing import CliRunner
+
+from bot.app.cli import app
+from bot.app.demo import seed_files
+
+cli = CliRunner()
+STARTER = (Path(fake_task.__file__).parent / "words.txt").read_text()
+
+
+def said(result) -> str:
+    return " ".join(result.output.split())
+
+
+@pytest.fixture
+def word_count(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    return fake_task.register(monkeypatch, tmp_path / "cache")
+
+
+def test_prepare_a_task_makes_its_inputs_once(word_count) -> None:
+    first = cli.invoke(app, ["prepare", "--task", "word-count", "--profile", "smoke"])
+    assert first.exit_code == 0, first.output
+    assert f"fingerprint {fake_task.fingerprint('smoke')}" in said(first)
+    assert cli.invoke(app, ["prepare", "--task", "word-count", "--profile", "smoke"]).exit_code == 0
+
+
+def test_prepare_an_unknown_task_names_the_choices() -> None:
+    result = cli.invoke(app, ["prepare", "--task", "sorting", "--profile", "smoke"])
+    assert result.exit_code == 2 and "unknown task 'sorting'" in said(result) and "training" in said(result)
+
+
+@pytest.mark.parametrize("command", ["run", "train"])
+def test_run_measures_a_tasks_asset_once(word_count, tmp_path: Path, command: str) -> None:
+    fake_task.prepare("smoke")
+    asset = tmp_path / "words.txt"
+    asset.write_text("one two three four\n")
+    out = tmp_path / "run"
+    args = [command, "--task", "word-count", "--profile", "smoke", "--asset", str(asset), "--out", str(out)]
+    result = cli.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "words: 4.000000" in said(result)
+    assert "words 4.0 words, lower is better" in said(result) and "sandboxed" in said(result)
+    assert json.loads((out / "result.json").read_text())["value"] == 4.0
+
+
+def test_run_of_a_rejected_asset_says_why_and_fails(word_count, tmp_path: Path) -> None:
+    fake_task.prepare("smoke")
+    asset = tmp_path / "words.txt"
+    asset.write_text("REJECT\n")
+    args = ["run", "--task", "word-count", "--profile", "smoke", "--asset", str(asset), "--out", str(tmp_path / "r")]
+    result = cli.invoke(app, args)
+    assert result.exit_code == 1 and "rejected: the asset says REJECT" in said(result)
+
+
+def test_run_without_prepared_inputs_says_which_prepare_to_run(word_count, tmp_path: Path) -> None:
+    asset = tmp_path / "words.txt"
+    asset.write_text("one\n")
+    args = ["run", "--task", "word-count", "--profile", "smoke", "--asset", str(asset), "--out", str(tmp_path / "r")]
+    result = cli.invoke(app, [*args, "--json"])
+    assert result.exit_code == 1
+    assert "autoresearch prepare --task word-count --profile smoke" in json.loads(result.stdout)["error"]
+
+
+def test_run_defaults_to_the_tasks_asset(word_count, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    result = cli.invoke(app, ["run", "--task", "word-count", "--profile", "smoke"])
+    assert result.exit_code == 2 and "words.txt does not exist" in said(result)
+
+
+def test_a_task_seeds_the_research_repository_from_its_starter_files(word_count) -> None:
+    files = seed_files("word-count")
+    assert files["words.txt"] == STARTER
+    assert "task: word-count" in files["program.md"]
+
+
+def test_demo_of_a_task_with_the_offline_explorer_is_refused_before_anything_is_made(
+    word_count, tmp_path: Path
+) -> None:
+    work = tmp_path / "demo"
+    result = cli.invoke(app, ["demo", "--task", "word-count", "--workdir", str(work), "--profile", "smoke"])
+    assert result.exit_code == 2 and "has nothing to tune" in said(result) and "--agent scripted" in said(result)
+    assert not work.exists()
+
+
+def test_demo_of_another_task_in_a_work_directory_is_refused(word_count, tmp_path: Path) -> None:
+    """A work directory's repository holds one task: the one its main's program.md names."""
+    from bot.forge.local import init_research_repo
+
+    work = tmp_path / "demo"
+    init_research_repo(work / "repo", seed_files("word-count"))
+    script = tmp_path / "proposals.jsonl"
+    script.write_text("")
+    args = ["demo", "--workdir", str(work), "--profile", "smoke", "--agent", "scripted", "--agent-script", str(script)]
+    result = cli.invoke(app, args)
+    assert result.exit_code == 1
+    assert "holds the word-count task" in said(result) and "use --task word-count here" in said(result)
