@@ -11,7 +11,7 @@ router sandboxed with the training split only, gives it the hold-out's texts a b
 gates every answer (a known queue for every ticket) and computes the accuracy itself.
 
 Profiles: "smoke" is a vendored sample (360 tickets, 12 queues) and a 60 s time box; "cpu" is the
-whole set (13,083 tickets, 77 queues) and a 300 s box. Each run's split comes from its seed, so the
+whole set (13,072 distinct tickets, 77 queues) and a 300 s box. Each run's split comes from its seed, so the
 metric of repeated runs of one router spreads as the choice of hold-out moves it (tickets.py).
 
 Accuracy, not macro-F1: BANKING77's queues are nearly balanced, accuracy is the figure its
