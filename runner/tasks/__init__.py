@@ -7,12 +7,17 @@ language model (`train.py`, val_bpb, lower is better) is one task and the defaul
 registered in `TASKS` beside it.
 
 Training keeps its own path, runner.isolated (train in one sandbox, score in another); every other
-task's evaluator module (`Task.evaluator`, imported only when a run needs it) offers two functions:
+task's evaluator module (`Task.evaluator`, imported only when a run needs it) offers three functions:
 
     prepare(profile: str, *, progress: bool = False) -> str
         Make the task's fixed inputs (a generated database, a downloaded labelled set) once,
         deterministically, in the cache (runner.data.cache_dir()); later calls find them and do
         no work. Returns their fingerprint (a sha256 the results carry, as training's data does).
+
+    fingerprint(profile: str) -> str
+        The prepared inputs' fingerprint, doing no work: what a run's result and the loop's pinned
+        identity carry. Raises runner.data.DataMissing, naming `autoresearch prepare --task T
+        --profile P`, when they are not prepared (or not whole).
 
     evaluate(asset: str, profile: str, seed: int, workdir: Path) -> Evaluation
         Measure one asset text under one profile. The asset never reports its own number: a
