@@ -212,10 +212,13 @@ def _command(workdir: Path, box: Path, seed: int, *, sandboxed: bool) -> _Comman
     if not sandboxed:
         return _Command(argv, env, box)
     wrapped = sandbox.wrap(argv, sandbox.Sandbox(read=[box], env=env, cwd=box))
-    # Every sandbox sees the runner package, and in it the vendored sample, whose labels are the
-    # smoke profile's hold-out's: an empty directory covers it (after wrap's own options).
+    # Every sandbox sees the runner package (at its resolved path), and in it the vendored sample,
+    # whose labels are the smoke profile's hold-out's: an empty directory covers it (after wrap's
+    # own options, so that it lies over the package's mount).
     end = wrapped.index("--")
-    return _Command(wrapped[:end] + ["--ro-bind", str(workdir / "empty"), str(SAMPLE_DIR)] + wrapped[end:], env, box)
+    return _Command(
+        wrapped[:end] + ["--ro-bind", str(workdir / "empty"), str(SAMPLE_DIR.resolve())] + wrapped[end:], env, box
+    )
 
 
 class _Host:
