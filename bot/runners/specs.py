@@ -7,15 +7,20 @@ it ran. A timed-out or rejected run is recorded as a crash of its train.py, with
 from outside (`lost`: not its code, not its limits) is a lost run (`finished_status`), carrying
 the crash it would be charged as if that keeps happening (the conductor decides).
 
-The name val_bpb ends here for the number (runner.protocol): `RunResult.val_bpb`, and the store's
-column, hold the result's `value`, the task's metric (val_bpb for training), as measured; which way
-is better is the task's metric's direction (runner.tasks.Metric).
+This is the in-edge of the task's metric (runner.tasks.Metric): `run_result` is the one place a
+result's number becomes `RunResult.val_bpb`, and it stores `Metric.loss(value)`, the metric on the
+scale where lower is better (the metric itself, or its negation for a higher-is-better one such as
+accuracy). So the store's column, measurement, the baseline, the schedule and the judge minimise one
+number whatever the task, and training's val_bpb goes in unchanged. The name val_bpb stays inside
+(the record's field, the store's column); what people read is converted back at the out-edge, the
+read model (bot.views.read_model).
 """
 
 from __future__ import annotations
 
 from bot.core.records import Job, RunResult, RunStatus
 from runner.protocol import JobSpec, ResultRefused, ResultSpec, check_result
+from runner.tasks import get_task
 
 _ERROR_PREFIX = {"crash": "", "timeout": "timed out: ", "rejected": "rejected: ", "lost": ""}
 
@@ -36,7 +41,8 @@ def job_spec(job: Job, *, repository: str = "") -> JobSpec:
 
 def run_result(spec: ResultSpec) -> RunResult:
     """The conductor's record of a result. The identity it was measured under (asset, harness,
-    data, profile, seed) goes into the metrics, where the conductor checks it against the job."""
+    data, profile, seed) goes into the metrics, where the conductor checks it against the job. An ok
+    result's value is recorded as its task's loss (the module docstring's in-edge)."""
     metrics = dict(
         spec.metrics,
         outcome=spec.status,
@@ -50,7 +56,8 @@ def run_result(spec: ResultSpec) -> RunResult:
         timings=spec.timings.model_dump(),
     )
     if spec.status == "ok":
-        return RunResult(run_id=spec.run_id, status="ok", val_bpb=spec.value, metrics=metrics, log_tail=spec.log_tail)
+        loss = get_task(spec.task).metric.loss(spec.value)  # ResultSpec: an ok result carries its value
+        return RunResult(run_id=spec.run_id, status="ok", val_bpb=loss, metrics=metrics, log_tail=spec.log_tail)
     return RunResult(
         run_id=spec.run_id,
         status="crash",

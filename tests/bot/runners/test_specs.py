@@ -1,8 +1,10 @@
 """The bot's side of the protocol for tasks: a job carries its task to the runner, and a task's
-result comes back with its value where the conductor reads a run's number (RunResult.val_bpb)."""
+result comes back with its value, as its loss, where the conductor reads a run's number
+(RunResult.val_bpb)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import fake_task
@@ -11,6 +13,7 @@ import pytest
 from bot.core.records import Job
 from bot.runners.specs import checked_result, job_spec
 from runner.profiles import harness_hash
+from runner.tasks import TASKS, Metric
 from runner.tasks.run import run_task_job
 
 
@@ -29,3 +32,14 @@ def test_a_task_job_and_its_result_carry_the_task_and_its_value(
     result = checked_result(spec, run_task_job(spec, tmp_path / "run"), harness=harness_hash("word-count"))
     assert (result.status, result.val_bpb) == ("ok", 4.0)
     assert result.metrics["data_fingerprint"] == fake_task.fingerprint("smoke")
+
+
+def test_a_higher_is_better_value_is_recorded_as_its_loss(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The in-edge: the store and the judge minimise, so a metric where higher is better goes in
+    negated (and training's val_bpb, lower is better, as it is)."""
+    task = fake_task.register(monkeypatch, tmp_path / "cache")
+    monkeypatch.setitem(TASKS, task.name, replace(task, metric=Metric("words", "words", "higher", digits=1)))
+    fake_task.prepare("smoke")
+    spec = job_spec(Job(run_id=3, asset="a b c\n", profile="smoke", seed=1, task="word-count"))
+    result = checked_result(spec, run_task_job(spec, tmp_path / "run"), harness=harness_hash("word-count"))
+    assert (result.status, result.val_bpb) == ("ok", -3.0)
