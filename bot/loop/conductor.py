@@ -213,10 +213,10 @@ class Conductor:
             return self.proposals.stopped
         if target and self.store.experiments.count() >= target and not self.store.experiments.in_state(State.PROPOSING):
             return f"reached {target} experiments"
-        if settings.target_val_bpb is not None:
+        if settings.metric_target is not None:
             value = measurement.main_value(self.baseline.values(), main.code_hash)
-            if value is not None and value <= settings.target_val_bpb:
-                return f"main reached the target val_bpb {settings.target_val_bpb}"
+            if value is not None and settings.reached_target(value):
+                return f"main reached the target {settings.metric.name} {settings.metric_target}"
         if settings.paused:
             return "paused in program.md"
         if self.store.state.paused:

@@ -7,7 +7,9 @@ program.md may start with a YAML block between two `---` lines holding an `autor
       task: training           # what is edited and measured (runner.tasks): training, query-latency,
                                # ticket-routing; one per repository, fixed when its loop first starts
       max_experiments: 50      # stop proposing after this many experiments (0: no limit)
-      target_val_bpb: 0.95     # stop once main reaches this val_bpb or lower
+      target_val_bpb: 0.95     # training: stop once main reaches this val_bpb or lower
+      target: 0.9              # any task: stop once main reaches this, in the metric's units, or
+                               # is past it in the metric's direction (one of the two targets)
       first_baseline_runs: 6   # measurements of the first main: the noise estimate starts here
       baseline_runs: 2         # measurements of every later main (after a keep)
       noise_sigmas: 2.5        # a single run must beat main by this many standard errors (Student-t)
@@ -35,7 +37,7 @@ from dataclasses import dataclass
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from runner.tasks import DEFAULT_TASK, TASKS, Task, get_task
+from runner.tasks import DEFAULT_TASK, TASKS, Metric, Task, get_task
 
 
 class LoopSettings(BaseModel):
@@ -43,7 +45,8 @@ class LoopSettings(BaseModel):
 
     task: str = DEFAULT_TASK
     max_experiments: int = Field(0, ge=0)
-    target_val_bpb: float | None = Field(None, gt=0)
+    target_val_bpb: float | None = Field(None, gt=0)  # training's target, under its metric's name
+    target: float | None = None  # any task's target, in its metric's units
     first_baseline_runs: int = Field(6, ge=1, le=50)
     baseline_runs: int = Field(2, ge=1, le=20)
     noise_sigmas: float = Field(2.5, ge=0)
@@ -60,6 +63,37 @@ class LoopSettings(BaseModel):
         if task not in TASKS:
             raise ValueError(f"unknown task {task!r}: choose one of {', '.join(sorted(TASKS))}")
         return task
+
+    @model_validator(mode="after")
+    def _one_target(self) -> LoopSettings:
+        if self.target is not None and self.target_val_bpb is not None:
+            raise ValueError(
+                "target and target_val_bpb both set a target: keep one (target is in the metric's units, "
+                "target_val_bpb is training's val_bpb)"
+            )
+        if self.target_val_bpb is not None and self.task != DEFAULT_TASK:
+            metric = self.metric
+            raise ValueError(
+                f"target_val_bpb is the training task's target; for the {self.task} task write "
+                f"`target: {self.target_val_bpb}` in {metric.name}'s units ({metric.unit}, {metric.direction} is better)"
+            )
+        return self
+
+    @property
+    def metric(self) -> Metric:
+        """The task's metric: its name, unit and direction (runner.tasks)."""
+        return get_task(self.task).metric
+
+    @property
+    def metric_target(self) -> float | None:
+        """The target in the task's metric's units: `target`, or training's `target_val_bpb`."""
+        return self.target if self.target is not None else self.target_val_bpb
+
+    def reached_target(self, main_loss: float) -> bool:
+        """Whether main, measured at `main_loss` (the judge's scale, runner.tasks.Metric.loss), is at
+        the target or past it in the metric's direction; never without a target."""
+        target = self.metric_target
+        return target is not None and main_loss <= self.metric.loss(target)
 
     @model_validator(mode="after")
     def _noise_must_be_measurable(self) -> LoopSettings:

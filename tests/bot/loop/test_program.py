@@ -15,6 +15,7 @@ DEFAULTS = dict(
     task="training",
     max_experiments=0,
     target_val_bpb=None,
+    target=None,
     first_baseline_runs=6,
     baseline_runs=2,
     noise_sigmas=2.5,
@@ -91,6 +92,7 @@ def test_full_block_is_parsed_and_the_body_follows():
         task="training",
         max_experiments=50,
         target_val_bpb=0.95,
+        target=None,
         first_baseline_runs=4,
         baseline_runs=3,
         noise_sigmas=1.5,
@@ -290,3 +292,35 @@ def test_a_program_md_naming_another_task_than_the_loops_is_refused():
     with pytest.raises(SettingsError, match="names the task 'training'"):
         parse_program(front("autoresearch:\n  paused: true\n"), task="ticket-routing")
     assert parse_program(text, task="ticket-routing").settings.task == "ticket-routing"
+
+
+# --- the target -----------------------------------------------------------------------------------
+
+
+def test_a_target_is_reached_at_or_past_it_in_the_metrics_direction():
+    """The loop compares main's loss (the judge's scale) with the target converted to it."""
+    accuracy = parse_program(front("autoresearch:\n  task: ticket-routing\n  target: 0.9\n")).settings
+    assert accuracy.metric_target == 0.9
+    assert accuracy.reached_target(-0.9) and accuracy.reached_target(-0.95) and not accuracy.reached_target(-0.85)
+    latency = parse_program(front("autoresearch:\n  task: query-latency\n  target: 12.5\n")).settings
+    assert latency.reached_target(12.5) and latency.reached_target(3.0) and not latency.reached_target(13.0)
+
+
+def test_training_reaches_either_target_in_val_bpb():
+    for key in ("target_val_bpb", "target"):
+        settings = parse_program(front(f"autoresearch:\n  {key}: 0.95\n")).settings
+        assert settings.metric_target == 0.95
+        assert settings.reached_target(0.95) and not settings.reached_target(0.96)
+    assert not LoopSettings().reached_target(0.0)
+
+
+def test_both_targets_at_once_are_refused():
+    with pytest.raises(SettingsError, match="target and target_val_bpb both set a target: keep one"):
+        parse_program(front("autoresearch:\n  target: 0.9\n  target_val_bpb: 0.9\n"))
+
+
+def test_target_val_bpb_for_another_task_names_the_target_to_write():
+    with pytest.raises(SettingsError) as info:
+        parse_program(front("autoresearch:\n  task: ticket-routing\n  target_val_bpb: 0.9\n"))
+    assert "for the ticket-routing task write `target: 0.9` in accuracy's units" in str(info.value)
+    assert "higher is better" in str(info.value)
