@@ -170,7 +170,7 @@ class Proposals:
         self.stopped = ""  # why the agent is asked nothing more: it gave up, was refused too often, or spent its budget
         self._pending: _Pending | None = None
         self._history = _History(store)
-        # code -> validation.normal_hash of an experiment's train.py: a history of a thousand is read
+        # code -> validation.normal_hash of an experiment's asset: a history of a thousand is read
         # and parsed once, not at every proposal
         self._normal: dict[str, str | None] = {}
 
@@ -290,11 +290,14 @@ class Proposals:
             earlier = self.store.experiments.by_code(digest)
             return f"it repeats experiment {earlier.id} ({earlier.title!r})" if earlier else "it repeats an earlier run"
         earlier = [(exp_id, title, self._normal_hash(code, exp_id)) for exp_id, title, code in self._history.codes()]
-        return validation.problem(proposal.title, proposal.asset, main_asset=main.asset, earlier=earlier)
+        return validation.problem(
+            proposal.title, proposal.asset, main_asset=main.asset, earlier=earlier, task=self.baseline.task.name
+        )
 
     def _normal_hash(self, code: str, exp_id: int) -> str | None:
         if code not in self._normal:
-            self._normal[code] = validation.normal_hash(self.store.experiments.get(exp_id).asset or "")
+            asset = self.store.experiments.get(exp_id).asset or ""
+            self._normal[code] = validation.normal_hash(asset, self.baseline.task.name)
         return self._normal[code]
 
     def context(self, main: Main) -> ProposalContext:
