@@ -13,7 +13,8 @@ feed the noise but never main's value. A run of main set aside as an outlier, or
 main's runs drift (measurement.main_runs), no longer counts, so `schedule()`, which queues the runs
 main still needs, measures main again; what it noticed is recorded as an event ("outlier",
 "drift"), once per main and process. The values and what is computed from them (the pooled
-noise, each main's runs) are read once per change: after a run finished. A train.py on
+noise, each main's runs, each experiment's differences from main under the same seeds and the
+paired noise they pool to) are read once per change: after a run finished. A train.py on
 main that crashes MAX_BASELINE_CRASHES times in a row, or whose runs cannot be measured at all,
 blocks the loop until a human commits a new one. Once a kept experiment's new main has its fresh
 baseline, the experiment gets its re-measured delta (the unselected one to quote).
@@ -66,8 +67,11 @@ class Baseline:
         # the values that count, read again only after a run finished, so an idle tick reads no history;
         # what is computed from them (the pooled noise, each main's values) is kept beside them until then
         self._values: list[tuple[str, int | None, str, float]] | None = None
+        self._seeded: list[tuple[int, str, str | None]] = []  # (seed, base_sha, params_fingerprint) beside each value
         self._noise: tuple[Noise | None] | None = None  # a 1-tuple once computed: None is a valid answer
         self._main_runs: dict[str, measurement.MainRuns] = {}
+        self._pairs: dict[tuple[int, str], list[float]] | None = None
+        self._paired_noise: tuple[Noise | None] | None = None
         self._noted: set[tuple[str, str]] = set()  # (code_hash, what was noticed) already recorded as an event
 
     # --- main ------------------------------------------------------------------------------------
@@ -116,12 +120,14 @@ class Baseline:
         measurement.counted would pick, selected by the store's query."""
         if self._values is None:
             ident = self.identity
-            self._values = self.store.runs.measured_values(
+            runs = self.store.runs.measured_runs(
                 profile=ident["profile"],
                 harness_hash=ident["harness_hash"],
                 data_fingerprint=ident["data_fingerprint"],
                 threads=measurement.pinned_threads(ident),
             )
+            self._values = [run[:4] for run in runs]
+            self._seeded = [run[4:] for run in runs]
         return self._values
 
     def run_finished(self) -> None:
@@ -130,6 +136,8 @@ class Baseline:
         self._values = None
         self._noise = None
         self._main_runs = {}
+        self._pairs = None
+        self._paired_noise = None
 
     def main_runs(self, code_hash: str) -> measurement.MainRuns:
         """Main's own runs for the train.py whose hash is `code_hash` as the judge reads them
@@ -147,6 +155,24 @@ class Baseline:
         if self._noise is None:
             self._noise = (measurement.noise(self.values()),)
         return self._noise[0]
+
+    def pairs(self) -> dict[tuple[int, str], list[float]]:
+        """Each experiment's runs minus main's under the same seeds, by (experiment, code_hash)
+        (measurement.paired_differences), computed once per change of the values."""
+        if self._pairs is None:
+            values, seeded = self.values(), self._seeded
+            mains = {sha: v[0] for v, (_, sha, _) in zip(values, seeded, strict=True) if v[2] == "baseline"}
+            for (_, experiment, _, _), (_, sha, params) in zip(values, seeded, strict=True):
+                if experiment is not None and params is not None and sha not in mains:
+                    mains[sha] = self.code_at(sha)  # main moved without a new train.py: no baseline run there
+            self._pairs = measurement.paired_differences(values, seeded, mains, self.main_runs)
+        return self._pairs
+
+    def paired_noise(self) -> Noise | None:
+        """The paired noise (measurement.paired_noise), computed once per change of the values."""
+        if self._paired_noise is None:
+            self._paired_noise = (measurement.paired_noise(self.pairs()),)
+        return self._paired_noise[0]
 
     # --- main's own runs -------------------------------------------------------------------------
     def schedule(self, main: Main) -> None:

@@ -11,7 +11,9 @@ keep anyway), then every active experiment as far as it goes without waiting:
                beside its confirmation), then the judge (bot.loop.judge) decides from the numbers
                alone: keep, discard, crash, one confirmation run more, or a re-measure on a newer
                main; a change that makes train.py smaller (bot.core.simplicity) may be kept for
-               simplicity. Measured on a main that has moved on since, a change that came out no
+               simplicity; one that keeps main's parameters is also compared with main seed for
+               seed (its confirmation then queues main's run under its seed when main lacks
+               it). Measured on a main that has moved on since, a change that came out no
                better than that main is discarded there; one that improved on it is re-measured
     rebasing   re-graft its change onto the new main and queue a re-measure (or follow a main whose
                train.py did not change: its runs still count)
@@ -36,7 +38,7 @@ from bot.core.records import code_hash
 from bot.core.states import Request, RunState, State, Status
 from bot.loop import measurement
 from bot.loop.baseline import Baseline, Main
-from bot.loop.judge import decide, judge_config
+from bot.loop.judge import Pairs, decide, judge_config
 from bot.loop.runs import Runs
 from bot.store import Experiment, Run, Store
 
@@ -284,6 +286,7 @@ class Lifecycle:
             if lost is not None:
                 return lost
         simpler = simplicity.simplification(main.asset, exp.asset) if exp.asset else None
+        differences = self.baseline.pairs().get((exp.id, exp.code_hash), []) if exp.code_hash else []
         decision = decide(
             candidate=candidate,
             crash=(crash.error or "crashed") if crash else None,
@@ -293,6 +296,7 @@ class Lifecycle:
             current_main=main.sha,
             config=judge_config(main.settings),
             simpler=simpler,
+            pairs=Pairs(differences, self.baseline.paired_noise()) if differences else None,
         )
         if decision.action == "wait":
             return None
@@ -305,6 +309,10 @@ class Lifecycle:
         if decision.action == "confirm":  # main's runs beside it first: its verdict waits for them
             for _ in range(decision.extra_main_runs):
                 self.baseline.queue_run(main, f"beside the confirmation of experiment {exp.id}")
+            if differences:  # it pairs with main: main runs under the confirmation's seed too
+                seed = self.store.runs.next_seed(exp.id, exp.code_hash)
+                while self.store.runs.next_seed(None, main.code_hash) <= seed:
+                    self.baseline.queue_run(main, f"under seed {seed}, paired with experiment {exp.id}'s next run")
             self.runs.queue(exp, "confirm", decision.reason)
             return None
         if decision.action == "remeasure":

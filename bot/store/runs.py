@@ -259,39 +259,31 @@ class Runs:
         self, *, profile: str, harness_hash: str, data_fingerprint: str, threads: int | None = None
     ) -> list[tuple[str, int | None, str, float]]:
         """(code_hash, experiment_id, purpose, val_bpb) of every ok run under one identity (and, for
-        CPU-clock runs, one thread count when `threads` is given), in run order.
+        CPU-clock runs, one thread count when `threads` is given), in run order: the first four of
+        `measured_runs`."""
+        runs = self.measured_runs(
+            profile=profile, harness_hash=harness_hash, data_fingerprint=data_fingerprint, threads=threads
+        )
+        return [run[:4] for run in runs]
 
-        The values bot.loop.measurement.counted gives of every run: this query must match its rule
+    def measured_runs(
+        self, *, profile: str, harness_hash: str, data_fingerprint: str, threads: int | None = None
+    ) -> list[tuple[str, int | None, str, float, int, str, str | None]]:
+        """(code_hash, experiment_id, purpose, val_bpb, seed, base_sha, params_fingerprint) of every ok
+        run under one identity (and, for CPU-clock runs, one thread count when `threads` is given), in
+        run order. The fingerprint of its model's parameters' names, shapes and dtypes is the
+        scorer's (runner.score), None for a run whose runner reported none: seed, main and
+        fingerprint pair a candidate's run with main's (bot.loop.measurement.paired_differences).
+
+        The runs bot.loop.measurement.counted picks of every run: this query must match its rule
         (tests/bot/loop/test_measurement.py pins the two equal). The conductor asks again after each
         run it records, and reading whole runs (their logs among them) to apply the rule costs ten times this."""
-        rows = self._measured(
-            "code_hash, experiment_id, purpose, val_bpb", profile, harness_hash, data_fingerprint, threads
-        )
-        return [(r[0], r[1], r[2], r[3]) for r in rows]
-
-    def measured_seeds(
-        self, *, profile: str, harness_hash: str, data_fingerprint: str, threads: int | None = None
-    ) -> list[tuple[int, str, str | None]]:
-        """(seed, base_sha, params_fingerprint) of the runs measured_values gives, in the same order:
-        what pairs a candidate's run with main's (bot.loop.measurement.paired_differences). The
-        fingerprint of its parameters' names, shapes and dtypes is the scorer's (runner.score), None
-        for a run whose runner did not report one."""
-        rows = self._measured(
-            "seed, base_sha, json_extract(metrics, '$.params_fingerprint')",
-            profile,
-            harness_hash,
-            data_fingerprint,
-            threads,
-        )
-        return [(r[0], r[1], r[2] if isinstance(r[2], str) else None) for r in rows]
-
-    def _measured(
-        self, columns: str, profile: str, harness_hash: str, data_fingerprint: str, threads: int | None
-    ) -> sqlite3.Cursor:
-        return self.db.execute(
-            f"SELECT {columns} FROM runs WHERE state = 'done' AND status = 'ok'"
+        rows = self.db.execute(
+            "SELECT code_hash, experiment_id, purpose, val_bpb, seed, base_sha,"
+            " json_extract(metrics, '$.params_fingerprint') FROM runs WHERE state = 'done' AND status = 'ok'"
             " AND val_bpb IS NOT NULL AND profile = ? AND harness_hash = ? AND data_fingerprint = ?"
             " AND (? IS NULL OR json_extract(metrics, '$.clock') IS NOT 'cpu'"
             " OR json_extract(metrics, '$.threads') = ?) ORDER BY id",
             (profile, harness_hash, data_fingerprint, threads, threads),
         )
+        return [(r[0], r[1], r[2], r[3], r[4], r[5], r[6] if isinstance(r[6], str) else None) for r in rows]

@@ -122,3 +122,11 @@ def test_a_file_that_is_not_an_exported_model_is_refused(warm_scorer, tmp_path: 
     planted.write_bytes(b"not a zip at all")
     answer = warm_scorer.score(planted)
     assert "val_bpb" not in answer and "could not be loaded" in answer["rejected"]
+
+
+def test_train_pys_claims_cannot_carry_the_parameters_fingerprint() -> None:
+    """The supervisor keeps only CLAIMED_KEYS of what train.py says of itself; the fingerprint is the
+    scorer's alone."""
+    from runner.isolated import CLAIMED_KEYS
+
+    assert "params_fingerprint" not in CLAIMED_KEYS

@@ -209,6 +209,58 @@ def test_a_borderline_gain_gets_a_confirmation_and_one_more_run_of_main(tmp_path
     assert loop.summary().baseline_val_bpb == view_of(loop.store).baseline.val_bpb == exp.meta["main_val_bpb"]
 
 
+@pytest.mark.parametrize("same_parameters", [True, False], ids=["keeps main's parameters", "new parameters"])
+def test_a_change_that_keeps_mains_parameters_is_judged_seed_for_seed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, same_parameters: bool
+) -> None:
+    """Main's k-th run and the candidate's k-th run share seed k; the scorer's parameters' fingerprint,
+    carried in the result, pairs them. The change is 0.010 better than main seed for seed (main's runs
+    differ by seed far more): unpaired, two runs are discarded; paired, the confirmation asks for a
+    third seed, main runs under it, and three pairs keep it. Paired judging is allowed from one degree
+    of freedom here (the default asks for 4, which takes several experiments to gather)."""
+    from bot.loop import lifecycle
+    from bot.loop.judge import JudgeConfig
+
+    monkeypatch.setattr(lifecycle, "judge_config", lambda settings: JudgeConfig(paired_min_dof=1, confirm_main_runs=0))
+    main_by_seed = {1: 1.000, 2: 1.010, 3: 1.005}
+    change_by_seed = {1: 0.990, 2: 1.001, 3: 0.994}  # d = -0.010, -0.009, -0.011
+
+    def outcome(job):
+        change = "_fake_effect = (-0.01" in job.asset
+        value = (change_by_seed if change else main_by_seed)[job.seed]
+        return result_for(job, val_bpb=value, params_fingerprint="q" if change and not same_parameters else "p")
+
+    loop = make(
+        tmp_path,
+        ScriptedAgent([proposal(-0.01, "a schedule constant")]),
+        runner=FakeRunner(outcome=outcome),
+        experiments=1,
+    )
+    run_to_end(loop)
+    runs = [(r.purpose, r.seed) for r in loop.store.runs.all()]
+    exp = loop.store.experiments.all()[0]
+    assert loop.store.runs.get(3).metrics["params_fingerprint"] == ("p" if same_parameters else "q")
+    if same_parameters:
+        assert runs == [
+            ("baseline", 1),
+            ("baseline", 2),
+            ("candidate", 1),
+            ("confirm", 2),
+            ("baseline", 3),
+            ("confirm", 3),
+            ("baseline", 1),  # the new main, measured afresh: its seeds start again at 1
+            ("baseline", 2),
+        ]
+        assert exp.status == "keep" and exp.delta == pytest.approx(-0.010)
+        assert "paired on 3 seeds" in exp.reason
+        assert "under seed 3, paired with experiment 1's next run" in " ".join(
+            e["message"] for e in loop.store.events.all()
+        )
+    else:
+        assert runs == [("baseline", 1), ("baseline", 2), ("candidate", 1), ("confirm", 2)]
+        assert exp.status == "discard" and "paired" not in exp.reason
+
+
 def test_a_change_to_program_md_alone_does_not_remeasure(tmp_path: Path) -> None:
     runner = FakeRunner(auto=False)
     loop = make(tmp_path, ScriptedAgent([proposal(-0.1, "better")]), runner=runner, experiments=1)

@@ -217,12 +217,12 @@ def test_a_run_of_main_within_the_noise_or_better_than_the_rest_stays():
     """One-sided: a disturbance makes a run worse, so a better run is never set aside."""
     for last in (1.004, 0.990):
         values = baseline_values("A", [*FIVE, last])
-        assert measurement.main_runs(values, "A") == measurement.MainRuns([*FIVE, last], None, None)
+        assert measurement.main_runs(values, "A") == measurement.MainRuns([*FIVE, last], None, None, tuple(range(6)))
 
 
 def test_of_a_pair_of_main_that_disagrees_the_worse_run_is_set_aside():
     values = baseline_values("A", [*FIVE, 1.0]) + baseline_values("B", [0.990, 0.996])
-    assert measurement.main_runs(values, "B") == measurement.MainRuns([0.990], 0.996, None)
+    assert measurement.main_runs(values, "B") == measurement.MainRuns([0.990], 0.996, None, (6,))
     agreeing = baseline_values("A", [*FIVE, 1.0]) + baseline_values("B", [0.990, 0.991])
     assert measurement.main_values(agreeing, "B") == [0.990, 0.991]
 
@@ -286,3 +286,68 @@ def test_the_drift_test_is_calibrated_on_runs_without_drift():
         runs = list(zip(positions, draws.tolist(), strict=True))
         noticed += measurement.drift(runs, pooled_noise([draws.tolist()])) is not None
     assert 0.006 < noticed / 20000 < 0.015  # measured 1.09%
+
+
+# --- paired seeds --------------------------------------------------------------------------------
+M1, M2 = "1" * 40, "2" * 40  # main's commits: train.py A, then B after a keep
+
+
+def seeded_runs(*runs: tuple[str, int | None, str, float, int, str, str | None]):
+    """(values, seeded) as store.runs.measured_runs gives them, from (code, experiment, purpose,
+    val_bpb, seed, base_sha, params_fingerprint) rows."""
+    return [r[:4] for r in runs], [r[4:] for r in runs]
+
+
+def differences(values, seeded, mains=None):
+    return measurement.paired_differences(
+        values, seeded, mains or {M1: "A", M2: "B"}, lambda code: measurement.main_runs(values, code)
+    )
+
+
+def test_an_experiments_runs_pair_with_mains_runs_of_the_same_seed_and_fingerprint():
+    values, seeded = seeded_runs(
+        ("A", None, "baseline", 1.000, 1, M1, "p"),
+        ("A", None, "baseline", 1.010, 2, M1, "p"),
+        ("A", None, "baseline", 1.004, 3, M1, "p"),
+        ("E1", 1, "candidate", 0.997, 1, M1, "p"),
+        ("E1", 1, "confirm", 1.006, 2, M1, "p"),
+        ("E2", 2, "candidate", 0.990, 1, M1, "q"),  # new shapes: pairs with nothing
+        ("E3", 3, "candidate", 0.995, 1, M1, None),  # its runner reported no fingerprint
+    )
+    found = differences(values, seeded)
+    assert found == {(1, "E1"): [pytest.approx(-0.003), pytest.approx(-0.004)]}
+    assert measurement.paired_noise(found) == pooled_noise([found[(1, "E1")]])
+
+
+def test_a_change_re_measured_on_a_new_main_pairs_with_that_mains_runs():
+    values, seeded = seeded_runs(
+        ("A", None, "baseline", 1.000, 1, M1, "p"),
+        ("A", None, "baseline", 1.002, 2, M1, "p"),
+        ("B", None, "baseline", 0.990, 1, M2, "p"),
+        ("E1", 1, "candidate", 0.995, 1, M1, "p"),
+        ("E1+B", 1, "remeasure", 0.985, 1, M2, "p"),
+    )
+    assert differences(values, seeded) == {
+        (1, "E1"): [pytest.approx(-0.005)],
+        (1, "E1+B"): [pytest.approx(-0.005)],
+    }
+
+
+def test_a_seed_with_more_than_one_run_on_a_side_or_a_set_aside_run_of_main_pairs_with_nothing():
+    """Two runs under one seed (a store from before index seeds) would share one partner; a run of
+    main set aside as an outlier says more about the machine than about main."""
+    values, seeded = seeded_runs(
+        *[("A", None, "baseline", v, k + 1, M1, "p") for k, v in enumerate(FIVE)],
+        ("A", None, "baseline", 1.010, 6, M1, "p"),  # an outlier: set aside
+        ("E1", 1, "candidate", 0.999, 6, M1, "p"),
+        ("E1", 1, "candidate", 0.998, 2, M1, "p"),
+        ("E1", 1, "confirm", 0.997, 2, M1, "p"),
+    )
+    assert measurement.main_runs(values, "A").outlier == 1.010
+    assert differences(values, seeded) == {}
+
+
+def test_a_run_on_a_main_whose_train_py_is_not_known_pairs_with_nothing():
+    values, seeded = seeded_runs(("A", None, "baseline", 1.0, 1, M1, "p"), ("E1", 1, "candidate", 0.99, 1, M2, "p"))
+    assert differences(values, seeded, mains={M1: "A"}) == {}
+    assert differences(values, seeded, mains={M1: "A", M2: "A"}) == {(1, "E1"): [pytest.approx(-0.01)]}

@@ -1023,9 +1023,9 @@ def test_measured_values_only_ok_runs_under_one_identity(store: Store):
         ("main", None, "baseline", 1.0),
         ("code-1", exp.id, "candidate", 0.9),
     ]
-    assert store.runs.measured_seeds(profile="cpu", harness_hash="h1", data_fingerprint="d1") == [
-        (1, MAIN, None),  # main's first run; its runner reported no fingerprint
-        (1, MAIN, "f1"),  # the experiment's first run
+    assert store.runs.measured_runs(profile="cpu", harness_hash="h1", data_fingerprint="d1") == [
+        ("main", None, "baseline", 1.0, 1, MAIN, None),  # main's first run; its runner reported no fingerprint
+        ("code-1", exp.id, "candidate", 0.9, 1, MAIN, "f1"),  # the experiment's first run
     ]
     assert store.runs.measured_values(profile="gpu", harness_hash="h1", data_fingerprint="d1") == [
         ("main", None, "baseline", 1.7)
