@@ -17,6 +17,15 @@ sigma per run's time). Three ways of running them, on the same effects:
 - THE REFERENCE: karpathy/autoresearch's rule in the same model: one run, kept if lower than main
   at all; main measured once, afresh after each keep.
 
+PAIRED SEEDS (`--paired-seeds`): the real tick with a noise that a run's seed shares: each run's
+noise is sqrt(rho) z_seed + sqrt(1 - rho) z_run, z_seed shared by every run of one seed whose train.py
+keeps the same parameters (schedule_sim.SimRunner), for each `--rho`; `--reshaping` (0.5) of the
+changes change the model's parameters (their own z_seed, and a fingerprint of their own: they never
+pair), and `--decorrelated` (0) of them keep the parameters but share nothing under a seed (the
+attack on the paired pool: a change the fingerprint calls pairable whose differences spread like
+unpaired ones). Each loop runs twice on the same draws: pairing off (the runner reports no
+fingerprint, as before) and on (it does, as runner.score does).
+
 A keep is false when the change's true effect is not negative. "Experiment 1": P(keep) of a change
 with no effect, and of a true 3-sigma gain, when it is the loop's first experiment (probe loops,
 the first change forced, run until its verdict; the sequential model judges it beside the loop
@@ -29,6 +38,7 @@ old main's) minus the true effect.
 
     .venv/bin/python bench/decision_accuracy.py [--trajectories 100] [--sequential 4000] [--slots 1 4 16]
         [--noise gauss t3 outliers drift] [--effects mixed|sparse] [--experiments 100] [--seed 0] [--jobs N]
+        [--paired-seeds [--rho 0 0.5 0.9] [--reshaping 0.5] [--decorrelated 0]]
 """
 
 from __future__ import annotations
@@ -60,6 +70,7 @@ from bot.loop.judge import Decision, JudgeConfig, Noise, decide, main_runs_wante
 
 EARLY = 10  # "early in a loop": experiments 1-10
 GAIN = 3.0  # the gain whose P(keep) is reported, in sigma
+SMALL_GAIN = 2.0  # the gain pairing should keep as often as GAIN without it
 MAIN = "m" * 40  # the sequential model judges every run on the current main: no re-measures
 
 
@@ -84,6 +95,12 @@ class Tally:
     null_probes_kept: int = 0
     gain_probes: int = 0
     gain_probes_kept: int = 0
+    small_gains: int = 0  # true SMALL_GAIN-sigma changes after experiment 1...
+    small_gains_kept: int = 0
+    small_pairable: int = 0  # ...of them, those that keep main's parameters
+    small_pairable_kept: int = 0
+    paired_keeps: int = 0  # keeps the judge's paired rule made
+    paired_false_keeps: int = 0
     seconds: float = 0.0  # CPU seconds of the processes that ran it
 
     def add(self, other: Tally) -> None:
@@ -115,6 +132,20 @@ class Task:
     seed: int
     index: int
     probe: float | None = None
+    rho: float = 0.0  # paired seeds: the share of a run's noise its seed decides
+    fingerprints: bool = False  # pairing on: the runner reports the parameters' fingerprint
+    reshaping: float = 0.0  # share of changes that change the model's parameters
+    decorrelated: float = 0.0  # share that keep them but share nothing with main under a seed
+
+
+def change_kinds(task: Task) -> tuple[frozenset[int], frozenset[int]]:
+    """Which changes of the trajectory reshape the model and which keep its parameters but draw them
+    otherwise: the same for pairing on and off."""
+    draws = np.random.default_rng([task.seed, task.index, 3]).random(task.experiments)
+    reshapes = frozenset(int(i) for i in np.flatnonzero(draws < task.reshaping))
+    upper = task.reshaping + task.decorrelated
+    decorrelated = frozenset(int(i) for i in np.flatnonzero((draws >= task.reshaping) & (draws < upper)))
+    return reshapes, decorrelated
 
 
 def loop_effects(effects: Effects, experiments: int, seed: int, index: int) -> list[float]:
@@ -128,12 +159,17 @@ def run_task(task: Task) -> Tally:
     tally = Tally()
     if task.probe is not None:
         effects[0] = task.probe
+    reshapes, decorrelated = change_kinds(task)
     trajectory = schedule_sim.simulate(
         effects,
         slots=task.slots,
         noise=NOISE[task.noise],
         seed=(task.seed, task.index, 1 if task.probe is None else 2),
         until=None if task.probe is None else 1,
+        rho=task.rho,
+        fingerprints=task.fingerprints,
+        reshapes=reshapes,
+        decorrelated=decorrelated,
     )
     if task.probe is not None:
         kept = trajectory.experiments[0].status == "keep"
@@ -150,8 +186,15 @@ def run_task(task: Task) -> Tally:
             if index > 0 and exp.effect == -GAIN:
                 tally.gains += 1
                 tally.gains_kept += exp.status == "keep"
+            if index > 0 and exp.effect == -SMALL_GAIN:
+                tally.small_gains += 1
+                tally.small_gains_kept += exp.status == "keep"
+                tally.small_pairable += exp.keeps_parameters
+                tally.small_pairable_kept += exp.keeps_parameters and exp.status == "keep"
             if exp.status == "keep":
                 tally.count_keep(index, exp.effect, exp.delta)
+                tally.paired_keeps += exp.paired
+                tally.paired_false_keeps += exp.paired and exp.effect >= 0
                 if exp.remeasured_delta is not None:
                     tally.remeasured += 1
                     tally.remeasured_bias += exp.remeasured_delta - exp.effect
@@ -363,6 +406,74 @@ def machine() -> str:
     return f"{os.cpu_count()} cores {cpu}{memory}, Python {platform.python_version()}"
 
 
+PAIRED_HEAD = (
+    "| rho | pairing | loops | false keeps, % of keeps: exp 1-10 / all | null kept at exp 1 "
+    f"| P(keep) of a true {SMALL_GAIN:g}-sigma gain, later: all / keeping main's parameters "
+    f"| P(keep) of a true {GAIN:g}-sigma gain: exp 1 / later | runs per experiment | paired keeps (false) |"
+)
+
+
+def paired_row(rho: float, pairing: bool, t: Tally) -> str:
+    return (
+        f"| {rho:g} | {'on' if pairing else 'off'} | {t.trajectories} "
+        f"| {pct(ratio(t.early_false_keeps, t.early_keeps))} ({t.early_false_keeps}/{t.early_keeps}) / "
+        f"{pct(ratio(t.false_keeps, t.keeps))} ({t.false_keeps}/{t.keeps}) "
+        f"| {pct(ratio(t.null_probes_kept, t.null_probes))} "
+        f"| {pct(ratio(t.small_gains_kept, t.small_gains))} / {pct(ratio(t.small_pairable_kept, t.small_pairable))} "
+        f"| {pct(ratio(t.gain_probes_kept, t.gain_probes))} / {pct(ratio(t.gains_kept, t.gains))} "
+        f"| {ratio(t.runs, t.experiments):.3f} | {t.paired_keeps} ({t.paired_false_keeps}) |"
+    )
+
+
+def paired_seeds(args: argparse.Namespace) -> dict[tuple[str, int, float, bool], Tally]:
+    """(noise, slots, rho, pairing) -> what the real tick did, the same loops with pairing off and on."""
+    tasks = [
+        Task(
+            slots=slots,
+            noise=noise,
+            effects=args.effects,
+            experiments=args.experiments,
+            seed=args.seed,
+            index=index,
+            probe=probe,
+            rho=rho,
+            fingerprints=pairing,
+            reshaping=args.reshaping,
+            decorrelated=args.decorrelated,
+        )
+        for noise in args.noise
+        for slots in args.slots
+        for rho in args.rho
+        for pairing in (False, True)
+        for index in range(args.trajectories)
+        for probe in (None, 0.0, -GAIN)
+    ]
+    found: dict[tuple[str, int, float, bool], Tally] = {}
+    for task, outcome in zip(tasks, run_all(tasks, args.jobs), strict=True):
+        found.setdefault((task.noise, task.slots, task.rho, task.fingerprints), Tally()).add(outcome)
+    return found
+
+
+def paired_report(found: dict[tuple[str, int, float, bool], Tally], args: argparse.Namespace) -> str:
+    lines = []
+    for noise in args.noise:
+        for slots in args.slots:
+            lines += ["", f"Noise: {NOISE[noise].description}; {slots} slot(s).", "", PAIRED_HEAD]
+            lines.append("|" + "---|" * (PAIRED_HEAD.count("|") - 1))
+            for rho in args.rho:
+                for pairing in (False, True):
+                    lines.append(paired_row(rho, pairing, found[(noise, slots, rho, pairing)]))
+    return "\n".join(lines)
+
+
+def run_all(tasks: list[Task], jobs: int) -> list[Tally]:
+    """run_task over `tasks`, in `jobs` processes."""
+    if jobs <= 1:
+        return [run_task(task) for task in tasks]
+    with ProcessPoolExecutor(jobs) as pool:
+        return list(pool.map(run_task, tasks, chunksize=4))
+
+
 @dataclass
 class Results:
     real: dict[tuple[str, int], Tally] = field(default_factory=dict)  # (noise, slots) -> tally
@@ -372,18 +483,8 @@ class Results:
 def measure(args: argparse.Namespace) -> Results:
     results = Results()
     tasks = [task for noise in args.noise for slots in args.slots for task in real_tick(slots, noise, args)]
-    outcomes: Iterator[Tally]
-    if args.jobs > 1:
-        pool = ProcessPoolExecutor(args.jobs)
-        outcomes = pool.map(run_task, tasks, chunksize=4)
-    else:
-        pool, outcomes = None, map(run_task, tasks)
-    try:
-        for task, outcome in zip(tasks, outcomes, strict=True):
-            results.real.setdefault((task.noise, task.slots), Tally()).add(outcome)
-    finally:
-        if pool is not None:
-            pool.shutdown()
+    for task, outcome in zip(tasks, run_all(tasks, args.jobs), strict=True):
+        results.real.setdefault((task.noise, task.slots), Tally()).add(outcome)
     for noise in args.noise:
         for rule in (SEQUENTIAL, REFERENCE):
             results.sequential[(noise, rule.name)] = one_after_another(rule, NOISE[noise], args)
@@ -419,15 +520,30 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--experiments", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes for the real tick")
+    parser.add_argument("--paired-seeds", action="store_true", help="the paired-seeds table instead (see above)")
+    parser.add_argument("--rho", type=float, nargs="+", default=[0.0, 0.5, 0.9], help="seed shares of the noise")
+    parser.add_argument("--reshaping", type=float, default=0.5, help="share of changes of the model's parameters")
+    parser.add_argument("--decorrelated", type=float, default=0.0, help="share keeping them, drawn otherwise")
     args = parser.parse_args(argv)
     logging.getLogger("bot").setLevel(logging.ERROR)  # a failing phase stops the bench (schedule_sim)
     started = time.perf_counter()
-    results = measure(args)
-    elapsed = time.perf_counter() - started
     command = " ".join(
         shlex.quote(a)
         for a in [".venv/bin/python", "bench/decision_accuracy.py", *(sys.argv[1:] if argv is None else argv)]
     )
+    if args.paired_seeds:
+        found = paired_seeds(args)
+        print(f"Command: `{command}`  ")
+        print(
+            f"Date: {time.strftime('%Y-%m-%d')}; machine: {machine()}; {time.perf_counter() - started:.0f} s wall, "
+            f"{args.jobs} process(es); {args.reshaping:.0%} of changes reshape the model, "
+            f"{args.decorrelated:.0%} keep its parameters but share nothing under a seed. True effects "
+            f"({args.effects}): {EFFECTS[args.effects].description}."
+        )
+        print(paired_report(found, args))
+        return
+    results = measure(args)
+    elapsed = time.perf_counter() - started
     real_cpu = sum(t.seconds for t in results.real.values())
     per_loop = {
         slots: ratio(

@@ -7,13 +7,21 @@ lifecycle, runs, the judge), through one trajectory of a research loop, as fast 
 - the runner (`SimRunner`) has K slots; a run ends `budget` seconds after it started, times
   1 + U(0, `jitter`), and its val_bpb is main's true value plus the true effects its train.py
   carries, plus the drift of the measurement at its start, plus noise from a `NoiseModel`, drawn in
-  the order the conductor starts runs;
+  the order the conductor starts runs. With a seed share `rho`, that noise is
+  sqrt(rho) z_seed + sqrt(1 - rho) z_run: z_seed is drawn once per run seed and per model (what the
+  seed decides: the initial weights), shared by every run of that seed whose train.py has the same
+  parameters and draws them the same way; with `fingerprints` the runner reports the parameters'
+  fingerprint as the scorer does (runner.score), so the judge may pair runs by seed;
 - the agent (`EffectAgent`) proposes main's train.py with one line added, `_effect_<n> = <x>`,
   whose x is the change's true effect (the runner reads these lines), each at its own place so
   that a change made on an older main re-grafts cleanly onto a newer one; a simplification (the
   changes the caller names) deletes the spare code main's first train.py holds at its place and
   writes its effect line there instead, so train.py gets smaller as bot.core.simplicity counts it
-  and the judge's simplicity rule applies (without simplifications train.py has no spare code);
+  and the judge's simplicity rule applies (without simplifications train.py has no spare code); a
+  change among `reshapes` writes `_reshape_<n> = <x>` (it changes the model's parameters: a new
+  fingerprint and new initial weights under every seed), one among `decorrelated` writes
+  `_decor_<n> = <x>` (it keeps the parameters but draws them otherwise: the same fingerprint, new
+  initial weights);
 - the agent answers at once: the conductor asks it on its real thread (bot.loop.agent_worker),
   and the driver waits for the answer and ticks again, as the real driver does when woken;
 - a tick happens after every answer and at every run's end, as the real driver's wakes make it;
@@ -36,6 +44,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -50,7 +59,20 @@ BASE_VAL_BPB = 1.0
 BUDGET_S = 300.0  # a run, in simulated seconds (the h100 profile's budget)
 IDENTITY = {"profile": "h100", "harness_hash": "sim-harness", "data_fingerprint": "sim-data"}
 SPOTS = 128  # places in train.py where a change adds its line; more than the experiments ever in flight
-EFFECT_LINE = re.compile(r"^_effect_\d+ = ([-+0-9.e]+)$", re.M)
+EFFECT_LINE = re.compile(r"^_(?:effect|reshape|decor)_\d+ = ([-+0-9.e]+)$", re.M)
+RESHAPE_LINE = re.compile(r"^_reshape_\d+", re.M)  # a change of the model's parameters
+DECOR_LINE = re.compile(r"^_decor_\d+", re.M)  # the same parameters, drawn otherwise under a seed
+
+
+def params_fingerprint(asset: str) -> str:
+    """What the scorer would report of a simulated train.py: main's first parameters, plus each
+    change of them it holds."""
+    return "params:" + ",".join(sorted(RESHAPE_LINE.findall(asset)))
+
+
+def initial_weights(asset: str) -> str:
+    """What a run's seed decides of a simulated train.py: its parameters and how they are drawn."""
+    return params_fingerprint(asset) + "|" + ",".join(sorted(DECOR_LINE.findall(asset)))
 
 
 def spare_code(place: int) -> str:
@@ -189,8 +211,14 @@ class SimRunner:
         *,
         budget_s: float = BUDGET_S,
         jitter: float = 0.02,
+        rho: float = 0.0,
+        fingerprints: bool = False,
     ) -> None:
         self.slots = slots
+        self.rho = rho
+        self.fingerprints = fingerprints
+        self.seed_draws: dict[tuple[str, int], float] = {}  # (initial weights, seed) -> z_seed
+        self.seed_rng = rng.spawn(1)[0]  # apart from the runs' draws, which it leaves as they were
         self.clock = clock
         self.rng = rng
         self.noise = noise
@@ -220,7 +248,13 @@ class SimRunner:
                 self.level += self.noise.drift * math.sqrt(elapsed) * float(self.rng.standard_normal())
                 self._level_at = now
             effects = sum(float(x) for x in EFFECT_LINE.findall(job.asset))
-            value = BASE_VAL_BPB + SIGMA * (effects + self.level + self.noise.draw(self.rng))
+            noise = self.noise.draw(self.rng)
+            if self.rho:
+                weights = (initial_weights(job.asset), job.seed)
+                if weights not in self.seed_draws:
+                    self.seed_draws[weights] = float(self.seed_rng.standard_normal())
+                noise = math.sqrt(self.rho) * self.seed_draws[weights] + math.sqrt(1 - self.rho) * noise
+            value = BASE_VAL_BPB + SIGMA * (effects + self.level + noise)
             end = now + self.budget_s * (1.0 + self.jitter * float(self.rng.random()))
             self.jobs[job.run_id] = SimJob(job, now, end, value)
         return f"sim://{job.run_id}"
@@ -231,7 +265,7 @@ class SimRunner:
             return RunStatus("unknown")
         if self.clock() < sim.end:
             return RunStatus("running", progress={"progress": (self.clock() - sim.start) / (sim.end - sim.start)})
-        return RunStatus("finished", result=result_for(sim.job, sim.value))
+        return RunStatus("finished", result=result_for(sim.job, sim.value, fingerprint=self.fingerprints))
 
     def cancel(self, run_id: int) -> None:
         if run_id in self.jobs:
@@ -245,8 +279,10 @@ class SimRunner:
         return min(ends) if ends else None
 
 
-def result_for(job: Job, value: float) -> RunResult:
+def result_for(job: Job, value: float, *, fingerprint: bool = False) -> RunResult:
     metrics = dict(IDENTITY, asset_sha256=job.asset_sha256, val_bpb=value, num_steps=1000, clock="cuda", seed=job.seed)
+    if fingerprint:
+        metrics["params_fingerprint"] = params_fingerprint(job.asset)
     return RunResult(run_id=job.run_id, status="ok", val_bpb=value, metrics=metrics, log_tail="simulated")
 
 
@@ -256,9 +292,17 @@ class EffectAgent:
     same place. A simplification (its position in `simplifications`) instead writes its effect line
     in place of the spare code at its place: train.py gets a line and 2-3 code tokens smaller."""
 
-    def __init__(self, effects: list[float], simplifications: frozenset[int] = frozenset()) -> None:
+    def __init__(
+        self,
+        effects: list[float],
+        simplifications: frozenset[int] = frozenset(),
+        reshapes: frozenset[int] = frozenset(),
+        decorrelated: frozenset[int] = frozenset(),
+    ) -> None:
         self.effects = effects
         self.simplifications = simplifications
+        self.reshapes = reshapes
+        self.decorrelated = decorrelated
         self.asked = 0
 
     def propose(self, ctx: ProposalContext) -> Proposal:
@@ -266,7 +310,8 @@ class EffectAgent:
         if n >= len(self.effects):
             raise AgentStopped("no more changes")
         self.asked += 1
-        line = f"_effect_{n + 1} = {self.effects[n]!r}\n"
+        kind = "reshape" if n in self.reshapes else "decor" if n in self.decorrelated else "effect"
+        line = f"_{kind}_{n + 1} = {self.effects[n]!r}\n"
         if n in self.simplifications:
             spare = spare_code(n % SPOTS)
             if spare not in ctx.asset:
@@ -300,6 +345,8 @@ class SimExperiment:
     remeasured_delta: float | None  # in sigma
     simpler: bool = False  # proposed as a simplification: it deletes code
     kept_for_simplicity: bool = False  # kept by the judge's simplicity rule, not as a gain
+    keeps_parameters: bool = True  # its train.py keeps main's parameters (not among `reshapes`)
+    paired: bool = False  # its verdict was the judge's paired rule's
 
 
 @dataclass
@@ -325,15 +372,21 @@ def simulate(
     jitter: float = 0.02,
     simplifications: frozenset[int] = frozenset(),
     settings: dict[str, object] | None = None,
+    rho: float = 0.0,
+    fingerprints: bool = False,
+    reshapes: frozenset[int] = frozenset(),
+    decorrelated: frozenset[int] = frozenset(),
 ) -> Trajectory:
     """One loop of len(effects) experiments whose true effects (sigma) are `effects`, in proposal
-    order; the changes at the (0-based) positions in `simplifications` delete code. `settings`: more
+    order; the changes at the (0-based) positions in `simplifications` delete code, those in
+    `reshapes` change the model's parameters, those in `decorrelated` keep them but draw them
+    otherwise (see SimRunner for `rho` and `fingerprints`). `settings`: more
     of program.md's front matter (simplicity_sigmas...). `until`: stop once that experiment has its
     verdict (the probes of experiment 1). `cheap=False` runs the local git forge and a store file in
     `workdir` (a temporary one if None)."""
     if simplifications and len(effects) > SPOTS:
         raise ValueError(f"simplifications need a place of their own: at most {SPOTS} experiments, not {len(effects)}")
-    agent = EffectAgent(effects, simplifications)
+    agent = EffectAgent(effects, simplifications, reshapes, decorrelated)
     with tempfile.TemporaryDirectory(prefix="schedule-sim-") as tmp:
         work = workdir or Path(tmp)
         files = {
@@ -350,7 +403,8 @@ def simulate(
 
             forge, store = init_research_repo(work / "repo", files), Store(work / "state.db")
         try:
-            return _drive(forge, store, agent, slots, noise, seed, lookahead, until, jitter)
+            runner_options = dict(jitter=jitter, rho=rho, fingerprints=fingerprints)
+            return _drive(forge, store, agent, slots, noise, seed, lookahead, until, runner_options)
         finally:
             store.close()
 
@@ -364,10 +418,10 @@ def _drive(
     seed: int | tuple[int, ...],
     lookahead: int | None,
     until: int | None,
-    jitter: float,
+    runner_options: dict[str, Any],
 ) -> Trajectory:
     clock = SimClock()
-    runner = SimRunner(slots, clock, np.random.default_rng(seed), noise, jitter=jitter)
+    runner = SimRunner(slots, clock, np.random.default_rng(seed), noise, **runner_options)
     config = ConductorConfig(profile=IDENTITY["profile"], identity=dict(IDENTITY), lookahead=lookahead)
     conductor = Conductor(store, forge, runner, agent, config, clock=clock)
     answered = threading.Event()
@@ -434,6 +488,8 @@ def _experiments(store: Store, agent: EffectAgent) -> list[SimExperiment]:
                 remeasured_delta=None if exp.remeasured_delta is None else exp.remeasured_delta / SIGMA,
                 simpler=n - 1 in agent.simplifications,
                 kept_for_simplicity=exp.status == "keep" and "kept_for_simplicity" in exp.meta,
+                keeps_parameters=n - 1 not in agent.reshapes,
+                paired="seed for seed" in (exp.reason or ""),
             )
         )
     return found

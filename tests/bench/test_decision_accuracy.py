@@ -42,3 +42,28 @@ def test_the_report_has_a_table_per_noise_and_the_targets() -> None:
     assert "| the real tick, 2 slots | 1 |" in text
     assert "| one run after another | 5 |" in text
     assert "- t3, 2 slot(s):" in text
+
+
+def test_paired_seeds_run_the_same_loops_with_pairing_off_and_on() -> None:
+    """Off, the runner reports no fingerprint and nothing is judged paired; on, at a seed share of 0.9,
+    the changes that keep main's parameters give the judge pairs. Each (rho, pairing) counts its loops."""
+    options = args(trajectories=2, slots=[1], noise=["gauss"], experiments=40, rho=[0.0, 0.9])
+    options.reshaping, options.decorrelated = 0.5, 0.0
+
+    found = bench.paired_seeds(options)
+
+    assert set(found) == {("gauss", 1, rho, pairing) for rho in (0.0, 0.9) for pairing in (False, True)}
+    for tally in found.values():
+        assert tally.trajectories == 2 and tally.experiments == 80 and tally.null_probes == 2
+        assert tally.small_pairable <= tally.small_gains and tally.paired_false_keeps <= tally.paired_keeps
+    assert found[("gauss", 1, 0.9, False)].paired_keeps == found[("gauss", 1, 0.0, False)].paired_keeps == 0
+    assert "| 0.9 | on | 2 |" in bench.paired_report(found, options)
+
+
+def test_change_kinds_split_the_changes_by_their_shares_the_same_way_for_both_pairings() -> None:
+    task = bench.Task(slots=1, noise="gauss", effects="mixed", experiments=1000, seed=0, index=3, reshaping=0.5)
+    reshapes, decorrelated = bench.change_kinds(task)
+    assert 400 < len(reshapes) < 600 and not decorrelated
+    other = bench.Task(**{**task.__dict__, "fingerprints": True, "decorrelated": 0.2})
+    again, drawn_otherwise = bench.change_kinds(other)
+    assert again == reshapes and 150 < len(drawn_otherwise) < 250 and not again & drawn_otherwise

@@ -3,13 +3,16 @@ memory, SQLite in memory) must change nothing the conductor does: the same short
 local git forge and a store file start the same runs in the same order at the same simulated
 times, give the same verdicts with the same deltas, and spend the same runs on a main that moved.
 Its simplifications make train.py smaller as the judge counts it, re-graft onto a moved main and
-carry their true effect to the runner."""
+carry their true effect to the runner. A run's seed shares its noise with the runs of that seed
+whose train.py draws the same initial weights."""
 
 from __future__ import annotations
 
 import benches
+import numpy as np
 import pytest
 
+from bot.core.records import Job
 from bot.core.simplicity import simplification
 from bot.forge.merge import merge_text
 
@@ -87,3 +90,24 @@ def test_each_simplification_carries_its_effect_and_the_simplicity_setting_reach
     assert loss.simpler and loss.delta is not None and 30.0 < loss.delta < 50.0
     (null_off,) = off.experiments
     assert null_off.simpler and not null_off.kept_for_simplicity
+
+
+def test_a_seed_share_makes_runs_of_one_seed_agree_unless_the_change_draws_other_weights() -> None:
+    """rho 1: a run's noise is its seed's alone, so main's and a change's runs of one seed differ by the
+    change's effect exactly, unless the change reshapes the model (or draws its weights otherwise)."""
+    clock = sim.SimClock()
+    runner = sim.SimRunner(1, clock, np.random.default_rng(0), sim.NOISE["gauss"], rho=1.0, fingerprints=True)
+    main = sim.SIM_TRAIN_PY
+    kept = main.replace("# place 1\n", "# place 1\n_effect_1 = -2.0\n")
+    reshaped = main.replace("# place 2\n", "# place 2\n_reshape_2 = -2.0\n")
+    drawn_otherwise = main.replace("# place 3\n", "# place 3\n_decor_3 = -2.0\n")
+    values = {}
+    for run_id, (asset, seed) in enumerate([(main, 1), (kept, 1), (reshaped, 1), (drawn_otherwise, 1), (main, 2)]):
+        runner.submit(Job(run_id=run_id, asset=asset, profile="h100", seed=seed, commit="c"))
+        values[run_id] = runner.jobs[run_id].value
+    assert values[1] - values[0] == pytest.approx(-2.0 * sim.SIGMA)
+    assert values[2] - values[0] != pytest.approx(-2.0 * sim.SIGMA)
+    assert values[3] - values[0] != pytest.approx(-2.0 * sim.SIGMA)
+    assert values[4] != pytest.approx(values[0])  # another seed, other weights
+    fingerprints = [sim.params_fingerprint(a) for a in (main, kept, reshaped, drawn_otherwise)]
+    assert fingerprints[0] == fingerprints[1] == fingerprints[3] != fingerprints[2]
