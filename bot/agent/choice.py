@@ -67,7 +67,7 @@ def make_agent(kind: str, *, script: Path | None = None, seed: int = 0) -> tuple
         if script is None or not script.is_file():
             raise AgentStopped(
                 f"the scripted agent needs its proposals file (JSON lines of title, hypothesis, "
-                f"train_py); {script or 'none'} is not a file"
+                f"asset); {script or 'none'} is not a file"
             )
         return ScriptedAgent.from_jsonl(script), None
     if kind == "claude":

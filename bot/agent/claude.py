@@ -1,15 +1,16 @@
 """The Claude agent: one proposal is one tool-use session with Claude over an in-memory workspace.
 
-Claude gets the system prompt and the context (bot.agent.prompt), edits /repo/train.py with
-Anthropic's text editor tool and ends with `submit` (bot.agent.editor). The final train.py, with the
+Claude gets the system prompt and the context (bot.agent.prompt), edits the task's asset
+(/repo/train.py for training, /repo/router.py, /repo/query.sql: `ProposalContext.task`) with
+Anthropic's text editor tool and ends with `submit` (bot.agent.editor). The final asset, with the
 title and hypothesis it submitted, is the `Proposal`.
 
 What can go wrong, and what it becomes:
-- A bad tool call (bad arguments, an unknown file, a write outside train.py, an edit that does not
-  apply) is answered with an error and Claude may retry; a second failure of the same kind in a
+- A bad tool call (bad arguments, an unknown file, a write outside the asset, an edit that does
+  not apply) is answered with an error and Claude may retry; a second failure of the same kind in a
   row skips the proposal. A submit that is unchanged from main, does not compile, is too large, no
-  longer uses the harness, or repeats an earlier experiment is explained once per kind, then
-  skipped. Ending a turn without submit gets one reminder, a reply cut off at max_tokens one
+  longer uses the harness (train.py), fails its task's static check (another asset), or repeats an
+  earlier experiment is explained once per kind, then skipped. Ending a turn without submit gets one reminder, a reply cut off at max_tokens one
   warning; the last turn within the turn or token limit is announced, and going past it skips.
   A refusal, or a request the API rejects as invalid, skips at once.
   Skipping raises `ProposalSkipped`, a failure of this one proposal with its reason and cost.
@@ -20,7 +21,7 @@ What can go wrong, and what it becomes:
 Each is an AgentError (bot.core.protocols) whose `meta` holds what the session cost so far.
 
 Prompt caching: breakpoints on the last tool, on the system prompt, on the context's stable block
-(program.md and main's train.py) and one that moves to the newest user content each turn, so that
+(program.md and main's asset) and one that moves to the newest user content each turn, so that
 every turn reads the conversation so far from the cache and pays only for what is new.
 """
 
@@ -38,17 +39,18 @@ from bot.agent import pricing
 from bot.agent.editor import (
     BAD_CALL,
     EDITOR_NAMES,
-    SUBMIT_TOOL,
     Submission,
     ToolResult,
     Workspace,
     check_asset,
     editor_tool,
     parse_submit,
+    submit_tool,
 )
 from bot.agent.prompt import EPHEMERAL, context_blocks, system_prompt
 from bot.core.protocols import AgentError, AgentStopped
 from bot.core.records import Proposal, ProposalContext, code_hash
+from runner.tasks import get_task
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +90,7 @@ class ClaudeUnavailable(AgentError):
 
 
 class ClaudeAgent:
-    """Proposes experiments by letting Claude edit train.py (implements bot.agent.Agent)."""
+    """Proposes experiments by letting Claude edit the task's asset (implements bot.agent.Agent)."""
 
     def __init__(
         self, config: ClaudeConfig, *, api_key: str | None = None, client: anthropic.Anthropic | None = None
@@ -104,7 +106,10 @@ class ClaudeAgent:
                 api_key=key, base_url=config.base_url, timeout=config.timeout_s, max_retries=config.max_retries
             )
         self.client = client
-        self.tools = [editor_tool(config.model), dict(SUBMIT_TOOL, cache_control=dict(EPHEMERAL))]
+
+    def tools(self, task: str) -> list[dict[str, Any]]:
+        """The text editor and the task's submit tool (the last one carries a cache breakpoint)."""
+        return [editor_tool(self.config.model), dict(submit_tool(task), cache_control=dict(EPHEMERAL))]
 
     def propose(self, ctx: ProposalContext) -> Proposal:
         return _Session(self, ctx).run()
@@ -116,10 +121,11 @@ class _Session:
     def __init__(self, agent: ClaudeAgent, ctx: ProposalContext) -> None:
         self.config = agent.config
         self.client = agent.client
-        self.tools = agent.tools
+        self.tools = agent.tools(ctx.task)
         self.ctx = ctx
-        self.workspace = Workspace(ctx.asset, ctx.program_md)
-        self.system = [{"type": "text", "text": system_prompt(), "cache_control": dict(EPHEMERAL)}]
+        self.asset_name = get_task(ctx.task).asset
+        self.workspace = Workspace(ctx.asset, ctx.program_md, asset_name=self.asset_name)
+        self.system = [{"type": "text", "text": system_prompt(ctx.task), "cache_control": dict(EPHEMERAL)}]
         self.messages: list[dict[str, Any]] = []
         self.usage = {key: 0 for key in pricing.USAGE_FIELDS}
         self.turns = 0
@@ -197,7 +203,7 @@ class _Session:
                     "type": "text",
                     "text": (
                         f"Your reply was cut off at {self.config.max_tokens} tokens. Keep replies short: make small "
-                        "str_replace edits instead of rewriting train.py, then call submit."
+                        f"str_replace edits instead of rewriting {self.asset_name}, then call submit."
                     ),
                 }
             ]
@@ -207,8 +213,8 @@ class _Session:
                 {
                     "type": "text",
                     "text": (
-                        "You ended your turn without calling submit. Make your change to /repo/train.py if you have not, "
-                        "then call the submit tool; a proposal without submit is skipped."
+                        f"You ended your turn without calling submit. Make your change to /repo/{self.asset_name} if "
+                        "you have not, then call the submit tool; a proposal without submit is skipped."
                     ),
                 }
             ]
@@ -249,17 +255,22 @@ class _Session:
             return parsed
         self.last_error = None
         text = self.workspace.asset
-        problem = check_asset(text, main_asset=self.ctx.asset, max_bytes=self.config.max_asset_bytes)
+        problem = check_asset(
+            text, main_asset=self.ctx.asset, max_bytes=self.config.max_asset_bytes, task=self.ctx.task
+        )
         if problem is None and code_hash(text) in self.ctx.seen_hashes:
             earlier = next((e for e in reversed(self.ctx.history) if e.code_hash == code_hash(text)), None)
             which = f"experiment #{earlier.id} ({earlier.title!r})" if earlier else "an earlier experiment"
             problem = (
                 "repeat",
-                (f"This train.py repeats {which}: its result is known already. Change something else, then submit."),
+                f"This {self.asset_name} repeats {which}: its result is known already. Change something else, "
+                "then submit.",
             )
         if problem is not None:
             kind, message = problem
-            self._once(f"submit {kind}", f"the model submitted twice a train.py that {_SUBMIT_WHY[kind]}: {message}")
+            self._once(
+                f"submit {kind}", f"the model submitted twice a {self.asset_name} that {_SUBMIT_WHY[kind]}: {message}"
+            )
             return ToolResult(message, f"submit {kind}")
         return self._proposal(parsed, text)
 
@@ -392,6 +403,7 @@ _SUBMIT_WHY = {
     "does not compile": "does not compile",
     "harness interface": "no longer uses the harness interface",
     "repeat": "repeats an earlier experiment",
+    "invalid": "fails its task's static check",
 }
 
 

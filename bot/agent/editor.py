@@ -1,25 +1,31 @@
 """The Claude agent's tools: a text editor over an in-memory workspace, and `submit`.
 
-The workspace holds three files under /repo: train.py (the only writable one: the experiment),
-program.md (the human's research program) and harness.md (the interface train.py must keep using).
-Nothing touches the disk or a git checkout: the agent's result is the final text of train.py.
+The workspace holds, under /repo, the task's asset (runner.tasks: train.py, router.py, query.sql;
+the only writable file: the experiment), program.md (the human's research program) and, for
+train.py, harness.md (the interface train.py must keep using). Nothing touches the disk or a git
+checkout: the agent's result is the final text of the asset.
 
 Every call gets an answer. A bad one gets a `ToolResult` with `error` set to the kind of failure:
 the Claude agent returns the message to the model once and gives up on the second failure of the
 same kind in a row (bot.agent.claude).
 
 The tool definitions follow Anthropic's text editor tool (commands view, str_replace, insert,
-create and undo_edit); `submit` is our own. `check_asset` is what a submitted train.py must pass.
+create and undo_edit); `submit` is our own (`submit_tool(task)` names the task's asset and metric).
+`check_asset` is what a submitted asset must pass: for train.py the checks below, for another task's
+asset bot.loop.validation's, which the conductor applies again to whatever it is given.
 """
 
 from __future__ import annotations
 
 import ast
+import copy
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from bot.core.records import code_hash
+from bot.loop import validation
+from runner.tasks import DEFAULT_TASK, get_task
 
 ROOT = "/repo"
 TRAIN_PY = "train.py"
@@ -29,7 +35,7 @@ HARNESS_MD = "harness.md"
 # Kinds of failure, named for the error message the skip records.
 BAD_CALL = "malformed tool call"
 NOT_APPLIED = "edit that does not apply"
-READ_ONLY = "write to a file other than train.py"
+READ_ONLY = "write to a read-only file"
 
 # What train.py may use of runner/harness.py: the model reads it as /repo/harness.md. It names only
 # what exists there (tests/bot/agent/test_editor.py checks that against runner/harness.py).
@@ -67,8 +73,6 @@ Rules the harness enforces:
 
 # Names train.py must still use: the session, batches, step reports, the clock, and the hand-over.
 HARNESS_USES = ("session", "train_batches", "step_done", "time_up", "finish")
-
-EDITOR_DESCRIPTION_FILES = f"{ROOT}/{TRAIN_PY} (writable), {ROOT}/{PROGRAM_MD} and {ROOT}/{HARNESS_MD} (read-only)"
 
 
 def editor_tool(model: str) -> dict[str, Any]:
@@ -118,6 +122,30 @@ SUBMIT_TOOL: dict[str, Any] = {
 }
 
 TITLE_MAX = 80
+
+
+def submit_tool(task: str = DEFAULT_TASK) -> dict[str, Any]:
+    """The submit tool for the task: SUBMIT_TOOL for training, the same fields naming another task's
+    asset and metric otherwise."""
+    if task == DEFAULT_TASK:
+        return SUBMIT_TOOL
+    spec = get_task(task)
+    asset, metric = spec.asset, spec.metric.name
+    better = "lower" if spec.metric.lower_is_better else "raise"
+    tool = copy.deepcopy(SUBMIT_TOOL)
+    tool["description"] = (
+        f"Finish this proposal: {asset} as it now stands in /repo becomes the experiment. Call it once your "
+        f"edits are complete. It fails (and tells you why) when {asset} is unchanged, fails its static check "
+        "(see program.md for what the evaluator needs), is too large, or repeats an earlier experiment."
+    )
+    fields = tool["input_schema"]["properties"]
+    fields["title"]["description"] = "A short imperative title, under 60 characters."
+    fields["hypothesis"]["description"] = (
+        f"What you changed and why it should {better} {metric}, in 2-5 plain sentences."
+    )
+    fields["expected_effect"]["description"] = f"The {metric} change you expect and how."
+    fields["risk"]["description"] = "What could go wrong: a crash, a rejection by the evaluator's gate, a time-out."
+    return tool
 
 
 @dataclass
@@ -190,8 +218,10 @@ def missing_harness_uses(text: str) -> list[str]:
     return missing + [f"h.{name}" for name in HARNESS_USES if name not in used]
 
 
-def check_asset(text: str, *, main_asset: str, max_bytes: int) -> tuple[str, str] | None:
-    """Why a submitted train.py cannot be an experiment, as (kind, message for the model); None if it can."""
+def check_asset(text: str, *, main_asset: str, max_bytes: int, task: str = DEFAULT_TASK) -> tuple[str, str] | None:
+    """Why a submitted asset cannot be an experiment, as (kind, message for the model); None if it can."""
+    if task != DEFAULT_TASK:
+        return _check_task_asset(text, main_asset=main_asset, max_bytes=max_bytes, task=task)
     if code_hash(text) == code_hash(main_asset):
         return ("unchanged", "train.py is identical to main's: there is nothing to measure. Edit it, then submit.")
     size = len(text.encode("utf-8"))
@@ -218,16 +248,42 @@ def check_asset(text: str, *, main_asset: str, max_bytes: int) -> tuple[str, str
     return None
 
 
-class Workspace:
-    """train.py, program.md and harness.md in memory; only train.py can change."""
+def _check_task_asset(text: str, *, main_asset: str, max_bytes: int, task: str) -> tuple[str, str] | None:
+    """check_asset for a task other than training: bot.loop.validation's checks, in words for the model."""
+    asset = get_task(task).asset
+    if code_hash(text) == code_hash(main_asset):
+        return ("unchanged", f"{asset} is identical to main's: there is nothing to measure. Edit it, then submit.")
+    problem = validation.problem("title", text, main_asset=main_asset, earlier=[], task=task, max_bytes=max_bytes)
+    if problem is None:
+        return None
+    if "identical to main" in problem:
+        return ("unchanged", f"{problem}: there is nothing to measure. Edit it, then submit.")
+    if "more than the limit" in problem:
+        return ("too large", f"{problem}. Make it smaller, then submit.")
+    return ("invalid", f"{problem}. Read /repo/{PROGRAM_MD} for what the evaluator needs, fix it, then submit.")
 
-    def __init__(self, asset: str, program_md: str, harness_md: str = HARNESS_SUMMARY) -> None:
-        self.files = {TRAIN_PY: asset, PROGRAM_MD: program_md, HARNESS_MD: harness_md}
+
+class Workspace:
+    """The task's asset (train.py, router.py, query.sql), program.md and, for train.py, harness.md in
+    memory; only the asset can change."""
+
+    def __init__(
+        self, asset: str, program_md: str, harness_md: str = HARNESS_SUMMARY, *, asset_name: str = TRAIN_PY
+    ) -> None:
+        self.name = asset_name
+        self.files = {asset_name: asset, PROGRAM_MD: program_md}
+        if asset_name == TRAIN_PY:
+            self.files[HARNESS_MD] = harness_md
         self._undo: list[str] = []
 
     @property
     def asset(self) -> str:
-        return self.files[TRAIN_PY]
+        return self.files[self.name]
+
+    def description(self) -> str:
+        """The workspace's files, as the tool's answers name them."""
+        read_only = [f"{ROOT}/{n}" for n in self.files if n != self.name]
+        return f"{ROOT}/{self.name} (writable), {' and '.join(read_only)} (read-only)"
 
     def run(self, arguments: Any) -> ToolResult:
         """Carry out one text editor call."""
@@ -245,26 +301,26 @@ class Workspace:
             return ToolResult(f"Unknown command {command!r}: use one of {', '.join(handlers)}.", BAD_CALL)
         path = arguments.get("path")
         if not isinstance(path, str):
-            return ToolResult(f"{command} needs a path, such as {ROOT}/{TRAIN_PY}.", BAD_CALL)
+            return ToolResult(f"{command} needs a path, such as {ROOT}/{self.name}.", BAD_CALL)
         name = self._resolve(path)
         if name is None and command == "view":
-            return ToolResult(f"No such file: {path}. The workspace holds {EDITOR_DESCRIPTION_FILES}.", BAD_CALL)
+            return ToolResult(f"No such file: {path}. The workspace holds {self.description()}.", BAD_CALL)
         if name is None:
             return ToolResult(
-                f"Refused: only {ROOT}/{TRAIN_PY} may be written, and {path} is not it. Nothing was "
-                f"written. The workspace holds {EDITOR_DESCRIPTION_FILES}.",
+                f"Refused: only {ROOT}/{self.name} may be written, and {path} is not it. Nothing was "
+                f"written. The workspace holds {self.description()}.",
                 READ_ONLY,
             )
-        if command != "view" and name != TRAIN_PY:
+        if command != "view" and name != self.name:
             return ToolResult(
-                f"{path} is read-only: only {ROOT}/{TRAIN_PY} may be changed. Nothing was written.", READ_ONLY
+                f"{path} is read-only: only {ROOT}/{self.name} may be changed. Nothing was written.", READ_ONLY
             )
         return handlers[command](name, arguments)
 
     # --- commands ----------------------------------------------------------------------------------
     def _view(self, name: str, arguments: Mapping[str, Any]) -> ToolResult:
         if name == "":
-            listing = "\n".join(f"{ROOT}/{n}{'' if n == TRAIN_PY else '  (read-only)'}" for n in self.files)
+            listing = "\n".join(f"{ROOT}/{n}{'' if n == self.name else '  (read-only)'}" for n in self.files)
             return ToolResult(f"Files in {ROOT}:\n{listing}")
         lines = self.files[name].splitlines()
         start, end = 1, len(lines)
@@ -335,7 +391,7 @@ class Workspace:
     def _create(self, name: str, arguments: Mapping[str, Any]) -> ToolResult:
         text = arguments.get("file_text")
         if not isinstance(text, str):
-            return ToolResult("create needs file_text: the whole new content of train.py.", BAD_CALL)
+            return ToolResult(f"create needs file_text: the whole new content of {self.name}.", BAD_CALL)
         self._write(name, text)
         return ToolResult(f"{ROOT}/{name} now holds the given text ({len(text.splitlines())} lines).")
 
@@ -352,7 +408,7 @@ class Workspace:
 
     def _resolve(self, path: str) -> str | None:
         """The file a path names ('' for the workspace itself), or None: accepts /repo/train.py,
-        train.py, ./train.py and /train.py."""
+        train.py, ./train.py and /train.py (and so for every file)."""
         p = path.strip()
         if p in ("", ".", "/", ROOT, ROOT + "/"):
             return ""

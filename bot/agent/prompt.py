@@ -1,10 +1,15 @@
 """What the Claude agent is told: the system prompt (its role and rules) and the context of one proposal.
 
+Both speak the proposal's task (runner.tasks, `ProposalContext.task`): its asset (train.py,
+router.py, query.sql) and its metric with its direction. Training's texts are the ones it always had;
+for another task the numbers, which the loop keeps on the loss scale, are shown on the metric's own
+(Metric.loss is its own inverse), and program.md says what the evaluator calls and checks.
+
 The context is the first user message, in two blocks. The stable one, program.md and main's
-train.py, changes only when main changes and carries a cache breakpoint, so that every turn of a
+asset, changes only when main changes and carries a cache breakpoint, so that every turn of a
 proposal, and the next proposals on the same main, read it from the prompt cache. The volatile one
-comes after it: main's val_bpb, the history (one compact line per experiment), the humans' feedback
-and the last crash. A history of 50 experiments stays a few thousand tokens.
+comes after it: main's value of the metric, the history (one compact line per experiment), the
+humans' feedback and the last crash. A history of 50 experiments stays a few thousand tokens.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from typing import Any
 
 from bot.agent.editor import HARNESS_MD, PROGRAM_MD, ROOT, TRAIN_PY
 from bot.core.records import HistoryEntry, ProposalContext
+from runner.tasks import DEFAULT_TASK, TRAINING, Task, get_task
 
 EPHEMERAL = {"type": "ephemeral"}
 HISTORY_IN_FULL = 60  # the most recent experiments listed one per line; older ones are counted
@@ -64,17 +70,67 @@ turn without calling submit.
 """
 
 
-def system_prompt() -> str:
-    """The role and rules: the same for every proposal (cached)."""
-    return SYSTEM_PROMPT
+TASK_PROMPT = """\
+You are the research agent of autoresearch: you improve {asset}, one experiment at a time. The task:
+{summary}. Each experiment you propose is measured by a fixed evaluator, a trusted process, and
+scored by {metric} ({unit}; {direction} is better). It is kept and merged into main only when it
+beats main by clearly more than the run-to-run noise.
+
+# Your workspace and tools
+- {root}/{asset}: main's {asset}, the only file you may change. Its text is also in the context.
+- {root}/{program}: the human's research program (read-only; also in the context). It says what the
+  evaluator calls or runs in {asset}, what it checks before it measures, and what is fair game.
+- The text editor tool views and edits these files. Prefer small str_replace edits with enough
+  context to match exactly once; view {asset} around a change if unsure of its exact text.
+- submit ends the proposal: {asset} as it then stands becomes the experiment.
+
+# Rules
+- Change only {asset}, and keep what the evaluator needs of it exactly as program.md says.
+- One idea per experiment, small enough that its result teaches something. Do not bundle unrelated
+  changes: a combined change that fails tells us nothing.
+- Never try to fool the metric. {metric} is computed by the evaluator from what it measures itself;
+  what {asset} prints or claims is ignored. A correctness gate runs first: an asset that fails it,
+  or reaches for data, files, processes or the network it may not, is rejected with the reason.
+- Read the history: never repeat an experiment that was tried, push directions that helped, back
+  off from those that hurt, and after a crash or a rejection read its reason before touching that
+  part again.
+- Simpler is better: an equal result from less code is a win.
+
+# Submitting
+Call submit with a short imperative title (under 60 characters), a hypothesis (what you changed and
+why it should {better} {metric}, 2-5 sentences), expected_effect (the {metric} change you expect and
+by what mechanism) and risk (what could go wrong). Set fixes_crash to true when the change repairs
+the last crash shown in the context. submit checks that {asset} changed, passes its static check and
+is new; if it reports a problem, fix it and submit again. You have a limited number of turns: work
+efficiently, and do not end your turn without calling submit.
+"""
+
+
+def system_prompt(task: str = DEFAULT_TASK) -> str:
+    """The role and rules for the task: the same for every proposal (cached)."""
+    if task == DEFAULT_TASK:
+        return SYSTEM_PROMPT
+    spec = get_task(task)
+    return TASK_PROMPT.format(
+        asset=spec.asset,
+        summary=spec.summary,
+        metric=spec.metric.name,
+        unit=spec.metric.unit,
+        direction=spec.metric.direction,
+        better="lower" if spec.metric.lower_is_better else "raise",
+        root=ROOT,
+        program=PROGRAM_MD,
+    )
 
 
 def context_blocks(ctx: ProposalContext) -> list[dict[str, Any]]:
     """The first user message's content: the stable block (cache breakpoint), then the volatile one."""
+    asset = get_task(ctx.task).asset
+    language = "sql" if asset.endswith(".sql") else "python"
     stable = (
         f"# {PROGRAM_MD}: the research program\n\n{ctx.program_md.strip()}\n\n"
-        f"# {TRAIN_PY} on main{f' (commit {ctx.main_sha[:12]})' if ctx.main_sha else ''}: "
-        f"also at {ROOT}/{TRAIN_PY}\n\n```python\n{ctx.asset.rstrip()}\n```\n"
+        f"# {asset} on main{f' (commit {ctx.main_sha[:12]})' if ctx.main_sha else ''}: "
+        f"also at {ROOT}/{asset}\n\n```{language}\n{ctx.asset.rstrip()}\n```\n"
     )
     return [
         {"type": "text", "text": stable, "cache_control": dict(EPHEMERAL)},
@@ -83,16 +139,27 @@ def context_blocks(ctx: ProposalContext) -> list[dict[str, Any]]:
 
 
 def volatile_text(ctx: ProposalContext) -> str:
-    parts = [_now(ctx), _history(ctx.history)]
+    task = get_task(ctx.task)
+    parts = [_now(ctx, task), _history(ctx.history, task)]
     if ctx.feedback:
         parts.append(_feedback(ctx.feedback))
     if ctx.last_crash:
         parts.append(_crash(ctx.last_crash, ctx.last_crash_id))
-    parts.append("Propose the next experiment: make one change to /repo/train.py with the editor, then call submit.")
+    parts.append(
+        f"Propose the next experiment: make one change to {ROOT}/{task.asset} with the editor, then call submit."
+    )
     return "\n\n".join(parts) + "\n"
 
 
-def _now(ctx: ProposalContext) -> str:
+def _now(ctx: ProposalContext, task: Task) -> str:
+    if task.name != DEFAULT_TASK:
+        value = (
+            f"main's {task.metric.name} is {task.metric.format(task.metric.loss(ctx.main_val_bpb))} "
+            f"({task.metric.unit}, the mean of its baseline runs; {task.metric.direction} is better)"
+            if ctx.main_val_bpb is not None
+            else "main has not been measured yet"
+        )
+        return f"# Now\nProfile {ctx.profile}; {value}."
     bpb = (
         f"main's val_bpb is {ctx.main_val_bpb:.6f} (the mean of its baseline runs)"
         if ctx.main_val_bpb is not None
@@ -106,11 +173,11 @@ def _now(ctx: ProposalContext) -> str:
     return f"# Now\nProfile {ctx.profile} on {ctx.device_kind}{live}; {bpb}."
 
 
-def history_line(e: HistoryEntry) -> str:
-    """One experiment: id, status, delta, margin, title, lesson."""
+def history_line(e: HistoryEntry, task: Task = TRAINING) -> str:
+    """One experiment: id, status, delta (on the task's metric's scale), margin, title, lesson."""
     cells = [f"#{e.id}", e.status]
     if e.delta is not None:
-        cells.append(f"d={e.delta:+.4f}")
+        cells.append(f"d={task.metric.loss(e.delta):+.4f}")
     if e.margin is not None:
         cells.append(f"m={e.margin:.4f}")
     line = " ".join(cells) + " " + _clip(e.title, TITLE_CHARS)
@@ -119,12 +186,13 @@ def history_line(e: HistoryEntry) -> str:
     return line
 
 
-def _history(history: list[HistoryEntry]) -> str:
+def _history(history: list[HistoryEntry], task: Task) -> str:
     if not history:
         return "# History\nNo experiments yet: this is the first one."
+    metric = task.metric
     head = (
-        f"# History: {len(history)} experiments, oldest first (d = val_bpb minus main's at the time, "
-        "negative is better; m = the noise margin it was judged with)"
+        f"# History: {len(history)} experiments, oldest first (d = {metric.name} minus main's at the time, "
+        f"{'negative' if metric.lower_is_better else 'positive'} is better; m = the noise margin it was judged with)"
     )
     older, recent = history[:-HISTORY_IN_FULL], history[-HISTORY_IN_FULL:]
     lines = [head]
@@ -141,7 +209,7 @@ def _history(history: list[HistoryEntry]) -> str:
                 + "; ".join(f"#{e.id} {_clip(e.title, 60)}" for e in kept[-20:])
                 + "."
             )
-    lines.extend(history_line(e) for e in recent)
+    lines.extend(history_line(e, task) for e in recent)
     return "\n".join(lines)
 
 

@@ -1,7 +1,9 @@
 """The scripted agent: replays a fixed queue of proposals, skipping any already tried.
 
 Useful for a human who wants specific experiments run in order (a JSON-lines file of
-{"title", "hypothesis", "train_py"} objects), and for tests that need known proposals.
+{"title", "hypothesis", "asset"} objects, where "asset" is the full text of the task's asset:
+train.py, router.py, query.sql; "train_py" is the older name of the same key and still read), and for
+tests that need known proposals.
 """
 
 from __future__ import annotations
@@ -29,13 +31,14 @@ class ScriptedAgent:
                     Proposal(
                         title=item["title"],
                         hypothesis=item.get("hypothesis", ""),
-                        asset=item["train_py"],
+                        asset=item["asset"] if "asset" in item else item["train_py"],
                         meta=item.get("meta", {}),
                     )
                 )
             except (json.JSONDecodeError, KeyError, TypeError) as error:
                 raise AgentStopped(
-                    f"{path}:{number}: each line must be a JSON object with 'title' and 'train_py' ({error})"
+                    f"{path}:{number}: each line must be a JSON object with 'title' and 'asset' (the full text of "
+                    f"the task's asset; 'train_py' is read too) ({error})"
                 ) from None
         return cls(proposals)
 

@@ -153,7 +153,10 @@ class ServiceSettings(BaseSettings):
     )
     agent_script: Path | None = Field(
         None,
-        description=('the proposals of the scripted agent: a JSON-lines file of {"title", "hypothesis", "train_py"}'),
+        description=(
+            'the proposals of the scripted agent: a JSON-lines file of {"title", "hypothesis", "asset"} '
+            '(the full text of the task\'s asset; "train_py" is read too)'
+        ),
     )
 
     # --- one field at a time ----------------------------------------------------------------------

@@ -62,7 +62,7 @@ class ProposalContext:
     """Everything an agent may read to propose the next experiment."""
 
     program_md: str
-    asset: str  # train.py on the current main
+    asset: str  # the task's asset (train.py for training) on the current main
     main_val_bpb: float | None
     history: list[HistoryEntry]
     feedback: list[str] = field(default_factory=list)  # recent human comments, oldest first
@@ -73,6 +73,9 @@ class ProposalContext:
     main_sha: str = ""  # the main commit asset was read from: the experiment's base
     last_crash_id: int | None = None  # the experiment whose traceback last_crash is
     spent_usd: float = 0.0  # what proposals have cost so far (an LLM agent's budget counts it)
+    # runner.tasks: what asset is (train.py, router.py, query.sql) and how it is measured; main_val_bpb
+    # and the history's numbers are on the loss scale (Metric.loss: the metric, or its negation)
+    task: str = "training"
 
 
 def asset_sha256(text: str) -> str:

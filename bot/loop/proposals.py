@@ -319,6 +319,7 @@ class Proposals:
             profile=self.profile.name,
             device_kind=self.profile.device,
             spent_usd=self.spent_usd(),
+            task=self.baseline.task.name,
         )
 
     # --- what proposals cost (an LLM agent reports it in Proposal.meta["cost_usd"]) ----------------

@@ -60,3 +60,14 @@ def test_a_bad_claude_setting_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_an_unknown_agent_lists_the_known_ones() -> None:
     with pytest.raises(AgentStopped, match="explorer, claude, scripted"):
         make_agent("gpt")
+
+
+def test_the_scripted_agent_takes_any_tasks_asset_under_asset_and_still_reads_train_py(tmp_path: Path) -> None:
+    script = tmp_path / "p.jsonl"
+    lines = [{"title": "router", "asset": "ALPHA = 0.5\n"}, {"title": "older", "train_py": "x = 2\n"}]
+    script.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    agent, _ = make_agent("scripted", script=script)
+    assert [(p.title, p.asset) for p in agent.proposals] == [("router", "ALPHA = 0.5\n"), ("older", "x = 2\n")]
+    script.write_text(json.dumps({"title": "neither"}) + "\n")
+    with pytest.raises(AgentStopped, match="with 'title' and 'asset'"):
+        make_agent("scripted", script=script)

@@ -453,3 +453,70 @@ def test_temperature_is_sent_only_when_not_the_default(api):
     agent(api, temperature=0.5).propose(ctx())
     assert "temperature" not in api.message_requests[0].body
     assert api.message_requests[2].body["temperature"] == 0.5
+
+
+# --- another task -------------------------------------------------------------------------------------
+
+ROUTING = REPO / "runner" / "tasks" / "ticket_routing"
+ROUTER_PY = (ROUTING / "router.py").read_text()
+
+
+def routing_ctx(**changes) -> ProposalContext:
+    """A ticket-routing loop: router.py on main, its accuracy 0.8 (-0.8 on the loss scale the loop keeps)."""
+    history = [
+        HistoryEntry(
+            id=2,
+            title="Add bigrams",
+            hypothesis="",
+            status="discard",
+            val_bpb=-0.79,
+            delta=0.01,  # the loss rose: accuracy fell by 0.01
+            code_hash="2" * 64,
+            margin=0.004,
+        )
+    ]
+    fields = dict(
+        program_md=(ROUTING / "program.md").read_text(),
+        asset=ROUTER_PY,
+        main_val_bpb=-0.8,
+        history=history,
+        seen_hashes={code_hash(ROUTER_PY), "2" * 64},
+        profile="cpu",
+        task="ticket-routing",
+    )
+    return ProposalContext(**(fields | changes))
+
+
+def test_on_the_ticket_routing_task_claude_edits_router_py_and_is_told_accuracy(api):
+    api.add(
+        edit("ALPHA = 1.0", "ALPHA = 0.5", path="/repo/router.py"),
+        submit(title="Halve ALPHA", expected_effect="+0.005 accuracy"),
+    )
+    proposal = agent(api).propose(routing_ctx())
+    assert proposal.asset == ROUTER_PY.replace("ALPHA = 1.0", "ALPHA = 0.5") and proposal.title == "Halve ALPHA"
+    system, first = api.last_system_text(), api.all_text(api.message_requests[0])
+    assert "you improve router.py" in system and "scored by accuracy" in system and "higher is better" in system
+    assert "train.py" not in system and "val_bpb" not in system and "harness" not in system
+    assert "main's accuracy is 0.8000" in first and "#2 discard d=-0.0100" in first
+    assert "positive is better" in first and "change to /repo/router.py" in first
+    tools = api.message_requests[0].body["tools"]
+    assert "router.py as it now stands" in tools[-1]["description"]
+    assert "raise accuracy" in tools[-1]["input_schema"]["properties"]["hypothesis"]["description"]
+
+
+def test_on_the_ticket_routing_task_only_router_py_is_writable_and_its_check_is_the_routers(api):
+    api.add(
+        edit("x", "y", path="/repo/train.py"),
+        view("/repo/harness.md"),
+        edit("def route(", "def send(", path="/repo/router.py"),
+        submit(),
+        edit("def send(", "def route(", path="/repo/router.py"),
+        edit("ALPHA = 1.0", "ALPHA = 2.0", path="/repo/router.py"),
+        submit(title="Double ALPHA"),
+    )
+    proposal = agent(api).propose(routing_ctx())
+    assert proposal.title == "Double ALPHA"
+    assert "only /repo/router.py may be written" in results(api, 2)[0]["content"]
+    assert "No such file: /repo/harness.md" in results(api, 3)[0]["content"]
+    refused = results(api, 5)[0]
+    assert refused["is_error"] and refused["content"].startswith("router.py no longer defines route() at module level")

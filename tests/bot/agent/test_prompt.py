@@ -133,3 +133,17 @@ def test_a_long_crash_tail_is_cut_to_its_end():
     tail = "\n".join(f"frame {i}" for i in range(500)) + "\nValueError: the end"
     text = context_blocks(context(last_crash=tail, last_crash_id=9))[1]["text"]
     assert "ValueError: the end" in text and "frame 10\n" not in text
+
+
+def test_a_query_latency_context_shows_query_sql_and_p95_in_milliseconds():
+    query = "CREATE INDEX i ON orders(customer_id);\nSELECT 1;\n"
+    ctx = context(asset=query, task="query-latency", main_val_bpb=12.5, history=[entry(2, "discard")])
+    stable, volatile = (block["text"] for block in context_blocks(ctx))
+    assert "# query.sql on main (commit aaaaaaaaaaaa): also at /repo/query.sql" in stable
+    assert f"```sql\n{query.rstrip()}\n```" in stable
+    assert "main's p95_ms is 12.50 (milliseconds, the mean of its baseline runs; lower is better)" in volatile
+    assert "d = p95_ms minus main's at the time, negative is better" in volatile
+    assert "#2 discard d=+0.0040" in volatile and "change to /repo/query.sql" in volatile
+    system = system_prompt("query-latency")
+    assert "you improve query.sql" in system and "scored by p95_ms (milliseconds; lower is better)" in system
+    assert "train.py" not in system and "harness" not in system
