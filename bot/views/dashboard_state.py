@@ -1,6 +1,7 @@
 """What the dashboard's page shows, as JSON: the read model (bot.views.read_model) in the shape
 the browser app (dashboard_static/app.js) reads, the running slots with their progress, and the
-store's fingerprint that says when the state must be built again."""
+store's fingerprint that says when the state must be built again. The values keep the key
+`val_bpb` whatever the task; they are on the task's metric's scale, which `metric` names."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from bot.views.read_model import (
     read_runs,
     run_title,
 )
+from bot.views.text import places
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +40,7 @@ def build_state(
     """Everything the page shows, from one connection (in a read transaction) and `live`:
 
     updated_at   seconds since the epoch
+    metric       {name, unit, direction ("lower" | "higher": which is better), places (decimals shown)}
     main         {val_bpb, source ("baseline runs" | "kept experiment, not re-measured yet" | null), runs,
                   commit, baseline_val_bpb (the loop's baseline), margin (the noise margin now, or null)}
     agent        {state: thinking | waiting | paused | stopped | blocked, detail, experiment (being
@@ -59,9 +62,10 @@ def build_state(
     """
     live = live or {}
     view = build_view(read_rows(db), live)
-    main = view.main
+    main, metric = view.main, view.metric
     return {
         "updated_at": time.time(),
+        "metric": {"name": metric.name, "unit": metric.unit, "direction": metric.direction, "places": places(metric)},
         "main": {
             "val_bpb": main.val_bpb,
             "source": main.source,
@@ -195,7 +199,7 @@ def _row(view: ExperimentView, links: Links | None) -> dict[str, Any]:
         "val_bpb": view.val_bpb,
         "delta": view.delta,
         "margin": e.margin,
-        "remeasured_delta": e.remeasured_delta,
+        "remeasured_delta": view.remeasured_delta,
         "runs": len(view.runs),
         "in_flight": view.in_flight,
         "cost_usd": e.meta.get("cost_usd"),

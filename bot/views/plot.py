@@ -1,11 +1,14 @@
-"""The progress chart: val_bpb of every experiment in order, the way the reference's progress.png
-draws it.
+"""The progress chart: the task's metric (val_bpb for training) of every experiment in order, the
+way the reference's progress.png draws it.
 
 x is the experiment number (0 = the loop's baseline, then 1, 2, ... for the finished experiments in
-order), y is val_bpb (lower is better). Discarded experiments are light grey dots, kept
+order), y is the metric on its own scale, its name, unit and direction ("lower is better", or
+higher) on the axis. Discarded experiments are light grey dots, kept
 ones a strong colour with a short title (a square when kept for simplicity, not for a gain),
-crashes and failures (no val_bpb) small marks on the bottom edge. A step line follows main's
-val_bpb after each keep, with the noise margin now drawn as a band around it when one is known.
+crashes and failures (no value) small marks on the bottom edge. A step line follows main's
+value after each keep, with the noise margin now drawn as a band around it when one is known. A
+far outlier on the worse side (a diverged run; for a higher-is-better metric, a low one) is pinned
+to that edge of the range.
 
 chart_data() is pure (the read model's chart, bot.views.read_model); write_chart() draws it. matplotlib is imported
 inside write_chart, through the object-oriented Figure API with the Agg canvas: importing this module
@@ -19,7 +22,9 @@ from pathlib import Path
 
 from bot.store import Store
 from bot.views.read_model import View, view_of
+from bot.views.text import places
 from runner import files
+from runner.tasks import TRAINING, Metric
 
 MAX_LABELS = 30  # kept points labelled with their title; beyond that the chart becomes unreadable
 LABEL_CHARS = 32
@@ -35,7 +40,7 @@ STEP_COLOUR = "#2a9d4b"
 @dataclass
 class Point:
     x: int  # experiment number: 0 is the baseline
-    val_bpb: float
+    val_bpb: float  # the metric
     status: str  # keep, discard, cancelled, or "baseline"
     title: str
     id: int = 0  # the experiment's id in the store (0 for the baseline)
@@ -45,23 +50,24 @@ class Point:
 
 @dataclass
 class ChartData:
-    points: list[Point]  # the baseline, then every experiment with a val_bpb
-    best_steps: list[tuple[int, float]]  # (x, main's val_bpb from then on): the baseline, then each keep
+    points: list[Point]  # the baseline, then every experiment with a value
+    best_steps: list[tuple[int, float]]  # (x, main's value from then on): the baseline, then each keep
     kept: int  # experiments kept (the baseline not counted)
     crashed: int  # experiments that crashed or failed
     baseline: float | None
-    best: float | None  # main's val_bpb now: the last step
+    best: float | None  # main's value now: the last step
     experiments: int = 0  # finished experiments (the baseline not counted)
     crashes: list[int] = field(default_factory=list)  # x of each crashed or failed experiment
     margin: float | None = None  # the noise margin now (what one run must improve on main by), drawn around `best`
     kept_for_simplicity: int = 0  # of the kept, those kept for simplicity
+    metric: Metric = TRAINING.metric  # the task's: every value above is on its scale
 
     @property
     def gain(self) -> float | None:
-        """How much lower main's val_bpb is than the baseline's (positive = better)."""
+        """How much better main is than the baseline, in the metric's units (positive = better)."""
         if self.baseline is None or self.best is None:
             return None
-        return self.baseline - self.best
+        return self.metric.loss(self.baseline) - self.metric.loss(self.best)
 
 
 def chart_data(view: View) -> ChartData:
@@ -73,7 +79,7 @@ def chart_data(view: View) -> ChartData:
     ]
     steps = list(chart.main_steps)
     crashes = [mark.x for mark in chart.crashes]
-    _choose_labels(points, steps)
+    _choose_labels(points, steps, view.metric)
     return ChartData(
         points=points,
         best_steps=steps,
@@ -85,15 +91,17 @@ def chart_data(view: View) -> ChartData:
         crashes=crashes,
         margin=view.main.margin,
         kept_for_simplicity=view.kept_for_simplicity,
+        metric=view.metric,
     )
 
 
-def _choose_labels(points: list[Point], steps: list[tuple[int, float]]) -> None:
-    """Label the kept points; past MAX_LABELS, only those that moved main down the most."""
+def _choose_labels(points: list[Point], steps: list[tuple[int, float]], metric: Metric) -> None:
+    """Label the kept points; past MAX_LABELS, only those that moved main the most the better way."""
     kept = [p for p in points if p.status == "keep"]
     if len(kept) > MAX_LABELS:
         previous = dict(zip([x for x, _ in steps[1:]], [v for _, v in steps], strict=False))  # x -> main before it
-        kept = sorted(kept, key=lambda p: (p.val_bpb - previous.get(p.x, p.val_bpb), p.x))[:MAX_LABELS]
+        loss = metric.loss
+        kept = sorted(kept, key=lambda p: (loss(p.val_bpb) - loss(previous.get(p.x, p.val_bpb)), p.x))[:MAX_LABELS]
     for point in kept:
         point.label = _short(point.title)
 
@@ -128,7 +136,7 @@ def _draw(data: ChartData):
     FigureCanvasAgg(figure)
     ax = figure.add_subplot()
     ax.set_xlabel("experiment #")
-    ax.set_ylabel("val_bpb (validation bits per byte)")
+    ax.set_ylabel(f"{data.metric.name} ({data.metric.unit})")
     if not data.points and not data.crashes:
         ax.set_title("autoresearch progress")
         ax.text(
@@ -149,6 +157,8 @@ def _draw(data: ChartData):
 
     last_x = max([p.x for p in data.points] + data.crashes)
     low, high = _y_range(data)
+    lower = data.metric.lower_is_better
+    pinned = high - 0.02 * (high - low) if lower else low + 0.06 * (high - low)  # a far outlier's place
     if data.best is not None and data.margin:
         ax.axhspan(
             data.best - data.margin,
@@ -156,7 +166,7 @@ def _draw(data: ChartData):
             color=STEP_COLOUR,
             alpha=0.12,
             lw=0,
-            label=f"noise margin ±{data.margin:.4f}",
+            label=f"noise margin ±{data.margin:.{places(data.metric) - 2}f}",
             gid="noise-band",
         )
     if data.best_steps:
@@ -167,11 +177,10 @@ def _draw(data: ChartData):
         )
 
     small = len(data.points) > 200
-    top = high - 0.02 * (high - low)  # where an outlier above the range is pinned
     drawn: dict[int, float] = {}
     for point in data.points:
-        clipped = point.val_bpb > high  # an outlier: drawn on the top edge, pointing up
-        drawn[point.x] = y = top if clipped else point.val_bpb
+        clipped = point.val_bpb > high if lower else point.val_bpb < low  # an outlier: pinned, pointing out
+        drawn[point.x] = y = pinned if clipped else point.val_bpb
         if point.status == "baseline":
             style = {"marker": "D", "ms": 8, "color": BASELINE_COLOUR, "zorder": 4}
         elif point.status == "keep":
@@ -180,7 +189,7 @@ def _draw(data: ChartData):
         else:  # discarded, or cancelled after it was measured
             style = {"marker": "o", "ms": 3 if small else 5, "color": DISCARD_COLOUR, "zorder": 2}
         if clipped:
-            style["marker"] = "^"
+            style["marker"] = "^" if lower else "v"
         (line,) = ax.plot([point.x], [y], linestyle="none", **style)
         line.set_gid(f"point-{point.x}")
     for n, point in enumerate(p for p in data.points if p.label):
@@ -195,7 +204,7 @@ def _draw(data: ChartData):
             zorder=5,
         )
 
-    if data.crashes:  # no val_bpb: small marks along the bottom edge
+    if data.crashes:  # no value: small marks along the bottom edge
         for x in data.crashes:
             (mark,) = ax.plot(
                 [x],
@@ -229,24 +238,32 @@ def _draw(data: ChartData):
     ax.grid(True, alpha=0.3)
     ax.legend(loc="upper right", fontsize=8)
     ax.set_title(_title(data), fontsize=11)
-    ax.text(0.0, 1.01, "lower is better", transform=ax.transAxes, fontsize=8, color="grey", va="bottom")
+    ax.text(
+        0.0, 1.01, f"{data.metric.direction} is better", transform=ax.transAxes, fontsize=8, color="grey", va="bottom"
+    )
     figure.tight_layout()
     return figure
 
 
 def _y_range(data: ChartData) -> tuple[float, float]:
-    """Room for every point near main, with far outliers (a diverged run) pinned to the top edge."""
-    values = [p.val_bpb for p in data.points]
+    """Room for every point near main, with far outliers (a diverged run) left out on the worse side,
+    where they are pinned to the edge: worked out on the loss scale (better is lower), then drawn on
+    the metric's (for a higher-is-better one, the worse side is the bottom, below the crash marks' row)."""
+    loss = data.metric.loss
+    values = [loss(p.val_bpb) for p in data.points]
     if not values:
         return 0.0, 1.0
     low = min(values)
     if data.best is not None and data.margin:
-        low = min(low, data.best - data.margin)
+        low = min(low, loss(data.best) - data.margin)
     ordered = sorted(values)
-    usual = max(ordered[round(0.9 * (len(ordered) - 1))], data.baseline or low)  # the 90th percentile
+    baseline = loss(data.baseline) if data.baseline is not None else None
+    usual = max(ordered[round(0.9 * (len(ordered) - 1))], baseline or low)  # the 90th percentile
     high = min(ordered[-1], usual + max(usual - low, 1e-3))
     span = high - low or 0.01
-    return low - 0.1 * span, high + 0.06 * span  # the crash marks' row below the lowest point
+    if data.metric.lower_is_better:
+        return low - 0.1 * span, high + 0.06 * span  # the crash marks' row below the lowest point
+    return -high - 0.16 * span, -low + 0.1 * span  # the crash marks' row, then the pinned outliers, at the bottom
 
 
 def _title(data: ChartData) -> str:
@@ -257,7 +274,9 @@ def _title(data: ChartData) -> str:
         head += f", {data.crashed} crashed"
     if data.best is None:
         return head
-    line = f"best val_bpb {data.best:.6f} (main now)"
-    if data.gain is not None and data.baseline:
-        line += f", {-data.gain:+.6f} ({-100 * data.gain / data.baseline:+.2f}%) vs baseline {data.baseline:.6f}"
+    n = places(data.metric)
+    line = f"best {data.metric.name} {data.best:.{n}f} (main now)"
+    if data.baseline:
+        change = data.best - data.baseline  # on the metric's scale: its sign is the direction's
+        line += f", {change:+.{n}f} ({100 * change / data.baseline:+.2f}%) vs baseline {data.baseline:.{n}f}"
     return f"{head}\n{line}"

@@ -12,6 +12,16 @@ View and computes no number of its own.
 
 What only the conductor's process knows (its runs' latest progress, why it stopped, whether main
 is blocked, the agent's budget) comes in as `live` (see Live; conductor_live builds it).
+
+This is the out-edge of the task's metric. The store holds every number as the judge reads it, on
+the loss scale (bot.runners.specs, the in-edge: the metric, or its negation where higher is
+better), and build_view computes on that scale (main, the baseline, the margins, the running best);
+the View hands the faces numbers on the metric's own scale, with the Metric itself (`View.metric`:
+its name, unit and direction, from the loop's pinned task). `on_metric_scale` converts, here and in
+bot.github.render (which reads store records): a value and a delta alike (Metric.loss is linear and
+its own inverse), never a margin, which is a magnitude. What stays on the loss scale: the rows
+(RunRow, StoreRows) and `ExperimentView.experiment`, the store's record; read an experiment's numbers
+through its ExperimentView.
 """
 
 from __future__ import annotations
@@ -27,9 +37,10 @@ from bot.core.simplicity import Simplification
 from bot.core.states import RunState, State, Status
 from bot.loop import measurement
 from bot.loop.judge import judge_config
-from bot.loop.program import LoopSettings
+from bot.loop.program import LoopSettings, loop_task
 from bot.store import Experiment, LoopState, Store
 from runner.progress import last_progress
+from runner.tasks import Metric
 
 EVENTS = 12  # recent events read, newest first
 FROM_BASELINE_RUNS = "baseline runs"
@@ -172,7 +183,9 @@ class MainView:
     """Main now: the latest main queued for measuring, as the judge compares against it."""
 
     commit: str | None
-    val_bpb: float | None  # the mean of its own runs; until it has one, the latest keep's (flattering) number
+    val_bpb: (
+        float | None
+    )  # the metric: the mean of its own runs; until it has one, the latest keep's (flattering) number
     source: str | None  # FROM_BASELINE_RUNS | FROM_KEPT_EXPERIMENT | None
     runs: int  # its own runs behind val_bpb
     margin: float | None  # the noise margin now: what one candidate run must improve on it by
@@ -183,16 +196,17 @@ class Baseline:
     """The loop's baseline: the first main measured under the pinned identity."""
 
     commit: str
-    val_bpb: float  # measurement.baseline_value: as the judge last compared against it
+    val_bpb: float  # the metric, measurement.baseline_value: as the judge last compared against it
     runs: tuple[RunRow, ...]  # its runs that count
 
 
 @dataclass(frozen=True)
 class ExperimentView:
-    experiment: Experiment
+    experiment: Experiment  # the store's record: its numbers on the loss scale (read them below)
     runs: tuple[RunRow, ...]  # its finished runs (ok or crash)
     in_flight: int  # its runs queued or running
     published: dict[str, str]
+    metric: Metric
 
     @property
     def failed(self) -> bool:
@@ -201,11 +215,18 @@ class ExperimentView:
 
     @property
     def val_bpb(self) -> float | None:
-        return None if self.failed else self.experiment.val_bpb
+        """Its value of the metric (None when it failed)."""
+        return None if self.failed else on_metric_scale(self.metric, self.experiment.val_bpb)
 
     @property
     def delta(self) -> float | None:
-        return None if self.failed else self.experiment.delta
+        """Its value minus main's at the decision, on the metric's scale."""
+        return None if self.failed else on_metric_scale(self.metric, self.experiment.delta)
+
+    @property
+    def remeasured_delta(self) -> float | None:
+        """The new main's fresh baseline minus the old main's, on the metric's scale."""
+        return on_metric_scale(self.metric, self.experiment.remeasured_delta)
 
     @property
     def pull(self) -> int | None:
@@ -222,7 +243,7 @@ class Point:
     x: int  # 0: the baseline; then the position among finished experiments
     id: int  # the experiment's id (0 for the baseline)
     title: str
-    val_bpb: float
+    val_bpb: float  # the metric
     status: str  # "baseline", keep, discard, or cancelled (after it was measured)
     for_simplicity: bool = False  # a keep for simplicity, not for a gain
 
@@ -241,8 +262,10 @@ class Mark:
 class Chart:
     points: tuple[Point, ...]  # the baseline, then every finished experiment with a val_bpb
     crashes: tuple[Mark, ...]
-    main_steps: tuple[tuple[int, float], ...]  # (x, main's val_bpb from then on): the baseline, then each keep
-    best: tuple[tuple[int, float], ...]  # the running best's step vertices, up to x_max
+    main_steps: tuple[tuple[int, float], ...]  # (x, main's metric from then on): the baseline, then each keep
+    best: tuple[
+        tuple[int, float], ...
+    ]  # the running best's step vertices (best in the metric's direction), up to x_max
     x_max: int  # finished experiments
 
 
@@ -258,6 +281,7 @@ class AgentView:
 @dataclass(frozen=True)
 class View:
     identity: dict[str, Any]
+    metric: Metric  # the loop's task's: the numbers below are on its scale (the module docstring)
     main: MainView
     baseline: Baseline | None
     agent: AgentView
@@ -292,6 +316,7 @@ def build_view(rows: StoreRows, live: Live | None = None) -> View:
     """What people see of `rows` (and of `live`), by the loop's rules."""
     live = live or {}
     identity = rows.loop.identity
+    metric = metric_of(rows.loop)
     values = measurement.counted(rows.runs, identity)
     kept = [e for e in rows.experiments if e.state == State.DONE and e.status == Status.KEEP]
     done: dict[int, list[RunRow]] = {}
@@ -302,11 +327,11 @@ def build_view(rows: StoreRows, live: Live | None = None) -> View:
         elif run.experiment_id is not None and run.state in (RunState.QUEUED, RunState.RUNNING):
             waiting[run.experiment_id] = waiting.get(run.experiment_id, 0) + 1
     experiments = tuple(
-        ExperimentView(e, tuple(done.get(e.id, ())), waiting.get(e.id, 0), rows.published.get(e.id, {}))
+        ExperimentView(e, tuple(done.get(e.id, ())), waiting.get(e.id, 0), rows.published.get(e.id, {}), metric)
         for e in rows.experiments
         if e.state != State.PROPOSING
     )
-    baseline = _baseline(rows, identity, values, kept)
+    baseline = _baseline(rows, identity, values, kept, metric)
     counts = {s.value: 0 for s in Status}
     for e in rows.experiments:
         if e.state == State.DONE and e.status in counts:
@@ -315,7 +340,8 @@ def build_view(rows: StoreRows, live: Live | None = None) -> View:
     spent = rows.loop.spent_usd
     return View(
         identity=identity,
-        main=_main(rows, values, kept),
+        metric=metric,
+        main=_main(rows, values, kept, metric),
         baseline=baseline,
         agent=_agent(rows, live, spent),
         counts=counts,
@@ -326,7 +352,7 @@ def build_view(rows: StoreRows, live: Live | None = None) -> View:
         running=tuple(r for r in rows.runs if r.state == RunState.RUNNING),
         queued=tuple(r for r in rows.runs if r.state == RunState.QUEUED),
         experiments=experiments,
-        chart=_chart(experiments, baseline),
+        chart=_chart(experiments, baseline, metric),
         events=rows.events,
     )
 
@@ -349,6 +375,18 @@ def progress_of(run: RunRow, live: Live | None = None) -> dict[str, Any]:
     return max((x for x in lines if isinstance(x, dict)), key=lambda x: x.get("step") or -1, default={})
 
 
+def on_metric_scale(metric: Metric, loss: float | None) -> float | None:
+    """A value or a delta on the judge's loss scale, on `metric`'s own (Metric.loss is linear and
+    its own inverse); a margin is a magnitude and is shown as it is."""
+    return None if loss is None else metric.loss(loss)
+
+
+def metric_of(loop: LoopRow) -> Metric:
+    """The metric of the loop's task: the one its pinned identity names, or before it was pinned the
+    one program.md names (training, as every loop before tasks)."""
+    return loop_task(loop.identity).metric if loop.identity else loop_settings(loop).metric
+
+
 def loop_settings(loop: LoopRow) -> LoopSettings:
     """program.md's settings as the conductor last read them (the defaults before it did)."""
     if loop.program_settings is None:
@@ -359,7 +397,7 @@ def loop_settings(loop: LoopRow) -> LoopSettings:
         return LoopSettings()
 
 
-def _main(rows: StoreRows, values: list[measurement.Value], kept: list[Experiment]) -> MainView:
+def _main(rows: StoreRows, values: list[measurement.Value], kept: list[Experiment], metric: Metric) -> MainView:
     baselines = [r for r in rows.runs if r.purpose == "baseline"]
     code = baselines[-1].code_hash if baselines else None
     own = measurement.main_values(values, code) if code else []
@@ -369,12 +407,16 @@ def _main(rows: StoreRows, values: list[measurement.Value], kept: list[Experimen
         value, source = measured[-1].val_bpb, FROM_KEPT_EXPERIMENT
     band = measurement.main_margin(values, code, judge_config(loop_settings(rows.loop))) if code else None
     return MainView(
-        commit=baselines[-1].commit_sha if baselines else None, val_bpb=value, source=source, runs=len(own), margin=band
+        commit=baselines[-1].commit_sha if baselines else None,
+        val_bpb=on_metric_scale(metric, value),
+        source=source,
+        runs=len(own),
+        margin=band,
     )
 
 
 def _baseline(
-    rows: StoreRows, identity: dict[str, Any], values: list[measurement.Value], kept: list[Experiment]
+    rows: StoreRows, identity: dict[str, Any], values: list[measurement.Value], kept: list[Experiment], metric: Metric
 ) -> Baseline | None:
     first = measurement.first_main(values)
     value = measurement.baseline_value(values, kept)
@@ -383,7 +425,7 @@ def _baseline(
     own = tuple(
         r for r in measurement.counted_runs(rows.runs, identity) if r.purpose == "baseline" and r.code_hash == first
     )
-    return Baseline(commit=own[0].commit_sha, val_bpb=value, runs=own)
+    return Baseline(commit=own[0].commit_sha, val_bpb=metric.loss(value), runs=own)
 
 
 def _agent(rows: StoreRows, live: Live, spent: float) -> AgentView:
@@ -411,17 +453,18 @@ def _agent(rows: StoreRows, live: Live, spent: float) -> AgentView:
     )
 
 
-def _chart(experiments: tuple[ExperimentView, ...], baseline: Baseline | None) -> Chart:
+def _chart(experiments: tuple[ExperimentView, ...], baseline: Baseline | None, metric: Metric) -> Chart:
     """x is the position among finished experiments (the baseline at 0): a measured one is a
-    point, a crash or failure a mark; main steps to each keep's value; `best` is the running best."""
+    point, a crash or failure a mark; main steps to each keep's value; `best` is the running best,
+    found on the loss scale and drawn, as every number here, on the metric's."""
     points: list[Point] = []
     crashes: list[Mark] = []
     steps: list[tuple[int, float]] = []
-    best: list[tuple[int, float]] = []
+    best: list[tuple[int, float]] = []  # on the loss scale until the end
     if baseline is not None:
         points.append(Point(x=0, id=0, title="baseline", val_bpb=baseline.val_bpb, status="baseline"))
         steps.append((0, baseline.val_bpb))
-        best.append((0, baseline.val_bpb))
+        best.append((0, metric.loss(baseline.val_bpb)))
     x = 0
     for view in experiments:
         e = view.experiment
@@ -433,25 +476,32 @@ def _chart(experiments: tuple[ExperimentView, ...], baseline: Baseline | None) -
             continue
         if e.val_bpb is None:  # cancelled before it was measured: a place on the axis, nothing drawn
             continue
+        value = metric.loss(e.val_bpb)
         points.append(
             Point(
                 x=x,
                 id=e.id,
                 title=e.title,
-                val_bpb=e.val_bpb,
+                val_bpb=value,
                 status=e.status or "",
                 for_simplicity=view.kept_for_simplicity is not None,
             )
         )
         if e.status == Status.KEEP:
-            steps.append((x, e.val_bpb))
+            steps.append((x, value))
             if not best or e.val_bpb < best[-1][1]:
                 if best:
                     best.append((x, best[-1][1]))
                 best.append((x, e.val_bpb))
     if best and best[-1][0] < x:
         best.append((x, best[-1][1]))
-    return Chart(points=tuple(points), crashes=tuple(crashes), main_steps=tuple(steps), best=tuple(best), x_max=x)
+    return Chart(
+        points=tuple(points),
+        crashes=tuple(crashes),
+        main_steps=tuple(steps),
+        best=tuple((at, metric.loss(loss)) for at, loss in best),
+        x_max=x,
+    )
 
 
 def conductor_live(get: Callable[[], Any], budget_usd: float | None = None) -> Callable[[], dict[str, Any]]:

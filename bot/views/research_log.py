@@ -1,6 +1,7 @@
-"""The research log's text: a summary of the research so far, read from the read model (best
-val_bpb and its gain over the loop's baseline, the kept changes in order, those kept for
-simplicity said so, counts, pace, agent spend, what is running), in Markdown. bot.github.research_log keeps it as one issue's body.
+"""The research log's text: a summary of the research so far, read from the read model (the best
+value of the task's metric and its gain over the loop's baseline, the kept changes in order, those
+kept for simplicity said so, counts, pace, agent spend, what is running), in Markdown, the metric
+named and its numbers on its own scale. bot.github.research_log keeps it as one issue's body.
 
 The "Updated ..." line at its end says when it was written; content_digest leaves it out, so a
 summary whose content did not change is never written again just because the time moved.
@@ -14,7 +15,8 @@ from dataclasses import dataclass
 
 from bot.core.states import Status
 from bot.views.read_model import View
-from bot.views.text import bpb, cell, cut_to, one_line, plural, signed
+from bot.views.text import bpb, cell, cut_to, one_line, places, plural, signed
+from runner.tasks import TRAINING, Metric
 
 DAY_S = 24 * 3600
 RUNNING_SHOWN = 20
@@ -39,7 +41,7 @@ _OUTCOMES = [
 class Kept:
     id: int
     title: str
-    val_bpb: float | None
+    val_bpb: float | None  # the metric
     delta: float | None  # vs main at the decision
     remeasured_delta: float | None  # the new main's fresh baseline minus the old main's
     pull: int | None
@@ -67,6 +69,7 @@ class Facts:
     running: list[Running]
     queued: int  # runs waiting for a runner
     kept_for_simplicity: int = 0  # of the keeps, those kept for simplicity
+    metric: Metric = TRAINING.metric  # the task's: the numbers above are on its scale
 
 
 def facts(view: View, now: float) -> Facts:
@@ -77,9 +80,9 @@ def facts(view: View, now: float) -> Facts:
         Kept(
             e.experiment.id,
             e.experiment.title,
-            e.experiment.val_bpb,
-            e.experiment.delta,
-            e.experiment.remeasured_delta,
+            e.val_bpb,
+            e.delta,
+            e.remeasured_delta,
             e.pull,
             e.kept_for_simplicity is not None,
         )
@@ -110,6 +113,7 @@ def facts(view: View, now: float) -> Facts:
         spent_usd=view.spent_usd,
         running=running,
         queued=len(view.queued),
+        metric=view.metric,
     )
 
 
@@ -122,21 +126,22 @@ def _when(ts: float) -> str:
 
 def _standing(f: Facts) -> list[str]:
     rows = ["| | |", "| --- | --- |"]
+    name, n, loss = f.metric.name, places(f.metric), f.metric.loss
     measured = [k for k in f.kept if k.val_bpb is not None]
-    best = min(measured, key=lambda k: k.val_bpb or 0.0, default=None)
-    if best is not None and (f.baseline is None or (best.val_bpb or 0.0) < f.baseline):
+    best = min(measured, key=lambda k: loss(k.val_bpb or 0.0), default=None)
+    if best is not None and (f.baseline is None or loss(best.val_bpb or 0.0) < loss(f.baseline)):
         where = f"experiment {best.id}" + (f", #{best.pull}" if best.pull else "")
-        rows.append(f"| Best val_bpb | **{bpb(best.val_bpb)}** ({where}) |")
+        rows.append(f"| Best {name} | **{bpb(best.val_bpb, n)}** ({where}) |")
         if f.baseline is not None and best.val_bpb is not None:
-            gain = best.val_bpb - f.baseline
+            gain = best.val_bpb - f.baseline  # on the metric's scale: its sign is the direction's
             rows.append(
-                f"| Gain over the first baseline | {signed(gain)} ({100 * gain / f.baseline:+.2f}%) "
-                f"from {bpb(f.baseline)} |"
+                f"| Gain over the first baseline | {signed(gain, n)} ({100 * gain / f.baseline:+.2f}%) "
+                f"from {bpb(f.baseline, n)} |"
             )
     elif f.baseline is not None:
-        rows.append(f"| Best val_bpb | **{bpb(f.baseline)}** (the first baseline) |")
+        rows.append(f"| Best {name} | **{bpb(f.baseline, n)}** (the first baseline) |")
     else:
-        rows.append("| Best val_bpb | not measured yet: main's baseline runs have not finished |")
+        rows.append(f"| Best {name} | not measured yet: main's baseline runs have not finished |")
     total = sum(f.finished.values())
     outcomes = [
         f"{f.finished.get(status, 0)} {word}"
@@ -169,11 +174,11 @@ def _running(f: Facts) -> list[str]:
     return lines
 
 
-def _kept_row(k: Kept) -> str:
+def _kept_row(k: Kept, n: int) -> str:
     change = cell(one_line(k.title, 120)) + (" (kept for simplicity)" if k.for_simplicity else "")
     return (
-        f"| {k.id} | {change} | {bpb(k.val_bpb)} | {signed(k.delta)} "
-        f"| {signed(k.remeasured_delta)} | {f'#{k.pull}' if k.pull else '—'} |"
+        f"| {k.id} | {change} | {bpb(k.val_bpb, n)} | {signed(k.delta, n)} "
+        f"| {signed(k.remeasured_delta, n)} | {f'#{k.pull}' if k.pull else '—'} |"
     )
 
 
@@ -204,14 +209,14 @@ def log_text(f: Facts, now: float, limit: int) -> str:
     if not f.kept:
         return cut_to(f"{head}No change has been kept yet.{tail}", limit)
     header = (
-        "| Experiment | Change | val_bpb | Δ vs main | Δ re-measured | Pull request |\n"
+        f"| Experiment | Change | {f.metric.name} | Δ vs main | Δ re-measured | Pull request |\n"
         "| --- | --- | --- | --- | --- | --- |"
     )
     note_room = 200
     room = limit - len(f"{head}{header}{tail}".encode()) - note_room
     shown: list[str] = []
     for k in reversed(f.kept):  # the newest first, so the oldest are the ones left out
-        row = _kept_row(k)
+        row = _kept_row(k, places(f.metric))
         if len(row.encode()) + 1 > room:
             break
         shown.append(row)

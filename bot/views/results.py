@@ -9,6 +9,10 @@ or failure shows val_bpb 0.000000 and memory 0.0). A keep for simplicity keeps s
 description says `<title>; kept for simplicity, 1 fewer line of code (3 fewer code tokens)`. The
 richer rows (delta, margin, re-measured delta, steps, tokens/s, kept_for_simplicity) and one row
 per run are for `autoresearch results`.
+
+A task other than training has the same columns with its metric's name in val_bpb's place (`commit
+accuracy memory_gb status description`), its values on the metric's own scale with the decimals of
+bot.views.text.places; the rows' dicts keep the key `val_bpb` for the value, whatever the task.
 """
 
 from __future__ import annotations
@@ -21,10 +25,17 @@ from typing import Any
 from bot.core.protocols import Publisher, Snapshot
 from bot.core.simplicity import Simplification
 from bot.store import Store
-from bot.views.read_model import RunRow, View, view_of
+from bot.views.read_model import RunRow, View, metric_of, on_metric_scale, read_loop, view_of
+from bot.views.text import places
 from runner import files
+from runner.tasks import Metric
 
-TSV_COLUMNS = ["commit", "val_bpb", "memory_gb", "status", "description"]
+TSV_COLUMNS = ["commit", "val_bpb", "memory_gb", "status", "description"]  # training's, the reference's
+
+
+def tsv_columns(metric: Metric) -> list[str]:
+    """results.tsv's columns: the reference's, with the task's metric named where val_bpb is."""
+    return [metric.name if column == "val_bpb" else column for column in TSV_COLUMNS]
 
 
 def rows(view: View) -> list[dict[str, Any]]:
@@ -62,7 +73,7 @@ def rows(view: View) -> list[dict[str, Any]]:
                 "val_bpb": finished.val_bpb,
                 "delta": finished.delta,
                 "margin": exp.margin,
-                "remeasured_delta": exp.remeasured_delta,
+                "remeasured_delta": finished.remeasured_delta,
                 "memory_gb": 0.0 if finished.failed else _memory_gb(finished.runs),
                 "status": exp.status,
                 "runs": len(finished.runs),
@@ -85,7 +96,9 @@ def rows(view: View) -> list[dict[str, Any]]:
 
 
 def run_rows(store: Store) -> list[dict[str, Any]]:
-    """One dict per run, set-aside runs included, with what the harness measured."""
+    """One dict per run, set-aside runs included, with what the harness measured (the value on the
+    metric's scale, as in the View)."""
+    metric = metric_of(read_loop(store.db))
     return [
         {
             "run": r.id,
@@ -93,7 +106,7 @@ def run_rows(store: Store) -> list[dict[str, Any]]:
             "purpose": r.purpose,
             "state": r.state,
             "status": r.status,
-            "val_bpb": r.val_bpb,
+            "val_bpb": on_metric_scale(metric, r.val_bpb),
             "steps": r.metrics.get("num_steps"),
             "tokens_per_second": r.metrics.get("tokens_per_second"),
             "cpu_share": r.metrics.get("cpu_share"),
@@ -106,12 +119,13 @@ def run_rows(store: Store) -> list[dict[str, Any]]:
 
 
 def to_tsv(view: View) -> str:
-    lines = ["\t".join(TSV_COLUMNS)]
+    lines = ["\t".join(tsv_columns(view.metric))]
+    n = places(view.metric)
     for row in rows(view):
         description = " ".join(described(row).split())  # no tabs or line breaks inside a field
         lines.append(
             "\t".join(
-                [row["commit"], f"{row['val_bpb'] or 0.0:.6f}", f"{row['memory_gb']:.1f}", row["status"], description]
+                [row["commit"], f"{row['val_bpb'] or 0.0:.{n}f}", f"{row['memory_gb']:.1f}", row["status"], description]
             )
         )
     return "\n".join(lines) + "\n"

@@ -1,7 +1,8 @@
 """`autoresearch status`: a work directory at a glance, read from its store alone (whether a
 conductor is running there or not): what runs and waits, the experiments done (the keeps for
-simplicity said apart), main's val_bpb beside the loop's baseline and the noise margin, the agent,
-recent events. The numbers are the read model's (bot.views.read_model), as on the dashboard."""
+simplicity said apart), main's value of the task's metric beside the loop's baseline and the noise
+margin, the agent, recent events. The numbers are the read model's (bot.views.read_model), as on the
+dashboard."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from rich.text import Text
 
 from bot.views.read_model import FROM_KEPT_EXPERIMENT, View, progress_of
 from bot.views.terminal import kept_count
+from bot.views.text import places
 
 EVENTS = 8  # recent events shown
 
@@ -66,16 +68,16 @@ def render_workdir_status(view: View) -> Group:
 
 
 def main_line(view: View) -> str | None:
-    """Main's val_bpb, how it was measured, the noise margin now and the loop's baseline."""
-    main = view.main
+    """Main's value of the metric, how it was measured, the noise margin now and the loop's baseline."""
+    main, n = view.main, places(view.metric)
     if main.val_bpb is None or main.commit is None:
         return None
     how = FROM_KEPT_EXPERIMENT if main.source == FROM_KEPT_EXPERIMENT else f"mean of {main.runs} run(s)"
-    line = f"main {main.commit[:7]}: val_bpb {main.val_bpb:.6f} ({how})"
+    line = f"main {main.commit[:7]}: {view.metric.name} {main.val_bpb:.{n}f} ({how})"
     if main.margin is not None:
-        line += f", noise margin {main.margin:.6f}"
+        line += f", noise margin {main.margin:.{n}f}"
     if view.baseline is not None:
-        line += f"; baseline {view.baseline.val_bpb:.6f} ({main.val_bpb - view.baseline.val_bpb:+.6f})"
+        line += f"; baseline {view.baseline.val_bpb:.{n}f} ({main.val_bpb - view.baseline.val_bpb:+.{n}f})"
     return line
 
 

@@ -1,7 +1,8 @@
 """What the terminal shows of a loop besides `autoresearch status` (bot.views.status): the demo's
 live progress line and its runs in flight, and the tables of `autoresearch results`. The numbers
 are the read model's (bot.views.read_model), as on the dashboard; a keep for simplicity is counted
-among the keeps and said apart (`kept 3 (1 for simplicity)`; its description as in results.tsv)."""
+among the keeps and said apart (`kept 3 (1 for simplicity)`; its description as in results.tsv). The
+task's metric names the value's column, and its digits set the decimals shown (bot.views.text.places)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from rich.text import Text
 
 from bot.store import Store
 from bot.views import results
-from bot.views.read_model import Live, View, progress_of
+from bot.views.read_model import Live, View, metric_of, progress_of, read_loop
+from bot.views.text import places
 
 COLOURS = {"keep": "green", "discard": "yellow", "crash": "red", "failed": "red", "cancelled": "yellow"}
 
@@ -47,9 +49,9 @@ def render_live_progress(view: View, live: Live, experiments: int, started: floa
         ("crashed ", "red"),
         f"{counts['crash']}  ",
         ("baseline ", "bold"),
-        _fmt(view.baseline.val_bpb if view.baseline else None),
+        _fmt(view.baseline.val_bpb if view.baseline else None, places(view.metric)),
         ("  best ", "bold"),
-        _fmt(view.main.val_bpb),
+        _fmt(view.main.val_bpb, places(view.metric)),
         f"  elapsed {time.time() - started:.0f}s",
     )
     return Group(line, table) if table.row_count else Group(line)
@@ -60,7 +62,8 @@ def results_table(view: View) -> Table:
     table = Table(title="experiments")
     rows = results.rows(view)
     priced = any(row["cost_usd"] is not None for row in rows)  # an LLM agent: its cost per proposal
-    for column in ("#", "val_bpb", "delta", "margin", "re-measured", "steps", "tok/s", "runs", "status"):
+    n = places(view.metric)
+    for column in ("#", view.metric.name, "delta", "margin", "re-measured", "steps", "tok/s", "runs", "status"):
         table.add_column(column, no_wrap=True)
     if priced:
         table.add_column("cost", no_wrap=True)
@@ -69,10 +72,10 @@ def results_table(view: View) -> Table:
         cost = [] if not priced else ["-" if row["cost_usd"] is None else f"${row['cost_usd']:.3f}"]
         table.add_row(
             str(row["id"]),
-            _fmt(row["val_bpb"]),
-            _signed(row["delta"]),
-            _fmt(row["margin"]),
-            _signed(row["remeasured_delta"]),
+            _fmt(row["val_bpb"], n),
+            _signed(row["delta"], n),
+            _fmt(row["margin"], n),
+            _signed(row["remeasured_delta"], n),
             _whole(row["steps"]),
             _whole(row["tokens_per_second"]),
             str(row["runs"]),
@@ -86,7 +89,8 @@ def results_table(view: View) -> Table:
 def runs_table(store: Store) -> Table:
     """`autoresearch results --runs`: every run, set-aside ones included."""
     table = Table(title="runs")
-    for column in ("run", "exp", "purpose", "state", "val_bpb", "steps", "tok/s", "cpu share", "seconds", "note"):
+    metric = metric_of(read_loop(store.db))
+    for column in ("run", "exp", "purpose", "state", metric.name, "steps", "tok/s", "cpu share", "seconds", "note"):
         table.add_column(column)
     for row in results.run_rows(store):
         share = row["cpu_share"]
@@ -95,7 +99,7 @@ def runs_table(store: Store) -> Table:
             str(row["experiment"] or "main"),
             row["purpose"],
             row["state"],
-            _fmt(row["val_bpb"]),
+            _fmt(row["val_bpb"], places(metric)),
             _whole(row["steps"]),
             _whole(row["tokens_per_second"]),
             "-" if share is None else f"{share:.0%}",
@@ -111,13 +115,13 @@ def kept_count(view: View) -> str:
     return f"{view.counts['keep']}{simpler}"
 
 
-def _signed(value: float | None) -> str:
-    return "" if value is None else f"{value:+.6f}"
+def _signed(value: float | None, places: int) -> str:
+    return "" if value is None else f"{value:+.{places}f}"
 
 
 def _whole(value: float | None) -> str:
     return "-" if value is None else f"{value:.0f}"
 
 
-def _fmt(value: float | None) -> str:
-    return "-" if value is None else f"{value:.6f}"
+def _fmt(value: float | None, places: int) -> str:
+    return "-" if value is None else f"{value:.{places}f}"

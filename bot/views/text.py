@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import re
 
+from runner.tasks import Metric
+
 
 def defang(text: str) -> str:
     """Break every HTML comment opener in text the bot did not write (a zero-width space keeps it
@@ -58,6 +60,12 @@ def one_line(text: str | None, limit: int) -> str:
     """Whitespace collapsed to single spaces, clipped to `limit` characters with an ellipsis."""
     words = " ".join(plain(text or "").split())
     return words if len(words) <= limit else words[: limit - 1].rstrip() + "…"
+
+
+def places(metric: Metric) -> int:
+    """Decimals the views show of a metric's values and deltas: two beyond the metric's own (a change
+    between runs is finer than a value is read), so val_bpb keeps its six, p95_ms shows four."""
+    return metric.digits + 2
 
 
 def bpb(value: float | None, places: int = 6) -> str:

@@ -18,6 +18,9 @@
   var pollTimer = null;
   var fallback = null;
   var showAll = false;
+  var metric = { name: "val_bpb", direction: "lower", places: 6 }; // the task's, from the state
+
+  function better(delta) { return metric.direction === "lower" ? delta < 0 : delta > 0; }
 
   function $(id) { return document.getElementById(id); }
 
@@ -37,10 +40,10 @@
   }
 
   function isNum(v) { return typeof v === "number" && isFinite(v); }
-  function fixed(v, digits) { return isNum(v) ? v.toFixed(digits === undefined ? 6 : digits) : "–"; }
+  function fixed(v, digits) { return isNum(v) ? v.toFixed(digits === undefined ? metric.places : digits) : "–"; }
   function signed(v, digits) {
     if (!isNum(v)) return "–";
-    var text = Math.abs(v).toFixed(digits === undefined ? 6 : digits);
+    var text = Math.abs(v).toFixed(digits === undefined ? metric.places : digits);
     return (v > 0 ? "+" : v < 0 ? "−" : "±") + text;
   }
   function money(v) { return isNum(v) ? "$" + v.toFixed(v < 10 ? 2 : 0) : "–"; }
@@ -146,6 +149,7 @@
     state = next;
     receivedAt = Date.now();
     showProblem(null);
+    renderMetric(state.metric);
     renderSummary(state);
     renderSlots(state);
     renderChart(state.chart);
@@ -158,6 +162,14 @@
     if (!receivedAt) return;
     var ago = Math.round((Date.now() - receivedAt) / 1000);
     $("updated").textContent = "updated " + (ago < 2 ? "just now" : duration(ago) + " ago");
+  }
+
+  function renderMetric(m) {
+    if (m) metric = m;
+    Array.prototype.forEach.call(document.querySelectorAll(".metric-name"), function (node) {
+      node.textContent = metric.name;
+    });
+    $("direction").textContent = "(" + metric.direction + " is better)";
   }
 
   function renderSummary(s) {
@@ -236,7 +248,7 @@
     var height = width < 520 ? 220 : 280;
     var pad = { left: 62, right: 14, top: 14, bottom: 30 };
     var root = svg("svg", { viewBox: "0 0 " + width + " " + height, width: width, height: height, role: "img",
-                            "aria-label": "val_bpb of the baseline and each finished experiment" }, box);
+                            "aria-label": metric.name + " of the baseline and each finished experiment" }, box);
     var points = (chart && chart.points) || [];
     var crashes = (chart && chart.crashes) || [];
     var best = (chart && chart.best) || [];
@@ -318,7 +330,7 @@
       var pill = make("span", "pill " + resultOf(e), word + (e.in_flight ? " …" : ""), result);
       if (e.kept_for_simplicity) pill.title = e.kept_for_simplicity;
       make("td", "num", fixed(e.val_bpb), tr);
-      make("td", "num " + (isNum(e.delta) ? (e.delta < 0 ? "better" : "worse") : ""), signed(e.delta), tr);
+      make("td", "num " + (isNum(e.delta) ? (better(e.delta) ? "better" : "worse") : ""), signed(e.delta), tr);
       make("td", "num wide", fixed(e.margin), tr);
       make("td", "num runs", e.runs, tr);
       make("td", "num wide cost", isNum(e.cost_usd) ? "$" + e.cost_usd.toFixed(3) : "–", tr);
