@@ -1,5 +1,7 @@
-"""What people see of each experiment on GitHub: its pull request, its `val_bpb` check, its verdict
-label, the comment that explains its decision, and the answers to their commands.
+"""What people see of each experiment on GitHub: its pull request, its check (named after the
+task's metric: `autoresearch / val_bpb` for training, as before tasks, `autoresearch / p95_ms`...),
+its verdict label, the comment that explains its decision, and the answers to their commands; every
+number in the task's metric (bot.github.render), the task read from the store (the loop's pinned one).
 
 The publisher is level-triggered: each tick it compares what the store says an experiment is
 with what it has already shown (the store's `published` rows) and makes up the difference, one
@@ -52,12 +54,20 @@ from bot.github import render
 from bot.github.research_log import ResearchLog
 from bot.github.webhooks import GitHubEvent
 from bot.store import Experiment, Store, failpoint
+from bot.views.read_model import read_loop, task_of
+from runner.tasks import TRAINING, Metric, Task
 
-__all__ = ["GitHubPublisher", "CHECK_NAME"]
+__all__ = ["GitHubPublisher", "CHECK_NAME", "check_name"]
 
 log = logging.getLogger(__name__)
 
-CHECK_NAME = "autoresearch / val_bpb"
+
+def check_name(metric: Metric) -> str:
+    """The check's (and the commit status's context's) name: `autoresearch / <metric>`."""
+    return f"autoresearch / {metric.name}"
+
+
+CHECK_NAME = check_name(TRAINING.metric)  # training's, unchanged since before tasks: "autoresearch / val_bpb"
 PROGRESS_EVERY_S = 120.0  # the check's progress updates while a run trains (see the module docstring)
 REPLY_TRIES = 5  # ticks a reply is tried when GitHub fails (5xx, no answer) before it is given up
 ACTIONS = [
@@ -102,9 +112,15 @@ class GitHubPublisher(Publisher):
         self._labels_ready: set[str] = set()
         self._reply_failures: dict[int, int] = {}  # command comment id -> ticks its reply failed (this process)
         self.research_log = ResearchLog(store, repo, pace_write=pace_write, clock=clock)
+        self.task: Task = TRAINING  # the loop's, read again at each publish
+
+    @property
+    def check_name(self) -> str:
+        return check_name(self.task.metric)
 
     # --- the phase ---------------------------------------------------------------------------------
     def publish(self, snapshot: Snapshot) -> None:
+        self.task = task_of(read_loop(self.store.db))
         failures: list[str] = []
         try:
             self._post_replies()
@@ -200,6 +216,7 @@ class GitHubPublisher(Publisher):
                 main_val_bpb=snapshot.main_val_bpb,
                 base_asset=self._base_text(exp),
                 history=history,
+                task=self.task,
             )
             self.pace_write()
             number = self.repo.create_pull(
@@ -255,8 +272,9 @@ class GitHubPublisher(Publisher):
         return True
 
     def _base_text(self, exp: Experiment) -> str:
+        """The task's asset on the experiment's main ("" when main has none)."""
         try:
-            return self.read_file(exp.base_sha, "train.py")
+            return self.read_file(exp.base_sha, self.task.asset)
         except FileNotFoundError:
             return ""
 
@@ -317,7 +335,9 @@ class GitHubPublisher(Publisher):
         if key in published:
             return
         runs = self.store.runs.all(experiment_id=exp.id)
-        body = render.decision_comment(exp, main_val_bpb=exp.meta.get("main_val_bpb", snapshot.main_val_bpb), runs=runs)
+        body = render.decision_comment(
+            exp, main_val_bpb=exp.meta.get("main_val_bpb", snapshot.main_val_bpb), runs=runs, metric=self.task.metric
+        )
         wanted = render.find_marker(body)
         found = None
         if self._attempt(exp, key, published):
@@ -335,7 +355,7 @@ class GitHubPublisher(Publisher):
             failpoint("comment_posted")
         self.store.published.set(exp.id, key, str(found))
 
-    # --- the val_bpb check -----------------------------------------------------------------------------
+    # --- the metric's check ------------------------------------------------------------------------------
     def _check(
         self,
         exp: Experiment,
@@ -346,11 +366,15 @@ class GitHubPublisher(Publisher):
     ) -> None:
         head = exp.head_sha or ""
         status = exp.status if phase == "completed" else phase
-        title = render.check_title(exp, status=status or "failed", progress=progress)
+        title = render.check_title(exp, status=status or "failed", progress=progress, metric=self.task.metric)
         if phase == "completed":
             runs = self.store.runs.all(experiment_id=exp.id)
             summary = render.check_summary(
-                exp, runs, main_val_bpb=exp.meta.get("main_val_bpb", snapshot.main_val_bpb), noise_margin=exp.margin
+                exp,
+                runs,
+                main_val_bpb=exp.meta.get("main_val_bpb", snapshot.main_val_bpb),
+                noise_margin=exp.margin,
+                metric=self.task.metric,
             )
             tails = [r.log_tail for r in runs if r.log_tail]
             text = render.check_text(tails[-1] if tails else exp.error_tail or "")
@@ -378,7 +402,7 @@ class GitHubPublisher(Publisher):
                 check = self._api(
                     "POST",
                     "/check-runs",
-                    input={"name": CHECK_NAME, "head_sha": head, "external_id": external_id, **fields},
+                    input={"name": self.check_name, "head_sha": head, "external_id": external_id, **fields},
                 )
                 failpoint("check_run_created")
                 log.info("experiment %s: check run %s on %s (%s)", exp.id, check["id"], head[:7], phase)
@@ -399,7 +423,7 @@ class GitHubPublisher(Publisher):
         answer = self._api(
             "GET",
             f"/commits/{head}/check-runs",
-            parameters={"check_name": CHECK_NAME, "filter": "all", "per_page": 100},
+            parameters={"check_name": self.check_name, "filter": "all", "per_page": 100},
         )
         return next(
             (
@@ -438,8 +462,8 @@ class GitHubPublisher(Publisher):
         in a status, so a run in progress posts none)."""
         fields = {
             "state": STATUS_STATE.get(status, "error"),
-            "description": render.status_description(exp, status=status),
-            "context": CHECK_NAME,
+            "description": render.status_description(exp, status=status, metric=self.task.metric),
+            "context": self.check_name,
         }
         key, shown = f"status:{head}", f"{fields['state']} {fields['description']}"
         if published.get(key) == shown:

@@ -12,6 +12,11 @@ characters (`plain`, applied by every renderer here), so nothing the bot repeats
 or reads right to left. A marker is also only ever believed in what the bot's own login authored
 (bot.github.publisher, bot.github.research_log check the author). Limits are kept in characters and in UTF-8 bytes alike,
 since a character can be four bytes and we do not rely on which of the two GitHub counts.
+
+The numbers speak the task's metric (`metric`, training's val_bpb by default): named, on its own
+scale and with its decimals. The store's records hold them on the judge's loss scale, so every value
+and delta shown goes through bot.views.read_model.on_metric_scale, the read model's out-edge; a
+margin, a magnitude, is shown as it is.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from typing import Any
 
 from bot.core.simplicity import simplification
 from bot.store import Experiment, Run
-from bot.views.read_model import kept_for_simplicity
+from bot.views.read_model import kept_for_simplicity, on_metric_scale
 from bot.views.text import bpb as _bpb
 from bot.views.text import cell as _cell
 from bot.views.text import clean as _clean
@@ -34,8 +39,10 @@ from bot.views.text import defang as _defang
 from bot.views.text import fits as _fits
 from bot.views.text import head as _head
 from bot.views.text import one_line as _one_line
+from bot.views.text import places as _places
 from bot.views.text import plural as _plural
 from bot.views.text import signed as _signed
+from runner.tasks import TRAINING, Metric, Task
 
 PR_TITLE_LIMIT = 256
 PR_BODY_LIMIT = 65_536  # also an issue comment's
@@ -97,6 +104,25 @@ def _duration(seconds: float | None) -> str:
     if hours:
         return f"{hours}h{minutes:02d}m"
     return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+class _Shown:
+    """How the texts show a metric's numbers: a value or a delta of the store's (the loss scale) on
+    the metric's scale, with the metric's decimals (bot.views.text.places); a margin as it is."""
+
+    def __init__(self, metric: Metric) -> None:
+        self.name = metric.name
+        self.metric = metric
+        self.places = _places(metric)
+
+    def value(self, loss: float | None) -> str:
+        return _bpb(on_metric_scale(self.metric, loss), self.places)
+
+    def delta(self, loss: float | None) -> str:
+        return _signed(on_metric_scale(self.metric, loss), self.places)
+
+    def margin(self, margin: float | None) -> str:
+        return _bpb(margin, self.places)
 
 
 def _delta(exp: Experiment, val_bpb: float | None, main_val_bpb: float | None) -> float | None:
@@ -203,11 +229,12 @@ def diff_size(before: str, after: str) -> tuple[int, int]:
     return added, removed
 
 
-def _expected(meta: dict[str, Any]) -> str:
+def _expected(meta: dict[str, Any], metric: Metric) -> str:
+    """The agent's expected effect: its words, or its number (in the metric's units)."""
     for key in ("expected", "expected_effect", "expected_delta"):
         value = meta.get(key)
         if _number(value) is not None:
-            return f"val_bpb {value:+.5f} vs main."
+            return f"{metric.name} {value:+.{metric.digits + 1}f} vs main."
         if isinstance(value, str) and value.strip():
             return _defang(value.strip()[:4_000])
     return "Not stated by the agent."
@@ -261,51 +288,63 @@ with one of these commands acts on this experiment:
 | `/try <idea>` | an idea for the agent's next proposals |"""
 
 
-def _history(exp: Experiment, history: list[Experiment]) -> str:
+def _history(exp: Experiment, history: list[Experiment], shown: _Shown) -> str:
     done = sorted((e for e in history if e.status and e.id != exp.id), key=lambda e: e.id)[-HISTORY_SHOWN:]
     if not done:
         return "No experiment has finished yet."
-    rows = ["| Experiment | Status | val_bpb | Δ vs main |", "| --- | --- | --- | --- |"]
+    rows = [f"| Experiment | Status | {shown.name} | Δ vs main |", "| --- | --- | --- | --- |"]
     for e in reversed(done):
         crashed = e.status in ("crash", "failed")
         rows.append(
             f"| #{e.id} {_cell(_one_line(e.title, 80))} | {_OUTCOME_WORDS.get(e.status, e.status)} "
-            f"| {'—' if crashed else _bpb(e.val_bpb)} | {'—' if crashed else _signed(e.delta)} |"
+            f"| {'—' if crashed else shown.value(e.val_bpb)} | {'—' if crashed else shown.delta(e.delta)} |"
         )
     return "\n".join(rows)
 
 
 def pr_body(
-    exp: Experiment, *, main_sha: str, main_val_bpb: float | None, base_asset: str, history: list[Experiment]
+    exp: Experiment,
+    *,
+    main_sha: str,
+    main_val_bpb: float | None,
+    base_asset: str,
+    history: list[Experiment],
+    task: Task = TRAINING,
 ) -> str:
-    """The PR description: hypothesis, expected effect, diff size, what it builds on, how to steer."""
+    """The PR description: hypothesis, expected effect, diff size, what it builds on, how to steer;
+    the asset and the metric are `task`'s."""
+    asset, shown = task.asset, _Shown(task.metric)
     if exp.asset is None:
-        size = "The proposed train.py is not recorded yet."
+        size = f"The proposed {asset} is not recorded yet."
     else:
         added, removed = diff_size(base_asset, exp.asset)
-        size = f"`train.py`: **+{added} −{removed}** lines against main `{main_sha[:7]}`."
+        size = f"`{asset}`: **+{added} −{removed}** lines against main `{main_sha[:7]}`."
         smaller = simplification(base_asset, exp.asset)
         if smaller:
             size += (
-                f" It makes train.py smaller: {smaller.words()}, counted without comments, docstrings "
-                f"or layout. A smaller train.py may be kept for simplicity: when its runs rule out a loss "
+                f" It makes {asset} smaller: {smaller.words()}, counted without comments, docstrings "
+                f"or layout. A smaller {asset} may be kept for simplicity: when its runs rule out a loss "
                 f"larger than `simplicity_sigmas` (program.md) times the noise."
             )
     changes = _changes(exp.meta)
     if isinstance(exp.meta.get("fixes"), int):
         changes.append(f"It is proposed as the fix of experiment {exp.meta['fixes']}, which crashed.")
-    main_words = f"val_bpb **{_bpb(main_val_bpb)}**" if main_val_bpb is not None else "val_bpb not measured yet"
+    main_words = (
+        f"{shown.name} **{shown.value(main_val_bpb)}**"
+        if main_val_bpb is not None
+        else f"{shown.name} not measured yet"
+    )
     cost = agent_cost(exp.meta)
     risk = exp.meta.get("risk") if isinstance(exp.meta.get("risk"), str) else ""
     rest = "\n\n".join(
         [
             "## Expected effect",
-            _expected(exp.meta) + (f"\n\nRisk: {_defang(risk.strip()[:2_000])}" if risk.strip() else ""),
+            _expected(exp.meta, task.metric) + (f"\n\nRisk: {_defang(risk.strip()[:2_000])}" if risk.strip() else ""),
             "## The change",
             "\n".join([size, *changes]),
             "## What it builds on",
             f"Main `{main_sha[:7]}` (this branch's base): {main_words}. The last finished experiments:",
-            _history(exp, history),
+            _history(exp, history, shown),
             *([f"Proposing it cost {cost}."] if cost else []),
             STEERING,
         ]
@@ -323,17 +362,21 @@ def pr_body(
 # --- check runs and commit statuses ---------------------------------------------------------------
 
 
-def _numbers(val_bpb: float | None, delta: float | None, margin: float | None, loss_margin: float | None = None) -> str:
-    """`val_bpb 0.97120 (-0.00610 vs main, noise margin 0.00200)`, 5 decimals; with a loss margin
-    (a keep for simplicity) `loss margin 0.01000` instead of the noise margin."""
+def _numbers(
+    metric: Metric, val_bpb: float | None, delta: float | None, margin: float | None, loss_margin: float | None = None
+) -> str:
+    """`val_bpb 0.97120 (-0.00610 vs main, noise margin 0.00200)`, one decimal more than the metric's
+    own (val_bpb's 5), the value and delta (store numbers) on the metric's scale; with a loss margin (a
+    keep for simplicity) `loss margin 0.01000` instead of the noise margin."""
     if val_bpb is None:
         return ""
-    parts = [f"{delta:+.5f} vs main" if delta is not None else "no main baseline yet"]
+    n = metric.digits + 1
+    parts = [f"{on_metric_scale(metric, delta):+.{n}f} vs main" if delta is not None else "no main baseline yet"]
     if loss_margin is not None:
-        parts.append(f"loss margin {loss_margin:.5f}")
+        parts.append(f"loss margin {loss_margin:.{n}f}")
     elif margin is not None:
-        parts.append(f"noise margin {margin:.5f}")
-    return f"val_bpb {val_bpb:.5f} ({', '.join(parts)})"
+        parts.append(f"noise margin {margin:.{n}f}")
+    return f"{metric.name} {on_metric_scale(metric, val_bpb):.{n}f} ({', '.join(parts)})"
 
 
 def check_title(
@@ -345,10 +388,11 @@ def check_title(
     margin: float | None = None,
     ahead: int | None = None,
     progress: dict[str, Any] | None = None,
+    metric: Metric = TRAINING.metric,
 ) -> str:
     """One line for a check run: a finished status (keep, discard, crash, failed, cancelled) with
-    its numbers (the experiment's own when not given), `queued` with the runs ahead of it, or
-    `running` with the latest progress line."""
+    its numbers (the experiment's own when not given; store numbers, shown in `metric`), `queued`
+    with the runs ahead of it, or `running` with the latest progress line."""
     if status == "queued":
         title = (
             "queued"
@@ -362,6 +406,7 @@ def check_title(
     elif status in _OUTCOME_WORDS:
         simpler = kept_for_simplicity(exp) if status == "keep" else None
         numbers = _numbers(
+            metric,
             val_bpb if val_bpb is not None else exp.val_bpb,
             delta if delta is not None else exp.delta,
             margin if margin is not None else exp.margin,
@@ -394,9 +439,12 @@ def status_description(
     margin: float | None = None,
     ahead: int | None = None,
     progress: dict[str, Any] | None = None,
+    metric: Metric = TRAINING.metric,
 ) -> str:
     """The commit status fallback (no App): the check title, at most 140 characters."""
-    title = check_title(exp, status=status, val_bpb=val_bpb, delta=delta, margin=margin, ahead=ahead, progress=progress)
+    title = check_title(
+        exp, status=status, val_bpb=val_bpb, delta=delta, margin=margin, ahead=ahead, progress=progress, metric=metric
+    )
     return _one_line(title, STATUS_DESCRIPTION_LIMIT)
 
 
@@ -416,22 +464,31 @@ def _metric(runs: list[Run], key: str) -> list[float]:
     return [value for r in runs if (value := _number(r.metrics.get(key))) is not None]
 
 
-def check_summary(exp: Experiment, runs: list[Run], *, main_val_bpb: float | None, noise_margin: float | None) -> str:
-    """The check run summary: the numbers of the experiment and of each of its runs, and the decision."""
+def check_summary(
+    exp: Experiment,
+    runs: list[Run],
+    *,
+    main_val_bpb: float | None,
+    noise_margin: float | None,
+    metric: Metric = TRAINING.metric,
+) -> str:
+    """The check run summary: the numbers of the experiment and of each of its runs (store numbers,
+    shown in `metric`), and the decision."""
+    shown = _Shown(metric)
     counted = _counted(runs)
     value = (
         exp.val_bpb if exp.val_bpb is not None else (statistics.fmean(r.val_bpb for r in counted) if counted else None)
     )
     margin = noise_margin if noise_margin is not None else exp.margin
-    values = ", ".join(_bpb(r.val_bpb) for r in counted)
+    values = ", ".join(shown.value(r.val_bpb) for r in counted)
     rows = [
         "| | |",
         "| --- | --- |",
-        f"| val_bpb | {_bpb(value)}{f' (mean of {len(counted)})' if len(counted) > 1 else ''} |",
-        f"| main | {_bpb(main_val_bpb) if main_val_bpb is not None else 'not measured yet'} |",
-        f"| Δ vs main | {_signed(_delta(exp, value, main_val_bpb))} |",
-        f"| Noise margin | {_bpb(margin) if margin is not None else 'not known yet'} |",
-        *_simplicity_row(exp),
+        f"| {shown.name} | {shown.value(value)}{f' (mean of {len(counted)})' if len(counted) > 1 else ''} |",
+        f"| main | {shown.value(main_val_bpb) if main_val_bpb is not None else 'not measured yet'} |",
+        f"| Δ vs main | {shown.delta(_delta(exp, value, main_val_bpb))} |",
+        f"| Noise margin | {shown.margin(margin) if margin is not None else 'not known yet'} |",
+        *_simplicity_row(exp, shown),
         f"| Runs | {len(counted)}{': ' + values if values else ''} |",
     ]
     for label, key, combine, show in _METRICS:
@@ -443,7 +500,7 @@ def check_summary(exp: Experiment, runs: list[Run], *, main_val_bpb: float | Non
     parts = ["\n".join(rows), f"**Decision:** {decision}"]
     if runs:
         listed = [
-            "| Run | Purpose | State | val_bpb | Steps | Seconds | Note |",
+            f"| Run | Purpose | State | {shown.name} | Steps | Seconds | Note |",
             "| --- | --- | --- | --- | --- | --- | --- |",
         ]
         for r in runs[-RUNS_SHOWN:]:
@@ -455,7 +512,7 @@ def check_summary(exp: Experiment, runs: list[Run], *, main_val_bpb: float | Non
             if isinstance(r.metrics.get("actions_url"), str) and r.metrics["actions_url"].startswith("https://"):
                 note = f"[Actions log]({r.metrics['actions_url']}) {note}".rstrip()
             listed.append(
-                f"| {r.id} | {r.purpose} | {state} | {_bpb(r.val_bpb)} | {steps if steps is not None else '—'} "
+                f"| {r.id} | {r.purpose} | {state} | {shown.value(r.val_bpb)} | {steps if steps is not None else '—'} "
                 f"| {f'{seconds:.1f}' if isinstance(seconds, (int, float)) else '—'} | {_cell(note)} |"
             )
         if len(runs) > RUNS_SHOWN:
@@ -464,14 +521,14 @@ def check_summary(exp: Experiment, runs: list[Run], *, main_val_bpb: float | Non
     return _limit("\n\n".join(parts), CHECK_FIELD_LIMIT)
 
 
-def _simplicity_row(exp: Experiment) -> list[str]:
+def _simplicity_row(exp: Experiment, shown: _Shown) -> list[str]:
     """The table row of a keep for simplicity: how much smaller, and the loss its runs ruled out."""
     simpler = kept_for_simplicity(exp)
     if simpler is None:
         return []
     return [
         f"| Kept for simplicity | {simpler.smaller.words()}; its runs rule out a loss larger than "
-        f"{_bpb(simpler.loss_margin)} |"
+        f"{shown.margin(simpler.loss_margin)} |"
     ]
 
 
@@ -566,8 +623,12 @@ def _next_step(exp: Experiment) -> str:
     return "No decision yet."
 
 
-def decision_comment(exp: Experiment, *, main_val_bpb: float | None, runs: list[Run]) -> str:
-    """Why the experiment ended as it did, in numbers, and what happens next."""
+def decision_comment(
+    exp: Experiment, *, main_val_bpb: float | None, runs: list[Run], metric: Metric = TRAINING.metric
+) -> str:
+    """Why the experiment ended as it did, in numbers (store numbers, shown in `metric`), and what
+    happens next."""
+    shown = _Shown(metric)
     status = exp.status or "undecided"
     word = "kept for simplicity" if kept_for_simplicity(exp) else _OUTCOME_WORDS.get(status, status)
     counted = _counted(runs)
@@ -580,19 +641,19 @@ def decision_comment(exp: Experiment, *, main_val_bpb: float | None, runs: list[
         "",
     ]
     if status not in ("crash", "failed") and (exp.val_bpb is not None or counted):
-        values = ", ".join(_bpb(r.val_bpb) for r in counted) or "—"
+        values = ", ".join(shown.value(r.val_bpb) for r in counted) or "—"
         lines += [
             "| | |",
             "| --- | --- |",
-            f"| val_bpb | {_bpb(exp.val_bpb)} |",
-            f"| main | {_bpb(main) if main is not None else 'not measured yet'} |",
-            f"| Δ vs main | {_signed(_delta(exp, exp.val_bpb, main))} |",
-            f"| Noise margin | {_bpb(exp.margin) if exp.margin is not None else 'not known yet'} |",
-            *_simplicity_row(exp),
+            f"| {shown.name} | {shown.value(exp.val_bpb)} |",
+            f"| main | {shown.value(main) if main is not None else 'not measured yet'} |",
+            f"| Δ vs main | {shown.delta(_delta(exp, exp.val_bpb, main))} |",
+            f"| Noise margin | {shown.margin(exp.margin) if exp.margin is not None else 'not known yet'} |",
+            *_simplicity_row(exp, shown),
             f"| Runs | {len(counted)}: {values} |",
         ]
         if exp.remeasured_delta is not None:
-            lines.append(f"| Δ re-measured on the new main | {_signed(exp.remeasured_delta)} |")
+            lines.append(f"| Δ re-measured on the new main | {shown.delta(exp.remeasured_delta)} |")
         lines.append("")
     lines.append(f"**Next:** {_next_step(exp)}")
     if status == "crash":

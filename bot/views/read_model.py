@@ -40,7 +40,7 @@ from bot.loop.judge import judge_config
 from bot.loop.program import LoopSettings, loop_task
 from bot.store import Experiment, LoopState, Store
 from runner.progress import last_progress
-from runner.tasks import Metric
+from runner.tasks import Metric, Task, get_task
 
 EVENTS = 12  # recent events read, newest first
 FROM_BASELINE_RUNS = "baseline runs"
@@ -381,10 +381,15 @@ def on_metric_scale(metric: Metric, loss: float | None) -> float | None:
     return None if loss is None else metric.loss(loss)
 
 
+def task_of(loop: LoopRow) -> Task:
+    """The loop's task: the one its pinned identity names, or before it was pinned the one program.md
+    names (training, as every loop before tasks)."""
+    return loop_task(loop.identity) if loop.identity else get_task(loop_settings(loop).task)
+
+
 def metric_of(loop: LoopRow) -> Metric:
-    """The metric of the loop's task: the one its pinned identity names, or before it was pinned the
-    one program.md names (training, as every loop before tasks)."""
-    return loop_task(loop.identity).metric if loop.identity else loop_settings(loop).metric
+    """The metric of the loop's task (task_of)."""
+    return task_of(loop).metric
 
 
 def loop_settings(loop: LoopRow) -> LoopSettings:

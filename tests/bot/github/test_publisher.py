@@ -19,10 +19,11 @@ from bot.github import render
 from bot.github.forge import GitHubForge
 from bot.github.handlers import GitHubEvents
 from bot.github.permissions import CollaboratorPermissions
-from bot.github.publisher import CHECK_NAME, REPLY_TRIES, GitHubPublisher
+from bot.github.publisher import CHECK_NAME, REPLY_TRIES, GitHubPublisher, check_name
 from bot.loop import inbox
 from bot.loop.inbox import apply_inbox
 from bot.store import Store
+from runner.tasks import TRAINING
 
 TRAIN = "lr = 0.01\n"
 
@@ -190,6 +191,60 @@ def test_with_a_token_the_verdict_is_a_commit_status(token_world: World) -> None
     assert [s["state"] for s in statuses] == ["pending", "success"] and statuses[-1]["context"] == CHECK_NAME
     assert all(len(s["description"]) <= 140 for s in statuses)
     assert gh.check_runs() == []
+
+
+ACCURACY_LOOP = {"task": "ticket-routing", "profile": "smoke", "harness_hash": "h", "data_fingerprint": "d"}
+
+
+def finish_accuracy(world: World, status: str, accuracy: float, main: float) -> None:
+    """A ticket-routing verdict, its numbers as the store holds them: accuracy's loss, its negation."""
+    world.store.runs.finish(world.run_id, status="ok", val_bpb=-accuracy, metrics={}, error=None, log_tail="")
+    world.store.experiments.update(
+        world.exp_id,
+        state=State.CLOSING,
+        status=status,
+        val_bpb=-accuracy,
+        delta=main - accuracy,
+        margin=0.01,
+        reason="judged",
+        meta={"main_val_bpb": -main},
+    )
+    world.store.experiments.update(world.exp_id, state=State.DONE)
+
+
+def test_trainings_check_keeps_the_name_it_had_before_tasks() -> None:
+    """A repository's branch protection may require the check by name."""
+    assert CHECK_NAME == check_name(TRAINING.metric) == "autoresearch / val_bpb"
+
+
+def test_a_higher_is_better_tasks_check_pr_and_comment_speak_its_metric(app_world: World) -> None:
+    gh, world = app_world.standin, app_world
+    world.store.state.identity = ACCURACY_LOOP
+    world.publish()
+    finish_accuracy(world, "keep", 0.85, main=0.80)
+    world.publish()
+    assert {c["name"] for c in gh.check_runs()} == {"autoresearch / accuracy"}
+    [check] = gh.check_runs()
+    assert check["output"]["title"] == "accuracy 0.85000 (+0.05000 vs main, noise margin 0.01000): kept"
+    summary = check["output"]["summary"]
+    assert "| accuracy | 0.850000 |" in summary and "| main | 0.800000 |" in summary
+    assert "| Δ vs main | +0.050000 |" in summary and "val_bpb" not in summary
+    [pull] = gh.pulls()
+    assert "`router.py`: **+1" in pull["body"] and "train.py" not in pull["body"].split("## Steering")[0]
+    [comment] = [c["body"] for c in gh.comments(pull["number"]) if "autoresearch:decision" in c["body"]]
+    assert "| accuracy | 0.850000 |" in comment and "| Δ vs main | +0.050000 |" in comment
+
+
+def test_with_a_token_a_tasks_status_is_named_after_its_metric(token_world: World) -> None:
+    gh, world = token_world.standin, token_world
+    world.store.state.identity = ACCURACY_LOOP
+    world.publish()
+    finish_accuracy(world, "discard", 0.79, main=0.80)
+    world.publish()
+    head = world.store.experiments.get(world.exp_id).head_sha
+    statuses = gh.statuses(head)
+    assert {s["context"] for s in statuses} == {"autoresearch / accuracy"}
+    assert statuses[-1]["description"].startswith("accuracy 0.79000 (-0.01000 vs main")
 
 
 def test_a_first_publish_creates_without_looking_first(app_world: World) -> None:

@@ -11,6 +11,7 @@ import pytest
 from bot.github import render
 from bot.store import Experiment, Run
 from bot.views.text import plain
+from runner.tasks import QUERY_LATENCY, TICKET_ROUTING
 
 MAIN = "aaaaaaa" + "1" * 33
 HEAD = "bbbbbbb" + "2" * 33
@@ -147,6 +148,18 @@ def test_every_comment_carries_its_own_marker() -> None:
 def test_check_title_of_a_kept_experiment_reads_exactly_as_specified() -> None:
     title = render.check_title(experiment(), status="keep", val_bpb=0.9712, delta=-0.0061, margin=0.002)
     assert title == "val_bpb 0.97120 (-0.00610 vs main, noise margin 0.00200): kept"
+
+
+def test_check_title_shows_the_tasks_metric_with_its_decimals_on_its_own_scale() -> None:
+    """The store's numbers are losses: p95_ms as it is, accuracy negated back; a margin as it is."""
+    latency = render.check_title(
+        experiment(), status="keep", val_bpb=12.5, delta=-1.25, margin=0.5, metric=QUERY_LATENCY.metric
+    )
+    assert latency == "p95_ms 12.500 (-1.250 vs main, noise margin 0.500): kept"
+    accuracy = render.check_title(
+        experiment(), status="keep", val_bpb=-0.85, delta=-0.05, margin=0.01, metric=TICKET_ROUTING.metric
+    )
+    assert accuracy == "accuracy 0.85000 (+0.05000 vs main, noise margin 0.01000): kept"
 
 
 def test_check_title_says_what_is_missing_instead_of_failing() -> None:
