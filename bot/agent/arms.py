@@ -11,6 +11,7 @@ any value that crashed.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,7 +93,9 @@ class Arm:
         return out
 
 
-def _reward(entry: HistoryEntry) -> float | None:
+def outcome_reward(entry: HistoryEntry) -> float | None:
+    """An experiment's verdict as a reward: keep +1, a discard that hurt -1 (that improved without
+    being kept +0.25), a crash -1, still running 0 (tried, no verdict); None for anything else."""
     if entry.status == "keep":
         return 1.0
     if entry.status == "discard":
@@ -123,12 +126,18 @@ def _changes(entry: HistoryEntry) -> list[dict[str, Any]]:
     return [c for c in changes if isinstance(c, dict) and isinstance(c.get("name"), str)]
 
 
-def learn(arms: dict[tuple[str, int], Arm], history: list[HistoryEntry], skeleton: str) -> int:
-    """Attach every earlier outcome to its arms and score them; returns the number of trials."""
+def learn(
+    arms: dict[tuple[str, int], Arm],
+    history: list[HistoryEntry],
+    skeleton: str,
+    table: Mapping[str, Knob] = KNOB_BY_NAME,
+) -> int:
+    """Attach every earlier outcome to its arms (knobs of `table`, the asset's) and score them;
+    returns the number of trials."""
     total = len(history)
     trials = 0
     for i, entry in enumerate(history):
-        reward = _reward(entry)
+        reward = outcome_reward(entry)
         changes = _changes(entry)
         if reward is None or not changes:
             continue
@@ -137,7 +146,7 @@ def learn(arms: dict[tuple[str, int], Arm], history: list[HistoryEntry], skeleto
         weight = RECENCY_DECAY**age / len(changes)
         crash = crash_state(entry, age, skeleton) if entry.status == "crash" else ""
         for ch in changes:
-            knob = KNOB_BY_NAME.get(ch["name"])
+            knob = table.get(ch["name"])
             if knob is None:
                 continue
             d = _direction_of(knob, ch)

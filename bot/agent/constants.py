@@ -1,7 +1,7 @@
-"""Reading and editing the constants of train.py through its syntax tree.
+"""Reading and editing the constants of a Python asset (train.py, router.py) through its syntax tree.
 
-`find_constants` finds every module-level ``NAME = literal`` and where its value sits in the
-source; `apply_edits` replaces exactly those spans, leaving every other byte as it was;
+`find_constants` finds every module-level ``NAME = literal`` (a number, a string, True or False)
+and where its value sits in the source; `apply_edits` replaces exactly those spans, leaving every other byte as it was;
 `format_value` writes a new value in the style of the old one (``2**19`` stays a power).
 """
 
@@ -10,16 +10,16 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
-from bot.agent.knobs import INT, MULT, POW2, Knob
+from bot.agent.knobs import FLAG, INT, MULT, POW2, Knob
 from bot.core.protocols import AgentStopped
 
 
 @dataclass
 class Constant:
-    """A module-level `NAME = literal` of train.py and where its value sits in the source."""
+    """A module-level `NAME = literal` of the asset and where its value sits in the source."""
 
     name: str
-    value: int | float | str
+    value: int | float | str | bool
     lineno: int  # 1-based
     start: int  # character offsets of the value within its line
     end: int
@@ -27,19 +27,21 @@ class Constant:
     pow2: bool  # written as 2**N
 
 
-def _eval_literal(node: ast.AST) -> int | float | str:
+def _eval_literal(node: ast.AST) -> int | float | str | bool:
     """Evaluate a literal, a signed literal or arithmetic on numeric literals (2**19, 3e-4 * 2)."""
+    if isinstance(node, ast.Constant) and type(node.value) is bool:
+        return node.value
     if isinstance(node, ast.Constant) and type(node.value) in (int, float, str):
         return node.value
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
         v = _eval_literal(node.operand)
-        if isinstance(v, str):
-            raise ValueError("sign on a string")
+        if isinstance(v, (str, bool)):
+            raise ValueError("sign on a string or a flag")
         return -v if isinstance(node.op, ast.USub) else v
     if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Pow, ast.Mult, ast.Div, ast.Add, ast.Sub)):
         a, b = _eval_literal(node.left), _eval_literal(node.right)
-        if isinstance(a, str) or isinstance(b, str):
-            raise ValueError("arithmetic on a string")
+        if isinstance(a, (str, bool)) or isinstance(b, (str, bool)):
+            raise ValueError("arithmetic on a string or a flag")
         if isinstance(node.op, ast.Pow):
             if abs(b) > 64:
                 raise ValueError("exponent too large")
@@ -68,11 +70,11 @@ def _char_offset(line: str, byte_offset: int) -> int:
 
 
 def find_constants(text: str) -> dict[str, Constant]:
-    """All module-level constants of train.py, by name. Names assigned more than once are left out."""
+    """All module-level constants of the asset, by name. Names assigned more than once are left out."""
     try:
         tree = ast.parse(text)
     except SyntaxError as exc:
-        raise AgentStopped(f"explorer cannot parse train.py: {exc}") from exc
+        raise AgentStopped(f"explorer cannot parse the asset on main: {exc}") from exc
     lines = text.splitlines(keepends=True)
     found: dict[str, Constant] = {}
     assigned: dict[str, int] = {}
@@ -120,8 +122,10 @@ def apply_edits(text: str, edits: list[tuple[Constant, str]]) -> str:
     return "".join(lines)
 
 
-def format_value(knob: Knob, const: Constant, new: int | float | str) -> str:
+def format_value(knob: Knob, const: Constant, new: int | float | str | bool) -> str:
     """Python source for a new value, in the style the old one was written."""
+    if knob.kind == FLAG:
+        return repr(bool(new))
     if isinstance(new, str):
         quote = const.source[0] if const.source[:1] in ("'", '"') else '"'
         return f"{quote}{new}{quote}"
@@ -136,9 +140,9 @@ def format_value(knob: Knob, const: Constant, new: int | float | str) -> str:
 
 
 def compiles(text: str) -> bool:
-    """Whether the edited train.py is still valid Python."""
+    """Whether the edited asset is still valid Python."""
     try:
-        compile(text, "train.py", "exec")
+        compile(text, "asset", "exec")
     except SyntaxError:
         return False
     return True

@@ -8,8 +8,10 @@ not a whole number of heads), so a crash blocks its value and beyond only while 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from bot.agent.constants import apply_edits, find_constants
-from bot.agent.knobs import KNOB_BY_NAME
+from bot.agent.knobs import KNOB_BY_NAME, Knob
 from bot.core.records import HistoryEntry, code_hash
 
 CRASH_MEMORY = 20  # later experiments for which a crash keeps blocking its value and beyond
@@ -23,8 +25,9 @@ def crash_state(entry: HistoryEntry, age: int, skeleton: str) -> str:
     return "blocking" if age < CRASH_MEMORY else "expired"
 
 
-def skeleton(text: str) -> str:
-    """train.py with the values of every tunable constant blanked out, hashed: what stays the same
-    while the explorer only moves constants, and changes when the code itself is edited."""
+def skeleton(text: str, table: Mapping[str, Knob] = KNOB_BY_NAME) -> str:
+    """The asset with the values of every tunable constant of `table` blanked out, hashed: what
+    stays the same while the explorer only moves constants, and changes when the code itself is
+    edited."""
     consts = find_constants(text)
-    return code_hash(apply_edits(text, [(c, "_") for name, c in consts.items() if name in KNOB_BY_NAME]))[:16]
+    return code_hash(apply_edits(text, [(c, "_") for name, c in consts.items() if name in table]))[:16]

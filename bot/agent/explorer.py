@@ -1,14 +1,17 @@
-"""The offline explorer: a small, explainable bandit search over train.py's hyperparameter block.
+"""The offline explorer: a small, explainable bandit search over the tunable constants of an asset.
 
-No network and no model: it edits the module-level constants of train.py (``MATRIX_LR = 0.04``,
-``DEPTH = 8`` ...) one at a time and learns from the outcomes of its own earlier edits.
+No network and no model: it edits the module-level constants of the task's asset (train.py's
+``MATRIX_LR = 0.04``, ``DEPTH = 8`` ...; router.py's ``ALPHA = 1.0``, ``BIGRAMS = False`` ...) one
+at a time and learns from the outcomes of its own earlier edits. A SQL asset has no constants:
+for query.sql it adds or drops one index at a time (bot.agent.indexes).
 
 How it works
 ------------
-* ``KNOBS`` lists every constant it may tune, with a kind (log-scale float, linear ratio, beta,
-  int, power of two, multiple of 16, choice) and bounds. Only names that exist in train.py are
-  tuned, and only the size constants that are live on ``ctx.device_kind`` (``CPU_*`` on "cpu",
-  the GPU ones on "cuda"); attention and optimizer constants are shared.
+* ``knobs.TASK_KNOBS`` lists, per task, every constant it may tune, with a kind (log-scale float,
+  linear ratio, beta, int, power of two, multiple of 16, choice, flag) and bounds. Only names that
+  exist in the asset are tuned, and for train.py only the size constants that are live on
+  ``ctx.device_kind`` (``CPU_*`` on "cpu", the GPU ones on "cuda"); attention and optimizer
+  constants are shared.
 * Every (constant, direction) pair is an arm of a UCB bandit. Each earlier experiment whose
   ``meta["changes"]`` names the arm is an outcome: keep +1, discard that hurt -1, discard that
   improved but not enough to keep +0.25, crash -1. Outcomes of the opposite direction count half,
@@ -18,11 +21,11 @@ How it works
 * A crash blocks the crashed value and anything beyond it in that direction, but not forever: a
   crash can come from a bug that is fixed later (train.py once crashed at any model width that was
   not a whole number of heads). The block holds while the code around the constants is the code
-  that crashed (each proposal records a hash of train.py with the tuned values blanked out, its
+  that crashed (each proposal records a hash of the asset with the tuned values blanked out, its
   "skeleton") and for at most ``CRASH_MEMORY`` later experiments; after that the value may be
   tried once more, and a new crash blocks it again. A crash on a different skeleton says nothing
   about today's code and is not scored at all.
-* The batch must split into whole forward passes: ``TOTAL_BATCH_SIZE`` a positive multiple of
+* train.py's batch must split into whole forward passes: ``TOTAL_BATCH_SIZE`` a positive multiple of
   ``DEVICE_BATCH_SIZE * seq_len``, with seq_len from ``ctx.profile`` (train.py fails at once
   otherwise). No proposal breaks that. Lowering the total batch below one pass of the current
   micro-batch takes the micro-batch down with it, in the same proposal, so smaller batches stay
@@ -39,10 +42,10 @@ How it works
 Where it lives
 --------------
 This module holds the search policy and ``OfflineExplorer.propose``; the parts it draws on are
-``knobs`` (the table of knobs and how a value steps), ``constants`` (finding and editing train.py's
-constants), ``batch`` (whole forward passes per profile), ``crash_memory`` (how long a crash
+``knobs`` (the tables of knobs and how a value steps), ``constants`` (finding and editing an
+asset's constants), ``batch`` (whole forward passes per profile), ``crash_memory`` (how long a crash
 blocks), ``arms`` (the arms and learning from history), ``feedback`` (human comments) and
-``writeup`` (titles and hypotheses).
+``writeup`` (titles and hypotheses); ``indexes`` is its policy for query.sql.
 """
 
 from __future__ import annotations
@@ -56,18 +59,25 @@ from bot.agent.batch import batch_followers, batch_names, batch_splits, profile_
 from bot.agent.constants import Constant, apply_edits, compiles, find_constants, format_value
 from bot.agent.crash_memory import CRASH_MEMORY, skeleton
 from bot.agent.feedback import apply_feedback
-from bot.agent.knobs import KNOBS, live, usable
+from bot.agent.indexes import propose_index
+from bot.agent.knobs import Knob, knob_table, live, usable
 from bot.agent.writeup import describe, rationale, what_helped
 from bot.core.protocols import AgentStopped
 from bot.core.records import HistoryEntry, Proposal, ProposalContext, code_hash
+from runner.tasks import DEFAULT_TASK, Task, get_task
 
 JITTER = 0.1  # seeded noise added to every arm's score (tie-breaking among untried arms)
 COMBINE_AFTER = 4  # consecutive non-keeps before the first combined proposal...
 COMBINE_EVERY = 3  # ...and then every this many
 
 
-def _block_help(device_kind: str) -> str:
-    names = [k.name for k in KNOBS if live(k, device_kind)]
+def _block_help(task: Task, table: dict[str, Knob], device_kind: str) -> str:
+    names = [k.name for k in table.values() if live(k, device_kind)]
+    if task.name != DEFAULT_TASK:
+        return (
+            f"{task.asset} needs module-level constants, one plain assignment of a literal per line "
+            f"(for example `ALPHA = 1.0`, `BIGRAMS = False`). The explorer tunes these names: {', '.join(names)}."
+        )
     return (
         "train.py needs a block of module-level hyperparameter constants, one plain assignment of a "
         "literal per line, for example:\n\n"
@@ -80,8 +90,16 @@ def _block_help(device_kind: str) -> str:
     )
 
 
+def tunes(task: str) -> bool:
+    """Whether the explorer has something to tune in the task's asset: a table of its constants
+    (knobs.TASK_KNOBS), or the indexes of a SQL asset."""
+    spec = get_task(task)
+    return spec.asset.endswith(".sql") or bool(knob_table(spec.name))
+
+
 class OfflineExplorer:
-    """Deterministic UCB bandit over (constant, direction) arms of train.py's hyperparameter block."""
+    """Deterministic UCB bandit over (constant, direction) arms of the asset's constants (index arms
+    for query.sql: bot.agent.indexes)."""
 
     def __init__(self, seed: int = 0):
         self.seed = seed
@@ -89,12 +107,29 @@ class OfflineExplorer:
     # The public entry point --------------------------------------------------------------------
 
     def propose(self, ctx: ProposalContext) -> Proposal:
+        task = get_task(ctx.task)
+        if task.asset.endswith(".sql"):
+            return propose_index(ctx, task, self.seed)
+        table = knob_table(task.name)
+        if not table:
+            raise AgentStopped(
+                f"the offline explorer knows no tunable constants of the {task.name} task's {task.asset}: "
+                "edit it by hand, or configure an LLM agent"
+            )
         consts = find_constants(ctx.asset)
-        knobs = [k for k in KNOBS if live(k, ctx.device_kind) and k.name in consts and usable(k, consts[k.name].value)]
+        knobs = [
+            k
+            for k in table.values()
+            if live(k, ctx.device_kind) and k.name in consts and usable(k, consts[k.name].value)
+        ]
         if not knobs:
-            raise AgentStopped("explorer found no tunable constant in train.py. " + _block_help(ctx.device_kind))
-        seq_len = profile_seq_len(ctx.profile)
-        if not batch_splits({n: c.value for n, c in consts.items()}, ctx.device_kind, seq_len):
+            raise AgentStopped(
+                f"explorer found no tunable constant in {task.asset}. " + _block_help(task, table, ctx.device_kind)
+            )
+        seq_len = profile_seq_len(ctx.profile) if task.name == DEFAULT_TASK else None  # train.py's batch only
+        if task.name == DEFAULT_TASK and not batch_splits(
+            {n: c.value for n, c in consts.items()}, ctx.device_kind, seq_len
+        ):
             total_name, device_name = batch_names(ctx.device_kind)
             raise AgentStopped(
                 f"train.py on main does not split its batch into whole forward passes: {total_name} = "
@@ -109,13 +144,13 @@ class OfflineExplorer:
         for k in knobs:
             for d in (1, -1):
                 arms[(k.name, d)] = Arm(knob=k, const=consts[k.name], direction=d, jitter=rng.random() * JITTER)
-        shape = skeleton(ctx.asset)
-        learn(arms, ctx.history, shape)
+        shape = skeleton(ctx.asset, table)
+        learn(arms, ctx.history, shape, table)
         apply_feedback(arms, ctx.feedback, ctx.history)
         ranked = sorted(arms.values(), key=lambda a: (-a.score, a.knob.name, -a.direction))
 
         if self._losing_streak(ctx.history):
-            combo = self._combine(ctx, ranked, consts, seq_len, shape)
+            combo = self._combine(ctx, task, ranked, consts, seq_len, shape)
             if combo is not None:
                 return combo
 
@@ -127,7 +162,7 @@ class OfflineExplorer:
                 if made is None:
                     continue
                 text, (new_src,), followed = made
-                title, body, change = describe(arm, size, new, new_src)
+                title, body, change = describe(arm, size, new, new_src, task)
                 meta: dict[str, Any] = {"changes": [change], "skeleton": shape, "explorer": self._explain(arm)}
                 if arm.feedback > 0 and arm.feedback_line:
                     body += f' This follows the human\'s comment: "{arm.feedback_line.strip()}".'
@@ -138,21 +173,23 @@ class OfflineExplorer:
                     body += (
                         f" {f['name']} moves with it ({f['old_src']} -> {f['new_src']}), so that a step is "
                         f"still a whole number of forward passes of {seq_len}-token sequences; that only "
-                        "changes how the step is computed, so any difference in val_bpb can be attributed "
-                        "to the batch size."
+                        f"changes how the step is computed, so any difference in {task.metric.name} can be "
+                        "attributed to the batch size."
                     )
                     change["with"] = [{k: v for k, v in f.items() if k in ("name", "old", "new")}]
                 else:
                     body += (
-                        " Nothing else changes, so any difference in val_bpb can be attributed to this one constant."
+                        f" Nothing else changes, so any difference in {task.metric.name} can be attributed to this "
+                        "one constant."
                     )
                 return Proposal(title=title, hypothesis=body, asset=text, meta=meta)
 
+        batch = " would not split the batch into whole forward passes," if task.name == DEFAULT_TASK else ""
         raise AgentStopped(
             f"explorer exhausted: all {tried} nearby edits of the tunable constants "
-            f"({', '.join(k.name for k in knobs)}) from the current main were already tried, would not split "
-            f"the batch into whole forward passes, or lie at or beyond a crash of the last {CRASH_MEMORY} "
-            "experiments. Edit train.py by hand, widen the explorer's bounds, or configure an LLM agent."
+            f"({', '.join(k.name for k in knobs)}) from the current main were already tried,{batch} or lie at or "
+            f"beyond a crash of the last {CRASH_MEMORY} experiments. Edit {task.asset} by hand, widen the "
+            "explorer's bounds, or configure an LLM agent."
         )
 
     # Internals ------------------------------------------------------------------------------------
@@ -175,7 +212,7 @@ class OfflineExplorer:
     def _edit(
         ctx: ProposalContext, consts: dict[str, Constant], seq_len: int | None, moves: list[tuple[Arm, Any]]
     ) -> tuple[str, list[str], list[dict[str, Any]]] | None:
-        """train.py with these moves (and the micro-batch that must follow them), the new values'
+        """The asset with these moves (and the micro-batch that must follow them), the new values'
         sources and the followers; None when the result is main or was seen before, does not
         compile, or would not split its batch into whole forward passes."""
         sources = [format_value(arm.knob, arm.const, new) for arm, new in moves]
@@ -218,7 +255,13 @@ class OfflineExplorer:
         return streak >= COMBINE_AFTER and (streak - COMBINE_AFTER) % COMBINE_EVERY == 0
 
     def _combine(
-        self, ctx: ProposalContext, ranked: list[Arm], consts: dict[str, Constant], seq_len: int | None, shape: str
+        self,
+        ctx: ProposalContext,
+        task: Task,
+        ranked: list[Arm],
+        consts: dict[str, Constant],
+        seq_len: int | None,
+        shape: str,
     ) -> Proposal | None:
         """Two different constants, each moved in a direction that helped before, in one proposal."""
         helped = [a for a in ranked if a.feedback >= 0 and not a.crashes and any(o.reward > 0 for o in a.outcomes)]
@@ -234,8 +277,8 @@ class OfflineExplorer:
                 if made is None:
                     continue
                 text, (src_a, src_b), followed = made
-                ta, _, cha = describe(a, sa, va, src_a)
-                tb, _, chb = describe(b, sb, vb, src_b)
+                ta, _, cha = describe(a, sa, va, src_a, task)
+                tb, _, chb = describe(b, sb, vb, src_b, task)
                 for ch in (cha, chb):  # only the total batch has followers
                     if followed and ch["name"] == batch_names(ctx.device_kind)[0]:
                         ch["with"] = [{k: v for k, v in f.items() if k in ("name", "old", "new")} for f in followed]
@@ -243,7 +286,7 @@ class OfflineExplorer:
                 title = f"Combine: {lower(ta)}, {lower(tb)}"
                 body = (
                     f"The last {self._streak(ctx.history)} experiments were all discarded, so this combines two "
-                    f"directions that helped earlier: {what_helped(a)} and {what_helped(b)}. {rationale(a)} "
+                    f"directions that helped earlier: {what_helped(a, task.metric)} and {what_helped(b, task.metric)}. {rationale(a)} "
                     f"{rationale(b)} Moving both at once tests whether their gains add up; if it helps, later "
                     "single changes can tell which one mattered."
                 )

@@ -1,9 +1,9 @@
 """Human feedback: comments naming a constant ("try a lower matrix_lr") steer the bandit's arms.
 
-`apply_feedback` finds the knob names in each comment (GPU names map to the CPU constant on a CPU
-profile), the direction word nearest to each, and a negation ("don't touch depth"). A named arm gets
-a bonus that beats any learned score until an experiment has followed that comment; a negated one
-gets a penalty.
+`apply_feedback` finds the knob names (of any task's asset) in each comment (GPU names map to the
+CPU constant on a CPU profile), the direction word nearest to each, and a negation ("don't touch
+depth"). A named arm gets a bonus that beats any learned score until an experiment has followed
+that comment; a negated one gets a penalty.
 """
 
 from __future__ import annotations
@@ -77,8 +77,9 @@ def apply_feedback(arms: dict[tuple[str, int], Arm], feedback: list[str], histor
     pending: dict[str, int] = {}
     for line in feedback:
         pending[line] = pending.get(line, 0) + 1
-    # Longest names first, so "cpu_depth" is not read as "depth".
-    names = sorted({k.name for k in KNOBS}, key=len, reverse=True)
+    # Longest names first, so "cpu_depth" is not read as "depth"; train.py's names, and the names
+    # of whatever asset's knobs the arms are
+    names = sorted({k.name for k in KNOBS} | live, key=len, reverse=True)
     for order, line in enumerate(feedback):
         low = line.lower()
         negated = False

@@ -1,9 +1,12 @@
-"""The table of knobs: every constant of train.py the explorer may tune, and how a value steps.
+"""The tables of knobs: every constant of a task's asset the explorer may tune, and how a value steps.
 
 A `Knob` names one module-level constant, how it moves (log-scale float, linear ratio, beta, int,
-power of two, multiple of 16, choice), its bounds, and why raising or lowering it might lower
-val_bpb. `step_value` moves a value one step within those bounds; `live` says which knobs apply on
-a device kind (the ``CPU_*`` size constants on "cpu", the GPU ones on "cuda", the rest on both).
+power of two, multiple of 16, choice, a flag that is on or off), its bounds, and why raising or
+lowering it might improve the task's metric. `KNOBS` is train.py's table (training),
+`ROUTER_KNOBS` router.py's (ticket-routing); `TASK_KNOBS` maps a task to its table, and a task
+missing there has no constants to tune. `step_value` moves a value one step within those bounds;
+`live` says which knobs apply on a device kind (the ``CPU_*`` size constants on "cpu", the GPU ones
+on "cuda", the rest on both).
 """
 
 from __future__ import annotations
@@ -12,16 +15,16 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-LOG, LINEAR, BETA, INT, POW2, MULT, CHOICE = "log", "linear", "beta", "int", "pow2", "mult", "choice"
+LOG, LINEAR, BETA, INT, POW2, MULT, CHOICE, FLAG = "log", "linear", "beta", "int", "pow2", "mult", "choice", "flag"
 GPU, CPU, SHARED = "gpu", "cpu", "shared"
 
 
 @dataclass(frozen=True)
 class Knob:
-    """One tunable constant of train.py: how it moves, within which bounds, and why it might help."""
+    """One tunable constant of an asset: how it moves, within which bounds, and why it might help."""
 
     name: str
-    kind: str  # log | linear | beta | int | pow2 | mult | choice
+    kind: str  # log | linear | beta | int | pow2 | mult | choice | flag (a bool: +1 turns it on, -1 off)
     lo: float = 0.0
     hi: float = 0.0
     step: float = 1.0  # log: multiplicative factor; linear / mult: additive step; beta: factor on 1 - beta
@@ -30,8 +33,8 @@ class Knob:
     zero_ok: bool = False  # log: 0 is a legal value (lowering below lo gives 0, raising 0 gives lo)
     prior: float = 0.0  # small head start among untried arms
     what: str = ""
-    up: str = ""  # why raising it might lower val_bpb
-    down: str = ""  # why lowering it might lower val_bpb
+    up: str = ""  # why raising it (turning a flag on) might improve the metric
+    down: str = ""  # why lowering it (turning a flag off) might improve the metric
 
 
 _LR_UP = "a higher learning rate makes faster progress within the short, fixed training budget"
@@ -262,6 +265,61 @@ KNOBS: tuple[Knob, ...] = tuple(
 )
 KNOB_BY_NAME: dict[str, Knob] = {k.name: k for k in KNOBS}
 
+# router.py's knobs (runner/tasks/ticket_routing/router.py: constants at the top of a naive Bayes router)
+ROUTER_KNOBS: tuple[Knob, ...] = (
+    Knob(
+        "ALPHA",
+        LOG,
+        0.01,
+        10.0,
+        step=2.0,
+        prior=0.04,
+        what="the additive smoothing of word counts per queue",
+        up="more smoothing trusts words seen only a few times less, so one rare word cannot decide a ticket",
+        down="less smoothing lets the words that mark a queue count fully",
+    ),
+    Knob(
+        "BIGRAMS",
+        FLAG,
+        prior=0.03,
+        what="whether pairs of adjacent words are counted as features too",
+        up="pairs such as 'card arrived' or 'not received' tell apart neighbouring queues that share their words",
+        down="single words alone give denser counts, which a small training split estimates better",
+    ),
+    Knob(
+        "MIN_WORD_LENGTH",
+        INT,
+        1,
+        6,
+        prior=0.02,
+        what="the shortest word counted",
+        up="dropping very short words removes noise that every queue shares",
+        down="keeping short words keeps short signals such as 'pin', 'atm' or 'fee'",
+    ),
+    Knob(
+        "PRIOR",
+        FLAG,
+        prior=0.01,
+        what="whether each queue is weighed by its share of the training tickets",
+        up="the prior favours common queues, which is right more often when a ticket's words are ambiguous",
+        down="without the prior, rare queues are not drowned out by common ones",
+    ),
+    Knob(
+        "LOWERCASE",
+        FLAG,
+        prior=0.0,
+        what="whether words are folded to lower case before counting",
+        up="folding case counts 'Card' and 'card' as one word, so each word is seen more often",
+        down="keeping case tells apart words whose capitals carry meaning",
+    ),
+)
+TASK_KNOBS: dict[str, tuple[Knob, ...]] = {"training": KNOBS, "ticket-routing": ROUTER_KNOBS}
+
+
+def knob_table(task: str) -> dict[str, Knob]:
+    """The knobs of the task's asset by name ({} for a task without tunable constants)."""
+    return {k.name: k for k in TASK_KNOBS.get(task, ())}
+
 
 def live(knob: Knob, device_kind: str) -> bool:
     """Whether the knob applies on this device kind."""
@@ -284,9 +342,11 @@ def _round_sig(x: float, digits: int) -> float:
 
 
 def in_bounds(knob: Knob, v: Any) -> bool:
-    """Whether v lies within the knob's bounds (a listed choice; 0 where zero_ok)."""
+    """Whether v lies within the knob's bounds (a listed choice; 0 where zero_ok; a flag's two values)."""
     if knob.kind == CHOICE:
         return v in knob.choices
+    if knob.kind == FLAG:
+        return isinstance(v, bool)
     return knob.lo <= v <= knob.hi or (knob.zero_ok and v == 0)
 
 
@@ -300,15 +360,19 @@ def order_key(knob: Knob, v: Any) -> float | None:
     """A number that grows in the knob's +1 direction (the index for choices), or None."""
     if knob.kind == CHOICE:
         return float(knob.choices.index(v)) if v in knob.choices else None
+    if knob.kind == FLAG:
+        return float(v) if isinstance(v, bool) else None
     if isinstance(v, (int, float)) and not isinstance(v, bool):
         return float(v)
     return None
 
 
 def usable(knob: Knob, value: Any) -> bool:
-    """Whether train.py's value is one this knob can step from (a listed choice, a positive integer...)."""
+    """Whether the asset's value is one this knob can step from (a listed choice, a positive integer...)."""
     if knob.kind == CHOICE:
         return isinstance(value, str) and value in knob.choices
+    if knob.kind == FLAG:
+        return isinstance(value, bool)
     if isinstance(value, str) or isinstance(value, bool):
         return False
     if knob.kind in (INT, POW2, MULT):
@@ -324,9 +388,12 @@ def step_value(knob: Knob, old: Any, direction: int, size: float) -> Any | None:
     """The value one step of `size` (0.5 small, 1 normal, 1.5 big) away in `direction`, or None.
 
     Continuous kinds scale their step by `size`; discrete kinds move one notch, or two for a big
-    step (powers of two always move one notch: halving or doubling is already a big change).
+    step (powers of two always move one notch: halving or doubling is already a big change); a
+    flag turns on (+1) or off (-1) whatever the size.
     """
     d = direction
+    if knob.kind == FLAG:
+        return (d > 0) if old is (d < 0) else None
     k = 1 if size <= 1 else 2
     if knob.kind == CHOICE:
         i = knob.choices.index(old)

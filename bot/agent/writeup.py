@@ -3,7 +3,8 @@
 `describe` turns an arm and its new value into a title ("Lower MATRIX_LR 0.04 -> 0.027"), a
 hypothesis (what history says about the arm, then the knob's rationale) and the ``meta["changes"]``
 record that `bot.agent.arms.learn` reads back later; `what_helped` and `rationale` serve the combined
-proposals.
+proposals. Deltas are told in the task's metric (training's val_bpb unless another task is given),
+on its own scale (the history keeps them on the loss scale, Metric.loss).
 """
 
 from __future__ import annotations
@@ -12,31 +13,37 @@ from typing import Any
 
 from bot.agent.arms import Arm
 from bot.agent.crash_memory import CRASH_MEMORY
-from bot.agent.knobs import CHOICE, Knob
+from bot.agent.knobs import CHOICE, FLAG, Knob
+from runner.tasks import TRAINING, Metric, Task
 
 
 def _verb(knob: Knob, d: int) -> str:
     if knob.kind == CHOICE:
         return "Change"
+    if knob.kind == FLAG:
+        return "Switch on" if d > 0 else "Switch off"
     return "Raise" if d > 0 else "Lower"
 
 
 def _noun(knob: Knob, d: int) -> str:
     if knob.kind == CHOICE:
         return "move towards " + ("more short-window layers" if d > 0 else "more full-context layers")
+    if knob.kind == FLAG:
+        return "switching on" if d > 0 else "switching off"
     return "increase" if d > 0 else "decrease"
 
 
-def _fmt_delta(delta: float | None) -> str:
-    return "no val_bpb" if delta is None else f"{delta:+.4f} val_bpb"
+def _fmt_delta(delta: float | None, metric: Metric) -> str:
+    return f"no {metric.name}" if delta is None else f"{metric.loss(delta):+.4f} {metric.name}"
 
 
 def _fmt_val(v: Any) -> str:
     return f'"{v}"' if isinstance(v, str) else str(v)
 
 
-def _evidence(arm: Arm, size: str) -> str:
+def _evidence(arm: Arm, size: str, task: Task) -> str:
     """One or two sentences on what history says about this arm."""
+    metric = task.metric
     knob, d, name = arm.knob, arm.direction, arm.knob.name
     same = [o for o in arm.outcomes if o.entry.status in ("keep", "discard", "crash")]
     opposite = [o for o in arm.mirrored]
@@ -47,7 +54,7 @@ def _evidence(arm: Arm, size: str) -> str:
         what += ", combined with another change)" if o.combined else ")"
         if o.entry.status == "keep":
             parts.append(
-                f"{what[0].upper()}{what[1:]} was kept ({_fmt_delta(o.entry.delta)}); pushing further in "
+                f"{what[0].upper()}{what[1:]} was kept ({_fmt_delta(o.entry.delta, metric)}); pushing further in "
                 f"the same direction{' with a bigger step' if size == 'big' else ''} tests whether the "
                 "optimum lies beyond the current value."
             )
@@ -55,7 +62,7 @@ def _evidence(arm: Arm, size: str) -> str:
             parts.append(f"{what[0].upper()}{what[1:]} crashed, so this stays short of the value that crashed.")
         elif o.crash == "other code":
             parts.append(
-                f"{what[0].upper()}{what[1:]} crashed, but on an earlier version of train.py's code, "
+                f"{what[0].upper()}{what[1:]} crashed, but on an earlier version of {task.asset}'s code, "
                 "which has changed since, so the direction is open again."
             )
         elif o.entry.status == "crash":
@@ -65,12 +72,12 @@ def _evidence(arm: Arm, size: str) -> str:
             )
         elif o.reward > 0:
             parts.append(
-                f"{what[0].upper()}{what[1:]} improved val_bpb ({_fmt_delta(o.entry.delta)}) but not by "
+                f"{what[0].upper()}{what[1:]} improved {metric.name} ({_fmt_delta(o.entry.delta, metric)}) but not by "
                 "enough to keep; trying the direction again from the current main."
             )
         else:
             parts.append(
-                f"{what[0].upper()}{what[1:]} did not help ({_fmt_delta(o.entry.delta)})"
+                f"{what[0].upper()}{what[1:]} did not help ({_fmt_delta(o.entry.delta, metric)})"
                 + (
                     "; a smaller step checks whether the earlier one overshot."
                     if size == "small"
@@ -87,16 +94,16 @@ def _evidence(arm: Arm, size: str) -> str:
             )
         elif o.entry.status == "keep":
             parts.append(
-                f"The opposite {other} was kept earlier ({_fmt_delta(o.entry.delta)}), so this checks "
+                f"The opposite {other} was kept earlier ({_fmt_delta(o.entry.delta, metric)}), so this checks "
                 "whether it overshot."
             )
         elif o.reward < 0:
             parts.append(
                 f"The opposite {other} of {name} ({_fmt_val(o.old)} -> {_fmt_val(o.new)}) hurt "
-                f"({_fmt_delta(o.entry.delta)}), which suggests the optimum lies on this side."
+                f"({_fmt_delta(o.entry.delta, metric)}), which suggests the optimum lies on this side."
             )
         else:
-            parts.append(f"The opposite {other} of {name} was not a clear win ({_fmt_delta(o.entry.delta)}).")
+            parts.append(f"The opposite {other} of {name} was not a clear win ({_fmt_delta(o.entry.delta, metric)}).")
     if not same and not opposite:
         parts.append(f"{name} has not been varied yet.")
     return " ".join(parts)
@@ -106,19 +113,19 @@ def rationale(arm: Arm) -> str:
     return f"{arm.knob.name} is {arm.knob.what}; {arm.knob.up if arm.direction > 0 else arm.knob.down}."
 
 
-def what_helped(arm: Arm) -> str:
+def what_helped(arm: Arm, metric: Metric = TRAINING.metric) -> str:
     """The best earlier outcome of this arm, as a clause."""
     o = max((o for o in arm.outcomes if o.reward > 0), key=lambda o: (o.reward, -(o.entry.delta or 0)))
-    verdict = "was kept" if o.entry.status == "keep" else "improved val_bpb without being kept"
+    verdict = "was kept" if o.entry.status == "keep" else f"improved {metric.name} without being kept"
     return (
         f"the {_noun(arm.knob, arm.direction)} of {arm.knob.name} ({_fmt_val(o.old)} -> {_fmt_val(o.new)}) "
-        f"{verdict} ({_fmt_delta(o.entry.delta)})"
+        f"{verdict} ({_fmt_delta(o.entry.delta, metric)})"
     )
 
 
-def describe(arm: Arm, size: str, new: Any, new_src: str) -> tuple[str, str, dict[str, Any]]:
+def describe(arm: Arm, size: str, new: Any, new_src: str, task: Task = TRAINING) -> tuple[str, str, dict[str, Any]]:
     knob, d = arm.knob, arm.direction
     title = f"{_verb(knob, d)} {knob.name} {arm.const.source} -> {new_src}"
-    text = f"{_evidence(arm, size)} {rationale(arm)}"
+    text = f"{_evidence(arm, size, task)} {rationale(arm)}"
     change = {"name": knob.name, "old": arm.const.value, "new": new, "direction": d, "size": size}
     return title, text, change

@@ -16,8 +16,9 @@ reach it while it runs, through the store's inbox.
 
 A task other than training starts from the starter files in its evaluator's package directory (its
 asset and program.md, e.g. runner/tasks/ticket_routing/router.py), prepares that task's inputs and
-pins its identity (runner.tasks.run). The offline explorer tunes train.py's constants only, so such a
-task needs the scripted agent or Claude (`check_agent_for_task`).
+pins its identity (runner.tasks.run). The offline explorer tunes the constants of train.py and
+router.py and the indexes of query.sql; a task whose asset has neither needs the scripted agent or
+Claude (`check_agent_for_task`).
 """
 
 from __future__ import annotations
@@ -45,12 +46,13 @@ from bot.loop.program import SettingsError, parse_program
 from bot.runners.local import LocalRunner
 from bot.store import Store
 from bot.views import results
-from bot.views.read_model import conductor_live, view_of
+from bot.views.read_model import conductor_live, on_metric_scale, view_of
 from bot.views.terminal import render_live_progress
+from bot.views.text import places
 from runner.identity import measurement_identity
 from runner.prepare import prepare
 from runner.profiles import get_profile
-from runner.tasks import DEFAULT_TASK, get_task
+from runner.tasks import DEFAULT_TASK, TRAINING, Metric, get_task
 from runner.tasks.run import prepare_task, task_identity
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -99,16 +101,16 @@ def _starter_files(task: str) -> dict[str, str]:
     return {name: (root / name).read_text(encoding="utf-8") for name in names}
 
 
-EXPLORER_TASKS = (DEFAULT_TASK,)  # the tasks whose asset has constants the offline explorer tunes
-
-
 def check_agent_for_task(agent: str, task: str) -> None:
     """Refuse, before anything is created, an agent that could propose nothing for the task."""
+    from bot.agent.explorer import tunes
+
     get_task(task)  # an unknown task names the choices
-    if agent == "explorer" and task not in EXPLORER_TASKS:
+    if agent == "explorer" and not tunes(task):
         raise ValueError(
-            f"the offline explorer tunes train.py's constants and has nothing to tune in the {task} task's "
-            f"{get_task(task).asset}: use --agent scripted --agent-script FILE, or --agent claude"
+            f"the offline explorer tunes the constants of train.py and router.py and the indexes of query.sql, "
+            f"and has nothing to tune in the {task} task's {get_task(task).asset}: use --agent scripted "
+            "--agent-script FILE, or --agent claude"
         )
 
 
@@ -260,7 +262,8 @@ def _run_locked(options: DemoOptions, console: Console) -> Summary:
             dashboard.stop()
         runner.close()
         store.close()
-    console.print(render_summary(summary, time.time() - started, options.workdir / "results.tsv"))
+    metric = get_task(options.task).metric
+    console.print(render_summary(summary, time.time() - started, options.workdir / "results.tsv", metric))
     return summary
 
 
@@ -300,7 +303,8 @@ class EventPrinter:
             )
 
 
-def render_summary(summary: Summary, wall_s: float, results_tsv: Path) -> Table:
+def render_summary(summary: Summary, wall_s: float, results_tsv: Path, metric: Metric = TRAINING.metric) -> Table:
+    """The demo's last word: the conductor's summary (its numbers on the loss scale), in `metric`."""
     table = Table(title="autoresearch: summary", show_header=False)
     table.add_column("what", style="bold")
     table.add_column("value")
@@ -309,16 +313,17 @@ def render_summary(summary: Summary, wall_s: float, results_tsv: Path) -> Table:
         "kept / discarded / crashed / failed",
         f"{summary.kept} / {summary.discarded} / {summary.crashed} / {summary.failed}",
     )
-    table.add_row("baseline val_bpb", _fmt(summary.baseline_val_bpb))
-    table.add_row("main's val_bpb now (its own runs)", _fmt(summary.best_val_bpb))
+    n = places(metric)
+    table.add_row(f"baseline {metric.name}", _fmt(on_metric_scale(metric, summary.baseline_val_bpb), n))
+    table.add_row(f"main's {metric.name} now (its own runs)", _fmt(on_metric_scale(metric, summary.best_val_bpb), n))
     table.add_row("stopped because", summary.stop_reason or "-")
     table.add_row("wall time", f"{wall_s:.0f}s")
     table.add_row("results.tsv", str(results_tsv))
     return table
 
 
-def _fmt(value: float | None) -> str:
-    return "-" if value is None else f"{value:.6f}"
+def _fmt(value: float | None, places: int) -> str:
+    return "-" if value is None else f"{value:.{places}f}"
 
 
 def _log_to(path: Path) -> None:

@@ -13,9 +13,10 @@ paid for:
   measures nothing);
 - router.py compiles and still defines, at module level, the functions the evaluator calls
   (`train` and `route`);
-- query.sql is index statements (`CREATE INDEX ...;`) followed by exactly one query (`SELECT` or
-  `WITH`). Whether the query returns the reference's rows, and whether the indexes are allowed,
-  is the evaluator's gate: it runs the text against the database.
+- query.sql is index statements (`CREATE INDEX ...;`, and `ANALYZE`) followed by exactly one query
+  (`SELECT` or `WITH`). Whether the query returns the reference's rows, and what each statement
+  may really do, is the evaluator's gate: it runs the text against the database under an
+  authorizer.
 """
 
 from __future__ import annotations
@@ -171,10 +172,10 @@ def _sql_problem(asset: str, name: str, task: str) -> str | None:
             f"{name} holds {len(queries)} queries: it must hold exactly one SELECT (or WITH ... SELECT), after "
             "its index statements"
         )
-    stray = [s for s in statements if not _is_query(s) and not re.match(r"create (unique )?index ", s)]
+    stray = [s for s in statements if not _is_query(s) and not re.match(r"create (unique )?index |analyze\b", s)]
     if stray or not _is_query(statements[-1]):
         what = f"holds {_clip(stray[0])!r}" if stray else "has its query before an index statement"
-        return f"{name} may hold only CREATE INDEX statements and then its one query, but it {what}"
+        return f"{name} may hold only CREATE INDEX and ANALYZE statements and then its one query, but it {what}"
     return None
 
 

@@ -13,6 +13,7 @@ from bot.agent.explorer import OfflineExplorer
 from bot.agent.knobs import KNOB_BY_NAME
 from bot.core.protocols import Agent, AgentStopped
 from bot.core.records import HistoryEntry, Proposal, ProposalContext, code_hash
+from bot.loop import validation
 from runner.profiles import get_profile
 
 TRAIN_PY = '''"""A tiny GPT training script (test fixture)."""
@@ -573,3 +574,78 @@ def test_find_constants_reads_literals_and_spans():
     assert consts["WINDOW_PATTERN"].value == "SSSL" and consts["WINDOW_PATTERN"].source == '"SSSL"'
     assert consts["NEG"].value == -3e-4
     assert "TWICE" not in consts  # assigned twice: ambiguous, left alone
+
+
+# --- other tasks: router.py's constants, query.sql's indexes -------------------------------------
+
+ROUTER_PY = (Path(__file__).resolve().parents[3] / "runner" / "tasks" / "ticket_routing" / "router.py").read_text()
+QUERY_SQL = """\
+-- revenue per customer of a region
+CREATE INDEX idx_customers_region ON customers (region);
+
+SELECT c.id, c.name,
+       (SELECT SUM(oi.quantity) FROM orders o JOIN order_items oi ON oi.order_id = o.id
+         WHERE o.customer_id = c.id AND o.ordered_at >= :start) AS units
+FROM customers c
+WHERE c.region = :region
+ORDER BY units DESC;
+"""
+
+
+def test_on_router_py_the_explorer_moves_its_constants_flags_included_and_names_accuracy() -> None:
+    ctx = ctx_for(ROUTER_PY, task="ticket-routing", seen_hashes={code_hash(ROUTER_PY)})
+    proposals = run_loop(OfflineExplorer(seed=3), ctx, 6)
+    moved = [(c["name"], c["old"], c["new"]) for p in proposals for c in changes(p)]
+    assert {name for name, _, _ in moved} <= {"ALPHA", "BIGRAMS", "MIN_WORD_LENGTH", "PRIOR", "LOWERCASE"}
+    assert ("BIGRAMS", False, True) in moved and ("PRIOR", True, False) in moved
+    for p in proposals:
+        (change,) = changes(p)
+        assert len(changed_lines(ROUTER_PY, p.asset)) == 1 and p.asset != ROUTER_PY
+        assert "any difference in accuracy can be attributed" in p.hypothesis and "val_bpb" not in p.hypothesis
+    flag = next(p for p in proposals if changes(p)[0]["name"] == "BIGRAMS")
+    assert flag.title == "Switch on BIGRAMS False -> True" and "BIGRAMS = True" in flag.asset
+
+
+def test_on_router_py_the_same_seed_proposes_the_same_and_history_is_told_in_accuracy() -> None:
+    def first(seed: int, **kw) -> Proposal:
+        return OfflineExplorer(seed).propose(ctx_for(ROUTER_PY, task="ticket-routing", **kw))
+
+    assert first(1).asset == first(1).asset
+    assert len({first(seed).title for seed in range(8)}) > 1  # the seed's jitter orders the untried arms
+    raised = {"changes": [{"name": "ALPHA", "old": 1.0, "new": 2.0, "direction": 1}]}
+    p = first(0, history=[entry(1, raised, "discard", 0.004)], feedback=["try a higher alpha"])
+    assert p.title == "Raise ALPHA 1.0 -> 1.4"  # a smaller step after a step that hurt
+    # the loop keeps the loss (-accuracy): a loss 0.004 higher is accuracy 0.004 lower
+    assert "The last increase of ALPHA (1.0 -> 2.0) did not help (-0.0040 accuracy)" in p.hypothesis
+
+
+def test_on_query_sql_the_explorer_adds_an_index_on_a_joined_or_filtered_column_or_drops_one() -> None:
+    ctx = ctx_for(QUERY_SQL, task="query-latency", seen_hashes={code_hash(QUERY_SQL)})
+    proposals = run_loop(OfflineExplorer(seed=0), ctx, 4)
+    assert [p.title for p in proposals] == [  # joins first, then filters, then the drop
+        "Add an index on order_items(order_id)",
+        "Add an index on orders(customer_id)",
+        "Add an index on orders(ordered_at)",
+        "Drop the index idx_customers_region",
+    ]  # not customers(region): query.sql has that index already
+    added = next(p for p in proposals if p.title == "Add an index on orders(customer_id)")
+    assert added.asset == QUERY_SQL.replace(
+        "ON customers (region);\n",
+        "ON customers (region);\nCREATE INDEX idx_orders_customer_id ON orders (customer_id);\n",
+    )
+    assert "joins orders on customer_id (`o.customer_id = c.id`)" in added.hypothesis
+    assert "any difference in p95_ms" in added.hypothesis
+    dropped = next(p for p in proposals if p.title.startswith("Drop"))
+    assert "CREATE INDEX" not in dropped.asset and dropped.asset.endswith(QUERY_SQL.split("\n\n", 1)[1])
+    for p in proposals:
+        assert validation.problem("t", p.asset, main_asset=QUERY_SQL, earlier=[], task="query-latency") is None
+    with pytest.raises(AgentStopped, match="explorer exhausted: every index edit of query.sql"):
+        run_loop(OfflineExplorer(seed=0), ctx, 1)
+
+
+def test_on_query_sql_an_index_that_hurt_before_waits_behind_the_untried_ones() -> None:
+    hurt = {"changes": [{"name": "idx_order_items_order_id", "index": "add order_items(order_id)", "action": "add"}]}
+    ctx = ctx_for(QUERY_SQL, task="query-latency", history=[entry(1, hurt, "discard", 0.5, asset="older main's")])
+    assert [OfflineExplorer(seed).propose(ctx).title for seed in range(4)] == [
+        "Add an index on orders(customer_id)"
+    ] * 4

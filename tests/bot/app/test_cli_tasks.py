@@ -8,10 +8,13 @@ from pathlib import Path
 
 import fake_task
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
 from bot.app.cli import app
-from bot.app.demo import seed_files
+from bot.app.demo import render_summary, seed_files
+from bot.loop.conductor import Summary
+from runner.tasks import TICKET_ROUTING
 
 cli = CliRunner()
 STARTER = (Path(fake_task.__file__).parent / "words.txt").read_text()
@@ -103,3 +106,28 @@ def test_demo_of_another_task_in_a_work_directory_is_refused(word_count, tmp_pat
     result = cli.invoke(app, args)
     assert result.exit_code == 1
     assert "holds the word-count task" in said(result) and "use --task word-count here" in said(result)
+
+
+@pytest.mark.parametrize("task", ["training", "ticket-routing", "query-latency"])
+def test_the_offline_explorer_is_taken_for_every_bundled_task(task: str) -> None:
+    from bot.app.demo import check_agent_for_task
+
+    check_agent_for_task("explorer", task)  # constants of train.py and router.py, indexes of query.sql
+
+
+def test_the_demos_summary_speaks_the_tasks_metric_on_its_own_scale() -> None:
+    """The conductor's summary holds losses: accuracy's are negated back for people."""
+    summary = Summary(
+        experiments=2,
+        kept=1,
+        discarded=1,
+        crashed=0,
+        failed=0,
+        baseline_val_bpb=-0.8,
+        best_val_bpb=-0.85,
+        stop_reason="done",
+    )
+    console = Console(width=120, record=True)
+    console.print(render_summary(summary, 1.0, Path("results.tsv"), TICKET_ROUTING.metric))
+    rows = [" ".join(line.replace("│", " ").split()) for line in console.export_text().splitlines()]
+    assert "baseline accuracy 0.800000" in rows and "main's accuracy now (its own runs) 0.850000" in rows

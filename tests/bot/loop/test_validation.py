@@ -84,7 +84,7 @@ def test_a_router_needs_no_harness_and_its_comments_are_not_an_experiment() -> N
 
 
 def test_a_query_with_one_more_index_passes() -> None:
-    more = QUERY.replace("\n\nSELECT", "\nCREATE INDEX idx_customers_region ON customers(region);\n\nSELECT")
+    more = QUERY.replace("\n\nSELECT", "\nCREATE INDEX idx_customers_region ON customers(region);\nANALYZE;\n\nSELECT")
     assert task_problem("query-latency", more, QUERY) is None
 
 
@@ -105,7 +105,8 @@ def test_a_query_sql_with_two_queries_none_or_another_statement_is_refused() -> 
     assert task_problem("query-latency", none, QUERY).startswith("query.sql holds no query")
     drop = "DROP TABLE orders;\n" + QUERY
     assert task_problem("query-latency", drop, QUERY) == (
-        "query.sql may hold only CREATE INDEX statements and then its one query, but it holds 'drop table orders'"
+        "query.sql may hold only CREATE INDEX and ANALYZE statements and then its one query, but it holds "
+        "'drop table orders'"
     )
     late = QUERY + "CREATE INDEX idx_b ON customers(region);\n"
     assert task_problem("query-latency", late, QUERY).endswith("has its query before an index statement")
