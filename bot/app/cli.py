@@ -384,8 +384,9 @@ def plot(
     workdir: Path = typer.Option(DEFAULT_WORKDIR, help="the work directory (a demo's, or serve's state dir)"),
     out: Path = typer.Option(None, help="the chart to write, .png or .svg (default: WORKDIR/progress.png)"),
 ) -> None:
-    """Write the progress chart: val_bpb over experiments, kept ones marked, main's best as a step line."""
+    """Write the progress chart: the task's metric over experiments, kept ones marked, main's best as a step line."""
     from bot.views.plot import write_chart
+    from bot.views.text import places
 
     target = out or workdir / "progress.png"
     store = _open_store(workdir)
@@ -396,7 +397,7 @@ def plot(
         raise typer.Exit(2) from None
     finally:
         store.close()
-    best = f", best val_bpb {data.best:.6f}" if data.best is not None else ""
+    best = f", best {data.metric.name} {data.best:.{places(data.metric)}f}" if data.best is not None else ""
     console.print(f"wrote {target}: {len(data.points)} points, {data.kept} kept, {data.crashed} crashed{best}")
 
 
