@@ -1,7 +1,10 @@
 """The judge: keep, discard, confirm or re-measure an experiment, from numbers alone.
 
 This module owns the decision rule and the noise estimate it rests on; it touches neither the
-store nor the forge. The rule, in plain words:
+store nor the forge. It works on the loss scale, where lower is better: val_bpb for training, and
+for any task its metric or the metric negated where higher is better (bot.runners.specs records a
+run's number so), so "lower" below reads "better" for every task. Only the reasons people read show
+the task's metric, by its name and on its own scale (JudgeConfig.metric). The rule, in plain words:
 
 1. Noise. Every group of repeated runs of the same train.py (main's baseline runs, a candidate's
    first and confirmation runs) says how much val_bpb moves between runs of the same code. The
@@ -96,6 +99,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from runner.tasks import TRAINING, Metric
+
 if TYPE_CHECKING:
     from bot.core.simplicity import Simplification
     from bot.loop.program import LoopSettings
@@ -127,11 +132,19 @@ class JudgeConfig:
     paired_pays: float = 0.5  # ...when sigma_d^2 is at most this share of sigma^2 (an unpaired difference's is 2)
     paired_keep_pairs: int = 3  # pairs a paired keep rests on (fewer: only a confirmation)
     paired_spread_p: float = 0.95  # a paired keep's own d's may spread at most this F quantile beyond the pool's
+    metric: Metric = TRAINING.metric  # the reasons' words only: the rule minimises the loss (runner.tasks.Metric.loss)
+
+    def shown(self, loss: float) -> float:
+        """A value or a signed delta of the loss scale the rule works on, on the metric's own, for
+        the reasons people read (Metric.loss is its own inverse; never -0.0, which would read as a
+        loss); a margin or a gain's size is shown as it is."""
+        return self.metric.loss(loss) + 0.0
 
 
 def judge_config(settings: LoopSettings) -> JudgeConfig:
-    """The judge's settings as program.md's front matter sets them."""
+    """The judge's settings as program.md's front matter sets them, and its task's metric."""
     return JudgeConfig(
+        metric=settings.metric,
         noise_sigmas=settings.noise_sigmas,
         confirm_sigmas=settings.confirm_sigmas,
         confirm_below=settings.confirm_below,
@@ -256,8 +269,9 @@ def _paired(
     mean = statistics.fmean(d)
     error = pool.sigma / math.sqrt(n)
     seeds = f"{n} seed{'s' if n > 1 else ''}"
+    name, shown = config.metric.name, config.shown
     words = (
-        f"paired on {seeds}: mean difference from main under the same seed {mean:+.6f}, sigma_d "
+        f"paired on {seeds}: mean difference from main under the same seed {shown(mean):+.6f}, sigma_d "
         f"{pool.sigma:.6f} from {pool.dof} degrees of freedom against sigma {noise.sigma:.6f}"
     )
     if n >= config.paired_keep_pairs:
@@ -269,7 +283,7 @@ def _paired(
             return replace(unpaired, reason=f"{unpaired.reason} (not judged paired: {spread})")
         return Decision(
             "keep",
-            f"val_bpb {value:.6f} beats main by {-mean:.6f} seed for seed, more than the paired noise "
+            f"{name} {shown(value):.6f} beats main by {-mean:.6f} seed for seed, more than the paired noise "
             f"margin {band:.6f} ({words})",
             val_bpb=value,
             delta=mean,
@@ -281,7 +295,7 @@ def _paired(
         return None
     return Decision(
         "confirm",
-        f"val_bpb {value:.6f} improves on main by {-mean:.6f} seed for seed, more than "
+        f"{name} {shown(value):.6f} improves on main by {-mean:.6f} seed for seed, more than "
         f"{config.confirm_below:g} paired standard errors ({window:.6f}): one more run under the next seed "
         f"({words})",
         val_bpb=value,
@@ -341,6 +355,7 @@ def _unpaired(
     value = statistics.fmean(candidate)
     base = statistics.fmean(main)
     delta = value - base
+    name, shown = config.metric.name, config.shown
     runs = f"{len(candidate)} run{'s' if len(candidate) > 1 else ''} against {len(main)} of main"
     single = len(candidate) < 2
     as_simplification = simpler is not None and noise is not None and config.simplicity_sigmas > 0
@@ -350,15 +365,17 @@ def _unpaired(
         if as_simplification:
             return _simplification(value, base, len(candidate), len(main), noise, simpler, config, band)
         if delta == 0:
-            return Decision("discard", f"val_bpb {value:.6f} ties main: main keeps the tie", **numbers)
-        return Decision("discard", f"val_bpb {value:.6f} is worse than main {base:.6f} by {delta:.6f}", **numbers)
+            return Decision("discard", f"{name} {shown(value):.6f} ties main: main keeps the tie", **numbers)
+        return Decision(
+            "discard", f"{name} {shown(value):.6f} is worse than main {shown(base):.6f} by {delta:.6f}", **numbers
+        )
     if noise is None:
         # No group has two runs yet: a gain of any size could be noise, so nothing may be kept.
         numbers = dict(val_bpb=value, delta=delta, margin=None)
         if single and config.confirm:
             return Decision(
                 "confirm",
-                f"val_bpb {value:.6f} improves on main {base:.6f} by {-delta:.6f}, but the "
+                f"{name} {shown(value):.6f} improves on main {shown(base):.6f} by {-delta:.6f}, but the "
                 "noise is not known yet (no repeated runs): one confirmation run and one more "
                 "run of main",
                 extra_main_runs=max(1, config.confirm_main_runs),
@@ -366,7 +383,7 @@ def _unpaired(
             )
         return Decision(
             "discard",
-            f"val_bpb {value:.6f} improves on main {base:.6f} by {-delta:.6f}, but the "
+            f"{name} {shown(value):.6f} improves on main {shown(base):.6f} by {-delta:.6f}, but the "
             f"noise is not known (no repeated runs), so no gain can be told from noise ({runs})",
             **numbers,
         )
@@ -376,7 +393,7 @@ def _unpaired(
     if delta < -band:
         return Decision(
             "keep",
-            f"val_bpb {value:.6f} beats main {base:.6f} by {-delta:.6f}, more than the noise "
+            f"{name} {shown(value):.6f} beats main {shown(base):.6f} by {-delta:.6f}, more than the noise "
             f"margin {band:.6f} ({runs}, {noise_words})",
             **numbers,
         )
@@ -386,7 +403,7 @@ def _unpaired(
         main_words = f" and {extra} more run{'s' if extra > 1 else ''} of main" if extra else ""
         return Decision(
             "confirm",
-            f"val_bpb {value:.6f} improves on main {base:.6f} by {-delta:.6f}, inside the "
+            f"{name} {shown(value):.6f} improves on main {shown(base):.6f} by {-delta:.6f}, inside the "
             f"noise margin {band:.6f} but more than {config.confirm_below:g} standard errors "
             f"({window:.6f}): one confirmation run{main_words}",
             extra_main_runs=extra,
@@ -396,7 +413,7 @@ def _unpaired(
         return _simplification(value, base, len(candidate), len(main), noise, simpler, config, band)
     return Decision(
         "discard",
-        f"val_bpb {value:.6f} improves on main {base:.6f} by only {-delta:.6f}, inside the "
+        f"{name} {shown(value):.6f} improves on main {shown(base):.6f} by only {-delta:.6f}, inside the "
         f"noise margin {band:.6f} ({runs}, {noise_words}): not a measurable gain",
         **numbers,
     )
@@ -420,7 +437,9 @@ def _simplification(
     numbers = dict(val_bpb=value, delta=delta, margin=band, loss_margin=loss_margin)
     confidence = f"{100 * 0.5 * math.erfc(-config.simplicity_z / math.sqrt(2)):.3g}%"
     allowed = f"{loss_margin:.6f} ({config.simplicity_sigmas:g} sigma)"
-    head = f"val_bpb {value:.6f} against main {base:.6f} ({delta:+.6f}), a simplification: {simpler.words()}"
+    name, shown = config.metric.name, config.shown
+    against = f"{name} {shown(value):.6f} against main {shown(base):.6f}"
+    head = f"{against} ({shown(delta):+.6f}), a simplification: {simpler.words()}"
     if n_candidate < 2 and config.confirm:
         below = config.simplicity_confirm_below * loss_margin
         if delta < below:
@@ -443,11 +462,11 @@ def _simplification(
     runs = f"{n_candidate} run{'s' if n_candidate > 1 else ''} against {n_main} of main"
     noise_words = f"sigma {noise.sigma:.6f} from {noise.dof} degree{'s' if noise.dof > 1 else ''} of freedom"
     if upper < loss_margin:
+        bound = f"at most {upper:+.6f}" if config.metric.lower_is_better else f"at least {shown(upper):+.6f}"
         return Decision(
             "keep",
             f"kept for simplicity: {simpler.words()}, and the runs rule out a loss larger than {allowed} "
-            f"at {confidence}: val_bpb {value:.6f} against main {base:.6f} ({delta:+.6f}, at most "
-            f"{upper:+.6f}; {runs}, {noise_words})",
+            f"at {confidence}: {against} ({shown(delta):+.6f}, {bound}; {runs}, {noise_words})",
             **numbers,
         )
     return Decision(

@@ -377,8 +377,8 @@ def progress_of(run: RunRow, live: Live | None = None) -> dict[str, Any]:
 
 def on_metric_scale(metric: Metric, loss: float | None) -> float | None:
     """A value or a delta on the judge's loss scale, on `metric`'s own (Metric.loss is linear and
-    its own inverse); a margin is a magnitude and is shown as it is."""
-    return None if loss is None else metric.loss(loss)
+    its own inverse; never -0.0, which reads as a loss); a margin is a magnitude and is shown as it is."""
+    return None if loss is None else metric.loss(loss) + 0.0
 
 
 def task_of(loop: LoopRow) -> Task:

@@ -19,12 +19,15 @@ from bot.loop.judge import (
     Noise,
     Pairs,
     decide,
+    judge_config,
     main_runs_wanted,
     margin,
     pooled_noise,
     standard_error,
     t_multiplier,
 )
+from bot.loop.program import LoopSettings
+from runner.tasks import TICKET_ROUTING
 
 MAIN = "a" * 40
 OLD_MAIN = "b" * 40
@@ -714,3 +717,32 @@ def test_pairs_that_spread_far_more_than_the_pool_are_not_judged_paired_and_say_
 def test_the_paired_margin_floor_is_min_margin():
     decision = judge_paired([0.994] * 3, [-0.006] * 3, config=JudgeConfig(min_margin=0.01))
     assert decision.action == "discard"
+
+
+# --- the reasons in the task's metric -----------------------------------------------------------------
+
+ACCURACY = JudgeConfig(metric=TICKET_ROUTING.metric)  # higher is better: the judge is given its negation
+
+
+def test_a_higher_is_better_tasks_reasons_show_its_metric_on_its_own_scale():
+    """The rule minimises the loss (accuracy negated); the reason reads accuracy as people know it."""
+    kept = judge([-0.85], main=[-0.80] * 6, config=ACCURACY)
+    assert (kept.action, kept.val_bpb, kept.delta) == ("keep", -0.85, pytest.approx(-0.05))
+    assert kept.reason.startswith("accuracy 0.850000 beats main 0.800000 by 0.050000, more than the noise margin")
+    worse = judge([-0.75], main=[-0.80] * 6, config=ACCURACY)
+    assert worse.action == "discard"
+    assert worse.reason == "accuracy 0.750000 is worse than main 0.800000 by 0.050000"
+    assert judge([-0.75], main=[-0.75] * 6, config=ACCURACY).reason == "accuracy 0.750000 ties main: main keeps the tie"
+
+
+def test_a_higher_is_better_keep_for_simplicity_bounds_its_loss_from_below():
+    quiet = Noise(sigma=0.002, dof=30)
+    d = judge_simpler([-0.751, -0.751], config=ACCURACY, main=[-0.75] * 6, noise=quiet)  # 0.001 better
+    assert d.action == "keep" and d.reason.startswith("kept for simplicity")
+    upper = (-0.751 + 0.75) + t_multiplier(SIMPLICITY_Z, 30) * standard_error(quiet, 2, 6)  # the loss's bound
+    assert f"accuracy 0.751000 against main 0.750000 (+0.001000, at least {-upper:+.6f}; 2 runs" in d.reason
+
+
+def test_judge_config_takes_the_tasks_metric_from_program_md():
+    assert judge_config(LoopSettings(task="ticket-routing")).metric == TICKET_ROUTING.metric
+    assert judge_config(LoopSettings()).metric.name == "val_bpb"
