@@ -463,7 +463,7 @@ def _run(opts: Options) -> dict[str, Any]:
                 github_private_key=pem,
             )
             service = bench_service(opts)(
-                settings, make_parts=lambda s, c: Parts(runner, agent, dict(identity)), timer_s=30.0 / opts.scale
+                settings, make_parts=lambda s, c, t: Parts(runner, agent, dict(identity)), timer_s=30.0 / opts.scale
             )
             main_cpu0, cpu0, started = time.thread_time(), time.process_time(), time.monotonic()
             service.start()

@@ -113,7 +113,7 @@ def run(n: int, token: bool) -> dict:
         )
         service = Service(
             settings,
-            make_parts=lambda s, c: Parts(FakeRunner(), ScriptedAgent(proposals(n)), dict(IDENTITY)),
+            make_parts=lambda s, c, t: Parts(FakeRunner(), ScriptedAgent(proposals(n)), dict(IDENTITY)),
             timer_s=0.1,
         )
         started = time.monotonic()

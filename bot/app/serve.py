@@ -21,6 +21,13 @@ dashboard at / is as open as the server unless AUTORESEARCH_DASHBOARD_TOKEN is s
 that takes webhooks is reachable from the internet by design: bot.views.dashboard.exposure_warning says
 when to warn.
 
+The task (runner.tasks: training, query-latency, ticket-routing) is the one program.md on main names
+(`autoresearch: {task: ...}`; training when it names none). The parts are made for it (its inputs
+prepared and its identity, runner.tasks.run.task_identity, on the local runner), and the identity the
+store pins carries it. A repository holds one task: a store that measured another is refused at
+start (`WrongTask`), with what to do; a program.md that names another task while the service runs is
+the loop's settings error (bot.loop.program).
+
     <state_dir>/state.db     the store (the inbox, experiments, runs, what GitHub shows)
     <state_dir>/runs/<id>/   one directory per training run (the local runner)
     <state_dir>/results.tsv  the reference's results table
@@ -50,10 +57,13 @@ from bot.github.forge import GitHubForge
 from bot.github.permissions import CollaboratorPermissions
 from bot.github.publisher import GitHubPublisher
 from bot.loop import inbox
+from bot.loop.baseline import PROGRAM
 from bot.loop.conductor import Conductor, ConductorConfig
 from bot.loop.driver import Driver
+from bot.loop.program import SettingsError, parse_program
 from bot.store import Store
 from bot.views.results import ResultsFile
+from runner.tasks import DEFAULT_TASK
 
 log = logging.getLogger(__name__)
 DETAIL_CHARS = 500  # a reason shown by /healthz is cut here; the log has all of it
@@ -94,11 +104,41 @@ class Parts:
     budget_usd: float | None = None  # what the agent's answers may cost in all (None: no limit)
 
 
-def default_parts(settings: ServiceSettings, client: GitHubClient) -> Parts:
-    """The configured runner (local, Actions or Modal), checked ready to measure under the identity,
-    and the agent."""
+class WrongTask(RuntimeError):
+    """The service's store measured another task than the one main's program.md names."""
+
+
+def main_task(forge: GitHubForge, store: Store) -> str:
+    """The task program.md on main names (training when there is none or it names none). While its
+    front matter is invalid, the task the store measures (the loop reports the error itself)."""
+    try:
+        text = forge.read_file(forge.main_sha(), PROGRAM)
+    except FileNotFoundError:
+        return DEFAULT_TASK
+    try:
+        return parse_program(text).settings.task
+    except SettingsError:
+        return store.state.identity.get("task", DEFAULT_TASK)
+
+
+def refuse_other_task(store: Store, task: str, state_dir: Path) -> None:
+    """Raise WrongTask when the store pinned the measurement of another task (an identity pinned
+    before tasks, or without one, is training's): their numbers never compare."""
+    pinned = store.state.identity
+    held = pinned.get("task", DEFAULT_TASK) if pinned else task
+    if held != task:
+        raise WrongTask(
+            f"program.md on main names the {task} task, but this service's store ({state_dir / 'state.db'}) "
+            f"measures the {held} task: a repository holds one task. Put `task: {held}` back in program.md's "
+            f"front matter, or give the service a new AUTORESEARCH_STATE_DIR (and a repository) for {task}"
+        )
+
+
+def default_parts(settings: ServiceSettings, client: GitHubClient, task: str = DEFAULT_TASK) -> Parts:
+    """The configured runner (local, Actions or Modal), checked ready to measure `task` under the
+    identity, and the agent."""
     if settings.runner == "local":
-        return local_parts(settings)
+        return local_parts(settings, client, task)
     from bot.runners.modal import modal_runner
     from runner.profiles import harness_hash
 
@@ -111,23 +151,33 @@ def default_parts(settings: ServiceSettings, client: GitHubClient) -> Parts:
     # The bot measures nothing itself: the harness is its own code, the data the runners' (a setting).
     identity = {
         "profile": settings.profile,
-        "harness_hash": harness_hash(),
+        "harness_hash": harness_hash(task),
         "data_fingerprint": str(settings.data_fingerprint),
     }
+    if task != DEFAULT_TASK:
+        identity["task"] = task
     runner.check_ready(identity)
     agent, budget = make_agent(settings.agent, script=settings.agent_script)
     return Parts(runner=runner, agent=agent, identity=identity, budget_usd=budget)
 
 
-def local_parts(settings: ServiceSettings, client: GitHubClient | None = None) -> Parts:
-    """The local runner on this machine (its data prepared here) and the configured agent."""
+def local_parts(settings: ServiceSettings, client: GitHubClient | None = None, task: str = DEFAULT_TASK) -> Parts:
+    """The local runner on this machine (the task's inputs prepared here) and the configured agent."""
     from bot.runners.local import LocalRunner  # the harness (and torch) only where runs happen here
     from runner.identity import measurement_identity
     from runner.prepare import prepare
+    from runner.tasks.run import prepare_task, task_identity
 
-    prepare(settings.profile, None, progress=False)
+    if task == DEFAULT_TASK:
+        prepare(settings.profile, None, progress=False)
+    else:
+        prepare_task(task, settings.profile)
     runner = LocalRunner(settings.state_dir / "runs", slots=settings.slots, warm=settings.warm_workers)
-    identity = measurement_identity(settings.profile, None, threads=runner.threads)
+    identity = (
+        measurement_identity(settings.profile, None, threads=runner.threads)
+        if task == DEFAULT_TASK
+        else task_identity(task, settings.profile)
+    )
     runner.check_ready(identity)
     agent, budget = make_agent(settings.agent, script=settings.agent_script)
     return Parts(runner=runner, agent=agent, identity=identity, budget_usd=budget)
@@ -136,7 +186,7 @@ def local_parts(settings: ServiceSettings, client: GitHubClient | None = None) -
 @dataclass
 class Service:
     settings: ServiceSettings
-    make_parts: Callable[[ServiceSettings, GitHubClient], Parts] = default_parts
+    make_parts: Callable[[ServiceSettings, GitHubClient, str], Parts] = default_parts
     timer_s: float = 30.0
     connect_backoff_s: tuple[float, float] = (2.0, 120.0)
     clock: Callable[[], float] = time.monotonic  # the stall check's clock (a test moves it)
@@ -395,8 +445,10 @@ class Service:
             settings.repository, CollaboratorPermissions.for_repository(repo), loop=inbox.router
         )
         router = Router(inbox.router, github.router())
-        parts = self.make_parts(settings, self.client)
         forge = GitHubForge(repo, main_branch=settings.main_branch, pace_write=self.client.pace_write)
+        task = main_task(forge, store)
+        refuse_other_task(store, task, settings.state_dir)
+        parts = self.make_parts(settings, self.client, task)
         publisher = GitHubPublisher(
             store,
             repo,
@@ -422,7 +474,7 @@ class Service:
 def serve(
     settings: ServiceSettings,
     *,
-    make_parts: Callable[[ServiceSettings, GitHubClient], Parts] = default_parts,
+    make_parts: Callable[[ServiceSettings, GitHubClient, str], Parts] = default_parts,
     timer_s: float = 30.0,
 ) -> None:
     """Run the service until interrupted (Ctrl-C or SIGTERM)."""

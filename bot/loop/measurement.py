@@ -39,7 +39,7 @@ IDENTITY_KEYS = ("profile", "harness_hash", "data_fingerprint")
 OUTLIER_Z = 3.09  # a run of main this much worse than the rest (one-sided 0.1%, Student-t) is set aside
 DRIFT_Z = 2.576  # main's runs drift when their trend over run order is this significant (two-sided 1%)
 RECENT_RUNS = 20  # once main drifts, it is judged against its runs among the loop's last this many
-OPTIONAL_KEYS = ("threads",)
+OPTIONAL_KEYS = ("threads", "task")  # task: runner.tasks's, in every identity but training's
 
 
 class WrongProfile(RuntimeError):

@@ -66,7 +66,7 @@ def run_service(config: dict, hold: str | None) -> None:
     )
     proposals = [Proposal(p["title"], p["hypothesis"], p["asset"]) for p in config["proposals"]]
     runner = HoldingRunner(Path(config["runs_dir"]), config["run_seconds"], hold)
-    serve(settings, make_parts=lambda s, c: Parts(runner, ScriptedAgent(proposals), dict(IDENTITY)), timer_s=TIMER_S)
+    serve(settings, make_parts=lambda s, c, t: Parts(runner, ScriptedAgent(proposals), dict(IDENTITY)), timer_s=TIMER_S)
 
 
 def child(request: dict) -> None:

@@ -168,7 +168,7 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
         runner, agent, waits = GatedRunner(), RecordingAgent(PROPOSALS), []
         service = Service(
             settings,
-            make_parts=lambda s, c: Parts(runner, agent, dict(IDENTITY)),
+            make_parts=lambda s, c, t: Parts(runner, agent, dict(IDENTITY)),
             timer_s=0.05,
             sleep=waits.append,  # the waits GitHub asks for, noted and not slept
         )
@@ -662,7 +662,7 @@ def test_the_server_takes_webhooks_while_github_is_unreachable(tmp_path: Path, m
     )
     service = Service(
         settings,
-        make_parts=lambda s, c: Parts(FakeRunner(), RecordingAgent([]), dict(IDENTITY)),
+        make_parts=lambda s, c, t: Parts(FakeRunner(), RecordingAgent([]), dict(IDENTITY)),
         connect_backoff_s=(0.05, 0.2),
         sleep=lambda seconds: None,  # the client's backoff between its tries, not slept
     )
@@ -754,7 +754,7 @@ def health_when_parts_fail(tmp_path: Path, make_parts, **settings) -> tuple[int,
 
 
 def test_healthz_is_503_when_the_conductor_stopped(tmp_path: Path, no_service_environment: None) -> None:
-    def make_parts(settings, client) -> Parts:
+    def make_parts(settings, client, task) -> Parts:
         raise ModuleNotFoundError("No module named 'torch'")
 
     status, health = health_when_parts_fail(tmp_path, make_parts)
@@ -769,7 +769,7 @@ def test_healthz_is_503_when_the_conductor_stopped(tmp_path: Path, no_service_en
 def test_healthz_never_shows_a_secret_even_in_the_reason_it_stopped(
     tmp_path: Path, no_service_environment: None
 ) -> None:
-    def make_parts(settings, client) -> Parts:
+    def make_parts(settings, client, task) -> Parts:
         raise RuntimeError(f"a runner that prints its settings: {BOT_TOKEN} {SECRET} {'x' * 2000}")
 
     status, health = health_when_parts_fail(tmp_path, make_parts, dashboard_token="dashboard-token-for-tests")
@@ -808,7 +808,7 @@ def test_healthz_says_the_conductor_waits_for_github_and_why_while_github_refuse
 def test_healthz_is_503_when_the_conductor_thread_ended_without_a_word(
     tmp_path: Path, no_service_environment: None
 ) -> None:
-    def make_parts(settings, client) -> Parts:
+    def make_parts(settings, client, task) -> Parts:
         raise SystemExit(3)  # not an Exception: the thread ends without setting a state
 
     status, health = health_when_parts_fail(tmp_path, make_parts)
@@ -879,7 +879,7 @@ def hanging_service(tmp_path: Path, gh: GitHubStandIn, runner: HangingRunner, cl
     return Service(
         token_settings(tmp_path, gh.api_url),
         clock=clock,
-        make_parts=lambda s, c: Parts(runner, RecordingAgent([]), dict(IDENTITY)),
+        make_parts=lambda s, c, t: Parts(runner, RecordingAgent([]), dict(IDENTITY)),
         **extra,
     )
 
@@ -1006,3 +1006,69 @@ def test_a_wait_on_another_thread_says_nothing_about_the_conductor(
             runner.released.set()
             service.stop(timeout=5)
     assert health["conductor"] == "stalled"
+
+
+# --- the task: the one main's program.md names ------------------------------------------------------
+
+ROUTING = ROOT / "runner" / "tasks" / "ticket_routing"
+ROUTER_FILES = {"router.py": (ROUTING / "router.py").read_text(), "program.md": (ROUTING / "program.md").read_text()}
+
+
+def test_serve_measures_the_task_mains_program_md_names_under_its_task_identity(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """local_parts for ticket-routing: its inputs prepared, runner.tasks.run.task_identity pinned
+    (the task in it), and the agent told the task."""
+    from bot.app.serve import local_parts
+
+    for name in [n for n in os.environ if n.startswith("AUTORESEARCH_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+    prepared: list[tuple[str, str]] = []
+    identity = dict(IDENTITY, task="ticket-routing")
+    monkeypatch.setattr("runner.tasks.run.prepare_task", lambda task, profile: prepared.append((task, profile)))
+    monkeypatch.setattr("runner.tasks.run.task_identity", lambda task, profile: dict(identity))
+    monkeypatch.setattr("bot.runners.local.LocalRunner", InstantRunner)
+    script = tmp_path / "proposals.jsonl"
+    script.write_text("")
+    key, _ = app_key()
+    with GitHubStandIn(tmp_path / "github", files=ROUTER_FILES, app_public_key=key.public_key()) as gh:
+        settings = local_service_settings(tmp_path, gh.api_url, agent="scripted", agent_script=script)
+        service = Service(settings, make_parts=local_parts, timer_s=0.05)
+        service.start()
+        store = Store(settings.state_dir / "state.db")
+        try:
+            wait_for("the identity pinned", lambda: bool(store.state.identity), tmp_path / "no-log")
+        finally:
+            service.stop()
+    assert prepared == [("ticket-routing", "smoke")]
+    assert store.state.identity == identity
+    assert service.conductor.baseline.task.name == "ticket-routing"
+
+
+def test_a_store_that_measured_another_task_is_refused_with_what_to_do(
+    tmp_path: Path, no_service_environment: None
+) -> None:
+    store = Store(tmp_path / "state" / "state.db")
+    store.state.identity = dict(IDENTITY)  # pinned by a training loop (no task: training)
+    store.close()
+    made: list[str] = []
+
+    def make_parts(settings, client, task) -> Parts:
+        made.append(task)
+        return Parts(FakeRunner(), RecordingAgent([]), dict(IDENTITY, task=task))
+
+    with GitHubStandIn(tmp_path / "github", files=ROUTER_FILES, token_users={BOT_TOKEN: "autoresearch-bot"}) as gh:
+        service = Service(token_settings(tmp_path, gh.api_url), make_parts=make_parts)
+        service.start()
+        try:
+            status, health = health_once_settled(service)
+        finally:
+            service.stop(timeout=5)
+    assert status == 503 and health["conductor"] == "stopped" and made == []
+    assert (
+        "WrongTask: program.md on main names the ticket-routing task, but this service's store "
+        in health["conductor_detail"]
+    )
+    assert "measures the training task: a repository holds one task" in health["conductor_detail"]
+    assert "Put `task: training` back in program.md" in health["conductor_detail"]
