@@ -150,7 +150,7 @@ def demo(
         help="total experiments for this work directory (0: program.md's max_experiments, where 0 means no limit)",
     ),
     profile: str = typer.Option("cpu", help="cpu (about 40 s a run) or smoke (a few seconds)"),
-    task: str = typer.Option("training", help=TASK_HELP + " (another than training needs --agent scripted or claude)"),
+    task: str = typer.Option("training", help=TASK_HELP),
     slots: int = typer.Option(1, min=1, help="runs in parallel"),
     seed: int = typer.Option(0, help="seed of the offline explorer"),
     data: str = typer.Option(None, help="data source (default: the profile's)"),
