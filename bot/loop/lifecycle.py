@@ -425,12 +425,14 @@ class Lifecycle:
     def _step_merging(self, exp: Experiment, main: Main) -> Experiment | None:
         runs = exp.meta.get("runs", 1)
         simpler = "kept_for_simplicity" in exp.meta
+        config = judge_config(main.settings)  # the task's metric: its name, and the value on its own scale
+        name, value = config.metric.name, config.shown(exp.val_bpb)
         message = (
-            f"{exp.title} (val_bpb {exp.val_bpb:.6f}, {exp.delta:+.6f} vs main"
+            f"{exp.title} ({name} {value:.6f}, {config.shown(exp.delta):+.6f} vs main"
             f"{', kept for simplicity' if simpler else ''})\n\n{exp.hypothesis}\n\n"
-            f"{exp.reason}\n\nval_bpb is the mean of its {runs} run{'s' if runs != 1 else ''}; the new main "
+            f"{exp.reason}\n\n{name} is the mean of its {runs} run{'s' if runs != 1 else ''}; the new main "
             f"is measured afresh, and that re-measured delta is the one to quote.\n\n"
-            f"autoresearch-experiment: {exp.id}\nautoresearch-val-bpb: {exp.val_bpb:.6f}"
+            f"autoresearch-experiment: {exp.id}\nautoresearch-{name.replace('_', '-')}: {value:.6f}"
             + ("\nautoresearch-kept-for: simplicity" if simpler else "")
         )
         try:

@@ -1019,3 +1019,31 @@ def test_a_smaller_train_py_that_is_clearly_better_is_an_ordinary_keep(tmp_path:
     assert exp.status == "keep" and "beats main" in exp.reason and "kept_for_simplicity" not in exp.meta
     message = loop.forge.repo.commit(exp.merged_sha).message
     assert "simplicity" not in message
+
+
+ROUTER = with_effect(
+    'def train(examples):\n    return None\n\n\ndef route(model, texts):\n    return ["card" for _ in texts]\n',
+    0.0,
+    "main",
+)
+
+
+def test_a_tasks_merge_message_names_its_metric_on_its_own_scale(tmp_path: Path) -> None:
+    """Ticket routing's accuracy, higher is better: the fakes' numbers are losses, so main's 2.0 is
+    accuracy -2.0 and a change 0.5 lower is 0.5 more accurate."""
+    forge = init_research_repo(
+        tmp_path / "repo", {"router.py": ROUTER, "program.md": program(task="ticket-routing", **FAST)}
+    )
+    loop = make(
+        tmp_path,
+        ScriptedAgent([proposal(-0.5, "big", base=ROUTER)]),
+        forge=forge,
+        identity=dict(IDENTITY, task="ticket-routing"),
+        experiments=1,
+    )
+    run_to_end(loop)
+    [exp] = loop.store.experiments.all()
+    assert exp.status == "keep"
+    message = forge.repo.head.commit.message
+    assert message.startswith(f"big (accuracy {-exp.val_bpb:.6f}, {-exp.delta:+.6f} vs main)")
+    assert f"autoresearch-accuracy: {-exp.val_bpb:.6f}" in message and "val_bpb" not in message
