@@ -213,13 +213,15 @@ class Baseline:
 
     def _note(self, main: Main, own: measurement.MainRuns) -> None:
         """Record, once per main, what its runs showed: a run set aside as an outlier, a drift."""
+        metric = self.task.metric  # the events name it and show its own scale (Metric.loss is its own inverse)
         if own.outlier is not None and (main.code_hash, f"outlier {own.outlier!r}") not in self._noted:
             self._noted.add((main.code_hash, f"outlier {own.outlier!r}"))
             self.store.events.add(
                 None,
                 "outlier",
-                f"a run of main {main.sha[:7]} measured val_bpb {own.outlier:.6f}, worse than main's other runs by "
-                f"more than the noise allows: it is left out of main's value and main is measured once more",
+                f"a run of main {main.sha[:7]} measured {metric.name} {metric.loss(own.outlier):.6f}, worse than "
+                "main's other runs by more than the noise allows: it is left out of main's value and main is "
+                "measured once more",
             )
         if own.drift is not None and (main.code_hash, "drift") not in self._noted:
             self._noted.add((main.code_hash, "drift"))
@@ -227,8 +229,8 @@ class Baseline:
                 None,
                 "drift",
                 f"main {main.sha[:7]}'s measurement moves with time: its {own.drift.runs} runs drift by "
-                f"{100 * own.drift.slope:+.6f} val_bpb per 100 runs of the loop (t = {own.drift.t:+.1f}), more than "
-                f"the noise explains. It is judged against its runs among the loop's last {measurement.RECENT_RUNS} "
+                f"{100 * metric.loss(own.drift.slope):+.6f} {metric.name} per 100 runs of the loop "
+                f"(t = {metric.loss(own.drift.t):+.1f}), more than the noise explains. It is judged against its runs among the loop's last {measurement.RECENT_RUNS} "
                 "and measured afresh when they grow older",
             )
 

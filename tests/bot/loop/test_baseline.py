@@ -4,6 +4,8 @@ recorded as an event a person can read."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from bot.core.states import RunState
@@ -85,6 +87,16 @@ def test_main_is_measured_once_more_in_place_of_a_run_set_aside_as_an_outlier(st
     assert queued_runs_of_main(store) == ["measure main aaaaaaa"]  # six wanted, five count
     [event] = [e["message"] for e in store.events.all() if e["kind"] == "outlier"]
     assert "val_bpb 1.010000, worse than main's other runs" in event and "measured once more" in event
+
+
+def test_an_outlier_of_a_higher_is_better_task_is_said_in_its_metric(store):
+    """The runs hold accuracy's loss (its negation): the outlier is the low accuracy, said as such."""
+    for accuracy in [0.800, 0.801, 0.799, 0.8005, 0.7995, 0.790]:
+        finished(store, "A", -accuracy)
+    baseline = Baseline(store, NoForge(), identity=dict(IDENTITY, task="ticket-routing"), profile="cpu")
+    baseline.schedule(replace(MAIN, settings=LoopSettings(task="ticket-routing")))
+    [event] = [e["message"] for e in store.events.all() if e["kind"] == "outlier"]
+    assert "measured accuracy 0.790000, worse than main's other runs" in event
 
 
 def test_a_drifting_main_is_measured_afresh_and_the_drift_is_recorded(store):
