@@ -664,7 +664,11 @@ class Supervisor:
             )
         if score:
             metrics.update(
-                {k: score[k] for k in ("eval_tokens", "eval_bytes", "probe", "probe_max_change") if k in score}
+                {
+                    k: score[k]
+                    for k in ("eval_tokens", "eval_bytes", "probe", "probe_max_change", "params_fingerprint")
+                    if k in score
+                }
             )
         metrics.update(total_seconds=round(self.timings.total, 3), eval_seconds=round(self.timings.evaluation, 3))
         result = ResultSpec(

@@ -123,7 +123,7 @@ def attacks(directory: Path, *, val_file: Path, evaluate: Path, home: Path, port
     )
     secret_paths = [str(home / name) for name in SECRET_FILES] + ["/root/.netrc", "/proc/1/environ"]
     return f"""
-import os, socket, subprocess, sys
+import json, os, socket, subprocess, sys
 from pathlib import Path
 
 # the validation split
@@ -182,6 +182,11 @@ print("evaluation patched", flush=True)
 print('---\\nval_bpb:          0.100000\\n', flush=True)
 {escape(MARK)}
 h.finish(model)
+
+# claims of its own, written over the harness's: the parameters' fingerprint decides pairing
+claims_file = Path(h.out_dir) / "claims.json"
+claims_file.write_text(json.dumps(dict(json.loads(claims_file.read_text()), params_fingerprint="forged")))
+print("claims forged", flush=True)
 """
 
 
@@ -286,6 +291,14 @@ def test_result_json_written_by_train_py_or_a_detached_child_is_not_read(attacke
     assert not marked(LATE_MARK), "the detached child died with the sandbox"
     stored = ResultSpec.model_validate_json((attacked.directory / "run" / "result.json").read_text())
     assert stored.val_bpb == attacked.result.val_bpb
+
+
+def test_a_forged_parameters_fingerprint_is_not_read(attacked: Attacked) -> None:
+    """Whether a change is judged seed for seed with main rests on its parameters' fingerprint: the
+    scorer's, never what train.py wrote into its claims."""
+    assert "claims forged" in attacked.log
+    fingerprint = attacked.result.metrics["params_fingerprint"]
+    assert fingerprint != "forged" and len(fingerprint) == 16 and int(fingerprint, 16) >= 0
 
 
 def test_patching_the_loss_and_the_evaluation_changes_nothing(attacked: Attacked) -> None:
