@@ -53,7 +53,7 @@ h.finish(None)
 
 def with_effect(text: str, effect: float, tag: str = "") -> str:
     """A train.py whose fake val_bpb is main's plus `effect` (the fakes read the marker line). The
-    marker is code, not a comment: a change to comments alone is no experiment (bot.loop.validation)."""
+    marker is code, not a comment: a change to comments alone is no experiment (bot.core.validation)."""
     text = EFFECT.sub("", text).rstrip("\n")
     return f"{text}\n_fake_effect = ({effect}, {json.dumps(tag)})\n"
 

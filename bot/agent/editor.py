@@ -12,7 +12,7 @@ same kind in a row (bot.agent.claude).
 The tool definitions follow Anthropic's text editor tool (commands view, str_replace, insert,
 create and undo_edit); `submit` is our own (`submit_tool(task)` names the task's asset and metric).
 `check_asset` is what a submitted asset must pass: for train.py the checks below, for another task's
-asset bot.loop.validation's, which the conductor applies again to whatever it is given.
+asset bot.core.validation's, which the conductor applies again to whatever it is given.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from bot.core import validation
 from bot.core.records import code_hash
-from bot.loop import validation
 from runner.tasks import DEFAULT_TASK, get_task
 
 ROOT = "/repo"
@@ -249,7 +249,7 @@ def check_asset(text: str, *, main_asset: str, max_bytes: int, task: str = DEFAU
 
 
 def _check_task_asset(text: str, *, main_asset: str, max_bytes: int, task: str) -> tuple[str, str] | None:
-    """check_asset for a task other than training: bot.loop.validation's checks, in words for the model."""
+    """check_asset for a task other than training: bot.core.validation's checks, in words for the model."""
     asset = get_task(task).asset
     if code_hash(text) == code_hash(main_asset):
         return ("unchanged", f"{asset} is identical to main's: there is nothing to measure. Edit it, then submit.")

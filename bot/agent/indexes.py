@@ -33,7 +33,7 @@ from typing import Any
 from bot.agent.arms import RECENCY_DECAY, outcome_reward
 from bot.core.protocols import AgentStopped
 from bot.core.records import HistoryEntry, Proposal, ProposalContext, code_hash
-from bot.loop.validation import sql_statements
+from bot.core.validation import sql_statements
 from runner.tasks import Task
 
 JITTER = 0.02  # seeded noise on every arm's score: below a join's lead over a filter, above the order step
@@ -60,7 +60,7 @@ class Span:
 
     start: int
     end: int
-    normal: str  # bot.loop.validation.sql_statements' form: tokens one space apart, lower case
+    normal: str  # bot.core.validation.sql_statements' form: tokens one space apart, lower case
 
 
 @dataclass(frozen=True)

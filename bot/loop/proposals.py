@@ -9,7 +9,7 @@ experiment's lesson, people's feedback, the last unfixed crash) and never sees t
 An answer is a Proposal, an AgentStopped (the agent has nothing more to propose: the loop stops
 asking), or any other failure, an AgentError or not (asked again after a backoff; what the failed
 attempt cost, AgentError.meta, is charged to the experiment). A proposal is refused, and the agent
-asked again with the reason, when it repeats an earlier experiment or fails bot.loop.validation;
+asked again with the reason, when it repeats an earlier experiment or fails bot.core.validation;
 `max_refusals` in a row stop the asking. A proposal taken becomes an experiment and goes straight
 into the lifecycle. What answers cost (Proposal.meta["cost_usd"]) adds up; once it reaches the
 budget, the agent is asked nothing more.
@@ -26,10 +26,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from bot.core import validation
 from bot.core.protocols import AgentError, AgentStopped, Runner
 from bot.core.records import HistoryEntry, Proposal, ProposalContext, code_hash
 from bot.core.states import RunState, State, Status
-from bot.loop import measurement, validation
+from bot.loop import measurement
 from bot.loop.agent_worker import AgentWorker
 from bot.loop.baseline import Baseline, Main
 from bot.loop.lifecycle import Backoff, Lifecycle
@@ -283,7 +284,7 @@ class Proposals:
 
     def validate(self, proposal: Proposal, main: Main, seen: set[str]) -> str | None:
         """Why the proposal cannot run, or None: it repeats no earlier experiment and passes
-        bot.loop.validation's checks."""
+        bot.core.validation's checks."""
         self._history.refresh()
         digest = code_hash(proposal.asset)
         if digest in seen or (digest != main.code_hash and digest in self._history.seen_hashes()):

@@ -11,9 +11,9 @@ from bot.agent.constants import find_constants
 from bot.agent.crash_memory import CRASH_MEMORY, skeleton
 from bot.agent.explorer import OfflineExplorer
 from bot.agent.knobs import KNOB_BY_NAME
+from bot.core import validation
 from bot.core.protocols import Agent, AgentStopped
 from bot.core.records import HistoryEntry, Proposal, ProposalContext, code_hash
-from bot.loop import validation
 from runner.profiles import get_profile
 
 TRAIN_PY = '''"""A tiny GPT training script (test fixture)."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bot.loop import validation
+from bot.core import validation
 
 ROOT = Path(__file__).resolve().parents[3]
 MAIN = (ROOT / "train.py").read_text()
@@ -105,11 +105,10 @@ def test_a_query_sql_with_two_queries_none_or_another_statement_is_refused() -> 
     assert task_problem("query-latency", none, QUERY).startswith("query.sql holds no query")
     drop = "DROP TABLE orders;\n" + QUERY
     assert task_problem("query-latency", drop, QUERY) == (
-        "query.sql may hold only CREATE INDEX and ANALYZE statements and then its one query, but it holds "
-        "'drop table orders'"
-    )
+        "query.sql changes the schema beyond creating indexes: DROP TABLE orders;"
+    )  # the evaluator's own words (runner.tasks.query_latency.asset), as the run would be refused
     late = QUERY + "CREATE INDEX idx_b ON customers(region);\n"
-    assert task_problem("query-latency", late, QUERY).endswith("has its query before an index statement")
+    assert "CREATE INDEX and ANALYZE statements come before it" in task_problem("query-latency", late, QUERY)
 
 
 def test_a_semicolon_in_a_string_or_a_comment_does_not_split_a_statement() -> None:

@@ -14,9 +14,10 @@ paid for:
 - router.py compiles and still defines, at module level, the functions the evaluator calls
   (`train` and `route`);
 - query.sql is index statements (`CREATE INDEX ...;`, and `ANALYZE`) followed by exactly one query
-  (`SELECT` or `WITH`). Whether the query returns the reference's rows, and what each statement
-  may really do, is the evaluator's gate: it runs the text against the database under an
-  authorizer.
+  (`SELECT` or `WITH`), checked by the evaluator's own parser (runner.tasks.query_latency.asset),
+  so a proposal is refused here in the words its run would be. Whether the query returns the
+  reference's rows, and what each statement may really do, is the evaluator's gate: it runs the
+  text against the database under an authorizer.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import re
 from collections.abc import Iterable
 
 from runner.tasks import DEFAULT_TASK, get_task
+from runner.tasks.query_latency import asset as query_asset
 
 MAX_ASSET_BYTES = 200_000
 # The module-level functions the evaluator of a Python asset calls (training's train.py is a script
@@ -161,27 +163,10 @@ def _python_problem(asset: str, name: str, task: str) -> str | None:
 
 
 def _sql_problem(asset: str, name: str, task: str) -> str | None:
-    if "\x00" in asset:
-        return f"{name} holds a NUL byte"
-    statements = sql_statements(asset)
-    queries = [s for s in statements if _is_query(s)]
-    if not queries:
-        return f"{name} holds no query: it must end with exactly one SELECT (or WITH ... SELECT) statement"
-    if len(queries) > 1:
-        return (
-            f"{name} holds {len(queries)} queries: it must hold exactly one SELECT (or WITH ... SELECT), after "
-            "its index statements"
-        )
-    stray = [s for s in statements if not _is_query(s) and not re.match(r"create (unique )?index |analyze\b", s)]
-    if stray or not _is_query(statements[-1]):
-        what = f"holds {_clip(stray[0])!r}" if stray else "has its query before an index statement"
-        return f"{name} may hold only CREATE INDEX and ANALYZE statements and then its one query, but it {what}"
+    """The evaluator's own shape check (runner.tasks.query_latency.asset.parse): refused here in the
+    words the run would be refused in, before a run is paid for."""
+    try:
+        query_asset.parse(asset)
+    except query_asset.AssetRefused as refusal:
+        return str(refusal)
     return None
-
-
-def _is_query(statement: str) -> bool:
-    return statement.startswith(("select ", "with ", "select*"))
-
-
-def _clip(statement: str, limit: int = 60) -> str:
-    return statement if len(statement) <= limit else statement[: limit - 1] + "…"
