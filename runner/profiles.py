@@ -172,28 +172,59 @@ MEASURING_FILES = (
 
 
 def harness_hash(task: str = DEFAULT_TASK) -> str:
-    """sha256 over the source of the measuring harness: a change to the measurement changes it.
-    Another task's harness is training's files and runner/tasks/'s own (the task spec, its run)
-    and its evaluator's source, so a change to one task's evaluator leaves the others' baselines valid."""
-    here = Path(__file__).parent
-    paths = [here / name for name in MEASURING_FILES]
-    if task != DEFAULT_TASK:
-        paths += [
-            here / "tasks" / "__init__.py",
-            here / "tasks" / "run.py",
-            *_evaluator_source(get_task(task).evaluator),
-        ]
+    """sha256 over the measuring harness of `task` (`harness_files`): a change to the measurement
+    changes it, and nothing else does. Each file counts by its path under runner/ (or under its
+    evaluator's package) and its bytes."""
     digest = hashlib.sha256()
-    for path in paths:
-        digest.update(path.name.encode())
+    for name, path in harness_files(task):
+        digest.update(name.encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
 
 
-def _evaluator_source(module: str) -> list[Path]:
-    """The Python files of an evaluator: its package's, or its one module."""
+# In an evaluator's package, the kinds of file that measure: its code and its reference queries
+# (what pyproject ships besides texts and data). Not harness: the starting asset (the task's asset
+# by name, at the package's top), program.md (a text) and the vendored inputs, which the data
+# fingerprint covers. A change to these starts no new baseline; a stray file (an editor's backup)
+# changes no hash.
+MEASURING_SUFFIXES = (".py", ".sql")
+VENDORED_INPUTS = "sample"
+
+
+def harness_files(task: str = DEFAULT_TASK) -> list[tuple[str, Path]]:
+    """(name, path) of each file that decides `task`'s measurement. Training's are MEASURING_FILES.
+    Another task's are training's, runner/tasks/'s own (the task spec, its run) and its evaluator's
+    (`evaluator_files`), so that a change to one task's evaluator leaves the others' baselines
+    valid, and a new starter leaves its own valid."""
+    here = Path(__file__).parent
+    paths = [(name, here / name) for name in MEASURING_FILES]
+    if task != DEFAULT_TASK:
+        spec = get_task(task)
+        paths += [("tasks/__init__.py", here / "tasks" / "__init__.py"), ("tasks/run.py", here / "tasks" / "run.py")]
+        paths += evaluator_files(_evaluator_origin(spec.evaluator), spec.asset)
+    return paths
+
+
+def evaluator_files(origin: Path, asset: str) -> list[tuple[str, Path]]:
+    """The measuring files of the evaluator whose module file is `origin`: its one module, or its
+    package's MEASURING_SUFFIXES files, sorted, less the starter `asset` at its top and
+    VENDORED_INPUTS."""
+    if origin.name != "__init__.py":
+        return [(origin.name, origin)]
+    root = origin.parent
+    found = []
+    for path in sorted(root.rglob("*")):
+        relative = path.relative_to(root)
+        if path.suffix not in MEASURING_SUFFIXES or not path.is_file():
+            continue
+        if relative.as_posix() == asset or relative.parts[0] == VENDORED_INPUTS:
+            continue
+        found.append((f"{root.name}/{relative.as_posix()}", path))
+    return found
+
+
+def _evaluator_origin(module: str) -> Path:
     spec = importlib.util.find_spec(module)
     if spec is None or spec.origin is None:
         raise ValueError(f"the evaluator module {module} cannot be found")
-    origin = Path(spec.origin)
-    return sorted(origin.parent.rglob("*.py")) if origin.name == "__init__.py" else [origin]
+    return Path(spec.origin)
