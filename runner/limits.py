@@ -1,8 +1,8 @@
 """What one run may hold: memory, tasks (processes and threads), and its scratch directory's size.
 
-A train.py that allocates without end, forks without end or writes without end must end its own
-run, not the machine's other work (the bot, the next run, another slot). Each limit is enforced
-twice, once by the kernel where it can be and once by the supervisor, which looks at the run's
+A train.py (or another task's asset, a router.py) that allocates without end, forks without end or
+writes without end must end its own run, not the machine's other work (the bot, the next run,
+another slot). Each limit is enforced twice, once by the kernel where it can be and once by the supervisor, which looks at the run's
 process tree and scratch directory about once a second and stops the run that crossed a limit:
 
 - memory: RLIMIT_DATA on each process of a CPU profile (its private writable memory: the heap and
@@ -20,7 +20,7 @@ process tree and scratch directory about once a second and stops the run that cr
   the run, past SCRATCH_FILES entries); RLIMIT_FSIZE bounds any one file; the sandbox's /tmp is a
   tmpfs of bounded size (runner.sandbox).
 
-A run that crosses one ends as a `crash` whose error names the limit: an experiment that needs
+A run that crosses one ends as a `crash` whose error names the limit (and the asset): an experiment that needs
 more than a run may hold has failed, as one that does not fit its GPU has.
 
 The limits come from the environment of the supervisor (AUTORESEARCH_RUN_MEMORY, _TASKS,
@@ -161,10 +161,11 @@ def scratch_size(root: Path, max_entries: int = SCRATCH_FILES) -> ScratchSize:
     return ScratchSize(total, entries, True)
 
 
-def crossed(limits: RunLimits, root: int, scratch: Path, *, spare: set[int]) -> str:
-    """Which limit the run whose training process is `root` crossed, in words ("" for none): the
-    memory and tasks of its whole tree (with what it detached, adopted by this process as a
-    subreaper, except `spare`: other runs' processes), and its scratch directory's size."""
+def crossed(limits: RunLimits, root: int, scratch: Path, *, spare: set[int], asset: str = "train.py") -> str:
+    """Which limit the run whose process running `asset` (train.py, router.py...) is `root`
+    crossed, in words that name the asset ("" for none): the memory and tasks of its whole tree
+    (with what it detached, adopted by this process as a subreaper, except `spare`: other runs'
+    processes), and its scratch directory's size."""
     procs = proctree.snapshot()
     tops = {root}
     if proctree.is_subreaper():  # what it detached came to this process: still the run's
@@ -172,25 +173,25 @@ def crossed(limits: RunLimits, root: int, scratch: Path, *, spare: set[int]) -> 
     held = proctree.usage(tops | proctree.descendants(tops, procs), procs)
     if held.memory > limits.memory:
         return (
-            f"train.py used more than {describe(limits.memory)} of memory (the limit per run): its "
+            f"{asset} used more than {describe(limits.memory)} of memory (the limit per run): its "
             f"{held.processes} process(es) held {describe(held.memory)} when the supervisor stopped "
-            "them. A run that needs more needs a smaller model or batch, or a larger share of the machine "
-            f"({ENV['memory']}, or fewer slots)"
+            f"them. A run that needs more needs {'a smaller model or batch' if asset == 'train.py' else 'a leaner ' + asset}, "
+            f"or a larger share of the machine ({ENV['memory']}, or fewer slots)"
         )
     if held.tasks > limits.tasks:
         return (
-            f"train.py ran more than {limits.tasks} processes and threads at once (the limit per run): "
+            f"{asset} ran more than {limits.tasks} processes and threads at once (the limit per run): "
             f"{held.tasks} when the supervisor stopped them"
         )
     size = scratch_size(scratch)
     if not size.complete:
         return (
-            f"train.py wrote more than {SCRATCH_FILES} files and directories to its scratch "
+            f"{asset} wrote more than {SCRATCH_FILES} files and directories to its scratch "
             "directory (the limit per run)"
         )
     if size.bytes > limits.scratch:
         return (
-            f"train.py wrote more than {describe(limits.scratch)} to its scratch directory (the limit per "
+            f"{asset} wrote more than {describe(limits.scratch)} to its scratch directory (the limit per "
             f"run): {describe(size.bytes)} when the supervisor stopped it"
         )
     return ""

@@ -11,6 +11,8 @@
 - exactly the files `read` names (read-only) and `write` names (read-write, a private scratch
   directory), a fresh /tmp of bounded size, a minimal /dev, and the GPU device nodes named;
   nothing else is writable;
+- each directory `hide` names as an empty, read-only directory: what lies under a directory
+  mounted whole (the runner package's vendored sample, whose labels a task holds out) is gone;
 - an environment built from nothing (`env`), no capabilities, uid 65534;
 - at most `tasks` processes and threads at once (RLIMIT_NPROC, set inside: see runner.limits).
 
@@ -57,6 +59,7 @@ class Sandbox:
     env: dict[str, str] = field(default_factory=dict)  # the whole environment inside
     gpus: list[str] = field(default_factory=list)  # NVIDIA device indexes whose nodes are visible
     cwd: Path | None = None
+    hide: list[Path] = field(default_factory=list)  # directories seen empty (and read-only), at their resolved path
     # Processes and threads the sandbox may run at once (RLIMIT_NPROC in its own user namespace,
     # runner.limits); 0: no limit. By default the supervisor's setting.
     tasks: int = field(default_factory=lambda: limits.from_env().tasks)
@@ -104,6 +107,9 @@ def wrap(argv: list[str], sandbox: Sandbox, *, bwrap: str = "bwrap") -> list[str
         cmd += ["--ro-bind", str(path), str(path)]
     for path in sandbox.write:
         cmd += ["--bind", str(path), str(path)]
+    for path in sandbox.hide:  # after the mounts above, so that an empty tmpfs lies over what they show
+        hidden = str(Path(path).resolve())
+        cmd += ["--tmpfs", hidden, "--remount-ro", hidden]
     for index in sandbox.gpus:
         cmd += ["--dev-bind-try", f"/dev/nvidia{index}", f"/dev/nvidia{index}"]
     if sandbox.gpus:

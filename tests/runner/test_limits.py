@@ -77,6 +77,28 @@ def test_memory_is_counted_over_the_whole_tree(tree, tmp_path: Path) -> None:
         limits.RunLimits(memory=64 << 20, tasks=10_000, scratch=1 << 30), root, tmp_path, spare=others(root)
     )
     assert why.startswith("train.py used more than 64 MiB of memory (the limit per run): its 3 process(es)"), why
+    assert "needs a smaller model or batch, or a larger share of the machine" in why
+
+
+def test_another_tasks_asset_is_named_in_the_words_of_each_limit(tree, tmp_path: Path) -> None:
+    root = tree(megabytes=40, children=2)
+    memory = limits.crossed(
+        limits.RunLimits(memory=64 << 20, tasks=10_000, scratch=1 << 30),
+        root,
+        tmp_path,
+        spare=others(root),
+        asset="router.py",
+    )
+    assert memory.startswith("router.py used more than 64 MiB of memory (the limit per run)"), memory
+    assert "needs a leaner router.py, or a larger share of the machine" in memory
+    tasks = limits.crossed(
+        limits.RunLimits(memory=64 << 30, tasks=2, scratch=1 << 30),
+        root,
+        tmp_path,
+        spare=others(root),
+        asset="router.py",
+    )
+    assert tasks.startswith("router.py ran more than 2 processes and threads at once"), tasks
 
 
 def test_tasks_count_processes_and_threads(tree, tmp_path: Path) -> None:

@@ -2,8 +2,8 @@
 
 `evaluate_router` writes router.py and the training split into WORKDIR/box and starts the host
 (host.py) on them in a sandbox (runner.sandbox) that sees that directory read-only and nothing of
-the hold-out, the cache or the evaluator's other files (the package's vendored sample is covered
-with an empty directory). The host trains the router, then the evaluator sends the hold-out's texts
+the hold-out, the cache or the evaluator's other files (the package's vendored sample is hidden:
+runner.sandbox's `hide`). The host trains the router, then the evaluator sends the hold-out's texts
 one batch at a time and reads the queues back. Every answer passes the gate before it counts: an
 answer for every ticket of its batch, each a queue of the training split; anything else (an unknown
 queue, a wrong count, a line that is not an answer) ends the evaluation `rejected` with the reason.
@@ -11,8 +11,10 @@ The evaluator computes the metric itself, accuracy on the hold-out; the router n
 
 The router's process has a time box (wall seconds for start-up, train() and every batch together):
 past it, it is stopped with everything it started (`timeout`). Its processes get the run's limits
-(runner.limits: private memory and file size by the kernel, tasks in the sandbox); an exception in
-train() or route(), or an early end, is a `crash` whose error is its traceback's tail. Its stderr and
+as train.py's do (runner.limits): private memory and file size by the kernel, tasks in the sandbox,
+and about once a second the evaluator's look at the whole tree (memory, tasks, the unsandboxed
+scratch directory), which stops a router past one as a `crash` naming it; an exception in train()
+or route(), or an early end, is a `crash` whose error is its traceback's tail. Its stderr and
 whatever it prints go to WORKDIR/log.txt (capped, runner.run_log). Without a usable bubblewrap it
 runs unsandboxed, with a warning in the log and `sandboxed: false`: it can then read what the user
 running it can, the hold-out labels in the cache included.
@@ -41,6 +43,7 @@ from runner.tasks.ticket_routing.tickets import SAMPLE_DIR, Ticket
 HOST = Path(__file__).parent / "host.py"
 ANSWER_BYTES = 1 << 20  # the longest line of the host read as one answer
 EXIT_GRACE_S = 5.0  # after the last answer, how long the host may take to end before it is stopped
+LIMITS_EVERY_S = 1.0  # how often the evaluator looks at the router's process tree (runner.limits.crossed)
 ASSET = "router.py"
 
 
@@ -84,7 +87,7 @@ def evaluate_router(
             f"WARNING: running {ASSET} WITHOUT a sandbox: {why}. It can read every file this user can, "
             "the hold-out's labels in the cache included; the result is marked unsandboxed."
         )
-    host = _Host(_command(workdir, box, seed, sandboxed=ok), log)
+    host = _Host(_command(workdir, box, seed, sandboxed=ok), log, workdir / "scratch")
     queues = {queue for _, queue in train}
     deadline = started + scale.time_box_s
     ready_at = time.monotonic()
@@ -176,9 +179,9 @@ def _not_an_answer(answer: dict[str, Any], where: str) -> str:
 
 
 def _lay_out(workdir: Path, asset: str, train: list[Ticket]) -> Path:
-    """WORKDIR/box with router.py and train.jsonl (what the sandbox sees), WORKDIR/scratch (the
-    unsandboxed process's TMPDIR) and WORKDIR/empty (what covers the vendored sample)."""
-    for name in ("box", "scratch", "empty"):
+    """WORKDIR/box with router.py and train.jsonl (what the sandbox sees) and WORKDIR/scratch (the
+    unsandboxed process's TMPDIR)."""
+    for name in ("box", "scratch"):
         shutil.rmtree(workdir / name, ignore_errors=True)
         (workdir / name).mkdir(parents=True)
     box = workdir / "box"
@@ -211,22 +214,17 @@ def _command(workdir: Path, box: Path, seed: int, *, sandboxed: bool) -> _Comman
     argv = [sys.executable, "-I", str(HOST), str(box / ASSET), str(box / "train.jsonl")]
     if not sandboxed:
         return _Command(argv, env, box)
-    wrapped = sandbox.wrap(argv, sandbox.Sandbox(read=[box], env=env, cwd=box))
-    # Every sandbox sees the runner package (at its resolved path), and in it the vendored sample,
-    # whose labels are the smoke profile's hold-out's: an empty directory covers it (after wrap's
-    # own options, so that it lies over the package's mount).
-    end = wrapped.index("--")
-    return _Command(
-        wrapped[:end] + ["--ro-bind", str(workdir / "empty"), str(SAMPLE_DIR.resolve())] + wrapped[end:], env, box
-    )
+    # Every sandbox sees the runner package, and in it the vendored sample, whose labels are the
+    # smoke profile's hold-out's: hidden.
+    return _Command(sandbox.wrap(argv, sandbox.Sandbox(read=[box], env=env, cwd=box, hide=[SAMPLE_DIR])), env, box)
 
 
 class _Host:
     """The host's process: its answers (one line each, read by a thread, waited for with a deadline),
-    its stdin (written by a thread: a process that reads nothing cannot block the evaluator), and its
-    stderr into the log."""
+    its stdin (written by a thread: a process that reads nothing cannot block the evaluator), its
+    stderr into the log, and its tree's limits looked at while an answer is waited for."""
 
-    def __init__(self, command: _Command, log: run_log.RunLog) -> None:
+    def __init__(self, command: _Command, log: run_log.RunLog, scratch: Path) -> None:
         run_limits = limits.from_env()
         rlimits = limits.child_rlimits(run_limits, cuda=False)
 
@@ -234,7 +232,8 @@ class _Host:
             for which, value in rlimits:
                 resource.setrlimit(which, (value, value))
 
-        self.memory = run_limits.memory
+        self.limits, self.scratch = run_limits, scratch
+        self._looked_at = time.monotonic()
         self.proc = processes.started(
             subprocess.Popen(
                 command.argv,
@@ -279,16 +278,22 @@ class _Host:
         self._outbox.put((json.dumps(message) + "\n").encode())
 
     def answer(self, deadline: float, where: str, box_s: float) -> dict[str, Any]:
-        """The next answer, or _Stop: the time box ran out, the process ended, or train() or
-        route() raised (their traceback)."""
-        try:
-            line = self._answers.get(timeout=max(0.0, deadline - time.monotonic()))
-        except queue.Empty:
-            raise _Stop(
-                "timeout",
-                f"{ASSET} ran past its time box of {box_s:.0f} s (start-up, train() and route() on every "
-                f"hold-out batch together) and was stopped {where}",
-            ) from None
+        """The next answer, or _Stop: the time box ran out, the process tree crossed a limit, the
+        process ended, or train() or route() raised (their traceback)."""
+        while True:
+            self._check_limits(where)
+            now = time.monotonic()
+            try:
+                line = self._answers.get(timeout=max(0.0, min(deadline - now, self._looked_at + LIMITS_EVERY_S - now)))
+                break
+            except queue.Empty:
+                if time.monotonic() < deadline:
+                    continue
+                raise _Stop(
+                    "timeout",
+                    f"{ASSET} ran past its time box of {box_s:.0f} s (start-up, train() and route() on every "
+                    f"hold-out batch together) and was stopped {where}",
+                ) from None
         if not line:
             self.proc.wait()
             raise _Stop(
@@ -305,9 +310,21 @@ class _Host:
         if "error" in answer:
             error = str(answer["error"])
             if "MemoryError" in error:
-                error = f"{ASSET} ran out of memory: a run may hold {limits.describe(self.memory)}. {error}"
+                error = f"{ASSET} ran out of memory: a run may hold {limits.describe(self.limits.memory)}. {error}"
             raise _Stop("crash", error)
         return answer
+
+    def _check_limits(self, where: str) -> None:
+        """_Stop (a crash naming the limit) when the router's tree crossed one; looks at most once
+        every LIMITS_EVERY_S."""
+        if time.monotonic() - self._looked_at < LIMITS_EVERY_S:
+            return
+        self._looked_at = time.monotonic()
+        if self.proc.poll() is not None:  # it ended: its answers (or their absence) say why
+            return
+        why = limits.crossed(self.limits, self.proc.pid, self.scratch, spare=processes.managed(), asset=ASSET)
+        if why:
+            raise _Stop("crash", f"{why} (stopped {where})")
 
     def finish(self) -> None:
         """After the last answer: end of input, a moment to end, then everything it started stops."""

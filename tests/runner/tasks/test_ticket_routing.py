@@ -257,6 +257,30 @@ def test_memory_past_the_run_limit_is_a_crash_that_names_the_limit(
     assert "router.py ran out of memory: a run may hold 512 MiB" in result.error
 
 
+HOLDERS = """
+import subprocess, sys, time
+HOLD = "import time; held = bytes(range(256)) * (60 << 12); print('held', flush=True); time.sleep(120)"
+
+def start_holders():  # three processes holding 60 MiB each, then a wait
+    holders = [subprocess.Popen([sys.executable, "-c", HOLD], stdout=subprocess.PIPE) for _ in range(3)]
+    for holder in holders:
+        holder.stdout.readline()
+    time.sleep(120)
+"""
+
+
+def test_memory_held_across_the_routers_processes_is_a_crash_that_names_it(
+    split, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three processes of 60 MiB: none passes a 128 MiB limit alone (the kernel lets each be), the
+    tree does, and the evaluator's look at the tree stops it (long before the time box)."""
+    monkeypatch.setenv("AUTORESEARCH_RUN_MEMORY", "128M")
+    result = run(router(FIRST_QUEUE, train="start_holders()", head=HOLDERS), split, tmp_path)
+    assert result.status == "crash", result.error
+    assert result.error.startswith("router.py used more than 128 MiB of memory (the limit per run)"), result.error
+    assert "(stopped while it started and train() ran)" in result.error
+
+
 # --- what the router can see -------------------------------------------------------------------------
 def _snoop(*places: Path | str) -> str:
     """A router that looks for the hold-out's labels wherever it could guess they are (`places`, and
