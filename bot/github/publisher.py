@@ -297,7 +297,7 @@ class GitHubPublisher(Publisher):
         """The verdict: one GET of the issue (its labels, its state), then one PATCH setting the labels
         (the verdict instead of any other autoresearch label, people's labels kept) and closing the
         pull request unless it is closed already (kept: merged by the fast-forward of main)."""
-        wanted = render.LABELS[exp.status or "failed"]
+        wanted = render.label(exp.status or "failed", self.task)
         if published.get("label") == wanted.name:
             return
         self._ensure_label(wanted)

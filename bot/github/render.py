@@ -16,7 +16,8 @@ since a character can be four bytes and we do not rely on which of the two GitHu
 The numbers speak the task's metric (`metric`, training's val_bpb by default): named, on its own
 scale and with its decimals. The store's records hold them on the judge's loss scale, so every value
 and delta shown goes through bot.views.read_model.on_metric_scale, the read model's out-edge; a
-margin, a magnitude, is shown as it is.
+margin, a magnitude, is shown as it is. The words follow the task too: its asset's name where a text
+names the edited file, "running" where training's say "training" (training's texts are as before).
 """
 
 from __future__ import annotations
@@ -184,6 +185,18 @@ LABELS: dict[str, Label] = {
     "cancelled": Label("autoresearch: cancelled", "6a737d", "Stopped by a person before a decision"),
     "failed": Label("autoresearch: failed", "b60205", "The bot could not finish it (a step kept failing)"),
 }
+# another task's run is an evaluation, and its gate may reject the asset (recorded as a crash)
+_TASK_CRASH = "Its run crashed or its evaluator rejected it; the reason goes to the agent"
+
+
+def label(status: str, task: Task = TRAINING) -> Label:
+    """The verdict label of a finished experiment's status, in the words of `task` (the names are the
+    same for every task: a repository holds one)."""
+    found = LABELS[status]
+    if status == "crash" and task.name != TRAINING.name:
+        return Label(found.name, found.color, _TASK_CRASH)
+    return found
+
 
 _CONCLUSIONS = {
     "keep": "success",
@@ -272,7 +285,7 @@ def _changes(meta: dict[str, Any]) -> list[str]:
     return lines
 
 
-STEERING = """\
+_STEERING = """\
 ## Steering
 
 Comments from people with write access to this repository reach the agent. A comment that starts \
@@ -280,12 +293,17 @@ with one of these commands acts on this experiment:
 
 | Command | What it does |
 | --- | --- |
-| `/rerun` | one more run of this train.py (a finished experiment is measured afresh) |
+| `/rerun` | one more run of this {asset} (a finished experiment is measured afresh) |
 | `/keep` | merge it once measured on the current main, whatever the judge says |
 | `/discard` | stop its runs and close it as discarded |
 | `/pause` | stop proposing new experiments (runs already started finish) |
 | `/resume` | start proposing again |
 | `/try <idea>` | an idea for the agent's next proposals |"""
+
+
+def steering(asset: str) -> str:
+    """The PR body's section on the commands people may comment, naming the task's asset."""
+    return _STEERING.format(asset=asset)
 
 
 def _history(exp: Experiment, history: list[Experiment], shown: _Shown) -> str:
@@ -346,7 +364,7 @@ def pr_body(
             f"Main `{main_sha[:7]}` (this branch's base): {main_words}. The last finished experiments:",
             _history(exp, history, shown),
             *([f"Proposing it cost {cost}."] if cost else []),
-            STEERING,
+            steering(asset),
         ]
     )
     head = f"{marker('pr', exp.id)}\n## Hypothesis\n\n"
@@ -400,7 +418,7 @@ def check_title(
             else ("queued (next to run)" if ahead == 0 else f"queued ({_plural(ahead, 'run')} ahead)")
         )
     elif status in ("running", "in_progress"):
-        title = _training(progress or {})
+        title = _running(progress or {}, "training" if metric == TRAINING.metric else "running")
     elif status == "crash":
         title = f"crashed: {_last_error_line(exp)}"
     elif status in _OUTCOME_WORDS:
@@ -419,7 +437,8 @@ def check_title(
     return _one_line(_clean(title), CHECK_TITLE_LIMIT)
 
 
-def _training(progress: dict[str, Any]) -> str:
+def _running(progress: dict[str, Any], word: str) -> str:
+    """`training: step 120, loss 3.412, 2m10s left` (another task's run: `running: ...`, or `running`)."""
     parts = []
     if isinstance(progress.get("step"), int):
         parts.append(f"step {progress['step']}")
@@ -427,7 +446,9 @@ def _training(progress: dict[str, Any]) -> str:
         parts.append(f"loss {progress['loss']:.3f}")
     if isinstance(progress.get("remaining_seconds"), (int, float)):
         parts.append(f"{_duration(progress['remaining_seconds'])} left")
-    return f"training: {', '.join(parts)}" if parts else "training: starting"
+    if parts:
+        return f"{word}: {', '.join(parts)}"
+    return "training: starting" if word == "training" else word
 
 
 def status_description(
@@ -491,9 +512,10 @@ def check_summary(
         *_simplicity_row(exp, shown),
         f"| Runs | {len(counted)}{': ' + values if values else ''} |",
     ]
-    for label, key, combine, show in _METRICS:
+    for name, key, combine, show in _METRICS:  # training's figures; another task shows those its runs report
         found = _metric(counted, key)
-        rows.append(f"| {label} | {show(combine(found)) if found else '—'} |")
+        if found or metric == TRAINING.metric:
+            rows.append(f"| {name} | {show(combine(found)) if found else '—'} |")
     if agent_cost(exp.meta):
         rows.append(f"| Agent cost | {_cell(agent_cost(exp.meta))} |")
     decision = _defang(exp.reason) if exp.reason else "No decision yet."

@@ -111,12 +111,11 @@ class Runs:
         for earlier in sorted(self.store.runs.all(code_hash=run.code_hash), key=lambda r: r.id):
             streak = 0 if earlier.state == RunState.DONE else streak + (earlier.state == RunState.LOST)
         if charge is not None and streak + 1 >= MAX_KILLED_RUNS:
-            log.warning("run %s lost again (%s): charged as a crash of its train.py", run.id, why)
+            asset = self.baseline.task.asset
+            log.warning("run %s lost again (%s): charged as a crash of its %s", run.id, why, asset)
             self._record(
                 run,
-                replace(
-                    charge, error=f"{why}; lost {streak + 1} times in a row, so charged as a crash of its train.py"
-                ),
+                replace(charge, error=f"{why}; lost {streak + 1} times in a row, so charged as a crash of its {asset}"),
                 main,
             )
             return
@@ -142,6 +141,7 @@ class Runs:
             self.store.runs.set_aside(run.id, RunState.DISTURBED, disturbed, result=kept)
             log.warning("run %s: %s; running it again", run.id, disturbed)
             return
+        metric = self.baseline.task.metric
         run = self.store.runs.finish(
             run.id,
             status=result.status,
@@ -149,12 +149,13 @@ class Runs:
             metrics=result.metrics,
             error=result.error,
             log_tail=result.log_tail,
+            metric=metric,
         )
         log.info(
             "run %s finished: %s %s",
             run.id,
             run.status,
-            f"val_bpb {run.val_bpb:.6f}" if run.val_bpb is not None else (run.error or ""),
+            f"{metric.name} {metric.loss(run.val_bpb) + 0.0:.6f}" if run.val_bpb is not None else (run.error or ""),
         )
         self.baseline.run_finished()
         if run.experiment_id is None:

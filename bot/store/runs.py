@@ -1,4 +1,4 @@
-"""The runs table: each training run queued, started, finished or set aside, and what it measured.
+"""The runs table: each run queued, started, finished or set aside, and what it measured.
 
 A run's id is its idempotency key with the runner. Its seed is its index among the runs of the same
 side on the same main, from 1 (`next_seed`): main's k-th baseline run of a train.py gets seed k, an
@@ -9,6 +9,9 @@ once (a second report of the same run changes nothing); a run set aside (lost, r
 cancelled) is re-run as a new run with the same seed, in the same transaction. A store written
 before seeds were indices keeps its runs' seeds (their run ids, which no run of the other side
 shares); a run queued since numbers on from how many runs its side already has.
+
+A run's value is stored on the judge's loss scale (`val_bpb`, whatever the task); the event that
+says a run finished shows it in the task's metric, which the caller gives (training's by default).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from bot.core.states import RunState
 from bot.store.db import Database
 from bot.store.events import Events
 from bot.store.experiments import Experiments
+from runner.tasks import TRAINING, Metric
 
 
 @dataclass
@@ -127,8 +131,10 @@ class Runs:
         metrics: dict[str, Any],
         error: str | None,
         log_tail: str | None,
+        metric: Metric = TRAINING.metric,
     ) -> Run:
-        """Record a run's result, once: a run already done keeps its first result."""
+        """Record a run's result, once: a run already done keeps its first result. `val_bpb` is on the
+        loss scale; the run's event shows it in `metric`."""
         with self.db.transaction() as conn:
             cursor = conn.execute(
                 "UPDATE runs SET state = 'done', status = ?, val_bpb = ?, metrics = ?, harness_hash = ?,"
@@ -151,9 +157,8 @@ class Runs:
                 if status != "ok":
                     what = f"crashed: {error.strip().splitlines()[-1][:200] if (error or '').strip() else 'no error'}"
                 else:
-                    what = (f"val_bpb {val_bpb:.6f}" if val_bpb is not None else "no val_bpb") + (
-                        f" in {steps} steps" if steps else ""
-                    )
+                    shown = f"{metric.name} {metric.loss(val_bpb) + 0.0:.6f}" if val_bpb is not None else None
+                    what = (shown or f"no {metric.name}") + (f" in {steps} steps" if steps else "")
                 self.events.add(row["experiment_id"], "run", f"run {run_id} ({row['purpose']}) {what}")
         self.db.failpoint("run_done")
         return self.get(run_id)

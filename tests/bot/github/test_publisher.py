@@ -230,7 +230,8 @@ def test_a_higher_is_better_tasks_check_pr_and_comment_speak_its_metric(app_worl
     assert "| accuracy | 0.850000 |" in summary and "| main | 0.800000 |" in summary
     assert "| Δ vs main | +0.050000 |" in summary and "val_bpb" not in summary
     [pull] = gh.pulls()
-    assert "`router.py`: **+1" in pull["body"] and "train.py" not in pull["body"].split("## Steering")[0]
+    assert "`router.py`: **+1" in pull["body"] and "one more run of this router.py" in pull["body"]
+    assert "train.py" not in pull["body"] and "val_bpb" not in pull["body"]
     [comment] = [c["body"] for c in gh.comments(pull["number"]) if "autoresearch:decision" in c["body"]]
     assert "| accuracy | 0.850000 |" in comment and "| Δ vs main | +0.050000 |" in comment
 

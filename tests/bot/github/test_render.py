@@ -334,6 +334,7 @@ def test_pr_body_lists_the_diff_size_history_main_and_steering() -> None:
     for command in ("/rerun", "/keep", "/discard", "/pause", "/resume", "/try <idea>"):
         assert f"`{command}`" in body
     assert "write access" in body
+    assert "| `/rerun` | one more run of this train.py (a finished experiment is measured afresh) |" in body
 
 
 def test_pr_body_without_baseline_history_or_expectation_is_none_safe() -> None:
@@ -556,3 +557,40 @@ def test_a_discarded_experiment_never_reads_as_kept_for_simplicity() -> None:
     exp = kept_for_simplicity(status="discard", reason="not a measurable gain")
     assert render.check_title(exp, status="discard").endswith(": discarded")
     assert "simplicity" not in render.decision_comment(exp, main_val_bpb=0.9773, runs=[])
+
+
+# --- another task's words -------------------------------------------------------------------------
+
+QUERY = "CREATE INDEX orders_customer ON orders(customer_id);\nSELECT 1;\n"
+
+
+def test_another_tasks_pull_request_names_its_asset_in_the_steering_commands() -> None:
+    exp = experiment(asset=QUERY + "-- more\nSELECT 2;\n", val_bpb=12.5, delta=-1.25, reason="judged")
+    body = render.pr_body(exp, main_sha=MAIN, main_val_bpb=13.75, base_asset=QUERY, history=[], task=QUERY_LATENCY)
+    assert "| `/rerun` | one more run of this query.sql (a finished experiment is measured afresh) |" in body
+    assert "train.py" not in body and "val_bpb" not in body
+
+
+def test_another_tasks_crash_label_says_its_asset_may_be_rejected_and_trainings_is_as_before() -> None:
+    assert render.label("crash") == render.LABELS["crash"]
+    assert render.label("keep", QUERY_LATENCY) == render.LABELS["keep"]
+    crashed = render.label("crash", TICKET_ROUTING)
+    assert crashed.name == "autoresearch: crashed" and crashed.color == render.LABELS["crash"].color
+    assert "training" not in crashed.description and "rejected" in crashed.description
+    assert len(crashed.description) <= 100
+
+
+def test_another_tasks_run_in_progress_is_running_not_training() -> None:
+    exp = experiment(state="measuring", status=None)
+    latency = QUERY_LATENCY.metric
+    assert render.check_title(exp, status="running", metric=latency) == "running"
+    assert render.check_title(exp, status="running", progress={"step": 3}, metric=latency) == "running: step 3"
+
+
+def test_another_tasks_check_summary_shows_only_the_figures_its_runs_report() -> None:
+    runs = [run(1, 12.5, asset=QUERY, metrics={"total_seconds": 2.5})]
+    exp = experiment(asset=QUERY, val_bpb=12.5, delta=-1.25, reason="judged")
+    summary = render.check_summary(exp, runs, main_val_bpb=13.75, noise_margin=0.5, metric=QUERY_LATENCY.metric)
+    assert "| p95_ms | 12.5000 |" in summary and "| Total seconds | 2.5 |" in summary
+    for training_only in ("Peak memory", "MFU", "Tokens", "Parameters", "Training seconds", "val_bpb"):
+        assert training_only not in summary

@@ -802,6 +802,23 @@ def test_finish_run_records_the_result(store: Store):
     assert done.finished_at > 0
 
 
+def test_a_finished_runs_event_shows_its_value_in_the_tasks_metric(store: Store):
+    """The store holds the loss (accuracy negated); the event says the task's metric on its own scale,
+    and training's reads as it always did."""
+    from runner.tasks import TICKET_ROUTING
+
+    trained, routed = new_run(store), new_run(store)
+    store.runs.finish(trained.id, status="ok", val_bpb=0.987, metrics={"num_steps": 12}, error=None, log_tail="")
+    store.runs.finish(
+        routed.id, status="ok", val_bpb=-0.875, metrics={}, error=None, log_tail="", metric=TICKET_ROUTING.metric
+    )
+    said = [e["message"] for e in store.events.all() if e["kind"] == "run"]
+    assert said == [
+        f"run {trained.id} (candidate) val_bpb 0.987000 in 12 steps",
+        f"run {routed.id} (candidate) accuracy 0.875000",
+    ]
+
+
 def test_finish_run_is_idempotent(store: Store):
     run = new_run(store)
     first = store.runs.finish(
