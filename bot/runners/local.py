@@ -91,8 +91,8 @@ class LocalRunner:
         self.sandboxed = usable
         if not usable:
             log.warning(
-                "training runs on this machine are NOT sandboxed: %s. train.py (written by the agent) can "
-                "read what this user can read and open connections; results are marked unsandboxed",
+                "runs on this machine are NOT sandboxed: %s. The code the agent writes can read what this user "
+                "can read and open connections; results are marked unsandboxed",
                 why,
             )
         self._procs: dict[int, subprocess.Popen] = {}
