@@ -212,7 +212,12 @@ class Supervisor:
         if job.task != DEFAULT_TASK:  # a worker prepares training; another task's job goes to its evaluator
             self.discard()
             return run_task_job(
-                job, out or self.out, backend=self.identity.backend, detail=detail or "", on_line=self.on_line
+                job,
+                out or self.out,
+                backend=self.identity.backend,
+                detail=detail or "",
+                data=self.data,
+                on_line=self.on_line,
             )
         self._job, self._received = job, received_at or time.time()
         if detail is not None:
@@ -712,7 +717,7 @@ def run_job(job: JobSpec, out: Path, **options: Any) -> ResultSpec:
 
 _OWN_PROCESS = False  # main() runs here: this process serves its supervisor only, from its main thread
 OUT_OF_MEMORY = re.compile(r"MemoryError|can't allocate memory|Cannot allocate memory|bad_alloc")
-TASK_OPTIONS = ("backend", "detail", "on_line")  # what another task's run takes of run_job's options
+TASK_OPTIONS = ("backend", "detail", "data", "on_line")  # what another task's run takes of run_job's options
 OUT_OF_TASKS = re.compile(r"BlockingIOError|Resource temporarily unavailable|can't start new thread")
 
 

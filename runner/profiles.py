@@ -155,6 +155,26 @@ def get_profile(name: str) -> Profile:
         raise ValueError(f"unknown profile {name!r}: choose one of {known}") from None
 
 
+def task_profiles(task: str) -> tuple[str, ...]:
+    """The profiles `task` measures under: every one for training, its evaluator's PROFILES for
+    another (its package's constants import without the evaluator's parts)."""
+    if task == DEFAULT_TASK:
+        return tuple(PROFILES)
+    return tuple(importlib.import_module(get_task(task).evaluator).PROFILES)
+
+
+def check_task_profile(task: str, profile: str) -> None:
+    """ValueError, naming the profiles the task has, when `task` cannot be measured under `profile`
+    (query-latency on h100, say: the GPU profiles are training's)."""
+    get_profile(profile)
+    known = task_profiles(task)
+    if profile not in known:
+        raise ValueError(
+            f"the {task} task has no {profile} profile (that one is {DEFAULT_TASK}'s): it measures under "
+            f"{' or '.join(known)}; choose one with --profile (AUTORESEARCH_PROFILE for the service)"
+        )
+
+
 # The harness files that decide a measurement; fixing a download or a launcher keeps baselines valid.
 MEASURING_FILES = (
     "profiles.py",

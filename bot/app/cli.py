@@ -30,7 +30,9 @@ TASK_HELP = "training, query-latency or ticket-routing: what is edited and how i
 def prepare(
     profile: str = typer.Option("cpu", help="h100, cpu or smoke"),
     data: str = typer.Option(
-        None, help="builtin, a base URL of parquet shards, or a directory of .txt/.md files (default: the profile's)"
+        None,
+        help="training: builtin, a base URL of parquet shards, or a directory of .txt/.md files; ticket-routing: "
+        "a CSV (text, category) or JSONL file of tickets, or an https URL#sha256=HEX of one (default: the profile's)",
     ),
     task: str = typer.Option("training", help=TASK_HELP),
 ) -> None:
@@ -45,9 +47,7 @@ def prepare(
     try:
         get_profile(profile)
         if task != DEFAULT_TASK:
-            if data is not None:
-                raise ValueError(f"--data is training's: the {task} task prepares its own inputs")
-            fingerprint = prepare_task(task, profile, progress=True)
+            fingerprint = prepare_task(task, profile, data=data, progress=True)
             console.print(f"{task}: the {profile} profile's inputs are ready (fingerprint {fingerprint})")
             return
         prepared = do_prepare(profile, data, progress=True)

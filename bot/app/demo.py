@@ -171,7 +171,7 @@ def build_conductor(options: DemoOptions, console: Console | None = None) -> tup
     if options.task == DEFAULT_TASK:
         prepare(options.profile, options.data, progress=console is not None)
     else:
-        prepare_task(options.task, options.profile, progress=console is not None)
+        prepare_task(options.task, options.profile, data=options.data, progress=console is not None)
     forge = init_research_repo(workdir / "repo", seed_files(options.task))
     store = Store(workdir / "state.db")
     runner = LocalRunner(workdir / "runs", slots=options.slots, data=options.data, warm=True)
@@ -187,7 +187,7 @@ def build_conductor(options: DemoOptions, console: Console | None = None) -> tup
     identity = (
         measurement_identity(options.profile, options.data, threads=runner.threads)
         if options.task == DEFAULT_TASK
-        else task_identity(options.task, options.profile)
+        else task_identity(options.task, options.profile, data=options.data)
     )
     agent, budget = make_agent(options.agent, script=options.agent_script, seed=options.seed)
     config = ConductorConfig(

@@ -16,6 +16,13 @@ name) and result.json, as a training run's does.
 `prepare_task` and `task_identity` are a task's runner.prepare.prepare and
 runner.identity.measurement_identity: its fixed inputs made once, and the identity a loop pins
 (profile, the task's harness hash, the inputs' fingerprint, and the task, which training's has not).
+Both refuse a profile the task has none of (runner.profiles.check_task_profile), naming those it
+has; a run under one is a crash that says the same.
+
+`data` names a data source of the user's instead of the profile's own, as training's does: an
+evaluator that takes one declares DATA_SOURCES (what it may name) and a `data` keyword on its
+three functions; naming one for a task whose evaluator takes none is refused. The inputs'
+fingerprint is then the named data's, so the identity and each result tell the two apart.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ from types import ModuleType
 
 from runner import files, run_log, sandbox
 from runner.data import DataMissing
-from runner.profiles import harness_hash
+from runner.profiles import check_task_profile, harness_hash
 from runner.protocol import Hashes, JobSpec, ResultSpec, RunnerIdentity, Timings
 from runner.tasks import TASKS, Evaluation, get_task
 
@@ -43,17 +50,19 @@ def run_task_job(
     *,
     backend: str = "local",
     detail: str = "",
+    data: str | None = None,
     on_line: Callable[[str], None] | None = None,
 ) -> ResultSpec:
-    """Evaluate `job`'s asset with its task's evaluator in run directory `out`; never raises for
-    a bad asset, a missing input or a failing evaluator (each is a result that says why)."""
+    """Evaluate `job`'s asset with its task's evaluator in run directory `out`, on the profile's
+    inputs or `data`'s; never raises for a bad asset, a missing input, a profile or data source the
+    task has not, or a failing evaluator (each is a result that says why)."""
     received = time.time()
     out.mkdir(parents=True, exist_ok=True)
     (out / "result.json").unlink(missing_ok=True)
     workdir = out / "work"
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir()
-    evaluation, fingerprint = _evaluate(job, workdir)
+    evaluation, fingerprint = _evaluate(job, workdir, data)
     result = ResultSpec(
         task=job.task,
         run_id=job.run_id,
@@ -98,23 +107,36 @@ def evaluator_of(task: str) -> ModuleType:
     return importlib.import_module(get_task(task).evaluator)
 
 
-def prepare_task(task: str, profile: str, *, progress: bool = False) -> str:
-    """Make the task's fixed inputs for `profile` (a second call does no work); their fingerprint."""
-    return evaluator_of(task).prepare(profile, progress=progress)
+def prepare_task(task: str, profile: str, *, data: str | None = None, progress: bool = False) -> str:
+    """Make the task's fixed inputs for `profile` (from `data`, when named; a second call does no
+    work); their fingerprint. ValueError for a profile or data source the task has not."""
+    check_task_profile(task, profile)
+    return evaluator_of(task).prepare(profile, progress=progress, **_data_option(task, data))
 
 
-def task_identity(task: str, profile: str) -> dict[str, str]:
-    """The measurement identity of a loop of `task` under `profile`. Raises DataMissing when the
-    inputs are not prepared."""
+def task_identity(task: str, profile: str, *, data: str | None = None) -> dict[str, str]:
+    """The measurement identity of a loop of `task` under `profile` (on `data`, when named).
+    Raises DataMissing when the inputs are not prepared, ValueError as prepare_task does."""
+    check_task_profile(task, profile)
     return {
         "profile": profile,
         "harness_hash": harness_hash(task),
-        "data_fingerprint": evaluator_of(task).fingerprint(profile),
+        "data_fingerprint": evaluator_of(task).fingerprint(profile, **_data_option(task, data)),
         "task": task,
     }
 
 
-def _evaluate(job: JobSpec, workdir: Path) -> tuple[Evaluation, str]:
+def _data_option(task: str, data: str | None) -> dict[str, str]:
+    """The keyword that hands `data` to the task's evaluator (none when no source is named);
+    ValueError when the evaluator takes no data source of the user's."""
+    if data is None:
+        return {}
+    if not hasattr(evaluator_of(task), "DATA_SOURCES"):
+        raise ValueError(f"the {task} task takes no data source (--data): it makes its own inputs from the profile")
+    return {"data": data}
+
+
+def _evaluate(job: JobSpec, workdir: Path, data: str | None) -> tuple[Evaluation, str]:
     """The evaluator's Evaluation of the job's asset, and the prepared inputs' fingerprint ("" when
     the run never got to them)."""
     try:
@@ -123,11 +145,16 @@ def _evaluate(job: JobSpec, workdir: Path) -> tuple[Evaluation, str]:
         return Evaluation(
             "crash", error=f"{error}: this runner does not know the task; update it to the bot's version"
         ), ""
+    try:
+        check_task_profile(task.name, job.profile)
+        option = _data_option(task.name, data)
+    except ValueError as error:  # the job or this runner's setting asks for what the task has not
+        return Evaluation("crash", error=str(error)), ""
     fingerprint = ""
     try:
         evaluator = evaluator_of(task.name)
-        fingerprint = evaluator.fingerprint(job.profile)
-        return evaluator.evaluate(job.asset, job.profile, job.seed, workdir), fingerprint
+        fingerprint = evaluator.fingerprint(job.profile, **option)
+        return evaluator.evaluate(job.asset, job.profile, job.seed, workdir, **option), fingerprint
     except DataMissing as error:
         return Evaluation("crash", error=str(error)), fingerprint
     except Exception as error:  # the evaluator's own failure: reported as a result, like any other

@@ -31,6 +31,9 @@ FAKE = Task(
 )
 
 
+PROFILES = ("smoke", "cpu")  # the profiles it measures under (runner.tasks)
+
+
 def register(monkeypatch: pytest.MonkeyPatch, cache: Path) -> Task:
     """FAKE in the registry, and the cache at `cache`, until the test ends."""
     monkeypatch.setitem(TASKS, FAKE.name, FAKE)

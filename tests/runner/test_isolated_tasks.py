@@ -1,6 +1,7 @@
 """The isolated run of a task other than training: run_job (and a warm worker) hand the job to its
 task's evaluator (runner.tasks.run) and turn the Evaluation into a ResultSpec. On the word-count
-task of tests/fake_task.py: fast, no sandbox or torch needed."""
+task of tests/fake_task.py: fast, no sandbox or torch needed; a named data source on the
+ticket-routing task's own evaluator."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import pytest
 from runner.isolated import Supervisor, run_job
 from runner.profiles import harness_hash
 from runner.protocol import JobSpec, ResultSpec, check_result
+from runner.tasks import ticket_routing
+from runner.tasks.run import prepare_task, task_identity
 
 
 @pytest.fixture
@@ -101,3 +104,42 @@ def test_a_warm_training_worker_hands_a_task_job_to_its_evaluator(word_count, tm
     result = worker.run(job("one two"), out=moved, detail="call-1")
     assert (result.status, result.value, result.runner.detail) == ("ok", 2.0, "call-1")
     assert json.loads((moved / "result.json").read_text())["value"] == 2.0
+
+
+def test_a_profile_the_task_has_not_is_refused_naming_the_ones_it_has(word_count, tmp_path: Path) -> None:
+    for step in (prepare_task, task_identity):
+        with pytest.raises(
+            ValueError, match="the query-latency task has no h100 profile .*: it measures under smoke or cpu"
+        ):
+            step("query-latency", "h100")
+    result = run_job(JobSpec(task="word-count", run_id=1, asset="one", profile="h100"), tmp_path / "run")
+    assert result.status == "crash" and result.hashes.data == ""
+    assert (result.error or "").startswith("the word-count task has no h100 profile (that one is training's)")
+
+
+def test_a_data_source_for_a_task_that_takes_none_is_refused(word_count, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="the word-count task takes no data source"):
+        prepare_task("word-count", "smoke", data="tickets.csv")
+    result = run_job(job("one"), tmp_path / "run", data="tickets.csv")
+    assert result.status == "crash" and "takes no data source (--data)" in (result.error or "")
+
+
+def test_a_named_data_source_reaches_the_evaluator_cold_and_warm(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The user's tickets (a CSV written here: three queues of six invented tickets) are prepared,
+    pinned by their fingerprint and measured by run_job and by a warm worker given --data."""
+    monkeypatch.setenv("AUTORESEARCH_CACHE", str(tmp_path / "cache"))
+    own = tmp_path / "own.csv"
+    queues = ("card_arrival", "refund", "change_address")
+    own.write_text("text,category\n" + "".join(f"ticket {n} about {q},{q}\n" for q in queues for n in range(6)))
+    fingerprint = prepare_task("ticket-routing", "smoke", data=str(own))
+    assert task_identity("ticket-routing", "smoke", data=str(own))["data_fingerprint"] == fingerprint
+    starter = (Path(ticket_routing.__file__).parent / "router.py").read_text()
+    spec = JobSpec(task="ticket-routing", run_id=4, asset=starter, profile="smoke", seed=1)
+    cold = run_job(spec, tmp_path / "cold", data=str(own))
+    worker = Supervisor(tmp_path / "warm", "smoke", backend="local", data=str(own))
+    warm = worker.run(spec)
+    for result in (cold, warm):
+        assert result.status == "ok", result.error
+        assert result.hashes.data == fingerprint and result.metrics["holdout_tickets"] == 3

@@ -23,11 +23,12 @@ HERE = Path(__file__).parent
 STARTER = HERE / "query.sql"
 PROGRAM = HERE / "program.md"
 REFERENCE = HERE / "reference.sql"
+PROFILES = ("smoke", "cpu")  # what `profile` may be (database.SCALES)
 # The contract's functions, imported on first use: the bot's proposal check imports asset.py from
 # here, and the service it runs in may have neither numpy nor pyarrow (the slim image).
 _FUNCTIONS = {"prepare": "database", "fingerprint": "database", "evaluate": "evaluator"}
 
-__all__ = ["PROGRAM", "REFERENCE", "STARTER", "evaluate", "fingerprint", "prepare"]
+__all__ = ["PROFILES", "PROGRAM", "REFERENCE", "STARTER", "evaluate", "fingerprint", "prepare"]
 
 
 def __getattr__(name: str) -> Any:

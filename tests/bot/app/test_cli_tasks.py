@@ -41,6 +41,28 @@ def test_prepare_an_unknown_task_names_the_choices() -> None:
     assert result.exit_code == 2 and "unknown task 'sorting'" in said(result) and "training" in said(result)
 
 
+def test_prepare_ticket_routing_on_a_csv_the_user_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AUTORESEARCH_CACHE", str(tmp_path / "cache"))
+    own = tmp_path / "own.csv"  # written here: two queues of five invented tickets
+    own.write_text(
+        "text,queue\n" + "".join(f"ticket {n} for {q},{q}\n" for q in ("refund", "lost_card") for n in range(5))
+    )
+    result = cli.invoke(app, ["prepare", "--task", "ticket-routing", "--profile", "smoke", "--data", str(own)])
+    assert result.exit_code == 0, result.output
+    assert "ticket-routing: the smoke profile's inputs are ready (fingerprint" in said(result)
+    own.write_text("text,queue\nonly one,refund\n")
+    refused = cli.invoke(app, ["prepare", "--task", "ticket-routing", "--profile", "smoke", "--data", str(own)])
+    assert refused.exit_code == 2 and "only the queue 'refund'" in said(refused)
+
+
+def test_prepare_refuses_a_profile_or_data_source_the_task_has_not(word_count) -> None:
+    result = cli.invoke(app, ["prepare", "--task", "query-latency", "--profile", "h100"])
+    assert result.exit_code == 2 and "the query-latency task has no h100 profile" in said(result)
+    assert "it measures under smoke or cpu" in said(result)
+    result = cli.invoke(app, ["prepare", "--task", "word-count", "--profile", "smoke", "--data", "tickets.csv"])
+    assert result.exit_code == 2 and "the word-count task takes no data source (--data)" in said(result)
+
+
 @pytest.mark.parametrize("command", ["run", "train"])
 def test_run_measures_a_tasks_asset_once(word_count, tmp_path: Path, command: str) -> None:
     fake_task.prepare("smoke")

@@ -377,3 +377,7 @@ def test_a_measuring_process_that_ends_without_an_answer_is_a_crash(smoke_databa
     result = run(REFERENCE, tmp_path, use_sandbox=False)
     assert result.status == "crash" and "exit code 139" in result.error
     assert "segfault, say" in result.log_tail
+
+
+def test_the_profiles_the_task_declares_are_the_scales_it_has() -> None:
+    assert task.PROFILES == tuple(database.SCALES)

@@ -24,7 +24,7 @@ from runner.data import DataCorrupt, DataMissing
 from runner.download import DownloadError
 from runner.tasks import ticket_routing
 from runner.tasks.ticket_routing import tickets
-from runner.tasks.ticket_routing.evaluation import Scale, evaluate_router
+from runner.tasks.ticket_routing.evaluation import SCALES, Scale, evaluate_router
 
 SANDBOX, WHY_NOT = sandbox.available()
 needs_sandbox = pytest.mark.skipif(not SANDBOX, reason=f"no sandbox here: {WHY_NOT}")
@@ -63,11 +63,15 @@ def test_split_holds_out_a_fifth_of_every_queue_disjointly_and_repeats_for_a_see
     assert tickets.split(SAMPLE, 8)[1] != holdout
 
 
+def test_the_profiles_the_task_declares_are_its_sources_and_scales() -> None:
+    assert ticket_routing.PROFILES == tuple(tickets.SOURCES) == tuple(SCALES)
+
+
 def test_csv_with_other_columns_says_what_it_lacks() -> None:
     assert tickets.read_csv(b"text,queue\nmy card is lost,lost_card\n,empty\n", "t.csv") == [
         ("my card is lost", "lost_card")
     ]
-    with pytest.raises(DataCorrupt, match="no `text` and `category` columns.*body, label"):
+    with pytest.raises(tickets.TicketsUnusable, match="no `text` and `category`.*columns.*body, label"):
         tickets.read_csv(b"body,label\nx,y\n", "t.csv")
 
 
@@ -161,6 +165,103 @@ def test_a_download_that_fails_its_checksum_leaves_no_pool(
         ticket_routing.prepare("cpu")
     with pytest.raises(DataMissing):
         ticket_routing.fingerprint("cpu")
+
+
+# --- tickets the user names (data) ----------------------------------------------------------------
+# A small set written here (invented texts, three queues of six): the format a team's export has.
+OWN = [
+    *((f"my card {n} has not arrived yet", "card_arrival") for n in range(6)),
+    *((f"please refund order {n}, it came broken", "refund") for n in range(6)),
+    *((f"how do I change the address on account {n}", "change_address") for n in range(6)),
+]
+
+
+def _own_csv(path: Path, rows: list[tuple[str, str]] = OWN) -> Path:
+    path.write_text("text,category\n" + "".join(f'"{text}",{queue}\n' for text, queue in rows))
+    return path
+
+
+def test_a_named_csv_is_prepared_apart_fingerprinted_and_measured(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AUTORESEARCH_CACHE", str(tmp_path / "cache"))
+    own = str(_own_csv(tmp_path / "own.csv"))
+    with pytest.raises(DataMissing, match=f"autoresearch prepare --task ticket-routing --profile smoke --data {own}"):
+        ticket_routing.fingerprint("smoke", data=own)
+    fingerprint = ticket_routing.prepare("smoke", data=own)
+    assert ticket_routing.prepare("smoke", data=own) == ticket_routing.fingerprint("smoke", data=own) == fingerprint
+    pool = tickets.load_pool("smoke", own)
+    assert pool.root.name.startswith("data-") and len(pool.tickets) == 18 and len(pool.queues) == 3
+    assert json.loads((pool.root / "manifest.json").read_text())["origin"] == [str(Path(own).resolve())]
+    assert fingerprint != ticket_routing.prepare("smoke")  # the profile's own tickets stay apart
+    result = ticket_routing.evaluate(ticket_routing.STARTER.read_text(), "smoke", 1, tmp_path / "run", data=own)
+    assert result.status == "ok", result.error
+    assert (result.metrics["holdout_tickets"], result.metrics["queues"]) == (3, 3)
+    assert (result.metrics["data"], result.metrics["source"]) == (fingerprint, pool.root.name)
+    _own_csv(Path(own), OWN[:-1])  # a changed file is new data, prepared on its own
+    with pytest.raises(DataMissing, match="--data"):
+        ticket_routing.fingerprint("smoke", data=own)
+
+
+def test_a_named_jsonl_gives_the_same_tickets_as_the_csv(tmp_path: Path) -> None:
+    lines = "".join(json.dumps({"text": text, "label": queue}) + "\n" for text, queue in OWN)
+    assert tickets.read_tickets(lines.encode(), "own.jsonl") == OWN
+    assert tickets.read_tickets(_own_csv(tmp_path / "own.csv").read_bytes(), "own.csv") == OWN
+
+
+@pytest.mark.parametrize(
+    ("name", "body", "why"),
+    [
+        ("own.csv", "body,label\nx,y\n", "no `text` and `category`"),
+        ("own.csv", "text,queue\n" + "".join(f"ticket {n},refund\n" for n in range(10)), "only the queue 'refund'"),
+        ("own.csv", "text,queue\n", "no labelled tickets"),
+        (
+            "own.csv",
+            "text,queue\n" + "".join(f"t{n},refund\n" for n in range(6)) + "a,lost\nb,lost\n",
+            r"1 queue\(s\) with fewer than 5 distinct tickets: 'lost' \(2\)",
+        ),
+        ("own.jsonl", '{"text": "a", "queue": "x"}\nnot json\n', "own.jsonl, line 2: not JSON"),
+        ("own.jsonl", '{"body": "a"}\n', "line 1: not an object with a `text` string"),
+    ],
+)
+def test_a_file_that_cannot_make_a_routing_task_is_refused_saying_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, body: str, why: str
+) -> None:
+    monkeypatch.setenv("AUTORESEARCH_CACHE", str(tmp_path / "cache"))
+    (tmp_path / name).write_text(body)
+    with pytest.raises(tickets.TicketsUnusable, match=why):
+        ticket_routing.prepare("smoke", data=str(tmp_path / name))
+    assert not (tmp_path / "cache" / "tasks" / "ticket-routing").exists() or not list(
+        (tmp_path / "cache" / "tasks" / "ticket-routing").glob("*/manifest.json")
+    )
+
+
+def test_a_data_source_that_names_no_usable_file_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="no file of tickets at"):
+        tickets.named_source(str(tmp_path / "absent.csv"))
+    (tmp_path / "own.txt").write_text("text,queue\n")
+    with pytest.raises(ValueError, match="must be a .csv or a .jsonl file"):
+        tickets.named_source(str(tmp_path / "own.txt"))
+    with pytest.raises(ValueError, match=r"not pinned: name them as https://example.org/t.csv#sha256=HEX"):
+        tickets.named_source("https://example.org/t.csv")
+    with pytest.raises(ValueError, match="not pinned"):
+        tickets.named_source("https://example.org/t.csv#sha256=abc")
+
+
+def test_a_pinned_url_is_downloaded_checked_and_pooled_by_its_checksum(
+    served: _Files, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AUTORESEARCH_CACHE", str(tmp_path))
+    monkeypatch.setattr(tickets, "RETRIES", 0)
+    sha = hashlib.sha256(served.files["train.csv"]).hexdigest()
+    pinned = f"{served.url}/train.csv#sha256={sha}"
+    fingerprint = ticket_routing.prepare("cpu", data=pinned)
+    assert served.hits == ["train.csv"] and tickets.load_pool("cpu", pinned).root.name == f"data-{sha[:16]}"
+    assert ticket_routing.fingerprint("smoke", data=pinned) == fingerprint  # the same tickets under either box
+    monkeypatch.setenv("AUTORESEARCH_CACHE", str(tmp_path / "elsewhere"))  # where no tickets of that pin lie
+    wrong = f"{served.url}/test.csv#sha256={sha}"
+    with pytest.raises(DownloadError, match="checksum mismatch"):
+        ticket_routing.prepare("cpu", data=wrong)
 
 
 # --- the starting router -----------------------------------------------------------------------------
@@ -351,9 +452,7 @@ def test_unsandboxed_the_same_router_reads_the_labels(tmp_path: Path, monkeypatc
     ticket_routing.prepare("smoke")
     train, holdout = tickets.split(tickets.load_pool("smoke").tickets, 1)
     workdir = tmp_path / "run" / "work"
-    result = evaluate_router(
-        _snoop(cache, workdir), train, holdout, workdir, scale=ticket_routing.SCALES["smoke"], use_sandbox=False
-    )
+    result = evaluate_router(_snoop(cache, workdir), train, holdout, workdir, scale=SCALES["smoke"], use_sandbox=False)
     assert result.status == "ok" and not result.sandboxed
     assert result.value == 1.0
     assert "WITHOUT a sandbox" in result.log_tail
