@@ -1,4 +1,4 @@
-"""The Modal app: training runs on Modal GPUs, on demand.
+"""The Modal app: training runs on Modal GPUs, on demand (or another task's runs: AUTORESEARCH_TASK).
 
 Deploy it once (and again after every change to the harness, whose hash results must match):
 
@@ -12,13 +12,21 @@ prepared before it came (`NextRun`: its sandboxed training and scoring processes
 torch and loaded the data), and the next job's worker gets ready while this one runs. Containers
 stay warm for `scaledown_window` seconds between runs, so a queue of runs pays the container's
 start-up once. torch's compile caches do not carry from run to run: each training sandbox has its
-own /tmp, so that no train.py can leave compiled code, or trained weights, for the next. Progress lines go to a Modal Dict keyed by run id, for the bot's lookup(); a
-failure there never fails a run.
+own /tmp, so that no train.py can leave compiled code, or trained weights, for the next. Progress
+lines go to a Modal Dict keyed by run id, for the bot's lookup(); a failure there never fails a run.
+
+A deployment measures one task (runner.tasks), as a repository holds one: with AUTORESEARCH_TASK
+naming another than training, a container prepares that task's fixed inputs for the profile
+instead (`runner.tasks.run.prepare_task`, cached on the Volume), pins the task's identity
+(`task_identity`: its harness, its inputs, the task) and runs each job cold through
+runner.isolated, which hands it to the task's evaluator; a job of another task is refused, saying
+what to deploy. A profile the task has none of fails the deploy (runner.profiles.check_task_profile).
 
 Everything is read from the environment of whoever deploys, and handed to the containers:
 
     AUTORESEARCH_MODAL_APP          the app's name (default autoresearch)
     AUTORESEARCH_PROFILE            the profile it measures (default h100); its max_total_s sets the timeout
+    AUTORESEARCH_TASK               the task it measures (default training; ticket-routing, query-latency)
     AUTORESEARCH_MODAL_GPU          the GPU type (default H100)
     AUTORESEARCH_MODAL_GPUS         containers at once, at most (default 1: the bot's slots)
     AUTORESEARCH_MODAL_VOLUME       the cache Volume (default autoresearch-cache)
@@ -43,7 +51,8 @@ from typing import Any, Protocol
 
 import modal
 
-from runner.profiles import get_profile
+from runner.profiles import check_task_profile, get_profile
+from runner.tasks import DEFAULT_TASK
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +79,7 @@ def _env(name: str, default: str) -> str:
 DEPLOYED = {
     "AUTORESEARCH_MODAL_APP": _env("AUTORESEARCH_MODAL_APP", "autoresearch"),
     "AUTORESEARCH_PROFILE": _env("AUTORESEARCH_PROFILE", "h100"),
+    "AUTORESEARCH_TASK": _env("AUTORESEARCH_TASK", DEFAULT_TASK),
     "AUTORESEARCH_MODAL_GPU": _env("AUTORESEARCH_MODAL_GPU", "H100"),
     "AUTORESEARCH_MODAL_GPUS": _env("AUTORESEARCH_MODAL_GPUS", "1"),
     "AUTORESEARCH_MODAL_VOLUME": _env("AUTORESEARCH_MODAL_VOLUME", "autoresearch-cache"),
@@ -78,6 +88,8 @@ DEPLOYED = {
     "AUTORESEARCH_MODAL_STARTUP_S": _env("AUTORESEARCH_MODAL_STARTUP_S", "3600"),
 }
 PROFILE = get_profile(DEPLOYED["AUTORESEARCH_PROFILE"])  # an unknown profile fails the deploy, with the choices
+TASK = DEPLOYED["AUTORESEARCH_TASK"]
+check_task_profile(TASK, PROFILE.name)  # so do an unknown task and a profile the task has not
 TIMEOUT_S = int(PROFILE.max_total_s) + 120  # a run's own limit, and time to hand its result back
 
 
@@ -160,12 +172,26 @@ def _commit_cache() -> None:
 class Trainer:
     @modal.enter()
     def load(self) -> None:
-        """Once per container: torch imported, the profile's data and tokenizer ready on /cache."""
+        """Once per container: torch imported, the profile's data and tokenizer ready on /cache; or
+        another task's fixed inputs."""
+        self.profile = os.environ.get("AUTORESEARCH_PROFILE") or PROFILE.name
+        self.task = os.environ.get("AUTORESEARCH_TASK") or TASK
+        self.workers: NextRun | None = None
+        if self.task != DEFAULT_TASK:
+            from runner.tasks.run import prepare_task
+
+            log.info(
+                "task %s, profile %s ready: inputs %s",
+                self.task,
+                self.profile,
+                prepare_task(self.task, self.profile)[:12],
+            )
+            _commit_cache()
+            return
         import torch  # noqa: F401 - the first run should not pay for the import
 
         from runner.prepare import prepare
 
-        self.profile = os.environ.get("AUTORESEARCH_PROFILE") or PROFILE.name
         prepared = prepare(self.profile)
         log.info(
             "profile %s ready: data %s, tokenizer %s",
@@ -179,14 +205,16 @@ class Trainer:
 
     @modal.exit()
     def close(self) -> None:
-        self.workers.close()
+        if self.workers is not None:
+            self.workers.close()
 
     @modal.method()
     def run(self, job_json: str, spawned_at: float | None = None) -> str:
-        """One job: its ResultSpec as JSON. A job for another profile than the deployed one is an error."""
+        """One job: its ResultSpec as JSON. A job for another profile or task than the deployed one is an error."""
         return run_one(
             job_json,
             self.profile,
+            task=self.task,
             spawned_at=spawned_at,
             progress_store=_progress_store(),
             call_id=modal.current_function_call_id() or "",
@@ -195,8 +223,12 @@ class Trainer:
 
     @modal.method()
     def identity(self) -> dict[str, str]:
-        """The measurement identity this deployment measures under (profile, harness, data), for the
-        bot to pin before it sends a job."""
+        """The measurement identity this deployment measures under (profile, harness, data, and the
+        task for another than training), for the bot to pin before it sends a job."""
+        if self.task != DEFAULT_TASK:
+            from runner.tasks.run import task_identity
+
+            return task_identity(self.task, self.profile)
         from runner.identity import measurement_identity
 
         return measurement_identity(self.profile)
@@ -238,14 +270,15 @@ def run_one(
     job_json: str,
     profile: str,
     *,
+    task: str = DEFAULT_TASK,
     spawned_at: float | None = None,
     progress_store: ProgressStore | None = None,
     call_id: str = "",
     run_job: Callable[..., Any] | None = None,
     workers: NextRun | None = None,
 ) -> str:
-    """The body of `Trainer.run`: run the job in a fresh directory (a prepared worker's, from
-    `workers`, or a cold run through `run_job`), return its ResultSpec JSON.
+    """The body of `Trainer.run`: run the job of the deployed `task` in a fresh directory (a
+    prepared worker's, from `workers`, or a cold run through `run_job`), return its ResultSpec JSON.
 
     Only RuntimeError ever leaves it: Modal reads a builtin TimeoutError from a call as "still
     running", so a harness failure must never look like one."""
@@ -259,6 +292,11 @@ def run_one(
                 f"run {job.run_id} asks for profile {job.profile}, but this Modal app measures "
                 f"{profile}: deploy it with AUTORESEARCH_PROFILE={job.profile} "
                 "(modal deploy -m runner.modal_app), or run the bot with that profile"
+            )
+        if job.task != task:
+            raise ValueError(
+                f"run {job.run_id} is of the {job.task} task, but this Modal app measures {task}: deploy it "
+                f"with AUTORESEARCH_TASK={job.task} (modal deploy -m runner.modal_app), as a repository holds one task"
             )
         board = ProgressBoard(progress_store, job.run_id)
         if workers is not None and run_job is None:

@@ -9,10 +9,14 @@ failed), so a restarted bot finds its calls and their results:
 - submit writes the record first (the run id is the idempotency key: a second submit spawns
   nothing), then spawns the call and writes its id;
 - lookup polls the call: no answer yet is queued (no progress line yet) or running; an answer is
-  checked against the job (run id, train.py, profile, this bot's harness) before it counts, and a
+  checked against the job (run id, task, asset, profile, this bot's harness) before it counts, and a
   refused one is lost with the reason; a call that failed (container crash, Modal error, expired
   call) is spawned again once, then the job is lost with both reasons;
 - cancel marks the record, then cancels the call; the job is lost afterwards, never a result.
+
+A deployment measures one task (AUTORESEARCH_TASK when it was deployed: runner.modal_app); at the
+bot's start `check_ready` refuses one that measures another task than the bot's program.md names,
+another profile or other data, saying what to deploy.
 """
 
 from __future__ import annotations
@@ -98,21 +102,33 @@ class ModalRunner:
         """Nothing held here: the calls go on, and the next bot reads them from its records."""
 
     def identity(self) -> dict[str, str]:
-        """The identity to pin: the deployment's, refused if it runs another harness than this bot."""
-        found = self.calls.identity()
-        if found.get("harness_hash") != self.harness:
+        """The identity to pin: the deployment's, refused if it runs another harness than this bot
+        has for the deployment's task."""
+        return self._same_harness(self.calls.identity())
+
+    def _same_harness(self, found: dict[str, str]) -> dict[str, str]:
+        task = found.get("task", DEFAULT_TASK)
+        ours = self.harness if task == DEFAULT_TASK else harness_hash(task)
+        if found.get("harness_hash") != ours:
             raise ModalNotConfigured(
                 f"the Modal app measures with harness {found.get('harness_hash')}, this bot "
-                f"with {self.harness}: deploy this version of the runner ({DEPLOY})"
+                f"with {ours}: deploy this version of the runner ({DEPLOY})"
             )
         return found
 
     def check_ready(self, identity: dict[str, str]) -> None:
         """At the bot's start: the deployed app must measure what the bot is configured for
-        (`identity`: its profile, its data), or every result would be refused, one lost run after
+        (`identity`: its task, profile and data), or every result would be refused, one lost run after
         another. Asks the deployment once; that may start a container (seconds when its data is
         cached)."""
-        found = self.identity()
+        found = self.calls.identity()
+        deployed, wanted = found.get("task", DEFAULT_TASK), identity.get("task", DEFAULT_TASK)
+        if deployed != wanted:
+            raise ModalNotConfigured(
+                f"the Modal app measures the {deployed} task, this bot's program.md names {wanted}: deploy one for "
+                f"it (AUTORESEARCH_TASK={wanted} AUTORESEARCH_PROFILE={identity.get('profile')} {DEPLOY})"
+            )
+        self._same_harness(found)
         for key, what in (("profile", "AUTORESEARCH_PROFILE"), ("data_fingerprint", "AUTORESEARCH_DATA_FINGERPRINT")):
             if found.get(key) != identity.get(key):
                 raise ModalNotConfigured(

@@ -174,11 +174,13 @@ class Local:
     workers: list[list[Any]]  # with FAKE_WORKER, each worker made: [profile, backend, prepared, run id it ran]
 
 
-def _run_locally(job: JobSpec, spawned_at: float | None = None, *, fake_worker: bool = False) -> Local:
+def _run_locally(
+    job: JobSpec, spawned_at: float | None = None, *, fake_worker: bool = False, env: dict[str, str] | None = None
+) -> Local:
     """`Trainer().identity.local()` and `.run.local(job)` on one Trainer in a fresh Python, whose
     `runner` is the package itself (under pytest it is tests/runner/'s namespace package), with the
-    session's data cache; its workers are FAKE_WORKER's with `fake_worker`."""
-    env = dict(os.environ, AUTORESEARCH_PROFILE="smoke", PYTHONPATH=str(ROOT))
+    session's data cache (or what `env` sets); its workers are FAKE_WORKER's with `fake_worker`."""
+    env = dict(os.environ, AUTORESEARCH_PROFILE="smoke", PYTHONPATH=str(ROOT), **(env or {}))
     script = "import runner.isolated\n" + (FAKE_WORKER if fake_worker else "") + LOCAL
     done = subprocess.run(
         [sys.executable, "-c", script, str(spawned_at) if spawned_at else "-"],
@@ -199,6 +201,44 @@ def test_a_job_for_another_profile_is_refused_with_what_to_deploy() -> None:
     job = JobSpec(run_id=1, asset=CRASH, profile="smoke")
     with pytest.raises(RuntimeError, match="AUTORESEARCH_PROFILE=smoke"):
         modal_app.run_one(job.model_dump_json(), "h100", run_job=_never)
+
+
+def test_a_job_of_another_task_is_refused_with_what_to_deploy() -> None:
+    job = JobSpec(task="ticket-routing", run_id=1, asset="def route(texts): ...\n", profile="smoke")
+    with pytest.raises(
+        RuntimeError, match="this Modal app measures training: deploy it with AUTORESEARCH_TASK=ticket-routing"
+    ):
+        modal_app.run_one(job.model_dump_json(), "smoke", run_job=_never)
+
+
+def test_a_task_deployment_prepares_pins_and_measures_its_task_through_local(tmp_path: Path) -> None:
+    """A container deployed with AUTORESEARCH_TASK=ticket-routing prepares the task's tickets (no
+    torch, no training data), tells the task's identity and runs the starter router cold."""
+    starter = (ROOT / "runner" / "tasks" / "ticket_routing" / "router.py").read_text()
+    job = JobSpec(task="ticket-routing", run_id=5, asset=starter, profile="smoke", seed=1)
+    cache = tmp_path / "cache"
+    deployed = _run_locally(job, env={"AUTORESEARCH_TASK": "ticket-routing", "AUTORESEARCH_CACHE": str(cache)})
+    assert deployed.identity["task"] == "ticket-routing" and deployed.identity["profile"] == "smoke"
+    assert deployed.identity["harness_hash"] == harness_hash("ticket-routing")
+    result = ResultSpec.model_validate_json(deployed.answer)
+    check_result(job, result, harness=harness_hash("ticket-routing"))
+    assert result.status == "ok" and result.value is not None and result.runner.backend == "modal"
+    assert result.hashes.data == deployed.identity["data_fingerprint"] and deployed.workers == []
+    assert not (cache / "data").exists()  # training's data was never prepared
+
+
+def test_a_task_deployed_on_a_profile_it_has_not_fails_the_deploy(tmp_path: Path) -> None:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), AUTORESEARCH_TASK="query-latency", AUTORESEARCH_PROFILE="h100")
+    done = subprocess.run(
+        [sys.executable, "-c", "import runner.modal_app"],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert done.returncode != 0 and "the query-latency task has no h100 profile" in done.stderr
 
 
 def test_a_harness_timeout_never_reads_as_a_call_still_running() -> None:

@@ -36,10 +36,11 @@ class FakeModal:
     """The deployed app as the runner sees it (ModalCalls): each spawn is a call with an id, open
     until the test answers it with a ResultSpec or fails it; progress lines by run id."""
 
-    def __init__(self, harness: str | None = None) -> None:
+    def __init__(self, harness: str | None = None, task: str = "training") -> None:
         self.calls: dict[str, FakeCall] = {}
         self.lines: dict[int, dict[str, Any]] = {}
-        self.harness = harness or harness_hash()
+        self.harness = harness or harness_hash(task)
+        self.task = task  # what it was deployed for (AUTORESEARCH_TASK)
         self.unreachable = False
 
     def spawn(self, job_json: str) -> str:
@@ -68,7 +69,8 @@ class FakeModal:
         return self.lines.get(run_id)
 
     def identity(self) -> dict[str, str]:
-        return {"profile": "smoke", "harness_hash": self.harness, "data_fingerprint": "d" * 16}
+        found = {"profile": "smoke", "harness_hash": self.harness, "data_fingerprint": "d" * 16}
+        return found if self.task == "training" else dict(found, task=self.task)
 
     # --- what the test does as Modal -----------------------------------------------------------
     def last(self) -> FakeCall:
@@ -274,6 +276,34 @@ def test_a_deployment_for_another_profile_or_data_stops_the_bot_at_its_start(tmp
         runner.check_ready(dict(ours, profile="h100"))
     with pytest.raises(ModalNotConfigured, match="AUTORESEARCH_DATA_FINGERPRINT"):
         runner.check_ready(dict(ours, data_fingerprint="e" * 16))
+
+
+def test_a_deployment_for_another_task_stops_the_bot_at_its_start(tmp_path: Path) -> None:
+    training = {"profile": "smoke", "harness_hash": harness_hash(), "data_fingerprint": "d" * 16}
+    routing = dict(training, harness_hash=harness_hash("ticket-routing"), task="ticket-routing")
+    with pytest.raises(
+        ModalNotConfigured, match="measures the training task, this bot's program.md names ticket-routing"
+    ):
+        ModalRunner(tmp_path, FakeModal()).check_ready(routing)
+    deployed = ModalRunner(tmp_path, FakeModal(task="ticket-routing"))
+    with pytest.raises(ModalNotConfigured, match="AUTORESEARCH_TASK=training AUTORESEARCH_PROFILE=smoke modal deploy"):
+        deployed.check_ready(training)
+    deployed.check_ready(routing)
+    assert deployed.identity() == routing  # pinned with the task's harness, which this bot has too
+
+
+def test_a_task_jobs_answer_is_checked_against_that_tasks_harness(tmp_path: Path) -> None:
+    modal = FakeModal(task="ticket-routing")
+    runner = ModalRunner(tmp_path, modal)
+    runner.submit(Job(run_id=1, asset="def route(texts): ...\n", profile="smoke", seed=0, task="ticket-routing"))
+    call = modal.last()
+    hashes = Hashes(asset=call.job.asset_sha256, harness=harness_hash("ticket-routing"), data="d" * 16)
+    modal.answer(call, task="ticket-routing", val_bpb=None, value=0.8, hashes=hashes)
+    status = runner.lookup(1)
+    assert status.state == "finished" and status.result is not None and status.result.status == "ok"
+    modal.answer(call, task="ticket-routing", val_bpb=None, value=0.8)  # measured by training's harness
+    runner.records.write({**runner.records.read(1), "result": None})
+    assert runner.lookup(1).state == "lost"
 
 
 def test_settings_come_from_autoresearch_modal_variables(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
