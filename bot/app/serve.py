@@ -137,10 +137,12 @@ def refuse_other_task(store: Store, task: str, state_dir: Path) -> None:
 def default_parts(settings: ServiceSettings, client: GitHubClient, task: str = DEFAULT_TASK) -> Parts:
     """The configured runner (local, Actions or Modal), checked ready to measure `task` under the
     identity, and the agent."""
+    from runner.profiles import check_task_profile, harness_hash
+
+    check_task_profile(task, settings.profile)  # query-latency on h100, say: refused before a runner is made
     if settings.runner == "local":
         return local_parts(settings, client, task)
     from bot.runners.modal import modal_runner
-    from runner.profiles import harness_hash
 
     if settings.runner == "actions":
         from bot.runners.actions import ActionsRunner, ActionsSettings

@@ -153,3 +153,23 @@ def test_the_demos_summary_speaks_the_tasks_metric_on_its_own_scale() -> None:
     console.print(render_summary(summary, 1.0, Path("results.tsv"), TICKET_ROUTING.metric))
     rows = [" ".join(line.replace("│", " ").split()) for line in console.export_text().splitlines()]
     assert "baseline accuracy 0.800000" in rows and "main's accuracy now (its own runs) 0.850000" in rows
+
+
+def test_the_service_refuses_a_task_on_a_profile_it_has_not_before_it_makes_a_runner(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bot.app.serve import default_parts
+    from bot.app.settings import ServiceSettings
+
+    monkeypatch.chdir(tmp_path)  # no .env
+    settings = ServiceSettings(
+        _env_file=None,
+        repository="o/r",
+        github_token="t",
+        webhook_secret="s",
+        profile="h100",
+        runner="modal",
+        data_fingerprint="d" * 16,
+    )
+    with pytest.raises(ValueError, match="the query-latency task has no h100 profile .*smoke or cpu"):
+        default_parts(settings, client=None, task="query-latency")  # type: ignore[arg-type]
