@@ -182,7 +182,8 @@ def build_conductor(options: DemoOptions, console: Console | None = None) -> tup
         console.print(
             f"sandbox: {why}"
             if usable
-            else f"[bold yellow]WARNING: runs are NOT sandboxed[/] ({why}); train.py can read what you can read"
+            else f"[bold yellow]WARNING: runs are NOT sandboxed[/] ({why}); "
+            f"{get_task(options.task).asset} can read what you can read"
         )
     identity = (
         measurement_identity(options.profile, options.data, threads=runner.threads)
