@@ -326,7 +326,7 @@ def results(
     workdir: Path = typer.Option(DEFAULT_WORKDIR, help="the work directory of a demo run"),
     as_json: bool = typer.Option(False, "--json", help="print JSON"),
     as_tsv: bool = typer.Option(False, "--tsv", help="print results.tsv"),
-    runs: bool = typer.Option(False, "--runs", help="one row per training run"),
+    runs: bool = typer.Option(False, "--runs", help="one row per run"),
 ) -> None:
     """Print the experiments of a work directory."""
     from bot.views import results as results_module
