@@ -7,7 +7,9 @@ language model (`train.py`, val_bpb, lower is better) is one task and the defaul
 registered in `TASKS` beside it.
 
 Training keeps its own path, runner.isolated (train in one sandbox, score in another); every other
-task's evaluator module (`Task.evaluator`, imported only when a run needs it) offers three functions:
+task's evaluator module (`Task.evaluator`, imported only when a run needs it) declares the profiles
+it measures under, `PROFILES: tuple[str, ...]` (a loop or a run under another is refused, naming
+them: runner.profiles.check_task_profile), and offers three functions:
 
     prepare(profile: str, *, progress: bool = False) -> str
         Make the task's fixed inputs (a generated database, a downloaded labelled set) once,
@@ -26,6 +28,11 @@ task's evaluator module (`Task.evaluator`, imported only when a run needs it) of
         asset that fails the gate, or reaches for what it may not, is `rejected` with the reason.
         `workdir` is a private directory for the run's files; the function must not raise for a
         bad asset (only for a broken machine: missing prepared inputs raise runner.data.DataMissing).
+
+An evaluator that can measure a data source the user names (ticket routing: a CSV or JSONL file,
+or a URL pinned by its sha256) says what it accepts in `DATA_SOURCES: str` and takes a keyword
+`data: str | None = None` on all three functions (the CLI's --data); one that cannot is refused a
+data source.
 
 Profiles name a scale: "smoke" is small and fast (tests, a first try), "cpu" is the task's real
 size on one machine. Tasks other than training define what each means in their module.
