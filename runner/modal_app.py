@@ -27,7 +27,7 @@ Everything is read from the environment of whoever deploys, and handed to the co
     AUTORESEARCH_MODAL_APP          the app's name (default autoresearch)
     AUTORESEARCH_PROFILE            the profile it measures (default h100); its max_total_s sets the timeout
     AUTORESEARCH_TASK               the task it measures (default training; ticket-routing, query-latency)
-    AUTORESEARCH_MODAL_GPU          the GPU type (default H100)
+    AUTORESEARCH_MODAL_GPU          the GPU type (default H100; a CPU profile's containers get none)
     AUTORESEARCH_MODAL_GPUS         containers at once, at most (default 1: the bot's slots)
     AUTORESEARCH_MODAL_VOLUME       the cache Volume (default autoresearch-cache)
     AUTORESEARCH_MODAL_DICT_NAME    the progress Dict (default autoresearch-progress)
@@ -91,6 +91,9 @@ PROFILE = get_profile(DEPLOYED["AUTORESEARCH_PROFILE"])  # an unknown profile fa
 TASK = DEPLOYED["AUTORESEARCH_TASK"]
 check_task_profile(TASK, PROFILE.name)  # so do an unknown task and a profile the task has not
 TIMEOUT_S = int(PROFILE.max_total_s) + 120  # a run's own limit, and time to hand its result back
+# A container gets the GPU only where the profile runs on one: a CPU profile (another task's, or
+# training's cpu and smoke) is not billed for an idle H100.
+GPU = DEPLOYED["AUTORESEARCH_MODAL_GPU"] if PROFILE.device == "cuda" else None
 
 
 def _skip_bytecode(path: Path) -> bool:
@@ -161,7 +164,7 @@ def _commit_cache() -> None:
 
 
 @app.cls(
-    gpu=DEPLOYED["AUTORESEARCH_MODAL_GPU"],
+    gpu=GPU,
     volumes={CACHE: cache_volume},
     env=DEPLOYED,
     timeout=TIMEOUT_S,

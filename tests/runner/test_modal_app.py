@@ -47,7 +47,7 @@ socket.socket.connect = refuse
 socket.create_connection = refuse
 import modal
 import runner.modal_app as m
-print(json.dumps({"app": m.app.name, "deployed": m.DEPLOYED, "timeout": m.TIMEOUT_S,
+print(json.dumps({"app": m.app.name, "deployed": m.DEPLOYED, "timeout": m.TIMEOUT_S, "gpu": m.GPU,
                   "is_cls": isinstance(m.Trainer, modal.Cls), "image": isinstance(m.image, modal.Image),
                   "volume": isinstance(m.cache_volume, modal.Volume)}))
 """
@@ -71,6 +71,7 @@ def test_the_app_builds_without_a_token_or_a_network(tmp_path: Path) -> None:
     built = json.loads(done.stdout.strip().splitlines()[-1])
     assert built["app"] == "research-test" and built["is_cls"] and built["image"] and built["volume"]
     assert built["deployed"]["AUTORESEARCH_MODAL_GPU"] == "A10G"
+    assert built["gpu"] is None  # the smoke profile runs on the CPU: its containers ask for no GPU
     assert built["deployed"]["AUTORESEARCH_MODAL_SCALEDOWN_S"] == "60"
     assert built["deployed"]["AUTORESEARCH_MODAL_VOLUME"] == "autoresearch-cache"
     assert built["timeout"] == int(get_profile("smoke").max_total_s) + 120
