@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from bot.core.protocols import Forge
 from bot.core.records import code_hash
 from bot.core.states import RunState, State, Status
-from bot.loop import measurement
+from bot.loop import measurement, pairing
 from bot.loop.judge import Noise, main_runs_wanted
 from bot.loop.program import LoopSettings, SettingsError, loop_task, parse_program
 from bot.store import Store
@@ -70,8 +70,8 @@ class Baseline:
         self._seeded: list[tuple[int, str, str | None]] = []  # (seed, base_sha, params_fingerprint) beside each value
         self._noise: tuple[Noise | None] | None = None  # a 1-tuple once computed: None is a valid answer
         self._main_runs: dict[str, measurement.MainRuns] = {}
-        self._pairs: dict[tuple[int, str], list[float]] | None = None
-        self._paired_noise: tuple[Noise | None] | None = None
+        self._pairs: dict[pairing.Side, pairing.Paired] | None = None
+        self._paired_pool: pairing.PairedPool | None = None
         self._noted: set[tuple[str, str]] = set()  # (code_hash, what was noticed) already recorded as an event
 
     # --- main ------------------------------------------------------------------------------------
@@ -137,7 +137,7 @@ class Baseline:
         self._noise = None
         self._main_runs = {}
         self._pairs = None
-        self._paired_noise = None
+        self._paired_pool = None
 
     def main_runs(self, code_hash: str) -> measurement.MainRuns:
         """Main's own runs for the train.py whose hash is `code_hash` as the judge reads them
@@ -156,23 +156,30 @@ class Baseline:
             self._noise = (measurement.noise(self.values()),)
         return self._noise[0]
 
-    def pairs(self) -> dict[tuple[int, str], list[float]]:
+    def _paired(self) -> dict[pairing.Side, pairing.Paired]:
         """Each experiment's runs minus main's under the same seeds, by (experiment, code_hash)
-        (measurement.paired_differences), computed once per change of the values."""
+        (pairing.paired_differences), computed once per change of the values."""
         if self._pairs is None:
             values, seeded = self.values(), self._seeded
             mains = {sha: v[0] for v, (_, sha, _) in zip(values, seeded, strict=True) if v[2] == "baseline"}
             for (_, experiment, _, _), (_, sha, params) in zip(values, seeded, strict=True):
                 if experiment is not None and params is not None and sha not in mains:
                     mains[sha] = self.code_at(sha)  # main moved without a new train.py: no baseline run there
-            self._pairs = measurement.paired_differences(values, seeded, mains, self.main_runs)
+            self._pairs = pairing.paired_differences(values, seeded, mains, self.main_runs)
         return self._pairs
 
-    def paired_noise(self) -> Noise | None:
-        """The paired noise (measurement.paired_noise), computed once per change of the values."""
-        if self._paired_noise is None:
-            self._paired_noise = (measurement.paired_noise(self.pairs()),)
-        return self._paired_noise[0]
+    def pairs_of(self, experiment: int, code_hash: str) -> pairing.Pairs | None:
+        """What the judge's paired rule reads of the experiment's runs of the train.py whose hash is
+        `code_hash`: its differences from main under the same seeds and the paired noise pooled with
+        and without them (pairing.PairedPool, computed once per change of the values); None when no
+        run of it pairs with main's."""
+        paired = self._paired().get((experiment, code_hash))
+        if paired is None:
+            return None
+        if self._paired_pool is None:
+            self._paired_pool = pairing.paired_pool(self._paired())
+        pool = self._paired_pool
+        return pairing.Pairs(paired.differences, pool.noise(), pool.noise(without=(experiment, code_hash)))
 
     # --- main's own runs -------------------------------------------------------------------------
     def schedule(self, main: Main) -> None:

@@ -56,33 +56,11 @@ the task's metric, by its name and on its own scale (JudgeConfig.metric). The ru
    for two runs (bench/simplicity_accuracy.py). A change that is both simpler and clearly better is an ordinary keep, said as such. With
    `simpler` not given, or `simplicity_sigmas` 0, the rule above is all there is.
 
-6. Paired seeds. A run's seed is its index among its side's runs (bot.store.runs), so a candidate's
-   k-th run and main's k-th run share seed k. When the candidate keeps main's parameters (the
-   scorer's fingerprint of their names, shapes and dtypes is main's), the two runs of a seed start
-   from the same weights (torch.manual_seed(seed)), and their difference d = candidate - main
-   cancels what the seed explains (measured at equal steps on the cpu profile: a schedule constant's
-   d varies about a tenth as much as an unpaired difference, a learning rate's a quarter; a new
-   layer's or a depth's, whose initial draws all move, about as much). The paired noise sigma_d is
-   pooled, as `pooled_noise` pools runs, from the deviations of d within each experiment that has 2+
-   pairs (bot.loop.measurement.paired_differences). The paired rule is a second way to a keep, never
-   a replacement: what the rule above keeps stays kept, and it is used only where the data say it
-   pays: the pool has `paired_min_dof` (4) degrees of freedom and sigma_d^2 is at most
-   `paired_pays` (0.5) sigma^2 (a paired difference varies at most a quarter as much as an unpaired
-   one, 2 sigma^2). Then a pair lower than main by more than `confirm_below` of its standard error
-   sigma_d/sqrt(n) earns one more run under the next seed (and main a run under that seed if it
-   lacks one), up to `paired_keep_pairs` (3) pairs; on 3 pairs the change is kept when mean(d)
-   clears k * sigma_d/sqrt(n), k the Student-t quantile of `confirm_sigmas` at the pool's degrees of
-   freedom. A pool is as honest as its changes are alike: a change that keeps main's shapes but
-   shares nothing else with it (a random draw added before the weights are made) has a d that
-   varies like an unpaired difference, and judged with a pooled sigma_d a tenth of that, a null
-   such change would clear the margin on three pairs about one time in four. So a paired keep needs its own pairs to agree with the pool:
-   its d's spread, on n-1 degrees of freedom, must not exceed the rest of the pool's by more than
-   a one-sided 5% F test allows (`paired_spread_p`), or it is judged by the rule above alone.
-   Anything else the paired rule does not decide goes to the rule above. Measured on the real tick
-   (bench/decision_accuracy.py --paired-seeds, 1 slot, half the changes reshaping the model): with
-   a seed deciding 90% of a run's noise, a true 2-sigma gain that keeps main's parameters is kept
-   67% of the time instead of 49%, at 3.6% more runs per experiment and no more false keeps; with
-   none (rho 0) nothing is judged paired and nothing changes.
+6. Paired seeds. A change that keeps main's parameters is also compared with main seed for seed
+   (bot.loop.pairing): its differences from main's runs under the same seeds, judged against a
+   paired noise pooled from such differences, where the data say that pays. It is a second way to
+   a keep, never a replacement: what the rule above keeps stays kept, and whatever the paired rule
+   does not decide is judged by the rule above.
 
 7. Everything else. A crash is a crash, whatever the number. A result measured on an older main
    is re-measured on the current one before it may merge. Ties go to main. While no group has two
@@ -100,13 +78,14 @@ import functools
 import math
 import statistics
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from runner.tasks import TRAINING, Metric
 
 if TYPE_CHECKING:
     from bot.core.simplicity import Simplification
+    from bot.loop.pairing import Pairs
     from bot.loop.program import LoopSettings
 
 # How many times main is measured: the first main of a loop carries the whole noise estimate on
@@ -134,6 +113,7 @@ class JudgeConfig:
     simplicity_confirm_below: float = 0.5  # a simpler single run losing less than this share of the margin is confirmed
     paired_min_dof: int = 4  # the paired noise is used from this many degrees of freedom
     paired_pays: float = 0.5  # ...when sigma_d^2 is at most this share of sigma^2 (an unpaired difference's is 2)
+    paired_pays_p: float = 0.95  # ...with this one-sided confidence (an F test of the two estimates)
     paired_keep_pairs: int = 3  # pairs a paired keep rests on (fewer: only a confirmation)
     paired_spread_p: float = 0.95  # a paired keep's own d's may spread at most this F quantile beyond the pool's
     metric: Metric = TRAINING.metric  # the reasons' words only: the rule minimises the loss (runner.tasks.Metric.loss)
@@ -168,17 +148,6 @@ class Decision:
     extra_main_runs: int = 0  # on "confirm": runs of main to queue beside the confirmation run
     loss_margin: float | None = None  # judged as a simplification: the loss its runs must rule out
     paired: bool = False  # decided by the paired rule (delta is then the mean paired difference)
-
-
-@dataclass(frozen=True)
-class Pairs:
-    """What the paired rule reads of one experiment: `differences`, its runs minus main's under the
-    same seeds (each seed with one run on each side and the same parameters' fingerprint), and
-    `noise`, the paired noise pooled over every experiment's differences (None while no experiment
-    has two pairs)."""
-
-    differences: list[float]
-    noise: Noise | None
 
 
 def main_runs_wanted(
@@ -257,79 +226,7 @@ def decide(
     unpaired = _unpaired(candidate, crash, main, noise, measured_on, current_main, config, simpler)
     if pairs is None or noise is None or unpaired.action not in ("confirm", "discard"):
         return unpaired
-    return _paired(pairs, noise, unpaired, candidate, config) or unpaired
-
-
-def _paired(
-    pairs: Pairs, noise: Noise, unpaired: Decision, candidate: list[float], config: JudgeConfig
-) -> Decision | None:
-    """The paired rule's keep or confirmation, None where it does not pay or does not decide (the
-    unpaired verdict stands); `unpaired` gets a note when its own pairs kept it from a paired keep.
-    A candidate with `paired_keep_pairs` runs gets no more, paired or not."""
-    pool, d = pairs.noise, pairs.differences
-    if not d or pool is None or pool.dof < config.paired_min_dof or pool.sigma**2 > config.paired_pays * noise.sigma**2:
-        return None
-    n, value = len(d), statistics.fmean(candidate)
-    mean = statistics.fmean(d)
-    error = pool.sigma / math.sqrt(n)
-    seeds = f"{n} seed{'s' if n > 1 else ''}"
-    name, shown = config.metric.name, config.shown
-    words = (
-        f"paired on {seeds}: mean difference from main under the same seed {shown(mean):+.6f}, sigma_d "
-        f"{pool.sigma:.6f} from {pool.dof} degrees of freedom against sigma {noise.sigma:.6f}"
-    )
-    if n >= config.paired_keep_pairs:
-        band = max(config.min_margin, t_multiplier(config.confirm_sigmas, pool.dof) * error)
-        if mean >= -band:
-            return None
-        spread = _spread_beyond_pool(d, pool, config.paired_spread_p)
-        if spread is not None:
-            return replace(unpaired, reason=f"{unpaired.reason} (not judged paired: {spread})")
-        return Decision(
-            "keep",
-            f"{name} {shown(value):.6f} beats main by {-mean:.6f} seed for seed, more than the paired noise "
-            f"margin {band:.6f} ({words})",
-            val_bpb=value,
-            delta=mean,
-            margin=band,
-            paired=True,
-        )
-    window = config.confirm_below * error
-    if not config.confirm or mean >= -window or len(candidate) >= config.paired_keep_pairs:
-        return None
-    return Decision(
-        "confirm",
-        f"{name} {shown(value):.6f} improves on main by {-mean:.6f} seed for seed, more than "
-        f"{config.confirm_below:g} paired standard errors ({window:.6f}): one more run under the next seed "
-        f"({words})",
-        val_bpb=value,
-        delta=mean,
-        margin=max(config.min_margin, t_multiplier(config.confirm_sigmas, pool.dof) * error),
-        paired=True,
-    )
-
-
-def _spread_beyond_pool(d: Sequence[float], pool: Noise, p: float) -> str | None:
-    """Why these differences spread more than the rest of the pool allows (an F test at quantile
-    `p` of their variance on len-1 degrees of freedom against the pool's without them), or None."""
-    n = len(d)
-    mean = statistics.fmean(d)
-    own = sum((x - mean) ** 2 for x in d)
-    rest_dof = pool.dof - (n - 1)
-    if rest_dof < 1:
-        return None  # the pool is its own pairs: their spread is the sigma_d it is judged with
-    rest = pool.sigma**2 * pool.dof - own
-    ratio = (own / (n - 1)) / (rest / rest_dof) if rest > 0 else math.inf
-    # imported here for the reason t_multiplier gives
-    from scipy import special
-
-    limit = float(special.fdtri(n - 1, rest_dof, p))
-    if ratio <= limit:
-        return None
-    return (
-        f"its {n} pairs spread sd {math.sqrt(own / (n - 1)):.6f}, {ratio:.1f} times the variance of the "
-        f"rest of the paired pool, more than its {100 * p:g}% quantile {limit:.1f} allows"
-    )
+    return pairs.verdict(noise, unpaired, candidate, config) or unpaired
 
 
 def _unpaired(

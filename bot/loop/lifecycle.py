@@ -38,7 +38,7 @@ from bot.core.records import code_hash
 from bot.core.states import Request, RunState, State, Status
 from bot.loop import measurement
 from bot.loop.baseline import Baseline, Main
-from bot.loop.judge import Pairs, decide, judge_config
+from bot.loop.judge import decide, judge_config
 from bot.loop.runs import Runs
 from bot.store import Experiment, Run, Store
 
@@ -286,7 +286,7 @@ class Lifecycle:
             if lost is not None:
                 return lost
         simpler = simplicity.simplification(main.asset, exp.asset) if exp.asset else None
-        differences = self.baseline.pairs().get((exp.id, exp.code_hash), []) if exp.code_hash else []
+        pairs = self.baseline.pairs_of(exp.id, exp.code_hash) if exp.code_hash else None
         decision = decide(
             candidate=candidate,
             crash=(crash.error or "crashed") if crash else None,
@@ -296,7 +296,7 @@ class Lifecycle:
             current_main=main.sha,
             config=judge_config(main.settings),
             simpler=simpler,
-            pairs=Pairs(differences, self.baseline.paired_noise()) if differences else None,
+            pairs=pairs,
         )
         if decision.action == "wait":
             return None
@@ -309,7 +309,7 @@ class Lifecycle:
         if decision.action == "confirm":  # main's runs beside it first: its verdict waits for them
             for _ in range(decision.extra_main_runs):
                 self.baseline.queue_run(main, f"beside the confirmation of experiment {exp.id}")
-            if differences:  # it pairs with main: main runs under the confirmation's seed too
+            if pairs is not None:  # it pairs with main: main runs under the confirmation's seed too
                 seed = self.store.runs.next_seed(exp.id, exp.code_hash)
                 while self.store.runs.next_seed(None, main.code_hash) <= seed:
                     self.baseline.queue_run(main, f"under seed {seed}, paired with experiment {exp.id}'s next run")

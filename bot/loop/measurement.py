@@ -16,19 +16,18 @@ out of its value (`main_runs`), so that main is measured again: a run worse than
 than the noise allows (`outlier`: a slow neighbour, a throttled device), and, once main's runs
 move with the loop's run order (`drift`), every run older than the loop's last RECENT_RUNS. The
 noise keeps every run: a sigma trimmed of the runs that came out worst would be too small for
-noise with heavy tails both ways (measured in bench/decision_accuracy.py's t(3) noise). A run of an
-experiment pairs with main's run of the same seed when both keep the same parameters
-(`paired_differences`), and the differences' own spread makes the paired noise (`paired_noise`)
-that the judge's paired rule reads. The baseline of a loop is its first main's value as the judge
-last compared against it (`baseline_value`). Everything here is pure: the conductor decides what to do with the answers,
-and every view (bot.views.read_model) shows the same numbers because it asks the same functions.
+noise with heavy tails both ways (measured in bench/decision_accuracy.py's t(3) noise). Which runs
+pair with main's under the same seed is bot.loop.pairing's. The baseline of a loop is its first
+main's value as the judge last compared against it (`baseline_value`). Everything here is pure: the
+conductor decides what to do with the answers, and every view (bot.views.read_model) shows the same
+numbers because it asks the same functions.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple, Protocol, TypeVar
 
 from bot.core.records import RunResult, asset_sha256
@@ -192,52 +191,6 @@ def main_runs(
     if moving is not None:
         own = [(i, v) for i, v in own if i >= len(values) - RECENT_RUNS]
     return MainRuns([v for _, v in own], set_aside, moving, tuple(i for i, _ in own))
-
-
-def paired_differences(
-    values: Sequence[tuple[str, int | None, str, float]],
-    seeded: Sequence[tuple[int, str, str | None]],
-    main_code_at: Mapping[str, str],
-    main_runs_of: Callable[[str], MainRuns],
-) -> dict[tuple[int, str], list[float]]:
-    """Each experiment's runs minus main's under the same seed, by (experiment, code_hash of its
-    train.py), in seed order. `seeded` holds, for each of `values`, the run's seed, the main it was
-    measured on and the scorer's fingerprint of its parameters (None when its runner reported none):
-    store.runs.measured_runs gives both. `main_code_at` gives the code_hash
-    of main's train.py at a run's base_sha (a run whose main is not in it pairs with nothing);
-    `main_runs_of(code_hash)` gives main's runs as the judge reads them (`main_runs`: a run set aside
-    pairs with nothing either). A seed pairs when exactly one counted run on each side has it and
-    the two report the same parameters' fingerprint: a change that reshapes, adds or drops a
-    parameter draws other initial weights under the same seed and shares little with main."""
-    main_by_seed: dict[str, dict[int, list[int]]] = {}
-    for code in {c for c, _, purpose, _ in values if purpose == "baseline"}:
-        by_seed = main_by_seed.setdefault(code, {})
-        for i in main_runs_of(code).positions:
-            by_seed.setdefault(seeded[i][0], []).append(i)
-    sides: dict[tuple[int, str], dict[int, list[int]]] = {}
-    for i, (code, experiment, purpose, _) in enumerate(values):
-        if purpose != "baseline" and experiment is not None:
-            sides.setdefault((experiment, code), {}).setdefault(seeded[i][0], []).append(i)
-    found: dict[tuple[int, str], list[float]] = {}
-    for side, by_seed in sides.items():
-        differences = []
-        for seed, own in sorted(by_seed.items()):
-            main_code = main_code_at.get(seeded[own[0]][1])
-            partner = main_by_seed.get(main_code or "", {}).get(seed, [])
-            if len(own) != 1 or len(partner) != 1:
-                continue
-            i, j = own[0], partner[0]
-            if seeded[i][2] is not None and seeded[i][2] == seeded[j][2]:
-                differences.append(values[i][3] - values[j][3])
-        if differences:
-            found[side] = differences
-    return found
-
-
-def paired_noise(differences: Mapping[tuple[int, str], Sequence[float]]) -> Noise | None:
-    """The paired noise sigma_d: the deviations of each experiment's differences from their own mean,
-    pooled (`pooled_noise`) over the experiments with two pairs or more."""
-    return pooled_noise(differences.values())
 
 
 def main_values(

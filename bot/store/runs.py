@@ -278,7 +278,7 @@ class Runs:
         run under one identity (and, for CPU-clock runs, one thread count when `threads` is given), in
         run order. The fingerprint of its model's parameters' names, shapes and dtypes is the
         scorer's (runner.score), None for a run whose runner reported none: seed, main and
-        fingerprint pair a candidate's run with main's (bot.loop.measurement.paired_differences).
+        fingerprint pair a candidate's run with main's (bot.loop.pairing.paired_differences).
 
         The runs bot.loop.measurement.counted picks of every run: this query must match its rule
         (tests/bot/loop/test_measurement.py pins the two equal). The conductor asks again after each

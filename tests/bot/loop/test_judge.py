@@ -17,7 +17,6 @@ from bot.loop.judge import (
     Decision,
     JudgeConfig,
     Noise,
-    Pairs,
     decide,
     judge_config,
     main_runs_wanted,
@@ -621,102 +620,6 @@ def test_the_simplicity_margin_comes_from_program_md():
 
     assert judge_config(LoopSettings()).simplicity_sigmas == 1.0
     assert judge_config(LoopSettings(simplicity_sigmas=0.5)).simplicity_sigmas == 0.5
-
-
-# --- paired seeds -------------------------------------------------------------------------------
-# sigma_d 0.003 from 20 degrees of freedom against sigma 0.01: a paired difference varies a
-# twentieth as much as an unpaired one (2 sigma^2), well inside paired_pays.
-PAIRED = Noise(sigma=0.003, dof=20)
-
-
-def paired_margin(n: int, noise: Noise = PAIRED) -> float:
-    return t_quantile(normal_tail(TWO_RUN_Z), noise.dof) * noise.sigma / math.sqrt(n)
-
-
-def judge_paired(candidate: list[float], differences: list[float], noise: Noise | None = PAIRED, **kwargs) -> Decision:
-    return decide(
-        candidate=candidate,
-        crash=None,
-        main=kwargs.pop("main", MAIN_RUNS),
-        noise=kwargs.pop("unpaired", NOISE),
-        measured_on=MAIN,
-        current_main=MAIN,
-        config=kwargs.pop("config", JudgeConfig()),
-        pairs=Pairs(differences, noise),
-        **kwargs,
-    )
-
-
-def test_three_pairs_lower_than_main_seed_for_seed_by_more_than_the_paired_margin_are_kept():
-    d = [-0.006, -0.005, -0.007]  # unpaired: 0.994 against 1.0 is inside 2.1 standard errors (0.012)
-    assert judge([0.994, 0.995, 0.993]).action == "discard"
-    decision = judge_paired([0.994, 0.995, 0.993], d)
-    assert decision.action == "keep" and decision.paired
-    assert decision.delta == pytest.approx(-0.006) and decision.margin == pytest.approx(paired_margin(3))
-    assert decision.reason.startswith("val_bpb 0.994000 beats main by 0.006000 seed for seed")
-    assert "paired on 3 seeds" in decision.reason and "sigma_d 0.003000 from 20 degrees of freedom" in decision.reason
-
-
-def test_fewer_than_three_pairs_earn_another_run_under_the_next_seed_never_a_keep():
-    one = judge_paired([0.994], [-0.006])  # 2 paired standard errors: far beyond the margin, yet one pair
-    assert one.action == "confirm" and one.paired and "one more run under the next seed" in one.reason
-    assert one.extra_main_runs == 0  # main's run under that seed is the lifecycle's to queue when it lacks one
-    two = judge_paired([0.994, 0.996], [-0.006, -0.004])
-    assert two.action == "confirm" and "paired on 2 seeds" in two.reason  # unpaired, two runs would be discarded
-
-
-def test_three_pairs_inside_the_paired_margin_are_left_to_the_unpaired_rule():
-    band = paired_margin(3)
-    decision = judge_paired([0.999] * 3, [-0.99 * band] * 3)
-    assert decision.action == "discard" and not decision.paired
-
-
-def test_a_pair_no_lower_than_main_gets_no_paired_confirmation():
-    decision = judge_paired([1.001], [0.001])
-    assert decision.action == "discard" and not decision.paired
-
-
-def test_what_the_unpaired_rule_keeps_stays_kept_whatever_the_pairs_say():
-    decision = judge_paired([0.95], [0.001])
-    assert decision.action == "keep" and not decision.paired
-
-
-@pytest.mark.parametrize(
-    ("noise", "why"),
-    [
-        (None, "no experiment has two pairs yet"),
-        (Noise(sigma=0.003, dof=3), "too few degrees of freedom"),
-        (Noise(sigma=0.0075, dof=20), "sigma_d^2 above half of sigma^2: pairing does not pay"),
-    ],
-    ids=["no paired noise", "few dof", "does not pay"],
-)
-def test_the_unpaired_rule_judges_where_pairing_is_not_known_to_pay(noise, why):
-    d = [-0.006, -0.005, -0.007]
-    assert judge_paired([0.994, 0.995, 0.993], d, noise) == judge([0.994, 0.995, 0.993]), why
-    assert judge_paired([0.994], [-0.006], noise) == judge([0.994]), why
-
-
-def test_a_change_without_pairs_is_judged_by_the_unpaired_rule():
-    """Its parameters' fingerprint differs from main's (or none was reported): no differences."""
-    assert judge_paired([0.994, 0.995, 0.993], []) == judge([0.994, 0.995, 0.993])
-
-
-def test_pairs_that_spread_far_more_than_the_pool_are_not_judged_paired_and_say_so():
-    """A change that keeps main's shapes but shares nothing else with it under a seed: its own d's
-    spread like unpaired differences, so the pool's small sigma_d does not hold for it."""
-    d = [-0.020, 0.002, -0.012]  # sd 0.011: about 13 times the variance of the rest of the pool
-    own = sum((x + 0.010) ** 2 for x in d)
-    pool = Noise(sigma=math.sqrt((18 * 0.003**2 + own) / 20), dof=20)  # the rest: sigma_d 0.003 on 18
-    assert pool.sigma**2 < 0.5 * SIGMA**2  # pairing pays for the pool as a whole
-    decision = judge_paired([0.980, 1.002, 0.988], d, pool)
-    assert decision.action == "discard" and not decision.paired
-    assert "(not judged paired: its 3 pairs spread sd 0.011" in decision.reason
-    assert decision.reason.startswith(judge([0.980, 1.002, 0.988]).reason)
-
-
-def test_the_paired_margin_floor_is_min_margin():
-    decision = judge_paired([0.994] * 3, [-0.006] * 3, config=JudgeConfig(min_margin=0.01))
-    assert decision.action == "discard"
 
 
 # --- the reasons in the task's metric -----------------------------------------------------------------

@@ -216,12 +216,14 @@ def test_a_change_that_keeps_mains_parameters_is_judged_seed_for_seed(
     """Main's k-th run and the candidate's k-th run share seed k; the scorer's parameters' fingerprint,
     carried in the result, pairs them. The change is 0.010 better than main seed for seed (main's runs
     differ by seed far more): unpaired, two runs are discarded; paired, the confirmation asks for a
-    third seed, main runs under it, and three pairs keep it. Paired judging is allowed from one degree
-    of freedom here (the default asks for 4, which takes several experiments to gather)."""
+    third seed, main runs under it, and three pairs keep it. Paired judging is allowed here from one
+    degree of freedom and once the paired noise is more likely than not to pay (the defaults ask for 4
+    and 95% confidence, which take several experiments to gather)."""
     from bot.loop import lifecycle
     from bot.loop.judge import JudgeConfig
 
-    monkeypatch.setattr(lifecycle, "judge_config", lambda settings: JudgeConfig(paired_min_dof=1, confirm_main_runs=0))
+    config = JudgeConfig(paired_min_dof=1, paired_pays_p=0.5, confirm_main_runs=0)
+    monkeypatch.setattr(lifecycle, "judge_config", lambda settings: config)
     main_by_seed = {1: 1.000, 2: 1.010, 3: 1.005}
     change_by_seed = {1: 0.990, 2: 1.001, 3: 0.994}  # d = -0.010, -0.009, -0.011
 
