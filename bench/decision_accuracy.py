@@ -26,6 +26,11 @@ attack on the paired pool: a change the fingerprint calls pairable whose differe
 unpaired ones). Each loop runs twice on the same draws: pairing off (the runner reports no
 fingerprint, as before) and on (it does, as runner.score does).
 
+OTHER RULES (`--set KEY=VALUE ...`): program.md's settings of the judge and of main's runs
+(baseline_runs=3, confirm_below=1.0, ...) for the real tick and the sequential model alike, as the
+loop reads them, so that a rule is measured against the defaults on the same loops; the reference
+is unchanged.
+
 A keep is false when the change's true effect is not negative. "Experiment 1": P(keep) of a change
 with no effect, and of a true 3-sigma gain, when it is the loop's first experiment (probe loops,
 the first change forced, run until its verdict; the sequential model judges it beside the loop
@@ -38,7 +43,7 @@ old main's) minus the true effect.
 
     .venv/bin/python bench/decision_accuracy.py [--trajectories 100] [--sequential 4000] [--slots 1 4 16]
         [--noise gauss t3 outliers drift] [--effects mixed|sparse] [--experiments 100] [--seed 0] [--jobs N]
-        [--paired-seeds [--rho 0 0.5 0.9] [--reshaping 0.5] [--decorrelated 0]]
+        [--paired-seeds [--rho 0 0.5 0.9] [--reshaping 0.5] [--decorrelated 0]] [--set KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -52,7 +57,7 @@ import shlex
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -63,10 +68,19 @@ import numpy as np
 # the virtual environment was installed from: a copy of the tree measures its own code)
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 import schedule_sim  # noqa: E402
-from schedule_sim import EFFECTS, NOISE, Effects, NoiseModel  # noqa: E402
+from schedule_sim import EFFECTS, NOISE, Effects, NoiseModel, program_md  # noqa: E402
 
 from bot.core.simplicity import Simplification  # noqa: E402
-from bot.loop.judge import Decision, JudgeConfig, Noise, decide, main_runs_wanted, pooled_noise  # noqa: E402
+from bot.loop.judge import (  # noqa: E402
+    Decision,
+    JudgeConfig,
+    Noise,
+    decide,
+    judge_config,
+    main_runs_wanted,
+    pooled_noise,
+)
+from bot.loop.program import SettingsError, parse_program  # noqa: E402
 
 EARLY = 10  # "early in a loop": experiments 1-10
 GAIN = 3.0  # the gain whose P(keep) is reported, in sigma
@@ -136,6 +150,7 @@ class Task:
     fingerprints: bool = False  # pairing on: the runner reports the parameters' fingerprint
     reshaping: float = 0.0  # share of changes that change the model's parameters
     decorrelated: float = 0.0  # share that keep them but share nothing with main under a seed
+    settings: tuple[tuple[str, str], ...] = ()  # program.md's front matter beyond its defaults (`--set`)
 
 
 def change_kinds(task: Task) -> tuple[frozenset[int], frozenset[int]]:
@@ -170,6 +185,7 @@ def run_task(task: Task) -> Tally:
         fingerprints=task.fingerprints,
         reshapes=reshapes,
         decorrelated=decorrelated,
+        settings=dict(task.settings),
     )
     if task.probe is not None:
         kept = trajectory.experiments[0].status == "keep"
@@ -204,7 +220,14 @@ def run_task(task: Task) -> Tally:
 
 def real_tick(slots: int, noise: str, args: argparse.Namespace) -> Iterator[Task]:
     for index in range(args.trajectories):
-        common = dict(slots=slots, noise=noise, effects=args.effects, experiments=args.experiments, seed=args.seed)
+        common = dict(
+            slots=slots,
+            noise=noise,
+            effects=args.effects,
+            experiments=args.experiments,
+            seed=args.seed,
+            settings=tuple(args.set),
+        )
         yield Task(**common, index=index)
         yield Task(**common, index=index, probe=0.0)
         yield Task(**common, index=index, probe=-GAIN)
@@ -254,8 +277,22 @@ class Rule:
     baseline_runs: int
 
 
-SEQUENTIAL = Rule("one run after another", RealJudge(), main_runs_wanted(True), main_runs_wanted(False))
 REFERENCE = Rule("the reference (single run, keep if lower)", karpathy_rule, 1, 1)
+
+
+def sequential_rule(settings: Sequence[tuple[str, str]] = ()) -> Rule:
+    """The real judge one run after another, with program.md's `settings` (`--set`) as the real tick
+    reads them (bot.loop.program, judge.judge_config)."""
+    loop = parse_program(program_md(1, **dict(settings))).settings
+    return Rule(
+        "one run after another",
+        RealJudge(judge_config(loop)),
+        main_runs_wanted(True, loop.first_baseline_runs, loop.baseline_runs),
+        main_runs_wanted(False, loop.first_baseline_runs, loop.baseline_runs),
+    )
+
+
+SEQUENTIAL = sequential_rule()
 
 
 class Draws:
@@ -440,6 +477,7 @@ def paired_seeds(args: argparse.Namespace) -> dict[tuple[str, int, float, bool],
             fingerprints=pairing,
             reshaping=args.reshaping,
             decorrelated=args.decorrelated,
+            settings=tuple(args.set),
         )
         for noise in args.noise
         for slots in args.slots
@@ -486,7 +524,7 @@ def measure(args: argparse.Namespace) -> Results:
     for task, outcome in zip(tasks, run_all(tasks, args.jobs), strict=True):
         results.real.setdefault((task.noise, task.slots), Tally()).add(outcome)
     for noise in args.noise:
-        for rule in (SEQUENTIAL, REFERENCE):
+        for rule in (sequential_rule(args.set), REFERENCE):
             results.sequential[(noise, rule.name)] = one_after_another(rule, NOISE[noise], args)
     return results
 
@@ -497,8 +535,8 @@ def report(results: Results, args: argparse.Namespace) -> str:
         lines += ["", f"Noise: {NOISE[noise].description}.", "", HEAD, "|" + "---|" * (HEAD.count("|") - 1)]
         for slots in args.slots:
             lines.append(row(f"the real tick, {slots} slot{'s' if slots > 1 else ''}", results.real[(noise, slots)]))
-        for rule in (SEQUENTIAL, REFERENCE):
-            lines.append(row(rule.name, results.sequential[(noise, rule.name)]))
+        for name in (SEQUENTIAL.name, REFERENCE.name):
+            lines.append(row(name, results.sequential[(noise, name)]))
     lines += ["", "Targets for the real tick (each noise, each number of slots):"]
     for (noise, slots), tally in results.real.items():
         missed = [
@@ -508,6 +546,18 @@ def report(results: Results, args: argparse.Namespace) -> str:
         ]
         lines.append(f"- {noise}, {slots} slot(s): {'all met' if not missed else 'NOT met: ' + '; '.join(missed)}")
     return "\n".join(lines)
+
+
+def setting(text: str) -> tuple[str, str]:
+    """KEY=VALUE, a setting of program.md's front matter, checked as the loop reads it."""
+    key, sep, value = text.partition("=")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    try:
+        parse_program(program_md(1, **{key: value}))
+    except SettingsError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return key, value
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -524,6 +574,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rho", type=float, nargs="+", default=[0.0, 0.5, 0.9], help="seed shares of the noise")
     parser.add_argument("--reshaping", type=float, default=0.5, help="share of changes of the model's parameters")
     parser.add_argument("--decorrelated", type=float, default=0.0, help="share keeping them, drawn otherwise")
+    parser.add_argument(
+        "--set",
+        type=setting,
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="program.md settings for the real tick and the sequential model (baseline_runs=3 confirm_below=1)",
+    )
     args = parser.parse_args(argv)
     logging.getLogger("bot").setLevel(logging.ERROR)  # a failing phase stops the bench (schedule_sim)
     started = time.perf_counter()

@@ -5,13 +5,14 @@ bench's to measure (docs/benchmarks.md), not this test's."""
 from __future__ import annotations
 
 import benches
+import pytest
 
 bench = benches.load("decision_accuracy")
 
 
 def args(**overrides: object):
     defaults = dict(trajectories=2, sequential=50, slots=[1, 4], noise=["gauss", "outliers"], effects="mixed")
-    defaults.update(experiments=12, seed=0, jobs=1)
+    defaults.update(experiments=12, seed=0, jobs=1, set=[])
     defaults.update(overrides)
     return bench.argparse.Namespace(**defaults)
 
@@ -67,3 +68,18 @@ def test_change_kinds_split_the_changes_by_their_shares_the_same_way_for_both_pa
     other = bench.Task(**{**task.__dict__, "fingerprints": True, "decorrelated": 0.2})
     again, drawn_otherwise = bench.change_kinds(other)
     assert again == reshapes and 150 < len(drawn_otherwise) < 250 and not again & drawn_otherwise
+
+
+def test_program_md_settings_reach_the_real_tick_and_the_sequential_model() -> None:
+    rule = bench.sequential_rule([("first_baseline_runs", "3"), ("confirm_below", "1.0")])
+    assert (rule.first_baseline_runs, rule.baseline_runs, rule.judge.config.confirm_below) == (3, 2, 1.0)
+    task = bench.Task(slots=1, noise="gauss", effects="mixed", experiments=1, seed=0, index=0)
+    three = bench.Task(**{**task.__dict__, "settings": (("first_baseline_runs", "3"),)})
+    assert (bench.run_task(task).runs, bench.run_task(three).runs) == (6 + 1, 3 + 1)  # main's first runs, one change
+
+
+def test_a_setting_the_loop_would_refuse_is_refused_before_anything_runs() -> None:
+    with pytest.raises(SystemExit):
+        bench.main(["--set", "baseline_runs=0"])
+    with pytest.raises(SystemExit):
+        bench.main(["--set", "baseline_runs"])
