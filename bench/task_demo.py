@@ -10,11 +10,13 @@ output is plain when it is not a terminal), then `autoresearch plot` (DIR/progre
 the work directory. `--read DIR` only reads a finished demo's work directory. It prints, on the
 task's own scale:
 
-- the wall time (the loop's, from the store) and the load average before and after;
-- the runs by purpose and per experiment;
+- the wall time and the load average before and after (with --read: the loop's wall time of the
+  work directory's last demo command, from the store);
+- the runs by purpose and per experiment, crashed and rejected ones included;
 - main's noise: for each main measured, its runs by seed, their mean and standard deviation;
 - each experiment: its runs, mean, change against main, the judge's margin and decision;
-- each keep: its change against main seed by seed (the runs that share a seed), and the new main's
+- each experiment's change against main seed by seed (the runs that share a seed: the same split for
+  ticket routing; for query latency a seed shares no timing, so these say little); each keep's new main's
   fresh runs beside the candidate's runs under the same seeds (an evaluator that is deterministic
   per seed repeats them exactly, so the re-measured change is then no new evidence);
 - each merge on main's first-parent history: the experiment it merges and whether its change is
@@ -98,11 +100,12 @@ def report(workdir: Path) -> dict[str, Any]:
     store = Store(workdir / "state.db")
     try:
         task = get_task(store.state.identity.get("task", DEFAULT_TASK))
-        runs = [r for r in store.runs.all() if r.state == "done" and r.val_bpb is not None]
+        finished = [r for r in store.runs.all() if r.state == "done"]
         done = store.experiments.finished()
         loop = store.state.driver_last_run
     finally:
         store.close()
+    runs = [r for r in finished if r.val_bpb is not None]  # those with a value: not crashed nor rejected
     metric = task.metric
     value = metric.loss  # the store keeps the judge's loss scale; the negation is its own inverse
 
@@ -146,8 +149,9 @@ def report(workdir: Path) -> dict[str, Any]:
         "task": task.name,
         "metric": metric,
         "loop_wall_s": loop.get("wall_seconds"),
-        "runs_by_purpose": {p: sum(r.purpose == p for r in runs) for p in PURPOSES},
-        "runs": len(runs),
+        "runs_by_purpose": {p: sum(r.purpose == p for r in finished) for p in PURPOSES},
+        "runs": len(finished),
+        "runs_without_value": len(finished) - len(runs),
         "experiments": experiments,
         "mains": {sha: dict(sorted(values.items())) for sha, values in mains.items()},
         "merges": [
@@ -171,7 +175,8 @@ def render(found: dict[str, Any]) -> str:
     lines = [
         f"task {found['task']}: {metric.name} ({metric.unit}, {metric.direction} is better); "
         f"loop wall {found['loop_wall_s']} s",
-        f"runs {found['runs']}: {found['runs_by_purpose']}; {found['runs'] / max(1, len(experiments)):.2f} per "
+        f"runs {found['runs']} ({found['runs_without_value']} without a value): {found['runs_by_purpose']}; "
+        f"{found['runs'] / max(1, len(experiments)):.2f} per "
         f"experiment ({len(experiments)} experiments)",
     ]
     for sha, values in found["mains"].items():

@@ -42,7 +42,8 @@ def finish(store: Store, *, experiment_id: int | None, code: str, sha: str, accu
 def workdir(tmp_path: Path) -> Path:
     """A ticket-routing demo: main measured under seeds 1-3, one experiment kept under seeds 1-2 and
     merged, the new main measured afresh under seeds 1-2 (the same values, as a deterministic
-    evaluator gives), then a commit on main that no experiment made."""
+    evaluator gives), then a commit on main that no experiment made; and one run of the experiment
+    rejected, without a value."""
     repo = tmp_path / "repo"
     repo.mkdir()
     git(repo, "init", "-q", "-b", "main")
@@ -63,6 +64,18 @@ def workdir(tmp_path: Path) -> Path:
     for accuracy in (0.84, 0.86):
         finish(store, experiment_id=1, code="exp-1", sha="e" * 40, accuracy=accuracy)
         finish(store, experiment_id=None, code="main-2", sha=merged, accuracy=accuracy)
+    rejected = store.runs.add(
+        experiment_id=1,
+        purpose="candidate",
+        code_hash="exp-1",
+        commit_sha="e" * 40,
+        base_sha=first,
+        asset="",
+        profile="cpu",
+    )
+    store.runs.finish(
+        rejected.id, status="crash", val_bpb=None, metrics={}, error="rejected: other rows", log_tail=None
+    )
     store.close()
     return tmp_path
 
@@ -91,8 +104,11 @@ def test_each_merge_on_main_is_matched_to_its_experiment_and_checked_for_a_gain(
     assert [(m["experiment"], m["measured_gain"]) for m in merges] == [(1, True), (None, False)]
 
 
-def test_the_rendering_names_the_runs_per_experiment_and_each_merge(workdir: Path) -> None:
+def test_the_rendering_counts_every_run_per_experiment_and_names_each_merge(workdir: Path) -> None:
     text = bench.render(bench.report(workdir))
-    assert "runs 7: {'baseline': 5, 'candidate': 2, 'confirm': 0, 'remeasure': 0}; 7.00 per experiment" in text
+    assert (
+        "runs 8 (1 without a value): {'baseline': 5, 'candidate': 3, 'confirm': 0, 'remeasure': 0}; 8.00 per experiment"
+        in text
+    )
     assert "#1 keep: lower ALPHA: 2 run(s), mean 0.8500, gain +0.040000, margin 0.020000" in text
     assert "a gain beyond its margin: True" in text and "experiment None, a gain beyond its margin: False" in text
