@@ -40,30 +40,73 @@ size on one machine. Tasks other than training define what each means in their m
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 Direction = Literal["lower", "higher"]
+Scale = Literal["linear", "log"]
+LOG_FLOOR = 1e-9  # the smallest value a log-scale metric is taken to have (a latency of 0 is a timer's rounding)
 EvaluationStatus = Literal["ok", "crash", "timeout", "rejected"]
 
 
 @dataclass(frozen=True)
 class Metric:
+    """A task's number: its name, unit and direction, and the scale the judge compares it on.
+
+    The store and the judge work on the metric's loss, the scale where lower is better and a
+    difference means the same wherever it is measured: the metric itself (val_bpb), its negation
+    (accuracy, higher is better), or for a metric whose noise grows with it (a latency: a 2 s query
+    spreads by hundreds of milliseconds, a 20 ms one by a few) its logarithm, so that a change is
+    judged by its ratio and main's noise pooled over a slow and a fast main means one thing.
+    `loss` and `value` convert between the two; `change` and `format_change` say what a difference
+    of losses is on the metric's own terms (a difference in its units, or a relative change)."""
+
     name: str  # "val_bpb", "p95_ms", "accuracy": the check's and the tables' name for the number
     unit: str  # in words, for texts: "bits per byte", "milliseconds", "fraction correct"
     direction: Direction
     digits: int = 4  # decimals shown
+    scale: Scale = "linear"  # "log": the judge compares logarithms (ratios), see above
 
     @property
     def lower_is_better(self) -> bool:
         return self.direction == "lower"
 
+    @property
+    def relative(self) -> bool:
+        return self.scale == "log"
+
     def loss(self, value: float) -> float:
-        """The value on the scale the judge minimises: the metric itself, or its negation."""
+        """The value on the scale the judge minimises."""
+        if self.relative:
+            value = math.log(max(value, LOG_FLOOR))
         return value if self.lower_is_better else -value
+
+    def value(self, loss: float) -> float:
+        """The metric's value of a loss: `loss` undone."""
+        plain = loss if self.lower_is_better else -loss
+        return math.exp(plain) if self.relative else plain + 0.0  # + 0.0: never a -0.0 that prints "-0.00"
+
+    def change(self, delta: float) -> float:
+        """A difference of losses (a candidate's minus main's) on the metric's terms: its change in the
+        metric's units, or, on a log scale, its relative change (-0.5: half main's value)."""
+        plain = delta if self.lower_is_better else -delta
+        return math.expm1(plain) if self.relative else plain + 0.0
 
     def format(self, value: float) -> str:
         return f"{value:.{self.digits}f}"
+
+    def format_change(self, delta: float, digits: int | None = None) -> str:
+        """A difference of losses, signed, as people read it: "+0.0163" or "-98.6%"."""
+        if self.relative:
+            return f"{100 * self.change(delta):+.1f}%"
+        return f"{self.change(delta):+.{self.digits if digits is None else digits}f}"
+
+    def format_margin(self, margin: float, digits: int | None = None) -> str:
+        """A margin (a magnitude on the loss scale), as people read it: "0.0104" or "47.2%"."""
+        if self.relative:
+            return f"{100 * math.expm1(margin):.1f}%"
+        return f"{margin:.{self.digits if digits is None else digits}f}"
 
 
 @dataclass(frozen=True)
