@@ -116,6 +116,10 @@ class Task:
     metric: Metric
     evaluator: str  # the module with prepare() and evaluate()
     summary: str  # one line: what is edited, what is measured
+    # Runs under one seed share their evaluation's random draw whatever the asset (ticket routing's
+    # hold-out is drawn from the seed), so a candidate is compared with main seed for seed. Training's
+    # runs share a seed's draw only where the model keeps main's parameters (the scorer says which).
+    seed_pairs: bool = False
 
 
 @dataclass
@@ -158,6 +162,7 @@ TICKET_ROUTING = Task(
     metric=Metric("accuracy", "fraction of hold-out tickets routed to their queue", "higher", digits=4),
     evaluator="runner.tasks.ticket_routing",
     summary="route support tickets to queues; accuracy on a hold-out set the router never sees labelled",
+    seed_pairs=True,
 )
 TASKS: dict[str, Task] = {task.name: task for task in (TRAINING, QUERY_LATENCY, TICKET_ROUTING)}
 DEFAULT_TASK = TRAINING.name
