@@ -195,8 +195,8 @@ class Baseline:
         if len(crashed) >= MAX_BASELINE_CRASHES:
             self.block(
                 main,
-                f"train.py on main ({main.sha[:7]}) crashed in {len(crashed)} baseline runs in a row, "
-                "so nothing can be judged against it. Commit a fixed train.py to main in the research "
+                f"{self.task.asset} on main ({main.sha[:7]}) crashed in {len(crashed)} baseline runs in a row, "
+                f"so nothing can be judged against it. Commit a fixed {self.task.asset} to main in the research "
                 "repository (a new main gets a new baseline), then run the same command again. The last "
                 f"run said:\n{crashed[-1].error}",
             )

@@ -374,7 +374,10 @@ class Lifecycle:
         still count, since the judge compares train.py, not the commit around it."""
         head = self.forge.rebase_branch(exp.branch, main_sha, self.baseline.task.asset)
         return self.store.experiments.update(
-            exp.id, base_sha=main_sha, head_sha=head, event=f"followed main to {main_sha[:7]} (train.py unchanged)"
+            exp.id,
+            base_sha=main_sha,
+            head_sha=head,
+            event=f"followed main to {main_sha[:7]} ({self.baseline.task.asset} unchanged)",
         )
 
     def _step_rebasing(self, exp: Experiment, main: Main) -> Experiment:
@@ -389,7 +392,7 @@ class Lifecycle:
                 status=Status.DISCARD,
                 val_bpb=None,
                 delta=None,
-                reason=f"its change to train.py conflicts with main {main.sha[:7]}: {error}",
+                reason=f"its change to {self.baseline.task.asset} conflicts with main {main.sha[:7]}: {error}",
                 event="conflict",
             )
         text = self.forge.read_file(head, self.baseline.task.asset)

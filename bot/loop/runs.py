@@ -155,7 +155,7 @@ class Runs:
             "run %s finished: %s %s",
             run.id,
             run.status,
-            f"{metric.name} {metric.loss(run.val_bpb) + 0.0:.6f}" if run.val_bpb is not None else (run.error or ""),
+            f"{metric.name} {metric.value(run.val_bpb):.6f}" if run.val_bpb is not None else (run.error or ""),
         )
         self.baseline.run_finished()
         if run.experiment_id is None:

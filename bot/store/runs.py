@@ -157,7 +157,7 @@ class Runs:
                 if status != "ok":
                     what = f"crashed: {error.strip().splitlines()[-1][:200] if (error or '').strip() else 'no error'}"
                 else:
-                    shown = f"{metric.name} {metric.loss(val_bpb) + 0.0:.6f}" if val_bpb is not None else None
+                    shown = f"{metric.name} {metric.value(val_bpb):.6f}" if val_bpb is not None else None
                     what = (shown or f"no {metric.name}") + (f" in {steps} steps" if steps else "")
                 self.events.add(row["experiment_id"], "run", f"run {run_id} ({row['purpose']}) {what}")
         self.db.failpoint("run_done")
