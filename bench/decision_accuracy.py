@@ -29,7 +29,9 @@ fingerprint, as before) and on (it does, as runner.score does).
 OTHER RULES (`--set KEY=VALUE ...`): program.md's settings of the judge and of main's runs
 (baseline_runs=3, confirm_below=1.0, ...) for the real tick and the sequential model alike, as the
 loop reads them, so that a rule is measured against the defaults on the same loops; the reference
-is unchanged.
+is unchanged. `--second-confirmation WINDOW MAIN_RUNS` adds a rule not built to the sequential model:
+a change discarded on two runs lower than main by more than WINDOW standard errors gets a third run
+(and MAIN_RUNS of main), judged at the two-run threshold.
 
 A keep is false when the change's true effect is not negative. "Experiment 1": P(keep) of a change
 with no effect, and of a true 3-sigma gain, when it is the loop's first experiment (probe loops,
@@ -44,6 +46,7 @@ old main's) minus the true effect.
     .venv/bin/python bench/decision_accuracy.py [--trajectories 100] [--sequential 4000] [--slots 1 4 16]
         [--noise gauss t3 outliers drift] [--effects mixed|sparse] [--experiments 100] [--seed 0] [--jobs N]
         [--paired-seeds [--rho 0 0.5 0.9] [--reshaping 0.5] [--decorrelated 0]] [--set KEY=VALUE ...]
+        [--second-confirmation WINDOW MAIN_RUNS]
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -79,6 +82,7 @@ from bot.loop.judge import (  # noqa: E402
     judge_config,
     main_runs_wanted,
     pooled_noise,
+    standard_error,
 )
 from bot.loop.program import SettingsError, parse_program  # noqa: E402
 
@@ -293,6 +297,43 @@ def sequential_rule(settings: Sequence[tuple[str, str]] = ()) -> Rule:
 
 
 SEQUENTIAL = sequential_rule()
+
+
+@dataclass(frozen=True)
+class SecondConfirmation:
+    """A RULE NOT BUILT, for the frontier of power against runs (`--second-confirmation`): the real
+    judge (`inner`), and where it discards a change on two runs that are lower than main by more than
+    `window` standard errors, one more run of it (and `main_runs` of main beside it) and a verdict on
+    three runs at the two-run threshold."""
+
+    inner: RealJudge
+    window: float
+    main_runs: int
+
+    def __call__(
+        self, candidate: list[float], main: list[float], noise: Noise | None, simpler: Simplification | None
+    ) -> Decision:
+        decision = self.inner(candidate, main, noise, simpler)
+        if (
+            decision.action == "discard"
+            and len(candidate) == 2
+            and noise is not None
+            and decision.delta is not None
+            and decision.loss_margin is None  # not judged as a simplification
+            and decision.delta < -self.window * standard_error(noise, 2, len(main))
+        ):
+            return replace(decision, action="confirm", reason="a second confirmation", extra_main_runs=self.main_runs)
+        return decision
+
+
+def second_confirmation(window: float, main_runs: int, settings: Sequence[tuple[str, str]] = ()) -> Rule:
+    rule = sequential_rule(settings)
+    assert isinstance(rule.judge, RealJudge)
+    return replace(
+        rule,
+        name=f"{rule.name}, a second confirmation below -{window:g} standard errors with {main_runs} of main",
+        judge=SecondConfirmation(rule.judge, window, main_runs),
+    )
 
 
 class Draws:
@@ -523,8 +564,12 @@ def measure(args: argparse.Namespace) -> Results:
     tasks = [task for noise in args.noise for slots in args.slots for task in real_tick(slots, noise, args)]
     for task, outcome in zip(tasks, run_all(tasks, args.jobs), strict=True):
         results.real.setdefault((task.noise, task.slots), Tally()).add(outcome)
+    rules = [sequential_rule(args.set), REFERENCE]
+    if args.second_confirmation:
+        window, main_runs = args.second_confirmation
+        rules.append(second_confirmation(window, int(main_runs), args.set))
     for noise in args.noise:
-        for rule in (sequential_rule(args.set), REFERENCE):
+        for rule in rules:
             results.sequential[(noise, rule.name)] = one_after_another(rule, NOISE[noise], args)
     return results
 
@@ -535,8 +580,7 @@ def report(results: Results, args: argparse.Namespace) -> str:
         lines += ["", f"Noise: {NOISE[noise].description}.", "", HEAD, "|" + "---|" * (HEAD.count("|") - 1)]
         for slots in args.slots:
             lines.append(row(f"the real tick, {slots} slot{'s' if slots > 1 else ''}", results.real[(noise, slots)]))
-        for name in (SEQUENTIAL.name, REFERENCE.name):
-            lines.append(row(name, results.sequential[(noise, name)]))
+        lines += [row(name, tally) for (which, name), tally in results.sequential.items() if which == noise]
     lines += ["", "Targets for the real tick (each noise, each number of slots):"]
     for (noise, slots), tally in results.real.items():
         missed = [
@@ -574,6 +618,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rho", type=float, nargs="+", default=[0.0, 0.5, 0.9], help="seed shares of the noise")
     parser.add_argument("--reshaping", type=float, default=0.5, help="share of changes of the model's parameters")
     parser.add_argument("--decorrelated", type=float, default=0.0, help="share keeping them, drawn otherwise")
+    parser.add_argument(
+        "--second-confirmation",
+        type=float,
+        nargs=2,
+        metavar=("WINDOW", "MAIN_RUNS"),
+        help="a row more for the sequential model: a rule not built (SecondConfirmation)",
+    )
     parser.add_argument(
         "--set",
         type=setting,

@@ -12,7 +12,7 @@ bench = benches.load("decision_accuracy")
 
 def args(**overrides: object):
     defaults = dict(trajectories=2, sequential=50, slots=[1, 4], noise=["gauss", "outliers"], effects="mixed")
-    defaults.update(experiments=12, seed=0, jobs=1, set=[])
+    defaults.update(experiments=12, seed=0, jobs=1, set=[], second_confirmation=None)
     defaults.update(overrides)
     return bench.argparse.Namespace(**defaults)
 
@@ -83,3 +83,22 @@ def test_a_setting_the_loop_would_refuse_is_refused_before_anything_runs() -> No
         bench.main(["--set", "baseline_runs=0"])
     with pytest.raises(SystemExit):
         bench.main(["--set", "baseline_runs"])
+
+
+def test_a_second_confirmation_gives_a_discarded_pair_of_runs_inside_its_window_a_third_run() -> None:
+    rule = bench.second_confirmation(1.25, 0)
+    noise, main = bench.Noise(sigma=1.0, dof=30), [0.0, 0.0]
+    error = bench.standard_error(noise, 2, 2)  # 1.0
+    inside = rule.judge([-1.5 * error, -1.5 * error], main, noise, None)
+    assert (inside.action, inside.extra_main_runs) == ("confirm", 0)
+    assert rule.judge([-error, -error], main, noise, None).action == "discard"  # outside the window
+    assert rule.judge([-1.5 * error], main, noise, None) == bench.sequential_rule().judge(
+        [-1.5 * error], main, noise, None
+    )
+    assert rule.judge([-9.0, -9.0], main, noise, None).action == "keep"
+
+
+def test_the_second_confirmation_is_a_row_of_its_own_in_the_sequential_model() -> None:
+    options = args(trajectories=1, sequential=20, slots=[1], noise=["gauss"], second_confirmation=[1.25, 1])
+    text = bench.report(bench.measure(options), options)
+    assert "| one run after another, a second confirmation below -1.25 standard errors with 1 of main | 20 |" in text
