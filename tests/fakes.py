@@ -67,9 +67,21 @@ def fake_value(asset: str, run_id: int) -> float:
 
 
 def result_for(
-    job: Job, *, identity: dict[str, str] | None = None, crash: str | None = None, **metrics: Any
+    job: Job,
+    *,
+    identity: dict[str, str] | None = None,
+    crash: str | None = None,
+    rejected: str | None = None,
+    **metrics: Any,
 ) -> RunResult:
     ident = dict(IDENTITY if identity is None else identity)
+    if rejected is not None:  # refused a number by the evaluator's gate (or training's harness), as specs records it
+        return RunResult(
+            run_id=job.run_id,
+            status="rejected",
+            error=rejected,
+            metrics=dict(ident, asset_sha256=job.asset_sha256, outcome="rejected"),
+        )
     if crash is not None or CRASH_MARK in job.asset:
         return RunResult(
             run_id=job.run_id,

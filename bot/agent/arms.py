@@ -19,6 +19,7 @@ from bot.agent.constants import Constant
 from bot.agent.crash_memory import crash_state
 from bot.agent.knobs import KNOB_BY_NAME, Knob, order_key, step_value
 from bot.core.records import HistoryEntry
+from bot.core.states import NO_NUMBER
 
 EXPLORATION = 0.5  # C in the UCB bonus
 OPPOSITE_WEIGHT = 0.5  # how much an outcome of the other direction counts, mirrored
@@ -95,14 +96,14 @@ class Arm:
 
 def outcome_reward(entry: HistoryEntry) -> float | None:
     """An experiment's verdict as a reward: keep +1, a discard that hurt -1 (that improved without
-    being kept +0.25), a crash -1, still running 0 (tried, no verdict); None for anything else."""
+    being kept +0.25), a crash or a rejection -1, still running 0 (tried, no verdict); None for anything else."""
     if entry.status == "keep":
         return 1.0
     if entry.status == "discard":
         if entry.delta is None:
             return -0.5
         return -1.0 if entry.delta > 0 else 0.25  # improved, but not by enough to keep
-    if entry.status == "crash":
+    if entry.status in NO_NUMBER:
         return -1.0
     if entry.status == "running":
         return 0.0  # counts as tried, no verdict yet
@@ -144,7 +145,7 @@ def learn(
         combined = len(changes) > 1
         age = total - 1 - i  # experiments since this one
         weight = RECENCY_DECAY**age / len(changes)
-        crash = crash_state(entry, age, skeleton) if entry.status == "crash" else ""
+        crash = crash_state(entry, age, skeleton) if entry.status in NO_NUMBER else ""
         for ch in changes:
             knob = table.get(ch["name"])
             if knob is None:
@@ -153,7 +154,7 @@ def learn(
             if d is None:
                 continue
             trials += 1
-            r = reward if not (combined and entry.status == "crash") else -0.5
+            r = reward if not (combined and entry.status in NO_NUMBER) else -0.5
             if crash == "other code":
                 r = 0.0  # tried, but on code that no longer exists
             out = Outcome(entry, ch.get("old"), ch.get("new"), d, r, weight, combined, crash)
@@ -162,10 +163,10 @@ def learn(
                 arm.outcomes.append(out)
                 if crash == "blocking" and not combined:
                     arm.crashes.append(ch.get("new"))
-            if other is not None and entry.status in ("keep", "discard", "crash"):
-                other.mirrored.append(out)  # a crash is told in the hypothesis, but not scored
+            if other is not None and entry.status in ("keep", "discard", *NO_NUMBER):
+                other.mirrored.append(out)  # a crash (or rejection) is told, not scored
     for arm in arms.values():
-        mirrored = [o for o in arm.mirrored if o.entry.status != "crash"]
+        mirrored = [o for o in arm.mirrored if o.entry.status not in NO_NUMBER]
         ev = sum(o.weight * o.reward for o in arm.outcomes)
         ev += sum(OPPOSITE_WEIGHT * o.weight * -o.reward for o in mirrored)
         cnt = sum(o.weight for o in arm.outcomes) + sum(OPPOSITE_WEIGHT * o.weight for o in mirrored)

@@ -64,6 +64,7 @@ from bot.agent.knobs import Knob, knob_table, live, usable
 from bot.agent.writeup import describe, rationale, what_helped
 from bot.core.protocols import AgentStopped
 from bot.core.records import HistoryEntry, Proposal, ProposalContext, code_hash
+from bot.core.states import NO_NUMBER
 from runner.tasks import DEFAULT_TASK, Task, get_task
 
 JITTER = 0.1  # seeded noise added to every arm's score (tie-breaking among untried arms)
@@ -240,12 +241,12 @@ class OfflineExplorer:
 
     @staticmethod
     def _streak(history: list[HistoryEntry]) -> int:
-        """How many experiments in a row, most recent first, were discarded or crashed."""
+        """How many experiments in a row, most recent first, were discarded, crashed or rejected."""
         streak = 0
         for e in reversed(history):
             if e.status == "running":
                 continue
-            if e.status not in ("discard", "crash"):
+            if e.status not in ("discard", *NO_NUMBER):
                 break
             streak += 1
         return streak

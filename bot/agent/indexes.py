@@ -33,6 +33,7 @@ from typing import Any
 from bot.agent.arms import RECENCY_DECAY, outcome_reward
 from bot.core.protocols import AgentStopped
 from bot.core.records import HistoryEntry, Proposal, ProposalContext, code_hash
+from bot.core.states import NO_NUMBER
 from bot.core.validation import sql_statements
 from runner.tasks import Task
 
@@ -240,10 +241,10 @@ def _proposal(arm: IndexArm, text: str, task: Task, seed: int, history: list[His
             f"{task.asset} creates {arm.name}. If the plan does not use it, or uses it where reading the table is "
             f"cheaper, leaving it out costs nothing or helps, and a smaller {task.asset} that is no worse is kept."
         )
-    earlier = [e for e in history if _arm_of(e) == arm.key and e.status in ("keep", "discard", "crash")]
+    earlier = [e for e in history if _arm_of(e) == arm.key and e.status in ("keep", "discard", *NO_NUMBER)]
     if earlier:
         last = earlier[-1]
-        delta = "" if last.delta is None else f", {task.metric.loss(last.delta):+.{task.metric.digits}f} {metric}"
+        delta = "" if last.delta is None else f", {task.metric.format_change(last.delta)} {metric}"
         body += f" The same edit on an earlier main (experiment #{last.id}) ended {last.status}{delta}; main has changed since."
     body += f" Nothing else changes, so any difference in {metric} can be attributed to this one index."
     explain: dict[str, Any] = {"seed": seed, "arm": arm.key, "score": round(arm.score, 4)}

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from bot.agent.arms import Arm
+from bot.agent.arms import Arm, Outcome
 from bot.agent.crash_memory import CRASH_MEMORY
 from bot.agent.knobs import CHOICE, FLAG, Knob
+from bot.core.states import NO_NUMBER
 from runner.tasks import TRAINING, Metric, Task
 
 
@@ -34,18 +35,31 @@ def _noun(knob: Knob, d: int) -> str:
 
 
 def _fmt_delta(delta: float | None, metric: Metric) -> str:
-    return f"no {metric.name}" if delta is None else f"{metric.loss(delta):+.4f} {metric.name}"
+    return f"no {metric.name}" if delta is None else f"{metric.format_change(delta, 4)} {metric.name}"
 
 
 def _fmt_val(v: Any) -> str:
     return f'"{v}"' if isinstance(v, str) else str(v)
 
 
+def _ended(outcome: Outcome) -> str:
+    """How an experiment that got no number ended, in words: crashed, or was rejected (and why)."""
+    if outcome.entry.status == "rejected":
+        return f"was rejected ({_reason(outcome)})"
+    return "crashed"
+
+
+def _reason(outcome: Outcome) -> str:
+    """The first line of why an experiment was rejected, as its error tail says it."""
+    lines = (outcome.entry.error_tail or "").strip().removeprefix("rejected: ").splitlines()
+    return lines[0] if lines else "no reason given"
+
+
 def _evidence(arm: Arm, size: str, task: Task) -> str:
     """One or two sentences on what history says about this arm."""
     metric = task.metric
     knob, d, name = arm.knob, arm.direction, arm.knob.name
-    same = [o for o in arm.outcomes if o.entry.status in ("keep", "discard", "crash")]
+    same = [o for o in arm.outcomes if o.entry.status in ("keep", "discard", *NO_NUMBER)]
     opposite = [o for o in arm.mirrored]
     parts: list[str] = []
     if same:
@@ -59,15 +73,16 @@ def _evidence(arm: Arm, size: str, task: Task) -> str:
                 "optimum lies beyond the current value."
             )
         elif o.crash == "blocking":
-            parts.append(f"{what[0].upper()}{what[1:]} crashed, so this stays short of the value that crashed.")
+            failed = "was rejected" if o.entry.status == "rejected" else "crashed"
+            parts.append(f"{what[0].upper()}{what[1:]} {_ended(o)}, so this stays short of the value that {failed}.")
         elif o.crash == "other code":
             parts.append(
-                f"{what[0].upper()}{what[1:]} crashed, but on an earlier version of {task.asset}'s code, "
+                f"{what[0].upper()}{what[1:]} {_ended(o)}, but on an earlier version of {task.asset}'s code, "
                 "which has changed since, so the direction is open again."
             )
-        elif o.entry.status == "crash":
+        elif o.entry.status in NO_NUMBER:
             parts.append(
-                f"{what[0].upper()}{what[1:]} crashed more than {CRASH_MEMORY} experiments ago, long "
+                f"{what[0].upper()}{what[1:]} {_ended(o)} more than {CRASH_MEMORY} experiments ago, long "
                 "enough to try the direction once more."
             )
         elif o.reward > 0:
@@ -91,6 +106,11 @@ def _evidence(arm: Arm, size: str, task: Task) -> str:
             parts.append(
                 f"The opposite {other} of {name} ({_fmt_val(o.old)} -> {_fmt_val(o.new)}) crashed "
                 "(perhaps out of memory or time), so this explores the other side instead."
+            )
+        elif o.entry.status == "rejected":
+            parts.append(
+                f"The opposite {other} of {name} ({_fmt_val(o.old)} -> {_fmt_val(o.new)}) was rejected "
+                f"({_reason(o)}), so this explores the other side instead."
             )
         elif o.entry.status == "keep":
             parts.append(

@@ -47,7 +47,7 @@ class HistoryEntry:
     id: int
     title: str
     hypothesis: str
-    status: str  # keep | discard | crash | running
+    status: str  # keep | discard | crash | rejected | running
     val_bpb: float | None
     delta: float | None  # val_bpb minus main's val_bpb at the time it was judged; negative is better
     code_hash: str
@@ -72,6 +72,7 @@ class ProposalContext:
     device_kind: str = "cpu"  # "cpu" or "cuda": which size constants of train.py are live
     main_sha: str = ""  # the main commit asset was read from: the experiment's base
     last_crash_id: int | None = None  # the experiment whose traceback last_crash is
+    last_crash_status: str = "crash"  # or "rejected": last_crash is then the reason it was rejected
     spent_usd: float = 0.0  # what proposals have cost so far (an LLM agent's budget counts it)
     # runner.tasks: what asset is (train.py, router.py, query.sql) and how it is measured; main_val_bpb
     # and the history's numbers are on the loss scale (Metric.loss: the metric, or its negation)
@@ -108,7 +109,7 @@ class RunResult:
     asset_sha256, steps, tokens/s, cpu_share...)."""
 
     run_id: int
-    status: str  # ok | crash (a timed-out or rejected run is a crash; metrics["outcome"] says which)
+    status: str  # ok | crash | rejected (a timed-out run is a crash; metrics["outcome"] says which)
     val_bpb: float | None = None
     metrics: dict[str, Any] = field(default_factory=dict)
     log_tail: str = ""

@@ -33,9 +33,13 @@ class State(StrEnum):
 class Status(StrEnum):
     KEEP = "keep"
     DISCARD = "discard"
-    CRASH = "crash"
+    CRASH = "crash"  # its run crashed or ran out of time
+    REJECTED = "rejected"  # its run was refused a number: the evaluator's gate, or training's harness
     FAILED = "failed"
     CANCELLED = "cancelled"  # a person closed its pull request
+
+
+NO_NUMBER = (Status.CRASH, Status.REJECTED)  # ended without a number: its run crashed or was rejected
 
 
 class Request(StrEnum):
@@ -68,7 +72,7 @@ ACTIVE = tuple(s.value for s in State if s is not State.DONE)
 class RunState(StrEnum):
     QUEUED = "queued"
     RUNNING = "running"
-    DONE = "done"  # finished with a result that counts (ok or crash)
+    DONE = "done"  # finished with a result that counts (ok, crash or rejected)
     LOST = "lost"  # the runner lost it (a restart, a vanished machine): re-run
     REFUSED = "refused"  # its result did not match its job: never counts, re-run
     DISTURBED = "disturbed"  # it ran on a busy machine (far less CPU than main's runs got): re-run

@@ -81,6 +81,7 @@ STATUS_STATE = {
     "keep": "success",
     "discard": "success",
     "crash": "failure",
+    "rejected": "failure",
     "failed": "error",
     "cancelled": "error",
 }

@@ -76,6 +76,7 @@ class Summary:
     baseline_val_bpb: float | None
     best_val_bpb: float | None
     stop_reason: str
+    rejected: int = 0  # runs refused a number by the evaluator's gate or training's harness
 
 
 class Conductor:
@@ -281,4 +282,5 @@ class Conductor:
             baseline_val_bpb=measurement.baseline_value(values, kept),
             best_val_bpb=measurement.main_value(values, main.code_hash) if main else None,
             stop_reason=self.blocked or self.stop_reason,
+            rejected=counts.get(Status.REJECTED, 0),
         )

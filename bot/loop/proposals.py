@@ -131,10 +131,11 @@ class _History:
         ]
 
     def unfixed_crash(self) -> HistoryEntry | None:
-        """The latest finished experiment if it crashed and no experiment yet claims to fix it: its
-        traceback goes to the agent, so that one fix is tried, once."""
+        """The latest finished experiment if it crashed (or was rejected) and no experiment yet
+        claims to fix it: its traceback (or the rejection's reason) goes to the agent, so that one
+        fix is tried, once."""
         last = next((k for k in reversed(self._known.values()) if k.state == State.DONE), None)
-        if last is None or last.entry.status != Status.CRASH:
+        if last is None or last.entry.status not in (Status.CRASH, Status.REJECTED):
             return None
         return None if any(k.fixes == last.entry.id for k in self._known.values()) else last.entry
 
@@ -315,6 +316,7 @@ class Proposals:
             history=self._history.entries(),
             feedback=self.store.feedback.recent() + notes,
             last_crash=crash.error_tail if crash else None,
+            last_crash_status=crash.status if crash else Status.CRASH,
             last_crash_id=crash.id if crash else None,
             seen_hashes=self._history.seen_hashes() | seen | {main.code_hash},
             profile=self.profile.name,

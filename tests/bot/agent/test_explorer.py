@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -330,6 +331,22 @@ def test_a_crash_blocks_for_crash_memory_experiments_then_the_value_is_tried_aga
     retried = OfflineExplorer(0).propose(ctx_for(history=[crash] + filler, feedback=feedback))
     assert [(ch["name"], ch["new"]) for ch in changes(retried)] == [("CPU_DEPTH", 3)]
     assert f"more than {CRASH_MEMORY} experiments ago" in retried.hypothesis
+
+
+def test_a_rejection_blocks_its_value_as_a_crash_does_and_is_told_with_its_reason():
+    rejected_py, rejection = crash_of_cpu_depth_3(skeleton(TRAIN_PY))
+    rejection = replace(rejection, status="rejected", error_tail="rejected: trained past the budget\nmore")
+    feedback = ["try a deeper model: cpu_depth up"]
+    ctx = ctx_for(history=[rejection], seen_hashes={code_hash(rejected_py)}, feedback=feedback)
+    for p in run_loop(OfflineExplorer(0), ctx, 3):
+        assert not any(ch["name"] == "CPU_DEPTH" and ch["new"] >= 3 for ch in changes(p)), p.title
+    filler = [
+        entry(i, {"changes": [{"name": "MATRIX_LR", "old": 0.04, "new": 0.05, "direction": 1}]}, "discard", 0.01)
+        for i in range(2, CRASH_MEMORY + 2)
+    ]
+    retried = OfflineExplorer(0).propose(ctx_for(history=[rejection] + filler, feedback=feedback))
+    assert [(ch["name"], ch["new"]) for ch in changes(retried)] == [("CPU_DEPTH", 3)]
+    assert f"was rejected (trained past the budget) more than {CRASH_MEMORY} experiments ago" in retried.hypothesis
 
 
 def test_a_crash_on_code_that_has_changed_since_does_not_block():

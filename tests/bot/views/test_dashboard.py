@@ -198,6 +198,7 @@ def test_state_has_every_experiment_with_its_numbers(client: TestClient):
         "keep": 1,
         "discard": 1,
         "crash": 1,
+        "rejected": 0,
         "failed": 0,
         "cancelled": 0,
         "active": 1,
