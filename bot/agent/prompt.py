@@ -154,7 +154,7 @@ def volatile_text(ctx: ProposalContext) -> str:
 def _now(ctx: ProposalContext, task: Task) -> str:
     if task.name != DEFAULT_TASK:
         value = (
-            f"main's {task.metric.name} is {task.metric.format(task.metric.loss(ctx.main_val_bpb))} "
+            f"main's {task.metric.name} is {task.metric.format(task.metric.value(ctx.main_val_bpb))} "
             f"({task.metric.unit}, the mean of its baseline runs; {task.metric.direction} is better)"
             if ctx.main_val_bpb is not None
             else "main has not been measured yet"
@@ -174,12 +174,12 @@ def _now(ctx: ProposalContext, task: Task) -> str:
 
 
 def history_line(e: HistoryEntry, task: Task = TRAINING) -> str:
-    """One experiment: id, status, delta (on the task's metric's scale), margin, title, lesson."""
+    """One experiment: id, status, delta (the change it made to the task's metric), margin, title, lesson."""
     cells = [f"#{e.id}", e.status]
     if e.delta is not None:
-        cells.append(f"d={task.metric.loss(e.delta):+.4f}")
+        cells.append(f"d={task.metric.format_change(e.delta, 4)}")
     if e.margin is not None:
-        cells.append(f"m={e.margin:.4f}")
+        cells.append(f"m={task.metric.format_margin(e.margin, 4)}")
     line = " ".join(cells) + " " + _clip(e.title, TITLE_CHARS)
     if e.lesson:
         line += " | " + _clip(e.lesson, LESSON_CHARS)
@@ -191,7 +191,8 @@ def _history(history: list[HistoryEntry], task: Task) -> str:
         return "# History\nNo experiments yet: this is the first one."
     metric = task.metric
     head = (
-        f"# History: {len(history)} experiments, oldest first (d = {metric.name} minus main's at the time, "
+        f"# History: {len(history)} experiments, oldest first (d = {metric.name}"
+        f"{' relative to' if metric.relative else ' minus'} main's at the time, "
         f"{'negative' if metric.lower_is_better else 'positive'} is better; m = the noise margin it was judged with)"
     )
     older, recent = history[:-HISTORY_IN_FULL], history[-HISTORY_IN_FULL:]

@@ -46,7 +46,7 @@ from bot.loop.program import SettingsError, parse_program
 from bot.runners.local import LocalRunner
 from bot.store import Store
 from bot.views import results
-from bot.views.read_model import conductor_live, on_metric_scale, view_of
+from bot.views.read_model import conductor_live, shown_value, view_of
 from bot.views.terminal import render_live_progress
 from bot.views.text import places
 from runner.identity import measurement_identity
@@ -315,8 +315,8 @@ def render_summary(summary: Summary, wall_s: float, results_tsv: Path, metric: M
         f"{summary.kept} / {summary.discarded} / {summary.crashed} / {summary.failed}",
     )
     n = places(metric)
-    table.add_row(f"baseline {metric.name}", _fmt(on_metric_scale(metric, summary.baseline_val_bpb), n))
-    table.add_row(f"main's {metric.name} now (its own runs)", _fmt(on_metric_scale(metric, summary.best_val_bpb), n))
+    table.add_row(f"baseline {metric.name}", _fmt(shown_value(metric, summary.baseline_val_bpb), n))
+    table.add_row(f"main's {metric.name} now (its own runs)", _fmt(shown_value(metric, summary.best_val_bpb), n))
     table.add_row("stopped because", summary.stop_reason or "-")
     table.add_row("wall time", f"{wall_s:.0f}s")
     table.add_row("results.tsv", str(results_tsv))

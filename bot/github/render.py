@@ -15,8 +15,10 @@ since a character can be four bytes and we do not rely on which of the two GitHu
 
 The numbers speak the task's metric (`metric`, training's val_bpb by default): named, on its own
 scale and with its decimals. The store's records hold them on the judge's loss scale, so every value
-and delta shown goes through bot.views.read_model.on_metric_scale, the read model's out-edge; a
-margin, a magnitude, is shown as it is. The words follow the task too: its asset's name where a text
+shown goes through bot.views.read_model.shown_value (Metric.value), every delta through
+Metric.format_change (a difference in the metric's units, or for a log-scale metric such as a latency
+a relative change, "-98.6%"), and every margin, a magnitude on the loss scale, through
+Metric.format_margin ("0.002000", or "47.2%"). The words follow the task too: its asset's name where a text
 names the edited file, "running" where training's say "training" (training's texts are as before).
 """
 
@@ -31,7 +33,7 @@ from typing import Any
 
 from bot.core.simplicity import simplification
 from bot.store import Experiment, Run
-from bot.views.read_model import kept_for_simplicity, on_metric_scale
+from bot.views.read_model import kept_for_simplicity, shown_value
 from bot.views.text import bpb as _bpb
 from bot.views.text import cell as _cell
 from bot.views.text import clean as _clean
@@ -42,7 +44,6 @@ from bot.views.text import head as _head
 from bot.views.text import one_line as _one_line
 from bot.views.text import places as _places
 from bot.views.text import plural as _plural
-from bot.views.text import signed as _signed
 from runner.tasks import TRAINING, Metric, Task
 
 PR_TITLE_LIMIT = 256
@@ -108,8 +109,9 @@ def _duration(seconds: float | None) -> str:
 
 
 class _Shown:
-    """How the texts show a metric's numbers: a value or a delta of the store's (the loss scale) on
-    the metric's scale, with the metric's decimals (bot.views.text.places); a margin as it is."""
+    """How the texts show a metric's numbers, the store's (the loss scale): a value as the metric's, a
+    delta as the change it means, a margin as people read it (Metric.format_change, format_margin),
+    with the metric's decimals (bot.views.text.places)."""
 
     def __init__(self, metric: Metric) -> None:
         self.name = metric.name
@@ -117,13 +119,13 @@ class _Shown:
         self.places = _places(metric)
 
     def value(self, loss: float | None) -> str:
-        return _bpb(on_metric_scale(self.metric, loss), self.places)
+        return _bpb(shown_value(self.metric, loss), self.places)
 
-    def delta(self, loss: float | None) -> str:
-        return _signed(on_metric_scale(self.metric, loss), self.places)
+    def delta(self, delta: float | None) -> str:
+        return "—" if delta is None else self.metric.format_change(delta, self.places)
 
     def margin(self, margin: float | None) -> str:
-        return _bpb(margin, self.places)
+        return "—" if margin is None else self.metric.format_margin(margin, self.places)
 
 
 def _delta(exp: Experiment, val_bpb: float | None, main_val_bpb: float | None) -> float | None:
@@ -384,17 +386,18 @@ def _numbers(
     metric: Metric, val_bpb: float | None, delta: float | None, margin: float | None, loss_margin: float | None = None
 ) -> str:
     """`val_bpb 0.97120 (-0.00610 vs main, noise margin 0.00200)`, one decimal more than the metric's
-    own (val_bpb's 5), the value and delta (store numbers) on the metric's scale; with a loss margin (a
+    own (val_bpb's 5), the store's numbers on the metric's terms (`p95_ms 20.00 (-98.6% vs main, noise
+    margin 12.3%)` on a log scale); with a loss margin (a
     keep for simplicity) `loss margin 0.01000` instead of the noise margin."""
     if val_bpb is None:
         return ""
     n = metric.digits + 1
-    parts = [f"{on_metric_scale(metric, delta):+.{n}f} vs main" if delta is not None else "no main baseline yet"]
+    parts = [f"{metric.format_change(delta, n)} vs main" if delta is not None else "no main baseline yet"]
     if loss_margin is not None:
-        parts.append(f"loss margin {loss_margin:.{n}f}")
+        parts.append(f"loss margin {metric.format_margin(loss_margin, n)}")
     elif margin is not None:
-        parts.append(f"noise margin {margin:.{n}f}")
-    return f"{metric.name} {on_metric_scale(metric, val_bpb):.{n}f} ({', '.join(parts)})"
+        parts.append(f"noise margin {metric.format_margin(margin, n)}")
+    return f"{metric.name} {metric.value(val_bpb):.{n}f} ({', '.join(parts)})"
 
 
 def check_title(

@@ -220,13 +220,13 @@ class Baseline:
 
     def _note(self, main: Main, own: measurement.MainRuns) -> None:
         """Record, once per main, what its runs showed: a run set aside as an outlier, a drift."""
-        metric = self.task.metric  # the events name it and show its own scale (Metric.loss is its own inverse)
+        metric = self.task.metric  # the events name it and show its values and changes (Metric.value, format_change)
         if own.outlier is not None and (main.code_hash, f"outlier {own.outlier!r}") not in self._noted:
             self._noted.add((main.code_hash, f"outlier {own.outlier!r}"))
             self.store.events.add(
                 None,
                 "outlier",
-                f"a run of main {main.sha[:7]} measured {metric.name} {metric.loss(own.outlier):.6f}, worse than "
+                f"a run of main {main.sha[:7]} measured {metric.name} {metric.value(own.outlier):.6f}, worse than "
                 "main's other runs by more than the noise allows: it is left out of main's value and main is "
                 "measured once more",
             )
@@ -236,8 +236,8 @@ class Baseline:
                 None,
                 "drift",
                 f"main {main.sha[:7]}'s measurement moves with time: its {own.drift.runs} runs drift by "
-                f"{100 * metric.loss(own.drift.slope):+.6f} {metric.name} per 100 runs of the loop "
-                f"(t = {metric.loss(own.drift.t):+.1f}), more than the noise explains. It is judged against its runs among the loop's last {measurement.RECENT_RUNS} "
+                f"{metric.format_change(100 * own.drift.slope, 6)} {metric.name} per 100 runs of the loop "
+                f"(t = {own.drift.t if metric.lower_is_better else -own.drift.t:+.1f}), more than the noise explains. It is judged against its runs among the loop's last {measurement.RECENT_RUNS} "
                 "and measured afresh when they grow older",
             )
 
@@ -276,6 +276,6 @@ class Baseline:
                     self.store.experiments.update(
                         exp.id,
                         remeasured_delta=delta,
-                        event=f"re-measured: the new main's fresh baseline is {delta:+.6f} "
+                        event=f"re-measured: the new main's fresh baseline is {self.task.metric.format_change(delta, 6)} "
                         f"against the old main's ({len(values)} run(s))",
                     )

@@ -119,10 +119,21 @@ class JudgeConfig:
     metric: Metric = TRAINING.metric  # the reasons' words only: the rule minimises the loss (runner.tasks.Metric.loss)
 
     def shown(self, loss: float) -> float:
-        """A value or a signed delta of the loss scale the rule works on, on the metric's own, for
-        the reasons people read (Metric.loss is its own inverse; never -0.0, which would read as a
-        loss); a margin or a gain's size is shown as it is."""
-        return self.metric.loss(loss) + 0.0
+        """A value of the loss scale the rule works on as the metric's, for the reasons people read
+        (Metric.value; never -0.0, which would read as a loss)."""
+        return self.metric.value(loss)
+
+    def size(self, size: float, better: bool) -> str:
+        """A magnitude of the loss scale (a delta's size, a margin) for the reasons: as it is, or for a
+        log-scale metric the relative change of the metric it means, a gain's (`better`) or a loss's
+        ("20.0%": a p95 a fifth lower, where the log margin is symmetric and its percentages not)."""
+        if not self.metric.relative:
+            return f"{size:.6f}"
+        return f"{100 * abs(self.metric.change(-size if better else size)):.1f}%"
+
+    def signed(self, delta: float) -> str:
+        """A signed delta of the loss scale as the metric's change ("+0.001630", or "-20.0%")."""
+        return self.metric.format_change(delta) if self.metric.relative else f"{self.shown(delta):+.6f}"
 
 
 def judge_config(settings: LoopSettings) -> JudgeConfig:
@@ -256,7 +267,7 @@ def _unpaired(
     value = statistics.fmean(candidate)
     base = statistics.fmean(main)
     delta = value - base
-    name, shown = config.metric.name, config.shown
+    name, shown, gain = config.metric.name, config.shown, config.size(-delta, True)
     runs = f"{len(candidate)} run{'s' if len(candidate) > 1 else ''} against {len(main)} of main"
     single = len(candidate) < 2
     as_simplification = simpler is not None and noise is not None and config.simplicity_sigmas > 0
@@ -268,7 +279,9 @@ def _unpaired(
         if delta == 0:
             return Decision("discard", f"{name} {shown(value):.6f} ties main: main keeps the tie", **numbers)
         return Decision(
-            "discard", f"{name} {shown(value):.6f} is worse than main {shown(base):.6f} by {delta:.6f}", **numbers
+            "discard",
+            f"{name} {shown(value):.6f} is worse than main {shown(base):.6f} by {config.size(delta, False)}",
+            **numbers,
         )
     if noise is None:
         # No group has two runs yet: a gain of any size could be noise, so nothing may be kept.
@@ -276,7 +289,7 @@ def _unpaired(
         if single and config.confirm:
             return Decision(
                 "confirm",
-                f"{name} {shown(value):.6f} improves on main {shown(base):.6f} by {-delta:.6f}, but the "
+                f"{name} {shown(value):.6f} improves on main {shown(base):.6f} by {gain}, but the "
                 "noise is not known yet (no repeated runs): one confirmation run and one more "
                 "run of main",
                 extra_main_runs=max(1, config.confirm_main_runs),
@@ -284,7 +297,7 @@ def _unpaired(
             )
         return Decision(
             "discard",
-            f"{name} {shown(value):.6f} improves on main {shown(base):.6f} by {-delta:.6f}, but the "
+            f"{name} {shown(value):.6f} improves on main {shown(base):.6f} by {gain}, but the "
             f"noise is not known (no repeated runs), so no gain can be told from noise ({runs})",
             **numbers,
         )
@@ -294,8 +307,8 @@ def _unpaired(
     if delta < -band:
         return Decision(
             "keep",
-            f"{name} {shown(value):.6f} beats main {shown(base):.6f} by {-delta:.6f}, more than the noise "
-            f"margin {band:.6f} ({runs}, {noise_words})",
+            f"{name} {shown(value):.6f} beats main {shown(base):.6f} by {gain}, more than the noise "
+            f"margin {config.size(band, True)} ({runs}, {noise_words})",
             **numbers,
         )
     window = config.confirm_below * standard_error(noise, len(candidate), len(main))
@@ -304,9 +317,9 @@ def _unpaired(
         main_words = f" and {extra} more run{'s' if extra > 1 else ''} of main" if extra else ""
         return Decision(
             "confirm",
-            f"{name} {shown(value):.6f} improves on main {shown(base):.6f} by {-delta:.6f}, inside the "
-            f"noise margin {band:.6f} but more than {config.confirm_below:g} standard errors "
-            f"({window:.6f}): one confirmation run{main_words}",
+            f"{name} {shown(value):.6f} improves on main {shown(base):.6f} by {gain}, inside the "
+            f"noise margin {config.size(band, True)} but more than {config.confirm_below:g} standard errors "
+            f"({config.size(window, True)}): one confirmation run{main_words}",
             extra_main_runs=extra,
             **numbers,
         )
@@ -314,8 +327,8 @@ def _unpaired(
         return _simplification(value, base, len(candidate), len(main), noise, simpler, config, band)
     return Decision(
         "discard",
-        f"{name} {shown(value):.6f} improves on main {shown(base):.6f} by only {-delta:.6f}, inside the "
-        f"noise margin {band:.6f} ({runs}, {noise_words}): not a measurable gain",
+        f"{name} {shown(value):.6f} improves on main {shown(base):.6f} by only {gain}, inside the "
+        f"noise margin {config.size(band, True)} ({runs}, {noise_words}): not a measurable gain",
         **numbers,
     )
 
@@ -337,10 +350,10 @@ def _simplification(
     loss_margin = config.simplicity_sigmas * noise.sigma
     numbers = dict(val_bpb=value, delta=delta, margin=band, loss_margin=loss_margin)
     confidence = f"{100 * 0.5 * math.erfc(-config.simplicity_z / math.sqrt(2)):.3g}%"
-    allowed = f"{loss_margin:.6f} ({config.simplicity_sigmas:g} sigma)"
+    allowed = f"{config.size(loss_margin, False)} ({config.simplicity_sigmas:g} sigma)"
     name, shown = config.metric.name, config.shown
     against = f"{name} {shown(value):.6f} against main {shown(base):.6f}"
-    head = f"{against} ({shown(delta):+.6f}), a simplification: {simpler.words()}"
+    head = f"{against} ({config.signed(delta)}), a simplification: {simpler.words()}"
     if n_candidate < 2 and config.confirm:
         below = config.simplicity_confirm_below * loss_margin
         if delta < below:
@@ -348,14 +361,15 @@ def _simplification(
             main_words = f" and {extra} more run{'s' if extra > 1 else ''} of main" if extra else ""
             return Decision(
                 "confirm",
-                f"{head}; its run is less than {below:.6f} worse than main, so one confirmation run{main_words} "
+                f"{head}; its run is less than {config.size(below, False)} worse than main, so one confirmation run{main_words} "
                 f"to rule out a loss larger than {allowed} at {confidence}",
                 extra_main_runs=extra,
                 **numbers,
             )
         return Decision(
             "discard",
-            f"{head}; but its run is {delta:.6f} worse than main, not less than {below:.6f}: too "
+            f"{head}; but its run is {config.size(delta, False)} worse than main, "
+            f"not less than {config.size(below, False)}: too "
             f"much for a confirmation to rule out a loss larger than {allowed}",
             **numbers,
         )
@@ -363,16 +377,17 @@ def _simplification(
     runs = f"{n_candidate} run{'s' if n_candidate > 1 else ''} against {n_main} of main"
     noise_words = f"sigma {noise.sigma:.6f} from {noise.dof} degree{'s' if noise.dof > 1 else ''} of freedom"
     if upper < loss_margin:
-        bound = f"at most {upper:+.6f}" if config.metric.lower_is_better else f"at least {shown(upper):+.6f}"
+        bound = f"{'at most' if config.metric.lower_is_better else 'at least'} {config.signed(upper)}"
         return Decision(
             "keep",
             f"kept for simplicity: {simpler.words()}, and the runs rule out a loss larger than {allowed} "
-            f"at {confidence}: {against} ({shown(delta):+.6f}, {bound}; {runs}, {noise_words})",
+            f"at {confidence}: {against} ({config.signed(delta)}, {bound}; {runs}, {noise_words})",
             **numbers,
         )
+    largest = config.size(upper, False) if config.metric.relative else f"{upper:+.6f}"
     return Decision(
         "discard",
         f"{head}; but the runs do not rule out a loss larger than {allowed} at {confidence}: it "
-        f"may be as large as {upper:+.6f} ({runs}, {noise_words})",
+        f"may be as large as {largest} ({runs}, {noise_words})",
         **numbers,
     )

@@ -431,7 +431,7 @@ class Lifecycle:
         config = judge_config(main.settings)  # the task's metric: its name, and the value on its own scale
         name, value = config.metric.name, config.shown(exp.val_bpb)
         message = (
-            f"{exp.title} ({name} {value:.6f}, {config.shown(exp.delta):+.6f} vs main"
+            f"{exp.title} ({name} {value:.6f}, {config.signed(exp.delta)} vs main"
             f"{', kept for simplicity' if simpler else ''})\n\n{exp.hypothesis}\n\n"
             f"{exp.reason}\n\n{name} is the mean of its {runs} run{'s' if runs != 1 else ''}; the new main "
             f"is measured afresh, and that re-measured delta is the one to quote.\n\n"

@@ -198,7 +198,7 @@ class Pairs:
         seeds = f"{n} seed{'s' if n > 1 else ''}"
         name, shown = config.metric.name, config.shown
         words = (
-            f"paired on {seeds}: mean difference from main under the same seed {shown(mean):+.6f}, sigma_d "
+            f"paired on {seeds}: mean difference from main under the same seed {config.signed(mean)}, sigma_d "
             f"{pool.sigma:.6f} from {pool.dof} degrees of freedom against sigma {noise.sigma:.6f}"
         )
         if n >= config.paired_keep_pairs:
@@ -210,8 +210,8 @@ class Pairs:
                 return replace(unpaired, reason=f"{unpaired.reason} (not judged paired: {spread})")
             return Decision(
                 "keep",
-                f"{name} {shown(value):.6f} beats main by {-mean:.6f} seed for seed, more than the paired noise "
-                f"margin {band:.6f} ({words})",
+                f"{name} {shown(value):.6f} beats main by {config.size(-mean, True)} seed for seed, more than the paired noise "
+                f"margin {config.size(band, True)} ({words})",
                 val_bpb=value,
                 delta=mean,
                 margin=band,
@@ -222,8 +222,8 @@ class Pairs:
             return None
         return Decision(
             "confirm",
-            f"{name} {shown(value):.6f} improves on main by {-mean:.6f} seed for seed, more than "
-            f"{config.confirm_below:g} paired standard errors ({window:.6f}): one more run under the next seed "
+            f"{name} {shown(value):.6f} improves on main by {config.size(-mean, True)} seed for seed, more than "
+            f"{config.confirm_below:g} paired standard errors ({config.size(window, True)}): one more run under the next seed "
             f"({words})",
             val_bpb=value,
             delta=mean,

@@ -40,9 +40,16 @@ def build_state(
     """Everything the page shows, from one connection (in a read transaction) and `live`:
 
     updated_at   seconds since the epoch
-    metric       {name, unit, direction ("lower" | "higher": which is better), places (decimals shown)}
+    metric       {name, unit, direction ("lower" | "higher": which is better), places (decimals shown),
+                  scale ("linear" | "log": how deltas and margins read, below)}
     main         {val_bpb, source ("baseline runs" | "kept experiment, not re-measured yet" | null), runs,
                   commit, baseline_val_bpb (the loop's baseline), margin (the noise margin now, or null)}
+
+    Values (val_bpb, the chart's) are the metric's. A delta (delta, remeasured_delta) is the change it
+    means (read_model.shown_change): a difference in the metric's units, or on a log scale a relative
+    change (-0.5: half main's value), where each experiment also carries delta_value, its value minus
+    main's in the metric's units. A margin is the judge's, on its loss scale: the metric's units, or on
+    a log scale the log of a ratio (exp(margin) - 1 is the relative change it allows).
     agent        {state: thinking | waiting | paused | stopped | blocked, detail, experiment (being
                   proposed), budget_usd, budget_left_usd}
     spent_usd    what the agent's answers cost so far
@@ -65,7 +72,13 @@ def build_state(
     main, metric = view.main, view.metric
     return {
         "updated_at": time.time(),
-        "metric": {"name": metric.name, "unit": metric.unit, "direction": metric.direction, "places": places(metric)},
+        "metric": {
+            "name": metric.name,
+            "unit": metric.unit,
+            "direction": metric.direction,
+            "places": places(metric),
+            "scale": metric.scale,
+        },
         "main": {
             "val_bpb": main.val_bpb,
             "source": main.source,
@@ -200,6 +213,7 @@ def _row(view: ExperimentView, links: Links | None) -> dict[str, Any]:
         "delta": view.delta,
         "margin": e.margin,
         "remeasured_delta": view.remeasured_delta,
+        **({"delta_value": view.delta_value} if view.metric.relative else {}),
         "runs": len(view.runs),
         "in_flight": view.in_flight,
         "cost_usd": e.meta.get("cost_usd"),

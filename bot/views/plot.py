@@ -7,6 +7,7 @@ higher) on the axis. Discarded experiments are light grey dots, kept
 ones a strong colour with a short title (a square when kept for simplicity, not for a gain),
 crashes and failures (no value) small marks on the bottom edge. A step line follows main's
 value after each keep, with the noise margin now drawn as a band around it when one is known. A
+metric judged on a log scale (a latency) gets a log y axis, its band the ratios the judge allows. A
 far outlier on the worse side (a diverged run; for a higher-is-better metric, a low one) is pinned
 to that edge of the range.
 
@@ -67,7 +68,8 @@ class ChartData:
         """How much better main is than the baseline, in the metric's units (positive = better)."""
         if self.baseline is None or self.best is None:
             return None
-        return self.metric.loss(self.baseline) - self.metric.loss(self.best)
+        gain = self.baseline - self.best
+        return gain if self.metric.lower_is_better else -gain
 
 
 def chart_data(view: View) -> ChartData:
@@ -160,13 +162,14 @@ def _draw(data: ChartData):
     lower = data.metric.lower_is_better
     pinned = high - 0.02 * (high - low) if lower else low + 0.06 * (high - low)  # a far outlier's place
     if data.best is not None and data.margin:
+        metric = data.metric
         ax.axhspan(
-            data.best - data.margin,
-            data.best + data.margin,
+            metric.value(metric.loss(data.best) - data.margin),
+            metric.value(metric.loss(data.best) + data.margin),
             color=STEP_COLOUR,
             alpha=0.12,
             lw=0,
-            label=f"noise margin ±{data.margin:.{places(data.metric) - 2}f}",
+            label=f"noise margin ±{metric.format_margin(data.margin, places(metric) - 2)}",
             gid="noise-band",
         )
     if data.best_steps:
@@ -233,6 +236,8 @@ def _draw(data: ChartData):
             markeredgecolor="black",
             label="kept for simplicity",
         )
+    if data.metric.relative:
+        ax.set_yscale("log")  # a log-scale metric is judged by its ratios: equal ratios, equal heights
     ax.set_ylim(low, high)
     ax.set_xlim(-0.02 * last_x - 0.5, last_x * 1.02 + 0.5)
     ax.grid(True, alpha=0.3)
@@ -248,8 +253,9 @@ def _draw(data: ChartData):
 def _y_range(data: ChartData) -> tuple[float, float]:
     """Room for every point near main, with far outliers (a diverged run) left out on the worse side,
     where they are pinned to the edge: worked out on the loss scale (better is lower), then drawn on
-    the metric's (for a higher-is-better one, the worse side is the bottom, below the crash marks' row)."""
-    loss = data.metric.loss
+    the metric's (for a higher-is-better one, the worse side is the bottom, below the crash marks' row;
+    for a log-scale one the margins are ratios, as its log axis draws them)."""
+    loss, value = data.metric.loss, data.metric.value
     values = [loss(p.val_bpb) for p in data.points]
     if not values:
         return 0.0, 1.0
@@ -262,8 +268,9 @@ def _y_range(data: ChartData) -> tuple[float, float]:
     high = min(ordered[-1], usual + max(usual - low, 1e-3))
     span = high - low or 0.01
     if data.metric.lower_is_better:
-        return low - 0.1 * span, high + 0.06 * span  # the crash marks' row below the lowest point
-    return -high - 0.16 * span, -low + 0.1 * span  # the crash marks' row, then the pinned outliers, at the bottom
+        return value(low - 0.1 * span), value(high + 0.06 * span)  # the crash marks' row below the lowest point
+    # the crash marks' row, then the pinned outliers, at the bottom
+    return value(high + 0.16 * span), value(low - 0.1 * span)
 
 
 def _title(data: ChartData) -> str:

@@ -16,12 +16,15 @@ is blocked, the agent's budget) comes in as `live` (see Live; conductor_live bui
 This is the out-edge of the task's metric. The store holds every number as the judge reads it, on
 the loss scale (bot.runners.specs, the in-edge: the metric, or its negation where higher is
 better), and build_view computes on that scale (main, the baseline, the margins, the running best);
-the View hands the faces numbers on the metric's own scale, with the Metric itself (`View.metric`:
-its name, unit and direction, from the loop's pinned task). `on_metric_scale` converts, here and in
-bot.github.render (which reads store records): a value and a delta alike (Metric.loss is linear and
-its own inverse), never a margin, which is a magnitude. What stays on the loss scale: the rows
-(RunRow, StoreRows) and `ExperimentView.experiment`, the store's record; read an experiment's numbers
-through its ExperimentView.
+the View hands the faces numbers on the metric's own terms, with the Metric itself (`View.metric`:
+its name, unit and direction, from the loop's pinned task). Two functions convert, here and in
+bot.github.render (which reads store records): `shown_value` a loss to the metric's value
+(Metric.value), `shown_change` a difference of losses (a delta) to the change it means
+(Metric.change: a difference in the metric's units, or on a log scale such as a latency's a relative
+change, -0.5 for half main's value). A margin stays a magnitude on the loss scale: a face shows it
+with Metric.format_margin, or draws it around main's value at loss +/- margin. What stays on the loss
+scale: the rows (RunRow, StoreRows), the margins and `ExperimentView.experiment`, the store's record;
+read an experiment's numbers through its ExperimentView.
 """
 
 from __future__ import annotations
@@ -216,17 +219,26 @@ class ExperimentView:
     @property
     def val_bpb(self) -> float | None:
         """Its value of the metric (None when it failed)."""
-        return None if self.failed else on_metric_scale(self.metric, self.experiment.val_bpb)
+        return None if self.failed else shown_value(self.metric, self.experiment.val_bpb)
 
     @property
     def delta(self) -> float | None:
-        """Its value minus main's at the decision, on the metric's scale."""
-        return None if self.failed else on_metric_scale(self.metric, self.experiment.delta)
+        """Its change from main's value at the decision (shown_change)."""
+        return None if self.failed else shown_change(self.metric, self.experiment.delta)
+
+    @property
+    def delta_value(self) -> float | None:
+        """Its value minus main's at the decision, in the metric's units (on a linear scale the same
+        as `delta`; on a log scale `delta` is relative and this says how many units that was)."""
+        loss, delta = self.experiment.val_bpb, self.experiment.delta
+        if self.failed or loss is None or delta is None:
+            return None
+        return self.metric.value(loss) - self.metric.value(loss - delta)
 
     @property
     def remeasured_delta(self) -> float | None:
-        """The new main's fresh baseline minus the old main's, on the metric's scale."""
-        return on_metric_scale(self.metric, self.experiment.remeasured_delta)
+        """The new main's fresh baseline's change from the old main's (shown_change)."""
+        return shown_change(self.metric, self.experiment.remeasured_delta)
 
     @property
     def pull(self) -> int | None:
@@ -375,10 +387,15 @@ def progress_of(run: RunRow, live: Live | None = None) -> dict[str, Any]:
     return max((x for x in lines if isinstance(x, dict)), key=lambda x: x.get("step") or -1, default={})
 
 
-def on_metric_scale(metric: Metric, loss: float | None) -> float | None:
-    """A value or a delta on the judge's loss scale, on `metric`'s own (Metric.loss is linear and
-    its own inverse; never -0.0, which reads as a loss); a margin is a magnitude and is shown as it is."""
-    return None if loss is None else metric.loss(loss) + 0.0
+def shown_value(metric: Metric, loss: float | None) -> float | None:
+    """A value on the judge's loss scale as the metric's value (Metric.value; never -0.0)."""
+    return None if loss is None else metric.value(loss)
+
+
+def shown_change(metric: Metric, delta: float | None) -> float | None:
+    """A difference of losses (a candidate's minus main's) as the change it means: in the metric's
+    units, or on a log scale a relative change (Metric.change; never -0.0)."""
+    return None if delta is None else metric.change(delta)
 
 
 def task_of(loop: LoopRow) -> Task:
@@ -413,7 +430,7 @@ def _main(rows: StoreRows, values: list[measurement.Value], kept: list[Experimen
     band = measurement.main_margin(values, code, judge_config(loop_settings(rows.loop))) if code else None
     return MainView(
         commit=baselines[-1].commit_sha if baselines else None,
-        val_bpb=on_metric_scale(metric, value),
+        val_bpb=shown_value(metric, value),
         source=source,
         runs=len(own),
         margin=band,
@@ -430,7 +447,7 @@ def _baseline(
     own = tuple(
         r for r in measurement.counted_runs(rows.runs, identity) if r.purpose == "baseline" and r.code_hash == first
     )
-    return Baseline(commit=own[0].commit_sha, val_bpb=metric.loss(value), runs=own)
+    return Baseline(commit=own[0].commit_sha, val_bpb=metric.value(value), runs=own)
 
 
 def _agent(rows: StoreRows, live: Live, spent: float) -> AgentView:
@@ -481,7 +498,7 @@ def _chart(experiments: tuple[ExperimentView, ...], baseline: Baseline | None, m
             continue
         if e.val_bpb is None:  # cancelled before it was measured: a place on the axis, nothing drawn
             continue
-        value = metric.loss(e.val_bpb)
+        value = metric.value(e.val_bpb)
         points.append(
             Point(
                 x=x,
@@ -504,7 +521,7 @@ def _chart(experiments: tuple[ExperimentView, ...], baseline: Baseline | None, m
         points=tuple(points),
         crashes=tuple(crashes),
         main_steps=tuple(steps),
-        best=tuple((at, metric.loss(loss)) for at, loss in best),
+        best=tuple((at, metric.value(loss)) for at, loss in best),
         x_max=x,
     )
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from bot.core.states import Status
 from bot.views.read_model import View
-from bot.views.text import bpb, cell, cut_to, one_line, places, plural, signed
+from bot.views.text import bpb, cell, change_text, cut_to, one_line, places, plural, signed
 from runner.tasks import TRAINING, Metric
 
 DAY_S = 24 * 3600
@@ -42,8 +42,8 @@ class Kept:
     id: int
     title: str
     val_bpb: float | None  # the metric
-    delta: float | None  # vs main at the decision
-    remeasured_delta: float | None  # the new main's fresh baseline minus the old main's
+    delta: float | None  # its change from main at the decision (read_model.shown_change)
+    remeasured_delta: float | None  # the new main's fresh baseline's change from the old main's
     pull: int | None
     for_simplicity: bool = False  # kept for simplicity (a smaller train.py), not for a gain
 
@@ -174,11 +174,12 @@ def _running(f: Facts) -> list[str]:
     return lines
 
 
-def _kept_row(k: Kept, n: int) -> str:
+def _kept_row(k: Kept, metric: Metric) -> str:
     change = cell(one_line(k.title, 120)) + (" (kept for simplicity)" if k.for_simplicity else "")
+    n = places(metric)
     return (
-        f"| {k.id} | {change} | {bpb(k.val_bpb, n)} | {signed(k.delta, n)} "
-        f"| {signed(k.remeasured_delta, n)} | {f'#{k.pull}' if k.pull else '—'} |"
+        f"| {k.id} | {change} | {bpb(k.val_bpb, n)} | {change_text(metric, k.delta, n)} "
+        f"| {change_text(metric, k.remeasured_delta, n)} | {f'#{k.pull}' if k.pull else '—'} |"
     )
 
 
@@ -216,7 +217,7 @@ def log_text(f: Facts, now: float, limit: int) -> str:
     room = limit - len(f"{head}{header}{tail}".encode()) - note_room
     shown: list[str] = []
     for k in reversed(f.kept):  # the newest first, so the oldest are the ones left out
-        row = _kept_row(k, places(f.metric))
+        row = _kept_row(k, f.metric)
         if len(row.encode()) + 1 > room:
             break
         shown.append(row)

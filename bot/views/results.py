@@ -13,6 +13,10 @@ per run are for `autoresearch results`.
 A task other than training has the same columns with its metric's name in val_bpb's place (`commit
 accuracy memory_gb status description`), its values on the metric's own scale with the decimals of
 bot.views.text.places; the rows' dicts keep the key `val_bpb` for the value, whatever the task.
+A row's delta and remeasured_delta are the changes they mean (bot.views.read_model.shown_change): a
+difference in the metric's units, or for a log-scale metric (query latency) a relative change, where
+the row also carries delta_value, its value minus main's in the metric's units; margin stays the
+judge's, on its loss scale (Metric.format_margin says it as people read it).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from typing import Any
 from bot.core.protocols import Publisher, Snapshot
 from bot.core.simplicity import Simplification
 from bot.store import Store
-from bot.views.read_model import RunRow, View, metric_of, on_metric_scale, read_loop, view_of
+from bot.views.read_model import RunRow, View, metric_of, read_loop, shown_value, view_of
 from bot.views.text import places
 from runner import files
 from runner.tasks import Metric
@@ -51,6 +55,7 @@ def rows(view: View) -> list[dict[str, Any]]:
                 "delta": None,
                 "margin": None,
                 "remeasured_delta": None,
+                **({"delta_value": None} if view.metric.relative else {}),
                 "memory_gb": _memory_gb(baseline.runs),
                 "status": "keep",
                 "runs": len(baseline.runs),
@@ -74,6 +79,7 @@ def rows(view: View) -> list[dict[str, Any]]:
                 "delta": finished.delta,
                 "margin": exp.margin,
                 "remeasured_delta": finished.remeasured_delta,
+                **({"delta_value": finished.delta_value} if view.metric.relative else {}),
                 "memory_gb": 0.0 if finished.failed else _memory_gb(finished.runs),
                 "status": exp.status,
                 "runs": len(finished.runs),
@@ -106,7 +112,7 @@ def run_rows(store: Store) -> list[dict[str, Any]]:
             "purpose": r.purpose,
             "state": r.state,
             "status": r.status,
-            "val_bpb": on_metric_scale(metric, r.val_bpb),
+            "val_bpb": shown_value(metric, r.val_bpb),
             "steps": r.metrics.get("num_steps"),
             "tokens_per_second": r.metrics.get("tokens_per_second"),
             "cpu_share": r.metrics.get("cpu_share"),

@@ -14,7 +14,7 @@ from rich.text import Text
 
 from bot.views.read_model import FROM_KEPT_EXPERIMENT, View, progress_of
 from bot.views.terminal import kept_count
-from bot.views.text import places
+from bot.views.text import margin_text, places
 
 EVENTS = 8  # recent events shown
 
@@ -75,9 +75,11 @@ def main_line(view: View) -> str | None:
     how = FROM_KEPT_EXPERIMENT if main.source == FROM_KEPT_EXPERIMENT else f"mean of {main.runs} run(s)"
     line = f"main {main.commit[:7]}: {view.metric.name} {main.val_bpb:.{n}f} ({how})"
     if main.margin is not None:
-        line += f", noise margin {main.margin:.{n}f}"
+        line += f", noise margin {margin_text(view.metric, main.margin, n)}"
     if view.baseline is not None:
-        line += f"; baseline {view.baseline.val_bpb:.{n}f} ({main.val_bpb - view.baseline.val_bpb:+.{n}f})"
+        metric = view.metric
+        change = metric.format_change(metric.loss(main.val_bpb) - metric.loss(view.baseline.val_bpb), n)
+        line += f"; baseline {view.baseline.val_bpb:.{n}f} ({change})"
     return line
 
 

@@ -15,7 +15,7 @@ from rich.text import Text
 from bot.store import Store
 from bot.views import results
 from bot.views.read_model import Live, View, metric_of, progress_of, read_loop
-from bot.views.text import places
+from bot.views.text import change_text, margin_text, places
 
 COLOURS = {"keep": "green", "discard": "yellow", "crash": "red", "failed": "red", "cancelled": "yellow"}
 
@@ -73,9 +73,9 @@ def results_table(view: View) -> Table:
         table.add_row(
             str(row["id"]),
             _fmt(row["val_bpb"], n),
-            _signed(row["delta"], n),
-            _fmt(row["margin"], n),
-            _signed(row["remeasured_delta"], n),
+            change_text(view.metric, row["delta"], n, missing=""),
+            margin_text(view.metric, row["margin"], n, missing="-"),
+            change_text(view.metric, row["remeasured_delta"], n, missing=""),
             _whole(row["steps"]),
             _whole(row["tokens_per_second"]),
             str(row["runs"]),
@@ -113,10 +113,6 @@ def kept_count(view: View) -> str:
     """`3`, or `3 (1 for simplicity)` when some keeps were kept for simplicity."""
     simpler = f" ({view.kept_for_simplicity} for simplicity)" if view.kept_for_simplicity else ""
     return f"{view.counts['keep']}{simpler}"
-
-
-def _signed(value: float | None, places: int) -> str:
-    return "" if value is None else f"{value:+.{places}f}"
 
 
 def _whole(value: float | None) -> str:

@@ -76,6 +76,20 @@ def signed(value: float | None, places: int = 6) -> str:
     return "—" if value is None else f"{value:+.{places}f}"
 
 
+def change_text(metric: Metric, change: float | None, places: int = 6, missing: str = "—") -> str:
+    """A delta as the views carry it (bot.views.read_model.shown_change), signed: in the metric's
+    units with `places` decimals ("+0.001630"), or for a log-scale metric a percentage ("-98.6%")."""
+    if change is None:
+        return missing
+    return f"{100 * change:+.1f}%" if metric.relative else f"{change:+.{places}f}"
+
+
+def margin_text(metric: Metric, margin: float | None, places: int = 6, missing: str = "—") -> str:
+    """A margin (the judge's, a magnitude on the loss scale) as people read it (Metric.format_margin):
+    "0.002000", or for a log-scale metric the relative change it allows ("47.2%")."""
+    return missing if margin is None else metric.format_margin(margin, places)
+
+
 def plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 

@@ -152,7 +152,7 @@ TRAINING = Task(
 QUERY_LATENCY = Task(
     name="query-latency",
     asset="query.sql",
-    metric=Metric("p95_ms", "milliseconds", "lower", digits=2),
+    metric=Metric("p95_ms", "milliseconds", "lower", digits=2, scale="log"),
     evaluator="runner.tasks.query_latency",
     summary="make a slow SQL query fast; p95 latency over repeated executions, same rows as the reference",
 )

@@ -18,7 +18,7 @@
   var pollTimer = null;
   var fallback = null;
   var showAll = false;
-  var metric = { name: "val_bpb", direction: "lower", places: 6 }; // the task's, from the state
+  var metric = { name: "val_bpb", direction: "lower", places: 6, scale: "linear" }; // the task's, from the state
 
   function better(delta) { return metric.direction === "lower" ? delta < 0 : delta > 0; }
 
@@ -46,6 +46,10 @@
     var text = Math.abs(v).toFixed(digits === undefined ? metric.places : digits);
     return (v > 0 ? "+" : v < 0 ? "−" : "±") + text;
   }
+  // A delta as the state carries it (a change in the metric's units, or on a log scale a fraction)
+  // and a margin (a magnitude on the judge's loss scale: the log of a ratio on a log scale).
+  function change(v) { return metric.scale === "log" && isNum(v) ? signed(100 * v, 1) + "%" : signed(v); }
+  function margin(v) { return metric.scale === "log" && isNum(v) ? fixed(100 * Math.expm1(v), 1) + "%" : fixed(v); }
   function money(v) { return isNum(v) ? "$" + v.toFixed(v < 10 ? 2 : 0) : "–"; }
   function duration(s) {
     if (!isNum(s)) return "–";
@@ -184,7 +188,7 @@
     if (main.source && main.source !== "baseline runs") parts.push(main.source);
     else if (main.runs) parts.push("mean of " + main.runs + " run" + (main.runs === 1 ? "" : "s") +
                                   (main.commit ? " of " + main.commit : ""));
-    if (isNum(main.margin)) parts.push("noise margin " + fixed(main.margin));
+    if (isNum(main.margin)) parts.push("noise margin " + margin(main.margin));
     $("main-detail").textContent = parts.join(" · ");
 
     var agent = s.agent || {};
@@ -330,8 +334,8 @@
       var pill = make("span", "pill " + resultOf(e), word + (e.in_flight ? " …" : ""), result);
       if (e.kept_for_simplicity) pill.title = e.kept_for_simplicity;
       make("td", "num", fixed(e.val_bpb), tr);
-      make("td", "num " + (isNum(e.delta) ? (better(e.delta) ? "better" : "worse") : ""), signed(e.delta), tr);
-      make("td", "num wide", fixed(e.margin), tr);
+      make("td", "num " + (isNum(e.delta) ? (better(e.delta) ? "better" : "worse") : ""), change(e.delta), tr);
+      make("td", "num wide", margin(e.margin), tr);
       make("td", "num runs", e.runs, tr);
       make("td", "num wide cost", isNum(e.cost_usd) ? "$" + e.cost_usd.toFixed(3) : "–", tr);
       var title = make("td", "title", null, tr);

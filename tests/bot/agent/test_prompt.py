@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from bot.agent.prompt import HISTORY_IN_FULL, context_blocks, history_line, system_prompt
@@ -137,13 +138,14 @@ def test_a_long_crash_tail_is_cut_to_its_end():
 
 def test_a_query_latency_context_shows_query_sql_and_p95_in_milliseconds():
     query = "CREATE INDEX i ON orders(customer_id);\nSELECT 1;\n"
-    ctx = context(asset=query, task="query-latency", main_val_bpb=12.5, history=[entry(2, "discard")])
+    ctx = context(asset=query, task="query-latency", main_val_bpb=math.log(12.5), history=[entry(2, "discard")])
     stable, volatile = (block["text"] for block in context_blocks(ctx))
     assert "# query.sql on main (commit aaaaaaaaaaaa): also at /repo/query.sql" in stable
     assert f"```sql\n{query.rstrip()}\n```" in stable
     assert "main's p95_ms is 12.50 (milliseconds, the mean of its baseline runs; lower is better)" in volatile
-    assert "d = p95_ms minus main's at the time, negative is better" in volatile
-    assert "#2 discard d=+0.0040" in volatile and "change to /repo/query.sql" in volatile
+    assert "d = p95_ms relative to main's at the time, negative is better" in volatile
+    assert "#2 discard d=+0.4% m=0.4%" in volatile  # a change of log p95 of 0.004: 0.4%
+    assert "change to /repo/query.sql" in volatile
     system = system_prompt("query-latency")
     assert "you improve query.sql" in system and "scored by p95_ms (milliseconds; lower is better)" in system
     assert "train.py" not in system and "harness" not in system

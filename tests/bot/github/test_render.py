@@ -3,6 +3,7 @@ length limits whatever the input, markers that only the bot can write, and no No
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Any
 
@@ -151,11 +152,17 @@ def test_check_title_of_a_kept_experiment_reads_exactly_as_specified() -> None:
 
 
 def test_check_title_shows_the_tasks_metric_with_its_decimals_on_its_own_scale() -> None:
-    """The store's numbers are losses: p95_ms as it is, accuracy negated back; a margin as it is."""
+    """The store's numbers are losses: p95_ms's logarithm (its delta a relative change, its margin the
+    change it allows), accuracy negated back with its margin as it is."""
     latency = render.check_title(
-        experiment(), status="keep", val_bpb=12.5, delta=-1.25, margin=0.5, metric=QUERY_LATENCY.metric
+        experiment(),
+        status="keep",
+        val_bpb=math.log(12.5),
+        delta=math.log(12.5 / 13.75),
+        margin=math.log(1.1),
+        metric=QUERY_LATENCY.metric,
     )
-    assert latency == "p95_ms 12.500 (-1.250 vs main, noise margin 0.500): kept"
+    assert latency == "p95_ms 12.500 (-9.1% vs main, noise margin 10.0%): kept"
     accuracy = render.check_title(
         experiment(), status="keep", val_bpb=-0.85, delta=-0.05, margin=0.01, metric=TICKET_ROUTING.metric
     )
@@ -588,9 +595,11 @@ def test_another_tasks_run_in_progress_is_running_not_training() -> None:
 
 
 def test_another_tasks_check_summary_shows_only_the_figures_its_runs_report() -> None:
-    runs = [run(1, 12.5, asset=QUERY, metrics={"total_seconds": 2.5})]
-    exp = experiment(asset=QUERY, val_bpb=12.5, delta=-1.25, reason="judged")
-    summary = render.check_summary(exp, runs, main_val_bpb=13.75, noise_margin=0.5, metric=QUERY_LATENCY.metric)
+    runs = [run(1, math.log(12.5), asset=QUERY, metrics={"total_seconds": 2.5})]
+    exp = experiment(asset=QUERY, val_bpb=math.log(12.5), delta=math.log(12.5 / 13.75), reason="judged")
+    summary = render.check_summary(
+        exp, runs, main_val_bpb=math.log(13.75), noise_margin=math.log(1.1), metric=QUERY_LATENCY.metric
+    )
     assert "| p95_ms | 12.5000 |" in summary and "| Total seconds | 2.5 |" in summary
     for training_only in ("Peak memory", "MFU", "Tokens", "Parameters", "Training seconds", "val_bpb"):
         assert training_only not in summary

@@ -129,6 +129,7 @@ def test_the_dashboard_state_carries_the_metric_and_its_numbers(store: Store):
         "unit": "fraction of hold-out tickets routed to their queue",
         "direction": "higher",
         "places": 6,
+        "scale": "linear",
     }
     assert state["main"]["val_bpb"] == pytest.approx(statistics.fmean(C_RUNS))
     assert state["main"]["baseline_val_bpb"] == pytest.approx(statistics.fmean(A_RUNS))
