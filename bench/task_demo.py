@@ -29,6 +29,7 @@ Figures go to docs/benchmarks.md by hand.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import subprocess
@@ -107,10 +108,10 @@ def report(workdir: Path) -> dict[str, Any]:
         store.close()
     runs = [r for r in finished if r.val_bpb is not None]  # those with a value: not crashed nor rejected
     metric = task.metric
-    value = metric.loss  # the store keeps the judge's loss scale; the negation is its own inverse
+    value = metric.value  # the store keeps the judge's loss scale (the metric, negated, or its logarithm)
 
     def gain(loss_delta: float | None) -> float | None:
-        return None if loss_delta is None else -loss_delta  # loss down is a gain
+        return None if loss_delta is None else -loss_delta  # loss down is a gain, on the loss scale
 
     mains: dict[str, dict[int, float]] = defaultdict(dict)
     for run in runs:
@@ -133,7 +134,9 @@ def report(workdir: Path) -> dict[str, Any]:
             "gain": gain(exp.delta),
             "margin": exp.margin,
             "reason": exp.reason,
-            "paired_gains": {seed: metric.loss(main[seed] - v) for seed, v in sorted(own.items()) if seed in main},
+            "paired_gains": {
+                seed: metric.loss(main[seed]) - metric.loss(v) for seed, v in sorted(own.items()) if seed in main
+            },
         }
         if exp.merged_sha:
             fresh = mains.get(exp.merged_sha, {})
@@ -169,8 +172,16 @@ def report(workdir: Path) -> dict[str, Any]:
 
 
 def render(found: dict[str, Any]) -> str:
+    """The report as text: values on the metric's scale; gains (a loss-scale decrease: positive is better)
+    and margins in the metric's units, or for a log-scale metric as the relative change they mean."""
     metric: Metric = found["metric"]
-    fmt = metric.format
+    fmt, n = metric.format, metric.digits + 2
+
+    def shown_gain(gain: float) -> str:
+        if not metric.relative:
+            return f"{gain:+.{n}f}"
+        return f"{math.copysign(100 * abs(metric.change(-gain)), gain):+.1f}%"
+
     experiments = found["experiments"]
     lines = [
         f"task {found['task']}: {metric.name} ({metric.unit}, {metric.direction} is better); "
@@ -185,17 +196,17 @@ def render(found: dict[str, Any]) -> str:
             + ", ".join(f"{seed}: {fmt(v)}" for seed, v in values.items())
         )
     for e in experiments:
-        gain = "-" if e["gain"] is None else f"{e['gain']:+.{metric.digits + 2}f}"
-        margin = "-" if e["margin"] is None else f"{e['margin']:.{metric.digits + 2}f}"
+        gain = "-" if e["gain"] is None else shown_gain(e["gain"])
+        margin = "-" if e["margin"] is None else metric.format_margin(e["margin"], n)
         mean = "-" if e["mean"] is None else fmt(e["mean"])
         lines.append(
             f"#{e['id']} {e['status']}: {e['title']}: {len(e['runs'])} run(s), mean {mean}, gain {gain}, margin "
-            f"{margin}; paired gains by seed {', '.join(f'{s}: {g:+.{metric.digits + 2}f}' for s, g in e['paired_gains'].items())}"
+            f"{margin}; paired gains by seed {', '.join(f'{s}: {shown_gain(g)}' for s, g in e['paired_gains'].items())}"
         )
         lines.append(f"    {e['reason']}")
         if "merged_sha" in e:
             lines.append(
-                f"    merged as {e['merged_sha'][:7]}; re-measured gain {e['remeasured_gain']:+.{metric.digits + 2}f}; the new main's fresh "
+                f"    merged as {e['merged_sha'][:7]}; re-measured gain {shown_gain(e['remeasured_gain'])}; the new main's fresh "
                 f"runs repeat the candidate's under the same seed: {e['fresh_runs_repeat_candidate']}"
             )
     for m in found["merges"]:
