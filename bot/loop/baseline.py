@@ -163,9 +163,12 @@ class Baseline:
             values, seeded = self.values(), self._seeded
             mains = {sha: v[0] for v, (_, sha, _) in zip(values, seeded, strict=True) if v[2] == "baseline"}
             for (_, experiment, _, _), (_, sha, params) in zip(values, seeded, strict=True):
-                if experiment is not None and params is not None and sha not in mains:
+                pairable = params is not None or self.task.seed_pairs
+                if experiment is not None and pairable and sha not in mains:
                     mains[sha] = self.code_at(sha)  # main moved without a new train.py: no baseline run there
-            self._pairs = pairing.paired_differences(values, seeded, mains, self.main_runs)
+            self._pairs = pairing.paired_differences(
+                values, seeded, mains, self.main_runs, seed_pairs=self.task.seed_pairs
+            )
         return self._pairs
 
     def pairs_of(self, experiment: int, code_hash: str) -> pairing.Pairs | None:
@@ -241,8 +244,9 @@ class Baseline:
                 "and measured afresh when they grow older",
             )
 
-    def queue_run(self, main: Main, reason: str) -> None:
-        """Queue one more run of main's own train.py."""
+    def queue_run(self, main: Main, reason: str, *, seed: int | None = None) -> None:
+        """Queue one more run of main's own train.py, under `seed` when given (the seed an experiment's
+        next run takes, to pair with it), else under a seed main's train.py has not run under."""
         self.store.runs.add(
             experiment_id=None,
             purpose="baseline",
@@ -252,6 +256,7 @@ class Baseline:
             asset=main.asset,
             profile=self.profile,
             reason=reason,
+            seed=seed,
         )
 
     def block(self, main: Main, message: str) -> None:

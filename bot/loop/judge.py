@@ -56,7 +56,8 @@ the task's metric, by its name and on its own scale (JudgeConfig.metric). The ru
    for two runs (bench/simplicity_accuracy.py). A change that is both simpler and clearly better is an ordinary keep, said as such. With
    `simpler` not given, or `simplicity_sigmas` 0, the rule above is all there is.
 
-6. Paired seeds. A change that keeps main's parameters is also compared with main seed for seed
+6. Paired seeds. A change that keeps main's parameters (any change, where the task's seeds pair
+   whatever the asset: Task.seed_pairs) is also compared with main seed for seed
    (bot.loop.pairing): its differences from main's runs under the same seeds, judged against a
    paired noise pooled from such differences, where the data say that pays. It is a second way to
    a keep, never a replacement: what the rule above keeps stays kept, and whatever the paired rule

@@ -11,10 +11,11 @@ keep anyway), then every active experiment as far as it goes without waiting:
                beside its confirmation), then the judge (bot.loop.judge) decides from the numbers
                alone: keep, discard, crash, one confirmation run more, or a re-measure on a newer
                main; a change that makes train.py smaller (bot.core.simplicity) may be kept for
-               simplicity; one that keeps main's parameters is also compared with main seed for
-               seed (its confirmation then queues main's run under its seed when main lacks
-               it). Measured on a main that has moved on since, a change that came out no
-               better than that main is discarded there; one that improved on it is re-measured
+               simplicity; one that keeps main's parameters (any, where the task's seeds pair) is
+               also compared with main seed for seed (its confirmation then queues main's run
+               under its seed when main lacks it). Measured on a main that has moved on since, a
+               change that came out no better than that main is discarded there; one that
+               improved on it is re-measured
     rebasing   re-graft its change onto the new main and queue a re-measure (or follow a main whose
                train.py did not change: its runs still count)
     merging    squash-merge into main, compare-and-swap on the main it was measured against
@@ -246,6 +247,7 @@ class Lifecycle:
             base_sha=exp.base_sha,
             asset=exp.asset,
             profile=self.profile,
+            main_code=self.baseline.code_at(exp.base_sha),
             experiment_fields={"state": State.MEASURING},
         )
         return self.store.experiments.get(exp.id)
@@ -310,9 +312,10 @@ class Lifecycle:
             for _ in range(decision.extra_main_runs):
                 self.baseline.queue_run(main, f"beside the confirmation of experiment {exp.id}")
             if pairs is not None:  # it pairs with main: main runs under the confirmation's seed too
-                seed = self.store.runs.next_seed(exp.id, exp.code_hash)
-                while self.store.runs.next_seed(None, main.code_hash) <= seed:
-                    self.baseline.queue_run(main, f"under seed {seed}, paired with experiment {exp.id}'s next run")
+                seed = self.store.runs.next_seed(exp.code_hash, main.code_hash)
+                if seed not in self.store.runs.main_seeds(main.code_hash):
+                    why = f"under seed {seed}, paired with experiment {exp.id}'s next run"
+                    self.baseline.queue_run(main, why, seed=seed)
             self.runs.queue(exp, "confirm", decision.reason)
             return None
         if decision.action == "remeasure":
@@ -415,6 +418,7 @@ class Lifecycle:
             asset=text,
             profile=self.profile,
             reason=f"rebased onto main {main.sha[:7]}",
+            main_code=main.code_hash,
             experiment_fields={
                 "state": State.MEASURING,
                 "base_sha": main.sha,

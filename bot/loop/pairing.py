@@ -1,21 +1,24 @@
 """Paired seeds: which runs of a change pair with main's, the paired noise they pool to, and the
 paired rule that judges a change on them, a second way to a keep beside bot.loop.judge's rule.
 
-A run's seed is its index among its side's runs (bot.store.runs), so a candidate's k-th run and
-main's k-th run share seed k. When the candidate keeps main's parameters (the scorer's fingerprint
-of their names, shapes and dtypes is main's), the two runs of a seed start from the same weights
-(torch.manual_seed(seed)), and their difference d = candidate - main cancels what the seed explains
-(measured at equal steps on the cpu profile: a schedule constant's d varies about a tenth as much as
-an unpaired difference, a learning rate's a quarter; a new layer's or a depth's, whose initial draws
-all move, about as much).
+A candidate's k-th run on a main takes that main's k-th seed (bot.store.runs: no code runs twice
+under one seed, so a new main's runs are fresh draws, not its kept candidate's repeated). Where the
+task's evaluation draws from the seed whatever the asset (Task.seed_pairs: ticket routing's
+hold-out split), every run pairs with main's of its seed. In training, when the candidate keeps
+main's parameters (the scorer's fingerprint of their names, shapes and dtypes is main's), the two
+runs of a seed start from the same weights (torch.manual_seed(seed)), and their difference d =
+candidate - main cancels what the seed explains (measured at equal steps on the cpu profile: a
+schedule constant's d varies about a tenth as much as an unpaired difference, a learning rate's a
+quarter; a new layer's or a depth's, whose initial draws all move, about as much).
 
 Which runs pair (`paired_differences`): a seed pairs when exactly one counted run on each side has
-it and the two report the same parameters' fingerprint; a run of main set aside as an outlier pairs
-with nothing. The paired noise sigma_d (`PairedPool`) is pooled, as judge.pooled_noise pools
-runs, from the deviations of d within each experiment that has 2+ pairs; its degrees of freedom are
-not those pairs less one, summed: every experiment on one main subtracts the same few runs of main,
-so the pool knows about those runs no more than their own spread tells (PairedPool says how they
-are counted).
+it and, unless the task's seeds pair whatever the asset, the two report the same parameters'
+fingerprint (a task whose seed decides nothing of its measurement, query latency's, has neither
+and never pairs); a run of main set aside as an outlier pairs with nothing. The paired noise
+sigma_d (`PairedPool`) is pooled, as judge.pooled_noise pools runs, from the deviations of d
+within each experiment that has 2+ pairs; its degrees of freedom are not those pairs less one,
+summed: every experiment on one main subtracts the same few runs of main, so the pool knows about
+those runs no more than their own spread tells (PairedPool says how they are counted).
 
 The rule (`Pairs.verdict`, which judge.decide asks after its own rule) is never a replacement: what
 the unpaired rule keeps stays kept, and it is used only where the data say it pays: the pool has
@@ -76,6 +79,8 @@ def paired_differences(
     seeded: Sequence[tuple[int, str, str | None]],
     main_code_at: Mapping[str, str],
     main_runs_of: Callable[[str], MainRuns],
+    *,
+    seed_pairs: bool = False,
 ) -> dict[Side, Paired]:
     """Each experiment's runs minus main's under the same seed, by (experiment, code_hash of its
     train.py), in seed order. `seeded` holds, for each of `values`, the run's seed, the main it was
@@ -85,7 +90,9 @@ def paired_differences(
     `main_runs_of(code_hash)` gives main's runs as the judge reads them (measurement.main_runs: a run
     set aside pairs with nothing either). A seed pairs when exactly one counted run on each side has
     it and the two report the same parameters' fingerprint: a change that reshapes, adds or drops a
-    parameter draws other initial weights under the same seed and shares little with main."""
+    parameter draws other initial weights under the same seed and shares little with main. With
+    `seed_pairs` (the task's evaluation draws from the seed whatever the asset: Task.seed_pairs) no
+    fingerprint is asked for."""
     main_by_seed: dict[str, dict[int, list[int]]] = {}
     for code in {c for c, _, purpose, _ in values if purpose == "baseline"}:
         by_seed = main_by_seed.setdefault(code, {})
@@ -104,7 +111,7 @@ def paired_differences(
             if len(own) != 1 or len(partner) != 1:
                 continue
             i, j = own[0], partner[0]
-            if seeded[i][2] is not None and seeded[i][2] == seeded[j][2]:
+            if seed_pairs or (seeded[i][2] is not None and seeded[i][2] == seeded[j][2]):
                 paired.differences.append(values[i][3] - values[j][3])
                 paired.main_runs.append(j)
         if paired.differences:

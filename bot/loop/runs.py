@@ -188,6 +188,7 @@ class Runs:
             base_sha=exp.base_sha,
             asset=exp.asset,
             profile=self.profile,
+            main_code=self.baseline.code_at(exp.base_sha),
             reason=reason,
         )
 

@@ -1,14 +1,18 @@
 """The runs table: each run queued, started, finished or set aside, and what it measured.
 
-A run's id is its idempotency key with the runner. Its seed is its index among the runs of the same
-side on the same main, from 1 (`next_seed`): main's k-th baseline run of a train.py gets seed k, an
-experiment's k-th run of a train.py (the change as grafted onto one main) gets seed k, so a candidate
-and main share seeds and the judge can compare them seed by seed (bot.loop.judge, paired seeds). A
-run is queued in the same transaction as the experiment change that asks for it; finishing is done
-once (a second report of the same run changes nothing); a run set aside (lost, refused, disturbed,
-cancelled) is re-run as a new run with the same seed, in the same transaction. A store written
-before seeds were indices keeps its runs' seeds (their run ids, which no run of the other side
-shares); a run queued since numbers on from how many runs its side already has.
+A run's id is its idempotency key with the runner. Its seed is chosen so that no code runs twice
+under one seed (`next_seed`): a run of main's own train.py takes the smallest seed that train.py has
+not run under, its runs as a kept experiment's included (those were selected for coming out low, and
+a deterministic evaluator would repeat them exactly), so a new main is measured afresh; an
+experiment's k-th run measured on a main takes that main's k-th seed (the first of main's seeds its
+own train.py has not run under), so a candidate and main share seeds and the judge can compare them
+seed by seed (bot.loop.pairing); beyond main's seeds it takes the smallest seed neither its train.py
+nor main's has run under, and main gets a run under it where the paired rule asks (the lifecycle
+passes that seed). A run is queued in the same transaction as the experiment change that asks for
+it; finishing is done once (a second report of the same run changes nothing); a run set aside (lost,
+refused, disturbed, cancelled) is re-run as a new run with the same seed, in the same transaction. A
+store written before seeds were chosen this way keeps its runs' seeds; a run queued since avoids them
+as it avoids any other.
 
 A run's value is stored on the judge's loss scale (`val_bpb`, whatever the task); the event that
 says a run finished shows it in the task's metric, which the caller gives (training's by default).
@@ -79,14 +83,19 @@ class Runs:
         base_sha: str,
         asset: str,
         profile: str,
+        main_code: str | None = None,
+        seed: int | None = None,
         experiment_fields: dict[str, Any] | None = None,
         reason: str | None = None,
     ) -> Run:
         """Queue a run; `experiment_fields` (a state change, say) are written in the same
-        transaction, so a restart never finds the one without the other."""
+        transaction, so a restart never finds the one without the other. An experiment's run is
+        measured on the main whose train.py's hash is `main_code` (its seed pairs with main's:
+        `next_seed`); `seed` gives a run of main the seed an experiment's next run will take."""
         now = time.time()
         with self.db.transaction() as conn:
-            seed = self._next_seed(conn, experiment_id, code_hash)
+            if seed is None:
+                seed = _next_seed(conn, code_hash, None if experiment_id is None else main_code)
             cursor = conn.execute(
                 "INSERT INTO runs(experiment_id, purpose, code_hash, commit_sha, base_sha, asset, profile,"
                 " seed, state, queued_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'queued', ?)",
@@ -100,20 +109,16 @@ class Runs:
         self.db.failpoint(f"queued_{purpose}")
         return self.get(run_id)
 
-    def next_seed(self, experiment_id: int | None, code_hash: str) -> int:
-        """The seed the next run of this side would get: main's (`experiment_id` None) or one
-        experiment's runs of the train.py whose hash is `code_hash`."""
-        return self._next_seed(self.db.conn, experiment_id, code_hash)
+    def next_seed(self, code_hash: str, main_code: str | None = None) -> int:
+        """The seed the next run of the train.py whose hash is `code_hash` would get: main's own run
+        when `main_code` is None, else an experiment's run measured on the main whose train.py's hash
+        is `main_code`."""
+        return _next_seed(self.db.conn, code_hash, main_code)
 
-    @staticmethod
-    def _next_seed(conn: sqlite3.Connection, experiment_id: int | None, code_hash: str) -> int:
-        """1 + the runs of this side queued so far, re-runs not counted (a re-run keeps the seed of
-        the run it repeats)."""
-        count = conn.execute(
-            "SELECT COUNT(*) FROM runs WHERE experiment_id IS ? AND code_hash = ? AND rerun_of IS NULL",
-            (experiment_id, code_hash),
-        ).fetchone()[0]
-        return count + 1
+    def main_seeds(self, main_code: str) -> list[int]:
+        """The seeds of main's own runs of the train.py whose hash is `main_code`, in the order they
+        were queued (a re-run repeats its run's seed and is not counted again)."""
+        return _main_seeds(self.db.conn, main_code)
 
     def mark_started(self, run_id: int, run_dir: str) -> None:
         self.db.execute(
@@ -292,3 +297,28 @@ class Runs:
             (profile, harness_hash, data_fingerprint, threads, threads),
         )
         return [(r[0], r[1], r[2], r[3], r[4], r[5], r[6] if isinstance(r[6], str) else None) for r in rows]
+
+
+def _main_seeds(conn: sqlite3.Connection, main_code: str) -> list[int]:
+    rows = conn.execute(
+        "SELECT seed FROM runs WHERE experiment_id IS NULL AND code_hash = ? AND rerun_of IS NULL ORDER BY id",
+        (main_code,),
+    )
+    return [row[0] for row in rows]
+
+
+def _next_seed(conn: sqlite3.Connection, code_hash: str, main_code: str | None) -> int:
+    """Main's k-th seed for an experiment's k-th run on it (the first of main's seeds this code has not
+    run under), else the smallest seed neither this code nor main's (when given) has run under."""
+    codes = [code_hash] if main_code is None else [code_hash, main_code]
+    marks = ", ".join("?" for _ in codes)
+    rows = conn.execute(f"SELECT DISTINCT code_hash, seed FROM runs WHERE code_hash IN ({marks})", codes)
+    used: dict[str, set[int]] = {code: set() for code in codes}
+    for code, seed in rows:
+        used[code].add(seed)
+    if main_code is not None:
+        for seed in _main_seeds(conn, main_code):
+            if seed not in used[code_hash]:
+                return seed
+    taken = set().union(*used.values())
+    return next(seed for seed in range(1, len(taken) + 2) if seed not in taken)

@@ -213,7 +213,7 @@ def test_a_borderline_gain_gets_a_confirmation_and_one_more_run_of_main(tmp_path
 def test_a_change_that_keeps_mains_parameters_is_judged_seed_for_seed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, same_parameters: bool
 ) -> None:
-    """Main's k-th run and the candidate's k-th run share seed k; the scorer's parameters' fingerprint,
+    """Main's k-th run and the candidate's k-th run share main's k-th seed; the scorer's parameters' fingerprint,
     carried in the result, pairs them. The change is 0.010 better than main seed for seed (main's runs
     differ by seed far more): unpaired, two runs are discarded; paired, the confirmation asks for a
     third seed, main runs under it, and three pairs keep it. Paired judging is allowed here from one
@@ -225,7 +225,7 @@ def test_a_change_that_keeps_mains_parameters_is_judged_seed_for_seed(
     config = JudgeConfig(paired_min_dof=1, paired_pays_p=0.5, confirm_main_runs=0)
     monkeypatch.setattr(lifecycle, "judge_config", lambda settings: config)
     main_by_seed = {1: 1.000, 2: 1.010, 3: 1.005}
-    change_by_seed = {1: 0.990, 2: 1.001, 3: 0.994}  # d = -0.010, -0.009, -0.011
+    change_by_seed = {1: 0.990, 2: 1.001, 3: 0.994, 4: 0.992, 5: 0.996}  # d = -0.010, -0.009, -0.011
 
     def outcome(job):
         change = "_fake_effect = (-0.01" in job.asset
@@ -250,8 +250,8 @@ def test_a_change_that_keeps_mains_parameters_is_judged_seed_for_seed(
             ("confirm", 2),
             ("baseline", 3),
             ("confirm", 3),
-            ("baseline", 1),  # the new main, measured afresh: its seeds start again at 1
-            ("baseline", 2),
+            ("baseline", 4),  # the new main, measured afresh: under seeds its train.py has not run under
+            ("baseline", 5),
         ]
         assert exp.status == "keep" and exp.delta == pytest.approx(-0.010)
         assert "paired on 3 seeds" in exp.reason

@@ -723,11 +723,12 @@ def test_experiment_by_code(store: Store):
 # --- runs ----------------------------------------------------------------------------------------
 
 
-def test_add_run_queues_with_its_index_among_its_sides_runs_as_seed(store: Store):
+def test_add_run_queues_under_a_seed_its_code_has_not_run_under(store: Store):
     exp = new_experiment(store)
     runs = [new_run(store, exp.id), new_run(store, exp.id, purpose="confirm"), new_run(store, None, "baseline")]
     assert [r.id for r in runs] == [1, 2, 3]
-    assert [r.seed for r in runs] == [1, 2, 1]  # the experiment's first and second run, main's first
+    assert [r.seed for r in runs] == [1, 2, 3]  # main's run of the same code takes neither of its seeds
+    assert new_run(store, None, "baseline", code_hash="other").seed == 1
     assert all(r.state == "queued" and r.status is None and r.metrics == {} for r in runs)
     assert all(r.rerun_of is None and r.note is None for r in runs)
     assert runs[2].experiment_id is None and runs[2].purpose == "baseline"
@@ -917,17 +918,39 @@ def test_a_rerun_can_be_set_aside_again(store: Store):
     assert new_run(store).seed == first.seed + 1  # re-runs take no seed of their own
 
 
-def test_seeds_count_main_per_train_py_and_an_experiment_per_main_it_is_measured_on(store: Store):
-    """Main's k-th run of a train.py and an experiment's k-th run measured on one main share seed k;
-    main's new train.py, and an experiment re-measured on a new main (a new code_hash), start again at 1."""
+def test_a_candidate_takes_mains_seeds_in_order_and_no_code_runs_twice_under_one_seed(store: Store):
+    """An experiment's k-th run on a main takes main's k-th seed (they pair), then a seed neither
+    side has run under; a new main (the kept change's code) runs under seeds that code has not run
+    under, so its runs are fresh draws; a change re-measured there takes the new main's seeds."""
     exp, other = new_experiment(store), new_experiment(store, 3)
     main = [new_run(store, None, "baseline", code_hash="main-1").seed for _ in range(3)]
-    candidate = [new_run(store, exp.id, "candidate").seed, new_run(store, exp.id, "confirm").seed]
-    assert (main, candidate) == ([1, 2, 3], [1, 2])
-    assert new_run(store, other.id, "candidate", code_hash="code-3").seed == 1  # each experiment its own count
-    assert new_run(store, None, "baseline", code_hash="main-2").seed == 1  # the next main
-    assert new_run(store, exp.id, "remeasure", code_hash="code-1-on-main-2").seed == 1  # re-measured there
-    assert store.runs.next_seed(exp.id, "code-1") == 3 and store.runs.next_seed(None, "main-1") == 4
+    on_main = dict(main_code="main-1")
+    candidate = [new_run(store, exp.id, purpose, **on_main).seed for purpose in ("candidate", "confirm", "confirm")]
+    assert (main, candidate) == ([1, 2, 3], [1, 2, 3])
+    assert store.runs.next_seed("code-1", "main-1") == 4  # beyond main's seeds: one neither has run under
+    assert new_run(store, exp.id, "confirm", **on_main).seed == 4
+    assert new_run(store, None, "baseline", code_hash="main-1").seed == 4  # main's run under that seed pairs
+    assert new_run(store, other.id, "candidate", code_hash="code-3", **on_main).seed == 1  # each change its own
+    kept = [new_run(store, None, "baseline", code_hash="code-1").seed for _ in range(2)]  # code-1 is main now
+    assert kept == [5, 6] and store.runs.main_seeds("code-1") == [5, 6]
+    remeasured = new_run(store, other.id, "remeasure", code_hash="code-3-on-code-1", main_code="code-1")
+    assert remeasured.seed == 5
+    assert store.runs.next_seed("code-1") == 7 and store.runs.next_seed("code-3", "main-1") == 2
+
+
+def test_main_runs_under_the_seed_an_experiments_next_run_takes_when_given(store: Store):
+    store.runs.add(
+        experiment_id=None,
+        purpose="baseline",
+        code_hash="main-1",
+        commit_sha="c" * 40,
+        base_sha=MAIN,
+        asset="print(1)\n",
+        profile="cpu",
+        seed=7,
+    )
+    assert store.runs.main_seeds("main-1") == [7]
+    assert new_run(store, new_experiment(store).id, main_code="main-1").seed == 7
 
 
 def test_set_aside_run_is_one_transaction(store: Store):
