@@ -144,7 +144,7 @@ def volatile_text(ctx: ProposalContext) -> str:
     if ctx.feedback:
         parts.append(_feedback(ctx.feedback))
     if ctx.last_crash:
-        parts.append(_crash(ctx.last_crash, ctx.last_crash_id))
+        parts.append(_crash(ctx.last_crash, ctx.last_crash_id, rejected=ctx.last_crash_status == "rejected"))
     parts.append(
         f"Propose the next experiment: make one change to {ROOT}/{task.asset} with the editor, then call submit."
     )
@@ -225,11 +225,13 @@ def _feedback(feedback: list[str]) -> str:
     return "\n".join(lines)
 
 
-def _crash(tail: str, exp_id: int | None) -> str:
+def _crash(tail: str, exp_id: int | None, *, rejected: bool = False) -> str:
     which = f"experiment #{exp_id}" if exp_id is not None else "the last experiment"
     text = "\n".join(tail.strip().splitlines()[-CRASH_LINES:])[-CRASH_CHARS:]
+    what = "rejection: its run was refused a number, for this reason" if rejected else "crash"
+    said = "" if rejected else "Its traceback's tail:\n"
     return (
-        f"# The last crash: {which}\nIts traceback's tail:\n```\n{text}\n```\n"
+        f"# The last {what}: {which}\n{said}```\n{text}\n```\n"
         "If your change fixes it, set fixes_crash to true in submit."
     )
 

@@ -398,7 +398,10 @@ def plot(
     finally:
         store.close()
     best = f", best {data.metric.name} {data.best:.{places(data.metric)}f}" if data.best is not None else ""
-    console.print(f"wrote {target}: {len(data.points)} points, {data.kept} kept, {data.crashed} crashed{best}")
+    rejected = f", {data.rejected} rejected" if data.rejected else ""
+    console.print(
+        f"wrote {target}: {len(data.points)} points, {data.kept} kept, {data.crashed} crashed{rejected}{best}"
+    )
 
 
 if __name__ == "__main__":

@@ -311,8 +311,8 @@ def render_summary(summary: Summary, wall_s: float, results_tsv: Path, metric: M
     table.add_column("value")
     table.add_row("experiments", str(summary.experiments))
     table.add_row(
-        "kept / discarded / crashed / failed",
-        f"{summary.kept} / {summary.discarded} / {summary.crashed} / {summary.failed}",
+        "kept / discarded / crashed / rejected / failed",
+        f"{summary.kept} / {summary.discarded} / {summary.crashed} / {summary.rejected} / {summary.failed}",
     )
     n = places(metric)
     table.add_row(f"baseline {metric.name}", _fmt(shown_value(metric, summary.baseline_val_bpb), n))

@@ -184,11 +184,16 @@ LABELS: dict[str, Label] = {
     ),
     "discard": Label("autoresearch: discarded", "cfd3d7", "Not a measurable gain over main; kept as a record"),
     "crash": Label("autoresearch: crashed", "d73a4a", "Its training run crashed; the traceback goes to the agent"),
+    "rejected": Label(
+        "autoresearch: rejected",
+        "e99695",
+        "Its run failed a check before it was measured; the reason goes to the agent",
+    ),
     "cancelled": Label("autoresearch: cancelled", "6a737d", "Stopped by a person before a decision"),
     "failed": Label("autoresearch: failed", "b60205", "The bot could not finish it (a step kept failing)"),
 }
-# another task's run is an evaluation, and its gate may reject the asset (recorded as a crash)
-_TASK_CRASH = "Its run crashed or its evaluator rejected it; the reason goes to the agent"
+# another task's run is an evaluation (one its gate rejects is `rejected`, labelled apart)
+_TASK_CRASH = "Its run crashed or ran out of time; the reason goes to the agent"
 
 
 def label(status: str, task: Task = TRAINING) -> Label:
@@ -204,6 +209,7 @@ _CONCLUSIONS = {
     "keep": "success",
     "discard": "neutral",
     "crash": "failure",
+    "rejected": "failure",
     "failed": "failure",
     "cancelled": "cancelled",
 }
@@ -211,6 +217,7 @@ _OUTCOME_WORDS = {
     "keep": "kept",
     "discard": "discarded",
     "crash": "crashed",
+    "rejected": "rejected",
     "failed": "failed",
     "cancelled": "cancelled",
 }
@@ -314,7 +321,7 @@ def _history(exp: Experiment, history: list[Experiment], shown: _Shown) -> str:
         return "No experiment has finished yet."
     rows = [f"| Experiment | Status | {shown.name} | Δ vs main |", "| --- | --- | --- | --- |"]
     for e in reversed(done):
-        crashed = e.status in ("crash", "failed")
+        crashed = e.status in ("crash", "rejected", "failed")
         rows.append(
             f"| #{e.id} {_cell(_one_line(e.title, 80))} | {_OUTCOME_WORDS.get(e.status, e.status)} "
             f"| {'—' if crashed else shown.value(e.val_bpb)} | {'—' if crashed else shown.delta(e.delta)} |"
@@ -411,7 +418,7 @@ def check_title(
     progress: dict[str, Any] | None = None,
     metric: Metric = TRAINING.metric,
 ) -> str:
-    """One line for a check run: a finished status (keep, discard, crash, failed, cancelled) with
+    """One line for a check run: a finished status (keep, discard, crash, rejected, failed, cancelled) with
     its numbers (the experiment's own when not given; store numbers, shown in `metric`), `queued`
     with the runs ahead of it, or `running` with the latest progress line."""
     if status == "queued":
@@ -424,6 +431,8 @@ def check_title(
         title = _running(progress or {}, "training" if metric == TRAINING.metric else "running")
     elif status == "crash":
         title = f"crashed: {_last_error_line(exp)}"
+    elif status == "rejected":
+        title = exp.reason or "rejected"  # the judge's "rejected: <why>"
     elif status in _OUTCOME_WORDS:
         simpler = kept_for_simplicity(exp) if status == "keep" else None
         numbers = _numbers(
@@ -638,6 +647,8 @@ def _next_step(exp: Experiment) -> str:
         return f"{branch} is kept as a record, not merged. The agent sees this result in its history."
     if exp.status == "crash":
         return f"{branch} is kept as a record. The traceback below is given to the next proposal."
+    if exp.status == "rejected":
+        return f"{branch} is kept as a record, not merged. The reason it was rejected is given to the next proposal."
     if exp.status == "cancelled":
         return f"Nothing was merged; {branch[0].lower()}{branch[1:]} is kept as a record. `/rerun` measures it again."
     if exp.status == "failed":
@@ -665,7 +676,7 @@ def decision_comment(
         f"**Why:** {_defang(exp.reason) if exp.reason else 'no reason recorded.'}",
         "",
     ]
-    if status not in ("crash", "failed") and (exp.val_bpb is not None or counted):
+    if status not in ("crash", "rejected", "failed") and (exp.val_bpb is not None or counted):
         values = ", ".join(shown.value(r.val_bpb) for r in counted) or "—"
         lines += [
             "| | |",

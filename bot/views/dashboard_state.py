@@ -54,13 +54,14 @@ def build_state(
                   proposed), budget_usd, budget_left_usd}
     spent_usd    what the agent's answers cost so far
     queued       runs waiting for a slot
-    counts       {keep, discard, crash, failed, cancelled (finished experiments), active,
+    counts       {keep, discard, crash, rejected, failed, cancelled (finished experiments), active,
                   kept_for_simplicity (of the keeps)}
     slots        [{run, experiment, title, purpose, started_at, step, loss, progress (0-1),
                   remaining_seconds, training_seconds}], one per running run
     chart        {points: [{x, id, title, val_bpb, status, kept, for_simplicity}] (the baseline at x 0, then each kept
                   or discarded experiment at its place among the finished ones), crashes: [{x, id,
-                  title, status}], best: [[x, val_bpb], ...] (the running best's step vertices), x_max}
+                  title, status}] (crashed, rejected or failed), best: [[x, val_bpb], ...] (the running
+                  best's step vertices), x_max}
     experiments  [{id, title, state, status, kept_for_simplicity (its words, or null), val_bpb, delta,
                   margin, remeasured_delta, runs (finished), in_flight (queued or running), cost_usd,
                   reason (first line), request, pr, links {label: url}, updated_at}] in id order; a

@@ -5,7 +5,7 @@ x is the experiment number (0 = the loop's baseline, then 1, 2, ... for the fini
 order), y is the metric on its own scale, its name, unit and direction ("lower is better", or
 higher) on the axis. Discarded experiments are light grey dots, kept
 ones a strong colour with a short title (a square when kept for simplicity, not for a gain),
-crashes and failures (no value) small marks on the bottom edge. A step line follows main's
+crashes, rejections and failures (no value) small marks on the bottom edge. A step line follows main's
 value after each keep, with the noise margin now drawn as a band around it when one is known. A
 metric judged on a log scale (a latency) gets a log y axis, its band the ratios the judge allows. A
 far outlier on the worse side (a diverged run; for a higher-is-better metric, a low one) is pinned
@@ -58,7 +58,8 @@ class ChartData:
     baseline: float | None
     best: float | None  # main's value now: the last step
     experiments: int = 0  # finished experiments (the baseline not counted)
-    crashes: list[int] = field(default_factory=list)  # x of each crashed or failed experiment
+    crashes: list[int] = field(default_factory=list)  # x of each crashed, rejected or failed experiment
+    rejected: int = 0  # experiments whose run was rejected (marked with the crashes, counted apart)
     margin: float | None = None  # the noise margin now (what one run must improve on main by), drawn around `best`
     kept_for_simplicity: int = 0  # of the kept, those kept for simplicity
     metric: Metric = TRAINING.metric  # the task's: every value above is on its scale
@@ -81,16 +82,18 @@ def chart_data(view: View) -> ChartData:
     ]
     steps = list(chart.main_steps)
     crashes = [mark.x for mark in chart.crashes]
+    rejected = sum(1 for mark in chart.crashes if mark.status == "rejected")
     _choose_labels(points, steps, view.metric)
     return ChartData(
         points=points,
         best_steps=steps,
         kept=view.counts["keep"],
-        crashed=len(crashes),
+        crashed=len(crashes) - rejected,
         baseline=view.baseline.val_bpb if view.baseline else None,
         best=steps[-1][1] if steps else None,
         experiments=chart.x_max,
         crashes=crashes,
+        rejected=rejected,
         margin=view.main.margin,
         kept_for_simplicity=view.kept_for_simplicity,
         metric=view.metric,
@@ -169,7 +172,7 @@ def _draw(data: ChartData):
             color=STEP_COLOUR,
             alpha=0.12,
             lw=0,
-            label=f"noise margin ±{metric.format_margin(data.margin, places(metric) - 2)}",
+            label=f"noise margin {_margin_words(metric, data.margin)}",
             gid="noise-band",
         )
     if data.best_steps:
@@ -220,9 +223,7 @@ def _draw(data: ChartData):
                 clip_on=False,
             )
             mark.set_gid(f"crash-{x}")
-        ax.plot(
-            [], [], linestyle="none", marker="x", ms=4, color=CRASH_COLOUR, label=f"crash or failure ({data.crashed})"
-        )
+        ax.plot([], [], linestyle="none", marker="x", ms=4, color=CRASH_COLOUR, label=_marks_label(data))
 
     ax.plot([], [], linestyle="none", marker="o", color=DISCARD_COLOUR, label="discarded")
     ax.plot([], [], linestyle="none", marker="o", color=KEEP_COLOUR, markeredgecolor="black", label="kept")
@@ -237,7 +238,11 @@ def _draw(data: ChartData):
             label="kept for simplicity",
         )
     if data.metric.relative:
+        from matplotlib.ticker import LogFormatter
+
         ax.set_yscale("log")  # a log-scale metric is judged by its ratios: equal ratios, equal heights
+        ax.yaxis.set_major_formatter(LogFormatter())  # 20, not 2 x 10^1
+        ax.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False))
     ax.set_ylim(low, high)
     ax.set_xlim(-0.02 * last_x - 0.5, last_x * 1.02 + 0.5)
     ax.grid(True, alpha=0.3)
@@ -248,6 +253,13 @@ def _draw(data: ChartData):
     )
     figure.tight_layout()
     return figure
+
+
+def _margin_words(metric: Metric, margin: float) -> str:
+    """The band's legend: "±0.0104", or on a log scale the two changes it spans ("-53.0% / +112.9%")."""
+    if metric.relative:
+        return " / ".join(f"{100 * change:+.1f}%" for change in sorted((metric.change(-margin), metric.change(margin))))
+    return f"±{metric.format_margin(margin, places(metric) - 2)}"
 
 
 def _y_range(data: ChartData) -> tuple[float, float]:
@@ -273,12 +285,22 @@ def _y_range(data: ChartData) -> tuple[float, float]:
     return value(high + 0.16 * span), value(low - 0.1 * span)
 
 
+def _marks_label(data: ChartData) -> str:
+    """The legend of the marks of experiments without a value: what they were, and how many."""
+    if not data.rejected:
+        return f"crash or failure ({data.crashed})"
+    what = "rejection" if not data.crashed else "crash, rejection or failure"
+    return f"{what} ({data.crashed + data.rejected})"
+
+
 def _title(data: ChartData) -> str:
     head = f"{data.experiments} experiments, {data.kept} kept"
     if data.kept_for_simplicity:
         head += f" ({data.kept_for_simplicity} for simplicity)"
     if data.crashed:
         head += f", {data.crashed} crashed"
+    if data.rejected:
+        head += f", {data.rejected} rejected"
     if data.best is None:
         return head
     n = places(data.metric)

@@ -206,15 +206,15 @@ class Baseline:
 @dataclass(frozen=True)
 class ExperimentView:
     experiment: Experiment  # the store's record: its numbers on the loss scale (read them below)
-    runs: tuple[RunRow, ...]  # its finished runs (ok or crash)
+    runs: tuple[RunRow, ...]  # its finished runs (ok, crash or rejected)
     in_flight: int  # its runs queued or running
     published: dict[str, str]
     metric: Metric
 
     @property
     def failed(self) -> bool:
-        """Crashed or failed: its numbers mean nothing (as in results.tsv)."""
-        return self.experiment.status in (Status.CRASH, Status.FAILED)
+        """Crashed, rejected or failed: its numbers mean nothing (as in results.tsv)."""
+        return self.experiment.status in (Status.CRASH, Status.REJECTED, Status.FAILED)
 
     @property
     def val_bpb(self) -> float | None:
@@ -477,7 +477,7 @@ def _agent(rows: StoreRows, live: Live, spent: float) -> AgentView:
 
 def _chart(experiments: tuple[ExperimentView, ...], baseline: Baseline | None, metric: Metric) -> Chart:
     """x is the position among finished experiments (the baseline at 0): a measured one is a
-    point, a crash or failure a mark; main steps to each keep's value; `best` is the running best,
+    point, a crash, rejection or failure a mark; main steps to each keep's value; `best` is the running best,
     found on the loss scale and drawn, as every number here, on the metric's."""
     points: list[Point] = []
     crashes: list[Mark] = []

@@ -29,6 +29,7 @@ _OUTCOMES = [
     ("keep", "kept"),
     ("discard", "discarded"),
     ("crash", "crashed"),
+    ("rejected", "rejected"),
     ("failed", "failed"),
     ("cancelled", "cancelled"),
 ]

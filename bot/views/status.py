@@ -33,7 +33,7 @@ def render_workdir_status(view: View) -> Group:
     parts.append(
         Text(
             f"experiments done {done}: kept {kept_count(view)}, discarded {counts['discard']}, "
-            f"crashed {counts['crash']}, failed {counts['failed']}"
+            f"crashed {counts['crash']}, rejected {counts['rejected']}, failed {counts['failed']}"
         )
     )
     main = main_line(view)

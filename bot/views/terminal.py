@@ -17,7 +17,14 @@ from bot.views import results
 from bot.views.read_model import Live, View, metric_of, progress_of, read_loop
 from bot.views.text import change_text, margin_text, places
 
-COLOURS = {"keep": "green", "discard": "yellow", "crash": "red", "failed": "red", "cancelled": "yellow"}
+COLOURS = {
+    "keep": "green",
+    "discard": "yellow",
+    "crash": "red",
+    "rejected": "red",
+    "failed": "red",
+    "cancelled": "yellow",
+}
 
 
 def render_live_progress(view: View, live: Live, experiments: int, started: float) -> Group:
@@ -48,6 +55,8 @@ def render_live_progress(view: View, live: Live, experiments: int, started: floa
         f"{counts['discard']}  ",
         ("crashed ", "red"),
         f"{counts['crash']}  ",
+        ("rejected ", "red"),
+        f"{counts['rejected']}  ",
         ("baseline ", "bold"),
         _fmt(view.baseline.val_bpb if view.baseline else None, places(view.metric)),
         ("  best ", "bold"),

@@ -198,11 +198,13 @@
     $("agent-detail").textContent = agent.detail || "";
 
     var c = s.counts || {};
-    var done = (c.keep || 0) + (c.discard || 0) + (c.crash || 0) + (c.failed || 0) + (c.cancelled || 0);
+    var done = (c.keep || 0) + (c.discard || 0) + (c.crash || 0) + (c.rejected || 0) + (c.failed || 0)
+      + (c.cancelled || 0);
     $("counts").textContent = done + " done";
     var simpler = c.kept_for_simplicity ? " (" + c.kept_for_simplicity + " for simplicity)" : "";
     var kept = (c.keep || 0) + " kept" + simpler;
     var detail = [kept, (c.discard || 0) + " discarded", (c.crash || 0) + " crashed"];
+    if (c.rejected) detail.push(c.rejected + " rejected");
     if (c.failed) detail.push(c.failed + " failed");
     if (c.cancelled) detail.push(c.cancelled + " cancelled");
     if (c.active) detail.push(c.active + " in progress");

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from bot.core.states import Status
 from bot.github import render
 from bot.store import Experiment, Run
 from bot.views.text import plain
@@ -181,6 +182,22 @@ def test_check_title_of_a_crash_is_its_last_error_line() -> None:
     assert render.check_title(exp, status="crash") == "crashed: RuntimeError: boom"
 
 
+def test_check_title_of_a_rejection_is_its_reason_not_a_crash() -> None:
+    why = "query.sql returned other rows for parameter set 1"
+    exp = experiment(status="rejected", val_bpb=None, reason=f"rejected: {why}", error_tail=f"rejected: {why}")
+    assert render.check_title(exp, status="rejected") == f"rejected: {why}"
+
+
+def test_decision_comment_of_a_rejection_says_why_without_numbers_and_tells_the_agent() -> None:
+    why = "the model reads future tokens"
+    exp = experiment(status="rejected", val_bpb=None, delta=None, margin=None, reason=f"rejected: {why}")
+    comment = render.decision_comment(exp, main_val_bpb=0.98, runs=[run(1, None, status="rejected")])
+    assert render.find_marker(comment) == ("decision", 12, "rejected")
+    assert f"### Rejected: {exp.title}" in comment and f"**Why:** rejected: {why}" in comment
+    assert "reason it was rejected is given to the next proposal" in comment
+    assert "crash" not in comment and "| Δ vs main |" not in comment
+
+
 def test_check_title_while_waiting_and_training() -> None:
     exp = experiment(state="measuring", status=None)
     assert render.check_title(exp, status="queued", ahead=2) == "queued (2 runs ahead)"
@@ -211,16 +228,17 @@ def test_an_unknown_status_is_refused_with_the_known_ones() -> None:
 
 
 def test_conclusions_and_labels_cover_every_finished_status() -> None:
-    assert {s: render.conclusion(s) for s in ("keep", "discard", "crash", "failed", "cancelled")} == {
+    assert {s: render.conclusion(s) for s in Status} == {
         "keep": "success",
         "discard": "neutral",
         "crash": "failure",
+        "rejected": "failure",
         "failed": "failure",
         "cancelled": "cancelled",
     }
     assert render.LABELS["keep"].name == "autoresearch: kept"
     assert render.LABELS["crash"].name == "autoresearch: crashed"
-    assert set(render.LABELS) == {"keep", "discard", "crash", "cancelled", "failed"}  # in flight: the check shows it
+    assert set(render.LABELS) == set(Status)  # every finished status; in flight: the check shows it
     for label in render.LABELS.values():
         assert len(label.color) == 6 and int(label.color, 16) >= 0 and len(label.description) <= 100
     assert len({label.name for label in render.LABELS.values()}) == len(render.LABELS)
@@ -578,13 +596,17 @@ def test_another_tasks_pull_request_names_its_asset_in_the_steering_commands() -
     assert "train.py" not in body and "val_bpb" not in body
 
 
-def test_another_tasks_crash_label_says_its_asset_may_be_rejected_and_trainings_is_as_before() -> None:
+def test_another_tasks_crash_label_names_no_training_and_a_rejection_has_its_own_label() -> None:
     assert render.label("crash") == render.LABELS["crash"]
     assert render.label("keep", QUERY_LATENCY) == render.LABELS["keep"]
     crashed = render.label("crash", TICKET_ROUTING)
     assert crashed.name == "autoresearch: crashed" and crashed.color == render.LABELS["crash"].color
-    assert "training" not in crashed.description and "rejected" in crashed.description
+    assert "training" not in crashed.description and "traceback" not in crashed.description
     assert len(crashed.description) <= 100
+    rejected = render.label("rejected", TICKET_ROUTING)
+    assert rejected == render.label("rejected") and rejected.name == "autoresearch: rejected"
+    assert "training" not in rejected.description and len(rejected.description) <= 100
+    assert render.conclusion("rejected") == "failure"
 
 
 def test_another_tasks_run_in_progress_is_running_not_training() -> None:
