@@ -49,7 +49,7 @@ sys.path[0] = str(ROOT)  # the project first: tests/bot/... (directories, no pac
 sys.path.append(str(ROOT / "tests"))  # the tests' fake runner, for the tick's cost
 AUTORESEARCH = Path(sys.executable).parent / "autoresearch"
 SET_ASIDE = ("lost", "refused", "disturbed", "cancelled")
-DECISIONS = ("keep", "discard", "crash", "failed", "cancelled")
+DECISIONS = ("keep", "discard", "crash", "rejected", "failed", "cancelled")
 
 
 def rss_kib(pid: int) -> int | None:

@@ -15,9 +15,9 @@ main still needs, measures main again; what it noticed is recorded as an event (
 "drift"), once per main and process. The values and what is computed from them (the pooled
 noise, each main's runs, each experiment's differences from main under the same seeds and the
 paired noise they pool to) are read once per change: after a run finished. A train.py on
-main that crashes MAX_BASELINE_CRASHES times in a row, or whose runs cannot be measured at all,
-blocks the loop until a human commits a new one. Once a kept experiment's new main has its fresh
-baseline, the experiment gets its re-measured delta (the unselected one to quote).
+main that crashes (or is rejected) MAX_BASELINE_CRASHES times in a row, or whose runs cannot be
+measured at all, blocks the loop until a human commits a new one. Once a kept experiment's new
+main has its fresh baseline, the experiment gets its re-measured delta (the unselected one to quote).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from bot.core.states import RunState, State, Status
 from bot.loop import measurement, pairing
 from bot.loop.judge import Noise, main_runs_wanted
 from bot.loop.program import LoopSettings, SettingsError, loop_task, parse_program
-from bot.store import Store
+from bot.store import Run, Store
 
 log = logging.getLogger(__name__)
 
@@ -192,13 +192,14 @@ class Baseline:
                 return  # main needs a human; a new train.py on main clears it
             self.blocked = ""
         runs = [r for r in self.store.runs.all(code_hash=main.code_hash) if r.purpose == "baseline"]
-        crashed = []  # main's crashes since its last good run: one may be bad luck (an OOM, a NaN)
+        crashed = []  # main's crashes (or rejections) since its last good run: one may be bad luck (an OOM, a NaN)
         for run in (r for r in runs if r.state == RunState.DONE):
-            crashed = crashed + [run] if run.status == "crash" else []
+            crashed = crashed + [run] if run.status in ("crash", "rejected") else []
         if len(crashed) >= MAX_BASELINE_CRASHES:
             self.block(
                 main,
-                f"{self.task.asset} on main ({main.sha[:7]}) crashed in {len(crashed)} baseline runs in a row, "
+                f"{self.task.asset} on main ({main.sha[:7]}) {_failed_how(crashed)} in {len(crashed)} baseline "
+                "runs in a row, "
                 f"so nothing can be judged against it. Commit a fixed {self.task.asset} to main in the research "
                 "repository (a new main gets a new baseline), then run the same command again. The last "
                 f"run said:\n{crashed[-1].error}",
@@ -255,8 +256,8 @@ class Baseline:
             base_sha=main.sha,
             asset=main.asset,
             profile=self.profile,
-            reason=reason,
             seed=seed,
+            reason=reason,
         )
 
     def block(self, main: Main, message: str) -> None:
@@ -284,3 +285,9 @@ class Baseline:
                         event=f"re-measured: the new main's fresh baseline is {self.task.metric.format_change(delta, 6)} "
                         f"against the old main's ({len(values)} run(s))",
                     )
+
+
+def _failed_how(runs: list[Run]) -> str:
+    """How main's runs `runs` ended without a number, in words: crashed, was rejected, or both."""
+    said = {"crash": "crashed", "rejected": "was rejected"}
+    return " or ".join(dict.fromkeys(said[r.status or "crash"] for r in runs))

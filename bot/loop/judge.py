@@ -63,10 +63,11 @@ the task's metric, by its name and on its own scale (JudgeConfig.metric). The ru
    a keep, never a replacement: what the rule above keeps stays kept, and whatever the paired rule
    does not decide is judged by the rule above.
 
-7. Everything else. A crash is a crash, whatever the number. A result measured on an older main
-   is re-measured on the current one before it may merge. Ties go to main. While no group has two
-   runs (the noise is unknown) nothing is kept: an improvement gets a confirmation and one more
-   run of main, or, with confirmations off, is discarded.
+7. Everything else. A crash is a crash, whatever the number, and a rejected run (refused a number
+   by the evaluator's gate or training's harness) is a rejection, said with its reason. A result
+   measured on an older main is re-measured on the current one before it may merge. Ties go to
+   main. While no group has two runs (the noise is unknown) nothing is kept: an improvement gets a
+   confirmation and one more run of main, or, with confirmations off, is discarded.
 
 The figures behind the defaults (false keeps, power, runs per experiment) come from
 bench/decision_accuracy.py, which drives this module through the conductor's protocol; see
@@ -152,7 +153,7 @@ def judge_config(settings: LoopSettings) -> JudgeConfig:
 
 @dataclass(frozen=True)
 class Decision:
-    action: str  # keep | discard | crash | confirm | remeasure | wait
+    action: str  # keep | discard | crash | rejected | confirm | remeasure | wait
     reason: str  # one sentence with the numbers, shown to humans (PR comment, merge message)
     val_bpb: float | None = None
     delta: float | None = None
@@ -231,10 +232,15 @@ def decide(
     config: JudgeConfig,
     simpler: Simplification | None = None,
     pairs: Pairs | None = None,
+    rejected: str | None = None,
 ) -> Decision:
-    """Judge one experiment from its runs on `measured_on` against main's baseline runs; `simpler`
-    says how much smaller its train.py is than main's, when it is (bot.core.simplicity); `pairs`,
-    its runs against main's under the same seeds, when it keeps main's parameters."""
+    """Judge one experiment from its runs on `measured_on` against main's baseline runs; `crash`,
+    the error of a run that crashed, or `rejected`, the reason a run was refused its number;
+    `simpler` says how much smaller its train.py is than main's, when it is (bot.core.simplicity);
+    `pairs`, its runs against main's under the same seeds, when they pair (bot.loop.pairing)."""
+    if rejected is not None:
+        lines = [line.strip() for line in rejected.splitlines() if line.strip()]
+        return Decision("rejected", f"rejected: {lines[0] if lines else 'no reason given'}")
     unpaired = _unpaired(candidate, crash, main, noise, measured_on, current_main, config, simpler)
     if pairs is None or noise is None or unpaired.action not in ("confirm", "discard"):
         return unpaired

@@ -9,7 +9,7 @@ keep anyway), then every active experiment as far as it goes without waiting:
     branched   queue its candidate run
     measuring  wait for its runs and main's runs queued before them (main's first runs, those
                beside its confirmation), then the judge (bot.loop.judge) decides from the numbers
-               alone: keep, discard, crash, one confirmation run more, or a re-measure on a newer
+               alone: keep, discard, crash, rejected, one confirmation run more, or a re-measure on a newer
                main; a change that makes train.py smaller (bot.core.simplicity) may be kept for
                simplicity; one that keeps main's parameters (any, where the task's seeds pair) is
                also compared with main seed for seed (its confirmation then queues main's run
@@ -271,19 +271,19 @@ class Lifecycle:
         if waiting:
             return None
         counted = [r for r in runs if r.state == RunState.DONE]
-        crash = next((r for r in counted if r.status == "crash"), None)
+        failed = next((r for r in counted if r.status in ("crash", "rejected")), None)  # no number: judged at once
         candidate = [value.val_bpb for value in measurement.counted(counted, self.identity)]
-        if not candidate and crash is None and exp.base_sha == main.sha:
+        if not candidate and failed is None and exp.base_sha == main.sha:
             self.runs.queue(exp, "candidate", "no run under the pinned harness and data")
             return None
-        if crash is None and exp.base_sha == main.sha:
+        if failed is None and exp.base_sha == main.sha:
             if main_pending is None:
                 main_pending = self._main_pending(main)
             if not self.baseline.main_values(main.code_hash) or self._waits_for_main(
                 main, max(r.id for r in runs), main_pending
             ):
-                return None  # the runs of main it is to be judged with come first (a crash is a crash at once)
-        if exp.base_sha != main.sha and candidate and crash is None and not exp.meta.get("keep_anyway"):
+                return None  # the runs of main it is judged with come first (a crash or rejection: at once)
+        if exp.base_sha != main.sha and candidate and failed is None and not exp.meta.get("keep_anyway"):
             lost = self._worse_where_it_ran(exp, main, candidate)
             if lost is not None:
                 return lost
@@ -291,7 +291,8 @@ class Lifecycle:
         pairs = self.baseline.pairs_of(exp.id, exp.code_hash) if exp.code_hash else None
         decision = decide(
             candidate=candidate,
-            crash=(crash.error or "crashed") if crash else None,
+            crash=(failed.error or "crashed") if failed and failed.status == "crash" else None,
+            rejected=(failed.error or "") if failed and failed.status == "rejected" else None,
             main=self.baseline.main_values(main.code_hash),
             noise=self.baseline.noise(),
             measured_on=exp.base_sha,
@@ -336,8 +337,8 @@ class Lifecycle:
             return self.store.experiments.update(
                 exp.id, state=State.MERGING, meta=meta, event=decision.reason, **numbers
             )
-        status = Status.CRASH if decision.action == "crash" else Status.DISCARD
-        error_tail = _error_tail(crash) if crash else None
+        status = {"crash": Status.CRASH, "rejected": Status.REJECTED}.get(decision.action, Status.DISCARD)
+        error_tail = _error_tail(failed) if failed else None
         return self.store.experiments.update(
             exp.id, state=State.CLOSING, status=status, error_tail=error_tail, event=decision.reason, **numbers
         )
@@ -417,8 +418,8 @@ class Lifecycle:
             base_sha=main.sha,
             asset=text,
             profile=self.profile,
-            reason=f"rebased onto main {main.sha[:7]}",
             main_code=main.code_hash,
+            reason=f"rebased onto main {main.sha[:7]}",
             experiment_fields={
                 "state": State.MEASURING,
                 "base_sha": main.sha,
@@ -469,5 +470,9 @@ class Lifecycle:
 
 
 def _error_tail(run: Run, lines: int = 20) -> str:
+    """What went wrong, for the agent and the pull request: a crash's error (or log) tail, or
+    "rejected: " and the reason a rejected run was refused its number."""
+    if run.status == "rejected":
+        return f"rejected: {(run.error or '').strip() or 'no reason given'}"
     text = (run.error or "").strip() or (run.log_tail or "").strip()
     return "\n".join(text.splitlines()[-lines:])

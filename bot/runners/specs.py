@@ -2,8 +2,10 @@
 `JobSpec` for a runner, and a runner's `ResultSpec` becomes the `RunResult` the conductor records.
 
 Every backend (local, GitHub Actions, Modal) converts here, so a result means the same wherever
-it ran. A timed-out or rejected run is recorded as a crash of its train.py, with
-`metrics["outcome"]` keeping which, and its error saying why. A run the supervisor found killed
+it ran. A rejected run (the evaluator's gate, or training's harness: the causality probe, the
+budget cap, a model the scorer refuses) is recorded as `rejected`, its error the reason; a timed-out
+run is a crash of its asset, its error saying so; `metrics["outcome"]` keeps the runner's own word
+either way. A run the supervisor found killed
 from outside (`lost`: not its code, not its limits) is a lost run (`finished_status`), carrying
 the crash it would be charged as if that keeps happening (the conductor decides).
 
@@ -22,7 +24,7 @@ from bot.core.records import Job, RunResult, RunStatus
 from runner.protocol import JobSpec, ResultRefused, ResultSpec, check_result
 from runner.tasks import get_task
 
-_ERROR_PREFIX = {"crash": "", "timeout": "timed out: ", "rejected": "rejected: ", "lost": ""}
+_ERROR_PREFIX = {"crash": "", "timeout": "timed out: ", "lost": ""}
 
 
 def job_spec(job: Job, *, repository: str = "") -> JobSpec:
@@ -58,12 +60,13 @@ def run_result(spec: ResultSpec) -> RunResult:
     if spec.status == "ok":
         loss = get_task(spec.task).metric.loss(spec.value)  # ResultSpec: an ok result carries its value
         return RunResult(run_id=spec.run_id, status="ok", val_bpb=loss, metrics=metrics, log_tail=spec.log_tail)
+    rejected = spec.status == "rejected"  # its status says so: its error is the reason alone
     return RunResult(
         run_id=spec.run_id,
-        status="crash",
+        status="rejected" if rejected else "crash",
         metrics=metrics,
         log_tail=spec.log_tail,
-        error=_ERROR_PREFIX[spec.status] + (spec.error or spec.status),
+        error=("" if rejected else _ERROR_PREFIX[spec.status]) + (spec.error or spec.status),
     )
 
 

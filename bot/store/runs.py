@@ -160,7 +160,8 @@ class Runs:
                 row = conn.execute("SELECT experiment_id, purpose FROM runs WHERE id = ?", (run_id,)).fetchone()
                 steps = metrics.get("num_steps")
                 if status != "ok":
-                    what = f"crashed: {error.strip().splitlines()[-1][:200] if (error or '').strip() else 'no error'}"
+                    said = (error or "").strip().splitlines() or ["no error"]  # a rejection's reason leads
+                    what = f"rejected: {said[0][:200]}" if status == "rejected" else f"crashed: {said[-1][:200]}"
                 else:
                     shown = f"{metric.name} {metric.value(val_bpb):.6f}" if val_bpb is not None else None
                     what = (shown or f"no {metric.name}") + (f" in {steps} steps" if steps else "")

@@ -3,7 +3,7 @@ and conductor in one process) on a repository whose main holds query.sql and the
 with a scripted agent and a runner whose p95_ms the test chooses.
 
 Three experiments: an index that makes the query faster (kept and merged), an index that makes it
-slower (discarded), and a rewrite the evaluator rejects for returning other rows (a crash with its
+slower (discarded), and a rewrite the evaluator rejects for returning other rows (rejected with its
 reason); then a person's `/rerun` measures the discarded one afresh. GitHub shows each as the
 training task's would be shown, in the task's words: the pull request diffs query.sql, the check is
 `autoresearch / p95_ms` with the metric in its title, only the kept one is merged, and nothing says
@@ -49,7 +49,7 @@ SLOWER = QUERY.replace("WITH item_facts", "CREATE INDEX items_by_product ON orde
 OTHER_ROWS = QUERY.replace("LIMIT 10;", "LIMIT 5;")
 MAIN_MS = 20.0
 EFFECT_MS = {"orders_by_customer": -8.0, "items_by_product": +5.0}
-REJECTED = "rejected: the query returns 5 rows for parameter set 1, the reference returns 10"
+REJECTED = "the query returns 5 rows for parameter set 1, the reference returns 10"
 
 
 def program() -> str:
@@ -67,7 +67,7 @@ def chosen_p95(job: Job) -> RunResult:
     bot.runners.specs makes it of a real runner's value), or the evaluator's rejection of a query
     with other rows."""
     if "LIMIT 5;" in job.asset:
-        return result_for(job, identity=IDENTIFY, crash=REJECTED)
+        return result_for(job, identity=IDENTIFY, rejected=REJECTED)
     effect = sum(ms for name, ms in EFFECT_MS.items() if name in job.asset)
     wobble = ((job.run_id * 7919) % 11 - 5) / 100
     return result_for(job, identity=IDENTIFY, val_bpb=QUERY_LATENCY.metric.loss(round(MAIN_MS + effect + wobble, 6)))
@@ -154,8 +154,8 @@ def test_a_query_latency_repository_gets_pull_requests_checks_and_merges_in_its_
         ),
     )
     faster, slower, other_rows = store.experiments.all()
-    assert [e.status for e in (faster, slower, other_rows)] == ["keep", "discard", "crash"]
-    assert REJECTED in (other_rows.error_tail or other_rows.reason or "")
+    assert [e.status for e in (faster, slower, other_rows)] == ["keep", "discard", "rejected"]
+    assert other_rows.reason == f"rejected: {REJECTED}"
 
     # Each pull request proposes its change to query.sql (its branch may have followed main since) and
     # says how large it is against the main it was proposed on (the first, or the kept one's: the
@@ -171,9 +171,9 @@ def test_a_query_latency_repository_gets_pull_requests_checks_and_merges_in_its_
     assert [gh.labels(world.pull(e)["number"]) for e in (faster, slower, other_rows)] == [
         ["autoresearch: kept"],
         ["autoresearch: discarded"],
-        ["autoresearch: crashed"],
+        ["autoresearch: rejected"],
     ]
-    assert "rejected" in gh.state.labels["autoresearch: crashed"].description
+    assert "check before it was measured" in gh.state.labels["autoresearch: rejected"].description
 
     # One check per head, named after the metric, which its title shows; the rejection says why.
     titles = {}
@@ -181,11 +181,11 @@ def test_a_query_latency_repository_gets_pull_requests_checks_and_merges_in_its_
         [check] = [c for c in gh.check_runs(exp.head_sha) if c["name"].startswith("autoresearch / ")]
         assert check["name"] == CHECK
         titles[exp.status] = check["output"]["title"]
-        assert check["conclusion"] == {"keep": "success", "discard": "neutral", "crash": "failure"}[exp.status]
+        assert check["conclusion"] == {"keep": "success", "discard": "neutral", "rejected": "failure"}[exp.status]
     assert titles["keep"].startswith("p95_ms ") and titles["keep"].endswith(": kept")
     assert abs(float(titles["keep"].split()[1]) - (MAIN_MS - 8.0)) < 0.1  # on the metric's own scale
     assert titles["discard"].startswith("p95_ms ") and titles["discard"].endswith(": discarded")
-    assert titles["crash"] == f"crashed: {REJECTED}"
+    assert titles["rejected"] == f"rejected: {REJECTED}"
 
     # A person's /rerun measures the discarded experiment afresh: a new round of its check, the same verdict.
     runs_before = len(store.runs.all(experiment_id=slower.id))
@@ -211,8 +211,8 @@ def test_a_query_latency_repository_gets_pull_requests_checks_and_merges_in_its_
     assert all("val_bpb" not in text and "train.py" not in text for text in texts)
     assert any("| `/rerun` | one more run of this query.sql" in text for text in texts)
     decisions = [(find_marker(t), t) for t in texts if (find_marker(t) or ("",))[0] == "decision"]
-    assert {found[2] for found, _ in decisions} == {"keep", "discard", "crash"}
-    assert all("| p95_ms |" in t for found, t in decisions if found[2] != "crash")
+    assert {found[2] for found, _ in decisions} == {"keep", "discard", "rejected"}
+    assert all("| p95_ms |" in t for found, t in decisions if found[2] != "rejected")
     assert gh.violations == []
 
 

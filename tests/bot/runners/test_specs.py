@@ -11,8 +11,9 @@ import fake_task
 import pytest
 
 from bot.core.records import Job
-from bot.runners.specs import checked_result, job_spec
+from bot.runners.specs import checked_result, job_spec, run_result
 from runner.profiles import harness_hash
+from runner.protocol import Hashes, ResultSpec, RunnerIdentity
 from runner.tasks import TASKS, Metric
 from runner.tasks.run import run_task_job
 
@@ -43,3 +44,38 @@ def test_a_higher_is_better_value_is_recorded_as_its_loss(monkeypatch: pytest.Mo
     spec = job_spec(Job(run_id=3, asset="a b c\n", profile="smoke", seed=1, task="word-count"))
     result = checked_result(spec, run_task_job(spec, tmp_path / "run"), harness=harness_hash("word-count"))
     assert (result.status, result.val_bpb) == ("ok", -3.0)
+
+
+def test_a_task_run_that_fails_the_gate_is_recorded_rejected_with_the_reason_alone(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    fake_task.register(monkeypatch, tmp_path / "cache")
+    fake_task.prepare("smoke")
+    spec = job_spec(Job(run_id=4, asset="please REJECT me\n", profile="smoke", seed=1, task="word-count"))
+    result = checked_result(spec, run_task_job(spec, tmp_path / "run"), harness=harness_hash("word-count"))
+    assert (result.status, result.val_bpb) == ("rejected", None)
+    assert result.error == "the asset says REJECT, which the gate refuses"
+    assert result.metrics["outcome"] == "rejected"
+
+
+@pytest.mark.parametrize(
+    ("outcome", "status", "error"),
+    [
+        ("rejected", "rejected", "trained past the budget"),  # training's harness refused it a number
+        ("timeout", "crash", "timed out: trained past the budget"),  # a timeout stays a crash of its train.py
+        ("crash", "crash", "trained past the budget"),
+    ],
+)
+def test_a_training_run_refused_by_its_harness_is_rejected_and_a_timed_out_one_a_crash(
+    outcome: str, status: str, error: str
+) -> None:
+    spec = ResultSpec(
+        run_id=5,
+        status=outcome,
+        error="trained past the budget",
+        hashes=Hashes(asset="a" * 64, harness="h", data="d"),
+        runner=RunnerIdentity(backend="local"),
+    )
+    result = run_result(spec)
+    assert (result.status, result.error, result.val_bpb) == (status, error, None)
+    assert result.metrics["outcome"] == outcome
