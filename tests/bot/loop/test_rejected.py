@@ -11,12 +11,16 @@ from fakes import FakeRunner, result_for
 from rich.console import Console
 
 from bot.agent.prompt import volatile_text
-from bot.core.records import Job, RunResult
+from bot.agent.scripted import ScriptedAgent
+from bot.core.records import Job, Proposal, RunResult
+from bot.forge.local import init_research_repo
 from bot.loop.judge import JudgeConfig, Noise, decide
 from bot.views import plot, results
 from bot.views.read_model import view_of
 from bot.views.research_log import facts, log_text
 from bot.views.status import render_workdir_status
+from runner.tasks import QUERY_LATENCY
+from tests.bot.app.test_serve_task import IDENTIFY, QUERY, program
 from tests.bot.loop.test_lifecycle import Priced, make, proposal, run_to_end, statuses
 
 REASON = "the model reads future tokens: its loss at position 3 moved when token 7 changed"
@@ -84,3 +88,26 @@ def test_a_rejection_wins_over_any_number_and_says_its_reason_first_line() -> No
         "rejected: query.sql attaches another database: ATTACH 'x.db'",
     )
     assert (decision.val_bpb, decision.delta, decision.margin) == (None, None, None)
+
+
+def test_a_query_the_evaluator_rejects_ends_rejected_in_the_tasks_words(tmp_path: Path) -> None:
+    """The query-latency task: a query.sql that returns other rows is rejected with the gate's reason,
+    its row in results.tsv (p95_ms) empty and rejected, and nothing it says is a crash."""
+    why = "query.sql returns 5 rows for parameter set 1, the reference returns 10"
+
+    def gate(job: Job) -> RunResult:
+        if "LIMIT 5;" in job.asset:
+            return result_for(job, identity=IDENTIFY, rejected=why)
+        return result_for(job, identity=IDENTIFY, val_bpb=QUERY_LATENCY.metric.loss(20.0 + job.run_id % 3 / 100))
+
+    forge = init_research_repo(tmp_path / "repo", {"query.sql": QUERY, "program.md": program()})
+    other_rows = Proposal("Keep only the top five", "Fewer rows to sort.", QUERY.replace("LIMIT 10;", "LIMIT 5;"))
+    loop = make(tmp_path, ScriptedAgent([other_rows]), forge=forge, runner=FakeRunner(outcome=gate), identity=IDENTIFY)
+    run_to_end(loop)
+
+    [exp] = loop.store.experiments.all()
+    assert (exp.status, exp.reason, exp.merged_sha) == ("rejected", f"rejected: {why}", None)
+    tsv = results.to_tsv(view_of(loop.store)).splitlines()
+    assert tsv[0].split("\t")[:4] == ["commit", "p95_ms", "memory_gb", "status"]
+    assert tsv[2].split("\t")[1:4] == ["", "0.0", "rejected"]
+    assert not any("crash" in e["message"] for e in loop.store.events.all())
