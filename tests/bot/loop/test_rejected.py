@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fakes import FakeRunner, result_for
+from fakes import FakeRunner, result_for, with_effect
 from rich.console import Console
 
 from bot.agent.prompt import volatile_text
@@ -21,7 +21,8 @@ from bot.views.research_log import facts, log_text
 from bot.views.status import render_workdir_status
 from runner.tasks import QUERY_LATENCY
 from tests.bot.app.test_serve_task import IDENTIFY, QUERY, program
-from tests.bot.loop.test_lifecycle import Priced, make, proposal, run_to_end, statuses
+from tests.bot.loop.test_lifecycle import FAST, MAIN, Priced, make, proposal, run_to_end, statuses
+from tests.bot.loop.test_lifecycle import program as lifecycle_program
 
 REASON = "the model reads future tokens: its loss at position 3 moved when token 7 changed"
 
@@ -111,3 +112,11 @@ def test_a_query_the_evaluator_rejects_ends_rejected_in_the_tasks_words(tmp_path
     assert tsv[0].split("\t")[:4] == ["commit", "p95_ms", "memory_gb", "status"]
     assert tsv[2].split("\t")[1:4] == ["", "0.0", "rejected"]
     assert not any("crash" in e["message"] for e in loop.store.events.all())
+
+
+def test_a_main_rejected_twice_in_a_row_blocks_the_loop_saying_so(tmp_path: Path) -> None:
+    refused_main = with_effect(MAIN, 0.0, "refused")
+    forge = init_research_repo(tmp_path / "repo", {"train.py": refused_main, "program.md": lifecycle_program(**FAST)})
+    loop = make(tmp_path, ScriptedAgent([]), forge=forge, runner=FakeRunner(outcome=refused_when_marked))
+    run_to_end(loop)
+    assert "was rejected in 2 baseline runs in a row" in loop.blocked and REASON in loop.blocked
