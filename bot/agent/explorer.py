@@ -3,7 +3,8 @@
 No network and no model: it edits the module-level constants of the task's asset (train.py's
 ``MATRIX_LR = 0.04``, ``DEPTH = 8`` ...; router.py's ``ALPHA = 1.0``, ``BIGRAMS = False`` ...) one
 at a time and learns from the outcomes of its own earlier edits. A SQL asset has no constants:
-for query.sql it adds or drops one index at a time (bot.agent.indexes).
+for query.sql it makes one edit of its indexes at a time (bot.agent.indexes: an index on a
+filtered table with the join indexes a plan starting there needs, a composite, ANALYZE, a drop).
 
 How it works
 ------------
@@ -45,7 +46,8 @@ This module holds the search policy and ``OfflineExplorer.propose``; the parts i
 ``knobs`` (the tables of knobs and how a value steps), ``constants`` (finding and editing an
 asset's constants), ``batch`` (whole forward passes per profile), ``crash_memory`` (how long a crash
 blocks), ``arms`` (the arms and learning from history), ``feedback`` (human comments) and
-``writeup`` (titles and hypotheses); ``indexes`` is its policy for query.sql.
+``writeup`` (titles and hypotheses); ``indexes`` is its policy for query.sql, reading the query
+with ``sql_columns``.
 """
 
 from __future__ import annotations

@@ -12,7 +12,6 @@ from bot.agent.constants import find_constants
 from bot.agent.crash_memory import CRASH_MEMORY, skeleton
 from bot.agent.explorer import OfflineExplorer
 from bot.agent.knobs import KNOB_BY_NAME
-from bot.core import validation
 from bot.core.protocols import Agent, AgentStopped
 from bot.core.records import HistoryEntry, Proposal, ProposalContext, code_hash
 from runner.profiles import get_profile
@@ -593,20 +592,9 @@ def test_find_constants_reads_literals_and_spans():
     assert "TWICE" not in consts  # assigned twice: ambiguous, left alone
 
 
-# --- other tasks: router.py's constants, query.sql's indexes -------------------------------------
+# --- other tasks: router.py's constants (query.sql's indexes: test_indexes.py) -------------------
 
 ROUTER_PY = (Path(__file__).resolve().parents[3] / "runner" / "tasks" / "ticket_routing" / "router.py").read_text()
-QUERY_SQL = """\
--- revenue per customer of a region
-CREATE INDEX idx_customers_region ON customers (region);
-
-SELECT c.id, c.name,
-       (SELECT SUM(oi.quantity) FROM orders o JOIN order_items oi ON oi.order_id = o.id
-         WHERE o.customer_id = c.id AND o.ordered_at >= :start) AS units
-FROM customers c
-WHERE c.region = :region
-ORDER BY units DESC;
-"""
 
 
 def test_on_router_py_the_explorer_moves_its_constants_flags_included_and_names_accuracy() -> None:
@@ -634,35 +622,3 @@ def test_on_router_py_the_same_seed_proposes_the_same_and_history_is_told_in_acc
     assert p.title == "Raise ALPHA 1.0 -> 1.4"  # a smaller step after a step that hurt
     # the loop keeps the loss (-accuracy): a loss 0.004 higher is accuracy 0.004 lower
     assert "The last increase of ALPHA (1.0 -> 2.0) did not help (-0.0040 accuracy)" in p.hypothesis
-
-
-def test_on_query_sql_the_explorer_adds_an_index_on_a_joined_or_filtered_column_or_drops_one() -> None:
-    ctx = ctx_for(QUERY_SQL, task="query-latency", seen_hashes={code_hash(QUERY_SQL)})
-    proposals = run_loop(OfflineExplorer(seed=0), ctx, 4)
-    assert [p.title for p in proposals] == [  # joins first, then filters, then the drop
-        "Add an index on order_items(order_id)",
-        "Add an index on orders(customer_id)",
-        "Add an index on orders(ordered_at)",
-        "Drop the index idx_customers_region",
-    ]  # not customers(region): query.sql has that index already
-    added = next(p for p in proposals if p.title == "Add an index on orders(customer_id)")
-    assert added.asset == QUERY_SQL.replace(
-        "ON customers (region);\n",
-        "ON customers (region);\nCREATE INDEX idx_orders_customer_id ON orders (customer_id);\n",
-    )
-    assert "joins orders on customer_id (`o.customer_id = c.id`)" in added.hypothesis
-    assert "any difference in p95_ms" in added.hypothesis
-    dropped = next(p for p in proposals if p.title.startswith("Drop"))
-    assert "CREATE INDEX" not in dropped.asset and dropped.asset.endswith(QUERY_SQL.split("\n\n", 1)[1])
-    for p in proposals:
-        assert validation.problem("t", p.asset, main_asset=QUERY_SQL, earlier=[], task="query-latency") is None
-    with pytest.raises(AgentStopped, match="explorer exhausted: every index edit of query.sql"):
-        run_loop(OfflineExplorer(seed=0), ctx, 1)
-
-
-def test_on_query_sql_an_index_that_hurt_before_waits_behind_the_untried_ones() -> None:
-    hurt = {"changes": [{"name": "idx_order_items_order_id", "index": "add order_items(order_id)", "action": "add"}]}
-    ctx = ctx_for(QUERY_SQL, task="query-latency", history=[entry(1, hurt, "discard", 0.5, asset="older main's")])
-    assert [OfflineExplorer(seed).propose(ctx).title for seed in range(4)] == [
-        "Add an index on orders(customer_id)"
-    ] * 4
