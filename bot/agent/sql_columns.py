@@ -119,10 +119,14 @@ def read_schema(text: str) -> tuple[dict[str, set[str]], dict[str, str]]:
 
 def query_uses(query: str, schema_text: str = "") -> list[Use]:
     """The base-table columns the query filters, joins, groups or orders on (module docstring),
-    each (table, column, kind) once, in the order the query names them; schema_text (a program.md,
-    CREATE TABLE statements) says which table a bare column belongs to where the query does not."""
+    each (table, column, kind) once, in the order they are read (a scope's own before its
+    subqueries'); schema_text (a program.md, CREATE TABLE statements) says which table a bare
+    column belongs to where the query does not; nothing for a query nested too deep to read."""
     schema, _ = read_schema(schema_text)
-    return Reader(schema).read(query)
+    try:
+        return Reader(schema).read(query)
+    except RecursionError:  # hundreds of nested parentheses: SQLite's own depth limit is near
+        return []
 
 
 class Reader:

@@ -118,3 +118,7 @@ def test_the_schema_is_read_from_create_table_and_from_program_md_lines() -> Non
     assert schema["order_items"] == {"id", "order_id", "product_id", "quantity", "unit_price_cents"}
     assert keys["products"] == "id"
     assert read_schema("no sql here (a, b)") == ({}, {})
+
+
+def test_a_query_nested_too_deep_to_read_yields_nothing_rather_than_an_error() -> None:
+    assert found("SELECT " + "(SELECT " * 2000 + "1" + ")" * 2000) == set()
