@@ -103,9 +103,11 @@ class Metric:
         return f"{self.change(delta):+.{self.digits if digits is None else digits}f}"
 
     def format_margin(self, margin: float, digits: int | None = None) -> str:
-        """A margin (a magnitude on the loss scale), as people read it: "0.0104" or "47.2%"."""
+        """A margin (a magnitude on the loss scale), as people read it: "0.0104", or on a log scale the
+        relative gain it asks of a candidate ("29.3%": a p95 at least 29.3% below main's), the words
+        the judge's reasons use."""
         if self.relative:
-            return f"{100 * math.expm1(margin):.1f}%"
+            return f"{100 * abs(self.change(-margin)):.1f}%"
         return f"{margin:.{self.digits if digits is None else digits}f}"
 
 

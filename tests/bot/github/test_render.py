@@ -163,7 +163,7 @@ def test_check_title_shows_the_tasks_metric_with_its_decimals_on_its_own_scale()
         margin=math.log(1.1),
         metric=QUERY_LATENCY.metric,
     )
-    assert latency == "p95_ms 12.500 (-9.1% vs main, noise margin 10.0%): kept"
+    assert latency == "p95_ms 12.500 (-9.1% vs main, noise margin 9.1%): kept"
     accuracy = render.check_title(
         experiment(), status="keep", val_bpb=-0.85, delta=-0.05, margin=0.01, metric=TICKET_ROUTING.metric
     )

@@ -106,7 +106,7 @@ def test_the_view_shows_milliseconds_relative_changes_and_a_margin_on_the_log_sc
 
 def test_status_results_and_the_research_log_say_percent_changes_and_ms_values(store: Store):
     view = view_of(store)
-    margin = f"{100 * math.expm1(view.main.margin or 0.0):.1f}%"
+    margin = f"{100 * -math.expm1(-(view.main.margin or 0.0)):.1f}%"  # the gain the margin asks of a candidate
     line = main_line(view)
     assert line is not None
     assert line.startswith(f"main bbbbbbb: p95_ms {geomean(FAST_RUNS):.4f} (mean of 4 run(s)), noise margin {margin}")
@@ -114,7 +114,7 @@ def test_status_results_and_the_research_log_say_percent_changes_and_ms_values(s
     console = Console(width=200, record=True)
     console.print(results_table(view))
     table = console.export_text()
-    assert "-99.0%" in table and "+25.1%" in table and "35.0%" in table  # margin 0.3: exp(0.3) - 1
+    assert "-99.0%" in table and "+25.1%" in table and "25.9%" in table  # margin 0.3: the gain it asks, 1 - exp(-0.3)
     text = log_text(facts(view, now=0.0), now=0.0, limit=60_000)
     assert f"| 1 | An index on orders | {FAST:.4f} | -99.0% | — |" in text
     rows = results.rows(view)
@@ -125,11 +125,11 @@ def test_status_results_and_the_research_log_say_percent_changes_and_ms_values(s
 def test_github_texts_say_percent_changes_and_margins(store: Store):
     kept = view_of(store).finished[0].experiment
     title = render.check_title(kept, status="keep", metric=METRIC)
-    assert title == "p95_ms 20.000 (-99.0% vs main, noise margin 35.0%): kept"
+    assert title == "p95_ms 20.000 (-99.0% vs main, noise margin 25.9%): kept"
     summary = render.check_summary(
         kept, [], main_val_bpb=METRIC.loss(geomean(SLOW_RUNS)), noise_margin=0.3, metric=METRIC
     )
-    assert "| Δ vs main | -99.0% |" in summary and "| Noise margin | 35.0% |" in summary
+    assert "| Δ vs main | -99.0% |" in summary and "| Noise margin | 25.9% |" in summary
 
 
 def test_the_dashboard_state_carries_the_scale_relative_deltas_and_their_milliseconds(store: Store):
