@@ -390,6 +390,10 @@ def _snoop(*places: Path | str) -> str:
     return f"""
 import csv, json, os, stat, sys
 PLACES = {[str(place) for place in places]!r}
+# The Python installation, the virtual environment and the runner package, which every sandbox shows
+# read-only: their files are ours and hold no ticket (the sample's directory, hidden, is searched on
+# its own), and a checkout under /tmp would otherwise have the walk of /tmp read a whole venv.
+OURS = {[str(path) for path in sandbox.python_dirs() if Path(tickets.SAMPLE_DIR).resolve() not in (path, *path.parents)]!r}
 labelled = {{}}
 
 def look(path):
@@ -416,6 +420,7 @@ def train(examples):
         for root, dirs, files in os.walk(place):
             if root.startswith("/proc/") and root.count("/") > 2:
                 dirs[:] = []
+            dirs[:] = [d for d in dirs if os.path.join(root, d) not in OURS]
             for name in files:
                 if not root.startswith("/proc") or name in ("environ", "cmdline"):
                     look(os.path.join(root, name))
