@@ -5,8 +5,9 @@ results.tsv has the reference's columns, tab-separated:
     commit  val_bpb  memory_gb  status  description
 with the loop's baseline (its first main, as the judge last compared against it) as its first row
 (status keep), then one row per finished experiment (status keep, discard, crash, rejected or
-failed; a crash or failure shows val_bpb 0.000000 and memory 0.0, a rejected run an empty val_bpb:
-it was refused a number, not measured at zero). A keep for simplicity keeps status keep; its
+failed; a crash or failure shows val_bpb 0.000000 and memory 0.0, as the reference's do; a rejected
+run an empty val_bpb: it was refused a number, not measured at zero; and so does a discard that was
+never measured, such as a proposal that no longer applied to a main that moved under it). A keep for simplicity keeps status keep; its
 description says `<title>; kept for simplicity, 1 fewer line of code (3 fewer code tokens)`. The
 richer rows (delta, margin, re-measured delta, steps, tokens/s, kept_for_simplicity) and one row
 per run are for `autoresearch results`.
@@ -130,9 +131,14 @@ def to_tsv(view: View) -> str:
     n = places(view.metric)
     for row in rows(view):
         description = " ".join(described(row).split())  # no tabs or line breaks inside a field
-        value = "" if row["status"] == "rejected" else f"{row['val_bpb'] or 0.0:.{n}f}"
+        value = "" if _unmeasured(row) else f"{row['val_bpb'] or 0.0:.{n}f}"
         lines.append("\t".join([row["commit"], value, f"{row['memory_gb']:.1f}", row["status"], description]))
     return "\n".join(lines) + "\n"
+
+
+def _unmeasured(row: dict[str, Any]) -> bool:
+    """A row with no number to show: refused one (rejected), or discarded before any run."""
+    return row["status"] == "rejected" or (row["status"] == "discard" and row["val_bpb"] is None)
 
 
 def described(row: dict[str, Any]) -> str:

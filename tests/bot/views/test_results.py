@@ -330,6 +330,13 @@ def test_rows_carry_margin_remeasured_delta_steps_and_tokens_per_second(store: S
     assert keep["runs"] == 3
 
 
+def test_a_discard_never_measured_shows_no_value_rather_than_zero(store: Store):
+    """A proposal discarded unrun (it conflicted with a main that moved) has no number: 0.000000
+    would read as the best result of the loop."""
+    experiment(store, "Conflicted with the new main", code_hash="C", runs=[], status="discard")
+    assert results.to_tsv(view_of(store)).splitlines()[1].split("\t")[1:4] == ["", "0.0", "discard"]
+
+
 def test_a_failed_experiment_shows_like_a_crash(store: Store):
     experiment(
         store,
