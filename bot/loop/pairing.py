@@ -1,8 +1,9 @@
 """Paired seeds: which runs of a change pair with main's, the paired noise they pool to, and the
 paired rule that judges a change on them, a second way to a keep beside bot.loop.judge's rule.
 
-A candidate's k-th run on a main takes that main's k-th seed (bot.store.runs: no code runs twice
-under one seed, so a new main's runs are fresh draws, not its kept candidate's repeated). Where the
+A candidate's run on a main takes one of that main's seeds, the one whose pairs overlap least with
+other experiments' there (bot.store.runs: no code runs twice under one seed, so a new main's runs
+are fresh draws, not its kept candidate's repeated). Where the
 task's evaluation draws from the seed whatever the asset (Task.seed_pairs: ticket routing's
 hold-out split), every run pairs with main's of its seed. In training, when the candidate keeps
 main's parameters (the scorer's fingerprint of their names, shapes and dtypes is main's), the two
@@ -126,17 +127,22 @@ class PairedPool:
 
     The sum of squares is the deviations of each side's differences from their own mean, as
     judge.pooled_noise pools runs, and sigma_d^2 is that over `counted` = sum of (pairs - 1). But the
-    sides measured on one main subtract the same runs of main (its runs under seeds 1, 2, 3), so
-    their deviations share those runs' deviations, and `counted` overstates how much the estimate
-    knows: with many sides on one main, sigma_d^2 tends to what that main's few runs happened to
-    spread, not to the truth. The degrees of freedom are those of the sum of squares as a quadratic
+    sides measured on one main subtract some of the same runs of main, so their deviations share
+    those runs' deviations, and `counted` overstates how much the estimate knows: with many sides on
+    one main, sigma_d^2 tends to what that main's few runs happened to spread, not to the truth. The degrees of freedom are those of the sum of squares as a quadratic
     form in the runs' independent noise (Satterthwaite: 2 E[SS]^2 / Var[SS] = tr(A)^2 / tr(A^2)),
     with a candidate's run and main's the same variance once the seed's share cancels (the judge's
     unpaired pool assumes as much): 4 D^2 / (4 D + T), D = `counted` and T = `shared`, the sum over
     ordered pairs of sides e, f of |C_e M C_f|^2 (C centres a side's differences, M matches the main
     runs two sides share): for k shared runs among n_e and n_f pairs, k (1 - 1/n_e - 1/n_f) +
     k^2 / (n_e n_f). Sides that share nothing give D; m sides of n pairs on the same n runs of main
-    give 4 m (n - 1) / (m + 3), at most 4 (n - 1) however many they are. Rounded down."""
+    give 4 m (n - 1) / (m + 3), at most 4 (n - 1) however many they are; spread over main's N runs
+    so that each two runs of main are shared about equally (what bot.store.runs's seed choice aims
+    at), E[k] = n^2/N and E[k(k - 1)] = n^2 (n - 1)^2 / (N (N - 1)) make each ordered pair's term
+    (n - 1)^2 / (N - 1), so 4 m (n - 1)(N - 1) / (4 (N - 1) + (m - 1)(n - 1)), growing to 4 (N - 1):
+    main's N - 1 degrees of freedom, at the half of a difference's variance that main's run holds (on
+    the first main's 6 runs, 11 for 20 sides of 2 pairs where main's first 2 runs allow 3; the seeds
+    the store gives do a little better than that average). Rounded down."""
 
     squares: dict[Side, float]  # each side's sum of squared deviations from its own mean
     counted: dict[Side, int]  # each side's pairs less one

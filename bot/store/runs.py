@@ -4,11 +4,14 @@ A run's id is its idempotency key with the runner. Its seed is chosen so that no
 under one seed (`next_seed`): a run of main's own train.py takes the smallest seed that train.py has
 not run under, its runs as a kept experiment's included (those were selected for coming out low, and
 a deterministic evaluator would repeat them exactly), so a new main is measured afresh; an
-experiment's k-th run measured on a main takes that main's k-th seed (the first of main's seeds its
-own train.py has not run under), so a candidate and main share seeds and the judge can compare them
-seed by seed (bot.loop.pairing); beyond main's seeds it takes the smallest seed neither its train.py
-nor main's has run under, and main gets a run under it where the paired rule asks (the lifecycle
-passes that seed). A run is queued in the same transaction as the experiment change that asks for
+experiment's run measured on a main takes one of that main's seeds its own train.py has not run
+under, so a candidate and main share seeds and the judge can compare them seed by seed
+(bot.loop.pairing): the one whose pairs would overlap least with other experiments' on that main
+(`_overlap`), main's earliest among equals, so that the experiments on one main spread over its runs
+instead of all subtracting its first ones, and the paired noise they pool to knows more the more of
+them there are (bot.loop.pairing.PairedPool). Beyond main's seeds it takes the smallest seed
+neither its train.py nor main's has run under, and main gets a run under it where the paired rule
+asks (the lifecycle passes that seed). A run is queued in the same transaction as the experiment change that asks for
 it; finishing is done once (a second report of the same run changes nothing); a run set aside (lost,
 refused, disturbed, cancelled) is re-run as a new run with the same seed, in the same transaction. A
 store written before seeds were chosen this way keeps its runs' seeds; a run queued since avoids them
@@ -112,7 +115,7 @@ class Runs:
     def next_seed(self, code_hash: str, main_code: str | None = None) -> int:
         """The seed the next run of the train.py whose hash is `code_hash` would get: main's own run
         when `main_code` is None, else an experiment's run measured on the main whose train.py's hash
-        is `main_code`."""
+        is `main_code` (main's least-taken seed it has not run under, or a new one)."""
         return _next_seed(self.db.conn, code_hash, main_code)
 
     def main_seeds(self, main_code: str) -> list[int]:
@@ -309,8 +312,10 @@ def _main_seeds(conn: sqlite3.Connection, main_code: str) -> list[int]:
 
 
 def _next_seed(conn: sqlite3.Connection, code_hash: str, main_code: str | None) -> int:
-    """Main's k-th seed for an experiment's k-th run on it (the first of main's seeds this code has not
-    run under), else the smallest seed neither this code nor main's (when given) has run under."""
+    """For an experiment's run on main: of main's seeds this code has not run under, the one whose pairs
+    would overlap least with other experiments' on that main (`_overlap`; main's earliest among equals),
+    else the smallest seed neither this code nor main's has run under; for main's own run, the smallest
+    seed its code has not run under."""
     codes = [code_hash] if main_code is None else [code_hash, main_code]
     marks = ", ".join("?" for _ in codes)
     rows = conn.execute(f"SELECT DISTINCT code_hash, seed FROM runs WHERE code_hash IN ({marks})", codes)
@@ -318,8 +323,37 @@ def _next_seed(conn: sqlite3.Connection, code_hash: str, main_code: str | None) 
     for code, seed in rows:
         used[code].add(seed)
     if main_code is not None:
-        for seed in _main_seeds(conn, main_code):
-            if seed not in used[code_hash]:
-                return seed
+        free = [seed for seed in _main_seeds(conn, main_code) if seed not in used[code_hash]]
+        if free:
+            overlap = _overlap(conn, main_code, code_hash)
+            return min(free, key=lambda seed: overlap.get(seed, 0))  # min keeps the first of equals
     taken = set().union(*used.values())
     return next(seed for seed in range(1, len(taken) + 2) if seed not in taken)
+
+
+def _overlap(conn: sqlite3.Connection, main_code: str, code_hash: str) -> dict[int, int]:
+    """Seed -> what a run of `code_hash` under it would add to the overlap of its pairs with other
+    experiments' on main (the train.py whose hash is `main_code`): over the other experiments' runs of
+    one code on a commit where main's has runs (a re-run not counted again) that took the seed, 1 + 2 x
+    the seeds they share with `code_hash`'s runs there. That is the growth of the sum over them of k^2,
+    k the runs of main two experiments' pairs share, which is what the paired pool's degrees of freedom
+    lose (bot.loop.pairing.PairedPool): the experiments on one main spread over its runs instead of all
+    subtracting its first ones."""
+    rows = conn.execute(
+        "SELECT experiment_id, code_hash, seed FROM runs WHERE experiment_id IS NOT NULL AND rerun_of IS NULL"
+        " AND base_sha IN (SELECT base_sha FROM runs WHERE experiment_id IS NULL AND code_hash = ?)",
+        (main_code,),
+    )
+    own: set[int] = set()
+    others: dict[tuple[int, str], set[int]] = {}
+    for experiment, code, seed in rows:
+        if code == code_hash:
+            own.add(seed)
+        else:
+            others.setdefault((experiment, code), set()).add(seed)
+    overlap: dict[int, int] = {}
+    for seeds in others.values():
+        shared = len(seeds & own)
+        for seed in seeds:
+            overlap[seed] = overlap.get(seed, 0) + 1 + 2 * shared
+    return overlap

@@ -4,6 +4,7 @@ the paired rule that judge.decide asks after its own."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from bot.loop import measurement
 from bot.loop.judge import Decision, JudgeConfig, Noise, decide, pooled_noise
 from bot.loop.pairing import Paired, Pairs, Side, paired_differences, paired_pool
+from bot.store import Store
 from tests.bot.loop.test_judge import MAIN, MAIN_RUNS, NOISE, SIGMA, TWO_RUN_Z, judge, normal_tail, t_quantile
 from tests.bot.loop.test_measurement import FIVE
 
@@ -277,3 +279,87 @@ def test_a_side_is_tested_against_the_pool_without_it():
     assert rest == paired_pool({side: p for side, p in found.items() if side != (3, "E3")}).noise()
     assert rest.dof == 4 and pool.noise().dof == 6
     assert paired_pool({(1, "E1"): found[(1, "E1")]}).noise(without=(1, "E1")) is None
+
+
+# --- the seeds the store gives experiments on one main ---------------------------------------------
+
+
+def seeds_on_one_main(
+    tmp_path: Path, main_runs: int, experiments: int, pairs: int
+) -> tuple[list[int], list[list[int]]]:
+    """Main's seeds and each experiment's, as store.runs gives them: main measured `main_runs` times,
+    then `experiments` changes one after another, each run `pairs` times on it."""
+    store = Store(tmp_path / "state.db")
+
+    def queue(experiment_id: int | None, code: str, **main_code: str) -> int:
+        purpose = "baseline" if experiment_id is None else "candidate"
+        run = store.runs.add(
+            experiment_id=experiment_id,
+            purpose=purpose,
+            code_hash=code,
+            commit_sha="c" * 40,
+            base_sha=M1,
+            asset="print(1)\n",
+            profile="cpu",
+            **main_code,
+        )
+        return run.seed
+
+    main = [queue(None, "A") for _ in range(main_runs)]
+    sides = []
+    for e in range(experiments):
+        exp = store.experiments.start_proposing(M1)
+        sides.append([queue(exp.id, f"E{e}", main_code="A") for _ in range(pairs)])
+    store.close()
+    return main, sides
+
+
+def pairs_of_seeds(main: list[int], sides: list[list[int]]) -> dict[Side, Paired]:
+    return pairs_on({(e, f"E{e}"): [main.index(seed) for seed in seeds] for e, seeds in enumerate(sides)})
+
+
+def test_experiments_on_one_main_take_the_seeds_that_overlap_least_with_the_others_pairs(tmp_path: Path):
+    """Main measured 6 times: the first three experiments of two runs each take disjoint seeds, and the
+    next ones pairs of seeds that no experiment has shared yet, where taking main's first seeds again
+    would have put every experiment on main's runs under seeds 1 and 2."""
+    main, sides = seeds_on_one_main(tmp_path, main_runs=6, experiments=8, pairs=2)
+    assert main == [1, 2, 3, 4, 5, 6]
+    assert sides == [[1, 2], [3, 4], [5, 6], [1, 3], [2, 4], [5, 1], [6, 2], [3, 5]]
+    assert len({frozenset(seeds) for seeds in sides}) == len(sides)
+
+
+@pytest.mark.parametrize(
+    ("experiments", "pairs", "dof", "on_the_first_seeds"),
+    [(5, 2, 4, 2), (20, 2, 11, 3), (100, 2, 17, 3), (10, 3, 11, 6), (100, 3, 18, 7)],
+)
+def test_the_pool_of_experiments_spread_over_mains_runs_knows_more_the_more_they_are(
+    tmp_path: Path, experiments: int, pairs: int, dof: int, on_the_first_seeds: int
+):
+    """m experiments of n pairs on main's N runs, spread as the store spreads them, count Satterthwaite's
+    degrees of freedom of the full matrix; about 4 m (n - 1)(N - 1) / (4 (N - 1) + (m - 1)(n - 1)) for
+    a balanced spread, growing to 4 (N - 1) (20 here: main's 5 degrees of freedom, at the half of each
+    difference's variance that main's run holds), where all on main's first n runs stay under 4 (n - 1)."""
+    main, sides = seeds_on_one_main(tmp_path, main_runs=6, experiments=experiments, pairs=pairs)
+    found = pairs_of_seeds(main, sides)
+    assert paired_pool(found).noise().dof == dof == math.floor(satterthwaite(found) + 1e-9)
+    balanced = 4 * experiments * (pairs - 1) * 5 / (20 + (experiments - 1) * (pairs - 1))
+    assert balanced - 1 <= satterthwaite(found) < 20
+    first = pairs_of_seeds(main, [main[:pairs]] * experiments)
+    assert paired_pool(first).noise().dof == on_the_first_seeds < 4 * (pairs - 1)
+
+
+def test_the_pooled_noise_of_experiments_spread_over_mains_runs_spreads_as_its_degrees_of_freedom_say(
+    tmp_path: Path,
+):
+    """10 experiments of 3 pairs on main's 6 runs as the store spreads them, drawn 20,000 times (Gaussian,
+    unit noise per run): sigma_d^2 / 2 varies as a chi-square over the counted degrees of freedom would
+    with about 11 of them (11.3), where the same experiments on main's first 3 runs know 6."""
+    main, sides = seeds_on_one_main(tmp_path, main_runs=6, experiments=10, pairs=3)
+    found = pairs_of_seeds(main, sides)
+    rng = np.random.default_rng(7)
+    main_noise = rng.standard_normal((20000, 6))
+    own = rng.standard_normal((20000, 10, 3))
+    d = own - main_noise[:, [[main.index(seed) for seed in seeds] for seeds in sides]]
+    estimate = ((d - d.mean(axis=2, keepdims=True)) ** 2).sum(axis=(1, 2)) / 20 / 2
+    measured = 2 * estimate.mean() ** 2 / estimate.var()
+    assert abs(measured - satterthwaite(found)) < 0.8 and paired_pool(found).noise().dof == 11

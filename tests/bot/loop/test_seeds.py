@@ -123,3 +123,16 @@ def test_where_the_tasks_seeds_pair_every_run_pairs_with_mains_under_its_seed_wi
 
     assert found(seed_pairs=False) == {}  # training (and query latency): no fingerprint, no pairs
     assert found(seed_pairs=True) == {(1, "E"): Paired([pytest.approx(-0.1)], [0])}
+
+
+def test_changes_on_one_main_spread_over_its_seeds_instead_of_all_taking_its_first(tmp_path: Path) -> None:
+    """Five clear losses on a main measured four times, each discarded on one run: their runs take
+    main's seeds 1-4 in turn, then the first again, so the experiments on one main subtract different
+    runs of it (bot.store.runs: the seed whose pairs overlap least), where main's first seed for every
+    one would pool their differences on one run of main."""
+    loop = routing_loop(tmp_path, [(-0.05, f"a clear loss {i}") for i in range(5)])
+    run_to_end(loop)
+    assert [e.status for e in loop.store.experiments.all()] == ["discard"] * 5
+    runs = [r for r in loop.store.runs.all() if r.rerun_of is None]
+    assert [r.seed for r in runs if r.experiment_id is None] == [1, 2, 3, 4]
+    assert [r.seed for r in runs if r.experiment_id is not None] == [1, 2, 3, 4, 1]
