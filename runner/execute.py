@@ -8,7 +8,8 @@ the model and the record is claims.json, which only the supervisor reads, as tra
 
 With `--wait` (what the supervisor always passes) it gets ready first, before it knows its job:
 torch imported, and torch._dynamo, which torch.export and torch.compile need and which takes
-seconds to import. It then reads one line from stdin, `{"seed": N, "started_at": T}`, and only
+seconds to import. It then reads one line from stdin, `{"seed": N, "started_at": T}` (and
+`"budget_fraction": F` for a short run, runner.protocol), and only
 then reads train.py, which the supervisor has written meanwhile. A supervisor prepared ahead of
 its job (a warm worker) so takes the imports off the run's critical path; started_at, the run's
 zero for start-up, is when the job was handed over. The run's clock (runner.harness) starts there
@@ -64,6 +65,12 @@ def main(argv: list[str] | None = None) -> int:
         help="CPU threads allotted to the run, the CPU clock's divisor (0: torch's count)",
     )
     parser.add_argument(
+        "--budget-fraction",
+        type=float,
+        default=1.0,
+        help="the share of the profile's time budget to train (a screening run; the job line may say it)",
+    )
+    parser.add_argument(
         "--started-at", type=float, default=None, help="launch time (epoch seconds) for start-up accounting"
     )
     parser.add_argument(
@@ -100,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         if go is None:
             return 0  # not needed: nothing was run
         args.seed, args.started_at = int(go.get("seed", args.seed)), float(go.get("started_at", time.time()))
+        args.budget_fraction = float(go.get("budget_fraction", args.budget_fraction))
         handed_over = (args.started_at, time.process_time())
     workdir.follow(STARTED_IN)
     args.asset, args.out = Path(os.path.abspath(args.asset)), Path(os.path.abspath(args.out))
@@ -119,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
             asset_sha256=hashlib.sha256(source.encode()).hexdigest(),
             threads=args.threads,
             export=args.export,
+            budget_fraction=args.budget_fraction,
         )
     except (DataMissing, ValueError, OSError, RuntimeError) as error:
         return _crash(args.out, f"{type(error).__name__}: {error}", started_at, args.export)

@@ -51,7 +51,7 @@ import resource
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -414,14 +414,18 @@ def open_session(
     handed_over: tuple[float, float] | None = None,
     threads: int = 0,
     export: bool = False,
+    budget_fraction: float = 1.0,
 ) -> Session:
     """Build the session for a run: loads prepared data (its fingerprint checked against the
     files) and tokenizer, never prepares them. `threads`: the CPU threads allotted (0: torch's).
     `handed_over`: the (wall, process CPU) readings at the job's hand-over, the run clock's zero.
     `export`: an isolated run, whose sandbox holds the training split only: the supervisor has
-    checked the fingerprint, and finish() exports the model instead of evaluating it."""
+    checked the fingerprint, and finish() exports the model instead of evaluating it.
+    `budget_fraction`: the share of the profile's time budget a screening run trains (the cap and
+    the time_up() window scale with it; runner.protocol.JobSpec)."""
     global _current
     profile = get_profile(profile_name)
+    profile = replace(profile, time_budget_s=profile.time_budget_s * budget_fraction)
     dataset = load_dataset(data or profile.data, profile.name)
     if not export:
         verify_dataset(dataset, profile.name)

@@ -58,6 +58,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -240,7 +241,8 @@ class Supervisor:
                     ),
                 )
             files.write_text(self.out / "asset" / "train.py", job.asset)  # the sandbox sees it from now on
-            return self._train_then_score(self.profile)
+            budget = self.profile.time_budget_s * job.budget_fraction  # a screening run's cap scales with it
+            return self._train_then_score(replace(self.profile, time_budget_s=budget))
         finally:
             self.discard()
 
@@ -391,7 +393,8 @@ class Supervisor:
         self.timings.sandbox_setup = go - self._received
         try:
             assert proc.stdin is not None
-            proc.stdin.write((json.dumps({"seed": self._job.seed, "started_at": go}) + "\n").encode())
+            line = {"seed": self._job.seed, "started_at": go, "budget_fraction": self._job.budget_fraction}
+            proc.stdin.write((json.dumps(line) + "\n").encode())
             proc.stdin.close()
         except BrokenPipeError:
             pass  # it died just now: reaped below, and reported as the crash it is
@@ -690,6 +693,7 @@ class Supervisor:
             sandboxed=self.sandboxed,
             profile=job.profile,
             seed=job.seed,
+            budget_fraction=job.budget_fraction,
         )
         if self.log.is_open:
             # the reference's summary block, with the scorer's number: `grep "^val_bpb:" log.txt`

@@ -14,6 +14,12 @@ training, and one of this release reads in the previous one. The bot keeps the n
 this boundary (bot.runners.specs): RunResult.val_bpb and the store's column hold the task's
 value, whatever its metric.
 
+A job may ask for a fraction of the profile's budget (`budget_fraction`, in (0, 1]: a screening
+run, issue 20): the harness trains that share of `time_budget_s`, the cap scaling with it, and the
+result names the fraction it ran. A short run's value is a different measurement from a full one's
+and is never compared with it. A document at the full budget is written without the field, as
+before it: a runner of the previous release reads it.
+
 `check_result` is what the bot does with an answer before it believes it: the result must name
 the job's run id and task, the sha256 of the job's asset and the harness the bot runs, or it is
 refused (`ResultRefused`), whatever number it carries.
@@ -29,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler
 from runner.tasks import DEFAULT_TASK, TASKS
 
 PROTOCOL_VERSION = 1
+FULL_BUDGET = 1.0  # budget_fraction of an ordinary run: the profile's whole time budget
 STATUSES = ("ok", "crash", "timeout", "rejected", "lost")
 
 
@@ -55,6 +62,7 @@ class JobSpec(BaseModel):
     asset_sha256: str = ""  # filled in from the asset when left empty
     profile: str
     seed: int = 0
+    budget_fraction: float = Field(FULL_BUDGET, gt=0.0, le=1.0)  # of the profile's time budget (a screening run)
 
     @model_validator(mode="before")
     @classmethod
@@ -67,11 +75,16 @@ class JobSpec(BaseModel):
     def _asset_matches(self) -> JobSpec:
         if sha256_text(self.asset) != self.asset_sha256:
             raise ValueError("asset_sha256 is not the sha256 of asset: the job was changed in transit")
+        if self.budget_fraction != FULL_BUDGET and self.task != DEFAULT_TASK:
+            raise ValueError(
+                f"the {self.task} task has no time budget to shorten: give it budget_fraction 1 "
+                f"(a short run is training's, not {self.budget_fraction})"
+            )
         return self
 
     @model_serializer(mode="wrap")
     def _as_before_tasks(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return _without_training_task(handler(self), self.task)
+        return _without_full_budget(_without_training_task(handler(self), self.task))
 
 
 class Timings(BaseModel):
@@ -130,6 +143,7 @@ class ResultSpec(BaseModel):
     sandboxed: bool = False
     profile: str = ""
     seed: int = 0
+    budget_fraction: float = Field(FULL_BUDGET, gt=0.0, le=1.0)  # the share of the budget it ran (the job's)
 
     def summary_block(self) -> str:
         """The reference's summary block, written after scoring: `grep "^val_bpb:" run.log` finds
@@ -207,7 +221,7 @@ class ResultSpec(BaseModel):
 
     @model_serializer(mode="wrap")
     def _as_before_tasks(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        data = _without_training_task(handler(self), self.task)
+        data = _without_full_budget(_without_training_task(handler(self), self.task))
         if self.task == DEFAULT_TASK:
             data.pop("value", None)  # val_bpb says it
         return data
@@ -217,6 +231,13 @@ def _without_training_task(data: dict[str, Any], task: str) -> dict[str, Any]:
     """A training document as the previous release wrote it: without `task`, which it did not know."""
     if task == DEFAULT_TASK:
         data.pop("task", None)
+    return data
+
+
+def _without_full_budget(data: dict[str, Any]) -> dict[str, Any]:
+    """A full-budget document as the previous release wrote it: without `budget_fraction`."""
+    if data.get("budget_fraction") == FULL_BUDGET:
+        data.pop("budget_fraction")
     return data
 
 
@@ -239,3 +260,8 @@ def check_result(job: JobSpec, result: ResultSpec, *, harness: str) -> None:
         )
     if result.profile and result.profile != job.profile:
         raise ResultRefused(f"run {job.run_id}: the result ran profile {result.profile}, not {job.profile}")
+    if result.budget_fraction != job.budget_fraction:
+        raise ResultRefused(
+            f"run {job.run_id}: the result ran {result.budget_fraction:g} of the budget, the job asked "
+            f"{job.budget_fraction:g}: update the runner to the bot's version"
+        )

@@ -72,6 +72,9 @@ def run(
     data: str = typer.Option(None, help="data source (default: the profile's)"),
     out: Path = typer.Option(None, help="run directory (default: runs/<profile>-<time>)"),
     seed: int = typer.Option(0),
+    budget_fraction: float = typer.Option(
+        1.0, help="the share of the profile's time budget to train, in (0, 1]: a short (screening) run"
+    ),
     gpu: str = typer.Option(None, help="the NVIDIA device index to use (a CUDA profile; default 0)"),
     as_json: bool = typer.Option(
         False, "--json", help="print the result as one JSON object on stdout (the training log goes to stderr)"
@@ -99,7 +102,18 @@ def run(
         console.print(f"[red]error:[/] {asset} does not exist")
         raise typer.Exit(2)
     out = (out or Path("runs") / f"{profile}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
-    job = JobSpec(task=task, run_id=0, asset=asset.read_text(encoding="utf-8"), profile=profile, seed=seed)
+    try:
+        job = JobSpec(
+            task=task,
+            run_id=0,
+            asset=asset.read_text(encoding="utf-8"),
+            profile=profile,
+            seed=seed,
+            budget_fraction=budget_fraction,
+        )
+    except ValueError as error:
+        console.print(f"[red]error:[/] --budget-fraction: {error}")
+        raise typer.Exit(2) from None
     stream = sys.stderr if as_json else sys.stdout
     result = run_job(
         job,

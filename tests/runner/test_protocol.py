@@ -116,3 +116,31 @@ def test_the_training_summary_block_is_unchanged() -> None:
         "total_seconds:    0.0",
         "num_steps:        12",
     ]
+
+
+def test_a_full_budget_document_is_written_without_the_fraction() -> None:
+    job = JobSpec.model_validate(OLD_JOB)
+    result = ResultSpec.model_validate(OLD_RESULT)
+    assert job.budget_fraction == result.budget_fraction == 1.0
+    assert "budget_fraction" not in json.loads(job.model_dump_json())
+    assert "budget_fraction" not in json.loads(result.model_dump_json())
+
+
+def test_a_short_job_round_trips_its_fraction_and_its_result_must_name_it() -> None:
+    job = JobSpec.model_validate({**OLD_JOB, "budget_fraction": 0.2})
+    assert JobSpec.model_validate_json(job.model_dump_json()).budget_fraction == 0.2
+    short = ResultSpec.model_validate({**OLD_RESULT, "budget_fraction": 0.2})
+    check_result(job, short, harness=HARNESS)
+    with pytest.raises(ResultRefused, match="ran 1 of the budget, the job asked 0.2"):
+        check_result(job, ResultSpec.model_validate(OLD_RESULT), harness=HARNESS)
+
+
+@pytest.mark.parametrize("fraction", [0.0, -0.5, 1.5])
+def test_a_budget_fraction_outside_zero_to_one_is_refused(fraction: float) -> None:
+    with pytest.raises(ValueError, match="budget_fraction"):
+        JobSpec.model_validate({**OLD_JOB, "budget_fraction": fraction})
+
+
+def test_only_training_has_a_budget_to_shorten(word_count) -> None:
+    with pytest.raises(ValueError, match="has no time budget to shorten"):
+        JobSpec(task=word_count.name, run_id=4, asset="a b c", profile="smoke", budget_fraction=0.5)
