@@ -119,6 +119,7 @@ class Tally:
     small_pairable_kept: int = 0
     paired_keeps: int = 0  # keeps the judge's paired rule made
     paired_false_keeps: int = 0
+    paired_dof: int = 0  # sums over loops: the paired pool's degrees of freedom at the loop's end
     seconds: float = 0.0  # CPU seconds of the processes that ran it
 
     def add(self, other: Tally) -> None:
@@ -202,6 +203,7 @@ def run_task(task: Task) -> Tally:
         tally.experiments = len(trajectory.experiments)
         tally.runs = len(trajectory.runs)
         tally.moved_runs = sum(run.moved for run in trajectory.runs)
+        tally.paired_dof = trajectory.paired_dof
         for index, exp in enumerate(trajectory.experiments):
             if index > 0 and exp.effect == -GAIN:
                 tally.gains += 1
@@ -487,7 +489,8 @@ def machine() -> str:
 PAIRED_HEAD = (
     "| rho | pairing | loops | false keeps, % of keeps: exp 1-10 / all | null kept at exp 1 "
     f"| P(keep) of a true {SMALL_GAIN:g}-sigma gain, later: all / keeping main's parameters "
-    f"| P(keep) of a true {GAIN:g}-sigma gain: exp 1 / later | runs per experiment | paired keeps (false) |"
+    f"| P(keep) of a true {GAIN:g}-sigma gain: exp 1 / later | runs per experiment | paired keeps (false) "
+    "| paired pool's degrees of freedom at the loop's end |"
 )
 
 
@@ -499,7 +502,8 @@ def paired_row(rho: float, pairing: bool, t: Tally) -> str:
         f"| {pct(ratio(t.null_probes_kept, t.null_probes))} "
         f"| {pct(ratio(t.small_gains_kept, t.small_gains))} / {pct(ratio(t.small_pairable_kept, t.small_pairable))} "
         f"| {pct(ratio(t.gain_probes_kept, t.gain_probes))} / {pct(ratio(t.gains_kept, t.gains))} "
-        f"| {ratio(t.runs, t.experiments):.3f} | {t.paired_keeps} ({t.paired_false_keeps}) |"
+        f"| {ratio(t.runs, t.experiments):.3f} | {t.paired_keeps} ({t.paired_false_keeps}) "
+        f"| {ratio(t.paired_dof, t.trajectories):.1f} |"
     )
 
 

@@ -31,8 +31,9 @@ lifecycle, runs, the judge), through one trajectory of a research loop, as fast 
 
 Effects and noise are in units of sigma, the run-to-run standard deviation (`SIGMA` in val_bpb).
 What a trajectory did comes back as a `Trajectory`: every experiment with its true effect and
-verdict (and whether it was a simplification, kept for simplicity), every run with the main it measured against and whether main had moved by its end, and
-a trace of runs started and verdicts given, in order.
+verdict (and whether it was a simplification, kept for simplicity), every run with the main it
+measured against and whether main had moved by its end, a trace of runs started and verdicts given,
+in order, and the paired pool's degrees of freedom at the end (bot.loop.pairing.PairedPool).
 """
 
 from __future__ import annotations
@@ -357,6 +358,7 @@ class Trajectory:
     # for each experiment ended, in the order the ticks did them
     trace: list[tuple] = field(default_factory=list)
     ticks: int = 0
+    paired_dof: int = 0  # the paired pool's degrees of freedom at the loop's end (0: no pool yet)
 
 
 def simulate(
@@ -465,7 +467,8 @@ def _drive(
     error = store.db.execute("SELECT message FROM events WHERE kind = 'error' ORDER BY id LIMIT 1").fetchone()
     if error is not None:  # figures from a loop whose phases failed would measure the failure
         raise RuntimeError(f"the conductor failed in a simulated loop: {error[0]}")
-    return Trajectory(_experiments(store, agent), _runs(store, runner, mains), trace, tick)
+    pool = conductor.baseline.paired_pool().noise()
+    return Trajectory(_experiments(store, agent), _runs(store, runner, mains), trace, tick, pool.dof if pool else 0)
 
 
 def _next_retry(store: Store, now: float) -> float | None:

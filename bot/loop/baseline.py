@@ -174,15 +174,19 @@ class Baseline:
     def pairs_of(self, experiment: int, code_hash: str) -> pairing.Pairs | None:
         """What the judge's paired rule reads of the experiment's runs of the train.py whose hash is
         `code_hash`: its differences from main under the same seeds and the paired noise pooled with
-        and without them (pairing.PairedPool, computed once per change of the values); None when no
-        run of it pairs with main's."""
+        and without them (`paired_pool`); None when no run of it pairs with main's."""
         paired = self._paired().get((experiment, code_hash))
         if paired is None:
             return None
+        pool = self.paired_pool()
+        return pairing.Pairs(paired.differences, pool.noise(), pool.noise(without=(experiment, code_hash)))
+
+    def paired_pool(self) -> pairing.PairedPool:
+        """The paired noise's pool over every experiment's differences from main (pairing.paired_pool),
+        computed once per change of the values."""
         if self._paired_pool is None:
             self._paired_pool = pairing.paired_pool(self._paired())
-        pool = self._paired_pool
-        return pairing.Pairs(paired.differences, pool.noise(), pool.noise(without=(experiment, code_hash)))
+        return self._paired_pool
 
     # --- main's own runs -------------------------------------------------------------------------
     def schedule(self, main: Main) -> None:
