@@ -90,14 +90,25 @@ if on_gpu:
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
 
-# Flash Attention 3 on Hopper when the `kernels` package can fetch it, else PyTorch's SDPA.
-flash_attn = None
-if on_gpu and torch.cuda.get_device_capability()[0] == 9:
+
+def load_flash_attention(capability):
+    """Flash Attention 3's interface on a Hopper GPU (compute capability 9.x) when the `kernels`
+    package loads it, else None (PyTorch's SDPA); and which, in words. The runner fetched the kernel
+    before the run (`autoresearch prepare`): inside the sandbox it loads offline, from that copy."""
+    if capability is None:
+        return None, "SDPA (CPU)"
+    if capability[0] != 9:
+        return None, f"SDPA (Flash Attention 3 needs a Hopper GPU; this one is sm_{capability[0]}{capability[1]})"
     try:
         from kernels import get_kernel
-        flash_attn = get_kernel("varunneal/flash-attention-3").flash_attn_interface
+        return get_kernel("varunneal/flash-attention-3", version=1).flash_attn_interface, "Flash Attention 3"
     except Exception as error:  # any failure here only costs speed
-        print(f"Flash Attention 3 unavailable ({type(error).__name__}); using SDPA")
+        why = (str(error).strip().splitlines() or [""])[0][:200]
+        return None, (f"SDPA (Flash Attention 3 did not load: {type(error).__name__}: {why}; "
+                      f"`autoresearch prepare --profile {h.profile.name}` fetches it)")
+
+
+flash_attn, attention = load_flash_attention(torch.cuda.get_device_capability() if on_gpu else None)
 
 # ---------------------------------------------------------------------------
 # The model: GPT with rotary embeddings, QK-norm, squared-ReLU MLP, value embeddings,
@@ -155,7 +166,8 @@ class Attention(nn.Module):
             ve = self.value_embed(idx).view(B, T, self.n_head, self.head_dim)
             v = v + (gate.unsqueeze(-1) * ve).to(v.dtype)  # embeddings stay float32 under autocast
         q, k = rms_norm(apply_rotary(q, cos, sin)), rms_norm(apply_rotary(k, cos, sin))
-        if flash_attn is not None:  # FA3 wants one half-precision dtype for q, k and v
+        if flash_attn is not None and self.training:  # eval (the exported graph the scorer runs) uses SDPA
+            # FA3 wants one half-precision dtype for q, k and v
             q, k, v = (t.to(torch.bfloat16) for t in (q, k, v))
             y = flash_attn.flash_attn_func(q, k, v, causal=True, window_size=(self.window - 1, 0))
             y = y[0] if isinstance(y, tuple) else y
@@ -284,14 +296,27 @@ def normalize_neurons(U, second_moment, beta2):
     return V * (U.norm(dim=(-2, -1), keepdim=True) / V.norm(dim=(-2, -1), keepdim=True).clamp_min(1e-10))
 
 
+def muon_update(grad, W, momentum_buffer, second_moment, momentum, lr, weight_decay, beta2):
+    """One Muon step for a stack of same-shape matrices W, in place on W and its two buffers. The
+    hyperparameters are floats (eager) or 0-d tensors (compiled: a new value needs no recompilation)."""
+    momentum_buffer.lerp_(grad, 1 - momentum)
+    update = grad.lerp_(momentum_buffer, momentum)  # Nesterov
+    update = normalize_neurons(orthogonalize(update), second_moment, beta2)
+    agree = (update * W) >= 0  # decay only where the step already moves the weight towards 0
+    W.sub_(lr * (update + weight_decay * W * agree))
+
+
 class Muon(torch.optim.Optimizer):
     """Muon with NorMuon and cautious weight decay. Matrices of one shape form one group and are
-    updated together, stacked, so that each step runs a few large kernels rather than many small."""
+    updated together, stacked, so that each step runs a few large kernels rather than many small.
+    `update` is muon_update, or its compiled form on a GPU."""
 
-    def __init__(self, params, lr, momentum, beta2, weight_decay):
+    def __init__(self, params, lr, momentum, beta2, weight_decay, update):
         shapes = sorted({tuple(p.shape) for p in params})
         groups = [dict(params=[p for p in params if tuple(p.shape) == shape]) for shape in shapes]
         super().__init__(groups, dict(lr=lr, momentum=momentum, beta2=beta2, weight_decay=weight_decay))
+        self.update = update
+        self.compiled = update is not muon_update
 
     @torch.no_grad()
     def step(self):
@@ -305,12 +330,14 @@ class Muon(torch.optim.Optimizer):
                 state["second_moment"] = torch.zeros(moment_shape, device=params[0].device)
             W = torch.stack(params)
             grad = torch.stack([p.grad for p in params]).float()
-            state["momentum"].lerp_(grad, 1 - group["momentum"])
-            update = grad.lerp_(state["momentum"], group["momentum"])  # Nesterov
-            update = normalize_neurons(orthogonalize(update), state["second_moment"], group["beta2"])
             lr = group["lr"] * max(1.0, rows / cols) ** 0.5
-            agree = (update * W) >= 0  # decay only where the step already moves the weight towards 0
-            W.sub_(lr * (update + group["weight_decay"] * W * agree))
+            scalars = (group["momentum"], lr, group["weight_decay"], group["beta2"])
+            if self.compiled:  # 0-d CPU tensors, refilled each step: the compiled graph never sees a new constant
+                held = state.setdefault("scalars", [torch.zeros(()) for _ in scalars])
+                for tensor, value in zip(held, scalars):
+                    tensor.fill_(value)
+                scalars = held
+            self.update(grad, W, state["momentum"], state["second_moment"], *scalars)
             for p, w in zip(params, W):
                 p.copy_(w)
 
@@ -344,9 +371,18 @@ adamw = torch.optim.AdamW(
         dict(params=[model.resid_lambdas], lr=SCALAR_LR * 0.01),
         dict(params=[model.x0_lambdas], lr=SCALAR_LR),
     ],
-    betas=(ADAM_BETA1, ADAM_BETA2), eps=1e-10, weight_decay=0.0,
+    betas=(ADAM_BETA1, ADAM_BETA2), eps=1e-10, weight_decay=0.0, fused=on_gpu,  # one CUDA kernel for every tensor
 )
-muon = Muon(matrices, lr=MATRIX_LR, momentum=MUON_MOMENTUM, beta2=MUON_BETA2, weight_decay=WEIGHT_DECAY)
+# On a GPU the Muon step is compiled into a few fused kernels per shape, as the reference compiles its
+# own; on the CPU it stays eager: compiling it costs more of a short run than it would save.
+if on_gpu:
+    muon_step = torch.compile(muon_update, dynamic=False, fullgraph=True)
+    optimizer_step = "compiled (Muon: torch.compile, fullgraph; AdamW: fused)"
+else:
+    muon_step, optimizer_step = muon_update, "eager (CPU: compiling costs more of a short run than it saves)"
+muon = Muon(matrices, lr=MATRIX_LR, momentum=MUON_MOMENTUM, beta2=MUON_BETA2, weight_decay=WEIGHT_DECAY,
+            update=muon_step)
+print(f"attention: {attention}; optimizer step: {optimizer_step}")
 optimizers = [adamw, muon]
 for opt in optimizers:
     for group in opt.param_groups:
@@ -387,5 +423,6 @@ while not h.time_up():
                            "the run blew up. Lower the learning rates or add warmup (WARMUP_RATIO).")
 
 print(f"trained {h.step} steps in {time.time() - t_start:.1f}s wall")
-result = h.finish(model, flops_per_token=model.flops_per_token(), extra={"depth": DEPTH})
+result = h.finish(model, flops_per_token=model.flops_per_token(),
+                  extra={"depth": DEPTH, "attention": attention, "optimizer_step": optimizer_step})
 print(result.summary_block())
