@@ -62,7 +62,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from runner import files, limits, processes, proctree, run_log, sandbox
+from runner import files, kernels, limits, processes, proctree, run_log, sandbox
 from runner.data import DataMissing, cache_dir, load_dataset, verify_dataset
 from runner.files import MODEL_FILE
 from runner.proctree import TreeCPU
@@ -337,10 +337,11 @@ class Supervisor:
         ]
         if self.data:
             cmd += ["--data", self.data]
+        fa3 = kernels.view(profile)  # Flash Attention 3 as prepared: read-only, offline
         box = sandbox.Sandbox(
-            read=[self.out / "asset", *self._data_views[0]],
+            read=[self.out / "asset", *self._data_views[0], *fa3.read],
             write=[self.scratch],
-            env=self._env(profile, home=self.scratch),
+            env=self._env(profile, home=self.scratch) | fa3.env,
             gpus=self._gpus(profile),
             cwd=self.scratch,
         )

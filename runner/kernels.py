@@ -31,8 +31,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
-
 from runner.data import cache_dir
 from runner.profiles import Profile
 
@@ -80,6 +78,8 @@ def hub_endpoint() -> str:
 def install_with_kernels(repo: str, revision: str, cache: Path) -> Path:
     """Download the build of `repo` at `revision` for this machine with the `kernels` package, after a
     quick look that the Hub answers at all (else its client retries for most of a minute)."""
+    import httpx  # here: the supervisor imports this module for view() alone
+
     try:
         httpx.head(hub_endpoint(), timeout=REACH_TIMEOUT_S)
     except httpx.HTTPError as error:

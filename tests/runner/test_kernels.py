@@ -160,3 +160,31 @@ def test_a_sandboxed_process_loads_the_kernel_offline_and_cannot_write_to_it(cac
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split("\n")[:3] == ["fake fa3", "refused 30", "refused 30"]  # EROFS: a read-only bind
+
+
+class Stop(Exception):
+    """Raised by a stand-in for sandbox.wrap once it has seen the box: no process is started."""
+
+
+def test_the_supervisor_shows_the_kernel_to_training_alone(cache: Path, tmp_path: Path, monkeypatch) -> None:
+    from runner import isolated
+
+    kernels.fetch_flash_attention(install=FakeHub())
+    boxes: list[sandbox.Sandbox] = []
+
+    def seen(argv: list[str], box: sandbox.Sandbox) -> list[str]:
+        boxes.append(box)
+        raise Stop
+
+    monkeypatch.setattr(isolated.sandbox, "wrap", seen)
+    supervisor = isolated.Supervisor(tmp_path / "run", "h100", use_sandbox=True)
+    supervisor.sandboxed, supervisor.profile = True, get_profile("h100")
+    for start in (lambda: supervisor._start_trainer(get_profile("h100")), supervisor._spawn_scorer):
+        with pytest.raises(Stop):
+            start()
+    trainer, scorer = boxes
+    assert cache in trainer.read and cache not in trainer.write
+    assert trainer.env["HF_HUB_OFFLINE"] == "1" and trainer.env["LOCAL_KERNELS"].startswith(
+        f"{kernels.FLASH_ATTENTION_3}="
+    )
+    assert cache not in scorer.read and "LOCAL_KERNELS" not in scorer.env  # it scores an SDPA graph
