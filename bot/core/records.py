@@ -96,6 +96,7 @@ class Job:
     commit: str = ""  # the git commit the asset came from, for the record
     experiment_id: int | None = None  # None for a baseline run of main
     task: str = "training"  # runner.tasks: what the asset is and how it is measured
+    budget_fraction: float = 1.0  # of the profile's time budget: a screening's short run (bot.loop.screening)
 
     @property
     def asset_sha256(self) -> str:

@@ -116,8 +116,9 @@ class Baseline:
 
     # --- what the runs measured ------------------------------------------------------------------
     def values(self) -> list[tuple[str, int | None, str, float]]:
-        """(code_hash, experiment, purpose, val_bpb) of every run that counts, in run order: those
-        measurement.counted would pick, selected by the store's query."""
+        """(code_hash, experiment, purpose, val_bpb) of every full run that counts, in run order: those
+        measurement.counted would pick, selected by the store's query (a screening's short runs never
+        count here: bot.loop.screening)."""
         if self._values is None:
             ident = self.identity
             runs = self.store.runs.measured_runs(
@@ -126,6 +127,7 @@ class Baseline:
                 data_fingerprint=ident["data_fingerprint"],
                 threads=measurement.pinned_threads(ident),
             )
+            runs = [run for run in runs if run[2] != "screen"]  # short runs: bot.loop.screening's alone
             self._values = [run[:4] for run in runs]
             self._seeded = [run[4:] for run in runs]
         return self._values

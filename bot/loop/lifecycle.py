@@ -6,7 +6,7 @@ resumes where it stopped. First what people asked for (a Request: cancel, discar
 keep anyway), then every active experiment as far as it goes without waiting:
 
     proposed   push its branch (one commit on main)
-    branched   queue its candidate run
+    branched   queue its candidate run (with screening on, a short run first: bot.loop.screening)
     measuring  wait for its runs and main's runs queued before them (main's first runs, those
                beside its confirmation), then the judge (bot.loop.judge) decides from the numbers
                alone: keep, discard, crash, rejected, one confirmation run more, or a re-measure on a newer
@@ -37,7 +37,7 @@ from bot.core import simplicity
 from bot.core.protocols import Forge, MainMoved, MergeConflict
 from bot.core.records import code_hash
 from bot.core.states import Request, RunState, State, Status
-from bot.loop import measurement
+from bot.loop import measurement, screening
 from bot.loop.baseline import Baseline, Main
 from bot.loop.judge import decide, judge_config
 from bot.loop.runs import Runs
@@ -80,6 +80,7 @@ class Lifecycle:
         self.step_retries = step_retries
         self.backoff = backoff
         self.clock = clock
+        self.screening = screening.Screening(store, baseline, runs, identity=identity, profile=profile)
 
     def judge_all(self, main: Main) -> None:
         """Act on what people asked for, then give the judge's verdict to every experiment measured
@@ -239,6 +240,8 @@ class Lifecycle:
         )
 
     def _step_branched(self, exp: Experiment, main: Main) -> Experiment:
+        if self.screening.wanted(exp, main):  # a short run first (bot.loop.screening)
+            return self.screening.start(exp, main)
         self.store.runs.add(
             experiment_id=exp.id,
             purpose="candidate",
@@ -259,6 +262,11 @@ class Lifecycle:
         this tick) and `main_pending` (see _main_pending) are read here when not given."""
         if runs is None:
             runs = self.store.runs.all(experiment_id=exp.id)
+        if screening.pending(exp):  # its short run's verdict first; promoted, its full run is queued
+            screened = self.screening.step(exp, main, runs)
+            if screened is None or screened.state != State.MEASURING:
+                return screened
+            exp, runs = screened, self.store.runs.all(experiment_id=exp.id)
         runs = [r for r in runs if r.code_hash == exp.code_hash]
         waiting = [r for r in runs if r.state in (RunState.QUEUED, RunState.RUNNING)]
         if exp.base_sha != main.sha:
@@ -272,7 +280,8 @@ class Lifecycle:
             return None
         counted = [r for r in runs if r.state == RunState.DONE]
         failed = next((r for r in counted if r.status in ("crash", "rejected")), None)  # no number: judged at once
-        candidate = [value.val_bpb for value in measurement.counted(counted, self.identity)]
+        full = [r for r in counted if r.purpose != screening.SCREEN]  # a short run's value is not a full run's
+        candidate = [value.val_bpb for value in measurement.counted(full, self.identity)]
         if not candidate and failed is None and exp.base_sha == main.sha:
             self.runs.queue(exp, "candidate", "no run under the pinned harness and data")
             return None

@@ -19,6 +19,10 @@ program.md may start with a YAML block between two `---` lines holding an `autor
       confirm: true            # borderline improvements get one confirmation run
       simplicity_sigmas: 1.0   # a smaller train.py is kept if its runs rule out a loss of more
                                # than this many sigma (0: simpler code gets no rule of its own)
+      screening: false         # training: each new candidate gets a short run (a fifth of the
+                               # budget) first, and full runs only when it looks promising
+      screening_sigmas: 0.5    # ... promising: its short run below main's short runs' mean by less
+                               # than this many short standard errors (negative: better by more)
       paused: false            # true: finish what runs, propose nothing new
     ---
 
@@ -55,6 +59,8 @@ class LoopSettings(BaseModel):
     min_margin: float = Field(0.0, ge=0)
     confirm: bool = True
     simplicity_sigmas: float = Field(1.0, ge=0)
+    screening: bool = False  # bot.loop.screening; on for no profile by default (docs/benchmarks.md)
+    screening_sigmas: float = Field(0.5, ge=-5, le=5)
     paused: bool = False
 
     @field_validator("task")
@@ -94,6 +100,15 @@ class LoopSettings(BaseModel):
         the target or past it in the metric's direction; never without a target."""
         target = self.metric_target
         return target is not None and main_loss <= self.metric.loss(target)
+
+    @model_validator(mode="after")
+    def _screening_is_training(self) -> LoopSettings:
+        if self.screening and self.task != DEFAULT_TASK:
+            raise ValueError(
+                f"screening shortens training's time budget, and the {self.task} task has none: "
+                "remove `screening: true`"
+            )
+        return self
 
     @model_validator(mode="after")
     def _noise_must_be_measurable(self) -> LoopSettings:

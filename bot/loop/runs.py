@@ -23,11 +23,12 @@ from bot.core.records import Job, RunResult
 from bot.core.states import RunState, State, Status
 from bot.loop import measurement
 from bot.loop.baseline import Baseline, Main
+from bot.loop.screening import budget_fraction
 from bot.store import Experiment, Run, Store
 
 log = logging.getLogger(__name__)
 
-RUN_PRIORITY = {"baseline": 0, "remeasure": 1, "confirm": 2, "candidate": 3}
+RUN_PRIORITY = {"baseline": 0, "remeasure": 1, "confirm": 2, "candidate": 3, "screen": 3}
 MAX_REFUSED_RESULTS = 3  # results of one code refused (wrong identity) before giving up on it
 MAX_LOST_RUNS = 5  # runs of one code lost in a row (a machine gone, an answer refused) before giving up on it
 # A run whose training process was killed from outside is lost and runs again; lost this many times in a
@@ -210,4 +211,5 @@ def _job(run: Run, task: str) -> Job:
         seed=run.seed,
         commit=run.commit_sha,
         experiment_id=run.experiment_id,
+        budget_fraction=budget_fraction(run.purpose),
     )

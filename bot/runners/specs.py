@@ -38,6 +38,7 @@ def job_spec(job: Job, *, repository: str = "") -> JobSpec:
         profile=job.profile,
         seed=job.seed,
         task=job.task,
+        budget_fraction=job.budget_fraction,
     )
 
 
@@ -53,6 +54,7 @@ def run_result(spec: ResultSpec) -> RunResult:
         data_fingerprint=spec.hashes.data,
         profile=spec.profile,
         seed=spec.seed,
+        budget_fraction=spec.budget_fraction,
         sandboxed=spec.sandboxed,
         runner=spec.runner.model_dump(),
         timings=spec.timings.model_dump(),

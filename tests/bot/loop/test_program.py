@@ -25,6 +25,8 @@ DEFAULTS = dict(
     min_margin=0.0,
     confirm=True,
     simplicity_sigmas=1.0,
+    screening=False,
+    screening_sigmas=0.5,
     paused=False,
 )
 
@@ -85,6 +87,8 @@ def test_full_block_is_parsed_and_the_body_follows():
         "  min_margin: 0.001\n"
         "  confirm: false\n"
         "  simplicity_sigmas: 0.5\n"
+        "  screening: true\n"
+        "  screening_sigmas: -0.5\n"
         "  paused: true\n",
         "\n\n# Research program\n\nLower val_bpb by editing train.py.\n",
     )
@@ -102,6 +106,8 @@ def test_full_block_is_parsed_and_the_body_follows():
         min_margin=0.001,
         confirm=False,
         simplicity_sigmas=0.5,
+        screening=True,
+        screening_sigmas=-0.5,
         paused=True,
     )
     # the body starts right at its first line: leading blank lines and the block are gone
