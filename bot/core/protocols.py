@@ -13,14 +13,16 @@ closed without deleting them.
 Runner: a job (run id, train.py text, profile, seed) goes in, a RunResult comes out.
 
 One protocol for every place a run can happen: a local subprocess per slot, GitHub Actions on
-self-hosted runners, or Modal. The conductor is the only one that chooses run ids and counts
-slots (from the store: runs in state running); a runner is asked, never waited on:
+self-hosted runners, or Modal. The conductor is the only one that chooses run ids and counts the
+slots in use (from the store: runs in state running) against the runner's `slots` now; a runner
+is asked, never waited on:
 
 - `submit(job)` starts the job, or does nothing if a job with that run id was already submitted
   (so a conductor that died between writing "running" and submitting can simply submit again);
 - `lookup(run_id)` says where it is: queued, running (with its latest progress line), finished
-  (with its result), lost (the runner has no trace of a result and never will), or unknown (never
-  submitted here);
+  (with its result: train.py's crash is a finished crash), lost (the runner has no trace of a
+  result and never will: a preempted container, a runner taken offline, a worker killed from
+  outside; the conductor runs it again), or unknown (never submitted here);
 - `cancel(run_id)` stops it; it reports nothing afterwards.
 
 Around those, what the app needs of every runner: `check_ready(identity)` once at the start (can
@@ -132,7 +134,10 @@ class Forge(Protocol):
 
 # --- Runner -----------------------------------------------------------------------------------
 class Runner(Protocol):
-    slots: int  # jobs it can run at once
+    @property
+    def slots(self) -> int:
+        """Jobs it can hold at once now: read before each dispatch, it may change while the bot runs
+        (bot.runners.capacity); a slot taken away finishes its job and takes no new one."""
 
     def check_ready(self, identity: dict[str, str]) -> None:
         """At the bot's start: raise, saying what to do, when runs cannot happen here or would not be

@@ -77,6 +77,10 @@ class ProposalContext:
     # runner.tasks: what asset is (train.py, router.py, query.sql) and how it is measured; main_val_bpb
     # and the history's numbers are on the loss scale (Metric.loss: the metric, or its negation)
     task: str = "training"
+    # the experiments proposed but not judged yet (history entries whose status is running), by id:
+    # each one's change to main's asset as a unified diff ('' when it was made on an older main), so
+    # that questions open at once propose something other than what is already being tried
+    in_flight: dict[int, str] = field(default_factory=dict)
 
 
 def asset_sha256(text: str) -> str:

@@ -5,10 +5,18 @@ confirmations, candidates, only those measured on main's train.py, and none whil
 be merged (main is about to move); a queued run of a main that moved is set aside, never run.
 `collect()` asks the runner about every running run (lookup(), never a wait) and records what
 finished, once its result passed measurement.refusal (it answers this job, this code, under the
-pinned identity) and measurement.disturbance (a CPU run slowed by a busy machine runs once more). A lost run runs again; so does a refused result. A code whose runs keep
-getting lost or refused is given up on: its experiment fails, or, for main's own train.py, the
-loop is blocked until a human fixes it. A run killed from outside is lost, but lost MAX_KILLED_RUNS
-times in a row it is charged as the crash it may be.
+pinned identity) and measurement.disturbance (a CPU run slowed by a busy machine runs once more).
+
+A run the runner lost (a preempted container, an Actions runner gone offline, a worker killed by
+the OOM killer: the runner says `lost`, never `finished` with a crash) costs one run, never its
+experiment: it is set aside as lost and queued again under the same seed, on whichever slot is
+free first. Lost MAX_LOST_RUNS times in a row (the run and its re-runs), it is the runners' fault
+rather than its train.py's, and it is said so: its experiment fails with that reason, or, for
+main's own train.py, the loop is blocked until a person fixes the runners. A refused result runs
+again too, MAX_REFUSED_RESULTS times per code. A run whose training process was killed from
+outside is lost too, but killed MAX_KILLED_RUNS times in a row it is charged as the crash it may be.
+The slots are the runner's to say (`runner.slots`, read at each dispatch): they may change while
+the bot runs (bot.runners.capacity), and a slot taken away finishes its run and takes no new one.
 """
 
 from __future__ import annotations
@@ -30,9 +38,9 @@ log = logging.getLogger(__name__)
 
 RUN_PRIORITY = {"baseline": 0, "remeasure": 1, "confirm": 2, "candidate": 3, "screen": 3}
 MAX_REFUSED_RESULTS = 3  # results of one code refused (wrong identity) before giving up on it
-MAX_LOST_RUNS = 5  # runs of one code lost in a row (a machine gone, an answer refused) before giving up on it
-# A run whose training process was killed from outside is lost and runs again; lost this many times in a
-# row, it is charged as the crash it may be: a train.py can kill itself to look killed from outside.
+MAX_LOST_RUNS = 5  # times one run is lost in a row (a machine gone, an answer refused) before its code is given up on
+# A run whose training process was killed from outside is lost and runs again; killed this many times in
+# a row, it is charged as the crash it may be: a train.py can kill itself to look killed from outside.
 MAX_KILLED_RUNS = 2
 
 
@@ -59,11 +67,15 @@ class Runs:
 
     def dispatch(self, main: Main) -> None:
         """Start queued runs on free slots in priority order: main's baselines first, then
-        re-measures, confirmations, candidates; only runs measured on main's train.py. A queued run
+        re-measures, confirmations, candidates, a re-run in its lost run's place; only runs
+        measured on main's train.py; as many as the runner's slots now leave free. A queued run
         of a main whose train.py is no longer main's is set aside, never run: no verdict will use it.
         A queued run of an experiment measured on an older main waits for the lifecycle to re-graft
         it. Nothing starts while a keep measured on main waits to be merged: main is about to move."""
-        queued = sorted(self.store.runs.all(state=RunState.QUEUED), key=lambda r: (RUN_PRIORITY[r.purpose], r.id))
+        # a re-run takes the place in line of the run it repeats: its experiment has waited already
+        queued = sorted(
+            self.store.runs.all(state=RunState.QUEUED), key=lambda r: (RUN_PRIORITY[r.purpose], self._first_of(r))
+        )
         for run in [r for r in queued if r.experiment_id is None and r.code_hash != main.code_hash]:
             self.store.runs.set_aside(run.id, RunState.CANCELLED, f"main moved to {main.sha[:7]}", rerun=False)
             queued.remove(run)
@@ -104,13 +116,11 @@ class Runs:
                 self._record(run, status.result, main)
 
     def _lost(self, run: Run, why: str, main: Main, *, charge: RunResult | None = None) -> None:
-        """Run it again, unless this code's runs keep getting lost: a remote runner that refuses or
-        drops every result (another harness deployed, a profile it lacks) must not loop forever.
-        `charge`: the crash to record instead once MAX_KILLED_RUNS in a row were lost, for a run
-        killed from outside (see MAX_KILLED_RUNS)."""
-        streak = 0  # this code's runs lost since its last measured one
-        for earlier in sorted(self.store.runs.all(code_hash=run.code_hash), key=lambda r: r.id):
-            streak = 0 if earlier.state == RunState.DONE else streak + (earlier.state == RunState.LOST)
+        """Run it again under its seed, unless it keeps getting lost: a runner that refuses or drops
+        every result (another harness deployed, a profile it lacks, runners that never stay up)
+        must not loop forever. `charge`: the crash to record instead once it was killed
+        MAX_KILLED_RUNS times in a row, for a run killed from outside (see MAX_KILLED_RUNS)."""
+        streak = self._lost_before(run)
         if charge is not None and streak + 1 >= MAX_KILLED_RUNS:
             asset = self.baseline.task.asset
             log.warning("run %s lost again (%s): charged as a crash of its %s", run.id, why, asset)
@@ -122,9 +132,33 @@ class Runs:
             return
         again = streak + 1 < MAX_LOST_RUNS
         self.store.runs.set_aside(run.id, RunState.LOST, why, rerun=again)
-        log.warning("run %s lost: %s", run.id, why)
+        log.warning("run %s lost: %s%s", run.id, why, "; running it again" if again else "")
         if not again:
-            self._give_up_on(run, f"{MAX_LOST_RUNS} runs of it were lost; the last: {why}", main)
+            asset = self.baseline.task.asset
+            log.error("run %s lost %d times in a row: giving up on its %s", run.id, MAX_LOST_RUNS, asset)
+            self._give_up_on(
+                run,
+                f"{MAX_LOST_RUNS} runs of it were lost in a row, a fault of the runners rather than of its "
+                f"{asset}; the last: {why}",
+                main,
+            )
+
+    def _first_of(self, run: Run) -> int:
+        """The id of the first run of the runs `run` repeats (its own id if it repeats none)."""
+        first = run
+        while first.rerun_of is not None:
+            first = self.store.runs.get(first.rerun_of)
+        return first.id
+
+    def _lost_before(self, run: Run) -> int:
+        """How many times in a row this run was lost before: the lost runs it re-runs, one by one."""
+        streak, earlier = 0, run.rerun_of
+        while earlier is not None:
+            before = self.store.runs.get(earlier)
+            if before.state != RunState.LOST:
+                break
+            streak, earlier = streak + 1, before.rerun_of
+        return streak
 
     def _record(self, run: Run, result: RunResult, main: Main) -> None:
         kept = dict(status=result.status, val_bpb=result.val_bpb, metrics=result.metrics, log_tail=result.log_tail)

@@ -16,8 +16,13 @@ attempts, and once known the outcome. The idempotency key of `submit` is that fi
 a file is never dispatched again by submit. Re-dispatches happen only here, each recorded:
 - a workflow run left queued past `queued_limit_s` is cancelled and dispatched again (at most
   `max_attempts` dispatches in all; then the run is lost: no runner is picking it up);
-- a workflow run that completed without a result artifact, or was deleted, is dispatched again
-  exactly once; the second time the run is lost.
+- a workflow run that completed without a result artifact (whatever its conclusion: the harness
+  uploads a result for every run it ran, a crash of train.py included, so none means the runner
+  went away or a step before training failed), was deleted, or stayed in progress past
+  `running_limit_s` (its runner gone without a word; it is cancelled) is dispatched again exactly
+  once; the second time the run is lost, and the conductor queues it again (bot.loop.runs).
+The slots are the runners times (1 + `queue_ahead`), the runners counted as
+bot.runners.capacity says (`runners`, or the number an operator wrote to the slots file).
 A dispatch whose answer was lost (a 5xx after GitHub acted) is not retried by the client; submit
 then raises and the conductor submits again on a later tick, which may leave one orphaned
 workflow run on GitHub (its artifact is never read).
@@ -44,6 +49,7 @@ from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from bot.core.records import Job, RunStatus
+from bot.runners.capacity import Slots
 from bot.runners.journal import RunRecords
 from bot.runners.specs import ResultRefused, checked_result, finished_status, job_spec
 from runner.protocol import JobSpec, ResultSpec
@@ -66,6 +72,11 @@ class ActionsSettings(BaseSettings):
     queue_ahead: int = Field(1, ge=0, description="jobs kept queued on GitHub per runner, so none waits idle")
     queued_limit_s: float = Field(600.0, gt=0, description="a run queued longer is cancelled and dispatched again")
     max_attempts: int = Field(3, ge=1, description="dispatches of one run before it is given up as lost")
+    running_limit_s: float = Field(
+        7200.0,
+        gt=0,
+        description="a run in progress longer (its runner gone without a word) is cancelled and dispatched again",
+    )
     poll_interval_s: float = Field(15.0, ge=0, description="the least time between two questions about one run")
 
     @property
@@ -86,9 +97,10 @@ class ActionsRunner:
         pace_write: Callable[[], None] = lambda: None,
         harness: str | None = None,
         clock: Callable[[], float] = time.time,
+        slots_file: Path | None = None,
     ) -> None:
         self.settings = settings or ActionsSettings()
-        self.slots = self.settings.slots
+        self._runners = Slots(slots_file, self.settings.runners)
         self._repo = repo
         self.records = RunRecords(state_dir / "actions")
         self._pace = pace_write
@@ -97,6 +109,12 @@ class ActionsRunner:
         self._seen: dict[int, tuple[float, RunStatus]] = {}  # run id -> (when asked, the answer)
         self._lock = threading.Lock()
         self._notify: Callable[[], None] | None = None
+
+    @property
+    def slots(self) -> int:
+        """The self-hosted runners (`runners`, or the number an operator wrote to `slots_file`:
+        bot.runners.capacity), each with `queue_ahead` more jobs queued on GitHub."""
+        return self._runners() * (1 + self.settings.queue_ahead)
 
     # --- the protocol ----------------------------------------------------------------------------
     def check_ready(self, identity: dict[str, str]) -> None:
@@ -204,13 +222,24 @@ class ActionsRunner:
             self.records.write(record)
         queued_s = record["started_at"] - record["dispatched_at"]
         if run.status != "completed":
+            ran = self._clock() - record["started_at"]
+            if ran > self.settings.running_limit_s:
+                self._cancel_workflow_run(workflow_run_id)
+                return self._lost(
+                    record,
+                    f"its workflow run {record['html_url']} was in progress for {ran:.0f} s, past "
+                    f"running_limit_s ({self.settings.running_limit_s:.0f} s) and the workflow's own timeout: "
+                    "its runner went away without a word; cancelled",
+                )
             return RunStatus("running", progress={"actions_url": record["html_url"], "queued_s": round(queued_s, 1)})
         spec = self._download(repo, record)
         if spec is None:
             return self._lost(
                 record,
                 f"its workflow run {record['html_url']} ended {run.conclusion} without a "
-                f"result (no {ARTIFACT_PREFIX}{record['run_id']} artifact with a readable result.json)",
+                f"result (no {ARTIFACT_PREFIX}{record['run_id']} artifact with a readable result.json): "
+                "its runner went away (taken offline, or it lost touch with GitHub) or a step before "
+                "training failed, as the harness uploads a result for every run, train.py's crash included",
             )
         if spec.timings.queued is None:
             spec.timings.queued = round(queued_s, 3)

@@ -2,7 +2,9 @@
 
 N slots. On the CPU each slot gets an equal share of the cores as torch threads and sees no GPU;
 on a CUDA profile each slot sees only its own GPU (its device node in the sandbox, and
-`CUDA_VISIBLE_DEVICES`). Everything about a job lives in its run directory `<runs_dir>/<run_id>/`
+`CUDA_VISIBLE_DEVICES`). An operator may take slots away while the bot runs and give them back
+(`slots_file`, bot.runners.capacity), up to the N it started with: a slot taken away finishes its
+run, takes no new one, and its warm worker is sent away. Everything about a job lives in its run directory `<runs_dir>/<run_id>/`
 (job.json, jobspec.json, pid, log.txt, scratch/progress.jsonl, result.json (a ResultSpec), and
 outcome.json once the runner has collected it), so lookup() can answer from the files alone: a
 restarted conductor finds the jobs that went on without it, and the results they left behind.
@@ -42,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from bot.core.records import Job, RunResult, RunStatus
+from bot.runners.capacity import Slots
 from bot.runners.specs import ResultRefused, checked_result, finished_status, job_spec
 from runner import files, launch, limits, run_log, sandbox
 from runner.profiles import get_profile, harness_hash
@@ -77,12 +80,18 @@ class Standby:
 
 class LocalRunner:
     def __init__(
-        self, runs_dir: Path, slots: int = 1, data: str | None = None, gpus: list[str] | None = None, warm: bool = False
+        self,
+        runs_dir: Path,
+        slots: int = 1,
+        data: str | None = None,
+        gpus: list[str] | None = None,
+        warm: bool = False,
+        slots_file: Path | None = None,
     ) -> None:
-        if slots < 1:
-            raise ValueError("a runner needs at least one slot")
+        # each slot's threads and memory share are fixed here: an operator may lend slots away and
+        # back (slots_file), never more than these
+        self._slots = Slots(slots_file, slots, cap=slots)
         self.runs_dir = runs_dir
-        self.slots = slots
         self.data = data
         self.gpus = gpus or [str(i) for i in range(slots)]  # a CUDA profile's device per slot
         self.threads = max(1, (os.cpu_count() or 1) // slots)
@@ -102,6 +111,15 @@ class LocalRunner:
         self._standby: dict[int, Standby] = {}
         self._standby_names = itertools.count()
         _sweep_standby_dirs(runs_dir)
+
+    @property
+    def slots(self) -> int:
+        """The slots this runner may fill now (bot.runners.capacity): a slot removed finishes its
+        run and takes no new one; its warm worker is sent away."""
+        count = self._slots()
+        for slot in [s for s in self._standby if s >= count]:
+            self._standby.pop(slot).send_away()
+        return count
 
     # --- the protocol ----------------------------------------------------------------------------
     def check_ready(self, identity: dict[str, str]) -> None:
@@ -262,7 +280,8 @@ class LocalRunner:
 
     def _free_slot(self) -> int:
         taken = set(self._slot_of.values())
-        return next((s for s in range(self.slots) if s not in taken), len(taken) % self.slots)
+        count = self.slots
+        return next((s for s in range(count) if s not in taken), len(taken) % count)
 
     def _watch(self, proc: subprocess.Popen) -> None:
         proc.wait()

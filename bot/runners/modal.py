@@ -10,8 +10,11 @@ failed), so a restarted bot finds its calls and their results:
   nothing), then spawns the call and writes its id;
 - lookup polls the call: no answer yet is queued (no progress line yet) or running; an answer is
   checked against the job (run id, task, asset, profile, this bot's harness) before it counts, and a
-  refused one is lost with the reason; a call that failed (container crash, Modal error, expired
-  call) is spawned again once, then the job is lost with both reasons;
+  refused one is lost with the reason; a call that failed (a container that crashed or was
+  preempted and not restarted by Modal, a Modal error, an expired call: none of them the run's
+  fault) is spawned again once, then the job is lost with both reasons, and the conductor runs it
+  again; a call past the app's timeout (the run's own limit and the time to hand back its result)
+  is a crash of its train.py, as a local run past every limit is, and is not spawned again;
 - cancel marks the record, then cancels the call; the job is lost afterwards, never a result.
 
 A deployment measures one task (AUTORESEARCH_TASK when it was deployed: runner.modal_app); at the
@@ -30,7 +33,8 @@ from typing import Any, Protocol
 from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from bot.core.records import Job, RunStatus
+from bot.core.records import Job, RunResult, RunStatus
+from bot.runners.capacity import Slots
 from bot.runners.journal import RunRecords
 from bot.runners.specs import checked_result, finished_status, job_spec
 from runner.profiles import harness_hash
@@ -61,8 +65,14 @@ class ModalNotConfigured(RuntimeError):
 
 
 class CallFailed(RuntimeError):
-    """A call ended without an answer: its container crashed, it ran past its timeout, the harness
-    failed, or Modal no longer knows the call. Spawning the job again may help."""
+    """A call ended without an answer: its container crashed or was taken away, the harness failed,
+    or Modal no longer knows the call. Not the run's fault: spawning the job again may help."""
+
+
+class CallTimedOut(CallFailed):
+    """The call ran past the app's timeout: the run's own time limit and the time to hand its result
+    back (runner.modal_app). The run had all its time, as a local run that outlived every limit
+    (bot.runners.local): a crash of its train.py, not spawned again."""
 
 
 class ModalCalls(Protocol):
@@ -84,13 +94,26 @@ class ModalCalls(Protocol):
 
 
 class ModalRunner:
-    def __init__(self, state_dir: Path, calls: ModalCalls, *, slots: int = 1, harness: str | None = None) -> None:
-        if slots < 1:
-            raise ValueError("a runner needs at least one slot")
+    def __init__(
+        self,
+        state_dir: Path,
+        calls: ModalCalls,
+        *,
+        slots: int = 1,
+        harness: str | None = None,
+        slots_file: Path | None = None,
+    ) -> None:
+        self._slots = Slots(slots_file, slots)
         self.records = RunRecords(state_dir / "modal")
         self.calls = calls
-        self.slots = slots
         self.harness = harness or harness_hash()  # what a result must have been measured by
+
+    @property
+    def slots(self) -> int:
+        """Calls at once (bot.runners.capacity). More than the deployment's max_containers
+        (AUTORESEARCH_MODAL_GPUS when it was deployed) wait in Modal's queue, ready to start there
+        the moment a container is free: deploy again with more to run them at once."""
+        return self._slots()
 
     def on_change(self, callback: Callable[[], None]) -> None:
         """Modal tells nobody when a call ends: the driver's timer asks."""
@@ -154,6 +177,8 @@ class ModalRunner:
             return RunStatus("lost", detail="cancelled")
         if record.get("lost"):
             return RunStatus("lost", detail=record["lost"])
+        if record.get("timed_out"):
+            return _timed_out(record)
         if record.get("result") is not None:
             return self._finished(record)
         if not record["calls"]:  # the bot stopped between writing the record and spawning
@@ -162,6 +187,11 @@ class ModalRunner:
         call = record["calls"][-1]
         try:
             answer = self.calls.poll(call["id"])
+        except CallTimedOut as error:
+            call["failed"] = record["timed_out"] = str(error)
+            self.records.write(record)
+            log.warning("run %s: %s; a crash of its train.py, as a local run past every limit", run_id, error)
+            return _timed_out(record)
         except CallFailed as error:
             return self._failed(record, str(error))
         if answer is None:
@@ -228,6 +258,16 @@ class ModalRunner:
         return f"modal:{ids[-1]}" if ids else f"modal:{self.records.path(record['run_id'])}"
 
 
+def _timed_out(record: dict[str, Any]) -> RunStatus:
+    crash = RunResult(
+        run_id=record["run_id"],
+        status="crash",
+        error=f"timed out: {record['timed_out']}",
+        metrics={"outcome": "timeout", "modal_call": record["calls"][-1]["id"]},
+    )
+    return RunStatus("finished", result=crash)
+
+
 class ModalClient:
     """`ModalCalls` over the modal SDK, against the deployed app. Constructing it checks for a token
     (no network); the app is looked up on first use."""
@@ -273,7 +313,7 @@ class ModalClient:
         except errors.OutputExpiredError:
             raise CallFailed(f"Modal call {call_id} expired before its result was read") from None
         except errors.FunctionTimeoutError as error:
-            raise CallFailed(f"Modal call {call_id} ran past the app's timeout ({error})") from None
+            raise CallTimedOut(f"Modal call {call_id} ran past the app's timeout ({error})") from None
         except errors.InternalFailure as error:
             raise CallFailed(f"Modal call {call_id}: its container failed ({error})") from None
         except errors.NotFoundError as error:
@@ -328,8 +368,10 @@ def _modal_with_token() -> Any:
     return modal
 
 
-def modal_runner(state_dir: Path, settings: ModalSettings | None = None) -> ModalRunner:
+def modal_runner(
+    state_dir: Path, settings: ModalSettings | None = None, *, slots_file: Path | None = None
+) -> ModalRunner:
     """The runner for a bot configured for Modal: raises ModalNotConfigured, saying what to do,
     when the SDK or a token is missing."""
     settings = settings or ModalSettings()
-    return ModalRunner(state_dir, ModalClient(settings), slots=settings.gpus)
+    return ModalRunner(state_dir, ModalClient(settings), slots=settings.gpus, slots_file=slots_file)

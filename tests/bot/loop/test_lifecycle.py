@@ -484,7 +484,7 @@ def test_a_result_under_another_harness_never_counts(tmp_path: Path) -> None:
     loop = make(tmp_path, ScriptedAgent([]), runner=FakeRunner(outcome=lambda job: result_for(job, identity=other)))
     run_to_end(loop)
     assert "cannot be measured" in loop.blocked
-    assert [r.state for r in loop.store.runs.all()][:3] == ["refused"] * 3
+    assert [r.state for r in loop.store.runs.all()].count("refused") == 3  # then main is given up on
     assert loop.baseline.main_values(code_hash(MAIN)) == []
 
 
@@ -579,8 +579,8 @@ def test_a_run_killed_from_outside_twice_in_a_row_is_charged_as_a_crash(tmp_path
     for _ in range(40):
         loop.tick()
     runs = sorted(loop.store.runs.all(), key=lambda r: r.id)  # all of main's one code
-    assert [r.state for r in runs][:4] == ["lost", "done", "lost", "done"]  # lost once, then charged
-    charged = [r for r in runs if r.state == "done"]
+    charged = [r for r in runs if r.state == "done"]  # each run killed once, then its re-run charged
+    assert len(charged) == 2 and all(loop.store.runs.get(r.rerun_of).state == "lost" for r in charged)
     assert all(r.status == "crash" and "charged as a crash" in (r.error or "") for r in charged)
     assert "crashed in 2 baseline runs" in loop.blocked  # main's train.py is blocked, not run forever
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 import time
 import zipfile
@@ -252,6 +253,25 @@ def test_a_cancelled_run_ends_cancelled_and_reports_nothing_more(
     assert status.state == "lost" and status.result is None and "cancelled" in status.detail
     runner.cancel(1)  # twice is fine
     assert make_runner(runner._repo(), tmp_path / "state", Clock()).lookup(1).state == "lost"
+
+
+def test_a_run_in_progress_past_the_limit_is_cancelled_and_dispatched_again(
+    repo: Any, standin: GitHubStandIn, tmp_path: Path, clock: Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Its runner went away without a word (GitHub has not failed the job yet): one run lost, not a crash.
+    runner = make_runner(repo, tmp_path / "state", clock, running_limit_s=900)
+    standin.push_file("train.py", SLEEP, user="octo-org", message="a slow train.py")
+    runner.submit(job_at(standin, asset=SLEEP))
+    first = record(tmp_path, 1)["workflow_run_id"]
+    standin.actions.wait(first, "in_progress", timeout=DEADLINE_S)
+    assert runner.lookup(1).state == "running"
+    clock.now += 901
+    with caplog.at_level(logging.WARNING):
+        status = runner.lookup(1)
+    assert status.state == "queued" and record(tmp_path, 1)["workflow_run_id"] != first
+    assert standin.actions.wait(first, timeout=DEADLINE_S).conclusion == "cancelled"
+    assert "its runner went away without a word" in caplog.text
+    runner.cancel(1)
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from bot.core.records import Job
-from bot.runners.modal import CallFailed, ModalClient, ModalNotConfigured, ModalRunner, ModalSettings
+from bot.runners.modal import CallFailed, CallTimedOut, ModalClient, ModalNotConfigured, ModalRunner, ModalSettings
 from runner.profiles import harness_hash
 from runner.protocol import Hashes, JobSpec, ResultSpec, RunnerIdentity, Timings
 
@@ -29,6 +29,7 @@ class FakeCall:
         self.job = JobSpec.model_validate_json(job_json)
         self.answer: str | None = None
         self.failure: str | None = None
+        self.timed_out: str | None = None  # ran past the app's timeout (FunctionTimeoutError)
         self.cancelled = False
 
 
@@ -56,6 +57,8 @@ class FakeModal:
         call = self.calls.get(call_id)
         if call is None:
             raise CallFailed(f"Modal does not know call {call_id}")
+        if call.timed_out:
+            raise CallTimedOut(call.timed_out)
         if call.failure:
             raise CallFailed(call.failure)
         return call.answer
@@ -205,6 +208,27 @@ def test_a_failed_call_is_spawned_again_once_then_lost(runner: ModalRunner, moda
     assert "failed 2 times" in status.detail and "fc-1: its container failed (OOM)" in status.detail
     assert "fc-2: Modal does not know call fc-2" in status.detail
     assert runner.lookup(1).state == "lost" and len(modal.calls) == 2
+
+
+def test_a_call_past_the_app_s_timeout_is_a_crash_of_the_run_not_spawned_again(
+    tmp_path: Path, runner: ModalRunner, modal: FakeModal
+) -> None:
+    # The app's timeout is the run's own limit and the time to hand back its result: the run had all
+    # its time, as a local run that outlived every limit, which is a crash of its train.py.
+    runner.submit(job(1))
+    modal.last().timed_out = "Modal call fc-1 ran past the app's timeout (FunctionTimeoutError)"
+    status = runner.lookup(1)
+    assert status.state == "finished" and status.result is not None and status.result.status == "crash"
+    assert status.result.error.startswith("timed out: Modal call fc-1 ran past")
+    assert status.result.metrics["outcome"] == "timeout" and len(modal.calls) == 1
+    again = ModalRunner(tmp_path, FakeModal()).lookup(1)  # a restarted bot reads it from the record
+    assert again.state == "finished" and again.result is not None and again.result.status == "crash"
+
+
+def test_the_client_reads_a_call_past_the_app_s_timeout_as_timed_out() -> None:
+    errors = pytest.importorskip("modal").exception
+    with pytest.raises(CallTimedOut, match="timeout"):
+        ModalClient(ModalSettings(), sdk=StandInSDK(errors.FunctionTimeoutError("boom"))).poll("fc-1")
 
 
 def test_a_call_spawned_again_can_still_finish(runner: ModalRunner, modal: FakeModal) -> None:
