@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -303,3 +304,22 @@ def test_stopping_a_run_ends_every_process_it_started(
     runner.cancel(3) if how == "cancel" else runner.close()  # a stop that hangs meets pytest's timeout
     assert not marked() and not Path(f"/proc/{supervisor}").exists(), "a process of the run outlived its cancel"
     assert runner.lookup(3).state == "lost"  # never a crash of its train.py
+
+
+def test_a_run_whose_supervisor_was_killed_from_outside_is_lost_not_a_crash(tmp_path: Path) -> None:
+    # The OOM killer (or an operator) killed the run's supervisor, the worker the slot handed the job
+    # to: no result was written, and it is no fault of the train.py. Lost, carrying the crash the
+    # conductor charges only if the same run is killed again.
+    runner = LocalRunner(tmp_path, slots=1)
+    out = tmp_path / "7"
+    out.mkdir()
+    worker = subprocess.Popen(["sleep", "60"])
+    (out / "job.json").write_text(json.dumps({"run_id": 7, "slot": 0, "pid": worker.pid}))
+    runner._procs[7], runner._slot_of[7] = worker, 0
+    assert runner.lookup(7).state == "running"
+    worker.kill()
+    worker.wait()
+    status = runner.lookup(7)
+    assert status.state == "lost" and "killed by SIGKILL from outside" in status.detail
+    assert status.result is not None and status.result.status == "crash" and status.result.metrics["outcome"] == "lost"
+    assert runner._free_slot() == 0 and LocalRunner(tmp_path).lookup(7).state == "lost"  # a restart reads it so
