@@ -10,16 +10,21 @@ One call on a machine with an NVIDIA GPU, and nothing reachable outside it:
    built-in corpus (its paragraphs shuffled into documents; validation paragraphs never appear in
    training) in the reference's layout, served from a local http.server, and prepared from there.
    The tokenizer is then trained on that text. val_bpb on stand-in data DOES NOT COMPARE with the
-   reference's; step time, tokens/s, MFU and overheads do (they do not depend on the text).
+   reference's; step time, tokens/s, MFU and overheads do (they do not depend on the text). On a
+   CUDA profile the same prepare fetches Flash Attention 3 (runner/kernels.py) for the sandboxed
+   runs, or says why it could not (an offline machine: the runs then use SDPA).
 2. Runs. `autoresearch train --profile P --json` (the isolated path: sandboxed training, scoring
    in a separate process) `--runs` times, then once more as the "warm-cache start-up" run (same
    machine, everything already loaded once), then once with `--no-sandbox` to price the sandbox.
-3. Report. Per run: val_bpb, MFU, steps, tokens/s, start-up, evaluation, sandbox set-up, overhead
-   (total minus training) and total, beside karpathy/autoresearch's figures on an H100; the GPU's
-   name and driver from nvidia-smi. Everything goes to the JSON file named by --out.
+3. Report. Per run: val_bpb, MFU, steps, tokens/s, peak memory, the attention and optimizer step
+   train.py used (Flash Attention 3 or SDPA; compiled or eager), start-up, evaluation, sandbox
+   set-up, overhead (total minus training) and total, beside karpathy/autoresearch's figures on an
+   H100 (MFU 39.8%, val_bpb 0.9979); the GPU's name and driver from nvidia-smi. Everything goes to
+   the JSON file named by --out.
 
-On a machine without a GPU, `--profile smoke` (or `cpu`) runs the same code end to end in a few
-minutes; add `--stand-in` to take the stand-in data path as well.
+A CUDA profile on a machine where torch sees no GPU stops at once, saying so. On a machine without a
+GPU, `--profile smoke` (or `cpu`) runs the same code end to end in a few minutes; add `--stand-in`
+to take the stand-in data path as well.
 """
 
 from __future__ import annotations
@@ -63,6 +68,9 @@ REFERENCE = {
     "total_s": 325.9,
     "training_s": 300.1,
     "tokens_per_second": round(953 * 2**19 / 300),  # derived: steps x batch / budget
+    "peak_vram_mb": 45060.2,
+    "attention": "Flash Attention 3",
+    "optimizer_step": "compiled",
     "source": "karpathy/autoresearch, baseline train.py on one H100 (as quoted in issue 11)",
 }
 STAND_IN_PORT = 8731  # fixed, so that the stand-in's source URL (and its prepared cache) is the same each call
@@ -112,6 +120,7 @@ def machine() -> dict[str, Any]:
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, check=False)
     info["torch"] = done.stdout.strip() or done.stderr.strip()[-300:]
+    info["cuda_available"] = done.returncode == 0 and done.stdout.split()[2:3] == ["True"]
     bwrap = shutil.which("bwrap")
     info["bwrap"] = (
         subprocess.run([bwrap, "--version"], capture_output=True, text=True, check=False).stdout.strip()
@@ -227,13 +236,18 @@ class QuietHandler(http.server.SimpleHTTPRequestHandler):
         pass
 
 
+def kernel_line(prepare_output: str) -> str | None:
+    """What `autoresearch prepare` said of Flash Attention 3 (a CUDA profile: fetched, or why not)."""
+    return next((line for line in prepare_output.splitlines() if line.startswith("Flash Attention 3")), None)
+
+
 def prepare_data(args: argparse.Namespace, profile: Profile) -> dict[str, Any]:
     """Prepare the profile's data (or the stand-in); returns what was used and why."""
     if args.data:
         ok, tail = prepare(profile.name, args.data, args.prepare_timeout)
         if not ok:
             raise SystemExit(f"gpu bench: preparing --data {args.data} failed: {tail}")
-        return {"source": args.data, "stand_in": False}
+        return {"source": args.data, "stand_in": False, "flash_attention": kernel_line(tail)}
     why = "--stand-in was given"
     if not args.stand_in:
         if profile.data.startswith(("http://", "https://")):
@@ -245,7 +259,7 @@ def prepare_data(args: argparse.Namespace, profile: Profile) -> dict[str, Any]:
         if not why:
             ok, tail = prepare(profile.name, None, args.prepare_timeout)
             if ok:
-                return {"source": profile.data, "stand_in": False}
+                return {"source": profile.data, "stand_in": False, "flash_attention": kernel_line(tail)}
             why = f"`autoresearch prepare --profile {profile.name}` failed: {tail[-500:]}"
     say(f"!!! {why}")
     say(f"!!! {STAND_IN_LOUD}")
@@ -265,7 +279,14 @@ def prepare_data(args: argparse.Namespace, profile: Profile) -> dict[str, Any]:
         server.shutdown()
     if not ok:
         raise SystemExit(f"gpu bench: preparing the stand-in data failed: {tail}")
-    return {"source": url, "stand_in": True, "why": why, "warning": STAND_IN_LOUD, **info}
+    return {
+        "source": url,
+        "stand_in": True,
+        "why": why,
+        "warning": STAND_IN_LOUD,
+        "flash_attention": kernel_line(tail),
+        **info,
+    }
 
 
 # --- the runs ---------------------------------------------------------------------------------------------
@@ -313,11 +334,13 @@ def train(
         "device": (result.get("runner") or {}).get("device"),
         "sandbox": (result.get("runner") or {}).get("sandbox"),
         "peak_vram_mb": metrics.get("peak_vram_mb"),
+        # what train.py says it used (runner/kernels.py fetched Flash Attention 3 at prepare time)
+        "attention": (metrics.get("extra") or {}).get("attention"),
+        "optimizer_step": (metrics.get("extra") or {}).get("optimizer_step"),
         "cpu_share": metrics.get("cpu_share"),
         "run_dir": str(out),
         "result": result,
     }
-    row["attention_note"] = attention_note(out / "log.txt")
     say(
         f"  {row['status']}: val_bpb {row['val_bpb']}  steps {row['num_steps']}  total {total} s"
         + (f"  ({row['error']})" if row["error"] else "")
@@ -325,21 +348,14 @@ def train(
     return row
 
 
-def attention_note(log: Path) -> str | None:
-    """What train.py said about Flash Attention 3 (the sandbox has no network and an empty home, so
-    the `kernels` package can only use a kernel that is already installed)."""
-    try:
-        text = log.read_text(errors="replace")
-    except OSError:
-        return None
-    return next((line.strip() for line in text.splitlines() if "Flash Attention" in line), None)
-
-
 ROWS = [
     ("val_bpb", "val_bpb", "{:.4f}"),
     ("MFU %", "mfu_percent", "{:.1f}"),
     ("steps", "num_steps", "{:.0f}"),
     ("tokens/s", "tokens_per_second", "{:,.0f}"),
+    ("peak memory MB", "peak_vram_mb", "{:,.0f}"),
+    ("attention", "attention", "{}"),
+    ("optimizer step", "optimizer_step", "{}"),
     ("start-up s", "startup_s", "{:.1f}"),
     ("training s (wall)", "training_wall_s", "{:.1f}"),
     ("export s", "export_s", "{:.1f}"),
@@ -351,6 +367,25 @@ ROWS = [
 ]
 
 
+def headline(runs: list[dict[str, Any]], *, stand_in: bool) -> str:
+    """The measured runs' mean MFU and val_bpb against the reference's."""
+    measured = [r for r in runs if r["label"].startswith("run ") and r["status"] == "ok"]
+    if not measured:
+        return "no measured run ended ok: nothing to compare with the reference"
+    mfu = sum(r["mfu_percent"] or 0.0 for r in measured) / len(measured)
+    bpb = sum(r["val_bpb"] for r in measured) / len(measured)
+    caveat = " (stand-in data: val_bpb does not compare)" if stand_in else ""
+    return (
+        f"MFU {mfu:.1f}% against the reference's {REFERENCE['mfu_percent']}%; val_bpb {bpb:.4f} against "
+        f"{REFERENCE['val_bpb']}{caveat}; over {len(measured)} measured run(s)"
+    )
+
+
+def short(value: Any) -> Any:
+    """A table's cell: a number as it is, a sentence up to its parenthesis ("SDPA (why ...)" -> "SDPA")."""
+    return value.split(" (")[0] if isinstance(value, str) else value
+
+
 def table(runs: list[dict[str, Any]], reference: bool) -> str:
     heads = [r["label"] for r in runs] + (["reference (H100)"] if reference else [])
     ref = {
@@ -358,13 +393,16 @@ def table(runs: list[dict[str, Any]], reference: bool) -> str:
         "mfu_percent": REFERENCE["mfu_percent"],
         "num_steps": REFERENCE["num_steps"],
         "tokens_per_second": REFERENCE["tokens_per_second"],
+        "peak_vram_mb": REFERENCE["peak_vram_mb"],
+        "attention": REFERENCE["attention"],
+        "optimizer_step": REFERENCE["optimizer_step"],
         "training_wall_s": REFERENCE["training_s"],
         "overhead_s": REFERENCE["overhead_s"],
         "total_s": REFERENCE["total_s"],
     }
     lines = ["| | " + " | ".join(heads) + " |", "|---" * (len(heads) + 1) + "|"]
     for name, key, form in ROWS:
-        cells = [form.format(r[key]) if isinstance(r.get(key), (int, float)) else "-" for r in runs]
+        cells = [form.format(short(r[key])) if isinstance(r.get(key), (int, float, str)) else "-" for r in runs]
         if key == "sandboxed":
             cells = [{True: "yes", False: "no"}.get(r.get(key), "-") for r in runs]
         if reference:
@@ -391,7 +429,6 @@ def main() -> None:
     profile = get_profile(args.profile)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     runs_dir = (args.runs_dir or ROOT / "runs" / f"bench-gpu-{stamp}").resolve()
-    runs_dir.mkdir(parents=True, exist_ok=True)
     started = time.time()
     say(
         f"# bench/gpu.py {' '.join(sys.argv[1:])}  |  {time.strftime('%Y-%m-%d %H:%M')}  |  profile {profile.name} "
@@ -399,8 +436,13 @@ def main() -> None:
     )
     info = machine()
     say(f"machine: {info}")
-    if profile.device == "cuda" and not info.get("nvidia_smi"):
-        say("!!! no nvidia-smi on this machine: a CUDA profile's runs will fail")
+    if profile.device == "cuda" and not info["cuda_available"]:
+        raise SystemExit(
+            f"gpu bench: the {profile.name} profile needs an NVIDIA GPU that torch can use, and this machine has "
+            f"none (nvidia-smi: {info.get('nvidia_smi') or 'not found'}; torch: {info.get('torch')}). Run it on a "
+            "GPU machine, or try the script here with --profile smoke."
+        )
+    runs_dir.mkdir(parents=True, exist_ok=True)
     data = prepare_data(args, profile)
     source = data["source"] if data["source"] != profile.data else None
 
@@ -445,12 +487,17 @@ def main() -> None:
     say(table(runs, reference=True))
     if profile.name != "h100":
         say(f"(profile {profile.name}: the reference column is for the h100 profile; nothing here compares with it)")
-    notes = sorted({r["attention_note"] for r in runs if r.get("attention_note")})
-    for note in notes:
-        say(f"train.py said: {note}")
+    if data.get("flash_attention"):
+        say(f"prepare: {data['flash_attention']}")
+    for key in ("attention", "optimizer_step"):
+        for said in sorted({r[key] for r in runs if r.get(key)}):
+            say(f"train.py's {key.replace('_', ' ')}: {said}")
+    if profile.name == "h100":
+        say(headline(runs, stand_in=data["stand_in"]))
     say(
         "warm-cache start-up: the same machine with the data, tokenizer and Python files already read once; every "
-        "run gets a fresh HOME and /tmp, so torch.compile's and the kernels package's caches never carry over"
+        "run gets a fresh HOME and /tmp, so torch.compile's caches never carry over (Flash Attention 3 comes "
+        "read-only from what prepare fetched)"
     )
     if "sandbox_cost_s" in summary:
         say(f"sandbox cost (sandboxed mean minus the unsandboxed run): {summary['sandbox_cost_s']}")

@@ -1,5 +1,6 @@
 """bench/gpu.py end to end on the CPU: the smoke profile through the same code the GPU takes
-(the stand-in data served over local HTTP, the isolated runs, the report)."""
+(the stand-in data served over local HTTP, the isolated runs, the report), and the h100 profile on
+a machine without a GPU, which stops at once saying so."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -56,3 +58,24 @@ def test_gpu_script_runs_the_smoke_profile_end_to_end_and_writes_its_report(
         assert isinstance(run["val_bpb"], float) and math.isfinite(run["val_bpb"])
         for key in ("num_steps", "startup_s", "evaluation_s", "sandbox_setup_s", "overhead_s", "total_s"):
             assert key in run
+        assert run["attention"] == "SDPA (CPU)" and run["optimizer_step"].startswith("eager (CPU")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_a_cuda_profile_without_a_gpu_stops_at_once_saying_so(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "gpu.py"), "--profile", "h100", "--runs-dir", str(tmp_path / "runs")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    assert (
+        done.stderr.strip()
+        .splitlines()[-1]
+        .startswith("gpu bench: the h100 profile needs an NVIDIA GPU that torch can use, and this machine has none")
+    )
+    assert not (tmp_path / "runs").exists()  # nothing prepared, nothing made
