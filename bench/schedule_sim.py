@@ -293,6 +293,10 @@ class EffectAgent:
     same place. A simplification (its position in `simplifications`) instead writes its effect line
     in place of the spare code at its place: train.py gets a line and 2-3 code tokens smaller."""
 
+    # it answers at once in simulated time: one question at a time gives each experiment the next
+    # effect in order, so a trajectory is determined by its seed (asked at once, by the threads)
+    questions_at_once = 1
+
     def __init__(
         self,
         effects: list[float],

@@ -39,6 +39,12 @@ How it works
   arms that helped earlier.
 * Proposals whose code_hash was already seen (or equals main) are skipped in favour of the next
   candidate; when nothing is left it raises ``AgentStopped("explorer exhausted: ...")``.
+* Several questions may be open at once (bot.loop.agent_worker), each with a context that cannot
+  know what the others will propose. The explorer answers them one after the other and never hands
+  out the same asset twice: each answer's code_hash is reserved, and the next question skips it as
+  if it had been seen, so two questions asked at once take the best and the second-best move. A
+  reservation lasts as long as the explorer (an answer abandoned at its time limit is not handed out
+  again either); a conductor started afresh reads what was proposed from the store.
 
 Where it lives
 --------------
@@ -52,8 +58,10 @@ with ``sql_columns``.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import random
+import threading
 from typing import Any
 
 from bot.agent.arms import Arm, learn
@@ -106,10 +114,21 @@ class OfflineExplorer:
 
     def __init__(self, seed: int = 0):
         self.seed = seed
+        self._lock = threading.Lock()  # one question at a time, whatever the threads asking
+        self._handed_out: set[str] = set()  # code_hash of every asset it proposed
 
     # The public entry point --------------------------------------------------------------------
 
     def propose(self, ctx: ProposalContext) -> Proposal:
+        """The best move not yet seen nor handed out to another question."""
+        with self._lock:
+            if not self._handed_out <= ctx.seen_hashes:
+                ctx = dataclasses.replace(ctx, seen_hashes=ctx.seen_hashes | self._handed_out)
+            proposal = self._propose(ctx)
+            self._handed_out.add(code_hash(proposal.asset))
+            return proposal
+
+    def _propose(self, ctx: ProposalContext) -> Proposal:
         task = get_task(ctx.task)
         if task.asset.endswith(".sql"):
             return propose_index(ctx, task, self.seed)

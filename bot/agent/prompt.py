@@ -9,7 +9,9 @@ The context is the first user message, in two blocks. The stable one, program.md
 asset, changes only when main changes and carries a cache breakpoint, so that every turn of a
 proposal, and the next proposals on the same main, read it from the prompt cache. The volatile one
 comes after it: main's value of the metric, the history (one compact line per experiment), the
-humans' feedback and the last crash. A history of 50 experiments stays a few thousand tokens.
+proposals being tried now with their diffs (several proposals are prepared at once, one per free
+runner: this one must differ from them), the humans' feedback and the last crash. A history of 50
+experiments stays a few thousand tokens, and the diffs in flight at most IN_FLIGHT_CHARS.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ LESSON_CHARS = 140
 FEEDBACK_CHARS = 1500
 CRASH_CHARS = 3000
 CRASH_LINES = 60
+IN_FLIGHT_CHARS = 12_000  # the diffs of the proposals being tried, all together; beyond it titles only
 
 SYSTEM_PROMPT = f"""\
 You are the research agent of autoresearch: you improve a small language model's training script,
@@ -141,6 +144,8 @@ def context_blocks(ctx: ProposalContext) -> list[dict[str, Any]]:
 def volatile_text(ctx: ProposalContext) -> str:
     task = get_task(ctx.task)
     parts = [_now(ctx, task), _history(ctx.history, task)]
+    if ctx.in_flight:
+        parts.append(_in_flight(ctx, task))
     if ctx.feedback:
         parts.append(_feedback(ctx.feedback))
     if ctx.last_crash:
@@ -211,6 +216,22 @@ def _history(history: list[HistoryEntry], task: Task) -> str:
                 + "."
             )
     lines.extend(history_line(e, task) for e in recent)
+    return "\n".join(lines)
+
+
+def _in_flight(ctx: ProposalContext, task: Task) -> str:
+    titles = {e.id: e.title for e in ctx.history}
+    lines = [
+        f"# Being tried now: {len(ctx.in_flight)} proposals not judged yet (running in the history), each "
+        f"with its change to {task.asset} on main. Other proposals are being written at the same time as "
+        "yours. Do not propose any of these again, nor something close to one: propose something different."
+    ]
+    room = IN_FLIGHT_CHARS
+    for exp_id, diff in sorted(ctx.in_flight.items()):
+        lines.append(f"## #{exp_id} {_clip(titles.get(exp_id, ''), TITLE_CHARS)}")
+        if diff and len(diff) <= room:
+            lines.append(f"```diff\n{diff}\n```")
+            room -= len(diff)
     return "\n".join(lines)
 
 

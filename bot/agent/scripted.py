@@ -3,7 +3,8 @@
 Useful for a human who wants specific experiments run in order (a JSON-lines file of
 {"title", "hypothesis", "asset"} objects, where "asset" is the full text of the task's asset:
 train.py, router.py, query.sql; "train_py" is the older name of the same key and still read), and for
-tests that need known proposals.
+tests that need known proposals. It takes one question at a time (`questions_at_once`), whatever
+the slots: the queue is proposed in its order, each experiment getting the next proposal.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from bot.core.records import Proposal, ProposalContext, code_hash
 
 
 class ScriptedAgent:
+    questions_at_once = 1  # answers at once and in order: asked in parallel, the order would be the threads'
+
     def __init__(self, proposals: list[Proposal]) -> None:
         self.proposals = list(proposals)
 

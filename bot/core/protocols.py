@@ -37,7 +37,10 @@ Agent: whatever turns a `ProposalContext` into the next experiment's `Proposal`:
 asset, a short title and a plain-English hypothesis. Every failure an agent raises is an
 `AgentError`, with a message meant for a human and `meta`, what the failed attempt cost: a proposal
 that failed is asked for again later; `AgentStopped`, the agent can propose nothing more (it has
-tried everything, or cannot work here), stops the loop asking it.
+tried everything, or cannot work here), stops the loop asking it. The loop may ask several
+questions at once, each on its own thread with its own context (bot.loop.agent_worker): an agent
+that must answer one at a time says so with a class attribute `questions_at_once = 1` (an agent
+without it is asked as many at once as the loop opens).
 
 Publisher: shows the store's experiments to people (on GitHub: pull requests, checks, comments).
 """

@@ -1,11 +1,15 @@
-"""The agent's own thread: bot.loop.proposals asks for a proposal and collects the answer on a later
-tick, so a slow model never holds up collecting results or dispatching runs.
+"""The agent's own threads: bot.loop.proposals asks for proposals and collects the answers on later
+ticks, so a slow model never holds up collecting results or dispatching runs.
 
-One question at a time, each on a fresh daemon thread. Whatever the agent does (returns a
-proposal, returns anything else, raises anything at all, or takes longer than `timeout_s`) becomes
-an answer: a Proposal or an exception. A question that timed out is abandoned: what it returns
-later is ignored, and no new question starts while its thread still runs, so an agent is never
-asked twice at once (a stateful agent stays consistent; a paid one is not billed twice).
+Several questions may be open at once, one per experiment being proposed, each on a fresh daemon
+thread with its own context; `ask` starts one only while fewer than its `limit` threads think.
+Whatever the agent does with a
+question (returns a proposal, returns anything else, raises anything at all, or takes longer than
+`timeout_s`) becomes that question's answer: a Proposal or an exception. A question that timed out
+is abandoned: what it returns later is ignored, and its thread still counts against the limit
+until it ends, so a paid agent is never asked more questions at once than the limit (one that
+hangs lowers the number the others may use, never stalls them). Each answer, and each abandoned
+thread that ends, calls the `on_answer` callback: the conductor's driver ticks at once.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from bot.core.protocols import Agent
 from bot.core.records import Proposal, ProposalContext
@@ -22,54 +27,70 @@ class AgentTimeout(TimeoutError):
     """The agent did not answer within its time limit."""
 
 
+@dataclass
+class _Question:
+    number: int  # tells a question from a newer one about the same experiment
+    asked_at: float
+    thread: threading.Thread
+    answer: Proposal | BaseException | None = None
+
+
 class AgentWorker:
     def __init__(self, agent: Agent, *, timeout_s: float, clock: Callable[[], float] = time.time) -> None:
         self.agent = agent
         self.timeout_s = timeout_s
         self.clock = clock
         self._lock = threading.Lock()
-        self._asked: tuple[int, int, float] | None = None  # (experiment id, question number, asked at)
-        self._answer: tuple[int, Proposal | BaseException] | None = None
+        self._open: dict[int, _Question] = {}  # experiment id -> its open question (answered or not)
+        self._abandoned: dict[int, threading.Thread] = {}  # question number -> its thread, still running
         self._questions = 0
         self._notify: Callable[[], None] | None = None
-        self._thread: threading.Thread | None = None
 
     def on_answer(self, callback: Callable[[], None]) -> None:
         self._notify = callback
 
-    def ask(self, exp_id: int, context: ProposalContext) -> None:
-        """Start thinking about `exp_id` (nothing happens while an abandoned question still runs)."""
-        if self._thread is not None:
-            self._thread.join(timeout=0.05)  # a thread that just answered is about to end
-            if self._thread.is_alive():
-                return
+    def running(self) -> int:
+        """Threads still thinking: open questions not yet answered and abandoned ones not yet ended."""
         with self._lock:
+            return self._running()
+
+    def _running(self) -> int:
+        return sum(1 for q in self._open.values() if q.answer is None) + len(self._abandoned)
+
+    def ask(self, exp_id: int, context: ProposalContext, *, limit: int = 1) -> bool:
+        """Start thinking about `exp_id`; False (nothing starts) while a question about it is open
+        or `limit` threads are still thinking."""
+        with self._lock:
+            if exp_id in self._open or self._running() >= limit:
+                return False
             self._questions += 1
             number = self._questions
-            self._asked = (exp_id, number, self.clock())
-            self._answer = None
-        self._thread = threading.Thread(
-            target=self._think, args=(exp_id, number, context), daemon=True, name=f"agent-{exp_id}"
-        )
-        self._thread.start()
+            thread = threading.Thread(
+                target=self._think, args=(exp_id, number, context), daemon=True, name=f"agent-{exp_id}"
+            )
+            self._open[exp_id] = _Question(number, self.clock(), thread)
+        thread.start()
+        return True
 
     def busy(self, exp_id: int) -> bool:
-        """True while a question about `exp_id` is open, or an abandoned one still runs."""
+        """True while a question about `exp_id` is open (its answer not yet given out)."""
         with self._lock:
-            if self._asked is not None and self._asked[0] == exp_id:
-                return True
-        return self._thread is not None and self._thread.is_alive()
+            return exp_id in self._open
 
     def answer(self, exp_id: int) -> Proposal | BaseException | None:
-        """The answer about `exp_id` once there is one (given out once), else None."""
+        """The answer about `exp_id` once there is one (given out once), else None; an AgentTimeout
+        once the question has been open longer than `timeout_s` (it is then abandoned)."""
         with self._lock:
-            if self._asked is not None and self._asked[0] == exp_id and self.clock() - self._asked[2] > self.timeout_s:
-                self._asked = None  # abandon it: a late answer is ignored
+            question = self._open.get(exp_id)
+            if question is None:
+                return None
+            if question.answer is not None:
+                del self._open[exp_id]
+                return question.answer
+            if self.clock() - question.asked_at > self.timeout_s:
+                del self._open[exp_id]  # abandon it: a late answer is ignored
+                self._abandoned[question.number] = question.thread
                 return AgentTimeout(f"no proposal after {self.timeout_s:.0f}s")
-            if self._answer is not None and self._answer[0] == exp_id:
-                answer = self._answer[1]
-                self._answer = None
-                return answer
         return None
 
     def _think(self, exp_id: int, number: int, context: ProposalContext) -> None:
@@ -80,9 +101,10 @@ class AgentWorker:
         except BaseException as error:  # noqa: BLE001 - every failure of the agent is an answer
             answer = error
         with self._lock:
-            if self._asked is None or self._asked[1] != number:
-                return  # abandoned, or superseded by a newer question
-            self._asked = None
-            self._answer = (exp_id, answer)
+            question = self._open.get(exp_id)
+            if question is not None and question.number == number:
+                question.answer = answer
+            else:  # abandoned: its answer is ignored, and its place is free for another question
+                self._abandoned.pop(number, None)
         if self._notify is not None:
             self._notify()

@@ -1,10 +1,21 @@
 """Proposals: asking the agent for the next experiment, and taking or refusing its answer.
 
-The agent thinks on its own thread (bot.loop.agent_worker), so a tick never waits for it: one tick
-asks, a later one collects the answer. It is asked while there is room: a proposal for every slot
-and `lookahead` more prepared ahead, so a slot that frees never waits for the agent. It gets a
-ProposalContext (program.md's instructions, main's train.py and val_bpb, the history with each
-experiment's lesson, people's feedback, the last unfixed crash) and never sees the store.
+The agent thinks on its own threads (bot.loop.agent_worker), so a tick never waits for it: one
+tick asks, a later one collects the answer. It is asked while there is room: a proposal for every
+slot and `lookahead` more prepared ahead, so a slot that frees never waits for the agent. As many
+questions are open at once as that room needs, at most `max_open_questions` (None: one per slot,
+so one slot asks one question at a time) and at most what the agent takes at once, each about its own experiment in state proposing, with
+its own context: a ProposalContext (program.md's instructions, main's train.py and val_bpb, the
+history with each experiment's lesson, people's feedback, the last unfixed crash, and the
+proposals in flight with their diffs, "being tried now") that never shows the store. The store is
+the truth: a conductor killed with questions open finds their experiments proposing and asks again,
+one question each. While one question waits out a failure's backoff, no new one is opened.
+
+Proposals made at once do not repeat each other: each context lists the proposals in flight; the
+offline explorer never hands out the same asset twice (bot.agent.explorer; the scripted agent,
+whose queue has an order, takes one question at a time); and a repeat that still arrives (two LLM sessions that had the same idea) is
+refused by the repeat check, and that refusal, of a proposal the question could not have known
+of, is not counted toward `max_refusals`.
 
 An answer is a Proposal, an AgentStopped (the agent has nothing more to propose: the loop stops
 asking), or any other failure, an AgentError or not (asked again after a backoff; what the failed
@@ -12,15 +23,19 @@ attempt cost, AgentError.meta, is charged to the experiment). A proposal is refu
 asked again with the reason, when it repeats an earlier experiment or fails bot.core.validation;
 `max_refusals` in a row stop the asking. A proposal taken becomes an experiment and goes straight
 into the lifecycle. What answers cost (Proposal.meta["cost_usd"]) adds up; once it reaches the
-budget, the agent is asked nothing more.
+budget, the agent is asked nothing more. Questions in flight count against the budget at the
+highest cost of one answer so far (one at a time until an answer has said what one costs): a
+question is asked only while what is spent plus the others in flight stays under the budget, so
+the last one asked ends at most one question's cost over it, as with one question at a time.
 
 The history the agent is told of, and the code hashes a proposal must not repeat, are kept in
-memory (_History) and brought up to date with only the experiments and runs written since the last
-question: asking costs about the same at experiment 1000 as at 10.
+memory (bot.loop.history) and brought up to date with only what was written since the last
+question.
 """
 
 from __future__ import annotations
 
+import difflib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,11 +43,12 @@ from typing import Any
 
 from bot.core import validation
 from bot.core.protocols import AgentError, AgentStopped, Runner
-from bot.core.records import HistoryEntry, Proposal, ProposalContext, code_hash
+from bot.core.records import Proposal, ProposalContext, code_hash
 from bot.core.states import RunState, State, Status
 from bot.loop import measurement
 from bot.loop.agent_worker import AgentWorker
 from bot.loop.baseline import Baseline, Main
+from bot.loop.history import History
 from bot.loop.lifecycle import Backoff, Lifecycle
 from bot.store import Experiment, Store
 from runner.profiles import Profile
@@ -40,104 +56,19 @@ from runner.profiles import Profile
 log = logging.getLogger(__name__)
 
 
+IN_FLIGHT_DIFF_LINES = 40  # of one in-flight proposal's diff, in its context
+
+
 @dataclass
 class _Pending:
-    """The proposal being prepared, and what the conductor told the agent about refusals."""
+    """A proposal being prepared, and what the conductor told the agent about refusals."""
 
     exp_id: int
     notes: list[str] = field(default_factory=list)  # why earlier answers were refused, for the agent
     seen: set[str] = field(default_factory=set)  # code of the refused answers
     cost_usd: float = 0.0  # what the refused or skipped answers cost, charged to the experiment
-
-
-@dataclass(frozen=True)
-class _Known:
-    """One proposed experiment as the agent is told of it, with what the proposal checks need."""
-
-    entry: HistoryEntry
-    state: str
-    code_hash: str | None
-    has_asset: bool
-    fixes: object  # meta["fixes"]: the crashed experiment it claims to fix, if any
-
-
-def _known(e: Experiment) -> _Known:
-    entry = HistoryEntry(
-        id=e.id,
-        title=e.title,
-        hypothesis=e.hypothesis,
-        status=e.status or "running",
-        val_bpb=e.val_bpb,
-        delta=e.delta,
-        code_hash=e.code_hash or "",
-        meta=e.meta,
-        error_tail=e.error_tail,
-        margin=e.margin,
-        lesson=_lesson(e.reason),
-    )
-    return _Known(entry, e.state, e.code_hash, e.asset is not None, e.meta.get("fixes"))
-
-
-class _History:
-    """Every proposed experiment (not those the agent is still proposing) and every run's code
-    hash, held in memory. refresh() reads only what was written since it last did: the experiments
-    bot.store.experiments counts as written since, and the runs with higher ids. Its entries are
-    shared by the contexts given to the agent, which only reads them."""
-
-    def __init__(self, store: Store) -> None:
-        self.store = store
-        self._version: int | None = None  # the experiments' write count it reflects; None: read them all
-        self._known: dict[int, _Known] = {}
-        self._last_run = 0  # the highest run id whose code hash is in _run_hashes
-        self._run_hashes: set[str] = set()
-
-    def refresh(self) -> None:
-        experiments = self.store.experiments
-        version = experiments.version
-        if self._version is None:
-            self._known = {e.id: _known(e) for e in experiments.all()}
-            self._last_run, self._run_hashes = 0, set()
-        else:
-            changed = experiments.changed_since(self._version)
-            fresh = {e.id: e for e in experiments.several(changed) if e.state != State.PROPOSING}
-            top = next(reversed(self._known), 0)
-            unordered = any(exp_id < top and exp_id not in self._known for exp_id in fresh)
-            for exp_id in changed - fresh.keys():
-                self._known.pop(exp_id, None)
-            for exp_id in sorted(fresh):
-                self._known[exp_id] = _known(fresh[exp_id])
-            if unordered:  # a new entry below the highest id: put it in its place
-                self._known = dict(sorted(self._known.items()))
-        for run_id, code in experiments.run_code_hashes(after=self._last_run):
-            self._run_hashes.add(code)
-            self._last_run = run_id
-        # what is read inside a transaction may yet be rolled back: read it all again next time
-        self._version = None if self.store.db.in_transaction else version
-
-    def entries(self) -> list[HistoryEntry]:
-        """In id order."""
-        return [k.entry for k in self._known.values()]
-
-    def seen_hashes(self) -> set[str]:
-        """The hash of every train.py proposed or run."""
-        return {k.code_hash for k in self._known.values() if k.code_hash is not None} | self._run_hashes
-
-    def codes(self) -> list[tuple[int, str, str]]:
-        """(id, title, code_hash) of every experiment with a proposed train.py, in id order."""
-        return [
-            (k.entry.id, k.entry.title, k.code_hash)
-            for k in self._known.values()
-            if k.code_hash is not None and k.has_asset
-        ]
-
-    def unfixed_crash(self) -> HistoryEntry | None:
-        """The latest finished experiment if it crashed (or was rejected) and no experiment yet
-        claims to fix it: its traceback (or the rejection's reason) goes to the agent, so that one
-        fix is tried, once."""
-        last = next((k for k in reversed(self._known.values()) if k.state == State.DONE), None)
-        if last is None or last.entry.status not in (Status.CRASH, Status.REJECTED):
-            return None
-        return None if any(k.fixes == last.entry.id for k in self._known.values()) else last.entry
+    refusals: int = 0  # counted toward max_refusals: not those of a repeat it could not have known of
+    told: set[str] = field(default_factory=set)  # the code hashes its last question was told of
 
 
 class Proposals:
@@ -156,7 +87,12 @@ class Proposals:
         budget_usd: float | None,
         backoff: Backoff,
         clock: Callable[[], float],
+        max_open_questions: int | None = None,
     ) -> None:
+        if max_open_questions is not None and max_open_questions < 1:
+            raise ValueError(
+                f"max_open_questions must be at least 1 (got {max_open_questions}), or None for one per slot"
+            )
         self.store = store
         self.worker = worker
         self.baseline = baseline
@@ -169,49 +105,87 @@ class Proposals:
         self.budget_usd = budget_usd
         self.backoff = backoff
         self.clock = clock
+        self.max_open_questions = max_open_questions
         self.stopped = ""  # why the agent is asked nothing more: it gave up, was refused too often, or spent its budget
-        self._pending: _Pending | None = None
-        self._history = _History(store)
+        self._pending: dict[int, _Pending] = {}  # experiment id -> its proposal being prepared
+        self._history = History(store)
         # code -> validation.normal_hash of an experiment's asset: a history of a thousand is read
         # and parsed once, not at every proposal
         self._normal: dict[str, str | None] = {}
+        self._answers_costed = 0  # answers whose cost was read (a free one included)
+        self._most_usd = 0.0  # the highest cost of one answer so far: a question in flight counts at it
+        self._diffs: dict[tuple[int, str, str], str] = {}  # (experiment, its code hash, main's) -> its diff
+
+    @property
+    def open_limit(self) -> int:
+        """How many questions may be open at once: the setting, or one per slot, within what the
+        agent takes at once (its `questions_at_once`, if it says)."""
+        limit = self.max_open_questions or max(1, self.runner.slots)
+        return min(limit, getattr(self.worker.agent, "questions_at_once", None) or limit)
 
     def room(self, main: Main, stop_reason: str) -> bool:
-        """Whether to start preparing another proposal: the loop goes on, and the slots with the
-        proposals prepared ahead are not yet all spoken for."""
+        """Whether to open another question: the loop goes on, and the slots with the proposals
+        prepared ahead are not yet all spoken for."""
+        return self._wanted(main, stop_reason) > 0
+
+    def _wanted(self, main: Main, stop_reason: str) -> int:
+        """How many more questions to open: the free and soon-free slots' need (free slots plus the
+        lookahead, less the runs waiting, the proposals not yet queued and the questions open),
+        within the open-question limit and the target number of experiments."""
+        if stop_reason or self.stopped or self.baseline.blocked:
+            return 0
         target = self.max_experiments or main.settings.max_experiments
-        if stop_reason or self.baseline.blocked or (target and self.store.experiments.count() >= target):
-            return False
+        left = target - self.store.experiments.count() if target else self.open_limit
+        proposing = len(self.store.experiments.in_state(State.PROPOSING))
         waiting = self.store.runs.count(RunState.QUEUED, RunState.RUNNING)
         unqueued = sum(len(self.store.experiments.in_state(s)) for s in (State.PROPOSED, State.BRANCHED))
         lookahead = self.runner.slots if self.lookahead is None else self.lookahead
-        return self.runner.slots + lookahead - waiting - unqueued > 0
+        need = self.runner.slots + lookahead - waiting - unqueued - proposing
+        return min(need, left, self.open_limit - proposing)
 
     def propose(self, main: Main, stop_reason: str) -> None:
-        """Collect the agent's answer if there is one; ask again or afresh when there is room. An
-        answer taken as a proposal makes room for the next question in the same tick: waiting for
-        the next tick would leave the agent idle for up to the driver's timer, and with many slots
-        the runners would wait for proposals (bench/duty_cycle.py)."""
+        """Collect the answers there are; ask again where an answer was refused or a backoff ran
+        out; open new questions while there is room. An answer taken as a proposal makes room in the
+        same tick: waiting for the next tick would leave the agent idle for up to the driver's
+        timer, and with many slots the runners would wait for proposals (bench/duty_cycle.py)."""
         proposing = self.store.experiments.in_state(State.PROPOSING)
-        if proposing:
-            exp = proposing[0]
-            if self._pending is None or self._pending.exp_id != exp.id:
-                self._pending = _Pending(exp.id)
+        for exp in proposing:
+            pending = self._pending.setdefault(exp.id, _Pending(exp.id))
             answer = self.worker.answer(exp.id)
             if answer is not None:
-                self._take_answer(exp, answer, main, stop_reason)
-                if self._pending is not None or self.store.experiments.in_state(State.PROPOSING):
-                    return  # refused, failed or withdrawn: the next tick decides
-            else:
-                if not self.worker.busy(exp.id) and (exp.retry_at or 0) <= self.clock() and not stop_reason:
+                self._take_answer(exp, pending, answer, main, stop_reason)
+            elif not self.worker.busy(exp.id) and (exp.retry_at or 0) <= self.clock() and not stop_reason:
+                if not self.stopped:
                     self._ask(exp, main)
-                return
-        if self.room(main, stop_reason):
+        still = {e.id: e for e in self.store.experiments.in_state(State.PROPOSING)} if proposing else {}
+        self._pending = {exp_id: p for exp_id, p in self._pending.items() if exp_id in still}
+        if any((e.retry_at or 0) > self.clock() for e in still.values()):
+            return  # the agent failed: its backoff runs out before more questions are opened
+        for _ in range(self._wanted(main, stop_reason)):
+            if not self._affordable():
+                return  # the questions in flight may spend what is left: their answers come first
             exp = self.store.experiments.start_proposing(main.sha)
-            self._pending = _Pending(exp.id)
-            self._ask(exp, main)
+            self._pending[exp.id] = _Pending(exp.id)
+            if not self._ask(exp, main):
+                return
 
-    def _ask(self, exp: Experiment, main: Main) -> None:
+    def _affordable(self) -> bool:
+        """Whether one more question fits the budget, counting each one in flight (abandoned ones
+        included: they may still be billed) at the highest cost of one answer so far; before any
+        answer has said what one costs, only one question at a time."""
+        if self.budget_usd is None:
+            return True
+        in_flight = self.worker.running()
+        if not in_flight:
+            return True  # _ask stops at a spent budget
+        if not self._answers_costed:
+            return False
+        return self.spent_usd() + in_flight * self._most_usd < self.budget_usd
+
+    def _ask(self, exp: Experiment, main: Main) -> bool:
+        """Ask about `exp` (proposing); False when nothing was asked: the budget is spent (the
+        experiment is withdrawn), or the questions in flight or the open limit leave no room now
+        (a later tick asks)."""
         budget, spent = self.budget_usd, self.spent_usd()
         if budget is not None and spent >= budget:
             reason = (
@@ -219,17 +193,26 @@ class Proposals:
                 "AUTORESEARCH_ANTHROPIC_BUDGET_USD (or --budget) to let it propose again"
             )
             self.store.experiments.withdraw_proposing(exp.id, reason)
+            self._pending.pop(exp.id, None)
             self.stopped = reason
             log.warning("%s", reason)
-            return
+            return False
+        if not self._affordable():
+            return False
         if exp.base_sha != main.sha:
             exp = self.store.experiments.update(exp.id, base_sha=main.sha)
-        self.worker.ask(exp.id, self.context(main))
+        context = self.context(main, exp.id)
+        asked = self.worker.ask(exp.id, context, limit=self.open_limit)
+        if asked:
+            self._pending.setdefault(exp.id, _Pending(exp.id)).told = context.seen_hashes
+        return asked
 
-    def _take_answer(self, exp: Experiment, answer: Proposal | BaseException, main: Main, stop_reason: str) -> None:
-        pending = self._pending or _Pending(exp.id)
+    def _take_answer(
+        self, exp: Experiment, pending: _Pending, answer: Proposal | BaseException, main: Main, stop_reason: str
+    ) -> None:
         if isinstance(answer, AgentStopped):
             self.store.experiments.withdraw_proposing(exp.id, f"the agent has nothing more to propose ({answer})")
+            self._pending.pop(exp.id, None)
             self.stopped = f"the agent has nothing more to propose ({answer})"
             return
         if isinstance(answer, BaseException):
@@ -266,18 +249,24 @@ class Proposals:
             if meta.get("fixes"):
                 self.store.events.add(exp.id, "fix", f"proposed as a fix of the crash of experiment {meta['fixes']}")
             log.info("experiment %s proposed: %s", exp.id, exp.title)
-            self._pending = None
+            self._pending.pop(exp.id, None)
             self.lifecycle.advance(exp, main)  # as far as its first run: a new experiment cannot merge yet
             return
         pending.cost_usd += cost
+        digest = code_hash(answer.asset)
+        crossed = self._crossed(answer.asset, pending, main)
         self.store.events.add(None, "refused", f"proposal {answer.title!r} refused: {problem}")
         log.warning("proposal %r refused: %s", answer.title, problem)
-        pending.seen.add(code_hash(answer.asset))
+        pending.seen.add(digest)
+        if crossed:
+            problem += ", proposed while you worked on yours: propose something different"
+        else:
+            pending.refusals += 1
         pending.notes.append(f"(conductor) your proposal {answer.title!r} was refused: {problem}")
-        refusals = len(pending.notes)
-        if refusals >= self.max_refusals:
-            reason = f"the agent's last {refusals} proposals were all refused"
+        if pending.refusals >= self.max_refusals:
+            reason = f"the agent's last {pending.refusals} proposals were all refused"
             self.store.experiments.withdraw_proposing(exp.id, reason)
+            self._pending.pop(exp.id, None)
             self.stopped = reason
             return
         if not stop_reason:
@@ -296,18 +285,35 @@ class Proposals:
             proposal.title, proposal.asset, main_asset=main.asset, earlier=earlier, task=self.baseline.task.name
         )
 
+    def _crossed(self, asset: str, pending: _Pending, main: Main) -> bool:
+        """Whether `asset` repeats (exactly, or up to comments and layout) a proposal made while its
+        question was open, another question's answer: it could not have known of it, so its refusal
+        is no fault of its own."""
+        digest = code_hash(asset)
+        if digest in pending.told or digest == main.code_hash:
+            return False
+        if digest in self._history.seen_hashes():
+            return True
+        normal = validation.normal_hash(asset, self.baseline.task.name)
+        return any(
+            code not in pending.told and self._normal_hash(code, exp_id) == normal
+            for exp_id, _, code in self._history.codes()
+        )
+
     def _normal_hash(self, code: str, exp_id: int) -> str | None:
         if code not in self._normal:
             asset = self.store.experiments.get(exp_id).asset or ""
             self._normal[code] = validation.normal_hash(asset, self.baseline.task.name)
         return self._normal[code]
 
-    def context(self, main: Main) -> ProposalContext:
-        """What the agent is told: everything it needs, nothing of the store itself."""
+    def context(self, main: Main, exp_id: int | None = None) -> ProposalContext:
+        """What the agent is told about experiment `exp_id`: everything it needs, nothing of the
+        store itself."""
         self._history.refresh()
         crash = self._history.unfixed_crash()
-        notes = self._pending.notes if self._pending else []
-        seen = self._pending.seen if self._pending else set()
+        pending = self._pending.get(exp_id) if exp_id is not None else None
+        notes = pending.notes if pending else []
+        seen = pending.seen if pending else set()
         return ProposalContext(
             program_md=main.instructions,
             asset=main.asset,
@@ -323,20 +329,36 @@ class Proposals:
             device_kind=self.profile.device,
             spent_usd=self.spent_usd(),
             task=self.baseline.task.name,
+            in_flight=self._in_flight(main),
         )
+
+    def _in_flight(self, main: Main) -> dict[int, str]:
+        """Each proposal not judged yet -> its change to main's asset ('' when made on another main)."""
+        running = {e.id: (e.id, e.code_hash, main.code_hash) for e in self._history.entries() if e.status == "running"}
+        unread = {exp_id for exp_id, key in running.items() if key not in self._diffs}
+        if unread:
+            for e in self.store.experiments.several(unread):
+                diff = _diff(main.asset, e.asset) if e.base_sha == main.sha else ""
+                self._diffs[(e.id, e.code_hash or "", main.code_hash)] = diff
+            live = set(running.values())
+            self._diffs = {key: diff for key, diff in self._diffs.items() if key in live}
+        return {exp_id: self._diffs.get(key, "") for exp_id, key in running.items()}
 
     # --- what proposals cost (an LLM agent reports it in Proposal.meta["cost_usd"]) ----------------
     def spent_usd(self) -> float:
         return self.store.state.spent_usd
 
     def _spend(self, meta: dict[str, Any] | None) -> float:
+        """Add what one answer cost to what is spent; it may raise what a question in flight counts."""
         cost = float((meta or {}).get("cost_usd") or 0.0)
+        self._answers_costed += 1
+        self._most_usd = max(self._most_usd, cost)
         if cost:
             self.store.state.spent_usd += cost
         return cost
 
 
-def _lesson(reason: str | None, limit: int = 160) -> str:
-    """One line of why an experiment ended as it did: the first sentence of its reason."""
-    line = (reason or "").strip().splitlines()[0] if (reason or "").strip() else ""
-    return line if len(line) <= limit else line[: limit - 1] + "…"
+def _diff(before: str, after: str | None, limit: int = IN_FLIGHT_DIFF_LINES) -> str:
+    """A unified diff of an asset's change, cut to `limit` lines."""
+    lines = list(difflib.unified_diff(before.splitlines(), (after or "").splitlines(), lineterm="", n=1))[2:]
+    return "\n".join(lines if len(lines) <= limit else [*lines[:limit], f"... ({len(lines) - limit} more lines)"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
@@ -150,6 +151,23 @@ def in_bounds(name: str, value) -> bool:
 
 def test_explorer_is_an_agent():
     assert isinstance(OfflineExplorer(), Agent)
+
+
+def test_questions_asked_at_once_get_the_best_and_the_next_best_move_never_the_same():
+    explorer = OfflineExplorer()
+    ctx = ctx_for()  # two questions open at once: the same context, neither knows the other's answer
+    first, second = explorer.propose(ctx), explorer.propose(ctx)
+    assert code_hash(first.asset) != code_hash(second.asset)
+    assert first.asset == OfflineExplorer().propose(ctx).asset  # the first is the move it always makes
+    seen = replace(ctx, seen_hashes={code_hash(first.asset)})
+    assert second.asset == OfflineExplorer().propose(seen).asset  # the second: the best one left
+
+
+def test_questions_on_many_threads_at_once_get_distinct_moves():
+    explorer, ctx = OfflineExplorer(), ctx_for()
+    with ThreadPoolExecutor(8) as pool:
+        proposals = list(pool.map(lambda _: explorer.propose(ctx), range(8)))
+    assert len({code_hash(p.asset) for p in proposals}) == 8
 
 
 @pytest.mark.parametrize("device_kind", ["cpu", "cuda"])

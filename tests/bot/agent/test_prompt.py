@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from bot.agent.prompt import HISTORY_IN_FULL, context_blocks, history_line, system_prompt
+from bot.agent.prompt import HISTORY_IN_FULL, IN_FLIGHT_CHARS, context_blocks, history_line, system_prompt
 from bot.core.records import HistoryEntry, ProposalContext
 
 REPO = Path(__file__).resolve().parents[3]
@@ -97,6 +97,25 @@ def test_the_volatile_block_holds_main_history_feedback_and_the_crash():
     assert "Please keep the model small." in text and "/try a cosine warmdown" in text
     assert "experiment #4" in text and "RuntimeError: CUDA out of memory" in text
     assert "#5 keep d=-0.0100 m=0.0035 Raise MATRIX_LR" in text and "#1 discard d=+0.0040" in text
+
+
+def test_the_proposals_being_tried_are_shown_with_their_diffs_as_not_to_repeat():
+    running = [entry(6, "running"), entry(7, "running")]
+    diff = "@@ -1,1 +1,1 @@\n-MATRIX_LR = 0.04\n+MATRIX_LR = 0.05"
+    ctx = context(history=[entry(i) for i in range(1, 6)] + running, in_flight={6: diff, 7: ""})
+    text = context_blocks(ctx)[1]["text"]
+    assert "# Being tried now: 2 proposals not judged yet" in text and "propose something different" in text
+    assert "## #6 Raise MATRIX_LR" in text and f"```diff\n{diff}\n```" in text
+    assert "## #7 Raise MATRIX_LR" in text  # made on an older main: its title only
+    assert "Being tried now" not in context_blocks(context())[1]["text"]
+
+
+def test_the_diffs_being_tried_stop_at_their_share_of_the_context():
+    big = "+" + "x" * (IN_FLIGHT_CHARS // 2)
+    ctx = context(history=[entry(i, "running") for i in range(1, 4)], in_flight={1: big, 2: big, 3: "+y = 1"})
+    text = context_blocks(ctx)[1]["text"]
+    assert text.count(big) == 1 and "+y = 1" in text  # the second big one is left out, the small one fits
+    assert "## #2" in text
 
 
 def test_a_history_line_has_id_status_delta_margin_title_and_lesson():

@@ -15,7 +15,7 @@ from bot.forge.memory import MemoryForge
 from bot.loop import measurement
 from bot.loop.baseline import Main
 from bot.loop.conductor import Conductor, ConductorConfig
-from bot.loop.proposals import Proposals
+from bot.loop.proposals import Proposals, _diff
 from bot.store import Experiment, Store
 
 MAIN = with_effect(SMALL_TRAIN_PY, 0.0, "main")
@@ -57,9 +57,9 @@ class PlannedAgent:
         return Proposal(f"{kind} {tag}", f"a clear {kind}", with_effect(ctx.asset, effect, tag))
 
 
-def context_read_whole(proposals: Proposals, main: Main) -> ProposalContext:
-    """The context as Proposals built it before it kept the history in memory: every experiment and
-    every code hash read from the store at each question."""
+def context_read_whole(proposals: Proposals, main: Main, exp_id: int | None = None) -> ProposalContext:
+    """The context of a question about `exp_id` as Proposals built it before it kept the history in
+    memory: every experiment and every code hash read from the store at each question."""
     store = proposals.store
     done = store.experiments.all()
     history = [
@@ -79,7 +79,7 @@ def context_read_whole(proposals: Proposals, main: Main) -> ProposalContext:
         for e in done
     ]
     crash = _unfixed_crash(done)
-    pending = proposals._pending
+    pending = proposals._pending.get(exp_id) if exp_id is not None else None
     notes, seen = (pending.notes, pending.seen) if pending else ([], set())
     hashes = {r[0] for r in store.db.execute("SELECT code_hash FROM experiments WHERE code_hash IS NOT NULL")}
     hashes |= {r[0] for r in store.db.execute("SELECT DISTINCT code_hash FROM runs")}
@@ -96,6 +96,7 @@ def context_read_whole(proposals: Proposals, main: Main) -> ProposalContext:
         profile=proposals.profile.name,
         device_kind=proposals.profile.device,
         spent_usd=proposals.spent_usd(),
+        in_flight={e.id: _diff(main.asset, e.asset) if e.base_sha == main.sha else "" for e in done if not e.status},
     )
 
 
@@ -113,13 +114,17 @@ def _lesson(reason: str | None, limit: int = 160) -> str:
 
 
 def make(slots: int) -> Conductor:
-    return Conductor(
+    """A loop over PLAN, one question at a time: the plan's order (a fix after its crash, a repeat
+    after what it repeats) is the order of the answers."""
+    loop = Conductor(
         Store(Path(":memory:")),
         MemoryForge({"train.py": MAIN, "program.md": PROGRAM}),
         FakeRunner(slots),
         PlannedAgent(),
         ConductorConfig(profile="smoke", identity=dict(IDENTITY), max_experiments=len(PLAN) - 1),
     )
+    loop.proposals.max_open_questions = 1
+    return loop
 
 
 def test_the_context_kept_in_memory_is_the_context_read_whole() -> None:
@@ -127,10 +132,10 @@ def test_the_context_kept_in_memory_is_the_context_read_whole() -> None:
     asked: list[ProposalContext] = []
     ask = loop.proposals.worker.ask
 
-    def compare_then_ask(exp_id: int, context: ProposalContext) -> None:
-        assert context == context_read_whole(loop.proposals, loop.baseline.read())
+    def compare_then_ask(exp_id: int, context: ProposalContext, *, limit: int) -> bool:
+        assert context == context_read_whole(loop.proposals, loop.baseline.read(), exp_id)
         asked.append(context)
-        ask(exp_id, context)
+        return ask(exp_id, context, limit=limit)
 
     loop.proposals.worker.ask = compare_then_ask
     woken = threading.Event()

@@ -1,0 +1,290 @@
+"""Several agent questions open at once: as many as the free and soon-free slots need, within the
+open-question limit and the agent's budget, each with its own context; what is proposed at once is
+distinct; a question that times out stalls none of the others; a conductor killed with questions
+open resumes from the store. The agents are gated by the test (each answer waits until the test
+releases it), so every state is reached by events, never by waiting on a clock."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from fakes import IDENTITY, SMALL_TRAIN_PY, FakeRunner, with_effect
+
+from bot.agent.explorer import OfflineExplorer
+from bot.core.records import Proposal, ProposalContext, code_hash
+from bot.core.states import State
+from bot.forge.memory import MemoryForge
+from bot.loop.conductor import Conductor, ConductorConfig
+from bot.store import Store
+
+MAIN = with_effect(SMALL_TRAIN_PY, 0.0, "main")
+PROGRAM = "---\nautoresearch:\n  first_baseline_runs: 2\n  baseline_runs: 2\n---\n\nLower val_bpb.\n"
+WAIT_S = 10.0  # how long a test waits for the agent's threads to reach a state before failing
+
+
+class Gated:
+    """Answers each question with `answer(ctx, n)` (n: the question's number, from 1) once the test
+    has released n; counts the questions thinking at once."""
+
+    def __init__(self, answer: Callable[[ProposalContext, int], Proposal]) -> None:
+        self.answer = answer
+        self.cond = threading.Condition()
+        self.contexts: list[ProposalContext] = []
+        self.released: set[int] = set()
+        self.thinking = 0
+        self.most = 0
+
+    def propose(self, ctx: ProposalContext) -> Proposal:
+        with self.cond:
+            self.contexts.append(ctx)
+            number = len(self.contexts)
+            self.thinking += 1
+            self.most = max(self.most, self.thinking)
+            self.cond.notify_all()
+            self.cond.wait_for(lambda: number in self.released, timeout=60)
+            self.thinking -= 1
+            self.cond.notify_all()
+        return self.answer(ctx, number)
+
+    def release(self, *numbers: int) -> None:
+        with self.cond:
+            self.released.update(numbers)
+            self.cond.notify_all()
+
+    def release_all(self) -> None:
+        self.release(*range(1, 1000))
+
+    def wait_asked(self, n: int) -> None:
+        with self.cond:
+            assert self.cond.wait_for(lambda: len(self.contexts) >= n, timeout=WAIT_S), f"{n} questions never came"
+
+
+def distinct(ctx: ProposalContext, n: int) -> Proposal:
+    return Proposal(f"change {n}", "h", with_effect(ctx.asset, 0.1, f"change {n}"))
+
+
+def make(
+    store: Store, forge: MemoryForge, agent, slots: int, max_open_questions: int | None = None, **config
+) -> tuple[Conductor, threading.Event]:
+    loop = Conductor(
+        store,
+        forge,
+        FakeRunner(slots, auto=False),
+        agent,
+        ConductorConfig(profile="smoke", identity=dict(IDENTITY), retry_base_s=0.0, **config),
+    )
+    loop.proposals.max_open_questions = max_open_questions
+    woken = threading.Event()
+    loop.wake_on(woken.set)
+    return loop, woken
+
+
+def fresh(agent, slots: int, **config) -> tuple[Conductor, threading.Event]:
+    forge = MemoryForge({"train.py": MAIN, "program.md": PROGRAM})
+    return make(Store(Path(":memory:")), forge, agent, slots, **config)
+
+
+def tick_until(loop: Conductor, woken: threading.Event, done: Callable[[], bool]) -> None:
+    """Tick as the driver does, once the conductor is woken (an answer came), until `done()`."""
+    for _ in range(200):
+        woken.clear()
+        loop.tick()
+        if done():
+            return
+        assert woken.wait(WAIT_S), "the conductor was never woken"
+    raise AssertionError("the condition was never reached")
+
+
+def proposing(loop: Conductor) -> list[int]:
+    return [e.id for e in loop.store.experiments.in_state(State.PROPOSING)]
+
+
+def proposed(loop: Conductor) -> list[str]:
+    return [e.title for e in loop.store.experiments.all()]
+
+
+def test_free_slots_get_as_many_questions_at_once_each_with_its_own_context() -> None:
+    agent = Gated(distinct)
+    loop, woken = fresh(agent, slots=4)
+    loop.tick()  # main's 2 baseline runs take 2 slots; 4 slots and 4 ahead less those: 6 wanted, 4 open
+    agent.wait_asked(4)
+    assert len(proposing(loop)) == 4 and agent.thinking == 4
+    assert len({id(c) for c in agent.contexts}) == 4
+    agent.release(1, 2, 3, 4)
+    tick_until(loop, woken, lambda: len(proposed(loop)) == 4)
+    assert proposed(loop) == ["change 1", "change 2", "change 3", "change 4"]
+    agent.release_all()
+
+
+def test_one_slot_asks_one_question_at_a_time_as_before() -> None:
+    agent = Gated(distinct)
+    loop, woken = fresh(agent, slots=1, lookahead=3)
+    loop.tick()
+    agent.wait_asked(1)
+    for _ in range(3):
+        loop.tick()
+    assert len(agent.contexts) == 1  # two proposals are wanted (main's 2 runs wait), but one question at a time
+    agent.release(1, 2)
+    tick_until(loop, woken, lambda: len(proposed(loop)) == 2)
+    assert agent.most == 1
+
+
+def test_an_agent_that_takes_one_question_at_a_time_is_asked_one_at_a_time() -> None:
+    class InOrder(Gated):
+        questions_at_once = 1
+
+    agent = InOrder(distinct)
+    loop, woken = fresh(agent, slots=4)
+    loop.tick()
+    agent.wait_asked(1)
+    for _ in range(3):
+        loop.tick()
+    assert len(agent.contexts) == 1 and len(proposing(loop)) == 1
+    agent.release(1, 2)
+    tick_until(loop, woken, lambda: len(proposed(loop)) == 2)
+    assert agent.most == 1
+
+
+def test_the_open_question_limit_holds() -> None:
+    agent = Gated(distinct)
+    loop, woken = fresh(agent, slots=4, max_open_questions=2)
+    loop.tick()
+    agent.wait_asked(2)
+    for _ in range(3):
+        loop.tick()
+    assert len(proposing(loop)) == 2 and len(agent.contexts) == 2
+    agent.release(1)
+    tick_until(loop, woken, lambda: len(agent.contexts) == 3)  # the answer made room for one more
+    assert agent.most == 2 and len(proposing(loop)) == 2
+    agent.release_all()
+
+
+def test_the_explorer_gives_questions_open_at_once_distinct_moves() -> None:
+    explorer = OfflineExplorer()
+    agent = Gated(lambda ctx, n: explorer.propose(ctx))
+    loop, woken = fresh(agent, slots=4)
+    loop.tick()
+    agent.wait_asked(4)  # all four asked before any answer: the same history in every context
+    assert len({len(c.history) for c in agent.contexts}) == 1
+    agent.release_all()
+    tick_until(loop, woken, lambda: len(proposed(loop)) >= 4)
+    codes = [e.code_hash for e in loop.store.experiments.all()]
+    assert len(set(codes)) == len(codes)
+    assert not [e for e in loop.store.events.all() if e["kind"] == "refused"]
+
+
+class IdeaAgent:
+    """A fake LLM: takes the first idea that is neither in the history nor in a diff being tried,
+    and writes it in its own words (a comment naming its session), so only the repeat check up to
+    comments can tell two sessions' texts of one idea apart."""
+
+    IDEAS = ("warmup", "depth", "lr", "width")
+
+    def pick(self, ctx: ProposalContext, n: int) -> Proposal:
+        taken = {e.title for e in ctx.history} | {i for i in self.IDEAS for d in ctx.in_flight.values() if i in d}
+        idea = next(i for i in self.IDEAS if i not in taken)
+        text = with_effect(ctx.asset, 0.1, idea) + f"# written by session {n}\n"
+        return Proposal(idea, f"try {idea}", text)
+
+
+def test_a_question_told_of_the_proposals_in_flight_proposes_something_different() -> None:
+    agent = Gated(IdeaAgent().pick)
+    loop, woken = fresh(agent, slots=4, max_open_questions=1)
+    agent.release_all()
+    tick_until(loop, woken, lambda: len(proposed(loop)) == 2)
+    first, second = agent.contexts[:2]
+    assert first.in_flight == {}
+    assert list(second.in_flight) == [1] and '"warmup"' in second.in_flight[1]
+    assert proposed(loop) == ["warmup", "depth"]
+
+
+def test_a_repeat_crossing_another_answer_is_refused_without_counting_toward_max_refusals() -> None:
+    agent = Gated(IdeaAgent().pick)
+    loop, woken = fresh(agent, slots=2, max_open_questions=2, max_refusals=1)
+    loop.tick()
+    agent.wait_asked(2)  # both open at once: neither can know what the other proposes
+    agent.release(1)
+    tick_until(loop, woken, lambda: proposed(loop) == ["warmup"])
+    agent.release(2, 3)
+    tick_until(loop, woken, lambda: len(proposed(loop)) == 2)
+    assert proposed(loop) == ["warmup", "depth"] and not loop.proposals.stopped
+    refused = [e["message"] for e in loop.store.events.all() if e["kind"] == "refused"]
+    assert len(refused) == 1 and "repeats experiment 1 ('warmup') up to comments" in refused[0]
+    assert any("proposed while you worked on yours" in line for line in agent.contexts[2].feedback)
+    agent.release_all()
+
+
+def test_questions_in_flight_count_against_the_budget_so_it_is_overshot_by_less_than_one_answer() -> None:
+    def priced(ctx: ProposalContext, n: int) -> Proposal:
+        return Proposal(f"change {n}", "h", with_effect(ctx.asset, 0.1, f"change {n}"), meta={"cost_usd": 0.40})
+
+    agent = Gated(priced)
+    loop, woken = fresh(agent, slots=4, agent_budget_usd=1.0)
+    loop.tick()
+    agent.wait_asked(1)
+    loop.tick()
+    assert len(agent.contexts) == 1  # what one answer costs is not known yet: one at a time
+    agent.release(1)
+    tick_until(loop, woken, lambda: len(agent.contexts) == 3)  # $0.40 spent, one more in flight: $1.20 > $1
+    for _ in range(3):
+        loop.tick()
+    assert len(agent.contexts) == 3 and agent.most == 2
+    agent.release(2, 3)
+    tick_until(loop, woken, lambda: bool(loop.proposals.stopped))
+    assert loop.proposals.spent_usd() < 1.0 + 0.40
+    assert "budget of $1.00 is spent ($1.20 so far)" in loop.proposals.stopped
+    assert len(agent.contexts) == 3 and proposed(loop) == ["change 1", "change 2", "change 3"]
+
+
+def test_a_question_that_times_out_does_not_stall_the_others() -> None:
+    now = [1000.0]
+    agent = Gated(distinct)
+    forge = MemoryForge({"train.py": MAIN, "program.md": PROGRAM})
+    loop = Conductor(
+        Store(Path(":memory:")),
+        forge,
+        FakeRunner(3, auto=False),
+        agent,
+        ConductorConfig(profile="smoke", identity=dict(IDENTITY), retry_base_s=0.0, agent_timeout_s=10.0),
+        clock=lambda: now[0],
+    )
+    woken = threading.Event()
+    loop.wake_on(woken.set)
+    loop.tick()
+    agent.wait_asked(3)
+    hung = proposing(loop)[0]
+    agent.release(*range(2, 100))  # every question but the first answers
+    tick_until(loop, woken, lambda: proposing(loop) == [hung])
+    assert len(proposed(loop)) >= 2  # the others were answered while it hung
+    now[0] += 11.0  # question 1 is past its time limit: abandoned, its experiment asked again
+    loop.tick()  # the driver's timer: the tick that finds it abandoned
+    tick_until(loop, woken, lambda: hung not in proposing(loop))
+    assert any("no proposal after 10s" in e["message"] for e in loop.store.events.all())
+    assert agent.thinking == 1  # question 1 still hangs; its late answer will be ignored
+    agent.release_all()
+
+
+def test_a_conductor_killed_with_questions_open_resumes_them_without_loss_or_repeat(tmp_path: Path) -> None:
+    forge = MemoryForge({"train.py": MAIN, "program.md": PROGRAM})
+    first = Gated(distinct)
+    killed, _ = make(Store(tmp_path / "state.db"), forge, first, slots=3)
+    killed.tick()
+    first.wait_asked(3)
+    open_ids = proposing(killed)
+    assert len(open_ids) == 3
+    # killed: its questions' answers never reach a store (the second conductor's agent differs)
+    again = Gated(lambda ctx, n: Proposal(f"again {n}", "h", with_effect(ctx.asset, 0.1, f"again {n}")))
+    resumed, woken = make(Store(tmp_path / "state.db"), forge, again, slots=3)
+    resumed.tick()
+    again.wait_asked(3)
+    assert proposing(resumed) == open_ids and all(resumed.proposals.worker.busy(i) for i in open_ids)
+    again.release(1, 2, 3)
+    tick_until(resumed, woken, lambda: not set(open_ids) & set(proposing(resumed)))
+    exps = [e for e in resumed.store.experiments.all() if e.id in open_ids]
+    assert sorted(e.title for e in exps) == ["again 1", "again 2", "again 3"]
+    assert len({e.code_hash for e in resumed.store.experiments.all()}) == len(resumed.store.experiments.all())
+    assert code_hash(MAIN) not in {e.code_hash for e in exps}
+    first.release_all()
+    again.release_all()
