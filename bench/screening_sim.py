@@ -11,7 +11,7 @@ measures it (6 runs first, 2 afresh after each keep) and a confirmation's extra 
 it. Values are in units of a full run's standard deviation.
 
 A hypothesis's true effect at the full budget: a gain of `g` sigma with probability `--gain-share`,
-else no effect or (as often) a loss of |N(0, 2)| sigma. Its short run (`--fraction` of the budget)
+else no effect or (as often) a loss of |N(0, 2)| sigma. Its short run (a fifth of the budget)
 measures `beta * value + mismatch + noise`: `beta`, the share of a full-budget effect a short run
 shows; `mismatch`, the change's own short-budget deviation (an effect that shows early and fades,
 or the reverse), fixed per change and carried by a kept one into main; `noise`, the short run's

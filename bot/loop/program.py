@@ -21,8 +21,8 @@ program.md may start with a YAML block between two `---` lines holding an `autor
                                # than this many sigma (0: simpler code gets no rule of its own)
       screening: false         # training: each new candidate gets a short run (a fifth of the
                                # budget) first, and full runs only when it looks promising
-      screening_sigmas: 0.5    # ... promising: its short run below main's short runs' mean by less
-                               # than this many short standard errors (negative: better by more)
+      screening_sigmas: 0.0    # ... promising: its short run minus main's short runs' mean below
+                               # this many short standard errors (0: better than main's at all)
       paused: false            # true: finish what runs, propose nothing new
     ---
 
@@ -60,7 +60,7 @@ class LoopSettings(BaseModel):
     confirm: bool = True
     simplicity_sigmas: float = Field(1.0, ge=0)
     screening: bool = False  # bot.loop.screening; on for no profile by default (docs/benchmarks.md)
-    screening_sigmas: float = Field(0.5, ge=-5, le=5)
+    screening_sigmas: float = Field(0.0, ge=-5, le=5)
     paused: bool = False
 
     @field_validator("task")

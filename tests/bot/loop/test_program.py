@@ -26,7 +26,7 @@ DEFAULTS = dict(
     confirm=True,
     simplicity_sigmas=1.0,
     screening=False,
-    screening_sigmas=0.5,
+    screening_sigmas=0.0,
     paused=False,
 )
 
