@@ -8,9 +8,11 @@ moved main, so main is read again and what ran on the old one follows it), asks 
 next proposal in the background (bot.loop.proposals), dispatches queued runs to free slots, and
 shows the result to the publishers. The order serves the judge: the runs a verdict waits for come
 before it, a new main's baseline runs first, and no run starts on a main about to move. Nothing in a tick waits: the agent
-thinks on its own thread, runners are asked with lookup(). A driver (bot.loop.driver) calls tick()
-when something arrives and on a slow timer. A phase that fails is logged and recorded, and the
-next tick tries again; a conductor killed anywhere resumes where it stopped.
+thinks on its own thread, runners are asked with lookup(), and GitHub is told on the publishing
+worker's thread (bot.loop.publishing): the tick only hands it the snapshot. A driver
+(bot.loop.driver) calls tick() when something arrives and on a slow timer. A phase that fails is
+logged and recorded, and the next tick tries again; a conductor killed anywhere resumes where it
+stopped.
 
 Measurements count only under the identity pinned when the conductor starts (profile, harness
 hash, data fingerprint). The agent only proposes; judging, merging and bookkeeping are the loop's,
@@ -35,6 +37,7 @@ from bot.loop.inbox import InboxHandler, apply_inbox
 from bot.loop.judge import judge_config
 from bot.loop.lifecycle import Backoff, Lifecycle
 from bot.loop.proposals import Proposals
+from bot.loop.publishing import PublishWorker
 from bot.loop.runs import Runs
 from bot.store import Store
 from runner.profiles import get_profile
@@ -62,6 +65,7 @@ class ConductorConfig:
     retry_max_s: float = 300.0
     disturbed_share: float = 0.75  # a CPU run that got less than this share of main's CPU is re-run
     agent_budget_usd: float | None = None  # proposals stop once the agent's answers cost this much
+    max_open_questions: int | None = None  # agent questions open at once (None: one per slot)
 
 
 @dataclass
@@ -90,6 +94,7 @@ class Conductor:
         *,
         clock: Callable[[], float] = time.time,
         publishers: Sequence[Publisher] = (),
+        publishing: PublishWorker | None = None,
         router: Router[InboxHandler] = inbox.router,
     ) -> None:
         self.store = store
@@ -97,7 +102,12 @@ class Conductor:
         self.runner = runner
         self.config = config
         self.clock = clock
-        self.publishers = list(publishers)  # each shown the tick's snapshot at its end (results.tsv, GitHub)
+        # Shown the snapshot at the end of the tick, on this thread: fast, local ones (results.tsv,
+        # built from this store's connection at no cost when the tick wrote nothing, and read by the
+        # demo right after the tick). Those that wait on someone else (GitHub, its write limits) go on
+        # `publishing`, which the tick only hands the snapshot to.
+        self.publishers = list(publishers)
+        self.publishing = publishing
         self.router = router  # the inbox's handlers: the loop's own, or the app's join of it with others
         self.profile = get_profile(config.profile)
         backoff = Backoff(config.retry_base_s, config.retry_max_s)
@@ -135,6 +145,7 @@ class Conductor:
             budget_usd=config.agent_budget_usd,
             backoff=backoff,
             clock=clock,
+            max_open_questions=config.max_open_questions,
         )
         self.stop_reason = ""  # why the loop proposes nothing more, as the last tick saw it ('' while it goes on)
         self._started = False  # tick() starts the conductor itself when nobody called start()
@@ -228,6 +239,8 @@ class Conductor:
         snapshot = self.snapshot(main)
         for publisher in self.publishers:  # one that fails holds up none of the others
             self._guard("publishing", publisher.publish, snapshot)
+        if self.publishing is not None:
+            self.publishing.hand_over(snapshot)
 
     def snapshot(self, main: Main) -> Snapshot:
         """What the publishers show beside the store's rows: main's numbers and the live progress."""
@@ -260,6 +273,15 @@ class Conductor:
             return False
         busy = [e for e in self.store.experiments.active() if e.state != State.PROPOSING]
         return not busy and not self.store.runs.count(RunState.QUEUED, RunState.RUNNING)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until the publishing worker has shown the last tick's snapshot (at once without one);
+        False if `timeout` passed first."""
+        return self.publishing is None or self.publishing.flush(timeout)
+
+    def close_publishing(self, timeout: float | None = None) -> bool:
+        """Flush, then end the publishing worker's thread (a later tick starts it again)."""
+        return self.publishing is None or self.publishing.close(timeout)
 
     def wake_on(self, callback: Callable[[], None]) -> None:
         """Call `callback` (from any thread) when the agent answers or a runner has news."""

@@ -4,7 +4,9 @@ Something arrives when the agent answers, a runner says a job changed (both call
 their own threads), or a new inbox entry appears in the store (written by another process, so it
 is polled: one indexed query every `inbox_poll_s`). The timer catches what nobody announces (a
 job adopted after a restart, a run past its deadline, a retry whose backoff ran out). The same
-driver runs `autoresearch demo` now and the long-running service later.
+driver runs `autoresearch demo` and the long-running service. Before it returns (finished,
+stopped, or main needs a person) it waits for the publishing worker to show the last tick's
+snapshot (bot.loop.publishing), so what people see is never left one tick behind.
 """
 
 from __future__ import annotations
@@ -49,7 +51,9 @@ class Driver:
         cpu, wall = time.process_time(), time.monotonic()
         try:
             return self._loop(forever, stop or threading.Event())
-        finally:  # the conductor process's own CPU (agent thread included, training children not)
+        finally:
+            conductor.close_publishing()  # never return while the last state is still to be shown
+            # the conductor process's own CPU (agent and publishing threads included, training children not)
             conductor.store.state.driver_last_run = {
                 "ticks": self.ticks,
                 "cpu_seconds": round(time.process_time() - cpu, 3),
