@@ -40,6 +40,14 @@ costs depends on the profile's clock:
   quiet machine, the machine was busy (a run's serial parts keep it below 1 even when quiet).
 CPU time spent in child processes is not counted here, but the supervisor counts the whole process
 tree: a train.py that trains in a child only reaches the cap sooner.
+
+A CPU profile with a work clock (`profile.flops_per_second`, the `cpu` profile's) also charges each
+step after the warm-up ones the operations it was counted doing (runner.work, counting from the
+session's opening to finish()), at that rate: time_up() is also true once another step charged as
+much as the most of the last few would take the charges past the budget, and progress() is the
+further on of the two clocks. The charges do not move with the machine's load, so where they end
+training first, every run of one train.py trains the same steps on the same schedule. The result's
+extra records `work_seconds` and `flops_per_step`.
 """
 
 from __future__ import annotations
@@ -56,6 +64,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from runner import dataloader, files
 from runner.data import Dataset, load_dataset, verify_dataset
@@ -64,6 +73,7 @@ from runner.files import MODEL_FILE
 from runner.handoff import export_model
 from runner.profiles import Profile, get_profile, harness_hash
 from runner.tokenizer import Tokenizer, load_tokenizer
+from runner.work import FlopCount
 
 # bf16 dense peak of the accelerators we know, for MFU (FLOP/s)
 PEAK_FLOPS = {"H100": 989.5e12, "H200": 989.5e12, "A100": 312e12, "L40S": 362e12, "A10G": 125e12}
@@ -181,6 +191,13 @@ class Session:
         self._untimed_tokens = 0  # tokens of the warm-up steps, which the clock does not count
         self._recent_steps: deque[float] = deque(maxlen=RECENT_STEPS)  # their lengths on the run's clock
         self._progress_seen = 0.0  # the largest progress() answered: it never goes back
+        # The work clock (profile.flops_per_second > 0): each timed step charged its counted operations
+        self.work_seconds = 0.0  # the timed steps' charges so far
+        self._recent_work: deque[float] = deque(maxlen=RECENT_STEPS)  # the last few steps' charges
+        self._work: FlopCount | None = FlopCount() if profile.flops_per_second > 0 else None
+        self._flops_seen = 0
+        if self._work is not None:
+            self._work.__enter__()  # left in finish(), before the export
         self._last_elapsed = self.elapsed()
         self._warm_at = self._last_elapsed  # the run's clock at the end of the warm-up steps: progress() starts there
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -223,12 +240,27 @@ class Session:
             return 0.0
         window = self.ends_at - max(self._recent_steps, default=0.0) - self._warm_at
         fraction = 1.0 if window <= 0 else min(1.0, max(0.0, (self.elapsed() - self._warm_at) / window))
+        if self._work is not None:  # whichever clock is further on: the one that ends training
+            work_window = self.profile.time_budget_s - max(self._recent_work, default=0.0)
+            fraction = max(fraction, 1.0 if work_window <= 0 else min(1.0, self.work_seconds / work_window))
         self._progress_seen = max(self._progress_seen, fraction)
         return self._progress_seen
 
     def time_up(self) -> bool:
-        """True when another step as long as the longest of the last few would end past `ends_at`."""
-        return self.elapsed() + max(self._recent_steps, default=0.0) >= self.ends_at
+        """True when another step as long as the longest of the last few would end past `ends_at`;
+        with a work clock, also when another step charged as much as the most of the last few would
+        end past the budget."""
+        if self.elapsed() + max(self._recent_steps, default=0.0) >= self.ends_at:
+            return True
+        return self._work is not None and self.work_seconds + max(self._recent_work, default=0.0) >= (
+            self.profile.time_budget_s
+        )
+
+    def stop_counting(self) -> None:
+        """Leave the work clock's operation count (finish() does, before the export)."""
+        if self._work is not None and _get_current_dispatch_mode() is self._work:
+            self._work.__exit__(None, None, None)
+        self._work = None  # one that train.py left (or buried under its own) counts no more
 
     def step_done(self, loss: float | torch.Tensor) -> None:
         """Mark the end of one optimizer step; fails fast on a NaN or infinite loss."""
@@ -254,6 +286,12 @@ class Session:
         self._last_elapsed = elapsed
         if self.step <= self.profile.warmup_steps:
             self._warm_at = elapsed
+        if self._work is not None:
+            flops, self._flops_seen = self._work.flops - self._flops_seen, self._work.flops
+            if self.step > self.profile.warmup_steps:
+                charge = flops / self.profile.flops_per_second
+                self.work_seconds += charge
+                self._recent_work.append(charge)
         if self.step > self.profile.warmup_steps:
             wall, cpu = now - self._last_wall, cpu_now - self._last_cpu
             self.training_wall_seconds += wall
@@ -279,6 +317,8 @@ class Session:
         isolated run, export it for the scoring process and write claims.json."""
         if self.result is not None:
             raise RuntimeError("finish() was already called for this run")
+        work = self._work_claims()
+        self.stop_counting()
         eval_started = self._wall_clock()
         if self.export:
             export_model(
@@ -329,7 +369,7 @@ class Session:
             asset_sha256=self.asset_sha256,
             seed=self.seed,
             device=str(self.device),
-            extra=dict(extra or {}, **scored),
+            extra=dict(extra or {}, **scored, **work),
         )
         write_json(self.out_dir / ("claims.json" if self.export else "result.json"), asdict(self.result))
         return self.result
@@ -341,6 +381,16 @@ class Session:
         return self.cpu_seconds / (self.training_wall_seconds * self.threads)
 
     # --- internals ------------------------------------------------------------------------------
+    def _work_claims(self) -> dict[str, float]:
+        """The work clock's reading for the result's extra: its charged seconds and the counted
+        operations per timed step (none without a work clock)."""
+        if self._work is None:
+            return {}
+        return {
+            "work_seconds": round(self.work_seconds, 4),
+            "flops_per_step": max(self._recent_work, default=0.0) * self.profile.flops_per_second,
+        }
+
     def _mfu(self, flops_per_token: float | None) -> float:
         if not flops_per_token or self.device.type != "cuda" or self.training_wall_seconds <= 0:
             return 0.0
@@ -368,6 +418,7 @@ class Session:
             "cpu_seconds": round(self.cpu_seconds, 2),
             "threads": self.threads,
             "cpu_share": round(self.cpu_share(), 3),
+            "work_seconds": round(self.work_seconds, 3),
         }
         self._progress_file.write(json.dumps(line) + "\n")
         share = f" | cpu share {line['cpu_share']:.2f}" if self.profile.clock == "cpu" else ""

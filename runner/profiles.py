@@ -19,6 +19,13 @@ and the rest of its last step. On a CPU clock the allowance and the margin are C
 mostly serial work (loading, building, tracing the export), so a run's share of them is divided by
 its threads like the rest of its CPU time: 3 CPU seconds for the export are 1.5 s of a 2-thread
 run's clock, and a 16-thread run gets no 48 CPU seconds of slack.
+
+A CPU profile may also count the budget in work (`flops_per_second`, runner.work): each step after
+the warm-up ones is charged the operations it was counted doing, at that rate, and training ends
+when those charges reach the budget or when the CPU clock ends it, whichever comes first. The CPU
+time a step takes moves with the machine's load, its operations do not: where a step's charge is
+above its CPU time (a quiet machine), every run of one train.py trains the same steps. The cap
+and the supervisor do not change, so the work clock can only end training earlier.
 """
 
 from __future__ import annotations
@@ -54,10 +61,16 @@ class Profile:
     allowance_s: float
     export_margin_s: float  # of the allowance, the room time_up() leaves after training: the export, the exit
     score_limit_s: float  # wall-clock limit of the scoring process (load, causality probe, val_bpb)
+    # The work clock of a CPU profile (0: none): each step after the warm-up ones is charged its
+    # counted operations (runner.work) at this rate, and training also ends when the charges reach
+    # time_budget_s. See the module docstring.
+    flops_per_second: float = 0.0
 
     def __post_init__(self) -> None:
         if self.clock not in CLOCKS:
             raise ValueError(f"profile {self.name}: clock must be one of {CLOCKS}, not {self.clock!r}")
+        if self.flops_per_second < 0 or (self.flops_per_second > 0 and self.clock != "cpu"):
+            raise ValueError(f"profile {self.name}: a work clock (flops_per_second) is for a cpu clock only")
         if not 0 < self.export_margin_s < self.allowance_s:
             raise ValueError(f"profile {self.name}: the export margin must be positive and part of the allowance")
 
@@ -107,6 +120,10 @@ PROFILES: dict[str, Profile] = {
     # 30 s of training on 2 CPU cores (60 CPU seconds) and a few seconds of evaluation. On a
     # machine busy with other work (cpu_share 0.31, about 3x slower) a run took 112 s in all; an
     # isolated run on a machine at load 5-8 trained for 239 s of wall time: the hard limit is 300 s.
+    # The work clock charges the default train.py's step (27.6 GFLOP counted) 0.79 s: 38 steps after
+    # the warm-up one, the same in every run on a machine where a step takes under about 0.78 s of
+    # the CPU clock (0.70-0.75 quiet, 0.8-1.0 at load 10-20 on the 2-core development machine,
+    # where the CPU clock ends training first, as before: docs/benchmarks.md, "The CPU profile's noise").
     "cpu": Profile(
         name="cpu",
         device="cpu",
@@ -124,6 +141,7 @@ PROFILES: dict[str, Profile] = {
         allowance_s=5.5,
         export_margin_s=3.0,
         score_limit_s=120.0,
+        flops_per_second=35e9,
     ),
     # A few seconds in all, for tests (25 s in all at cpu_share 0.2; the limit is for hangs).
     "smoke": Profile(
@@ -183,6 +201,7 @@ MEASURING_FILES = (
     "dataloader.py",
     "evaluate.py",
     "harness.py",
+    "work.py",
     "execute.py",
     "isolated.py",
     "handoff.py",
