@@ -58,7 +58,9 @@ from runner.data import BUILTIN_CORPUS, cache_dir
 from runner.download import shard_name
 from runner.profiles import REFERENCE_VAL_SHARD, Profile, get_profile
 
-AUTORESEARCH = Path(sys.executable).parent / "autoresearch"
+# the CLI of this interpreter: its console script, or the module (a python3 given the dependencies by hand)
+_SCRIPT = Path(sys.executable).parent / "autoresearch"
+AUTORESEARCH = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "bot.app.cli"]
 # karpathy/autoresearch's README, baseline train.py on one H100 (the figures this is compared to)
 REFERENCE = {
     "val_bpb": 0.9979,
@@ -143,7 +145,7 @@ def reachable(url: str, timeout_s: float) -> str:
 
 
 def prepare(profile: str, data: str | None, timeout_s: float) -> tuple[bool, str]:
-    cmd = [str(AUTORESEARCH), "prepare", "--profile", profile] + (["--data", data] if data else [])
+    cmd = [*AUTORESEARCH, "prepare", "--profile", profile] + (["--data", data] if data else [])
     say(f"$ {' '.join(cmd)}")
     started = time.time()
     try:
@@ -295,7 +297,7 @@ def prepare_data(args: argparse.Namespace, profile: Profile) -> dict[str, Any]:
 def train(
     args: argparse.Namespace, label: str, source: str | None, out: Path, budget_s: float, *, sandbox: bool = True
 ) -> dict[str, Any]:
-    cmd = [str(AUTORESEARCH), "train", "--profile", args.profile, "--json", "--out", str(out)]
+    cmd = [*AUTORESEARCH, "train", "--profile", args.profile, "--json", "--out", str(out)]
     cmd += ["--data", source] if source else []
     cmd += [] if sandbox else ["--no-sandbox"]
     say(f"$ {' '.join(cmd)}    [{label}]")
