@@ -30,7 +30,8 @@ Reported per K:
   elsewhere) minus this main thread's own, and the conductor thread's time.thread_time();
 - the proposal pipeline: the share of the window the agent was thinking, proposals per budget,
   and the mean wait between an answer and the next question (the conductor's ticks);
-- the GitHub requests the stand-in served, and the seconds the write pacer waited.
+- the GitHub requests the stand-in served, the content-creating ones per experiment and per hour
+  (scaled back to real time), the write budget's mode at the end, and the seconds it waited.
 
     .venv/bin/python bench/duty_cycle.py                 # K = 1 2 4 8 16, 10 experiments per slot (at least 30)
     .venv/bin/python bench/duty_cycle.py --quick         # K = 1 2, a few short experiments
@@ -338,25 +339,12 @@ def bench_service(opts: Options):
     """A Service that scales its clocks (timer, progress cadence, write pacer) and times each phase
     of every tick in the conductor thread."""
     from bot.app.serve import Service
-    from bot.github.client import WritePacer
-    from bot.github.publisher import PROGRESS_EVERY_S, GitHubPublisher
-
-    class ScaledPacer(WritePacer):
-        """GitHub's write windows (80 a minute, 500 an hour) on the scaled clock; counts its waits."""
-
-        def __init__(self) -> None:
-            super().__init__(lambda: time.monotonic() * opts.scale, lambda s: time.sleep(s / opts.scale))
-            self.waited = 0.0  # bench seconds
-
-        def wait(self) -> float:
-            waited = super().wait()
-            self.waited += waited / opts.scale
-            return waited
+    from bot.github.publisher import PROGRESS_EVERY_S, SHORT_RUN_S, GitHubPublisher
 
     class BenchService(Service):
         ticks: list[dict[str, Any]]
         cpu: list[float]
-        pacer: ScaledPacer | None = None
+        pacer: Any = None  # the client's write budget (bot.github.budget), on the scaled clock
         profiler: cProfile.Profile | None = None
 
         def _connect(self):
@@ -364,10 +352,13 @@ def bench_service(opts: Options):
             if conductor is None:
                 return None
             self.ticks, self.cpu = [], []
-            self.pacer = ScaledPacer()
-            self.client._pacer = self.pacer  # the only way in: Service builds its client itself
+            # GitHub's write windows (80 a minute, 500 an hour) on the scaled clock
+            self.pacer = self.client.budget
+            self.pacer.clock = lambda: time.monotonic() * opts.scale
+            self.pacer.sleep = lambda s: time.sleep(s / opts.scale)
             github = next(p for p in conductor.publishers if isinstance(p, GitHubPublisher))
             github.progress_every_s = PROGRESS_EVERY_S / opts.scale  # the product's cadence, scaled
+            github.short_run_s = SHORT_RUN_S / opts.scale
             tick = conductor.tick
 
             def timed_tick() -> None:
@@ -586,7 +577,9 @@ def report(
         "proposals_per_budget": round(len(asked) / span * budget, 2) if span > 0 else None,
         "api_requests_per_exp": round(served.get("requests", 0) / n, 1),
         "api_creating_per_exp": round(served.get("creating", 0) / n, 1),
-        "pacer_waited_s": round(service.pacer.waited, 2) if service.pacer else None,
+        "api_writes_per_h": round(served.get("creating", 0) / (wall * opts.scale) * 3600, 1),
+        "write_mode": service.pacer.mode.mode if service.pacer else None,
+        "pacer_waited_s": round(service.pacer.waited / opts.scale, 2) if service.pacer else None,
         "violations": served.get("violation_count"),
         "overbooked": runner.overbooked,
         "scale": opts.scale,
@@ -636,7 +629,7 @@ def table(rows: list[dict[str, Any]]) -> str:
     head = (
         f"{'K':>3} {'exps':>5} {'runs/exp':>8} {'exp/h':>7} {'ideal':>6} {'of ideal':>8} {'util':>6} "
         f"{'util exp':>8} {'gap p50':>8} {'gap p95':>8} {'gap max':>8} {'cpu/exp':>8} {'cond cpu':>8} "
-        f"{'api/exp':>7} {'pacer s':>7}"
+        f"{'api/exp':>7} {'wr/exp':>6} {'wr/h':>6} {'mode':>8} {'pacer s':>7}"
     )
     lines = [head]
     for r in rows:
@@ -645,7 +638,8 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"{r['ideal_per_h']:>6.0f} {r['share_of_ideal']:>8.1%} {r['utilisation']:>6.1%} "
             f"{r['utilisation_experiments']:>8.1%} {r['gap_p50']:>8.2%} {r['gap_p95']:>8.2%} "
             f"{r['gap_max']:>8.2%} {r['cpu_per_exp']:>8.3f} {r['conductor_cpu_per_exp']:>8.3f} "
-            f"{r['api_requests_per_exp']:>7.1f} {r['pacer_waited_s']:>7.2f}"
+            f"{r['api_requests_per_exp']:>7.1f} {r['api_creating_per_exp']:>6.1f} {r['api_writes_per_h']:>6.0f} "
+            f"{r['write_mode']:>8} {r['pacer_waited_s']:>7.2f}"
         )
     return "\n".join(lines)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import sys
+import time
 from pathlib import Path
 
 import typer
@@ -330,7 +331,7 @@ def status(workdir: Path = typer.Option(DEFAULT_WORKDIR, help="the work director
 
     store = _open_store(workdir)
     try:
-        console.print(render_workdir_status(view_of(store, events=EVENTS)))
+        console.print(render_workdir_status(view_of(store, events=EVENTS), store.writes.summary(time.time())))
     finally:
         store.close()
 

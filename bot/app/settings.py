@@ -265,6 +265,7 @@ class ServiceSettings(BaseSettings):
             app_id=self.github_app_id,
             installation_id=self.github_installation_id,
             private_key=self.private_key,
+            ledger_path=self.state_dir / "state.db",
         )
 
     def private_key(self) -> str:

@@ -37,10 +37,13 @@ on every 5xx (allowed_methods gets POST added), retries a 429 only when it carri
 turns retries that run out into requests' RetryError instead of GitHub's answer, and sleeps with
 urllib3's time.sleep, which no test can move. GitHubRetry keeps the body check and changes the rest.
 
-Pacing. GitHub's secondary limits allow about 80 content-creating requests a minute and 500 an hour;
-pace_write(), called before each one, keeps under both with sliding windows and waits when needed.
-PyGithub's fixed gaps (seconds_between_requests/writes) are turned off: the windows are what GitHub
-counts, and the gaps would sleep on a clock no test can move.
+Pacing. GitHub's secondary limits allow about 80 content-creating requests a minute and 500 an hour.
+The client's write budget (bot.github.budget, `budget`) counts them in the store's ledger (the
+settings' `ledger_path`): pace_write(what), called before each write the research needs (the
+forge's branches and merges, the Actions runner's dispatches), records it and never waits; the
+publisher waits for room in the budget itself, on its own thread. PyGithub's fixed gaps
+(seconds_between_requests/writes) are turned off: the windows are what GitHub counts, and the gaps
+would sleep on a clock no test can move.
 
 Health. urllib3 shows the Retry object every answer (Retry.is_retry, called on each response) and
 every transport error (Retry.increment), for every connection PyGithub opens with this client's
@@ -55,10 +58,10 @@ import logging
 import re
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
@@ -73,6 +76,7 @@ from urllib3.exceptions import InvalidHeader
 from urllib3.util import Retry
 
 from bot.core.errors import ConfigError
+from bot.github.budget import WriteBudget, open_ledger
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +88,6 @@ BACKOFF_MAX_S = 30.0
 MAX_RATE_LIMIT_WAIT_S = 15 * 60  # a longer wait raises RateLimitExceededExceedsMaxWait
 SECONDARY_RATE_WAIT_S = 60.0  # GitHub: without Retry-After, wait at least a minute
 RENEW_BEFORE = timedelta(seconds=MAX_RATE_LIMIT_WAIT_S + 5 * 60)
-WRITE_LIMITS = ((60.0, 80), (3600.0, 500))  # (window in seconds, most content-creating requests in it)
 USER_AGENT = "autoresearch-bot"
 
 
@@ -100,6 +103,7 @@ class GitHubSettings:
     app_id: int | None = None
     installation_id: int | None = None  # None: asked of GitHub
     private_key: Callable[[], str] | None = field(default=None, repr=False)
+    ledger_path: Path | None = None  # the store whose ledger counts the writes (None: counted in memory only)
 
     @property
     def uses_app(self) -> bool:
@@ -262,60 +266,23 @@ class RenewingInstallationAuth(AppInstallationAuth):
             return current.token
 
 
-class WritePacer:
-    """Keeps content-creating requests under each (window, most) limit with sliding windows."""
-
-    def __init__(
-        self,
-        clock: Callable[[], float],
-        sleep: Callable[[float], None],
-        limits: tuple[tuple[float, int], ...] = WRITE_LIMITS,
-    ) -> None:
-        self._clock, self._sleep, self._limits = clock, sleep, limits
-        self._longest = max(window for window, _ in limits)
-        self._times: deque[float] = deque()
-        self._lock = threading.Lock()  # held while waiting: writers queue up in order
-
-    def wait(self) -> float:
-        """Block until one more write fits, record it, and return the seconds waited."""
-        waited = 0.0
-        with self._lock:
-            while True:
-                now = self._clock()
-                while self._times and self._times[0] <= now - self._longest:
-                    self._times.popleft()
-                delay = 0.0
-                for window, most in self._limits:
-                    if len(self._times) >= most and self._times[-most] > now - window:
-                        delay = max(delay, self._times[-most] + window - now)
-                if delay <= 0:
-                    self._times.append(now)
-                    return waited
-                log.info(
-                    "GitHub: pacing writes under %s; waiting %.1f s",
-                    ", ".join(f"{most} per {window:.0f} s" for window, most in self._limits),
-                    delay,
-                )
-                self._sleep(delay)
-                waited += delay
-
-
 class GitHubClient:
     """The service's connection to GitHub: `gh` for API calls on the repository, `repo()`, who the bot
-    is (`bot_login`), write pacing, and health. Nothing is asked of GitHub until first needed."""
+    is (`bot_login`), the write budget, and health. Nothing is asked of GitHub until first needed."""
 
     def __init__(
         self,
         settings: GitHubSettings,
         *,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.settings = settings
         self.uses_app: bool = settings.uses_app  # check runs need an App; with a token: commit statuses
         self._contact = Contact()
         self._retry = retry_policy(contact=self._contact, sleep=sleep)
-        self._pacer = WritePacer(clock, sleep)
+        ledger = open_ledger(settings.ledger_path) if settings.ledger_path is not None else None
+        self.budget = WriteBudget(ledger, clock=clock, sleep=sleep)
         self._lock = threading.RLock()
         self._gh: github.Github | None = None
         self._integration: GithubIntegration | None = None
@@ -352,10 +319,10 @@ class GitHubClient:
                     self._bot_login = self.gh.get_user().login
             return self._bot_login
 
-    def pace_write(self) -> None:
-        """Call before each content-creating request (POST, and PATCH/PUT that create): waits as needed
-        to stay under GitHub's secondary limits."""
-        self._pacer.wait()
+    def pace_write(self, what: str = "write") -> None:
+        """Call before each content-creating request the research needs (POST, PATCH, PUT, DELETE):
+        it is counted in the write budget, never waited for (see bot.github.budget)."""
+        self.budget.charge(what)
 
     def close(self) -> None:
         with self._lock:

@@ -2,7 +2,8 @@
 
 Commits are made on GitHub itself, so no token ever reaches a git remote URL, `.git/config` or a
 log line. A new experiment branch costs two writes: its ref created at the base commit, then one
-PUT of train.py on it (the contents API makes the commit, with the given message, by the caller).
+PUT of train.py on it (each charged to the write budget as the research's, never waited for:
+bot.github.budget) (the contents API makes the commit, with the given message, by the caller).
 A rebase (or a change of more than one file) builds the commit with the Git Data API instead
 (a tree on the base commit's tree, a commit, one ref update): a branch whose pull request is open
 must never point at main's commit, even for a moment, or GitHub would mark that pull request
@@ -58,11 +59,15 @@ class GitHubForge:
     """A forge over one GitHub repository (a PyGithub Repository)."""
 
     def __init__(
-        self, repo: Repository, *, main_branch: str = "main", pace_write: Callable[[], None] = lambda: None
+        self,
+        repo: Repository,
+        *,
+        main_branch: str = "main",
+        pace_write: Callable[[str], None] = lambda what: None,
     ) -> None:
         self.repo = repo
         self.main_branch = main_branch
-        self.pace_write = pace_write  # called before each request that creates content
+        self.pace_write = pace_write  # called before each request that creates content, with what it makes
         self._files: dict[tuple[str, str], str | None] = {}  # (commit sha, path) -> text; commits never change
         self._blobs: dict[tuple[str, str], str] = {}  # (commit sha, path) -> the file's blob sha
         self._commits: dict[str, tuple[str, list[str], str]] = {}  # commit sha -> (tree sha, parent shas, message)
@@ -143,9 +148,9 @@ class GitHubForge:
         """A new commit on `base_sha` with `files` written: (commit sha, tree sha)."""
         base_tree = self._commit(base_sha)[0]
         tree = [{"path": path, "mode": FILE_MODE, "type": "blob", "content": text} for path, text in files.items()]
-        self.pace_write()
+        self.pace_write("tree")
         tree_sha = self._api("POST", "/git/trees", {"base_tree": base_tree, "tree": tree})["sha"]
-        self.pace_write()
+        self.pace_write("commit")
         sha = self._api("POST", "/git/commits", {"message": message, "tree": tree_sha, "parents": [base_sha]})["sha"]
         self._commits[sha] = (tree_sha, [base_sha], message)
         return sha, tree_sha
@@ -160,7 +165,7 @@ class GitHubForge:
     def _point(self, branch: str, sha: str, current: str | None) -> None:
         """Move (or create) `branch` to `sha`, forced: experiment branches are the bot's own."""
         self._tried.add(branch)
-        self.pace_write()
+        self.pace_write("branch" if current is None else "ref")
         if current is None:
             try:
                 self._api("POST", "/git/refs", {"ref": f"refs/heads/{branch}", "sha": sha})
@@ -202,7 +207,7 @@ class GitHubForge:
         """Create `branch` at `sha`; where it is when it existed already (an earlier attempt's answer
         was lost: 422), None if it is gone again."""
         self._tried.add(branch)
-        self.pace_write()
+        self.pace_write("branch")
         try:
             self._api("POST", "/git/refs", {"ref": f"refs/heads/{branch}", "sha": sha})
         except GithubException as error:
@@ -226,7 +231,7 @@ class GitHubForge:
         blob = self._blob(base_sha, path)
         if blob is not None:
             fields["sha"] = blob
-        self.pace_write()
+        self.pace_write("commit")
         try:
             answer = self._api("PUT", f"/contents/{quote(path)}", fields)
         except GithubException as error:
@@ -297,7 +302,7 @@ class GitHubForge:
             raise MainMoved(f"main is at {current[:7]}, not {expected_main[:7]}")
         if self._commit(head)[1] != [expected_main]:
             raise MainMoved(f"{branch} is not based on main {expected_main[:7]}: rebase and re-measure")
-        self.pace_write()
+        self.pace_write("merge")
         try:
             self._move(self.main_branch, head, force=False)
         except GithubException as error:

@@ -17,20 +17,40 @@ to GitHub. A command's answer that GitHub refuses (4xx) is given up with a log l
 keeps failing on GitHub's side (5xx) after REPLY_TRIES ticks: no answer holds up the others. A run in
 progress updates its check at most once every `progress_every_s` seconds (PROGRESS_EVERY_S).
 
-Calls per experiment (the budget is GitHub's secondary limit on content-creating requests, see
-bench/github_api.py): writes go to the numbers and ids the store keeps, never through a read of
-the object first; the verdict label and the close of the pull request are one PATCH of its issue,
-after one GET for the labels people added (kept); a check run created in its final state is not
-updated again. An experiment in flight has no label: its check run (or, with a token, its pending
-commit status, "queued" then "training") already shows it on the pull request and in the list of
-pull requests (`is:pr status:pending` finds them), so a label saying the same would cost one more
-write per experiment. A reopened experiment loses its old verdict label when it is measured again.
+Calls per experiment. GitHub allows 500 content-creating requests an hour and 80 a minute
+(bench/github_api.py); every write here waits for room in the write budget (bot.github.budget, on
+the publisher's own thread: the research's writes go first). Writes go to the numbers and ids the
+store keeps, never through a read of the object first; the verdict label and the close of the pull
+request are one PATCH of its issue, after one GET for the labels people added (kept). An experiment
+in flight has no label. Its check run is created when it is first shown only for a long run
+(`short_run_s`, SHORT_RUN_S: more than 10 minutes) while the budget is full and has room
+(PROGRESS_ROOM writes); it then shows the run in progress, updated at most every `progress_every_s`
+(PROGRESS_EVERY_S, 120 s). A shorter run's check, or any while the budget is tight, is created once,
+in its final state, when the experiment ends. So in full mode an experiment costs 6 writes (its
+branch 2, the forge's; pull request, check run, decision comment, label and close 1 each), 7 when
+kept (main's fast-forward), 1 more with the Actions runner (its dispatch); a reopened one 1-2 more.
 
-Progress: while a run trains its check is updated at most every PROGRESS_EVERY_S (120 s). It is
-the one cost that grows with GPU time rather than with experiments: 3600 / interval writes an hour
-for each run in progress, 30 at 120 s, so 8 GPUs training at once spend 240 of the 500
-content-creating requests GitHub allows an hour (480 at 60 s, the whole budget). A 5-minute run
-still shows its start and two updates, and the dashboard shows progress live at no API cost.
+Degraded mode. When showing every experiment in full would take more than 90% of the hour's 500
+writes at the recent pace (bot.github.budget's forecast), the mode turns degraded until it falls
+under 70%; `autoresearch status` and the dashboard show it, since when and why. Then:
+- every experiment is still run, judged and recorded in the store, its branch made (the runner
+  fetches it) and kept, and main fast-forwarded for a keep: the research never waits on it;
+- an experiment gets its pull request, check run and decision comment only when it is kept or
+  promising (the judge asked to confirm it), or when it was shown on a pull request already (that
+  one is shown to its end);
+- the rest (discarded, crashed, rejected) get no pull request: they are listed once in the research
+  log, one comment for a batch of up to 20 (bot.github.summaries), with their verdict, value, change,
+  reason and a link to their commit. One that later needs a pull request (reopened, promising) gets
+  one, once.
+A kept experiment that main took before its pull request was opened (in degraded mode the
+usual case: it is known to be kept only when the judge says so, and main moves in the same tick;
+in full mode when publishing runs far behind) cannot have one: GitHub refuses a pull request for a
+branch main holds. Its check run is made on its commit, now main's, and it is listed once in the
+research log like the others, besides the log's table of kept changes.
+What a person loses while it lasts: no pull request (so no check run, labels, review, Re-run /
+Keep anyway buttons or /commands on it) for an experiment that is neither kept nor promising, and
+its notification comes as a line in a batch rather than its own; no check run while a run trains.
+The dashboard and `autoresearch results` still show every experiment.
 
 With a personal access token GitHub refuses check runs; the publisher then sets a commit status
 with the same context instead (its description holds at most 140 characters).
@@ -49,9 +69,11 @@ from github import GithubException, RateLimitExceededException
 from github.Repository import Repository
 
 from bot.core.protocols import Publisher, Snapshot
-from bot.core.states import RunState, State
+from bot.core.states import RunState, State, Status
 from bot.github import render
+from bot.github.budget import WriteBudget
 from bot.github.research_log import ResearchLog
+from bot.github.summaries import Summaries
 from bot.github.webhooks import GitHubEvent
 from bot.store import Experiment, Store, failpoint
 from bot.views.read_model import read_loop, task_of
@@ -69,6 +91,8 @@ def check_name(metric: Metric) -> str:
 
 CHECK_NAME = check_name(TRAINING.metric)  # training's, unchanged since before tasks: "autoresearch / val_bpb"
 PROGRESS_EVERY_S = 120.0  # the check's progress updates while a run trains (see the module docstring)
+SHORT_RUN_S = 600.0  # a run this long or shorter gets its check once, in its final state
+PROGRESS_ROOM = 10  # writes the budget must have free for a check to show a run in progress
 REPLY_TRIES = 5  # ticks a reply is tried when GitHub fails (5xx, no answer) before it is given up
 ACTIONS = [
     {"label": "Re-run", "description": "Measure it once more", "identifier": "rerun"},
@@ -96,8 +120,9 @@ class GitHubPublisher(Publisher):
         read_file: Callable[[str, str], str],
         uses_app: bool,
         main_branch: str = "main",
-        pace_write: Callable[[], None] = lambda: None,
+        budget: WriteBudget | None = None,
         progress_every_s: float = PROGRESS_EVERY_S,
+        short_run_s: float = SHORT_RUN_S,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.store = store
@@ -105,23 +130,32 @@ class GitHubPublisher(Publisher):
         self.read_file = read_file
         self.uses_app = uses_app
         self.main_branch = main_branch
-        self.pace_write = pace_write
+        self.budget = budget  # None: writes are neither counted nor paced (a test's)
         self.progress_every_s = progress_every_s
+        self.short_run_s = short_run_s
         self.clock = clock
         self._shown: dict[int, tuple[Any, ...]] = {}  # experiment -> what was last shown of it (this process)
         self._progress_at: dict[int, float] = {}  # experiment -> when its progress was last shown
         self._labels_ready: set[str] = set()
         self._reply_failures: dict[int, int] = {}  # command comment id -> ticks its reply failed (this process)
-        self.research_log = ResearchLog(store, repo, pace_write=pace_write, clock=clock)
+        self.research_log = ResearchLog(store, repo, pace_write=self.pace_write, clock=clock)
+        self.summaries = Summaries(store, repo, pace_write=self.pace_write, clock=clock)
+        self.degraded = False  # the budget's mode as this pass decided it
         self.task: Task = TRAINING  # the loop's, read again at each publish
 
     @property
     def check_name(self) -> str:
         return check_name(self.task.metric)
 
+    def pace_write(self, what: str) -> float:
+        """Wait for room in the write budget for one write people read (this publisher's thread only)."""
+        return self.budget.wait(what) if self.budget is not None else 0.0
+
     # --- the phase ---------------------------------------------------------------------------------
     def publish(self, snapshot: Snapshot) -> None:
         self.task = task_of(read_loop(self.store.db))
+        was = self.degraded
+        self.degraded = self.budget is not None and self.budget.decide_mode().mode == "degraded"
         failures: list[str] = []
         try:
             self._post_replies()
@@ -135,13 +169,15 @@ class GitHubPublisher(Publisher):
                 failures.append(f"experiment {exp.id}: {type(error).__name__}: {error}")
         try:
             self.research_log.update()
+            self.summaries.post(self.task.metric, flush=was and not self.degraded)
         except Exception as error:  # noqa: BLE001 - the log catches up at the next tick
             failures.append(f"research log: {type(error).__name__}: {error}")
         if failures:
             raise RuntimeError("; ".join(failures))
 
     def _publish(self, exp: Experiment, snapshot: Snapshot) -> None:
-        running = [r for r in self.store.runs.all(experiment_id=exp.id) if r.state == RunState.RUNNING]
+        runs = self.store.runs.all(experiment_id=exp.id)
+        running = [r for r in runs if r.state == RunState.RUNNING]
         phase = "completed" if exp.state == State.DONE else ("in_progress" if running else "queued")
         progress = snapshot.progress.get(running[0].id) if running else None
         due = (
@@ -149,7 +185,7 @@ class GitHubPublisher(Publisher):
             and progress
             and self.clock() - self._progress_at.get(exp.id, 0.0) >= self.progress_every_s
         )
-        shown = (exp.state, exp.status, exp.head_sha, phase)
+        shown = (exp.state, exp.status, exp.head_sha, phase, self.degraded)
         if self._shown.get(exp.id) == shown and not due:
             return
         published = self.store.published.get(exp.id)
@@ -157,15 +193,33 @@ class GitHubPublisher(Publisher):
             if self._closed_while_away(exp, int(published["pr"])):
                 return
         if exp.state != State.DONE and published.get("final"):  # reopened: a new round of checks and comments
-            self._reopen(exp, int(published["pr"]))
+            if "pr" in published:
+                self._reopen(exp, int(published["pr"]))
             round_ = str(int(published.get("round", "0")) + 1)
             self.store.published.set(exp.id, "round", round_)
             self.store.published.set(exp.id, "final", "")
             published = self.store.published.get(exp.id)
-        number = self._pull_request(exp, published, snapshot)
+        if self.degraded and "pr" not in published and not _promising(exp, runs):
+            if exp.state == State.DONE:  # listed in the research log instead (bot.github.summaries)
+                self.summaries.add(exp)
+                self.store.published.set(exp.id, "final", exp.status or "")
+            self._shown[exp.id] = shown
+            return
+        try:
+            number, found = self._pull_request(exp, published, snapshot)
+        except _OnMainAlready:  # kept and merged before it was shown: main has it; its check and a log row say so
+            if exp.state == State.DONE:
+                self._check(exp, published, phase, progress, snapshot)
+                self.summaries.add(exp)
+                self.store.published.set(exp.id, "final", exp.status or "")
+            self._shown[exp.id] = shown
+            return
+        if found and exp.state != State.DONE and self._closed_while_away(exp, number):
+            return  # made by a life that died before noting it, and closed since
         if exp.state != State.DONE:
             self._drop_old_label(exp, number, published)
-        self._check(exp, published, phase, progress, snapshot)
+        if phase == "completed" or self._shows_progress(snapshot):
+            self._check(exp, published, phase, progress, snapshot)
         if exp.state == State.DONE:
             self._decision(exp, number, published, snapshot)
             self._label_and_close(exp, number, published)
@@ -173,6 +227,13 @@ class GitHubPublisher(Publisher):
         if phase == "in_progress" and progress:
             self._progress_at[exp.id] = self.clock()
         self._shown[exp.id] = shown
+
+    def _shows_progress(self, snapshot: Snapshot) -> bool:
+        """Whether an experiment in flight has a check (or commit status) saying so: a long run's, while
+        the budget is full and has room (see the module docstring)."""
+        if (snapshot.budget_s or 0.0) <= self.short_run_s or self.degraded:
+            return False
+        return self.budget is None or self.budget.room() >= PROGRESS_ROOM
 
     def _bot_login(self) -> str | None:
         """The login the bot's own content carries (written by bot.app.serve when it connects)."""
@@ -197,9 +258,11 @@ class GitHubPublisher(Publisher):
         return tried
 
     # --- the pull request ----------------------------------------------------------------------------
-    def _pull_request(self, exp: Experiment, published: dict[str, str], snapshot: Snapshot) -> int:
+    def _pull_request(self, exp: Experiment, published: dict[str, str], snapshot: Snapshot) -> tuple[int, bool]:
+        """The experiment's pull request, and whether it was found by its branch (an earlier attempt
+        made it, its answer lost) rather than known or made now."""
         if "pr" in published:
-            return int(published["pr"])
+            return int(published["pr"]), False
         existing = []
         if self._attempt(exp, "pr", published):
             existing = [
@@ -219,21 +282,26 @@ class GitHubPublisher(Publisher):
                 history=history,
                 task=self.task,
             )
-            self.pace_write()
-            number = self.repo.create_pull(
-                base=self.main_branch, head=exp.branch or "", title=render.pr_title(exp), body=body
-            ).number
+            self.pace_write("pull")
+            try:
+                number = self.repo.create_pull(
+                    base=self.main_branch, head=exp.branch or "", title=render.pr_title(exp), body=body
+                ).number
+            except GithubException as error:
+                if error.status == 422 and "No commits between" in str(error.data):
+                    raise _OnMainAlready(exp.branch or "") from error
+                raise
             failpoint("pull_request_created")  # the crash tests: created on GitHub, not yet in the store
             log.info("experiment %s: opened pull request #%s", exp.id, number)
         self.store.published.set(exp.id, "pr", str(number))
         published["pr"] = str(number)
-        return number
+        return number, bool(existing)
 
     def _reopen(self, exp: Experiment, number: int) -> None:
         """A finished experiment measured again (/rerun, Keep anyway) gets its pull request back open."""
         pull = self.repo.get_pull(number)
         if pull.state == "closed" and not pull.merged:
-            self.pace_write()
+            self.pace_write("reopen")
             pull.edit(state="open")
             log.info("experiment %s: reopened pull request #%s", exp.id, number)
 
@@ -285,7 +353,7 @@ class GitHubPublisher(Publisher):
         the bot labelled `autoresearch: running`. A new experiment has none: nothing is sent."""
         if not published.get("label"):
             return
-        self.pace_write()
+        self.pace_write("label")
         try:
             self._api("DELETE", f"/issues/{number}/labels/{quote(published['label'], safe='')}")
         except GithubException as error:
@@ -309,7 +377,7 @@ class GitHubPublisher(Publisher):
         if issue.get("state") == "open":
             fields["state"] = "closed"
         if fields:
-            self.pace_write()
+            self.pace_write("close")
             self._api("PATCH", f"/issues/{number}", input=fields)
         if "state" in fields:
             log.info("experiment %s: closed pull request #%s (%s)", exp.id, number, exp.status)
@@ -323,7 +391,7 @@ class GitHubPublisher(Publisher):
         except GithubException as error:
             if error.status != 404:
                 raise
-            self.pace_write()
+            self.pace_write("label")
             try:
                 self.repo.create_label(label.name, label.color, label.description)
             except GithubException as again:
@@ -351,7 +419,7 @@ class GitHubPublisher(Publisher):
                 None,
             )
         if found is None:
-            self.pace_write()
+            self.pace_write("comment")
             found = self._api("POST", f"/issues/{number}/comments", input={"body": body})["id"]
             failpoint("comment_posted")
         self.store.published.set(exp.id, key, str(found))
@@ -399,7 +467,7 @@ class GitHubPublisher(Publisher):
         if key not in published:
             found = self._find_check(head, external_id) if self._attempt(exp, key, published) else None
             if found is None:  # created with what it shows now: nothing to update after
-                self.pace_write()
+                self.pace_write("check")
                 check = self._api(
                     "POST",
                     "/check-runs",
@@ -414,7 +482,7 @@ class GitHubPublisher(Publisher):
                 return
             self.store.published.set(exp.id, key, str(found))
             published[key] = str(found)
-        self.pace_write()
+        self.pace_write("check")
         self._api("PATCH", f"/check-runs/{published[key]}", input=fields)
         if phase == "completed":
             self.store.published.set(exp.id, key + ":done", "1")
@@ -441,7 +509,7 @@ class GitHubPublisher(Publisher):
         (one PATCH: the bot's check runs are completed by the bot only, so no read first)."""
         if published.get(key + ":done"):
             return
-        self.pace_write()
+        self.pace_write("check")
         self._api(
             "PATCH",
             f"/check-runs/{published[key]}",
@@ -469,7 +537,7 @@ class GitHubPublisher(Publisher):
         key, shown = f"status:{head}", f"{fields['state']} {fields['description']}"
         if published.get(key) == shown:
             return
-        self.pace_write()
+        self.pace_write("status")
         self._api("POST", f"/statuses/{head}", input=fields)
         self.store.published.set(exp.id, key, shown)
         published[key] = shown
@@ -509,11 +577,11 @@ class GitHubPublisher(Publisher):
             log.info("command comment %s on #%s is gone: no reply", comment_id, number)
             self.store.replies.mark_posted(comment_id)
             return
-        self.pace_write()
+        self.pace_write("reaction")
         comment.create_reaction("+1")  # GitHub answers 200 with the same reaction when it exists
         wanted = render.find_marker(body)
         if not any(self._ours(c.user) and render.find_marker(c.body) == wanted for c in issue.get_comments()):
-            self.pace_write()
+            self.pace_write("reply")
             issue.create_comment(body)
         self.store.replies.mark_posted(comment_id)
         self._reply_failures.pop(comment_id, None)
@@ -529,3 +597,13 @@ class GitHubPublisher(Publisher):
         self.store.events.add(None, "github", f"reply to comment {comment_id} on #{number} given up: {why}")
         self.store.replies.mark_posted(comment_id)
         self._reply_failures.pop(comment_id, None)
+
+
+class _OnMainAlready(Exception):
+    """GitHub refuses a pull request for a branch main already holds: a kept experiment merged before
+    its pull request was opened (publishing runs behind the conductor, on its own thread)."""
+
+
+def _promising(exp: Experiment, runs: list[Any]) -> bool:
+    """Kept, being merged, or asked by the judge to confirm: shown on a pull request in any mode."""
+    return exp.status == Status.KEEP or exp.state == State.MERGING or any(r.purpose == "confirm" for r in runs)

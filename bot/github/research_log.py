@@ -58,7 +58,7 @@ class ResearchLog:
         store: Store,
         repo: Repository,
         *,
-        pace_write: Callable[[], None] = lambda: None,
+        pace_write: Callable[[str], object] = lambda what: 0.0,
         clock: Callable[[], float] = time.time,
         every_s: float = 300.0,
     ) -> None:
@@ -122,14 +122,14 @@ class ResearchLog:
 
     def _create(self, body: str, digest: str, now: float, kept: int) -> None:
         self._ensure_label()
-        self.pace_write()
+        self.pace_write("log")
         issue = self.repo.create_issue(title=TITLE, body=body, labels=[LABEL.name])
         self._save(issue.number, digest, now, kept)
         log.info("opened the research log as issue #%s", issue.number)
 
     def _edit(self, number: int, body: str) -> bool:
         """One PATCH of the body (never its state: a closed log stays closed); False when it is gone."""
-        self.pace_write()
+        self.pace_write("log")
         try:
             self.repo.requester.requestJsonAndCheck("PATCH", f"{self.repo.url}/issues/{number}", input={"body": body})
         except GithubException as error:
@@ -144,7 +144,7 @@ class ResearchLog:
         except GithubException as error:
             if error.status != 404:
                 raise
-            self.pace_write()
+            self.pace_write("label")
             try:
                 self.repo.create_label(LABEL.name, LABEL.color, LABEL.description)
             except GithubException as again:

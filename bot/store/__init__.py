@@ -16,6 +16,7 @@ per table, each owning its rows and their rules:
     store.state         bot.store.loop_state    the settings table as typed properties (paused, identity, ...)
     store.events        bot.store.events        what happened, for people
     store.feedback      bot.store.feedback      what people asked the agent to try
+    store.writes        bot.store.writes        GitHub writes of the last hour, and the write budget's mode
 
 The tables and their migrations live in bot.store.schema; read-only connections for the processes
 that only look (the dashboard, /healthz) in bot.store.pool.
@@ -36,6 +37,7 @@ from bot.store.loop_state import LoopState
 from bot.store.pool import ReadPool, StoreUnavailable
 from bot.store.published import Published
 from bot.store.runs import Run, Runs
+from bot.store.writes import WriteLedger
 
 __all__ = [
     "Experiment",
@@ -63,6 +65,7 @@ class Store:
         self.published = Published(self._database)
         self.state = LoopState(self._database)
         self.feedback = Feedback(self._database)
+        self.writes = WriteLedger(self._database)
 
     @property
     def db(self) -> sqlite3.Connection:

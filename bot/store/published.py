@@ -1,9 +1,10 @@
 """The published table: what GitHub shows of each experiment, recorded apart from its lifecycle, so
 publishing never changes a decision (bot.github.publisher writes it, one key and value per thing shown).
 
-This module reads three of its keys: `pr` (the pull request's number), `check:<head sha>:<round>` (a
-check run's id; `...:done` once it was completed) and `final` (the status last shown of a finished
-experiment).
+This module reads four of its keys: `pr` (the pull request's number), `check:<head sha>:<round>` (a
+check run's id; `...:done` once it was completed), `final` (the status last shown of a finished
+experiment, or summarised: bot.github.summaries) and `summary` (where it was summarised instead of
+shown on a pull request).
 """
 
 from __future__ import annotations
@@ -27,6 +28,11 @@ class Published:
             "ON CONFLICT(experiment_id, key) DO UPDATE SET value = excluded.value",
             (exp_id, key, value),
         )
+
+    def with_key(self, key: str) -> dict[int, str]:
+        """The experiments that have `key`, with its value (the summaries' marks, bot.github.summaries)."""
+        rows = self.db.execute("SELECT experiment_id, value FROM published WHERE key = ?", (key,))
+        return {int(exp_id): value for exp_id, value in rows}
 
     def behind(self) -> list[Experiment]:
         """Experiments GitHub may not show as they are: the active ones with a branch, and the

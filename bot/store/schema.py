@@ -120,7 +120,20 @@ V4 = """
 ALTER TABLE experiments RENAME COLUMN train_py TO asset;
 """
 
-MIGRATIONS: list[str] = [V1, V2, V3, V4]
+# Version 5: the write ledger. Every content-creating request the bot sends to GitHub (GitHub allows
+# 80 a minute and 500 an hour), kept for an hour, so the write budget survives a restart and other
+# processes (`autoresearch status`, the dashboard) can show it; bot.store.writes.
+V5 = """
+CREATE TABLE writes (
+    id INTEGER PRIMARY KEY,
+    at REAL NOT NULL,               -- when it was sent (wall time)
+    what TEXT NOT NULL,             -- branch | commit | merge | dispatch | pull | check | comment | close | log ...
+    research INTEGER NOT NULL       -- 1: the research needs it (never waits), 0: what people read
+);
+CREATE INDEX writes_by_time ON writes(at);
+"""
+
+MIGRATIONS: list[str] = [V1, V2, V3, V4, V5]
 VERSION = len(MIGRATIONS)
 
 

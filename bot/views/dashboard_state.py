@@ -15,6 +15,7 @@ from typing import Any
 
 from bot.core.states import Status
 from bot.store import Experiment
+from bot.store.writes import WriteLedger
 from bot.views.read_model import (
     ExperimentView,
     RunRow,
@@ -67,6 +68,8 @@ def build_state(
                   reason (first line), request, pr, links {label: url}, updated_at}] in id order; a
                   proposal in the making is no row
     events       the latest events, newest first: [{id, at, experiment, kind, message}]
+    write_budget GitHub's writes (bot.store.writes): {windows: [{seconds, writes, limit}] (a minute,
+                  then an hour), mode ("full" | "degraded"), since (when it was chosen, or null), why}
     """
     live = live or {}
     view = build_view(read_rows(db), live)
@@ -105,6 +108,18 @@ def build_state(
             }
             for e in view.events
         ],
+        "write_budget": write_budget(db),
+    }
+
+
+def write_budget(db: sqlite3.Connection) -> dict[str, Any]:
+    """build_state's `write_budget`, from the store's write ledger."""
+    summary = WriteLedger(db).summary(time.time())
+    return {
+        "windows": [{"seconds": s, "writes": n, "limit": most} for s, n, most in summary.counts],
+        "mode": summary.mode.mode,
+        "since": summary.mode.since,
+        "why": summary.mode.why,
     }
 
 

@@ -1,8 +1,9 @@
 """`autoresearch status`: a work directory at a glance, read from its store alone (whether a
 conductor is running there or not): what runs and waits, the experiments done (the keeps for
 simplicity said apart), main's value of the task's metric beside the loop's baseline and the noise
-margin, the agent, recent events. The numbers are the read model's (bot.views.read_model), as on the
-dashboard."""
+margin, the agent, GitHub's write budget (the writes of the last minute and hour against GitHub's
+limits, and the publisher's mode: bot.store.writes), recent events. The numbers are the read
+model's (bot.views.read_model), as on the dashboard."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from bot.store.writes import WriteSummary
 from bot.views.read_model import FROM_KEPT_EXPERIMENT, View, progress_of
 from bot.views.terminal import kept_count
 from bot.views.text import margin_text, places
@@ -19,8 +21,9 @@ from bot.views.text import margin_text, places
 EVENTS = 8  # recent events shown
 
 
-def render_workdir_status(view: View) -> Group:
-    """The work directory of `view` at a glance (read it with events=EVENTS)."""
+def render_workdir_status(view: View, writes: WriteSummary | None = None) -> Group:
+    """The work directory of `view` at a glance (read it with events=EVENTS), with its GitHub
+    `writes` when it has a ledger (store.writes.summary)."""
     parts: list = []
     identity, counts = view.identity, view.counts
     parts.append(
@@ -41,6 +44,8 @@ def render_workdir_status(view: View) -> Group:
         parts.append(Text(main))
     spent = view.spent_usd
     parts.append(Text(f"agent: {_agent_words(view)}" + (f"; its answers have cost ${spent:.2f}" if spent else "")))
+    if writes is not None:
+        parts.append(Text(write_budget_line(writes)))
 
     table = Table(title="runs in flight and queued", box=None, padding=(0, 2))
     for column in ("run", "for", "purpose", "state", "step", "loss", "left"):
@@ -92,3 +97,15 @@ def _agent_words(view: View) -> str:
     if agent.state == "waiting":
         return "idle: no proposal in progress"
     return f"{agent.state}: {agent.detail}"
+
+
+def write_budget_line(writes: WriteSummary) -> str:
+    """GitHub writes: 130 in the last hour / 500, 4 in the last minute / 80; degraded since 14:02 (why)."""
+    counts = ", ".join(
+        f"{n} in the last {'hour' if window == 3600 else 'minute' if window == 60 else f'{window:.0f} s'} / {most}"
+        for window, n, most in sorted(writes.counts, reverse=True)
+    )
+    mode = writes.mode
+    since = f" since {time.strftime('%H:%M', time.localtime(mode.since))}" if mode.since else ""
+    why = f" ({mode.why})" if mode.why else ""
+    return f"GitHub writes: {counts}; {mode.mode}{since}{why}"

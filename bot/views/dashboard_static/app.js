@@ -213,6 +213,17 @@
     $("spent").textContent = money(s.spent_usd);
     $("spent-detail").textContent = isNum(agent.budget_usd)
       ? money(agent.budget_left_usd) + " left of " + money(agent.budget_usd) : "no budget set";
+
+    var w = s.write_budget || {};
+    var windows = w.windows || [];
+    $("writes").textContent = windows.length
+      ? windows[windows.length - 1].writes + " / " + windows[windows.length - 1].limit + " an hour" : "–";
+    var wdetail = windows.slice(0, -1).map(function (x) { return x.writes + " / " + x.limit + " a minute"; });
+    if (w.mode) {
+      wdetail.push(w.mode + (isNum(w.since) ? " since " + new Date(w.since * 1000).toLocaleTimeString() : ""));
+      if (w.why) wdetail.push(w.why);
+    }
+    $("writes-detail").textContent = wdetail.join(" · ");
   }
 
   function renderSlots(s) {

@@ -483,7 +483,8 @@ def test_a_server_killed_anywhere_restarts_without_duplicates_and_the_result_lan
             child = serve_forks.start(config, log, failpoint=kill_at)
         try:
             if kill_at == "mid-run":
-                wait_for("a check in progress", lambda: any(c["status"] == "in_progress" for c in gh.check_runs()), log)
+                # a short run has no check until it ends (bot.github.publisher): its pull request shows it
+                wait_for("the pull request of the held run", lambda: bool(gh.pulls()), log)
                 child.signal(signal.SIGKILL)
             assert child.wait(60) == -signal.SIGKILL, log.read_text()[-3000:]
             child = serve_forks.start(config, log)
@@ -519,9 +520,8 @@ def test_a_pull_request_closed_while_the_server_was_down_cancels_its_experiment(
         log = tmp_path / "serve.log"
         child = serve_forks.start(config, log)
         try:
-            wait_for(
-                "the experiment's queued check", lambda: any(c["name"] == CHECK_NAME for c in gh.check_runs()), log
-            )
+            # its run is short: no check until it ends (bot.github.publisher); its pull request shows it
+            wait_for("the experiment's pull request", lambda: bool(gh.pulls()), log)
             child.signal(signal.SIGKILL)
             child.wait(30)
             gh.close_pr(gh.pulls()[0]["number"], "alice")  # its webhook finds nobody listening
@@ -882,6 +882,26 @@ def hanging_service(tmp_path: Path, gh: GitHubStandIn, runner: HangingRunner, cl
         make_parts=lambda s, c, t: Parts(runner, RecordingAgent([]), dict(IDENTITY)),
         **extra,
     )
+
+
+def test_the_publishing_worker_shares_no_connection_with_the_conductor(
+    tmp_path: Path, no_service_environment: None
+) -> None:
+    """A PyGithub connection holds the one request being made (two threads on it swap each other's
+    requests) and a Store serves one thread at a time: the worker publishing beside the conductor
+    has its own of both, and /healthz says it is idle."""
+    with GitHubStandIn(
+        tmp_path / "github",
+        files={"train.py": MAIN, "program.md": program()},
+        token_users={BOT_TOKEN: "autoresearch-bot"},
+    ) as gh:
+        service = hanging_service(tmp_path, gh, HangingRunner(), Clock())
+        conductor = service._connect()
+    assert conductor is not None and conductor.publishing is not None
+    [publisher] = conductor.publishing.publishers
+    assert publisher.repo.requester is not conductor.forge.repo.requester
+    assert publisher.store.db is not conductor.store.db and publisher.store.path == conductor.store.path
+    assert service.health()["publishing_s"] is None
 
 
 def test_healthz_is_503_when_a_tick_has_stalled(tmp_path: Path, no_service_environment: None) -> None:

@@ -25,7 +25,7 @@ from github.GithubException import RateLimitExceededExceedsMaxWait
 from pydantic import SecretStr
 
 from bot.core.errors import ConfigError
-from bot.github.client import GitHubClient, GitHubSettings, WritePacer, retry_policy
+from bot.github.client import GitHubClient, GitHubSettings, retry_policy
 
 REPO_JSON = {
     "id": 1,
@@ -291,28 +291,13 @@ class FakeClock:
         self.now += seconds
 
 
-def test_the_81st_write_in_a_minute_waits_for_the_first_to_leave_the_window():
-    clock = FakeClock()
-    pacer = WritePacer(clock, clock.sleep)
-    for _ in range(80):
-        pacer.wait()
-        clock.now += 0.5
-    assert clock.slept == []
-
-    assert pacer.wait() == pytest.approx(20.0)  # the first write was at 1000, now is 1040
-    assert clock.slept == [pytest.approx(20.0)]
-
-
-def test_the_501st_write_in_an_hour_waits_for_the_first_to_leave_the_window():
+def test_pace_write_counts_a_research_write_and_never_waits():
     clock = FakeClock()
     client = GitHubClient(token_settings("http://127.0.0.1:9"), clock=clock, sleep=clock.sleep)
-    for _ in range(500):
-        client.pace_write()
-        clock.now += 1.0  # 60 a minute: under the minute's limit
+    for _ in range(600):  # past both of GitHub's limits: the budget says so, the conductor never sleeps
+        client.pace_write("branch")
     assert clock.slept == []
-
-    client.pace_write()
-    assert clock.slept == [pytest.approx(3100.0)]  # first write at 1000, now 1500: free at 4600
+    assert client.budget.room() == 0
 
 
 # --- signing in as a GitHub App -------------------------------------------------------------------

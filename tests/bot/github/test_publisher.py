@@ -44,6 +44,7 @@ class World:
     clock: Clock
     exp_id: int
     run_id: int
+    budget_s: float = 1800.0  # a long run: its check shows it in progress (a short run's is made at its end)
 
     def publish(self, **progress: object) -> None:
         self.publisher.publish(
@@ -52,7 +53,7 @@ class World:
                 main_val_bpb=2.0,
                 margin=0.01,
                 progress={self.run_id: dict(progress)} if progress else {},
-                budget_s=300.0,
+                budget_s=self.budget_s,
             )
         )
 

@@ -45,7 +45,7 @@ class World:
         return ResearchLog(
             store or self.store,
             self.repo,
-            pace_write=lambda: self.writes.append("w"),
+            pace_write=lambda what: self.writes.append("w"),
             clock=self.clock,
             every_s=EVERY_S,
         )

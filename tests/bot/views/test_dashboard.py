@@ -18,6 +18,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from bot.store import ReadPool, Store
+from bot.store.writes import Write, WriteMode
 from bot.views import dashboard, dashboard_state, dashboard_stream
 from bot.views.dashboard import dashboard_app, serve_in_thread
 from bot.views.dashboard_state import build_state
@@ -431,7 +432,7 @@ def test_a_thousand_experiments_take_the_same_few_queries(tmp_path: Path):
     _big_store(tmp_path / "big.db", 1000)
     small, _ = _selects(tmp_path / "small.db")
     big, state = _selects(tmp_path / "big.db")
-    assert small == big <= 8  # no query per experiment: one per table, and one per setting of the loop's state
+    assert small == big <= 10  # no query per experiment: one per table, and one per setting (the write ledger: 2)
     assert len(state["experiments"]) == 1000 and len(state["chart"]["points"]) == 1 + 750
     # its time is a benchmark's question (docs/benchmarks.md), not a test's: machines here are shared
 
@@ -738,3 +739,20 @@ def test_a_client_that_stops_reading_is_closed_and_gives_its_place_back(seeded, 
             with c.stream("GET", "/api/stream") as answer:  # its place is free for a reader
                 assert answer.status_code == 200 and read_event(answer.iter_lines())[0] == "state"
     assert "its client took nothing for 0 s" in caplog.text
+
+
+def test_the_write_budget_is_shown_with_its_mode(seeded):
+    store, _ = seeded
+    now = time.time()
+    store.writes.add(
+        [Write(now - 4000, "branch", True), Write(now - 100, "branch", True), Write(now - 5, "pull", False)]
+    )
+    store.writes.mode = WriteMode("degraded", now - 60, "over 90% of GitHub's 500")
+    with TestClient(dashboard_app(store_path=store.path)) as c:
+        shown = c.get("/api/state").json()["write_budget"]
+    assert shown == {
+        "windows": [{"seconds": 60.0, "writes": 1, "limit": 80}, {"seconds": 3600.0, "writes": 2, "limit": 500}],
+        "mode": "degraded",
+        "since": pytest.approx(now - 60),
+        "why": "over 90% of GitHub's 500",
+    }

@@ -1,0 +1,107 @@
+"""The write budget: the research's writes never wait, what people read waits for room under each of
+GitHub's windows less a reserve for the research, the ledger survives a restart, and the mode turns
+degraded when showing everything in full would break the hour's limit, and full again with room."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from bot.github.budget import WriteBudget, open_ledger
+from bot.store import Store
+from bot.store.writes import WriteMode
+
+LIMITS = ((60.0, 10), (3600.0, 50))  # GitHub's (80 a minute, 500 an hour), scaled down
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.slept: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+def budget(clock: FakeClock, path: Path | None = None) -> WriteBudget:
+    return WriteBudget(open_ledger(path) if path else None, clock=clock, sleep=clock.sleep, limits=LIMITS)
+
+
+def test_the_research_writes_never_wait_and_say_when_they_outgrow_the_limit(clock, caplog):
+    b = budget(clock)
+    with caplog.at_level(logging.WARNING):
+        for _ in range(12):
+            b.charge("branch")
+    assert clock.slept == []
+    assert "outgrow one installation" in caplog.text
+
+
+def test_a_write_people_read_waits_for_room_under_the_minute_less_the_research_reserve(clock):
+    b = budget(clock)
+    for _ in range(8):  # a fifth of the minute (2 of 10) is kept for the research
+        assert b.wait("comment") == 0
+        clock.now += 1.0
+    assert b.room() == 0
+    assert b.wait("comment") == pytest.approx(52.0)  # the first left the window at 1060; now 1008
+    assert clock.slept == [pytest.approx(52.0)]
+
+
+def test_the_research_rate_is_reserved_in_the_hour(clock):
+    b = budget(clock)
+    for _ in range(30):  # 30 research writes an hour, 2 a minute: the hour keeps 30 of its 50 for them
+        b.charge("branch")
+        clock.now += 30.0
+    assert b.room() == 0  # 30 in the window already, 50 - 30 allowed: nothing fits
+    clock.now += 3600.0  # all gone, and the pace with them
+    assert b.room() == 8
+
+
+def test_the_ledger_survives_a_restart_and_forgets_what_left_the_hour(clock, tmp_path: Path):
+    path = tmp_path / "state.db"
+    first = budget(clock, path)
+    for what in ("branch", "commit", "pull"):
+        first.charge(what)
+    clock.now += 3000.0
+    first.wait("check")
+    again = budget(clock, path)
+    assert again.room() == 7  # the minute's 10, less 2 kept for the research, less the check
+    clock.now += 700.0  # the first three are over an hour old now
+    store = Store(path)
+    summary = store.writes.summary(clock.now)
+    assert summary.counts == [(60.0, 0, 10), (3600.0, 1, 50)]
+    assert [w.what for w in store.writes.since(0)] == ["branch", "commit", "pull", "check"]
+
+
+def test_the_mode_turns_degraded_with_why_and_full_again_with_room(clock, tmp_path: Path):
+    path = tmp_path / "state.db"
+    b = budget(clock, path)
+    assert b.decide_mode().mode == "full"
+    for _ in range(9):  # 9 experiments in 10 minutes: 54 an hour, 2 writes each, 4 more to show each in full
+        b.charge("branch")
+        b.charge("commit")
+        clock.now += 60.0
+    mode = b.decide_mode()
+    assert mode.mode == "degraded" and mode.since == clock.now
+    assert "over 90% of GitHub's 50" in mode.why
+    assert Store(path).writes.mode == mode  # what status and the dashboard read
+    clock.now += 2 * 3600.0
+    back = b.decide_mode()
+    assert back.mode == "full" and back.since == clock.now and "under 70%" in back.why
+    assert Store(path).writes.summary(clock.now).mode == back
+
+
+def test_a_store_without_a_mode_reads_full_under_githubs_limits(tmp_path: Path):
+    summary = Store(tmp_path / "state.db").writes.summary(0.0)
+    assert summary.mode == WriteMode()
+    assert summary.counts == [(60.0, 0, 80), (3600.0, 0, 500)]
