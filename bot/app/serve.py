@@ -142,14 +142,21 @@ def default_parts(settings: ServiceSettings, client: GitHubClient, task: str = D
     check_task_profile(task, settings.profile)  # query-latency on h100, say: refused before a runner is made
     if settings.runner == "local":
         return local_parts(settings, client, task)
+    from bot.runners.capacity import slots_file
     from bot.runners.modal import modal_runner
 
     if settings.runner == "actions":
         from bot.runners.actions import ActionsRunner, ActionsSettings
 
-        runner: Runner = ActionsRunner(client.repo, settings.state_dir, ActionsSettings(), pace_write=client.pace_write)
+        runner: Runner = ActionsRunner(
+            client.repo,
+            settings.state_dir,
+            ActionsSettings(),
+            pace_write=client.pace_write,
+            slots_file=slots_file(settings.state_dir),
+        )
     else:
-        runner = modal_runner(settings.state_dir)
+        runner = modal_runner(settings.state_dir, slots_file=slots_file(settings.state_dir))
     # The bot measures nothing itself: the harness is its own code, the data the runners' (a setting).
     identity = {
         "profile": settings.profile,
@@ -165,6 +172,7 @@ def default_parts(settings: ServiceSettings, client: GitHubClient, task: str = D
 
 def local_parts(settings: ServiceSettings, client: GitHubClient | None = None, task: str = DEFAULT_TASK) -> Parts:
     """The local runner on this machine (the task's inputs prepared here) and the configured agent."""
+    from bot.runners.capacity import slots_file
     from bot.runners.local import LocalRunner  # the harness (and torch) only where runs happen here
     from runner.identity import measurement_identity
     from runner.prepare import prepare
@@ -174,7 +182,12 @@ def local_parts(settings: ServiceSettings, client: GitHubClient | None = None, t
         prepare(settings.profile, None, progress=False)
     else:
         prepare_task(task, settings.profile)
-    runner = LocalRunner(settings.state_dir / "runs", slots=settings.slots, warm=settings.warm_workers)
+    runner = LocalRunner(
+        settings.state_dir / "runs",
+        slots=settings.slots,
+        warm=settings.warm_workers,
+        slots_file=slots_file(settings.state_dir),
+    )
     identity = (
         measurement_identity(settings.profile, None, threads=runner.threads)
         if task == DEFAULT_TASK
