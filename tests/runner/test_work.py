@@ -4,6 +4,7 @@ while the CPU-time clock stays the hard limit and can only end training earlier.
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -133,3 +134,25 @@ def test_only_the_cpu_profile_has_a_work_clock_and_only_on_a_cpu_clock():
     assert PROFILES["smoke"].flops_per_second == 0 == PROFILES["h100"].flops_per_second
     with pytest.raises(ValueError, match="cpu clock only"):
         replace(PROFILES["h100"], flops_per_second=1e12)
+
+
+class TinyLM(torch.nn.Module):
+    def __init__(self, vocab_size: int) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab_size, 8)
+        self.head = torch.nn.Linear(8, vocab_size)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.head(self.embed(idx))
+
+
+def test_finish_leaves_the_count_before_the_export_and_records_the_charges(smoke_prepared, tmp_path):
+    session, cpu = open_session(smoke_prepared, tmp_path)
+    session.export = True
+    for _ in range(3):
+        matmul_step(session, cpu, cpu_s=0.4)
+    result = session.finish(TinyLM(session.vocab_size))
+    assert _get_current_dispatch_mode() is None
+    assert (tmp_path / "model.pt2").exists()
+    claims = json.loads((tmp_path / "claims.json").read_text())
+    assert claims["extra"] == result.extra == {"work_seconds": 1.0, "flops_per_step": pytest.approx(MATMUL)}
