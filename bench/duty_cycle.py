@@ -339,7 +339,7 @@ def bench_service(opts: Options):
     """A Service that scales its clocks (timer, progress cadence, write pacer) and times each phase
     of every tick in the conductor thread."""
     from bot.app.serve import Service
-    from bot.github.publisher import PROGRESS_EVERY_S, SHORT_RUN_S, GitHubPublisher
+    from bot.github.publisher import PROGRESS_EVERY_S, GitHubPublisher
 
     class BenchService(Service):
         ticks: list[dict[str, Any]]
@@ -358,7 +358,6 @@ def bench_service(opts: Options):
             self.pacer.sleep = lambda s: time.sleep(s / opts.scale)
             github = next(p for p in conductor.publishers if isinstance(p, GitHubPublisher))
             github.progress_every_s = PROGRESS_EVERY_S / opts.scale  # the product's cadence, scaled
-            github.short_run_s = SHORT_RUN_S / opts.scale
             tick = conductor.tick
 
             def timed_tick() -> None:
