@@ -42,6 +42,7 @@ RECORD = "flash-attention-3.json"
 FETCH_TIMEOUT_S = 3600.0  # a build is a few hundred MB
 REACH_TIMEOUT_S = 10.0
 HASH_NAME = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
+EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt): ")
 # The `kernels` package's own download, in a process of its own: it reads KERNELS_CACHE when imported.
 # The pinned repository is trusted by name (its publisher's trust cannot be looked up offline later).
 INSTALL_SCRIPT = (
@@ -99,9 +100,16 @@ def install_with_kernels(repo: str, revision: str, cache: Path) -> Path:
         raise KernelError(f"downloading {repo} took more than {FETCH_TIMEOUT_S:.0f} s") from None
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
-        tail = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
-        raise KernelError(f"the kernels package could not fetch {repo}@{revision[:12]}: {tail}")
+        raise KernelError(f"the kernels package could not fetch {repo}@{revision[:12]}: {error_line(done.stderr)}")
     return Path(lines[-1])
+
+
+def error_line(stderr: str) -> str:
+    """A Python traceback's exception in one line: from the line naming it ("FileNotFoundError: Cannot
+    find a build variant ...") to the end of its message (which builds were refused, and why)."""
+    lines = [line.strip() for line in stderr.strip().splitlines() if line.strip()] or ["no output"]
+    named = [i for i, line in enumerate(lines) if EXCEPTION_LINE.match(line)]
+    return " ".join(lines[named[-1] if named else -1 :])[:500]
 
 
 def fetch_flash_attention(

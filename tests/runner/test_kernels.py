@@ -188,3 +188,18 @@ def test_the_supervisor_shows_the_kernel_to_training_alone(cache: Path, tmp_path
         f"{kernels.FLASH_ATTENTION_3}="
     )
     assert cache not in scorer.read and "LOCAL_KERNELS" not in scorer.env  # it scores an SDPA graph
+
+
+def test_a_failed_download_is_told_by_its_exception_and_the_builds_it_refused() -> None:
+    stderr = (
+        "Traceback (most recent call last):\n"
+        '  File "<string>", line 3, in <module>\n'
+        "FileNotFoundError: Cannot find a build variant for this system in varunneal/flash-attention-3:\n"
+        "\n"
+        "- torch29-cxx11-cu128-x86_64-linux: rejected: Torch version (2.9) does not match (2.13)\n"
+    )
+    assert kernels.error_line(stderr) == (
+        "FileNotFoundError: Cannot find a build variant for this system in varunneal/flash-attention-3: "
+        "- torch29-cxx11-cu128-x86_64-linux: rejected: Torch version (2.9) does not match (2.13)"
+    )
+    assert kernels.error_line("killed\n") == "killed"
