@@ -7,7 +7,8 @@ task's evaluator instead (runner.tasks.run), from run_job and from a warm worker
 runs train.py's code itself. In order:
 1. checks the prepared data against its fingerprint;
 2. starts the training process (runner.execute --export) in a sandbox (runner.sandbox) that sees
-   the training split, the tokenizer, train.py and a private scratch directory DIR/scratch, and
+   the training split, the tokenizer, train.py, on a CUDA profile Flash Attention 3 as prepare
+   fetched it (runner.kernels, read-only, offline), and a private scratch directory DIR/scratch, and
    nothing else: not the validation split, not DIR/result.json, not a credential. Its output goes
    to DIR/log.txt, capped; its progress lines (DIR/scratch/progress.jsonl) are for display only;
 3. measures that process from outside, from the hand-over of its job to its end: wall time, and
