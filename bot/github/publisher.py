@@ -36,8 +36,8 @@ under 70%; `autoresearch status` and the dashboard show it, since when and why. 
 - every experiment is still run, judged and recorded in the store, its branch made (the runner
   fetches it) and kept, and main fast-forwarded for a keep: the research never waits on it;
 - an experiment gets its pull request, check run and decision comment only when it is kept or
-  promising (the judge asked to confirm it), or when it was shown on a pull request already (that
-  one is shown to its end);
+  promising (the judge asked to confirm it, as it does before most keeps), or when it was shown on
+  a pull request already (that one is shown to its end);
 - the rest (discarded, crashed, rejected) get no pull request: they are listed once in the research
   log, one comment for a batch of up to 20 (bot.github.summaries), with their verdict, value, change,
   reason and a link to their commit. One that later needs a pull request (reopened, promising) gets
