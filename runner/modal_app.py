@@ -57,8 +57,8 @@ from runner.tasks import DEFAULT_TASK
 log = logging.getLogger(__name__)
 
 CACHE = "/cache"
-# The training dependencies, as pinned in pyproject.toml (the `train` and `gpu` extras, and what the
-# harness itself imports); a test checks they agree.
+# The training dependencies, as pinned in pyproject.toml (the `train` extra, and what the harness
+# itself imports); a test checks they agree.
 TRAIN_PACKAGES = (
     "torch==2.13.0",
     "tiktoken>=0.9",
@@ -66,7 +66,7 @@ TRAIN_PACKAGES = (
     "pyarrow>=15",
     "numpy>=1.26",
     "pydantic>=2.6",
-    "kernels>=0.4",
+    "kernels>=0.17,<0.18",
 )
 PROGRESS_EVERY_S = 2.0  # at most one progress write a run per this many seconds
 
