@@ -344,6 +344,7 @@ def bench_service(opts: Options):
     class BenchService(Service):
         ticks: list[dict[str, Any]]
         cpu: list[float]
+        worker_s: float  # seconds the publishing worker spent publishing (its thread, not the conductor's)
         pacer: Any = None  # the client's write budget (bot.github.budget), on the scaled clock
         profiler: cProfile.Profile | None = None
 
@@ -351,12 +352,13 @@ def bench_service(opts: Options):
             conductor = super()._connect()
             if conductor is None:
                 return None
-            self.ticks, self.cpu = [], []
+            self.ticks, self.cpu, self.worker_s = [], [], 0.0
             # GitHub's write windows (80 a minute, 500 an hour) on the scaled clock
             self.pacer = self.client.budget
             self.pacer.clock = lambda: time.monotonic() * opts.scale
             self.pacer.sleep = lambda s: time.sleep(s / opts.scale)
-            github = next(p for p in conductor.publishers if isinstance(p, GitHubPublisher))
+            worker = conductor.publishing.publishers if conductor.publishing else []  # GitHub's, off the tick
+            github = next(p for p in [*conductor.publishers, *worker] if isinstance(p, GitHubPublisher))
             github.progress_every_s = PROGRESS_EVERY_S / opts.scale  # the product's cadence, scaled
             tick = conductor.tick
 
@@ -380,10 +382,22 @@ def bench_service(opts: Options):
 
                 return run
 
+            def on_worker(step: Callable[..., Any]) -> Callable[..., Any]:
+                def run(*args: Any, **kwargs: Any) -> Any:
+                    started = time.monotonic()
+                    try:
+                        return step(*args, **kwargs)
+                    finally:
+                        self.worker_s += time.monotonic() - started
+
+                return run
+
             for name, (part, method) in PHASES.items():
                 setattr(getattr(conductor, part), method, timed(name, getattr(getattr(conductor, part), method)))
             for publisher in conductor.publishers:
                 publisher.publish = timed("publish", publisher.publish)
+            for publisher in worker:  # on the publishing worker's thread: its own time, not a tick's
+                publisher.publish = on_worker(publisher.publish)
             conductor.tick = timed_tick
             return conductor
 
@@ -571,6 +585,7 @@ def report(
         "conductor_cpu_per_exp": round(conductor_cpu / n, 3),
         "ticks": len(ticks),
         "tick_s_per_exp": {name: round(v / n, 3) for name, v in tick_time.most_common()},
+        "publishing_worker_s_per_exp": round(service.worker_s / n, 3),
         "agent_busy": round(sum(b - a for a, b in asked) / span, 3) if span > 0 else None,
         "agent_answer_to_next_ask_s": round(sum(between) / len(between), 3) if between else None,
         "proposals_per_budget": round(len(asked) / span * budget, 2) if span > 0 else None,

@@ -2,8 +2,11 @@
 
 One process holds the webhook server (bot.app.web, on uvicorn, in the main thread) and the conductor
 (bot.loop.driver, on its own thread). A delivery is stored in the inbox and wakes the driver; the
-conductor does the work. Without a public URL (`--poll`), a poller (bot.github.poller) reads the
-same events from the API on a timer and feeds the same inbox.
+conductor does the work. Pull requests, checks, comments and the research log are published on a
+worker thread of their own (bot.loop.publishing, with its own connections to the store and to
+GitHub): a tick hands it the snapshot and goes on, so no tick waits for GitHub or its write limits;
+results.tsv is written in the tick. Without a public URL (`--poll`), a poller (bot.github.poller)
+reads the same events from the API on a timer and feeds the same inbox.
 
 The server answers webhooks from its first second, even while GitHub is unreachable: the
 conductor thread connects when it can (backing off), reconciles the store with GitHub by its
@@ -61,6 +64,7 @@ from bot.loop.baseline import PROGRAM
 from bot.loop.conductor import Conductor, ConductorConfig
 from bot.loop.driver import Driver
 from bot.loop.program import SettingsError, parse_program
+from bot.loop.publishing import PublishWorker
 from bot.store import Store
 from bot.views.results import ResultsFile
 from runner.tasks import DEFAULT_TASK
@@ -254,15 +258,18 @@ class Service:
 
     def health(self) -> dict[str, Any]:
         """What /healthz shows to anyone: the conductor's state and why, its last tick, how long it
-        has been silent (`conductor_quiet_s`, while it runs), the last contact with GitHub; `ok` is
-        False once the conductor stalled or stopped (503). Nothing secret."""
+        has been silent (`conductor_quiet_s`, while it runs), how long the publish in progress has
+        run (`publishing_s`, None while the publishing worker is idle), the last contact with GitHub;
+        `ok` is False once the conductor stalled or stopped (503). Nothing secret."""
         state, detail = self._current()
+        publishing = self.conductor.publishing if self.conductor is not None else None
         report: dict[str, Any] = {
             "ok": state not in (ConductorState.STOPPED, ConductorState.STALLED),
             "conductor": state.value,
             "conductor_detail": self._shown(detail),
             "last_tick": self.last_tick,
             "conductor_quiet_s": self._quiet_s(),
+            "publishing_s": None if publishing is None or publishing.busy_s is None else round(publishing.busy_s, 1),
         }
         if self.client is not None:
             report.update(
@@ -464,10 +471,15 @@ class Service:
         task = main_task(forge, store)
         refuse_other_task(store, task, settings.state_dir)
         parts = self.make_parts(settings, self.client, task)
+        # The publishing worker (bot.loop.publishing) has connections of its own: to the store (a Store
+        # serves one thread at a time) and to GitHub (a PyGithub connection holds the one request being
+        # made, so two threads on it would swap each other's requests). The write budget is shared.
+        publishing_store = Store(self.store_path)
+        publishing_repo = GitHubClient(settings.github(), sleep=self.github_sleep).repo()
         publisher = GitHubPublisher(
-            store,
-            repo,
-            read_file=forge.read_file,
+            publishing_store,
+            publishing_repo,
+            read_file=GitHubForge(publishing_repo, main_branch=settings.main_branch).read_file,
             uses_app=self.client.uses_app,
             main_branch=settings.main_branch,
             budget=self.client.budget,
@@ -479,7 +491,8 @@ class Service:
             parts.runner,
             parts.agent,
             config,
-            publishers=[ResultsFile(store, settings.state_dir / "results.tsv"), publisher],
+            publishers=[ResultsFile(store, settings.state_dir / "results.tsv")],
+            publishing=PublishWorker([publisher], publishing_store),
             router=router,
         )
         log.info("connected to %s as %s (%s)", repo.full_name, login, "App" if self.client.uses_app else "token")
