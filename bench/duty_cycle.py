@@ -33,7 +33,19 @@ Reported per K:
 - the GitHub requests the stand-in served, the content-creating ones per experiment and per hour
   (scaled back to real time), the write budget's mode at the end, and the seconds it waited.
 
+The soak (`--soak`, or any --kill-share / --slot-plan): the simulated runner loses a share of its
+runs part way through (`--kill-share`: lookup says lost, as for a preempted container or an
+Actions runner taken offline) and its slots change while the bot runs (`--slot-plan`: once a
+share of the experiments is decided, so many slots); then it checks that every experiment was
+decided once, every lost run was run again (and the store's lost runs are the runner's), no run
+id was submitted twice, no experiment failed, and that GitHub (the stand-in, counted by the bot's
+own keys) shows each experiment's pull request, check run (per round and head commit) and
+decision comment at most once, and a decision on every pull request. Utilisation and the ideal
+count the slots the runner had (slot-seconds); a gap on a slot taken away meanwhile is no gap.
+It exits 1 on a problem.
+
     .venv/bin/python bench/duty_cycle.py                 # K = 1 2 4 8 16, 10 experiments per slot (at least 30)
+    .venv/bin/python bench/duty_cycle.py --soak          # K = 16, 10% of runs lost, slots 16-12-20-16-10-16
     .venv/bin/python bench/duty_cycle.py --quick         # K = 1 2, a few short experiments
     .venv/bin/python bench/duty_cycle.py --slots 4 --cprofile /tmp/conductor.prof
 """
@@ -64,6 +76,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 
 REAL_BUDGET_S = 300.0  # what a job stands for: the h100 profile's budget
+SOAK_PLAN = "0.1:12,0.3:20,0.5:16,0.65:10,0.8:16"  # --soak: 4 slots taken away, 8 added, 10 away, back to 16
 CHANGE = re.compile(r"^_sim_change_\d+ = ([-+0-9.e]+)$", re.MULTILINE)
 BASE_VAL_BPB = 1.0
 
@@ -82,6 +95,8 @@ class Options:
     baseline_runs: int = 2
     cprofile: str | None = None  # write the conductor thread's profile here
     timeout_s: float = 1800.0
+    kill_share: float = 0.0  # runs the simulated runner loses mid-run (a runner taken away)
+    slot_plan: tuple[tuple[float, int], ...] = ()  # (once this share of the experiments is decided, these slots)
 
     @property
     def budget_s(self) -> float:
@@ -105,10 +120,23 @@ class SimRunner:
     """The Runner protocol with K slots: a job sleeps `budget_s` on a timer, then answers with a
     ResultSpec converted by bot.runners.specs.checked_result, and says so through on_change."""
 
-    def __init__(self, slots: int, budget_s: float, identity: dict[str, str], sigma: float, seed: int) -> None:
+    def __init__(
+        self,
+        slots: int,
+        budget_s: float,
+        identity: dict[str, str],
+        sigma: float,
+        seed: int,
+        kill_share: float = 0.0,
+    ) -> None:
         from runner.profiles import harness_hash
 
-        self.slots = slots
+        self.slots = slots  # the conductor reads it at each dispatch; set_slots changes it
+        self.kill_share = kill_share
+        self.kills = random.Random(seed + 1)  # which runs are lost, and when
+        self.lost: dict[int, str] = {}  # run id -> why, for the runs lost mid-run
+        self.submissions: Counter = Counter()  # submit() calls per run id
+        self.slot_changes: list[tuple[float, int]] = [(time.monotonic(), slots)]
         self.budget_s = budget_s
         self.identity = identity
         self.sigma = sigma
@@ -135,11 +163,21 @@ class SimRunner:
     def close(self) -> None:
         pass  # the timers are daemons: they end with the bench
 
+    def set_slots(self, slots: int) -> None:
+        """Runners added or taken away while the bot runs: a slot taken away finishes its run."""
+        with self._lock:
+            self.slots = slots
+            self.slot.extend(Slot() for _ in range(slots - len(self.slot)))
+            self.slot_changes.append((time.monotonic(), slots))
+        if self._notify is not None:
+            self._notify()
+
     def submit(self, job: Any) -> str:
         with self._lock:
+            self.submissions[job.run_id] += 1
             if job.run_id in self.jobs:
                 return f"sim://{job.run_id}"
-            free = [i for i, s in enumerate(self.slot) if s.run is None]
+            free = [i for i, s in enumerate(self.slot[: self.slots]) if s.run is None]
             if not free:
                 self.overbooked += 1
                 self.slot.append(Slot())
@@ -147,7 +185,10 @@ class SimRunner:
             index = free[0]
             self.slot[index].run = job.run_id
             self.jobs[job.run_id] = (job, index, time.monotonic())
-            timer = threading.Timer(self.budget_s, self._finish, args=(job.run_id,))
+            if self.kills.random() < self.kill_share:  # its runner is taken away part way through
+                timer = threading.Timer(self.budget_s * self.kills.uniform(0.05, 0.95), self._lose, args=(job.run_id,))
+            else:
+                timer = threading.Timer(self.budget_s, self._finish, args=(job.run_id,))
             timer.daemon = True
             self._timers[job.run_id] = timer
             timer.start()
@@ -183,6 +224,18 @@ class SimRunner:
         if self._notify is not None:
             self._notify()
 
+    def _lose(self, run_id: int) -> None:
+        with self._lock:
+            if run_id in self.cancelled:
+                return
+            job, index, start = self.jobs[run_id]
+            self.lost[run_id] = "the simulated runner was taken away mid-run (a preempted container)"
+            slot = self.slot[index]
+            slot.run = None
+            slot.history.append((run_id, start, time.monotonic(), job.experiment_id is None))
+        if self._notify is not None:
+            self._notify()
+
     def value(self, asset: str, seed: int) -> float:
         """main's value plus the asset's changes, plus seeded noise (same code and seed: same value)."""
         rng = random.Random(int(hashlib.sha256(asset.encode()).hexdigest()[:16], 16) ^ (seed * 7919) ^ self.seed)
@@ -194,6 +247,8 @@ class SimRunner:
         with self._lock:
             if run_id in self.results:
                 return RunStatus("finished", result=self.results[run_id])
+            if run_id in self.lost:
+                return RunStatus("lost", detail=self.lost[run_id])
             if run_id not in self.jobs or run_id in self.cancelled:
                 return RunStatus("unknown")
             start = self.jobs[run_id][2]
@@ -210,7 +265,7 @@ class SimRunner:
 
     def cancel(self, run_id: int) -> None:
         with self._lock:
-            if run_id in self.cancelled or run_id not in self.jobs or run_id in self.results:
+            if run_id in self.cancelled or run_id not in self.jobs or run_id in self.results or run_id in self.lost:
                 return
             self.cancelled.add(run_id)
             self._timers[run_id].cancel()
@@ -235,23 +290,26 @@ class SimAgent:
         self.rng = random.Random(seed)
         self.count = 0
         self.asked: list[tuple[float, float]] = []  # (question, answer) times, monotonic
+        self._lock = threading.Lock()  # several questions may be open at once
 
     def propose(self, ctx: Any) -> Any:
         from bot.core.records import Proposal
 
         asked = time.monotonic()
         time.sleep(self.seconds)
-        self.asked.append((asked, time.monotonic()))
-        self.count += 1
-        gain = self.rng.random() < self.keep_share
-        effect = -8 * self.sigma if gain else self.rng.uniform(0.0, 2 * self.sigma)
+        with self._lock:
+            self.asked.append((asked, time.monotonic()))
+            self.count += 1
+            count = self.count
+            gain = self.rng.random() < self.keep_share
+            effect = -8 * self.sigma if gain else self.rng.uniform(0.0, 2 * self.sigma)
         lines = ctx.asset.splitlines(keepends=True)
         # after a different top-level blank line each time: changes made on the same main merge
         # cleanly when one of them is kept first (all at the end of the file, they would conflict)
         spots = [i for i in range(len(lines) - 1) if not lines[i].strip() and lines[i + 1][:1] not in " \t\n#"]
-        at = spots[self.count % len(spots)] + 1 if spots else len(lines)
-        text = "".join([*lines[:at], f"_sim_change_{self.count} = {effect:.6f}\n", *lines[at:]])
-        return Proposal(f"change {self.count}", f"{'a gain' if gain else 'a guess'} of {effect:+.4f}", text)
+        at = spots[count % len(spots)] + 1 if spots else len(lines)
+        text = "".join([*lines[:at], f"_sim_change_{count} = {effect:.6f}\n", *lines[at:]])
+        return Proposal(f"change {count}", f"{'a gain' if gain else 'a guess'} of {effect:+.4f}", text)
 
 
 # --- the GitHub stand-in, in its own process --------------------------------------------------------
@@ -288,10 +346,32 @@ def standin_main(root: str, latency_ms: float, key_file: str) -> None:
                     "methods": dict(Counter(r.method for r in requests)),
                     "violations": gh.violations[:5],
                     "violation_count": len(gh.violations),
+                    "shown": shown(gh),
                 }
             ),
             flush=True,
         )
+
+
+def shown(gh: Any) -> dict[str, dict[str, int]]:
+    """What the stand-in shows of each experiment, counted by the bot's own idempotency keys: pull
+    requests by their body's marker (pr:<id>), check runs by external_id (autoresearch:<id>:<round>)
+    and the commit they are on (an experiment re-grafted onto a newer main has a new head, which
+    gets a check run of its own), decision comments by their marker (decision:<id>)."""
+    from bot.github.render import find_marker
+
+    def marked(kind: str, texts: list[str | None]) -> dict[str, int]:
+        found = [find_marker(t) for t in texts]
+        return dict(Counter(str(m[1]) for m in found if m is not None and m[0] == kind))
+
+    pulls = gh.pulls()
+    comments = [c["body"] for p in pulls for c in gh.comments(p["number"])]
+    checks = [f"{c.get('external_id') or ''}@{c['head_sha'][:10]}" for c in gh.check_runs()]
+    return {
+        "prs": marked("pr", [p["body"] for p in pulls]),
+        "checks": dict(Counter(x for x in checks if x.startswith("autoresearch:"))),
+        "decisions": marked("decision", comments),
+    }
 
 
 class StandInProcess:
@@ -443,7 +523,7 @@ def _run(opts: Options) -> dict[str, Any]:
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     ).decode()
     identity = {"profile": "h100", "harness_hash": harness_hash(), "data_fingerprint": "sim-data-1"}
-    runner = SimRunner(opts.slots, opts.budget_s, identity, opts.sigma, opts.seed)
+    runner = SimRunner(opts.slots, opts.budget_s, identity, opts.sigma, opts.seed, opts.kill_share)
     agent = SimAgent(opts.think_s, opts.keep_share, opts.sigma, opts.seed)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -472,8 +552,12 @@ def _run(opts: Options) -> dict[str, Any]:
             main_cpu0, cpu0, started = time.thread_time(), time.process_time(), time.monotonic()
             service.start()
             store = Store(settings.state_dir / "state.db")
+            plan = list(opts.slot_plan)
             while True:
                 exps = store.experiments.all()
+                decided = sum(e.state == State.DONE for e in exps) / opts.experiments
+                while plan and decided >= plan[0][0]:  # runners added or taken away while the bot runs
+                    runner.set_slots(plan.pop(0)[1])
                 if len(exps) == opts.experiments and all(
                     e.state == State.DONE and store.published.get(e.id).get("final") == e.status for e in exps
                 ):
@@ -495,7 +579,66 @@ def _run(opts: Options) -> dict[str, Any]:
             statuses = Counter(e.status for e in exps)
         finally:
             served = gh.stop()
-    return report(opts, runner, agent, service, runs, statuses, wall, process_cpu, served)
+    row = report(opts, runner, agent, service, runs, statuses, wall, process_cpu, served)
+    if opts.kill_share or opts.slot_plan:
+        row["soak"] = soak_check(runner, exps, runs, served.get("shown", {}))
+    return row
+
+
+def soak_check(runner: SimRunner, exps: list[Any], runs: list[Any], shown: dict[str, dict[str, int]]) -> dict[str, Any]:
+    """What must hold after runs were lost and slots came and went; each problem is one line."""
+    problems: list[str] = []
+    ids = [e.id for e in exps]
+    if len(ids) != len(set(ids)) or any(e.state != "done" for e in exps):
+        problems.append("an experiment is not done, or appears twice")
+    codes = [e.code_hash for e in exps]
+    if len(codes) != len(set(codes)):
+        problems.append("two experiments share a train.py")
+    rerun_of = {r.rerun_of for r in runs if r.rerun_of is not None}
+    lost = [r for r in runs if r.state == "lost"]
+    never_again = [r.id for r in lost if r.id not in rerun_of]
+    if never_again:
+        problems.append(f"lost runs never run again: {never_again}")
+    if {r.id for r in lost} != set(runner.lost):
+        problems.append(
+            f"the store's lost runs {sorted(r.id for r in lost)} are not the runner's {sorted(runner.lost)}"
+        )
+    # the bench stops once every experiment is decided: main's own runs may still be in flight then
+    left = [r.id for r in runs if r.state in ("queued", "running") and r.experiment_id is not None]
+    if left:
+        problems.append(f"runs of decided experiments left queued or running: {left}")
+    twice = [run_id for run_id, n in runner.submissions.items() if n > 1]
+    if twice:
+        problems.append(f"runs submitted more than once: {twice}")
+    failed = [e.id for e in exps if e.status == "failed"]
+    if failed:
+        problems.append(f"experiments failed: {failed}")
+    for kind, counts in shown.items():
+        many = {k: n for k, n in counts.items() if n > 1}
+        if many:
+            problems.append(f"{kind} shown more than once: {many}")
+    without = [e.id for e in exps if str(e.id) not in shown.get("prs", {})]
+    undecided = [
+        e.id for e in exps if str(e.id) in shown.get("prs", {}) and str(e.id) not in shown.get("decisions", {})
+    ]
+    if undecided:
+        problems.append(f"pull requests without their decision comment: {undecided}")
+    heads_by_exp = Counter(key.split(":")[1] for key in shown.get("checks", {}))
+    return {
+        "experiments": len(exps),
+        "runs": len(runs),
+        "lost": len(lost),
+        "lost_then_done": sum(1 for r in runs if r.rerun_of in {x.id for x in lost} and r.state == "done"),
+        "slot_changes": [n for _, n in runner.slot_changes],
+        "overbooked": runner.overbooked,
+        "prs": len(shown.get("prs", {})),
+        "without_pr": without,
+        "check_runs": sum(shown.get("checks", {}).values()),
+        "experiments_checked_on_two_heads_or_more": sum(1 for n in heads_by_exp.values() if n > 1),
+        "main_runs_in_flight_at_the_stop": sum(1 for r in runs if r.state in ("queued", "running")),
+        "decision_comments": sum(shown.get("decisions", {}).values()),
+        "problems": problems,
+    }
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -539,13 +682,17 @@ def report(
     done = sorted(last_end.values())
     a, b = max(0, min(k, len(done) // 10) - 1), len(done) - 1 - max(0, min(k, len(done) // 10) - 1)
     exp_per_h = (b - a) / (done[b] - done[a]) * 3600 / opts.scale if b > a and done[b] > done[a] else float("nan")
-    ideal = k * 3600 / REAL_BUDGET_S
+    capacity = slot_seconds(runner.slot_changes, *window)  # k * span while the slots stay k
+    mean_slots = capacity / span if span > 0 else k
+    ideal = mean_slots * 3600 / REAL_BUDGET_S
 
     gaps, parts = [], Counter()
     ticks = [t for t in service.ticks if "end" in t]
-    for slot in runner.slot:
+    for index, slot in enumerate(runner.slot):
         seq = sorted(slot.history, key=lambda h: h[1])
         for (_, _, end, _), (_, start, _, _) in itertools.pairwise(seq):
+            if fewest_slots(runner.slot_changes, end, start) <= index:
+                continue  # the slot was taken away meanwhile: no runner waited
             gap = start - end
             gaps.append(gap)
             parts.update(gap_parts(end, start, ticks))
@@ -569,11 +716,11 @@ def report(
         "runs_per_experiment": round(sum(c for p, c in counts.items() if p != "baseline") / n, 2),
         "window_s": round(span, 2),
         "exp_per_h": round(exp_per_h, 1),
-        "ideal_per_h": ideal,
+        "ideal_per_h": round(ideal, 1),
         "share_of_ideal": round(exp_per_h / ideal, 3),
-        "utilisation": round((busy(False) + busy(True)) / (k * span), 3) if span > 0 else None,
-        "utilisation_experiments": round(busy(False) / (k * span), 3) if span > 0 else None,
-        "utilisation_baselines": round(busy(True) / (k * span), 3) if span > 0 else None,
+        "utilisation": round((busy(False) + busy(True)) / capacity, 3) if span > 0 else None,
+        "utilisation_experiments": round(busy(False) / capacity, 3) if span > 0 else None,
+        "utilisation_baselines": round(busy(True) / capacity, 3) if span > 0 else None,
         "gap_n": len(gaps),
         "gap_p50": round(percentile(gaps, 0.5) / budget, 4),
         "gap_p95": round(percentile(gaps, 0.95) / budget, 4),
@@ -601,6 +748,24 @@ def report(
         "agent_s": opts.think_s,
         "latency_ms": opts.latency_ms,
     }
+
+
+def slot_seconds(changes: list[tuple[float, int]], start: float, end: float) -> float:
+    """The runner's slots integrated over [start, end], from its (time, slots) changes."""
+    total = 0.0
+    for (at, slots), (until, _) in itertools.pairwise([*changes, (float("inf"), 0)]):
+        total += slots * max(0.0, min(until, end) - max(at, start))
+    return total
+
+
+def fewest_slots(changes: list[tuple[float, int]], start: float, end: float) -> int:
+    """The fewest slots the runner had at any time in [start, end]."""
+    live = [
+        slots
+        for (at, slots), (until, _) in itertools.pairwise([*changes, (float("inf"), 0)])
+        if at <= end and until >= start
+    ]
+    return min(live, default=changes[-1][1])
 
 
 def gap_parts(end: float, start: float, ticks: list[dict[str, Any]]) -> Counter:
@@ -678,6 +843,17 @@ def main() -> None:
     parser.add_argument(
         "--quick", action="store_true", help="K = 1 2, 4 experiments of 1 s (scale 300), 2 first baselines"
     )
+    parser.add_argument(
+        "--soak",
+        action="store_true",
+        help=f"K = 16, runs lost mid-run (--kill-share 0.1) and slots changed ({SOAK_PLAN}), then checked",
+    )
+    parser.add_argument("--kill-share", type=float, default=0.0, help="runs the simulated runner loses mid-run")
+    parser.add_argument(
+        "--slot-plan",
+        default="",
+        help="slots changed while it runs: SHARE:SLOTS,... (once SHARE of the experiments is decided, SLOTS slots)",
+    )
     parser.add_argument("--standin", help=argparse.SUPPRESS)
     parser.add_argument("--key-file", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -685,6 +861,14 @@ def main() -> None:
         return standin_main(args.standin, args.latency_ms, args.key_file)
     if args.quick:
         args.slots, args.per_slot, args.min_experiments, args.scale, args.first_baseline_runs = [1, 2], 2, 4, 300.0, 2
+    if args.soak:
+        args.slots, args.kill_share, args.slot_plan = [16], args.kill_share or 0.1, args.slot_plan or SOAK_PLAN
+    try:
+        plan = tuple((float(a), int(n)) for a, n in (x.split(":") for x in args.slot_plan.split(",") if x))
+    except ValueError:
+        parser.error("--slot-plan is SHARE:SLOTS,... (a share of the experiments decided, then the slots), e.g. 0.2:12")
+    if any(n < 1 for _, n in plan) or not 0 <= args.kill_share < 1:
+        parser.error("every slot count in --slot-plan must be at least 1, and --kill-share in [0, 1)")
     think = 20.0 / args.scale if args.agent_s is None else args.agent_s
     print(
         f"# {time.strftime('%Y-%m-%d %H:%M')} {platform.node()} {os.cpu_count()} cores, python "
@@ -704,11 +888,19 @@ def main() -> None:
             seed=args.seed,
             first_baseline_runs=args.first_baseline_runs,
             cprofile=args.cprofile,
+            kill_share=args.kill_share,
+            slot_plan=plan,
         )
         row = run(opts)
         rows.append(row)
         print(json.dumps(row), flush=True)
     print(table(rows))
+    soaks = [(r["K"], r["soak"]) for r in rows if "soak" in r]
+    for k, soak in soaks:
+        print(f"soak K={k}: " + ", ".join(f"{key} {json.dumps(v)}" for key, v in soak.items() if key != "problems"))
+        print(f"soak K={k}: {len(soak['problems'])} problems" + "".join(f"\n  - {p}" for p in soak["problems"]))
+    if any(soak["problems"] for _, soak in soaks):
+        sys.exit(1)
 
 
 if __name__ == "__main__":
