@@ -437,8 +437,7 @@ def test_the_agent_is_asked_again_in_the_tick_that_takes_its_answer(tmp_path: Pa
     # service): with many slots, the runners would wait for proposals.
     runner = FakeRunner(slots=2, auto=False)
     agent = SlowAgent([proposal(+0.1, "first"), proposal(+0.1, "second"), proposal(+0.1, "third")])
-    loop = make(tmp_path, agent, runner=runner, experiments=3)
-    loop.proposals.max_open_questions = 1  # one question at a time: the next is asked as one is answered
+    loop = make(tmp_path, agent, runner=runner, experiments=3, max_open_questions=1)  # one question at a time
     tick_until(loop, lambda: len(loop.store.experiments.in_state("proposing")) == 1)
     [first] = loop.store.experiments.in_state("proposing")
     agent.release(1)

@@ -10,6 +10,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from fakes import IDENTITY, SMALL_TRAIN_PY, FakeRunner, with_effect
 
 from bot.agent.explorer import OfflineExplorer
@@ -65,9 +66,7 @@ def distinct(ctx: ProposalContext, n: int) -> Proposal:
     return Proposal(f"change {n}", "h", with_effect(ctx.asset, 0.1, f"change {n}"))
 
 
-def make(
-    store: Store, forge: MemoryForge, agent, slots: int, max_open_questions: int | None = None, **config
-) -> tuple[Conductor, threading.Event]:
+def make(store: Store, forge: MemoryForge, agent, slots: int, **config) -> tuple[Conductor, threading.Event]:
     loop = Conductor(
         store,
         forge,
@@ -75,7 +74,6 @@ def make(
         agent,
         ConductorConfig(profile="smoke", identity=dict(IDENTITY), retry_base_s=0.0, **config),
     )
-    loop.proposals.max_open_questions = max_open_questions
     woken = threading.Event()
     loop.wake_on(woken.set)
     return loop, woken
@@ -288,3 +286,8 @@ def test_a_conductor_killed_with_questions_open_resumes_them_without_loss_or_rep
     assert code_hash(MAIN) not in {e.code_hash for e in exps}
     first.release_all()
     again.release_all()
+
+
+def test_an_open_question_limit_below_one_is_refused_saying_what_to_set() -> None:
+    with pytest.raises(ValueError, match="max_open_questions must be at least 1 .got 0., or None for one per slot"):
+        fresh(Gated(distinct), slots=2, max_open_questions=0)

@@ -116,15 +116,13 @@ def _lesson(reason: str | None, limit: int = 160) -> str:
 def make(slots: int) -> Conductor:
     """A loop over PLAN, one question at a time: the plan's order (a fix after its crash, a repeat
     after what it repeats) is the order of the answers."""
-    loop = Conductor(
+    return Conductor(
         Store(Path(":memory:")),
         MemoryForge({"train.py": MAIN, "program.md": PROGRAM}),
         FakeRunner(slots),
         PlannedAgent(),
-        ConductorConfig(profile="smoke", identity=dict(IDENTITY), max_experiments=len(PLAN) - 1),
+        ConductorConfig(profile="smoke", identity=dict(IDENTITY), max_experiments=len(PLAN) - 1, max_open_questions=1),
     )
-    loop.proposals.max_open_questions = 1
-    return loop
 
 
 def test_the_context_kept_in_memory_is_the_context_read_whole() -> None:
