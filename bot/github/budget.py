@@ -7,9 +7,10 @@ a restart and that `autoresearch status` and the dashboard read. Writes come in 
 
 - The research's (a branch a runner must fetch, a commit, the fast-forward of main, a workflow
   dispatch): `charge()` records them and never waits, so nothing the conductor does sleeps here.
-  When they alone would break a limit the budget says so in the log: the runners outgrow one
-  installation (at 2 writes a branch, about 250 experiments an hour; with the Actions runner's
-  dispatch, about 160).
+  When they alone would break a limit the budget says so in the log (once a minute): the runners
+  outgrow one installation (at 2 writes a branch, about 250 experiments an hour; with the Actions
+  runner's dispatch, about 160; fewer when keeps make main move under many experiments in flight,
+  each of which is rebased, 3 writes).
 - What people read (pull requests, check runs, comments, labels, the research log): `wait()`
   records one once it fits, sleeping the caller meanwhile (the publisher, on its own worker). It
   fits while each window's count stays under its limit less a reserve for the research's writes
@@ -75,6 +76,7 @@ class WriteBudget:
         self._lock = threading.Lock()  # never held while sleeping
         self._writes: deque[Write] = deque(ledger.since(clock() - self._longest) if ledger else ())
         self._unsaved: list[Write] = []
+        self._warned_at = -math.inf  # when the research's writes were last said to outgrow the limits
         self._mode = ledger.mode if ledger else WriteMode(limits=self.limits)
         if self._mode.limits != self.limits:  # what the views divide by: these limits
             mode = self._mode
@@ -87,6 +89,10 @@ class WriteBudget:
             now = self.clock()
             self._record(Write(now, what, True))
             over = [(window, most) for window, most in self.limits if self._count(now, window) > most]
+            if over and now - self._warned_at < self.limits[0][0]:
+                over = []  # said once per shortest window
+            elif over:
+                self._warned_at = now
         for window, most in over:
             log.warning(
                 "GitHub: more than %d writes in %.0f s (the last one: %s); the research's writes alone "

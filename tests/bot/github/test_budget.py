@@ -105,3 +105,13 @@ def test_a_store_without_a_mode_reads_full_under_githubs_limits(tmp_path: Path):
     summary = Store(tmp_path / "state.db").writes.summary(0.0)
     assert summary.mode == WriteMode()
     assert summary.counts == [(60.0, 0, 80), (3600.0, 0, 500)]
+
+
+def test_the_research_outgrowing_the_limit_is_said_once_a_minute(clock, caplog):
+    b = budget(clock)
+    with caplog.at_level(logging.WARNING):
+        for _ in range(60):  # over the minute's 10 and the hour's 50
+            b.charge("branch")
+        clock.now += 61.0
+        b.charge("branch")  # still over the hour's
+    assert caplog.text.count("outgrow one installation") == 2
