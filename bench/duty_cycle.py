@@ -94,6 +94,7 @@ class Options:
     first_baseline_runs: int = 6
     baseline_runs: int = 2
     cprofile: str | None = None  # write the conductor thread's profile here
+    write_share: float = 1.0  # GitHub's write limits times this (to bind them at the pace this machine reaches)
     timeout_s: float = 1800.0
     kill_share: float = 0.0  # runs the simulated runner loses mid-run (a runner taken away)
     slot_plan: tuple[tuple[float, int], ...] = ()  # (once this share of the experiments is decided, these slots)
@@ -437,6 +438,7 @@ def bench_service(opts: Options):
             self.pacer = self.client.budget
             self.pacer.clock = lambda: time.monotonic() * opts.scale
             self.pacer.sleep = lambda s: time.sleep(s / opts.scale)
+            self.pacer.limits = tuple((w, max(1, round(n * opts.write_share))) for w, n in self.pacer.limits)
             worker = conductor.publishing.publishers if conductor.publishing else []  # GitHub's, off the tick
             github = next(p for p in [*conductor.publishers, *worker] if isinstance(p, GitHubPublisher))
             github.progress_every_s = PROGRESS_EVERY_S / opts.scale  # the product's cadence, scaled
@@ -841,6 +843,13 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cprofile", help="write the conductor thread's cProfile here (the last K run)")
     parser.add_argument(
+        "--write-share",
+        type=float,
+        default=1.0,
+        help="GitHub's write limits (500 an hour, 80 a minute) times this: a loaded machine reaches a share "
+        "of the ideal pace, and the same share of the limits binds as the whole would at the ideal",
+    )
+    parser.add_argument(
         "--quick", action="store_true", help="K = 1 2, 4 experiments of 1 s (scale 300), 2 first baselines"
     )
     parser.add_argument(
@@ -888,6 +897,7 @@ def main() -> None:
             seed=args.seed,
             first_baseline_runs=args.first_baseline_runs,
             cprofile=args.cprofile,
+            write_share=args.write_share,
             kill_share=args.kill_share,
             slot_plan=plan,
         )
