@@ -141,6 +141,7 @@ class Runs:
                 f"{MAX_LOST_RUNS} runs of it were lost in a row, a fault of the runners rather than of its "
                 f"{asset}; the last: {why}",
                 main,
+                lost=True,
             )
 
     def _first_of(self, run: Run) -> int:
@@ -196,14 +197,19 @@ class Runs:
         if run.experiment_id is None:
             self.baseline.note_remeasured_delta(run.code_hash, main)
 
-    def _give_up_on(self, run: Run, why: str, main: Main) -> None:
+    def _give_up_on(self, run: Run, why: str, main: Main, *, lost: bool = False) -> None:
         if run.experiment_id is None:
-            self.baseline.block(
-                main,
-                f"main's runs cannot be measured: {why}. The runner must run the harness and "
-                "data this conductor pinned when it started: update or re-prepare the runner, or "
-                "restart the conductor to pin what the runner has.",
+            pinned = (
+                "the runner must run the harness and data this conductor pinned when it started: update or "
+                "re-prepare the runner, or restart the conductor to pin what the runner has"
             )
+            fix = (
+                f"Bring the runners back (each lost run's note says what happened to it), then restart the "
+                f"conductor to measure main again; where the notes say results were refused, {pinned}."
+                if lost
+                else pinned[:1].upper() + pinned[1:] + "."
+            )
+            self.baseline.block(main, f"main's runs cannot be measured: {why}. {fix}")
             return
         exp = self.store.experiments.get(run.experiment_id)
         if exp.state != State.DONE:

@@ -17,9 +17,17 @@ class InstantRunner(FakeRunner):
 
     threads = 2
 
-    def __init__(self, root: Path, *, slots: int = 1, data: str | None = None, warm: bool = True) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        slots: int = 1,
+        data: str | None = None,
+        warm: bool = True,
+        slots_file: Path | None = None,
+    ) -> None:
         super().__init__(slots)
-        self.made_with = {"root": root, "slots": slots, "data": data, "warm": warm}
+        self.made_with = {"root": root, "slots": slots, "data": data, "warm": warm, "slots_file": slots_file}
 
     def submit(self, job: Job) -> str:
         handle = super().submit(job)

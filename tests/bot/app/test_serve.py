@@ -606,7 +606,13 @@ def test_serve_on_the_local_runner_polls_and_reports_on_github(tmp_path: Path, m
     assert prepared == [("smoke", None, {"progress": False})]
     assert isinstance(service.conductor.runner, InstantRunner)
     made_with = service.conductor.runner.made_with
-    assert made_with == {"root": settings.state_dir / "runs", "slots": settings.slots, "data": None, "warm": True}
+    assert made_with == {
+        "root": settings.state_dir / "runs",
+        "slots": settings.slots,
+        "data": None,
+        "warm": True,
+        "slots_file": settings.state_dir / "slots",  # an operator's number of slots, read while it runs
+    }
     assert (settings.state_dir / "results.tsv").read_text().count("\n") == 1 + 2  # main's row and the kept one
 
 

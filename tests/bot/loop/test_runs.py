@@ -90,6 +90,17 @@ def test_a_run_lost_again_and_again_fails_its_experiment_blaming_the_runners(tmp
     assert not loop.blocked  # main's own runs are fine: only this experiment ends
 
 
+def test_main_s_run_lost_again_and_again_stops_the_loop_saying_to_bring_the_runners_back(tmp_path: Path) -> None:
+    runner = FakeRunner()
+    runner.lost.update(range(1, 100))  # every run of main: its runners are gone
+    loop = make(tmp_path, runner, [change(-0.5, "better")], first_baseline_runs=2)
+    for _ in range(3 * MAX_LOST_RUNS):
+        loop.tick()
+    assert f"{MAX_LOST_RUNS} runs of it were lost in a row, a fault of the runners" in loop.blocked
+    assert "Bring the runners back" in loop.blocked and "restart the conductor" in loop.blocked
+    assert sum(r.state == "lost" for r in loop.store.runs.all()) == MAX_LOST_RUNS  # then nothing more is spent
+
+
 def test_the_conductor_fills_the_slots_the_runner_has_now(tmp_path: Path) -> None:
     runner = FakeRunner(slots=4, auto=False)
     loop = make(tmp_path, runner, [], first_baseline_runs=10)
