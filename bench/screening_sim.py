@@ -103,7 +103,13 @@ def fit(path: Path) -> Fitted:
     sigma = full_noise.sigma
     short = np.array([found.short[k] for k in both]) / sigma
     full = np.array([found.full[k] for k in both]) / sigma
-    var_effect = max(float(np.var(full, ddof=1)) - 1.0, 1e-6)
+    var_effect = float(np.var(full, ddof=1)) - 1.0
+    if var_effect <= 0:
+        raise SystemExit(
+            f"{path}: the proposals' full deltas spread no more than one full run's noise "
+            f"(sd {math.sqrt(var_effect + 1):.2f} sigma): their effects are not measurable, so neither is beta; "
+            "measure more proposals, or simulate at assumed --rho without --measured"
+        )
     beta = float(np.cov(short, full, ddof=1)[0, 1]) / var_effect
     noise = found.main_sd(found.fraction) / sigma
     mismatch_sq = float(np.var(short, ddof=1)) - beta**2 * var_effect - noise**2
