@@ -251,6 +251,9 @@ class Proposals:
             log.info("experiment %s proposed: %s", exp.id, exp.title)
             self._pending.pop(exp.id, None)
             self.lifecycle.advance(exp, main)  # as far as its first run: a new experiment cannot merge yet
+            # its run starts now if a slot is free: the other answers this tick takes (a branch each on
+            # the forge) would hold it up until the tick's own dispatch
+            self.lifecycle.runs.dispatch(main)
             return
         pending.cost_usd += cost
         digest = code_hash(answer.asset)

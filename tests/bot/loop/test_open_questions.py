@@ -89,6 +89,8 @@ def tick_until(loop: Conductor, woken: threading.Event, done: Callable[[], bool]
     for _ in range(200):
         woken.clear()
         loop.tick()
+        errors = [e["message"] for e in loop.store.events.all() if e["kind"] == "error"]
+        assert not errors, errors
         if done():
             return
         assert woken.wait(WAIT_S), "the conductor was never woken"
@@ -291,3 +293,25 @@ def test_a_conductor_killed_with_questions_open_resumes_them_without_loss_or_rep
 def test_an_open_question_limit_below_one_is_refused_saying_what_to_set() -> None:
     with pytest.raises(ValueError, match="max_open_questions must be at least 1 .got 0., or None for one per slot"):
         fresh(Gated(distinct), slots=2, max_open_questions=0)
+
+
+def test_an_answer_s_run_starts_before_the_next_answer_of_the_tick_makes_its_branch() -> None:
+    agent = Gated(distinct)
+    loop, woken = fresh(agent, slots=4)
+    loop.tick()  # main's 2 runs take 2 slots; 4 questions open
+    agent.wait_asked(4)
+    runner, forge = loop.runner, loop.forge
+    running_at_branch: list[int] = []
+    create_branch = forge.create_branch
+
+    def counting(*args, **kwargs):
+        running_at_branch.append(len(runner.running()))
+        return create_branch(*args, **kwargs)
+
+    forge.create_branch = counting
+    agent.release(1, 2, 3, 4)
+    with agent.cond:
+        assert agent.cond.wait_for(lambda: agent.thinking == 0, timeout=WAIT_S)
+    tick_until(loop, woken, lambda: len(proposed(loop)) == 4)
+    assert running_at_branch[:3] == [2, 3, 4]  # each answer's run took a free slot before the next branch
+    agent.release_all()
