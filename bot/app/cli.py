@@ -103,18 +103,20 @@ def run(
         console.print(f"[red]error:[/] {asset} does not exist")
         raise typer.Exit(2)
     out = (out or Path("runs") / f"{profile}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
-    try:
-        job = JobSpec(
-            task=task,
-            run_id=0,
-            asset=asset.read_text(encoding="utf-8"),
-            profile=profile,
-            seed=seed,
-            budget_fraction=budget_fraction,
+    if not 0 < budget_fraction <= 1 or (budget_fraction != 1 and task != "training"):
+        console.print(
+            f"[red]error:[/] --budget-fraction {budget_fraction:g}: give a share of the profile's time budget "
+            "in (0, 1], 0.2 for a fifth; only training has a budget to shorten"
         )
-    except ValueError as error:
-        console.print(f"[red]error:[/] --budget-fraction: {error}")
-        raise typer.Exit(2) from None
+        raise typer.Exit(2)
+    job = JobSpec(
+        task=task,
+        run_id=0,
+        asset=asset.read_text(encoding="utf-8"),
+        profile=profile,
+        seed=seed,
+        budget_fraction=budget_fraction,
+    )
     stream = sys.stderr if as_json else sys.stdout
     result = run_job(
         job,
