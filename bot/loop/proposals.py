@@ -123,11 +123,6 @@ class Proposals:
         limit = self.max_open_questions or max(1, self.runner.slots)
         return min(limit, getattr(self.worker.agent, "questions_at_once", None) or limit)
 
-    def room(self, main: Main, stop_reason: str) -> bool:
-        """Whether to open another question: the loop goes on, and the slots with the proposals
-        prepared ahead are not yet all spoken for."""
-        return self._wanted(main, stop_reason) > 0
-
     def _wanted(self, main: Main, stop_reason: str) -> int:
         """How many more questions to open: the free and soon-free slots' need (free slots plus the
         lookahead, less the runs waiting, the proposals not yet queued and the questions open),
