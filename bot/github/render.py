@@ -144,8 +144,11 @@ def _main_value(exp: Experiment, main_val_bpb: float | None) -> float | None:
 
 
 def _counted(runs: Iterable[Run]) -> list[Run]:
-    """The runs whose val_bpb counts: finished, ok, with a value."""
-    return [r for r in runs if r.state == "done" and r.status == "ok" and r.val_bpb is not None]
+    """The runs whose val_bpb counts: finished, ok, with a value, at the full budget (a screening's
+    short run is another measurement: bot.loop.screening)."""
+    return [
+        r for r in runs if r.state == "done" and r.status == "ok" and r.val_bpb is not None and r.purpose != "screen"
+    ]
 
 
 def _fenced(text: str, info: str = "") -> str:

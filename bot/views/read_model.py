@@ -329,7 +329,7 @@ def build_view(rows: StoreRows, live: Live | None = None) -> View:
     live = live or {}
     identity = rows.loop.identity
     metric = metric_of(rows.loop)
-    values = measurement.counted(rows.runs, identity)
+    values = measurement.counted([r for r in rows.runs if r.purpose != "screen"], identity)  # short runs apart
     kept = [e for e in rows.experiments if e.state == State.DONE and e.status == Status.KEEP]
     done: dict[int, list[RunRow]] = {}
     waiting: dict[int, int] = {}

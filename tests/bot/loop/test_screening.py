@@ -171,3 +171,22 @@ def test_screening_is_refused_for_a_task_without_a_time_budget() -> None:
     with pytest.raises(SettingsError, match="has none: remove `screening: true`"):
         parse_program(program(task="ticket-routing", screening=True))
     assert parse_program(program()).settings.screening is False
+
+
+def test_what_people_see_leaves_short_runs_out_of_mains_value_and_the_check(tmp_path: Path) -> None:
+    from bot.github.render import check_summary
+    from bot.views.read_model import view_of
+
+    loop = make(tmp_path, [proposal(+0.1, "worse")], BudgetRunner(), screening=True)
+    run_to_end(loop)
+    main = view_of(loop.store).main
+    full = [r.val_bpb for r in loop.store.runs.all() if r.purpose == "baseline"]
+    assert main.val_bpb == pytest.approx(sum(full) / len(full)) and main.runs == len(full)
+    assert main.margin is not None and main.margin < 0.01  # a short run pooled in would make it ~1
+    exp = loop.store.experiments.all()[0]
+    summary = check_summary(
+        exp, loop.store.runs.all(experiment_id=exp.id), main_val_bpb=main.val_bpb, noise_margin=None
+    )
+    assert "| val_bpb | — |" in summary and "| Runs | 0 |" in summary  # no full run: no value of its own
+    assert f"| screen | ok | {2.1 + SHORT_OFFSET:.6f}" in summary  # its short run, listed as such
+    assert "**Decision:** screened out: short-run delta +0.09" in summary
