@@ -5,7 +5,8 @@ With screening on, a new candidate's first run is a short one, a fifth of the pr
 gets short runs too (SHORT_MAIN_RUNS, queued as main's own runs of purpose `screen` when it lacks
 them), since a short run's value is a different measurement from a full one's: it is compared with
 main's short runs only, and never enters main's value, the noise the judge pools, the pairs or an
-experiment's mean (bot.loop.baseline.values and the lifecycle leave `screen` runs out).
+experiment's mean (bot.loop.baseline.values and the lifecycle leave `screen` runs out, and so do
+the read model and a check's numbers).
 
 The rule: the candidate goes on to full runs and the judge (bot.loop.judge, as without screening)
 when its short run's value less the mean of main's short runs is below `screening_sigmas` short
@@ -181,9 +182,17 @@ class Screening:
             )
 
     def short_noise(self) -> Noise | None:
-        """The short runs' run-to-run noise: pooled over main's short runs of each train.py."""
+        """The short runs' run-to-run noise: pooled over main's short runs of each train.py (the store's
+        light query of the runs that count, as bot.loop.baseline reads the full ones)."""
+        ident = self.identity
+        values = self.store.runs.measured_values(
+            profile=ident["profile"],
+            harness_hash=ident["harness_hash"],
+            data_fingerprint=ident["data_fingerprint"],
+            threads=measurement.pinned_threads(ident),
+        )
         groups: dict[str, list[float]] = {}
-        mains = [r for r in self.store.runs.all(state=RunState.DONE) if r.purpose == SCREEN and r.experiment_id is None]
-        for value in measurement.counted(mains, self.identity):
-            groups.setdefault(value.code_hash, []).append(value.val_bpb)
+        for code, experiment, purpose, value in values:
+            if purpose == SCREEN and experiment is None:
+                groups.setdefault(code, []).append(value)
         return pooled_noise(groups.values())
