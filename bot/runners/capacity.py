@@ -8,7 +8,10 @@ number counts (`AUTORESEARCH_SLOTS` for the local runner, `AUTORESEARCH_ACTIONS_
 Actions, `AUTORESEARCH_MODAL_GPUS` for Modal); for Actions the file counts runners, as that
 setting does (each holds `queue_ahead` more jobs queued on GitHub). A file, not a signal or the settings' .env: it
 works the same under systemd, docker or a terminal, for every runner, needs no restart and no
-process id, and it sits beside the store that a lab already backs up and watches.
+process id, and it sits beside the store that a lab already backs up and watches. For Actions the
+bot does not count the online self-hosted runners itself: listing them needs the App to hold the
+repository's Administration permission, and a runner online for other workflows, or between two
+reboots, is not a slot; the file says what the lab means to lend.
 
 The conductor asks `runner.slots` before each dispatch (bot.loop.runs), so a larger number takes
 new runs at the next tick, and a smaller one takes effect as runs end: a slot removed finishes
