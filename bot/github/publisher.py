@@ -13,9 +13,7 @@ a pull request by its head branch, a check run by its `external_id`, a comment b
 in its text (bot.github.render), each only among what the bot's own login authored (its pull
 requests and comments, check runs of its own App): anyone can write a marker into a comment, and
 another App can create a check run with any external_id. A create never tried before goes straight
-to GitHub. A command's answer that GitHub refuses (4xx) is given up with a log line, and one that
-keeps failing on GitHub's side (5xx) after REPLY_TRIES ticks: no answer holds up the others. A run in
-progress updates its check at most once every `progress_every_s` seconds (PROGRESS_EVERY_S).
+to GitHub. The answers to people's commands are posted first, each pass (bot.github.replies).
 
 Calls per experiment. GitHub allows 500 content-creating requests an hour and 80 a minute
 (bench/github_api.py); every write here waits for room in the write budget (bot.github.budget, on
@@ -64,14 +62,14 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
-import requests
-from github import GithubException, RateLimitExceededException
+from github import GithubException
 from github.Repository import Repository
 
 from bot.core.protocols import Publisher, Snapshot
 from bot.core.states import RunState, State, Status
 from bot.github import render
 from bot.github.budget import WriteBudget
+from bot.github.replies import Replies
 from bot.github.research_log import ResearchLog
 from bot.github.summaries import Summaries
 from bot.github.webhooks import GitHubEvent
@@ -93,7 +91,6 @@ CHECK_NAME = check_name(TRAINING.metric)  # training's, unchanged since before t
 PROGRESS_EVERY_S = 120.0  # the check's progress updates while a run trains (see the module docstring)
 SHORT_RUN_S = 600.0  # a run this long or shorter gets its check once, in its final state
 PROGRESS_ROOM = 10  # writes the budget must have free for a check to show a run in progress
-REPLY_TRIES = 5  # ticks a reply is tried when GitHub fails (5xx, no answer) before it is given up
 ACTIONS = [
     {"label": "Re-run", "description": "Measure it once more", "identifier": "rerun"},
     {"label": "Keep anyway", "description": "Merge it once measured on main", "identifier": "keep"},
@@ -137,8 +134,8 @@ class GitHubPublisher(Publisher):
         self._shown: dict[int, tuple[Any, ...]] = {}  # experiment -> what was last shown of it (this process)
         self._progress_at: dict[int, float] = {}  # experiment -> when its progress was last shown
         self._labels_ready: set[str] = set()
-        self._reply_failures: dict[int, int] = {}  # command comment id -> ticks its reply failed (this process)
         self.research_log = ResearchLog(store, repo, pace_write=self.pace_write, clock=clock)
+        self.replies = Replies(store, repo, pace_write=self.pace_write)
         self.summaries = Summaries(store, repo, pace_write=self.pace_write, clock=clock)
         self.degraded = False  # the budget's mode as this pass decided it
         self.task: Task = TRAINING  # the loop's, read again at each publish
@@ -158,7 +155,7 @@ class GitHubPublisher(Publisher):
         self.degraded = self.budget is not None and self.budget.decide_mode().mode == "degraded"
         failures: list[str] = []
         try:
-            self._post_replies()
+            self.replies.post()
         except Exception as error:  # noqa: BLE001 - replies wait for the next tick
             failures.append(f"replies: {type(error).__name__}: {error}")
         for exp in self.store.published.behind():
@@ -541,62 +538,6 @@ class GitHubPublisher(Publisher):
         self._api("POST", f"/statuses/{head}", input=fields)
         self.store.published.set(exp.id, key, shown)
         published[key] = shown
-
-    # --- answers to commands ---------------------------------------------------------------------------
-    def _post_replies(self) -> None:
-        """Each queued answer on its own: one that GitHub refuses (a 4xx other than a rate limit: the
-        issue is gone, locked, or not this repository's) is given up with a log line; one that fails
-        on GitHub's side (5xx, no answer) is tried again at the next ticks, REPLY_TRIES in all. The
-        rest go on either way; a rate limit stops them all until the next tick."""
-        failed: list[str] = []
-        for comment_id, number, body in self.store.replies.pending():
-            try:
-                self._post_reply(comment_id, number, body)
-            except RateLimitExceededException:
-                raise
-            except GithubException as error:
-                if 400 <= error.status < 500 and error.status != 429:
-                    self._give_up_reply(comment_id, number, f"GitHub refused it (HTTP {error.status})")
-                    continue
-                failed.append(self._reply_failed(comment_id, number, f"HTTP {error.status}"))
-            except (requests.RequestException, OSError) as error:
-                failed.append(self._reply_failed(comment_id, number, type(error).__name__))
-        if failed:
-            raise RuntimeError("; ".join(failed))
-
-    def _post_reply(self, comment_id: int, number: int, body: str) -> None:
-        """The reaction and the reply to one command, on the issue `number` it was written in: a pull
-        request's, or a plain issue's (`/pause` in a tracking issue). Its key: the ack marker, in the
-        bot's own comments."""
-        issue = self.repo.get_issue(number)
-        try:
-            comment = issue.get_comment(comment_id)
-        except GithubException as error:
-            if error.status != 404:
-                raise
-            log.info("command comment %s on #%s is gone: no reply", comment_id, number)
-            self.store.replies.mark_posted(comment_id)
-            return
-        self.pace_write("reaction")
-        comment.create_reaction("+1")  # GitHub answers 200 with the same reaction when it exists
-        wanted = render.find_marker(body)
-        if not any(self._ours(c.user) and render.find_marker(c.body) == wanted for c in issue.get_comments()):
-            self.pace_write("reply")
-            issue.create_comment(body)
-        self.store.replies.mark_posted(comment_id)
-        self._reply_failures.pop(comment_id, None)
-
-    def _reply_failed(self, comment_id: int, number: int, why: str) -> str:
-        tries = self._reply_failures[comment_id] = self._reply_failures.get(comment_id, 0) + 1
-        if tries >= REPLY_TRIES:
-            self._give_up_reply(comment_id, number, f"GitHub failed {tries} times ({why})")
-        return f"reply to comment {comment_id} on #{number}: {why} (try {tries} of {REPLY_TRIES})"
-
-    def _give_up_reply(self, comment_id: int, number: int, why: str) -> None:
-        log.warning("the reply to the command in comment %s on #%s is given up: %s", comment_id, number, why)
-        self.store.events.add(None, "github", f"reply to comment {comment_id} on #{number} given up: {why}")
-        self.store.replies.mark_posted(comment_id)
-        self._reply_failures.pop(comment_id, None)
 
 
 class _OnMainAlready(Exception):

@@ -19,7 +19,8 @@ from bot.github import render
 from bot.github.forge import GitHubForge
 from bot.github.handlers import GitHubEvents
 from bot.github.permissions import CollaboratorPermissions
-from bot.github.publisher import CHECK_NAME, REPLY_TRIES, GitHubPublisher, check_name
+from bot.github.publisher import CHECK_NAME, GitHubPublisher, check_name
+from bot.github.replies import REPLY_TRIES
 from bot.loop import inbox
 from bot.loop.inbox import apply_inbox
 from bot.store import Store
