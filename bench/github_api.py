@@ -20,9 +20,9 @@ repositories and users to 12,500, and 15,000 on GitHub Enterprise Cloud). 304 an
 against the primary limit and are counted apart. Calls that follow the clock rather than the
 experiments are counted per hour apart: main's head read each idle tick (a 304 while main stands
 still), the poller's reads in poll mode, and the updates while a candidate run trains (--run-minutes
-long; the fake runs here finish at once, so none are measured): with an App the check goes in
-progress and is updated every PROGRESS_EVERY_S (120 s), with a token one more commit status
-("training") is posted.
+long; the fake runs here finish at once, so none are measured): for a run longer than SHORT_RUN_S
+(10 minutes) an App's check goes in progress and is updated every PROGRESS_EVERY_S (120 s), with a
+token one more commit status ("training") is posted; a shorter run's check is made once, at its end.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from bot.agent.scripted import ScriptedAgent  # noqa: E402
 from bot.app.serve import Parts, Service  # noqa: E402
 from bot.app.settings import load_service_settings  # noqa: E402
 from bot.core.records import Proposal  # noqa: E402
-from bot.github.publisher import PROGRESS_EVERY_S  # noqa: E402
+from bot.github.publisher import PROGRESS_EVERY_S, SHORT_RUN_S  # noqa: E402
 from bot.store import Store  # noqa: E402
 
 MAIN = with_effect((ROOT / "train.py").read_text(), 0.0, "main")
@@ -162,9 +162,12 @@ def sustainable(report: dict, run_minutes: float) -> list[str]:
     n = report["experiments"]
     billable = (report["requests"] - report["not_modified"]) / n
     creating = report["creating"] / n
-    # while it trains: the check's move to in_progress, then one update per PROGRESS_EVERY_S (at 0, 120, 240 s
-    # of a 5-minute run: 3); a token's commit status says "training" once
-    progress = 1.0 if report["auth"] == "token" else float(math.ceil(run_minutes * 60 / PROGRESS_EVERY_S))
+    # while it trains, only for a run longer than SHORT_RUN_S: the check's move to in_progress, then one update
+    # per PROGRESS_EVERY_S; a token's commit status says "training" once. A shorter run's check is made at its end.
+    long_run = run_minutes * 60 > SHORT_RUN_S
+    progress = (
+        0.0 if not long_run else 1.0 if report["auth"] == "token" else math.ceil(run_minutes * 60 / PROGRESS_EVERY_S)
+    )
     lines = [
         (
             f"per experiment: {billable:.2f} requests that count (304s apart), {creating:.2f} content-creating; "
