@@ -5,8 +5,8 @@ One process holds the webhook server (bot.app.web, on uvicorn, in the main threa
 conductor does the work. Pull requests, checks, comments and the research log are published on a
 worker thread of their own (bot.loop.publishing, with its own connections to the store and to
 GitHub): a tick hands it the snapshot and goes on, so no tick waits for GitHub or its write limits;
-results.tsv is written in the tick. Without a public URL (`--poll`), a poller (bot.github.poller)
-reads the same events from the API on a timer and feeds the same inbox.
+results.tsv is written in the tick. Without a public URL (`--poll`), a poller (bot.github.poller, on
+a GitHub client of its own) reads the same events from the API on a timer and feeds the same inbox.
 
 The server answers webhooks from its first second, even while GitHub is unreachable: the
 conductor thread connects when it can (backing off), reconciles the store with GitHub by its
@@ -48,7 +48,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bot.agent.choice import make_agent
 from bot.app.settings import ServiceSettings
@@ -68,6 +68,9 @@ from bot.loop.publishing import PublishWorker
 from bot.store import Store
 from bot.views.results import ResultsFile
 from runner.tasks import DEFAULT_TASK
+
+if TYPE_CHECKING:
+    from bot.github.poller import Poller
 
 log = logging.getLogger(__name__)
 DETAIL_CHARS = 500  # a reason shown by /healthz is cut here; the log has all of it
@@ -427,13 +430,16 @@ class Service:
             )
             log.exception("the conductor stopped")
 
-    def _start_poller(self) -> None:
+    def _start_poller(self) -> Poller:
+        """Start the poller's thread, with a GitHub client of its own (a PyGithub connection holds the
+        one request being made, so the conductor's requests and the poller's would swap on one)."""
         from bot.github.poller import Poller
 
-        assert self.client is not None
-        poller = Poller(self.client, Store(self.store_path), interval_s=self.settings.poll_interval_s, wake=self.wake)
+        client = GitHubClient(self.settings.github(), sleep=self.github_sleep)
+        poller = Poller(client, Store(self.store_path), interval_s=self.settings.poll_interval_s, wake=self.wake)
         threading.Thread(target=poller.run, args=(self._stop,), name="poller", daemon=True).start()
         log.info("polling GitHub every %.0fs (no webhooks)", self.settings.poll_interval_s)
+        return poller
 
     def _ticked(self, conductor: Conductor) -> None:
         self.last_tick = time.time()

@@ -890,12 +890,12 @@ def hanging_service(tmp_path: Path, gh: GitHubStandIn, runner: HangingRunner, cl
     )
 
 
-def test_the_publishing_worker_shares_no_connection_with_the_conductor(
+def test_the_publishing_worker_and_the_poller_share_no_connection_with_the_conductor(
     tmp_path: Path, no_service_environment: None
 ) -> None:
     """A PyGithub connection holds the one request being made (two threads on it swap each other's
     requests) and a Store serves one thread at a time: the worker publishing beside the conductor
-    has its own of both, and /healthz says it is idle."""
+    has its own of both, the poller its own GitHub client, and /healthz says the worker is idle."""
     with GitHubStandIn(
         tmp_path / "github",
         files={"train.py": MAIN, "program.md": program()},
@@ -903,9 +903,12 @@ def test_the_publishing_worker_shares_no_connection_with_the_conductor(
     ) as gh:
         service = hanging_service(tmp_path, gh, HangingRunner(), Clock())
         conductor = service._connect()
+        service._stop.set()  # the poller's thread ends at once
+        poller = service._start_poller()
     assert conductor is not None and conductor.publishing is not None
     [publisher] = conductor.publishing.publishers
     assert publisher.repo.requester is not conductor.forge.repo.requester
+    assert poller.client.gh.requester is not conductor.forge.repo.requester
     assert publisher.store.db is not conductor.store.db and publisher.store.path == conductor.store.path
     assert service.health()["publishing_s"] is None
 
