@@ -72,6 +72,17 @@ class AgentWorker:
         thread.start()
         return True
 
+    def answered(self, exp_id: int) -> bool:
+        """True when the question about `exp_id` has an answer not yet given out."""
+        with self._lock:
+            question = self._open.get(exp_id)
+            return question is not None and question.answer is not None
+
+    def remind(self) -> None:
+        """Call the `on_answer` callback again: answers are waiting that the last tick left."""
+        if self._notify is not None:
+            self._notify()
+
     def busy(self, exp_id: int) -> bool:
         """True while a question about `exp_id` is open (its answer not yet given out)."""
         with self._lock:

@@ -9,7 +9,9 @@ its own context: a ProposalContext (program.md's instructions, main's train.py a
 history with each experiment's lesson, people's feedback, the last unfixed crash, and the
 proposals in flight with their diffs, "being tried now") that never shows the store. The store is
 the truth: a conductor killed with questions open finds their experiments proposing and asks again,
-one question each. While one question waits out a failure's backoff, no new one is opened.
+one question each. While one question waits out a failure's backoff, no new one is opened. A tick
+takes at most ANSWERS_PER_TICK answers (each makes a branch) and leaves the rest to the next tick,
+which the driver starts at once, so the runs that end meanwhile are collected between them.
 
 Proposals made at once do not repeat each other: each context lists the proposals in flight; the
 offline explorer never hands out the same asset twice (bot.agent.explorer; the scripted agent,
@@ -57,6 +59,10 @@ log = logging.getLogger(__name__)
 
 
 IN_FLIGHT_DIFF_LINES = 40  # of one in-flight proposal's diff, in its context
+# answers taken in one tick (each proposal makes a branch on the forge, a second or so): the rest
+# wait for the next tick, which comes at once, so that runs ending meanwhile are collected and their
+# slots filled between them instead of after a tick that makes sixteen branches
+ANSWERS_PER_TICK = 2
 
 
 @dataclass
@@ -139,16 +145,22 @@ class Proposals:
         return min(need, left, self.open_limit - proposing)
 
     def propose(self, main: Main, stop_reason: str) -> None:
-        """Collect the answers there are; ask again where an answer was refused or a backoff ran
-        out; open new questions while there is room. An answer taken as a proposal makes room in the
-        same tick: waiting for the next tick would leave the agent idle for up to the driver's
-        timer, and with many slots the runners would wait for proposals (bench/duty_cycle.py)."""
+        """Collect the answers there are (at most ANSWERS_PER_TICK; more waiting wake the driver
+        again); ask again where an answer was refused or a backoff ran out; open new questions while
+        there is room. An answer taken as a proposal makes room in the same tick: waiting for the
+        next tick would leave the agent idle for up to the driver's timer, and with many slots the
+        runners would wait for proposals (bench/duty_cycle.py)."""
         proposing = self.store.experiments.in_state(State.PROPOSING)
+        taken = 0
         for exp in proposing:
             pending = self._pending.setdefault(exp.id, _Pending(exp.id))
+            if taken >= ANSWERS_PER_TICK and self.worker.answered(exp.id):
+                self.worker.remind()  # the next tick takes it, at once
+                continue
             answer = self.worker.answer(exp.id)
             if answer is not None:
                 self._take_answer(exp, pending, answer, main, stop_reason)
+                taken += 1
             elif not self.worker.busy(exp.id) and (exp.retry_at or 0) <= self.clock() and not stop_reason:
                 if not self.stopped:
                     self._ask(exp, main)

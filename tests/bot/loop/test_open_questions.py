@@ -18,6 +18,7 @@ from bot.core.records import Proposal, ProposalContext, code_hash
 from bot.core.states import State
 from bot.forge.memory import MemoryForge
 from bot.loop.conductor import Conductor, ConductorConfig
+from bot.loop.proposals import ANSWERS_PER_TICK
 from bot.store import Store
 
 MAIN = with_effect(SMALL_TRAIN_PY, 0.0, "main")
@@ -314,4 +315,23 @@ def test_an_answer_s_run_starts_before_the_next_answer_of_the_tick_makes_its_bra
         assert agent.cond.wait_for(lambda: agent.thinking == 0, timeout=WAIT_S)
     tick_until(loop, woken, lambda: len(proposed(loop)) == 4)
     assert running_at_branch[:3] == [2, 3, 4]  # each answer's run took a free slot before the next branch
+    agent.release_all()
+
+
+def test_a_tick_takes_two_answers_and_wakes_the_driver_for_the_rest() -> None:
+    agent = Gated(distinct)
+    loop, woken = fresh(agent, slots=4)
+    loop.tick()
+    agent.wait_asked(4)
+    agent.release(1, 2, 3, 4)
+    worker = loop.proposals.worker
+    while not all(worker.answered(i) for i in range(1, 5)):  # each answer wakes the conductor
+        assert woken.wait(WAIT_S), "the answers never came"
+        woken.clear()
+    woken.clear()
+    loop.tick()
+    assert len(proposed(loop)) == ANSWERS_PER_TICK == 2
+    assert woken.is_set()  # the driver ticks again at once for the answers left
+    loop.tick()
+    assert len(proposed(loop)) == 4
     agent.release_all()
