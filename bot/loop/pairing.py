@@ -47,7 +47,12 @@ a paired difference varies as much as an unpaired one and pairing cannot pay, no
 paired. Before the degrees of freedom were counted as above and the gate asked for confidence, the
 same loops gave 67.6% at 3.5% more runs (66 paired keeps, 1 false) at rho 0.9, and 6 paired keeps (1
 false) at rho 0.5; counting alone left 5 (2 false) there, and a gate at 80% confidence 3 (2 false).
-With none (rho 0) nothing is judged paired and nothing changes.
+With none (rho 0) nothing is judged paired and nothing changes. Since candidates spread over main's seeds
+(bot.store.runs), the same loops at rho 0.9 keep a pairable 2-sigma gain 56.1% of the time with pairing on
+and 50.4% with it off (43.9% and 41.7% when every candidate took main's first seeds), 9 paired keeps, none
+false: most of that gain is the unpaired comparison's, and the pool at a loop's end still knows about 5
+degrees of freedom, since after the first main each main has 2 runs for every experiment to subtract
+(docs/benchmarks.md, "The judge's paired rule").
 """
 
 from __future__ import annotations
