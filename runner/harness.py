@@ -381,14 +381,17 @@ class Session:
         return self.cpu_seconds / (self.training_wall_seconds * self.threads)
 
     # --- internals ------------------------------------------------------------------------------
-    def _work_claims(self) -> dict[str, float]:
-        """The work clock's reading for the result's extra: its charged seconds and the counted
-        operations per timed step (none without a work clock)."""
+    def _work_claims(self) -> dict[str, Any]:
+        """The work clock's reading for the result's extra: its charged seconds, the counted
+        operations per timed step, and whether its charges ended training (`ended_by_work`: then
+        the steps did not depend on how busy the machine was); none without a work clock."""
         if self._work is None:
             return {}
+        last = max(self._recent_work, default=0.0)
         return {
             "work_seconds": round(self.work_seconds, 4),
-            "flops_per_step": max(self._recent_work, default=0.0) * self.profile.flops_per_second,
+            "flops_per_step": last * self.profile.flops_per_second,
+            "ended_by_work": self.work_seconds + last >= self.profile.time_budget_s,
         }
 
     def _mfu(self, flops_per_token: float | None) -> float:

@@ -336,9 +336,15 @@ def disturbance(run: Run, result: RunResult, recent_main_runs: list[Run], share_
 
     A CPU run's budget is CPU time, but a neighbour still slows it (caches, memory bandwidth). One
     that got less than `share_floor` of the CPU share main's recent runs got is run again, once: a
-    re-run counts whatever it gets, so a machine that stays busy cannot stall the loop."""
+    re-run counts whatever it gets, so a machine that stays busy cannot stall the loop. A run whose
+    training the work clock ended (runner.work) trained the steps it would have on a quiet machine,
+    however slowly: it is not run again. That word is train.py's claim, but a run that lies it only
+    keeps a slowed run's number, which a re-run could only have improved."""
     share = result.metrics.get("cpu_share")
     if result.status != "ok" or run.rerun_of is not None or result.metrics.get("clock") != "cpu" or not share:
+        return None
+    extra = result.metrics.get("extra")
+    if isinstance(extra, dict) and extra.get("ended_by_work") is True:
         return None
     shares = [s for s in (r.metrics.get("cpu_share") for r in recent_main_runs) if s]
     if not shares:

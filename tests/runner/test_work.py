@@ -155,4 +155,21 @@ def test_finish_leaves_the_count_before_the_export_and_records_the_charges(smoke
     assert _get_current_dispatch_mode() is None
     assert (tmp_path / "model.pt2").exists()
     claims = json.loads((tmp_path / "claims.json").read_text())
-    assert claims["extra"] == result.extra == {"work_seconds": 1.0, "flops_per_step": pytest.approx(MATMUL)}
+    assert (
+        claims["extra"]
+        == result.extra
+        == {
+            "work_seconds": 1.0,
+            "flops_per_step": pytest.approx(MATMUL),
+            "ended_by_work": False,  # it stopped on its own, the charges far from the budget
+        }
+    )
+
+
+@pytest.mark.parametrize(("cpu_s", "by_work"), [(0.4, True), (2.0, False)])
+def test_the_claims_say_whether_the_charges_ended_training(smoke_prepared, tmp_path, cpu_s, by_work):
+    """The conductor runs a slowed run again only where the CPU clock, not the charges, ended it."""
+    session, cpu = open_session(smoke_prepared, tmp_path)
+    while not session.time_up():
+        matmul_step(session, cpu, cpu_s)
+    assert session.finish(TinyLM(session.vocab_size)).extra["ended_by_work"] is by_work

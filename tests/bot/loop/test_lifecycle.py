@@ -516,6 +516,25 @@ def test_a_run_on_a_busy_machine_is_run_again_once(tmp_path: Path) -> None:
     assert len(rerun) == 1 and rerun[0].state == "done"
 
 
+def test_a_slowed_run_whose_steps_the_work_clock_fixed_is_not_run_again(tmp_path: Path) -> None:
+    """The work clock ended its training at the steps a quiet machine gives: a re-run would
+    measure the same training again (the demo spent two runs so)."""
+
+    def busy_third(job):
+        extra = {"work_seconds": 30.0, "ended_by_work": True}
+        return result_for(job, cpu_share=0.4 if job.run_id == 3 else 0.95, extra=extra)
+
+    loop = make(
+        tmp_path,
+        ScriptedAgent([]),
+        runner=FakeRunner(outcome=busy_third),
+        settings=dict(first_baseline_runs=3, baseline_runs=2),
+    )
+    run_to_end(loop)
+    assert loop.store.runs.get(3).state == "done"
+    assert not [r for r in loop.store.runs.all() if r.rerun_of == 3]
+
+
 def test_a_lost_run_is_queued_again(tmp_path: Path) -> None:
     runner = FakeRunner()
     runner.lost.add(1)
