@@ -9,8 +9,8 @@ seconds, as JSON and as a Markdown table row for docs/benchmarks.md.
 `--noise`: main's train.py and one explorer move (WARMDOWN_RATIO 0.5 -> 0.4) under each of `--seeds`,
 each run in a fresh process that opens the harness session itself (unsandboxed, evaluated in the
 process: the numbers the scorer would give), under each of `--clocks`:
-    cpu       the CPU-time clock alone (the profile before its work clock): steps vary with the load
-    work      the profile as it is: the work clock (runner.work) and the CPU clock, the first to end
+    cpu       the CPU-time clock alone (the profile as shipped): steps vary with the load
+    work      the work clock (runner.work, at profiles.CPU_WORK_RATE) and the CPU clock, the first to end
     steps:N   exactly N steps, the schedule on step / N: no clock at all, what a seed alone does
 Each run is also scored on half as many validation tokens again (`val_bpb_more`), which says how
 much of a seed's effect is the evaluation's sample of text. One JSON line per run goes to
@@ -98,8 +98,10 @@ def one_run(seed: int, variant: str, clock: str, threads: int) -> dict[str, Any]
     from runner.evaluate import evaluate_bpb
 
     torch.set_num_threads(threads)
-    if clock == "cpu":  # the CPU clock alone
-        profiles.PROFILES["cpu"] = dataclasses.replace(profiles.PROFILES["cpu"], flops_per_second=0.0)
+    if clock == "work":  # the work clock beside the CPU clock (no shipped profile has it: runner/profiles.py)
+        profiles.PROFILES["cpu"] = dataclasses.replace(
+            profiles.PROFILES["cpu"], flops_per_second=profiles.CPU_WORK_RATE
+        )
     source = variant_source(variant, clock)
     with tempfile.TemporaryDirectory() as tmp:
         session = harness.open_session("cpu", out_dir=Path(tmp), seed=seed, threads=threads)

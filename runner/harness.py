@@ -41,7 +41,7 @@ costs depends on the profile's clock:
 CPU time spent in child processes is not counted here, but the supervisor counts the whole process
 tree: a train.py that trains in a child only reaches the cap sooner.
 
-A CPU profile with a work clock (`profile.flops_per_second`, the `cpu` profile's) also charges each
+A CPU profile with a work clock (`profile.flops_per_second`; none shipped, runner.profiles says why) charges each
 step after the warm-up ones the operations it was counted doing (runner.work, counting from the
 session's opening to finish()), at that rate: time_up() is also true once another step charged as
 much as the most of the last few would take the charges past the budget, and progress() is the
