@@ -42,6 +42,7 @@ MAX_LOST_RUNS = 5  # times one run is lost in a row (a machine gone, an answer r
 # A run whose training process was killed from outside is lost and runs again; killed this many times in
 # a row, it is charged as the crash it may be: a train.py can kill itself to look killed from outside.
 MAX_KILLED_RUNS = 2
+KILLED_NOTE = "killed from outside: "  # how a lost run's note begins when it was: the kills in a row are counted by it
 
 
 class Runs:
@@ -120,18 +121,23 @@ class Runs:
         every result (another harness deployed, a profile it lacks, runners that never stay up)
         must not loop forever. `charge`: the crash to record instead once it was killed
         MAX_KILLED_RUNS times in a row, for a run killed from outside (see MAX_KILLED_RUNS)."""
-        streak = self._lost_before(run)
-        if charge is not None and streak + 1 >= MAX_KILLED_RUNS:
+        kills = self._lost_before(run, kills_only=True)
+        if charge is not None and kills + 1 >= MAX_KILLED_RUNS:
             asset = self.baseline.task.asset
-            log.warning("run %s lost again (%s): charged as a crash of its %s", run.id, why, asset)
+            log.warning("run %s killed again (%s): charged as a crash of its %s", run.id, why, asset)
             self._record(
                 run,
-                replace(charge, error=f"{why}; lost {streak + 1} times in a row, so charged as a crash of its {asset}"),
+                replace(
+                    charge,
+                    error=f"{why}; killed from outside {kills + 1} times in a row, so charged as a crash of its {asset}",
+                ),
                 main,
             )
             return
+        streak = self._lost_before(run)
         again = streak + 1 < MAX_LOST_RUNS
-        self.store.runs.set_aside(run.id, RunState.LOST, why, rerun=again)
+        note = why if charge is None else KILLED_NOTE + why
+        self.store.runs.set_aside(run.id, RunState.LOST, note, rerun=again)
         log.warning("run %s lost: %s%s", run.id, why, "; running it again" if again else "")
         if not again:
             asset = self.baseline.task.asset
@@ -151,12 +157,13 @@ class Runs:
             first = self.store.runs.get(first.rerun_of)
         return first.id
 
-    def _lost_before(self, run: Run) -> int:
-        """How many times in a row this run was lost before: the lost runs it re-runs, one by one."""
+    def _lost_before(self, run: Run, *, kills_only: bool = False) -> int:
+        """How many times in a row this run was lost before (`kills_only`: killed from outside): the
+        lost runs it re-runs, one by one."""
         streak, earlier = 0, run.rerun_of
         while earlier is not None:
             before = self.store.runs.get(earlier)
-            if before.state != RunState.LOST:
+            if before.state != RunState.LOST or (kills_only and not (before.note or "").startswith(KILLED_NOTE)):
                 break
             streak, earlier = streak + 1, before.rerun_of
         return streak

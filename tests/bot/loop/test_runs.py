@@ -9,10 +9,10 @@ import json
 import time
 from pathlib import Path
 
-from fakes import IDENTITY, SMALL_TRAIN_PY, FakeRunner, with_effect
+from fakes import IDENTITY, SMALL_TRAIN_PY, FakeRunner, result_for, with_effect
 
 from bot.agent.scripted import ScriptedAgent
-from bot.core.records import Proposal, RunStatus
+from bot.core.records import Proposal, RunResult, RunStatus
 from bot.forge.local import init_research_repo
 from bot.loop.conductor import Conductor, ConductorConfig
 from bot.loop.runs import MAX_LOST_RUNS
@@ -88,6 +88,39 @@ def test_a_run_lost_again_and_again_fails_its_experiment_blaming_the_runners(tmp
     chain = [r for r in loop.store.runs.all() if r.experiment_id == 1]
     assert [r.state for r in chain] == ["lost"] * MAX_LOST_RUNS and len({r.seed for r in chain}) == 1
     assert not loop.blocked  # main's own runs are fine: only this experiment ends
+
+
+class PreemptedThenKilled(FakeRunner):
+    """The experiment's first run is preempted (lost, no result), its re-run killed from outside
+    (lost, with the crash it may be); the run after finishes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fates: dict[int, str] = {}  # experiment run id -> what happens to it
+
+    def lookup(self, run_id: int) -> RunStatus:
+        job = self.jobs.get(run_id)
+        if job is None or job.experiment_id is None:
+            return super().lookup(run_id)
+        fate = self.fates.setdefault(run_id, ["preempted", "killed", "finishes"][min(len(self.fates), 2)])
+        if fate == "preempted":
+            return RunStatus("lost", detail="the Modal container was preempted")
+        if fate == "killed":
+            why = "the training process was killed by SIGKILL, sent by something outside the run"
+            crash = RunResult(run_id=run_id, status="crash", error=why, log_tail="", metrics=result_for(job).metrics)
+            return RunStatus("lost", detail=why, result=crash)
+        return super().lookup(run_id)
+
+
+def test_a_preemption_then_one_outside_kill_is_run_again_not_charged_as_a_crash(tmp_path: Path) -> None:
+    """Only kills from outside in a row are charged (MAX_KILLED_RUNS): a loss of another kind
+    before one kill makes no streak of kills."""
+    loop = make(tmp_path, PreemptedThenKilled(), [change(0.5, "worse")], first_baseline_runs=2)
+    run_to_end(loop)
+    chain = sorted((r for r in loop.store.runs.all() if r.experiment_id == 1), key=lambda r: r.id)
+    assert [r.state for r in chain] == ["lost", "lost", "done"] and len({r.seed for r in chain}) == 1
+    assert [r.status for r in chain][-1] == "ok"
+    assert not [r for r in loop.store.runs.all() if r.status == "crash"]
 
 
 def test_main_s_run_lost_again_and_again_stops_the_loop_saying_to_bring_the_runners_back(tmp_path: Path) -> None:
