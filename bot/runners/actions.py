@@ -85,8 +85,8 @@ class ActionsSettings(BaseSettings):
 
 
 class ActionsRunner:
-    """`repo()` is the repository (the app gives its GitHub client's), and `pace_write()` is called
-    before each dispatch and cancel, to stay under GitHub's write limits."""
+    """`repo()` is the repository (the app gives its GitHub client's), and `pace_write(what)` is called
+    before each dispatch ("dispatch") and cancel ("cancel"), to stay under GitHub's write limits."""
 
     def __init__(
         self,
@@ -94,7 +94,7 @@ class ActionsRunner:
         state_dir: Path,
         settings: ActionsSettings | None = None,
         *,
-        pace_write: Callable[[], None] = lambda: None,
+        pace_write: Callable[[str], None] = lambda what: None,
         harness: str | None = None,
         clock: Callable[[], float] = time.time,
         slots_file: Path | None = None,
@@ -299,7 +299,7 @@ class ActionsRunner:
             inputs["task"] = job.task
         repo = self._repo()
         workflow, ref = self.settings.workflow, self.settings.ref
-        self._pace()
+        self._pace("dispatch")
         try:
             _, answer = repo._requester.requestJsonAndCheck(
                 "POST",
@@ -344,7 +344,7 @@ class ActionsRunner:
 
     def _cancel_workflow_run(self, workflow_run_id: int) -> None:
         repo = self._repo()
-        self._pace()
+        self._pace("cancel")
         try:
             repo._requester.requestJsonAndCheck("POST", f"{repo.url}/actions/runs/{workflow_run_id}/cancel")
         except GithubException as error:

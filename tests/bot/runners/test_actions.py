@@ -240,6 +240,20 @@ def test_a_run_no_runner_starts_is_lost_after_the_last_attempt(
     assert all(run.conclusion == "cancelled" for run in standin.actions.runs.values())
 
 
+def test_dispatches_and_cancels_are_paced_as_what_they_are(
+    repo: Any, standin: GitHubStandIn, tmp_path: Path, clock: Clock
+) -> None:
+    """The write ledger records each by its kind (bot.store.schema's writes.what)."""
+    paced: list[str] = []
+    settings = ActionsSettings(poll_interval_s=0, queued_limit_s=10, max_attempts=2)
+    runner = ActionsRunner(lambda: repo, tmp_path / "state", settings, clock=clock, pace_write=paced.append)
+    standin.actions.hold()
+    runner.submit(job_at(standin))
+    clock.now += 11
+    assert runner.lookup(1).state == "queued"  # cancelled and dispatched again
+    assert paced == ["dispatch", "cancel", "dispatch"]
+
+
 def test_a_cancelled_run_ends_cancelled_and_reports_nothing_more(
     runner: ActionsRunner, standin: GitHubStandIn, tmp_path: Path
 ) -> None:
