@@ -16,6 +16,9 @@ a restart and that `autoresearch status` and the dashboard read. Writes come in 
   fits while each window's count stays under its limit less a reserve for the research's writes
   to come (their rate over the last hour or the last sixth of it, whichever is higher, times the
   window; in a minute at least a fifth of the limit), so what people read never crowds out a run.
+  The wait ends early when `stop` is set (the service is stopping): a write that must still wait
+  then raises WriteBudgetStopped and is not made; the publisher shows it after the next start,
+  since it makes up the difference between the store and what people see.
 
 The mode. Each pass the publisher asks `decide_mode()`, which forecasts the writes an hour that
 showing every experiment in full would take: the research's writes at their recent rate, plus
@@ -39,7 +42,7 @@ from pathlib import Path
 from bot.store.db import Database
 from bot.store.writes import DEFAULT_LIMITS, Write, WriteLedger, WriteMode
 
-__all__ = ["WRITE_LIMITS", "WriteBudget", "open_ledger"]
+__all__ = ["WRITE_LIMITS", "WriteBudget", "WriteBudgetStopped", "open_ledger"]
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +61,10 @@ def open_ledger(path: Path) -> WriteLedger:
     return WriteLedger(conn)
 
 
+class WriteBudgetStopped(Exception):
+    """A write people read was to wait for room while the service stops: it is not made now."""
+
+
 class WriteBudget:
     """The writes of the last hour in memory (the ledger's copy on disk), the two priorities, the mode."""
 
@@ -66,10 +73,13 @@ class WriteBudget:
         ledger: WriteLedger | None = None,
         *,
         clock: Callable[[], float] = time.time,
-        sleep: Callable[[float], None] = time.sleep,
+        sleep: Callable[[float], object] | None = None,
         limits: tuple[tuple[float, int], ...] = WRITE_LIMITS,
+        stop: threading.Event | None = None,
     ) -> None:
-        self.clock, self.sleep, self.limits = clock, sleep, tuple(sorted(limits))
+        self.stop = stop or threading.Event()  # set: wait() gives up instead of waiting (WriteBudgetStopped)
+        self.sleep = sleep or self.stop.wait  # by default a wait ends as soon as `stop` is set
+        self.clock, self.limits = clock, tuple(sorted(limits))
         self.ledger = ledger
         self.waited = 0.0  # seconds wait() has slept in all
         self._longest = max(window for window, _ in self.limits)
@@ -104,7 +114,8 @@ class WriteBudget:
 
     def wait(self, what: str) -> float:
         """A write people read: waits until it fits (under each limit less the research's reserve),
-        records it, and returns the seconds waited. Only a publisher's own thread may call this."""
+        records it, and returns the seconds waited. Only a publisher's own thread may call this.
+        Raises WriteBudgetStopped, the write not recorded, if it must wait once `stop` is set."""
         waited = 0.0
         while True:
             with self._lock:
@@ -113,6 +124,11 @@ class WriteBudget:
                 if delay <= 0:
                     self._record(Write(now, what, False))
                     break
+            if self.stop.is_set():
+                self.waited += waited
+                raise WriteBudgetStopped(
+                    f"{what} is not written: the service is stopping (shown after it starts again)"
+                )
             log.info("GitHub: the write budget holds %s back %.1f s", what, delay)
             self.sleep(delay)
             waited += delay
@@ -161,12 +177,15 @@ class WriteBudget:
         self._save_mode(mode)
 
     def _save_mode(self, mode: WriteMode) -> None:
-        self._mode = mode
-        if self.ledger is not None:
-            try:
-                self.ledger.mode = mode
-            except sqlite3.OperationalError as error:  # the store is busy: shown at the next change
-                log.info("the write budget's mode is not saved yet: %s", error)
+        # under the lock: the ledger's connection is shared with _record's writes from other threads,
+        # and an upsert between another thread's BEGIN and COMMIT would be rolled back with it
+        with self._lock:
+            self._mode = mode
+            if self.ledger is not None:
+                try:
+                    self.ledger.mode = mode
+                except sqlite3.OperationalError as error:  # the store is busy: shown at the next change
+                    log.info("the write budget's mode is not saved yet: %s", error)
 
     # --- the windows ----------------------------------------------------------------------------------
     def _record(self, write: Write) -> None:

@@ -5,15 +5,17 @@ degraded when showing everything in full would break the hour's limit, and full 
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
 
 import pytest
 
-from bot.github.budget import WriteBudget, open_ledger
+from bot.github.budget import WriteBudget, WriteBudgetStopped, open_ledger
 from bot.store import Store
-from bot.store.writes import WriteMode
+from bot.store.writes import WriteLedger, WriteMode
 
 LIMITS = ((60.0, 10), (3600.0, 50))  # GitHub's (80 a minute, 500 an hour), scaled down
+PATIENCE_S = 30.0  # how long a test waits for a thread it has released before calling it a hang
 
 
 class FakeClock:
@@ -55,6 +57,89 @@ def test_a_write_people_read_waits_for_room_under_the_minute_less_the_research_r
     assert b.room() == 0
     assert b.wait("comment") == pytest.approx(52.0)  # the first left the window at 1060; now 1008
     assert clock.slept == [pytest.approx(52.0)]
+
+
+def fill_the_minute(b: WriteBudget, clock: FakeClock) -> None:
+    for _ in range(8):  # what people read may use 8 of the minute's 10
+        assert b.wait("comment") == 0
+        clock.now += 1.0
+
+
+def test_a_write_that_must_wait_gives_up_once_the_service_stops(clock, tmp_path: Path):
+    """A stopping service must not sit out the hour's window: the write is not made (the publisher
+    shows it after the next start) and the wait ends."""
+    stop = threading.Event()
+
+    def sleep(seconds: float) -> None:  # the service is stopped while the write waits
+        clock.sleep(seconds)
+        assert len(clock.slept) == 1, "the wait went on after the service stopped"
+        stop.set()
+        clock.now -= seconds  # and no time passed: the write would still have to wait
+
+    path = tmp_path / "state.db"
+    b = WriteBudget(open_ledger(path), clock=clock, sleep=sleep, limits=LIMITS, stop=stop)
+    fill_the_minute(b, clock)
+    with pytest.raises(WriteBudgetStopped, match="the service is stopping"):
+        b.wait("comment")
+    assert len(clock.slept) == 1 and Store(path).writes.summary(clock.now).counts[0][1] == 8  # not recorded
+
+
+def test_a_write_that_fits_is_made_while_the_service_stops(clock):
+    stop = threading.Event()
+    b = WriteBudget(None, clock=clock, sleep=clock.sleep, limits=LIMITS, stop=stop)
+    stop.set()
+    assert b.wait("comment") == 0  # the last snapshot shows what it can without waiting
+
+
+def test_by_default_the_wait_is_on_the_stop_event_and_ends_when_it_is_set(clock):
+    b = WriteBudget(None, clock=clock, limits=LIMITS)  # the clock stands still: only stop ends the wait
+    fill_the_minute(b, clock)
+    outcome: list[BaseException] = []
+
+    def publish() -> None:
+        try:
+            b.wait("comment")
+        except WriteBudgetStopped as error:
+            outcome.append(error)
+
+    worker = threading.Thread(target=publish)
+    worker.start()
+    b.stop.set()
+    worker.join(PATIENCE_S)
+    assert not worker.is_alive() and len(outcome) == 1
+
+
+class LockCheckingLedger(WriteLedger):
+    """Notes whether the budget's lock was held each time the mode was written."""
+
+    def __init__(self, ledger: WriteLedger) -> None:
+        super().__init__(ledger.db)
+        self.budget: WriteBudget | None = None
+        self.held: list[bool] = []
+
+    @property
+    def mode(self) -> WriteMode:
+        return WriteLedger.mode.fget(self)
+
+    @mode.setter
+    def mode(self, value: WriteMode) -> None:
+        if self.budget is not None:
+            self.held.append(self.budget._lock.locked())
+        WriteLedger.mode.fset(self, value)
+
+
+def test_the_mode_is_written_under_the_lock_other_threads_write_the_ledger_under(clock, tmp_path: Path):
+    """The ledger's connection is shared across threads: a mode written outside the lock could land
+    inside another thread's transaction and be rolled back with it."""
+    ledger = LockCheckingLedger(open_ledger(tmp_path / "state.db"))
+    b = WriteBudget(ledger, clock=clock, sleep=clock.sleep, limits=LIMITS)
+    ledger.budget = b
+    for _ in range(9):
+        b.charge("branch")
+        b.charge("commit")
+        clock.now += 60.0
+    assert b.decide_mode().mode == "degraded"
+    assert ledger.held == [True]
 
 
 def test_the_research_rate_is_reserved_in_the_hour(clock):
