@@ -1,7 +1,9 @@
 """The plain records passed between the conductor and its three collaborators.
 
 The agent turns a `ProposalContext` into a `Proposal`; the runner turns a `Job` into a `RunResult`.
-Nothing here talks to git, a GPU or a network.
+Which runs train the whole budget (`full_budget`: a screening's short run does not) is here too, the
+one rule the store's seeds, the loop's numbers and every view read. Nothing here talks to git, a GPU
+or a network.
 """
 
 from __future__ import annotations
@@ -129,3 +131,14 @@ class RunStatus:
     progress: dict[str, Any] | None = None  # running: the latest progress line (step, loss, ...)
     result: RunResult | None = None  # finished: what it reported; lost: the crash it is charged as if lost again
     detail: str = ""  # lost or unknown: why
+
+
+SCREEN = "screen"  # the purpose of a screening's short run (bot.loop.screening)
+
+
+def full_budget(purpose: str) -> bool:
+    """Whether a run of `purpose` trains the profile's whole budget. A screening's short run does
+    not: its value is another measurement, so it never counts beside a full run's (main's value, the
+    noise, the pairs, an experiment's mean, a check's numbers), and its seed pairs with main's short
+    runs' seeds, never with its full runs' (bot.store.runs)."""
+    return purpose != SCREEN

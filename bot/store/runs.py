@@ -11,7 +11,12 @@ under, so a candidate and main share seeds and the judge can compare them seed b
 instead of all subtracting its first ones, and the paired noise they pool to knows more the more of
 them there are (bot.loop.pairing.PairedPool). Beyond main's seeds it takes the smallest seed
 neither its train.py nor main's has run under, and main gets a run under it where the paired rule
-asks (the lifecycle passes that seed). A run is queued in the same transaction as the experiment change that asks for
+asks (the lifecycle passes that seed). A screening's short run (bot.core.records.full_budget) is
+another measurement: an experiment's full run pairs with main's full runs only and its short run
+with main's short runs only, so a short run never takes the seed a full run of main waits to pair
+under. No code runs twice under one seed, whatever the budget: main's short runs take seeds its
+full runs have not, so a candidate's short and full runs never share a seed either, and a short
+run that came out low for its seed's sake does not pass that luck on to the full runs it earned. A run is queued in the same transaction as the experiment change that asks for
 it; finishing is done once (a second report of the same run changes nothing); a run set aside (lost,
 refused, disturbed, cancelled) is re-run as a new run with the same seed, in the same transaction. A
 store written before seeds were chosen this way keeps its runs' seeds; a run queued since avoids them
@@ -29,6 +34,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from bot.core.records import full_budget
 from bot.core.states import RunState
 from bot.store.db import Database
 from bot.store.events import Events
@@ -98,7 +104,8 @@ class Runs:
         now = time.time()
         with self.db.transaction() as conn:
             if seed is None:
-                seed = _next_seed(conn, code_hash, None if experiment_id is None else main_code)
+                main = None if experiment_id is None else main_code
+                seed = _next_seed(conn, code_hash, main, full=full_budget(purpose))
             cursor = conn.execute(
                 "INSERT INTO runs(experiment_id, purpose, code_hash, commit_sha, base_sha, asset, profile,"
                 " seed, state, queued_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'queued', ?)",
@@ -112,16 +119,18 @@ class Runs:
         self.db.failpoint(f"queued_{purpose}")
         return self.get(run_id)
 
-    def next_seed(self, code_hash: str, main_code: str | None = None) -> int:
-        """The seed the next run of the train.py whose hash is `code_hash` would get: main's own run
-        when `main_code` is None, else an experiment's run measured on the main whose train.py's hash
-        is `main_code` (main's least-taken seed it has not run under, or a new one)."""
-        return _next_seed(self.db.conn, code_hash, main_code)
+    def next_seed(self, code_hash: str, main_code: str | None = None, *, full: bool = True) -> int:
+        """The seed the next full run (a short one with `full` False) of the train.py whose hash is
+        `code_hash` would get: main's own run when `main_code` is None, else an experiment's run
+        measured on the main whose train.py's hash is `main_code` (main's least-taken seed of that
+        budget it has not run under, or a new one)."""
+        return _next_seed(self.db.conn, code_hash, main_code, full=full)
 
-    def main_seeds(self, main_code: str) -> list[int]:
-        """The seeds of main's own runs of the train.py whose hash is `main_code`, in the order they
-        were queued (a re-run repeats its run's seed and is not counted again)."""
-        return _main_seeds(self.db.conn, main_code)
+    def main_seeds(self, main_code: str, *, full: bool = True) -> list[int]:
+        """The seeds of main's own full runs (short ones with `full` False) of the train.py whose hash
+        is `main_code`, in the order they were queued (a re-run repeats its run's seed and is not
+        counted again)."""
+        return _main_seeds(self.db.conn, main_code, full=full)
 
     def mark_started(self, run_id: int, run_dir: str) -> None:
         self.db.execute(
@@ -303,19 +312,20 @@ class Runs:
         return [(r[0], r[1], r[2], r[3], r[4], r[5], r[6] if isinstance(r[6], str) else None) for r in rows]
 
 
-def _main_seeds(conn: sqlite3.Connection, main_code: str) -> list[int]:
+def _main_seeds(conn: sqlite3.Connection, main_code: str, *, full: bool) -> list[int]:
     rows = conn.execute(
-        "SELECT seed FROM runs WHERE experiment_id IS NULL AND code_hash = ? AND rerun_of IS NULL ORDER BY id",
+        "SELECT seed, purpose FROM runs WHERE experiment_id IS NULL AND code_hash = ? AND rerun_of IS NULL ORDER BY id",
         (main_code,),
     )
-    return [row[0] for row in rows]
+    return [seed for seed, purpose in rows if full_budget(purpose) == full]
 
 
-def _next_seed(conn: sqlite3.Connection, code_hash: str, main_code: str | None) -> int:
-    """For an experiment's run on main: of main's seeds this code has not run under, the one whose pairs
-    would overlap least with other experiments' on that main (`_overlap`; main's earliest among equals),
-    else the smallest seed neither this code nor main's has run under; for main's own run, the smallest
-    seed its code has not run under."""
+def _next_seed(conn: sqlite3.Connection, code_hash: str, main_code: str | None, *, full: bool) -> int:
+    """For an experiment's run on main: of main's seeds of the same budget (`full`: its full runs',
+    else its short runs') this code has not run under, the one whose pairs would overlap least with
+    other experiments' of that budget on that main (`_overlap`; main's earliest among equals), else
+    the smallest seed neither this code nor main's has run under; for main's own run, the smallest
+    seed its code has not run under. A seed taken at either budget is taken."""
     codes = [code_hash] if main_code is None else [code_hash, main_code]
     marks = ", ".join("?" for _ in codes)
     rows = conn.execute(f"SELECT DISTINCT code_hash, seed FROM runs WHERE code_hash IN ({marks})", codes)
@@ -323,30 +333,33 @@ def _next_seed(conn: sqlite3.Connection, code_hash: str, main_code: str | None) 
     for code, seed in rows:
         used[code].add(seed)
     if main_code is not None:
-        free = [seed for seed in _main_seeds(conn, main_code) if seed not in used[code_hash]]
+        free = [seed for seed in _main_seeds(conn, main_code, full=full) if seed not in used[code_hash]]
         if free:
-            overlap = _overlap(conn, main_code, code_hash)
+            overlap = _overlap(conn, main_code, code_hash, full=full)
             return min(free, key=lambda seed: overlap.get(seed, 0))  # min keeps the first of equals
     taken = set().union(*used.values())
     return next(seed for seed in range(1, len(taken) + 2) if seed not in taken)
 
 
-def _overlap(conn: sqlite3.Connection, main_code: str, code_hash: str) -> dict[int, int]:
+def _overlap(conn: sqlite3.Connection, main_code: str, code_hash: str, *, full: bool) -> dict[int, int]:
     """Seed -> what a run of `code_hash` under it would add to the overlap of its pairs with other
     experiments' on main (the train.py whose hash is `main_code`): over the other experiments' runs of
     one code on a commit where main's has runs (a re-run not counted again) that took the seed, 1 + 2 x
-    the seeds they share with `code_hash`'s runs there. That is the growth of the sum over them of k^2,
-    k the runs of main two experiments' pairs share, which is what the paired pool's degrees of freedom
-    lose (bot.loop.pairing.PairedPool): the experiments on one main spread over its runs instead of all
-    subtracting its first ones."""
+    the seeds they share with `code_hash`'s runs there, runs of the budget `full` says alone. That is
+    the growth of the sum over them of k^2, k the runs of main two experiments' pairs share, which is
+    what the paired pool's degrees of freedom lose (bot.loop.pairing.PairedPool): the experiments on
+    one main spread over its runs instead of all subtracting its first ones."""
     rows = conn.execute(
-        "SELECT experiment_id, code_hash, seed FROM runs WHERE experiment_id IS NOT NULL AND rerun_of IS NULL"
-        " AND base_sha IN (SELECT base_sha FROM runs WHERE experiment_id IS NULL AND code_hash = ?)",
+        "SELECT experiment_id, code_hash, seed, purpose FROM runs WHERE experiment_id IS NOT NULL"
+        " AND rerun_of IS NULL AND base_sha IN (SELECT base_sha FROM runs WHERE experiment_id IS NULL"
+        " AND code_hash = ?)",
         (main_code,),
     )
     own: set[int] = set()
     others: dict[tuple[int, str], set[int]] = {}
-    for experiment, code, seed in rows:
+    for experiment, code, seed, purpose in rows:
+        if full_budget(purpose) != full:
+            continue
         if code == code_hash:
             own.add(seed)
         else:

@@ -20,7 +20,9 @@ from bot.loop import lifecycle, measurement
 from bot.loop.conductor import Conductor
 from bot.loop.judge import JudgeConfig
 from bot.loop.pairing import Paired, paired_differences
+from bot.store import Store
 from tests.bot.loop.test_lifecycle import make, program, run_to_end, tick_until
+from tests.bot.store.test_store import new_experiment, new_run
 
 ROUTER = "def train(examples):\n    return None\n\n\ndef route(texts):\n    return ['card_arrival' for _ in texts]\n"
 # What the seed's hold-out split does to any router's accuracy: sd about 0.006, as the demo measured.
@@ -136,3 +138,30 @@ def test_changes_on_one_main_spread_over_its_seeds_instead_of_all_taking_its_fir
     runs = [r for r in loop.store.runs.all() if r.rerun_of is None]
     assert [r.seed for r in runs if r.experiment_id is None] == [1, 2, 3, 4]
     assert [r.seed for r in runs if r.experiment_id is not None] == [1, 2, 3, 4, 1]
+
+
+def test_a_candidates_short_run_pairs_with_mains_short_runs_and_leaves_its_full_seeds_to_its_full_runs(
+    tmp_path: Path,
+) -> None:
+    """Main measured twice in full (seeds 1, 2) and three times short for screening (3, 4, 5): a
+    candidate's short run takes one of main's short seeds, so its full runs still take main's full
+    seeds 1 and 2 and each pairs with a full run of main (a short one never counts beside them);
+    beyond main's full seeds it takes one no run of either code has, which main then runs in full
+    (main_seeds lists the full runs' seeds alone). No code runs twice under one seed, whatever the
+    budget, so its short and full runs never share one."""
+    store = Store(tmp_path / "state.db")
+    exp = new_experiment(store)
+    main = [new_run(store, None, "baseline", code_hash="main-1").seed for _ in range(2)]
+    short = [new_run(store, None, "screen", code_hash="main-1").seed for _ in range(3)]
+    assert (main, short) == ([1, 2], [3, 4, 5])
+    on_main = dict(main_code="main-1")
+    screened = new_run(store, exp.id, "screen", **on_main).seed
+    full = [new_run(store, exp.id, purpose, **on_main).seed for purpose in ("candidate", "confirm")]
+    assert (screened, full) == (3, [1, 2])
+    assert store.runs.main_seeds("main-1") == [1, 2] and store.runs.main_seeds("main-1", full=False) == [3, 4, 5]
+    assert store.runs.next_seed("code-1", "main-1") == 6  # 3, 4, 5: main ran them short, code-1 ran 3
+    other = new_experiment(store, 2)
+    assert new_run(store, other.id, "screen", code_hash="code-2", **on_main).seed == 4  # overlaps least
+    assert store.runs.next_seed("code-2", "main-1", full=False) == 5  # the one no other short run took
+    runs = store.runs.all()
+    assert len({(r.code_hash, r.seed) for r in runs}) == len(runs)
