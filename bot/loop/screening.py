@@ -30,6 +30,7 @@ import math
 import statistics
 from typing import TYPE_CHECKING, Any
 
+from bot.core.records import SCREEN, full_budget
 from bot.core.states import RunState, State, Status
 from bot.loop import measurement
 from bot.loop.baseline import Baseline, Main
@@ -39,7 +40,6 @@ from bot.store import Experiment, Run, Store
 if TYPE_CHECKING:
     from bot.loop.runs import Runs
 
-SCREEN = "screen"  # the purpose of a short run: a candidate's first, and main's beside them
 SCREEN_FRACTION = 0.2  # of the profile's time budget
 SHORT_MAIN_RUNS = 3  # short runs of each main's train.py that candidates are screened against
 PENDING = "pending"  # exp.meta["screen"] while its screen has no verdict
@@ -47,7 +47,7 @@ PENDING = "pending"  # exp.meta["screen"] while its screen has no verdict
 
 def budget_fraction(purpose: str) -> float:
     """The share of the profile's budget a run of `purpose` trains."""
-    return SCREEN_FRACTION if purpose == SCREEN else 1.0
+    return 1.0 if full_budget(purpose) else SCREEN_FRACTION
 
 
 def pending(exp: Experiment) -> bool:
@@ -97,7 +97,7 @@ class Screening:
         its short run failed, or main's train.py changed under it."""
         if self.baseline.code_at(exp.base_sha) != main.code_hash:  # its short run will not start: no short main
             return self._unscreened(exp, f"main's {self.baseline.task.asset} changed before its screen ended")
-        short = [r for r in runs if r.purpose == SCREEN and r.code_hash == exp.code_hash]
+        short = [r for r in runs if not full_budget(r.purpose) and r.code_hash == exp.code_hash]
         if any(r.state in (RunState.QUEUED, RunState.RUNNING) for r in short):
             return None
         done = [r for r in short if r.state == RunState.DONE]
@@ -151,9 +151,7 @@ class Screening:
     def _main_short(self, main: Main) -> list[float] | None:
         """Main's short values once it has them all (its short runs queued while it lacks some), or
         those it has once SHORT_MAIN_RUNS of them failed (perhaps none); None while they run."""
-        own = [
-            r for r in self.store.runs.all(code_hash=main.code_hash) if r.purpose == SCREEN and r.experiment_id is None
-        ]
+        own = self._own_short(main)
         if any(r.state in (RunState.QUEUED, RunState.RUNNING) for r in own):
             return None
         values = [v.val_bpb for v in measurement.counted(own, self.identity)]
@@ -163,12 +161,18 @@ class Screening:
         self._top_up_main(main)
         return None
 
+    def _own_short(self, main: Main) -> list[Run]:
+        """Main's own short runs of its train.py, in run order."""
+        runs = self.store.runs.all(code_hash=main.code_hash)
+        return [r for r in runs if not full_budget(r.purpose) and r.experiment_id is None]
+
     def _top_up_main(self, main: Main) -> None:
-        own = [
-            r for r in self.store.runs.all(code_hash=main.code_hash) if r.purpose == SCREEN and r.experiment_id is None
-        ]
+        """Queue main's short runs until SHORT_MAIN_RUNS are queued, running or counted: finished ok
+        under the pinned identity, as `_main_short` counts them (a run measured under an earlier
+        harness or data set is done but no longer counts, and must not stand in for one that does)."""
+        own = self._own_short(main)
         have = [r for r in own if r.state in (RunState.QUEUED, RunState.RUNNING)]
-        have += [r for r in own if r.state == RunState.DONE and r.status == "ok"]
+        have += measurement.counted_runs(own, self.identity)
         for _ in range(SHORT_MAIN_RUNS - len(have)):
             self.store.runs.add(
                 experiment_id=None,
@@ -193,6 +197,6 @@ class Screening:
         )
         groups: dict[str, list[float]] = {}
         for code, experiment, purpose, value in values:
-            if purpose == SCREEN and experiment is None:
+            if not full_budget(purpose) and experiment is None:
                 groups.setdefault(code, []).append(value)
         return pooled_noise(groups.values())

@@ -14,7 +14,7 @@ from fakes import CRASH_MARK, IDENTITY, SMALL_TRAIN_PY, FakeRunner, result_for, 
 
 from bot.agent.scripted import ScriptedAgent
 from bot.core.records import Job, Proposal, RunResult
-from bot.forge.local import init_research_repo
+from bot.forge.local import LocalForge, init_research_repo
 from bot.loop.conductor import Conductor, ConductorConfig
 from bot.loop.judge import pooled_noise
 from bot.loop.program import SettingsError, parse_program
@@ -37,23 +37,32 @@ def proposal(effect: float, title: str) -> Proposal:
 
 class BudgetRunner(FakeRunner):
     """A fake runner whose short runs (budget_fraction < 1) measure SHORT_OFFSET more; `jobs` keeps
-    every job as submitted, its fraction with it."""
+    every job as submitted, its fraction with it. Its results carry `identity` (the fakes' by default)."""
 
-    def __init__(self) -> None:
+    def __init__(self, identity: dict[str, str] | None = None) -> None:
+        self.identity = dict(IDENTITY if identity is None else identity)
         super().__init__(outcome=self._outcome)
 
-    @staticmethod
-    def _outcome(job: Job) -> RunResult:
-        result = result_for(job)
+    def _outcome(self, job: Job) -> RunResult:
+        result = result_for(job, identity=self.identity)
         if job.budget_fraction < 1.0 and result.val_bpb is not None:
             result.val_bpb += SHORT_OFFSET
         return result
 
 
 def make(
-    tmp_path: Path, proposals: list[Proposal], runner: FakeRunner, lookahead: int = 1, **settings: object
+    tmp_path: Path,
+    proposals: list[Proposal],
+    runner: FakeRunner,
+    lookahead: int = 1,
+    forge: LocalForge | None = None,
+    experiments: int | None = None,
+    **settings: object,
 ) -> Conductor:
-    forge = init_research_repo(tmp_path / "repo", {"train.py": MAIN, "program.md": program(**FAST, **settings)})
+    """A conductor on a new research repo (or on `forge`, and the store in tmp_path as it stands), its
+    results under `runner`'s identity, proposing `proposals` up to `experiments` in the store."""
+    if forge is None:
+        forge = init_research_repo(tmp_path / "repo", {"train.py": MAIN, "program.md": program(**FAST, **settings)})
     return Conductor(
         Store(tmp_path / "state.db"),
         forge,
@@ -61,8 +70,8 @@ def make(
         ScriptedAgent(proposals),
         ConductorConfig(
             profile="smoke",
-            identity=dict(IDENTITY),
-            max_experiments=len(proposals),
+            identity=dict(getattr(runner, "identity", IDENTITY)),
+            max_experiments=len(proposals) if experiments is None else experiments,
             retry_base_s=0.0,
             lookahead=lookahead,
         ),
@@ -190,3 +199,28 @@ def test_what_people_see_leaves_short_runs_out_of_mains_value_and_the_check(tmp_
     assert "| val_bpb | — |" in summary and "| Runs | 0 |" in summary  # no full run: no value of its own
     assert f"| screen | ok | {2.1 + SHORT_OFFSET:.6f}" in summary  # its short run, listed as such
     assert "**Decision:** screened out: short-run delta +0.09" in summary
+
+
+def test_after_a_new_harness_a_screened_candidate_gets_mains_short_runs_anew_and_a_verdict(tmp_path: Path) -> None:
+    """Main's short runs under the old harness no longer count (measurement.counted): a candidate
+    screened after a restart with a new harness hash gets main's short runs queued again under the
+    new one, instead of waiting for ever on runs that are done but do not count."""
+    before = make(tmp_path, [proposal(+0.1, "worse")], BudgetRunner(), screening=True)
+    run_to_end(before)
+    old_short = [r.id for r in before.store.runs.all() if r.purpose == SCREEN and r.experiment_id is None]
+    assert len(old_short) == SHORT_MAIN_RUNS
+    after = make(
+        tmp_path,
+        [proposal(-0.1, "better")],
+        BudgetRunner(dict(IDENTITY, harness_hash="harness-2")),
+        forge=before.forge,
+        experiments=2,
+    )
+    run_to_end(after)
+    old, new = after.store.experiments.all()
+    assert (old.status, new.status) == ("discard", "keep")
+    assert new.meta["screen"]["promoted"] and new.meta["screen"]["main_runs"] == SHORT_MAIN_RUNS
+    fresh = [
+        r for r in after.store.runs.all() if r.purpose == SCREEN and r.experiment_id is None and r.id not in old_short
+    ]
+    assert len(fresh) == SHORT_MAIN_RUNS and all(r.harness_hash == "harness-2" for r in fresh)
