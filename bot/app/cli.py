@@ -90,7 +90,7 @@ def run(
     from runner.isolated import run_job
     from runner.profiles import get_profile
     from runner.protocol import JobSpec
-    from runner.tasks import get_task
+    from runner.tasks import DEFAULT_TASK, get_task
 
     try:
         get_profile(profile)
@@ -103,7 +103,7 @@ def run(
         console.print(f"[red]error:[/] {asset} does not exist")
         raise typer.Exit(2)
     out = (out or Path("runs") / f"{profile}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
-    if not 0 < budget_fraction <= 1 or (budget_fraction != 1 and task != "training"):
+    if not 0 < budget_fraction <= 1 or (budget_fraction != 1 and task != DEFAULT_TASK):
         console.print(
             f"[red]error:[/] --budget-fraction {budget_fraction:g}: give a share of the profile's time budget "
             "in (0, 1], 0.2 for a fifth; only training has a budget to shorten"

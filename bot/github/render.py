@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from bot.core.records import full_budget
 from bot.core.simplicity import simplification
 from bot.store import Experiment, Run
 from bot.views.read_model import kept_for_simplicity, shown_value
@@ -147,7 +148,7 @@ def _counted(runs: Iterable[Run]) -> list[Run]:
     """The runs whose val_bpb counts: finished, ok, with a value, at the full budget (a screening's
     short run is another measurement: bot.loop.screening)."""
     return [
-        r for r in runs if r.state == "done" and r.status == "ok" and r.val_bpb is not None and r.purpose != "screen"
+        r for r in runs if r.state == "done" and r.status == "ok" and r.val_bpb is not None and full_budget(r.purpose)
     ]
 
 

@@ -27,7 +27,7 @@ import statistics
 from dataclasses import dataclass
 
 from bot.core.protocols import Forge
-from bot.core.records import code_hash
+from bot.core.records import code_hash, full_budget
 from bot.core.states import RunState, State, Status
 from bot.loop import measurement, pairing
 from bot.loop.judge import Noise, main_runs_wanted
@@ -127,7 +127,7 @@ class Baseline:
                 data_fingerprint=ident["data_fingerprint"],
                 threads=measurement.pinned_threads(ident),
             )
-            runs = [run for run in runs if run[2] != "screen"]  # short runs: bot.loop.screening's alone
+            runs = [run for run in runs if full_budget(run[2])]  # short runs: bot.loop.screening's alone
             self._values = [run[:4] for run in runs]
             self._seeded = [run[4:] for run in runs]
         return self._values

@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 
 from bot.core import simplicity
 from bot.core.protocols import Forge, MainMoved, MergeConflict
-from bot.core.records import code_hash
+from bot.core.records import code_hash, full_budget
 from bot.core.states import Request, RunState, State, Status
 from bot.loop import measurement, screening
 from bot.loop.baseline import Baseline, Main
@@ -280,7 +280,7 @@ class Lifecycle:
             return None
         counted = [r for r in runs if r.state == RunState.DONE]
         failed = next((r for r in counted if r.status in ("crash", "rejected")), None)  # no number: judged at once
-        full = [r for r in counted if r.purpose != screening.SCREEN]  # a short run's value is not a full run's
+        full = [r for r in counted if full_budget(r.purpose)]  # a short run's value is not a full run's
         candidate = [value.val_bpb for value in measurement.counted(full, self.identity)]
         if not candidate and failed is None and exp.base_sha == main.sha:
             self.runs.queue(exp, "candidate", "no run under the pinned harness and data")

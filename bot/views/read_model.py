@@ -36,6 +36,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from bot.core.records import full_budget
 from bot.core.simplicity import Simplification
 from bot.core.states import RunState, State, Status
 from bot.loop import measurement
@@ -329,7 +330,7 @@ def build_view(rows: StoreRows, live: Live | None = None) -> View:
     live = live or {}
     identity = rows.loop.identity
     metric = metric_of(rows.loop)
-    values = measurement.counted([r for r in rows.runs if r.purpose != "screen"], identity)  # short runs apart
+    values = measurement.counted([r for r in rows.runs if full_budget(r.purpose)], identity)  # short runs apart
     kept = [e for e in rows.experiments if e.state == State.DONE and e.status == Status.KEEP]
     done: dict[int, list[RunRow]] = {}
     waiting: dict[int, int] = {}
