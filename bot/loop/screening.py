@@ -5,8 +5,9 @@ With screening on, a new candidate's first run is a short one, a fifth of the pr
 gets short runs too (SHORT_MAIN_RUNS, queued as main's own runs of purpose `screen` when it lacks
 them), since a short run's value is a different measurement from a full one's: it is compared with
 main's short runs only, and never enters main's value, the noise the judge pools, the pairs or an
-experiment's mean (bot.loop.baseline.values and the lifecycle leave `screen` runs out, and so do
-the read model and a check's numbers).
+experiment's mean: bot.core.records.full_budget says which runs count there, for main's values, the
+lifecycle, the read model and a check's numbers alike. A short run's seed is one of main's short
+runs' (bot.store.runs), never one its full runs pair under.
 
 The rule: the candidate goes on to full runs and the judge (bot.loop.judge, as without screening)
 when its short run's value less the mean of main's short runs is below `screening_sigmas` short

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from bot.core.protocols import Publisher, Snapshot
+from bot.core.records import full_budget
 from bot.core.simplicity import Simplification
 from bot.store import Store
 from bot.views.read_model import RunRow, View, metric_of, read_loop, shown_value, view_of
@@ -71,7 +72,7 @@ def rows(view: View) -> list[dict[str, Any]]:
         )
     for finished in view.finished:
         exp = finished.experiment
-        ok = [r for r in finished.runs if r.status == "ok"]
+        ok = [r for r in finished.runs if r.status == "ok" and full_budget(r.purpose)]  # as its val_bpb
         simpler = finished.kept_for_simplicity
         out.append(
             {

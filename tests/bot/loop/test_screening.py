@@ -20,9 +20,12 @@ from bot.loop.judge import pooled_noise
 from bot.loop.program import SettingsError, parse_program
 from bot.loop.screening import SCREEN, SCREEN_FRACTION, SHORT_MAIN_RUNS
 from bot.store import Store
+from bot.views.read_model import view_of
+from bot.views.results import rows
 
 MAIN = with_effect(SMALL_TRAIN_PY, 0.0, "main")
 SHORT_OFFSET = 1.0  # a short run's value: its code's full value plus this
+SHORT_STEPS = 20  # a short run's steps (a full one's: 100, the fakes')
 FAST = dict(first_baseline_runs=2, baseline_runs=2)
 
 
@@ -47,6 +50,7 @@ class BudgetRunner(FakeRunner):
         result = result_for(job, identity=self.identity)
         if job.budget_fraction < 1.0 and result.val_bpb is not None:
             result.val_bpb += SHORT_OFFSET
+            result.metrics.update(val_bpb=result.val_bpb, num_steps=SHORT_STEPS)
         return result
 
 
@@ -120,6 +124,11 @@ def test_a_promising_candidate_goes_on_to_full_runs_and_the_judge(tmp_path: Path
     short_mains = [r for r in loop.store.runs.all() if r.purpose == SCREEN and r.experiment_id is None]
     assert len(short_mains) == SHORT_MAIN_RUNS
     assert all(runner.jobs[r.id].budget_fraction == SCREEN_FRACTION for r in short_mains)
+    full_mains = [r for r in loop.store.runs.all() if r.purpose == "baseline" and r.code_hash != exp.code_hash]
+    # its short run pairs with one of main's short runs, its full run with one of main's full runs
+    assert own[0].seed in {r.seed for r in short_mains} and own[1].seed == full_mains[0].seed
+    row = next(row for row in rows(view_of(loop.store)) if row["id"] == exp.id)
+    assert row["steps"] == 100  # its full run's steps: the short run's fifth is another measurement
 
 
 def test_short_and_full_values_never_mix_in_the_judge_or_the_noise(tmp_path: Path) -> None:
@@ -184,7 +193,6 @@ def test_screening_is_refused_for_a_task_without_a_time_budget() -> None:
 
 def test_what_people_see_leaves_short_runs_out_of_mains_value_and_the_check(tmp_path: Path) -> None:
     from bot.github.render import check_summary
-    from bot.views.read_model import view_of
 
     loop = make(tmp_path, [proposal(+0.1, "worse")], BudgetRunner(), screening=True)
     run_to_end(loop)
