@@ -95,6 +95,18 @@ def test_run_without_prepared_inputs_says_which_prepare_to_run(word_count, tmp_p
     assert "autoresearch prepare --task word-count --profile smoke" in json.loads(result.stdout)["error"]
 
 
+@pytest.mark.parametrize(("task", "fraction"), [("word-count", "0.5"), ("training", "1.5"), ("training", "0")])
+def test_run_refuses_a_budget_fraction_it_cannot_train_saying_what_to_give(
+    word_count, tmp_path: Path, task: str, fraction: str
+) -> None:
+    asset = tmp_path / "asset.txt"
+    asset.write_text("one\n")
+    args = ["run", "--task", task, "--profile", "smoke", "--asset", str(asset), "--budget-fraction", fraction]
+    result = cli.invoke(app, [*args, "--out", str(tmp_path / "r")])
+    assert result.exit_code == 2 and f"--budget-fraction {float(fraction):g}: give a share" in said(result)
+    assert "only training has a budget to shorten" in said(result) and not (tmp_path / "r").exists()
+
+
 def test_run_defaults_to_the_tasks_asset(word_count, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     result = cli.invoke(app, ["run", "--task", "word-count", "--profile", "smoke"])
