@@ -274,11 +274,6 @@ class Conductor:
         busy = [e for e in self.store.experiments.active() if e.state != State.PROPOSING]
         return not busy and not self.store.runs.count(RunState.QUEUED, RunState.RUNNING)
 
-    def flush(self, timeout: float | None = None) -> bool:
-        """Wait until the publishing worker has shown the last tick's snapshot (at once without one);
-        False if `timeout` passed first."""
-        return self.publishing is None or self.publishing.flush(timeout)
-
     def close_publishing(self, timeout: float | None = None) -> bool:
         """Flush, then end the publishing worker's thread (a later tick starts it again)."""
         return self.publishing is None or self.publishing.close(timeout)

@@ -6,16 +6,24 @@ is polled: one indexed query every `inbox_poll_s`). The timer catches what nobod
 job adopted after a restart, a run past its deadline, a retry whose backoff ran out). The same
 driver runs `autoresearch demo` and the long-running service. Before it returns (finished,
 stopped, or main needs a person) it waits for the publishing worker to show the last tick's
-snapshot (bot.loop.publishing), so what people see is never left one tick behind.
+snapshot (bot.loop.publishing), so what people see is never left one tick behind; but at most
+`publish_close_s`, since GitHub's write limits can hold a write up to an hour: what is not shown
+then is shown after the next start (the publisher makes up the difference between the store and
+what people see, and the first tick hands it a snapshot), and a stopping service is not held up.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
 
 from bot.loop.conductor import Conductor, ConductorError, Summary
+
+log = logging.getLogger(__name__)
+
+PUBLISH_CLOSE_S = 20.0  # the longest the driver waits for the publishing worker before it returns
 
 
 class Driver:
@@ -27,12 +35,14 @@ class Driver:
         inbox_poll_s: float = 0.5,
         on_pass: Callable[[Conductor], None] | None = None,
         on_wait: Callable[[Conductor], None] | None = None,
+        publish_close_s: float = PUBLISH_CLOSE_S,
     ) -> None:
         self.conductor = conductor
         self.timer_s = timer_s
         self.inbox_poll_s = inbox_poll_s
         self.on_pass = on_pass  # after every tick (print new events, say)
         self.on_wait = on_wait  # every inbox poll while waiting (refresh a live display, say)
+        self.publish_close_s = publish_close_s
         self.ticks = 0
         self._wake = threading.Event()
         conductor.wake_on(self.wake)
@@ -52,7 +62,12 @@ class Driver:
         try:
             return self._loop(forever, stop or threading.Event())
         finally:
-            conductor.close_publishing()  # never return while the last state is still to be shown
+            # the last state shown before returning, unless GitHub holds it up: then after the next start
+            if not conductor.close_publishing(self.publish_close_s):
+                log.warning(
+                    "publishing did not finish within %.0f s: what is not shown yet is shown after the next start",
+                    self.publish_close_s,
+                )
             # the conductor process's own CPU (agent and publishing threads included, training children not)
             conductor.store.state.driver_last_run = {
                 "ticks": self.ticks,

@@ -10,7 +10,8 @@ for room under GitHub's write limits, holds up no tick; the conductor's fast, lo
 A publisher that fails is logged and recorded in the store's events (once while the same error
 repeats), the others go on, and the next hand-over tries again. `flush()` waits until what was
 handed over has been shown; `close()` flushes and ends the thread: the driver (bot.loop.driver)
-calls it before it returns, so the last state is shown before the service or the demo exits.
+calls it, with a bound, before it returns, so the last state is shown before the service or the
+demo exits unless GitHub's write limits hold it up (then it is shown after the next start).
 
 The worker's publishers, and the store it records errors in, use a store connection of their own
 (a Store serves one thread at a time): the wiring (bot.app.serve) opens one for them.
@@ -83,12 +84,6 @@ class PublishWorker:
         if thread is not None:
             thread.join(None if deadline is None else max(0.0, deadline - self.clock()))
         return flushed
-
-    @property
-    def pending(self) -> bool:
-        """A snapshot handed over is not yet shown (waiting, or being published)."""
-        with self._changed:
-            return self._shown < self._handed
 
     @property
     def busy_s(self) -> float | None:
