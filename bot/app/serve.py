@@ -7,6 +7,13 @@ worker thread of their own (bot.loop.publishing, with its own connections to the
 GitHub): a tick hands it the snapshot and goes on, so no tick waits for GitHub or its write limits;
 results.tsv is written in the tick. Without a public URL (`--poll`), a poller (bot.github.poller, on
 a GitHub client of its own) reads the same events from the API on a timer and feeds the same inbox.
+Every GitHub client shares the conductor's write budget (bot.github.budget).
+
+Stopping (Ctrl-C, SIGTERM) ends every wait for GitHub at once (github_sleep waits on the stop event,
+and the write budget gives up a write that must wait); the driver waits a bounded time for the
+publishing worker, and the runner is closed (its local training processes end) even if the
+conductor's thread is stuck. What was not shown yet is shown after the next start: the publisher
+makes up the difference between the store and GitHub.
 
 The server answers webhooks from its first second, even while GitHub is unreachable: the
 conductor thread connects when it can (backing off), reconciles the store with GitHub by its
@@ -212,7 +219,7 @@ class Service:
     timer_s: float = 30.0
     connect_backoff_s: tuple[float, float] = (2.0, 120.0)
     clock: Callable[[], float] = time.monotonic  # the stall check's clock (a test moves it)
-    sleep: Callable[[float], None] = time.sleep  # how github_sleep waits
+    sleep: Callable[[float], object] | None = None  # how github_sleep waits (None: until stop(), at most)
     driver: Driver | None = None
     conductor: Conductor | None = None
     client: GitHubClient | None = None
@@ -338,7 +345,7 @@ class Service:
         if ours:
             self._alive_at = self.clock() + max(0.0, seconds)
         try:
-            self.sleep(seconds)
+            (self.sleep or self._stop.wait)(seconds)
         finally:
             if ours:
                 self._alive_at = self.clock()
@@ -399,13 +406,14 @@ class Service:
         self._thread.start()
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Stop the conductor thread, then close its runner (not while a stuck tick may still use it)."""
+        """Stop the conductor thread (waiting at most `timeout` for it), then close its runner, even
+        under a tick still stuck in it: a runner left open would leave its training processes running."""
         self._stop.set()
         self.wake()
         if self._thread is not None:
             self._thread.join(timeout)
             if self._thread.is_alive():
-                return
+                log.error("the conductor did not stop within %.0f s: closing its runner under it", timeout)
         if self.conductor is not None:
             self.conductor.runner.close()
 
@@ -432,10 +440,12 @@ class Service:
 
     def _start_poller(self) -> Poller:
         """Start the poller's thread, with a GitHub client of its own (a PyGithub connection holds the
-        one request being made, so the conductor's requests and the poller's would swap on one)."""
+        one request being made, so the conductor's requests and the poller's would swap on one), sharing
+        the conductor's write budget."""
         from bot.github.poller import Poller
 
-        client = GitHubClient(self.settings.github(), sleep=self.github_sleep)
+        assert self.client is not None, "the poller starts once the conductor is connected"
+        client = GitHubClient(self.settings.github(), sleep=self.github_sleep, budget=self.client.budget)
         poller = Poller(client, Store(self.store_path), interval_s=self.settings.poll_interval_s, wake=self.wake)
         threading.Thread(target=poller.run, args=(self._stop,), name="poller", daemon=True).start()
         log.info("polling GitHub every %.0fs (no webhooks)", self.settings.poll_interval_s)
@@ -448,7 +458,7 @@ class Service:
     def _connect(self) -> Conductor | None:
         """Reach GitHub (backing off while it is unreachable), then build the conductor."""
         settings = self.settings
-        self.client = GitHubClient(settings.github(), sleep=self.github_sleep)
+        self.client = GitHubClient(settings.github(), sleep=self.github_sleep, stop=self._stop)
         wait = self.connect_backoff_s[0]
         while not self._stop.is_set():
             try:
@@ -481,7 +491,7 @@ class Service:
         # serves one thread at a time) and to GitHub (a PyGithub connection holds the one request being
         # made, so two threads on it would swap each other's requests). The write budget is shared.
         publishing_store = Store(self.store_path)
-        publishing_repo = GitHubClient(settings.github(), sleep=self.github_sleep).repo()
+        publishing_repo = GitHubClient(settings.github(), sleep=self.github_sleep, budget=self.client.budget).repo()
         publisher = GitHubPublisher(
             publishing_store,
             publishing_repo,

@@ -41,7 +41,9 @@ Pacing. GitHub's secondary limits allow about 80 content-creating requests a min
 The client's write budget (bot.github.budget, `budget`) counts them in the store's ledger (the
 settings' `ledger_path`): pace_write(what), called before each write the research needs (the
 forge's branches and merges, the Actions runner's dispatches), records it and never waits; the
-publisher waits for room in the budget itself, on its own thread. PyGithub's fixed gaps
+publisher waits for room in the budget itself, on its own thread. The service's other clients (the
+poller's, the publishing worker's: each needs a connection of its own) share the first one's
+budget (`budget=`), so every write is counted in one budget. PyGithub's fixed gaps
 (seconds_between_requests/writes) are turned off: the windows are what GitHub counts, and the gaps
 would sleep on a clock no test can move.
 
@@ -276,13 +278,19 @@ class GitHubClient:
         *,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
+        budget: WriteBudget | None = None,
+        stop: threading.Event | None = None,
     ) -> None:
+        """`budget`: another client's write budget, to share (none is opened then); otherwise one on
+        the settings' ledger, whose waits end when `stop` is set (see bot.github.budget)."""
         self.settings = settings
         self.uses_app: bool = settings.uses_app  # check runs need an App; with a token: commit statuses
         self._contact = Contact()
         self._retry = retry_policy(contact=self._contact, sleep=sleep)
-        ledger = open_ledger(settings.ledger_path) if settings.ledger_path is not None else None
-        self.budget = WriteBudget(ledger, clock=clock, sleep=sleep)
+        if budget is None:
+            ledger = open_ledger(settings.ledger_path) if settings.ledger_path is not None else None
+            budget = WriteBudget(ledger, clock=clock, sleep=sleep, stop=stop)
+        self.budget = budget
         self._lock = threading.RLock()
         self._gh: github.Github | None = None
         self._integration: GithubIntegration | None = None

@@ -891,11 +891,22 @@ def hanging_service(tmp_path: Path, gh: GitHubStandIn, runner: HangingRunner, cl
 
 
 def test_the_publishing_worker_and_the_poller_share_no_connection_with_the_conductor(
-    tmp_path: Path, no_service_environment: None
+    tmp_path: Path, no_service_environment: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A PyGithub connection holds the one request being made (two threads on it swap each other's
     requests) and a Store serves one thread at a time: the worker publishing beside the conductor
-    has its own of both, the poller its own GitHub client, and /healthz says the worker is idle."""
+    has its own of both, the poller its own GitHub client, and /healthz says the worker is idle.
+    The write budget is one, shared: no client opens a second ledger or counts writes apart."""
+    import bot.github.client
+
+    budgets: list[object] = []
+
+    class CountedBudget(bot.github.client.WriteBudget):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            budgets.append(self)
+
+    monkeypatch.setattr(bot.github.client, "WriteBudget", CountedBudget)
     with GitHubStandIn(
         tmp_path / "github",
         files={"train.py": MAIN, "program.md": program()},
@@ -911,6 +922,39 @@ def test_the_publishing_worker_and_the_poller_share_no_connection_with_the_condu
     assert poller.client.gh.requester is not conductor.forge.repo.requester
     assert publisher.store.db is not conductor.store.db and publisher.store.path == conductor.store.path
     assert service.health()["publishing_s"] is None
+    assert service.client is not None and budgets == [service.client.budget]
+    assert publisher.budget is service.client.budget and poller.client.budget is service.client.budget
+
+
+def test_stopping_closes_the_runner_even_under_a_stuck_tick(tmp_path: Path, no_service_environment: None) -> None:
+    """A runner left open leaves its training processes running after the service exits."""
+    runner = HangingRunner()
+    with GitHubStandIn(
+        tmp_path / "github",
+        files={"train.py": MAIN, "program.md": program()},
+        token_users={BOT_TOKEN: "autoresearch-bot"},
+    ) as gh:
+        service = hanging_service(tmp_path, gh, runner, Clock())
+        service.start()
+        try:
+            assert runner.entered.wait(30), service.status  # the first tick hangs in submit()
+            service.stop(timeout=0)
+            assert runner.closed
+        finally:
+            runner.released.set()
+            service.stop(timeout=30)
+
+
+def test_stopping_ends_every_wait_for_github_at_once(tmp_path: Path, no_service_environment: None) -> None:
+    """A rate limit's 15 minutes, a backoff, room under the write limits: github_sleep waits on the
+    stop event, and the write budget then gives up a write that must wait (bot.github.budget)."""
+    with GitHubStandIn(tmp_path / "github", files={"train.py": MAIN, "program.md": program()}) as gh:
+        service = Service(token_settings(tmp_path, gh.api_url))
+        waiter = threading.Thread(target=service.github_sleep, args=(3600.0,))
+        waiter.start()
+        service.stop()
+        waiter.join(30)
+    assert not waiter.is_alive()
 
 
 def test_healthz_is_503_when_a_tick_has_stalled(tmp_path: Path, no_service_environment: None) -> None:
