@@ -24,7 +24,7 @@ MODE_KEY = "github.write_mode"
 @dataclass(frozen=True)
 class Write:
     at: float
-    what: str
+    what: str  # its kind: branch, commit, merge, dispatch, cancel (research); pull, check, comment, close, log ...
     research: bool
 
 
