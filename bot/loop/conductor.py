@@ -33,6 +33,7 @@ from bot.core.states import RunState, State, Status
 from bot.loop import inbox, measurement
 from bot.loop.agent_worker import AgentWorker
 from bot.loop.baseline import Baseline, Main
+from bot.loop.errors import RepeatedErrors
 from bot.loop.inbox import InboxHandler, apply_inbox
 from bot.loop.judge import judge_config
 from bot.loop.lifecycle import Backoff, Lifecycle
@@ -149,7 +150,7 @@ class Conductor:
         )
         self.stop_reason = ""  # why the loop proposes nothing more, as the last tick saw it ('' while it goes on)
         self._started = False  # tick() starts the conductor itself when nobody called start()
-        self._last_error = ""  # the last error recorded: one that repeats at every tick is recorded once
+        self._errors = RepeatedErrors(store)  # one that repeats at every tick is recorded once
 
     def start(self) -> None:
         """Pin the measurement identity; called once, before the first tick."""
@@ -209,14 +210,7 @@ class Conductor:
             return None
 
     def _tick_error(self, phase: str, error: Exception) -> None:
-        message = f"{phase} failed: {type(error).__name__}: {error}; trying again on the next tick"
-        log.error("%s", message)
-        if message != self._last_error:
-            self._last_error = message
-            try:
-                self.store.events.add(None, "error", message)
-            except Exception:  # noqa: BLE001 - the store itself may be what failed (a full disk)
-                log.exception("could not record the error in the store")
+        self._errors.record(f"{phase} failed: {type(error).__name__}: {error}; trying again on the next tick")
 
     def _why_stop(self, main: Main) -> str:
         settings = main.settings

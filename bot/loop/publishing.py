@@ -19,15 +19,13 @@ The worker's publishers, and the store it records errors in, use a store connect
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
 
 from bot.core.protocols import Publisher, Snapshot
+from bot.loop.errors import RepeatedErrors
 from bot.store import Store
-
-log = logging.getLogger(__name__)
 
 
 class PublishWorker:
@@ -52,7 +50,7 @@ class PublishWorker:
         self._busy_since: float | None = None  # clock() when the publish in progress began
         self._closing = False
         self._thread: threading.Thread | None = None
-        self._last_error = ""  # an error that repeats at every hand-over is recorded once
+        self._errors = RepeatedErrors(store)  # an error that repeats at every hand-over is recorded once
 
     # --- the conductor's side ------------------------------------------------------------------------
     def hand_over(self, snapshot: Snapshot) -> None:
@@ -121,11 +119,4 @@ class PublishWorker:
                 self._record(error)
 
     def _record(self, error: Exception) -> None:
-        message = f"publishing failed: {type(error).__name__}: {error}; trying again on the next tick"
-        log.error("%s", message)
-        if message != self._last_error:
-            self._last_error = message
-            try:
-                self.store.events.add(None, "error", message)
-            except Exception:  # noqa: BLE001 - the store itself may be what failed (a full disk)
-                log.exception("could not record the publishing error in the store")
+        self._errors.record(f"publishing failed: {type(error).__name__}: {error}; trying again on the next tick")
