@@ -66,7 +66,7 @@ class AgentWorker:
             self._questions += 1
             number = self._questions
             thread = threading.Thread(
-                target=self._think, args=(exp_id, number, context), daemon=True, name=f"agent-{exp_id}"
+                target=self._think, args=(exp_id, number, context), daemon=True, name=f"agent-{exp_id}-{number}"
             )
             self._open[exp_id] = _Question(number, self.clock(), thread)
         thread.start()

@@ -27,21 +27,28 @@ WAIT_S = 10.0  # how long a test waits for the agent's threads to reach a state 
 
 
 class Gated:
-    """Answers each question with `answer(ctx, n)` (n: the question's number, from 1) once the test
-    has released n; counts the questions thinking at once."""
+    """Answers each question with `answer(ctx, n)` (n: the question's number, from 1, in the order the
+    conductor asked them, which its thread's name carries: the order the threads reach the agent is
+    the scheduler's) once the test has released n; counts the questions thinking at once."""
 
     def __init__(self, answer: Callable[[ProposalContext, int], Proposal]) -> None:
         self.answer = answer
         self.cond = threading.Condition()
-        self.contexts: list[ProposalContext] = []
+        self.asked: dict[int, ProposalContext] = {}
         self.released: set[int] = set()
         self.thinking = 0
         self.most = 0
 
-    def propose(self, ctx: ProposalContext) -> Proposal:
+    @property
+    def contexts(self) -> list[ProposalContext]:
+        """The questions' contexts in the order they were asked."""
         with self.cond:
-            self.contexts.append(ctx)
-            number = len(self.contexts)
+            return [self.asked[n] for n in sorted(self.asked)]
+
+    def propose(self, ctx: ProposalContext) -> Proposal:
+        number = int(threading.current_thread().name.rsplit("-", 1)[1])  # agent-<experiment>-<question>
+        with self.cond:
+            self.asked[number] = ctx
             self.thinking += 1
             self.most = max(self.most, self.thinking)
             self.cond.notify_all()
@@ -60,7 +67,7 @@ class Gated:
 
     def wait_asked(self, n: int) -> None:
         with self.cond:
-            assert self.cond.wait_for(lambda: len(self.contexts) >= n, timeout=WAIT_S), f"{n} questions never came"
+            assert self.cond.wait_for(lambda: len(self.asked) >= n, timeout=WAIT_S), f"{n} questions never came"
 
 
 def distinct(ctx: ProposalContext, n: int) -> Proposal:
@@ -157,7 +164,8 @@ def test_the_open_question_limit_holds() -> None:
         loop.tick()
     assert len(proposing(loop)) == 2 and len(agent.contexts) == 2
     agent.release(1)
-    tick_until(loop, woken, lambda: len(agent.contexts) == 3)  # the answer made room for one more
+    tick_until(loop, woken, lambda: len(proposed(loop)) == 1)
+    agent.wait_asked(3)  # the answer made room for one more
     assert agent.most == 2 and len(proposing(loop)) == 2
     agent.release_all()
 
@@ -228,7 +236,8 @@ def test_questions_in_flight_count_against_the_budget_so_it_is_overshot_by_less_
     loop.tick()
     assert len(agent.contexts) == 1  # what one answer costs is not known yet: one at a time
     agent.release(1)
-    tick_until(loop, woken, lambda: len(agent.contexts) == 3)  # $0.40 spent, one more in flight: $1.20 > $1
+    tick_until(loop, woken, lambda: len(proposed(loop)) == 1)  # the tick that takes it asks again
+    agent.wait_asked(3)  # $0.40 spent, one more in flight: $1.20 > $1
     for _ in range(3):
         loop.tick()
     assert len(agent.contexts) == 3 and agent.most == 2
@@ -255,9 +264,10 @@ def test_a_question_that_times_out_does_not_stall_the_others() -> None:
     loop.wake_on(woken.set)
     loop.tick()
     agent.wait_asked(3)
-    hung = proposing(loop)[0]
-    agent.release(*range(2, 100))  # every question but the first answers
-    tick_until(loop, woken, lambda: proposing(loop) == [hung])
+    agent.release(*range(2, 100))  # every question but the first to reach the agent answers
+    tick_until(loop, woken, lambda: len(proposing(loop)) == 1)
+    # the experiment whose question hangs: the threads' order, not the experiments', numbers the questions
+    [hung] = proposing(loop)
     assert len(proposed(loop)) >= 2  # the others were answered while it hung
     now[0] += 11.0  # question 1 is past its time limit: abandoned, its experiment asked again
     loop.tick()  # the driver's timer: the tick that finds it abandoned
