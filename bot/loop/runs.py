@@ -226,8 +226,11 @@ class Runs:
             )
 
     # --- an experiment's runs --------------------------------------------------------------------
-    def queue(self, exp: Experiment, purpose: str, reason: str) -> None:
-        """Queue one more run of the experiment as it stands (its state stays measuring)."""
+    def queue(
+        self, exp: Experiment, purpose: str, reason: str, *, experiment_fields: dict[str, Any] | None = None
+    ) -> None:
+        """Queue one more run of the experiment as it stands (its state stays measuring, unless
+        `experiment_fields` are written with the run, in the same transaction)."""
         self.store.runs.add(
             experiment_id=exp.id,
             purpose=purpose,
@@ -238,6 +241,7 @@ class Runs:
             profile=self.profile,
             main_code=self.baseline.code_at(exp.base_sha),
             reason=reason,
+            experiment_fields=experiment_fields,
         )
 
     def cancel(self, exp: Experiment, why: str) -> None:

@@ -77,16 +77,10 @@ class Screening:
     def start(self, exp: Experiment, main: Main) -> Experiment:
         """Queue the experiment's short run (and main's, when it lacks them); it is measuring."""
         self._top_up_main(main)
-        self.store.runs.add(
-            experiment_id=exp.id,
-            purpose=SCREEN,
-            code_hash=exp.code_hash,
-            commit_sha=exp.head_sha or "",
-            base_sha=exp.base_sha,
-            asset=exp.asset,
-            profile=self.profile,
-            main_code=main.code_hash,
-            reason=f"screening: {SCREEN_FRACTION:g} of the budget first",
+        self.runs.queue(  # on main's train.py (wanted): the run's main is main
+            exp,
+            SCREEN,
+            f"screening: {SCREEN_FRACTION:g} of the budget first",
             experiment_fields={"state": State.MEASURING, "meta": dict(exp.meta, **{SCREEN: PENDING})},
         )
         return self.store.experiments.get(exp.id)
