@@ -11,6 +11,7 @@ import ast
 from dataclasses import dataclass
 
 from bot.agent.knobs import FLAG, INT, MULT, POW2, Knob
+from bot.core import pysource
 from bot.core.protocols import AgentStopped
 
 
@@ -72,7 +73,7 @@ def _char_offset(line: str, byte_offset: int) -> int:
 def find_constants(text: str) -> dict[str, Constant]:
     """All module-level constants of the asset, by name. Names assigned more than once are left out."""
     try:
-        tree = ast.parse(text)
+        tree = pysource.parse(text)
     except SyntaxError as exc:
         raise AgentStopped(f"explorer cannot parse the asset on main: {exc}") from exc
     lines = text.splitlines(keepends=True)

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from bot.core import validation
+from bot.core import pysource, validation
 from bot.core.records import code_hash
 from runner.tasks import DEFAULT_TASK, get_task
 
@@ -201,7 +201,7 @@ def parse_submit(arguments: Mapping[str, Any]) -> Submission | ToolResult:
 def missing_harness_uses(text: str) -> list[str]:
     """What of the harness interface a (compiling) train.py no longer uses: the import of
     runner.harness and each of HARNESS_USES, as an attribute (h.step_done) or an imported name."""
-    tree = ast.parse(text)
+    tree = pysource.parse(text)
     imported = False
     used: set[str] = set()
     for node in ast.walk(tree):

@@ -26,6 +26,8 @@ import io
 import tokenize
 from dataclasses import dataclass
 
+from bot.core import pysource
+
 _NOT_CODE = {
     tokenize.NEWLINE,
     tokenize.NL,
@@ -82,7 +84,7 @@ def size(text: str) -> Size | None:
     """The size of a train.py's code, or None when it does not parse. Cached: main's text is sized
     again at every decision."""
     try:
-        tree = ast.parse(text)
+        tree = pysource.parse(text)
     except (SyntaxError, ValueError):
         return None
     code = ast.unparse(_without_bare_strings(tree))

@@ -28,6 +28,7 @@ import hashlib
 import re
 from collections.abc import Iterable
 
+from bot.core import pysource
 from runner.tasks import DEFAULT_TASK, get_task
 from runner.tasks.query_latency import asset as query_asset
 
@@ -77,7 +78,7 @@ def normal_hash(text: str, task: str = DEFAULT_TASK) -> str | None:
     if is_sql(task):
         return hashlib.sha256(";\n".join(sql_statements(text)).encode()).hexdigest()
     try:
-        tree = ast.parse(text)
+        tree = pysource.parse(text)
     except (SyntaxError, ValueError):
         return None
     return hashlib.sha256(ast.dump(tree).encode()).hexdigest()
@@ -141,8 +142,8 @@ def problem(
 
 def _python_problem(asset: str, name: str, task: str) -> str | None:
     try:
-        tree = ast.parse(asset, name)
-        compile(tree, name, "exec")
+        tree = pysource.parse(asset, name)
+        pysource.compile_tree(tree, name)
     except SyntaxError as error:
         return f"{name} does not compile: {error.msg} (line {error.lineno})"
     except ValueError as error:  # a NUL byte, say
