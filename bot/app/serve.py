@@ -65,7 +65,7 @@ from bot.github import handlers
 from bot.github.client import BACKOFF_MAX_S, MAX_RATE_LIMIT_WAIT_S, RETRIES, GitHubClient
 from bot.github.forge import GitHubForge
 from bot.github.permissions import CollaboratorPermissions
-from bot.github.publisher import GitHubPublisher
+from bot.github.publisher import GitHubPublisher, pull_request_first
 from bot.loop import inbox
 from bot.loop.baseline import PROGRAM
 from bot.loop.conductor import Conductor, ConductorConfig
@@ -499,6 +499,7 @@ class Service:
             uses_app=self.client.uses_app,
             main_branch=settings.main_branch,
             budget=self.client.budget,
+            on_pull_request=self.wake,  # a keep waiting for its pull request merges at once
         )
         config = ConductorConfig(profile=settings.profile, identity=parts.identity, agent_budget_usd=parts.budget_usd)
         self.conductor = Conductor(
@@ -510,6 +511,7 @@ class Service:
             publishers=[ResultsFile(store, settings.state_dir / "results.tsv")],
             publishing=PublishWorker([publisher], publishing_store),
             router=router,
+            merge_gate=pull_request_first(store, self.client.budget),
         )
         log.info("connected to %s as %s (%s)", repo.full_name, login, "App" if self.client.uses_app else "token")
         return self.conductor

@@ -41,9 +41,10 @@ under 70%; `autoresearch status` and the dashboard show it, since when and why. 
   reason and a link to their commit. One that later needs a pull request (reopened, promising) gets
   one, once.
 A kept experiment that main took before its pull request was opened (in degraded mode the
-usual case: it is known to be kept only when the judge says so, and main moves in the same tick;
-in full mode when publishing runs far behind) cannot have one: GitHub refuses a pull request for a
-branch main holds. Its check run is made on its commit, now main's, and it is listed once in the
+usual case: it is known to be kept only when the judge says so, and main moves in the same tick)
+cannot have one: GitHub refuses a pull request for a branch main holds. In full mode a keep waits
+for its pull request before main takes it (`pull_request_first`, the lifecycle's merge gate), at
+most bot.loop.lifecycle's MERGE_WAIT_S, 5 minutes: only a publisher failing that long loses it. Its check run is made on its commit, now main's, and it is listed once in the
 research log like the others, besides the log's table of kept changes.
 What a person loses while it lasts: no pull request (so no check run, labels, review, Re-run /
 Keep anyway buttons or /commands on it) for an experiment that is neither kept nor promising, and
@@ -77,7 +78,7 @@ from bot.store import Experiment, Store, failpoint
 from bot.views.read_model import read_loop, task_of
 from runner.tasks import TRAINING, Metric, Task
 
-__all__ = ["GitHubPublisher", "CHECK_NAME", "check_name"]
+__all__ = ["GitHubPublisher", "CHECK_NAME", "check_name", "pull_request_first"]
 
 log = logging.getLogger(__name__)
 
@@ -121,9 +122,11 @@ class GitHubPublisher(Publisher):
         progress_every_s: float = PROGRESS_EVERY_S,
         short_run_s: float = SHORT_RUN_S,
         clock: Callable[[], float] = time.time,
+        on_pull_request: Callable[[], None] | None = None,
     ) -> None:
         self.store = store
         self.repo = repo
+        self.on_pull_request = on_pull_request  # told when a pull request is opened: a keep may wait for it
         self.read_file = read_file
         self.uses_app = uses_app
         self.main_branch = main_branch
@@ -292,6 +295,8 @@ class GitHubPublisher(Publisher):
             log.info("experiment %s: opened pull request #%s", exp.id, number)
         self.store.published.set(exp.id, "pr", str(number))
         published["pr"] = str(number)
+        if self.on_pull_request is not None:
+            self.on_pull_request()
         return number, bool(existing)
 
     def _reopen(self, exp: Experiment, number: int) -> None:
@@ -543,6 +548,22 @@ class GitHubPublisher(Publisher):
 class _OnMainAlready(Exception):
     """GitHub refuses a pull request for a branch main already holds: a kept experiment merged before
     its pull request was opened (publishing runs behind the conductor, on its own thread)."""
+
+
+def pull_request_first(store: Store, budget: WriteBudget | None) -> Callable[[Experiment], str | None]:
+    """The lifecycle's merge gate in full mode: a keep waits until its pull request is open, since
+    GitHub refuses one for a branch main already holds. None (go) once it is, and always in degraded
+    mode, where most keeps have none yet and the research never waits on what people see. `store`
+    is the conductor's connection: the gate is asked on its thread."""
+
+    def holds(exp: Experiment) -> str | None:
+        if budget is not None and budget.mode.mode == "degraded":
+            return None
+        if "pr" in store.published.get(exp.id):
+            return None
+        return "its pull request is not open yet"
+
+    return holds
 
 
 def _promising(exp: Experiment, runs: list[Any]) -> bool:

@@ -36,7 +36,7 @@ from bot.loop.baseline import Baseline, Main
 from bot.loop.errors import RepeatedErrors
 from bot.loop.inbox import InboxHandler, apply_inbox
 from bot.loop.judge import judge_config
-from bot.loop.lifecycle import Backoff, Lifecycle
+from bot.loop.lifecycle import Backoff, Lifecycle, MergeGate
 from bot.loop.proposals import Proposals
 from bot.loop.publishing import PublishWorker
 from bot.loop.runs import Runs
@@ -97,6 +97,7 @@ class Conductor:
         publishers: Sequence[Publisher] = (),
         publishing: PublishWorker | None = None,
         router: Router[InboxHandler] = inbox.router,
+        merge_gate: MergeGate | None = None,
     ) -> None:
         self.store = store
         self.forge = forge
@@ -132,6 +133,7 @@ class Conductor:
             step_retries=config.step_retries,
             backoff=backoff,
             clock=clock,
+            merge_gate=merge_gate,  # what people should see of a keep before main takes it (serve: its pull request)
         )
         self.proposals = Proposals(
             store,

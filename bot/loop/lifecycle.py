@@ -18,7 +18,10 @@ keep anyway), then every active experiment as far as it goes without waiting:
                improved on it is re-measured
     rebasing   re-graft its change onto the new main and queue a re-measure (or follow a main whose
                train.py did not change: its runs still count)
-    merging    squash-merge into main, compare-and-swap on the main it was measured against
+    merging    fast-forward main to its measured commit, compare-and-swap on the main it was
+               measured against; where a merge gate says people should see it first (full mode
+               on GitHub: its pull request, which GitHub refuses for a branch main already holds),
+               it waits for that, at most `merge_wait_s`
     closing    mark its branch closed with its verdict; done
 
 `judge_all()` does what needs no forge (people's requests, the verdicts on main) early in the tick,
@@ -45,6 +48,10 @@ from bot.store import Experiment, Run, Store
 
 log = logging.getLogger(__name__)
 
+MERGE_WAIT_S = 300.0  # the longest a keep waits for its merge gate before main takes it anyway
+
+MergeGate = Callable[[Experiment], "str | None"]  # why a kept experiment should not merge yet; None: go
+
 
 @dataclass(frozen=True)
 class Backoff:
@@ -70,6 +77,8 @@ class Lifecycle:
         step_retries: int,
         backoff: Backoff,
         clock: Callable[[], float],
+        merge_gate: MergeGate | None = None,
+        merge_wait_s: float = MERGE_WAIT_S,
     ) -> None:
         self.store = store
         self.forge = forge
@@ -80,6 +89,9 @@ class Lifecycle:
         self.step_retries = step_retries
         self.backoff = backoff
         self.clock = clock
+        self.merge_gate = merge_gate
+        self.merge_wait_s = merge_wait_s
+        self._held_since: dict[int, float] = {}  # experiment -> when its merge gate first held it (this process)
         self.screening = screening.Screening(store, baseline, runs, identity=identity, profile=profile)
 
     def judge_all(self, main: Main) -> None:
@@ -439,7 +451,26 @@ class Lifecycle:
         )
         return self.store.experiments.get(exp.id)
 
+    def _merge_held(self, exp: Experiment) -> bool:
+        """Whether the merge gate holds the keep back for now: until it lets go, or for `merge_wait_s`
+        (then main takes it without; what people miss is the gate's to say)."""
+        why = self.merge_gate(exp) if self.merge_gate is not None else None
+        if why is None:
+            self._held_since.pop(exp.id, None)
+            return False
+        if exp.id not in self._held_since:
+            self._held_since[exp.id] = self.clock()
+            log.info("experiment %s: the merge waits: %s", exp.id, why)
+        if self.clock() - self._held_since[exp.id] < self.merge_wait_s:
+            return True
+        del self._held_since[exp.id]
+        log.warning("experiment %s: merged after %.0f s of waiting, though %s", exp.id, self.merge_wait_s, why)
+        self.store.experiments.update(exp.id, event=f"merged without waiting longer: {why}")
+        return False
+
     def _step_merging(self, exp: Experiment, main: Main) -> Experiment | None:
+        if self._merge_held(exp):
+            return None
         runs = exp.meta.get("runs", 1)
         simpler = "kept_for_simplicity" in exp.meta
         config = judge_config(main.settings)  # the task's metric: its name, and the value on its own scale

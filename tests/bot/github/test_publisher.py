@@ -16,14 +16,16 @@ from bot.core.protocols import Snapshot
 from bot.core.router import Router
 from bot.core.states import State
 from bot.github import render
+from bot.github.budget import WriteBudget
 from bot.github.forge import GitHubForge
 from bot.github.handlers import GitHubEvents
 from bot.github.permissions import CollaboratorPermissions
-from bot.github.publisher import CHECK_NAME, GitHubPublisher, check_name
+from bot.github.publisher import CHECK_NAME, GitHubPublisher, check_name, pull_request_first
 from bot.github.replies import REPLY_TRIES
 from bot.loop import inbox
 from bot.loop.inbox import apply_inbox
 from bot.store import Store
+from bot.store.writes import WriteMode
 from runner.tasks import TRAINING
 
 TRAIN = "lr = 0.01\n"
@@ -261,6 +263,21 @@ def test_a_first_publish_creates_without_looking_first(app_world: World) -> None
     ]  # the base train.py: the forge read it for the branch
     [check] = gh.check_runs()
     assert check["status"] == "queued" and gh.labels(gh.pulls()[0]["number"]) == []  # the check shows it
+
+
+def test_a_keep_waits_for_its_pull_request_in_full_mode_and_never_in_degraded_mode(app_world: World) -> None:
+    world = app_world
+    budget = WriteBudget(clock=world.clock)
+    holds = pull_request_first(world.store, budget)
+    exp = world.store.experiments.get(world.exp_id)
+    opened: list[int] = []
+    world.publisher.on_pull_request = lambda: opened.append(1)
+    assert holds(exp) == "its pull request is not open yet"
+    budget._save_mode(WriteMode("degraded", world.clock(), "a test's"))
+    assert holds(exp) is None  # degraded: the research never waits on what people see
+    budget._save_mode(WriteMode("full", world.clock(), "a test's"))
+    world.publish()
+    assert opened == [1] and holds(exp) is None  # open, and the conductor was told
 
 
 def test_the_verdict_is_one_edit_that_keeps_peoples_labels_and_closes_the_pull_request(app_world: World) -> None:
