@@ -185,17 +185,20 @@ class GitHubPublisher(Publisher):
             and progress
             and self.clock() - self._progress_at.get(exp.id, 0.0) >= self.progress_every_s
         )
-        shown = (exp.state, exp.status, exp.head_sha, phase, self.degraded)
+        shown = (exp.state, exp.status, exp.head_sha, phase, self.degraded, exp.reopened)
         if self._shown.get(exp.id) == shown and not due:
             return
         published = self.store.published.get(exp.id)
         if exp.id not in self._shown and exp.state != State.DONE and "pr" in published:
             if self._closed_while_away(exp, int(published["pr"])):
                 return
-        if exp.state != State.DONE and published.get("final"):  # reopened: a new round of checks and comments
-            if "pr" in published:
+        shown_round = int(published.get("round", "0"))
+        if shown_round < exp.reopened or (exp.state != State.DONE and published.get("final")):
+            # measured again: a new round of checks and comments (the second test: a round a state.db
+            # from before the count noticed only here)
+            if "pr" in published and exp.state != State.DONE:
                 self._reopen(exp, int(published["pr"]))
-            round_ = str(int(published.get("round", "0")) + 1)
+            round_ = str(max(shown_round + 1, exp.reopened))
             self.store.published.set(exp.id, "round", round_)
             self.store.published.set(exp.id, "final", "")
             published = self.store.published.get(exp.id)

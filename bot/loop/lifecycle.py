@@ -176,6 +176,7 @@ class Lifecycle:
                 retry_at=None,
                 request=None,
                 meta=meta,
+                reopened=exp.reopened + 1,  # the publisher shows the round even if it ends before it looks
                 event=f"{request} by {who}: measured again",
             )
             return

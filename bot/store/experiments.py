@@ -50,6 +50,7 @@ class Experiment:
     updated_at: float
     request: str | None = None  # a person's pending request (bot.core.states.Request), until acted on
     request_by: str | None = None
+    reopened: int = 0  # how many times people had it measured again: each is a round shown anew
 
 
 def experiment_of(row: sqlite3.Row) -> Experiment:

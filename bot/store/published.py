@@ -1,10 +1,10 @@
 """The published table: what GitHub shows of each experiment, recorded apart from its lifecycle, so
 publishing never changes a decision (bot.github.publisher writes it, one key and value per thing shown).
 
-This module reads four of its keys: `pr` (the pull request's number), `check:<head sha>:<round>` (a
+This module reads five of its keys: `pr` (the pull request's number), `check:<head sha>:<round>` (a
 check run's id; `...:done` once it was completed), `final` (the status last shown of a finished
-experiment, or summarised: bot.github.summaries) and `summary` (where it was summarised instead of
-shown on a pull request).
+experiment, or summarised: bot.github.summaries), `round` (the round shown: the experiment's
+`reopened` then) and `summary` (where it was summarised instead of shown on a pull request).
 """
 
 from __future__ import annotations
@@ -35,12 +35,16 @@ class Published:
         return {int(exp_id): value for exp_id, value in rows}
 
     def behind(self) -> list[Experiment]:
-        """Experiments GitHub may not show as they are: the active ones with a branch, and the
-        finished ones whose final state (`final` = their status) is not published yet."""
+        """Experiments GitHub may not show as they are: the active ones with a branch, the finished
+        ones whose final state (`final` = their status) is not published yet, and those measured
+        again since the round shown (`round` below their `reopened`), however that round ended."""
         rows = self.db.execute(
-            "SELECT e.* FROM experiments e LEFT JOIN published p ON p.experiment_id = e.id AND p.key = 'final' "
+            "SELECT e.* FROM experiments e "
+            "LEFT JOIN published p ON p.experiment_id = e.id AND p.key = 'final' "
+            "LEFT JOIN published r ON r.experiment_id = e.id AND r.key = 'round' "
             "WHERE e.branch IS NOT NULL AND e.head_sha IS NOT NULL "
-            "AND (e.state != 'done' OR p.value IS NULL OR p.value != e.status) ORDER BY e.id"
+            "AND (e.state != 'done' OR p.value IS NULL OR p.value != e.status "
+            "OR CAST(COALESCE(r.value, '0') AS INTEGER) < e.reopened) ORDER BY e.id"
         )
         return [experiment_of(r) for r in rows]
 

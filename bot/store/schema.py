@@ -133,7 +133,18 @@ CREATE TABLE writes (
 CREATE INDEX writes_by_time ON writes(at);
 """
 
-MIGRATIONS: list[str] = [V1, V2, V3, V4, V5]
+# Version 6: how many times people had an experiment measured again (/rerun, reopening its pull
+# request, Keep anyway). The publisher shows each such round anew (a new check run, a new decision
+# comment); counted here, with the reopening itself, a round is shown even when it ended before the
+# publisher looked, with the verdict it had before. Rounds the publisher had already noticed count.
+V6 = """
+ALTER TABLE experiments ADD COLUMN reopened INTEGER NOT NULL DEFAULT 0;
+UPDATE experiments SET reopened = COALESCE(
+    (SELECT CAST(value AS INTEGER) FROM published p WHERE p.experiment_id = experiments.id AND p.key = 'round'), 0
+);
+"""
+
+MIGRATIONS: list[str] = [V1, V2, V3, V4, V5, V6]
 VERSION = len(MIGRATIONS)
 
 

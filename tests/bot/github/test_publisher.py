@@ -315,7 +315,7 @@ def test_an_experiment_measured_again_loses_its_verdict_label_until_the_new_verd
     world.publish()
     [pull] = gh.pulls()
     gh.state.add_labels(pull["number"], ["needs a GPU"], "researcher")
-    world.store.experiments.update(world.exp_id, state=State.BRANCHED)  # reopened by a person
+    world.store.experiments.update(world.exp_id, state=State.BRANCHED, reopened=1)  # reopened by a person
     before = len(gh.requests)
     world.publish()
     assert [r.operation for r in gh.requests[before:] if r.method != "GET"] == [
@@ -329,6 +329,28 @@ def test_an_experiment_measured_again_loses_its_verdict_label_until_the_new_verd
     finish(world, "keep", 1.9)
     world.publish()
     assert gh.labels(pull["number"]) == ["needs a GPU", "autoresearch: kept"]
+
+
+def test_a_round_measured_again_and_ended_before_the_publisher_looked_is_shown(app_world: World) -> None:
+    """A /rerun whose run ends, with the verdict it had, between two passes of the publisher: the
+    round is shown all the same (its own check run and decision comment), from the count the
+    lifecycle keeps, not from a state the publisher never saw."""
+    gh, world = app_world.standin, app_world
+    world.publish()
+    finish(world, "discard", 2.1)
+    world.publish()
+    [pull] = gh.pulls()
+    comments = len(gh.comments(pull["number"]))
+    world.store.experiments.update(world.exp_id, state=State.BRANCHED, reopened=1)  # as the lifecycle reopens it
+    finish(world, "discard", 2.12)  # and the round ends before the next pass
+    world.publish()
+    assert [c["external_id"].rsplit(":", 1)[1] for c in gh.check_runs()] == ["0", "1"]
+    assert all(c["status"] == "completed" for c in gh.check_runs())
+    assert len(gh.comments(pull["number"])) == comments + 1  # the round's decision
+    assert world.store.published.behind() == []
+    before = len(gh.requests)
+    world.publish()
+    assert [r for r in gh.requests[before:] if r.method != "GET"] == []  # shown once
 
 
 # --- only the bot's own content is the bot's: markers, replies ---------------------------------------

@@ -35,7 +35,7 @@ def columns(db: sqlite3.Connection, table: str) -> list[str]:
 
 
 def test_version_is_the_length_of_the_chain():
-    assert schema.VERSION == len(schema.MIGRATIONS) == 5
+    assert schema.VERSION == len(schema.MIGRATIONS) == 6
 
 
 def test_a_new_file_runs_the_whole_chain(db: sqlite3.Connection):
@@ -74,6 +74,21 @@ def test_each_migration_moves_one_version_up(db: sqlite3.Connection, monkeypatch
     # AUTOINCREMENT carries on from the copied ids
     db.execute("INSERT INTO experiments(state, base_sha, created_at, updated_at) VALUES ('proposing', 'b', 3, 3)")
     assert db.execute("SELECT MAX(id) FROM experiments").fetchone()[0] == 8
+
+
+def test_rounds_the_publisher_had_shown_count_as_the_experiments_reopenings(db: sqlite3.Connection, monkeypatch):
+    monkeypatch.setattr(schema, "MIGRATIONS", schema.MIGRATIONS[:5])
+    monkeypatch.setattr(schema, "VERSION", 5)
+    schema.migrate(db)
+    for exp_id in (1, 2):
+        db.execute(
+            "INSERT INTO experiments(id, state, title, hypothesis, base_sha, created_at, updated_at)"
+            f" VALUES ({exp_id}, 'done', 't', 'h', 'b', 1, 2)"
+        )
+    db.execute("INSERT INTO published(experiment_id, key, value) VALUES (1, 'round', '2'), (2, 'final', 'keep')")
+    monkeypatch.undo()
+    assert schema.migrate(db) == 5
+    assert db.execute("SELECT id, reopened FROM experiments ORDER BY id").fetchall() == [(1, 2), (2, 0)]
 
 
 def test_a_file_too_new_is_refused_and_left_alone(db: sqlite3.Connection):
