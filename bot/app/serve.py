@@ -70,6 +70,7 @@ from bot.loop import inbox
 from bot.loop.baseline import PROGRAM
 from bot.loop.conductor import Conductor, ConductorConfig
 from bot.loop.driver import Driver
+from bot.loop.forge_calls import ForgeWorker
 from bot.loop.program import SettingsError, parse_program
 from bot.loop.publishing import PublishWorker
 from bot.store import Store
@@ -415,6 +416,7 @@ class Service:
             if self._thread.is_alive():
                 log.error("the conductor did not stop within %.0f s: closing its runner under it", timeout)
         if self.conductor is not None:
+            self.conductor.lifecycle.calls.close(timeout=5.0)
             self.conductor.runner.close()
 
     def _conduct(self) -> None:
@@ -512,9 +514,17 @@ class Service:
             publishing=PublishWorker([publisher], publishing_store),
             router=router,
             merge_gate=pull_request_first(store, self.client.budget),
+            forge_worker=ForgeWorker(self._forge_of_its_own),  # branches and rebases off this thread
         )
         log.info("connected to %s as %s (%s)", repo.full_name, login, "App" if self.client.uses_app else "token")
         return self.conductor
+
+    def _forge_of_its_own(self) -> GitHubForge:
+        """A forge on a GitHub connection of its own (for the forge worker's thread: a PyGithub
+        connection holds the one request being made), sharing the write budget."""
+        settings = self.settings
+        client = GitHubClient(settings.github(), sleep=self.github_sleep, budget=self.client.budget)
+        return GitHubForge(client.repo(), main_branch=settings.main_branch, pace_write=client.pace_write)
 
 
 def serve(

@@ -34,6 +34,7 @@ from bot.loop import inbox, measurement
 from bot.loop.agent_worker import AgentWorker
 from bot.loop.baseline import Baseline, Main
 from bot.loop.errors import RepeatedErrors
+from bot.loop.forge_calls import ForgeWorker
 from bot.loop.inbox import InboxHandler, apply_inbox
 from bot.loop.judge import judge_config
 from bot.loop.lifecycle import Backoff, Lifecycle, MergeGate
@@ -98,6 +99,7 @@ class Conductor:
         publishing: PublishWorker | None = None,
         router: Router[InboxHandler] = inbox.router,
         merge_gate: MergeGate | None = None,
+        forge_worker: ForgeWorker | None = None,
     ) -> None:
         self.store = store
         self.forge = forge
@@ -134,6 +136,7 @@ class Conductor:
             backoff=backoff,
             clock=clock,
             merge_gate=merge_gate,  # what people should see of a keep before main takes it (serve: its pull request)
+            calls=forge_worker,  # None: branches and rebases made on this thread, at once
         )
         self.proposals = Proposals(
             store,
@@ -275,9 +278,10 @@ class Conductor:
         return self.publishing is None or self.publishing.close(timeout)
 
     def wake_on(self, callback: Callable[[], None]) -> None:
-        """Call `callback` (from any thread) when the agent answers or a runner has news."""
+        """Call `callback` (from any thread) when the agent answers, a runner has news or a forge call ends."""
         self.proposals.worker.on_answer(callback)
         self.runner.on_change(callback)
+        self.lifecycle.calls.on_done(callback)
 
     def summary(self) -> Summary:
         """Counts and main's numbers, main as the last tick read it (no git): the baseline is the

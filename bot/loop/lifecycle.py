@@ -5,7 +5,8 @@ before its side effect, and every side effect is safe to repeat, so a conductor 
 resumes where it stopped. First what people asked for (a Request: cancel, discard, reopen, rerun,
 keep anyway), then every active experiment as far as it goes without waiting:
 
-    proposed   push its branch (one commit on main)
+    proposed   push its branch (one commit on main); this and the rebase below may be made off the
+               conductor's thread (bot.loop.forge_calls), the step then waits for a later tick
     branched   queue its candidate run (with screening on, a short run first: bot.loop.screening)
     measuring  wait for its runs and main's runs queued before them (main's first runs, those
                beside its confirmation), then the judge (bot.loop.judge) decides from the numbers
@@ -42,6 +43,7 @@ from bot.core.records import code_hash, full_budget
 from bot.core.states import Request, RunState, State, Status
 from bot.loop import measurement, screening
 from bot.loop.baseline import Baseline, Main
+from bot.loop.forge_calls import PENDING, ForgeWorker, InlineCalls
 from bot.loop.judge import decide, judge_config
 from bot.loop.runs import Runs
 from bot.store import Experiment, Run, Store
@@ -79,6 +81,7 @@ class Lifecycle:
         clock: Callable[[], float],
         merge_gate: MergeGate | None = None,
         merge_wait_s: float = MERGE_WAIT_S,
+        calls: InlineCalls | ForgeWorker | None = None,
     ) -> None:
         self.store = store
         self.forge = forge
@@ -89,6 +92,7 @@ class Lifecycle:
         self.step_retries = step_retries
         self.backoff = backoff
         self.clock = clock
+        self.calls = calls or InlineCalls(forge)  # the branch and rebase writes (bot.loop.forge_calls)
         self.merge_gate = merge_gate
         self.merge_wait_s = merge_wait_s
         self._held_since: dict[int, float] = {}  # experiment -> when its merge gate first held it (this process)
@@ -241,13 +245,15 @@ class Lifecycle:
         )
         log.warning("experiment %s: %s step failed (%s); retrying in %.0fs", exp.id, exp.state, what, wait)
 
-    def _step_proposed(self, exp: Experiment, main: Main) -> Experiment:
-        head = self.forge.create_branch(
-            exp.branch,
-            exp.base_sha,
-            {self.baseline.task.asset: exp.asset},
-            f"{exp.title}\n\n{exp.hypothesis}\n\nautoresearch-experiment: {exp.id}",
+    def _step_proposed(self, exp: Experiment, main: Main) -> Experiment | None:
+        branch, files = exp.branch, {self.baseline.task.asset: exp.asset}
+        message = f"{exp.title}\n\n{exp.hypothesis}\n\nautoresearch-experiment: {exp.id}"
+        head = self.calls.call(
+            ("branch", exp.id, exp.base_sha, exp.code_hash),
+            lambda forge: forge.create_branch(branch, exp.base_sha, files, message),
         )
+        if head is PENDING:
+            return None
         return self.store.experiments.update(
             exp.id, state=State.BRANCHED, head_sha=head, event=f"pushed {exp.branch} at {head[:7]}"
         )
@@ -406,11 +412,17 @@ class Lifecycle:
             event=f"followed main to {main_sha[:7]} ({self.baseline.task.asset} unchanged)",
         )
 
-    def _step_rebasing(self, exp: Experiment, main: Main) -> Experiment:
+    def _step_rebasing(self, exp: Experiment, main: Main) -> Experiment | None:
         if self.baseline.code_at(exp.base_sha) == main.code_hash:
             return self.store.experiments.update(self._follow_main(exp, main.sha).id, state=State.MEASURING)
+        asset = self.baseline.task.asset
+
+        def rebase(forge: Forge) -> tuple[str, str]:
+            head = forge.rebase_branch(exp.branch, main.sha, asset)
+            return head, forge.read_file(head, asset)
+
         try:
-            head = self.forge.rebase_branch(exp.branch, main.sha, self.baseline.task.asset)
+            rebased = self.calls.call(("rebase", exp.id, main.sha), rebase)
         except MergeConflict as error:
             return self.store.experiments.update(
                 exp.id,
@@ -421,7 +433,9 @@ class Lifecycle:
                 reason=f"its change to {self.baseline.task.asset} conflicts with main {main.sha[:7]}: {error}",
                 event="conflict",
             )
-        text = self.forge.read_file(head, self.baseline.task.asset)
+        if rebased is PENDING:
+            return None
+        head, text = rebased
         if code_hash(text) == main.code_hash:
             return self.store.experiments.update(
                 exp.id,
