@@ -503,7 +503,12 @@ class Service:
             budget=self.client.budget,
             on_pull_request=self.wake,  # a keep waiting for its pull request merges at once
         )
-        config = ConductorConfig(profile=settings.profile, identity=parts.identity, agent_budget_usd=parts.budget_usd)
+        config = ConductorConfig(
+            profile=settings.profile,
+            identity=parts.identity,
+            agent_budget_usd=parts.budget_usd,
+            max_open_questions=settings.max_open_questions,
+        )
         self.conductor = Conductor(
             store,
             forge,

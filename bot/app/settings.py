@@ -139,6 +139,15 @@ class ServiceSettings(BaseSettings):
         ),
     )
     agent: str = Field("explorer", description=f"who proposes experiments: one of {', '.join(sorted(AGENTS))}")
+    max_open_questions: int | None = Field(
+        None,
+        ge=1,
+        le=64,
+        description=(
+            "how many proposals the agent may work on at once (1 to 64; default one per runner slot); with "
+            "claude each is a session of its own, paid as it runs"
+        ),
+    )
     host: str = Field("127.0.0.1", min_length=1, description="the address the webhook server listens on")
     port: int = Field(8080, ge=1, le=65535, description="the port the webhook server listens on (1 to 65535)")
     poll: bool = Field(False, description="true: ask GitHub for news every poll_interval_s instead of webhooks")

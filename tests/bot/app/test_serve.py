@@ -605,6 +605,7 @@ def test_serve_on_the_local_runner_polls_and_reports_on_github(tmp_path: Path, m
         assert check_one_experiment_shown_once(gh, store).status == "keep"
     assert prepared == [("smoke", None, {"progress": False})]
     assert isinstance(service.conductor.runner, InstantRunner)
+    assert service.conductor.config.max_open_questions is None  # one per slot, unless the operator says
     made_with = service.conductor.runner.made_with
     assert made_with == {
         "root": settings.state_dir / "runs",

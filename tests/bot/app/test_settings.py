@@ -43,9 +43,11 @@ def test_settings_come_from_autoresearch_environment_variables(monkeypatch):
     monkeypatch.setenv("AUTORESEARCH_WEBHOOK_SECRET", SECRET)
     monkeypatch.setenv("AUTORESEARCH_PORT", "9000")
     monkeypatch.setenv("AUTORESEARCH_SLOTS", "2")
+    monkeypatch.setenv("AUTORESEARCH_MAX_OPEN_QUESTIONS", "3")
     monkeypatch.setenv("AUTORESEARCH_GITHUB_API_URL", "https://github.example.com/api/v3/")
 
     settings = load_service_settings()
+    assert settings.max_open_questions == 3
 
     assert settings.repository == "karpathy/nanochat" and settings.port == 9000 and settings.slots == 2
     assert settings.github_token.get_secret_value() == TOKEN and not settings.uses_app
@@ -118,6 +120,7 @@ def test_every_invalid_setting_is_named_with_what_was_given(monkeypatch):
         REPOSITORY="not a repository",
         PORT="eighty",
         SLOTS="0",
+        MAX_OPEN_QUESTIONS="0",
         RUNNER="slurm",
         AGENT="gpt",
         PROFILE="tpu",
@@ -140,6 +143,7 @@ def test_every_invalid_setting_is_named_with_what_was_given(monkeypatch):
             "REPOSITORY",
             "PORT",
             "SLOTS",
+            "MAX_OPEN_QUESTIONS",
             "RUNNER",
             "AGENT",
             "PROFILE",
