@@ -43,8 +43,10 @@ under 70%; `autoresearch status` and the dashboard show it, since when and why. 
 A kept experiment that main took before its pull request was opened (in degraded mode the
 usual case: it is known to be kept only when the judge says so, and main moves in the same tick)
 cannot have one: GitHub refuses a pull request for a branch main holds. In full mode a keep waits
-for its pull request before main takes it (`pull_request_first`, the lifecycle's merge gate), at
-most bot.loop.lifecycle's MERGE_WAIT_S, 5 minutes: only a publisher failing that long loses it. Its check run is made on its commit, now main's, and it is listed once in the
+for its pull request before main takes it (`pull_request_first`, the lifecycle's merge gate; its
+pull request is made first in the next pass), while the write budget has room for it now and at
+most bot.loop.lifecycle's MERGE_WAIT_S (60 s): only a publisher failing that long, or writes
+held back by the limits, lose it. Its check run is made on its commit, now main's, and it is listed once in the
 research log like the others, besides the log's table of kept changes.
 What a person loses while it lasts: no pull request (so no check run, labels, review, Re-run /
 Keep anyway buttons or /commands on it) for an experiment that is neither kept nor promising, and
@@ -161,7 +163,8 @@ class GitHubPublisher(Publisher):
             self.replies.post()
         except Exception as error:  # noqa: BLE001 - replies wait for the next tick
             failures.append(f"replies: {type(error).__name__}: {error}")
-        for exp in self.store.published.behind():
+        behind = self.store.published.behind()
+        for exp in sorted(behind, key=lambda e: e.state != State.MERGING):  # a keep waits for its pull request
             try:
                 self._publish(exp, snapshot)
             except Exception as error:  # noqa: BLE001 - one experiment's trouble must not hold up the others
@@ -192,15 +195,11 @@ class GitHubPublisher(Publisher):
         if exp.id not in self._shown and exp.state != State.DONE and "pr" in published:
             if self._closed_while_away(exp, int(published["pr"])):
                 return
-        shown_round = int(published.get("round", "0"))
-        if shown_round < exp.reopened or (exp.state != State.DONE and published.get("final")):
-            # measured again: a new round of checks and comments (the second test: a round a state.db
-            # from before the count noticed only here)
+        if int(published.get("round", "0")) < exp.reopened:  # measured again: a new round of checks and comments
             if "pr" in published and exp.state != State.DONE:
                 self._reopen(exp, int(published["pr"]))
-            round_ = str(max(shown_round + 1, exp.reopened))
-            self.store.published.set(exp.id, "round", round_)
-            self.store.published.set(exp.id, "final", "")
+            self.store.published.set(exp.id, "final", "")  # first: a crash between the two loses no round
+            self.store.published.set(exp.id, "round", str(exp.reopened))
             published = self.store.published.get(exp.id)
         if self.degraded and "pr" not in published and not _promising(exp, runs):
             if exp.state == State.DONE:  # listed in the research log instead (bot.github.summaries)
@@ -556,15 +555,19 @@ class _OnMainAlready(Exception):
 def pull_request_first(store: Store, budget: WriteBudget | None) -> Callable[[Experiment], str | None]:
     """The lifecycle's merge gate in full mode: a keep waits until its pull request is open, since
     GitHub refuses one for a branch main already holds. None (go) once it is, and always in degraded
-    mode, where most keeps have none yet and the research never waits on what people see. `store`
-    is the conductor's connection: the gate is asked on its thread."""
+    mode, where most keeps have none yet, or while the write budget has no room for one now: the
+    research never waits on the write limits. The publisher opens a waiting keep's pull request
+    first in its pass. `store` is the conductor's connection: the gate is asked on its thread."""
 
     def holds(exp: Experiment) -> str | None:
-        if budget is not None and budget.mode.mode == "degraded":
-            return None
-        if "pr" in store.published.get(exp.id):
-            return None
-        return "its pull request is not open yet"
+        if budget is not None and (budget.mode.mode == "degraded" or budget.room() < 1):
+            return None  # the pull request would wait for room itself: main does not wait for it
+        published = store.published.get(exp.id)
+        if "pr" not in published:
+            return "its pull request is not open yet"
+        if int(published.get("round", "0")) < exp.reopened:  # measured again: its pull request is reopened first
+            return "its pull request is not open again yet"
+        return None
 
     return holds
 

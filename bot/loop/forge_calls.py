@@ -41,6 +41,7 @@ class _Pending:
 
 PENDING: Final = _Pending()  # the call is being made; ask again on a later tick
 
+DONE_KEPT = 1024  # answers kept for the lifecycle to take; beyond it the oldest go (asked again, made again)
 Key = tuple[Hashable, ...]  # (what, experiment id, inputs...)
 Call = Callable[[Forge], Any]
 
@@ -57,7 +58,7 @@ class InlineCalls:
     def on_done(self, callback: Callable[[], None]) -> None:
         """Nothing to tell: every call is done when it returns."""
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = None) -> None:
         """Nothing to stop."""
 
 
@@ -129,15 +130,19 @@ class ForgeWorker:
                     self._thread = None
                     return
                 key, fn = self._queue.popleft()
+            outcome: tuple[bool, Any] = (False, RuntimeError("the forge worker stopped in this call"))
             try:
                 if forge is None:
                     forge = self.make_forge()
-                outcome: tuple[bool, Any] = (True, fn(forge))
+                outcome = (True, fn(forge))
             except Exception as error:  # noqa: BLE001 - the lifecycle handles it as it would inline
                 outcome = (False, error)
-            with self._lock:
-                slot = key[:2]
-                self._in_flight.pop(slot, None)
-                self._done[slot] = (key, *outcome)
-            if self._notify is not None:
-                self._notify()
+            finally:  # whatever ended the call, its slot is free again and its answer is there
+                with self._lock:
+                    slot = key[:2]
+                    self._in_flight.pop(slot, None)
+                    self._done[slot] = (key, *outcome)
+                    if len(self._done) > DONE_KEPT:  # answers nobody took (their experiment ended meanwhile)
+                        del self._done[next(iter(self._done))]
+                if self._notify is not None:
+                    self._notify()

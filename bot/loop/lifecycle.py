@@ -50,7 +50,8 @@ from bot.store import Experiment, Run, Store
 
 log = logging.getLogger(__name__)
 
-MERGE_WAIT_S = 300.0  # the longest a keep waits for its merge gate before main takes it anyway
+MERGE_WAIT_S = 60.0  # the longest a keep waits for its merge gate before main takes it anyway: runs on
+# the main it moves wait with it
 
 MergeGate = Callable[[Experiment], "str | None"]  # why a kept experiment should not merge yet; None: go
 
@@ -95,7 +96,8 @@ class Lifecycle:
         self.calls = calls or InlineCalls(forge)  # the branch and rebase writes (bot.loop.forge_calls)
         self.merge_gate = merge_gate
         self.merge_wait_s = merge_wait_s
-        self._held_since: dict[int, float] = {}  # experiment -> when its merge gate first held it (this process)
+        self._held_since: dict[tuple[int, str, int], float] = {}  # (experiment, base, round) -> when its merge
+        # gate first held that keep (this process); a keep after a rebase or a reopen is timed anew
         self.screening = screening.Screening(store, baseline, runs, identity=identity, profile=profile)
 
     def judge_all(self, main: Main) -> None:
@@ -401,10 +403,12 @@ class Lifecycle:
             event=there.reason,
         )
 
-    def _follow_main(self, exp: Experiment, main_sha: str) -> Experiment:
-        """Move the branch onto a main whose train.py is the one it was measured against: its runs
-        still count, since the judge compares train.py, not the commit around it."""
-        head = self.forge.rebase_branch(exp.branch, main_sha, self.baseline.task.asset)
+    def _follow_main(self, exp: Experiment, main_sha: str, head: str | None = None) -> Experiment:
+        """Move the branch onto a main whose train.py is the one it was measured against (`head`:
+        where a forge call already moved it): its runs still count, since the judge compares
+        train.py, not the commit around it."""
+        if head is None:
+            head = self.forge.rebase_branch(exp.branch, main_sha, self.baseline.task.asset)
         return self.store.experiments.update(
             exp.id,
             base_sha=main_sha,
@@ -413,16 +417,22 @@ class Lifecycle:
         )
 
     def _step_rebasing(self, exp: Experiment, main: Main) -> Experiment | None:
-        if self.baseline.code_at(exp.base_sha) == main.code_hash:
-            return self.store.experiments.update(self._follow_main(exp, main.sha).id, state=State.MEASURING)
         asset = self.baseline.task.asset
+        if self.baseline.code_at(exp.base_sha) == main.code_hash:
+            # the same call slot as the rebase below: a rebase still being made for this branch ends first
+            head = self.calls.call(
+                ("rebase", exp.id, main.sha, "follow"), lambda forge: forge.rebase_branch(exp.branch, main.sha, asset)
+            )
+            if head is PENDING:
+                return None
+            return self.store.experiments.update(self._follow_main(exp, main.sha, head).id, state=State.MEASURING)
 
         def rebase(forge: Forge) -> tuple[str, str]:
             head = forge.rebase_branch(exp.branch, main.sha, asset)
             return head, forge.read_file(head, asset)
 
         try:
-            rebased = self.calls.call(("rebase", exp.id, main.sha), rebase)
+            rebased = self.calls.call(("rebase", exp.id, main.sha, "remeasure"), rebase)
         except MergeConflict as error:
             return self.store.experiments.update(
                 exp.id,
@@ -470,15 +480,18 @@ class Lifecycle:
         """Whether the merge gate holds the keep back for now: until it lets go, or for `merge_wait_s`
         (then main takes it without; what people miss is the gate's to say)."""
         why = self.merge_gate(exp) if self.merge_gate is not None else None
+        keep = (exp.id, exp.base_sha, exp.reopened)
+        for other in [k for k in self._held_since if k[0] == exp.id and k != keep]:
+            del self._held_since[other]  # an earlier keep of it, left by a rebase or a reopen
         if why is None:
-            self._held_since.pop(exp.id, None)
+            self._held_since.pop(keep, None)
             return False
-        if exp.id not in self._held_since:
-            self._held_since[exp.id] = self.clock()
+        if keep not in self._held_since:
+            self._held_since[keep] = self.clock()
             log.info("experiment %s: the merge waits: %s", exp.id, why)
-        if self.clock() - self._held_since[exp.id] < self.merge_wait_s:
+        if self.clock() - self._held_since[keep] < self.merge_wait_s:
             return True
-        del self._held_since[exp.id]
+        del self._held_since[keep]
         log.warning("experiment %s: merged after %.0f s of waiting, though %s", exp.id, self.merge_wait_s, why)
         self.store.experiments.update(exp.id, event=f"merged without waiting longer: {why}")
         return False

@@ -136,12 +136,15 @@ CREATE INDEX writes_by_time ON writes(at);
 # Version 6: how many times people had an experiment measured again (/rerun, reopening its pull
 # request, Keep anyway). The publisher shows each such round anew (a new check run, a new decision
 # comment); counted here, with the reopening itself, a round is shown even when it ended before the
-# publisher looked, with the verdict it had before. Rounds the publisher had already noticed count.
+# publisher looked, with the verdict it had before. Rounds the publisher had already shown count, and
+# one it has not noticed yet (measured again, not done, its last verdict still shown).
 V6 = """
 ALTER TABLE experiments ADD COLUMN reopened INTEGER NOT NULL DEFAULT 0;
 UPDATE experiments SET reopened = COALESCE(
     (SELECT CAST(value AS INTEGER) FROM published p WHERE p.experiment_id = experiments.id AND p.key = 'round'), 0
-);
+) + (state != 'done' AND EXISTS(
+    SELECT 1 FROM published p WHERE p.experiment_id = experiments.id AND p.key = 'final' AND p.value != ''
+));
 """
 
 MIGRATIONS: list[str] = [V1, V2, V3, V4, V5, V6]

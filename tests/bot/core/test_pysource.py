@@ -8,6 +8,8 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
+
 from bot.core import pysource
 
 SOURCE = "\n".join(f"def f{i}(x):\n    return [(a, {{b: (c if d else e)}}) for a in x for b in a]" for i in range(40))
@@ -65,3 +67,26 @@ def test_bot_parses_python_only_through_pysource() -> None:
         if re.search(r"\bast\.parse\(|\bcompile\(tree\b", line)
     ]
     assert direct == []
+
+
+def test_a_parse_that_meets_one_outside_the_lock_is_made_again(monkeypatch) -> None:
+    # the standard library's traceback module parses outside the lock (Python 3.11's carets)
+    real, calls = pysource.ast.parse, []
+
+    def clashing(text: str, filename: str = "<unknown>"):
+        calls.append(text)
+        if len(calls) == 1:
+            raise SystemError("AST constructor recursion depth mismatch (before=39, after=38)")
+        return real(text, filename)
+
+    monkeypatch.setattr(pysource.ast, "parse", clashing)
+    assert isinstance(pysource.parse("x = 1\n").body[0], pysource.ast.Assign) and len(calls) == 2
+
+
+def test_another_system_error_is_not_hidden(monkeypatch) -> None:
+    def broken(text: str, filename: str = "<unknown>"):
+        raise SystemError("something else")
+
+    monkeypatch.setattr(pysource.ast, "parse", broken)
+    with pytest.raises(SystemError, match="something else"):
+        pysource.parse("x = 1\n")

@@ -279,6 +279,14 @@ def test_a_keep_waits_for_its_pull_request_in_full_mode_and_never_in_degraded_mo
     world.publish()
     assert opened == [1] and holds(exp) is None  # open, and the conductor was told
 
+    finish(world, "discard", 2.1)
+    world.publish()  # closed with its verdict; then a person has it measured again, and it is kept
+    world.store.experiments.update(world.exp_id, state=State.BRANCHED, reopened=1)
+    exp = world.store.experiments.update(world.exp_id, state=State.MEASURING)
+    assert holds(exp) == "its pull request is not open again yet"  # main would take it from a closed one
+    world.publish()
+    assert holds(exp) is None and world.standin.pulls()[0]["state"] == "open"
+
 
 def test_the_verdict_is_one_edit_that_keeps_peoples_labels_and_closes_the_pull_request(app_world: World) -> None:
     gh, world = app_world.standin, app_world

@@ -190,6 +190,21 @@ class ThreadedForge(LocalForge):
         return super().rebase_branch(branch, onto_sha, path)
 
 
+def run_with_worker(loop: Conductor, done, *, between=None) -> None:
+    """Tick as the driver does: at once when the worker, the agent or the runner says something."""
+    wake = threading.Event()
+    loop.wake_on(wake.set)
+    for _ in range(2000):
+        wake.clear()
+        loop.tick()
+        if done():
+            return
+        if between is not None:
+            between()
+        wake.wait(0.05)
+    raise AssertionError(f"never done: {loop.store.experiments.all()}")
+
+
 def test_the_loop_with_its_branches_and_rebases_on_the_worker_keeps_and_discards_as_inline(tmp_path: Path) -> None:
     ThreadedForge.threads = []
     init_research_repo(tmp_path / "repo", {"train.py": MAIN, "program.md": PROGRAM})
@@ -198,7 +213,6 @@ def test_the_loop_with_its_branches_and_rebases_on_the_worker_keeps_and_discards
         Proposal("better", "h", with_effect(MAIN, -0.1, "better")),
         Proposal("worse", "h", with_effect(MAIN, +0.1, "worse")),
     ]
-    wake = threading.Event()
     loop = Conductor(
         Store(tmp_path / "state.db"),
         forge,
@@ -207,17 +221,48 @@ def test_the_loop_with_its_branches_and_rebases_on_the_worker_keeps_and_discards
         ConductorConfig(profile="smoke", identity=dict(IDENTITY), max_experiments=2, retry_base_s=0.0),
         forge_worker=ForgeWorker(lambda: ThreadedForge(tmp_path / "repo")),
     )
-    loop.wake_on(wake.set)
-    for _ in range(2000):
-        wake.clear()
-        loop.tick()
-        if loop.finished():
-            break
-        wake.wait(0.05)  # as the driver waits: until the worker, the agent or the runner says something
-    else:
-        raise AssertionError(f"never finished: {loop.store.experiments.all()}")
+    run_with_worker(loop, loop.finished)
     assert [(e.title, e.status) for e in loop.store.experiments.all()] == [("better", "keep"), ("worse", "discard")]
     assert forge.main_sha() == loop.store.experiments.all()[0].merged_sha
-    assert {kind for kind, _ in ThreadedForge.threads} >= {"branch"}
     assert {thread for _, thread in ThreadedForge.threads} == {"forge"}  # never on the conductor's thread
+    loop.lifecycle.calls.close(5)
+
+
+def test_a_change_measured_on_a_main_that_moved_is_rebased_on_the_worker_and_measured_again(tmp_path: Path) -> None:
+    ThreadedForge.threads = []
+    init_research_repo(tmp_path / "repo", {"train.py": MAIN, "program.md": PROGRAM})
+    forge = LocalForge(tmp_path / "repo")
+    runner = FakeRunner(auto=False)
+    loop = Conductor(
+        Store(tmp_path / "state.db"),
+        forge,
+        runner,
+        ScriptedAgent([Proposal("better", "h", with_effect(MAIN, -0.1, "better"))]),
+        ConductorConfig(profile="smoke", identity=dict(IDENTITY), max_experiments=1, retry_base_s=0.0),
+        forge_worker=ForgeWorker(lambda: ThreadedForge(tmp_path / "repo")),
+    )
+
+    def finish_main_runs() -> None:
+        for run_id in runner.running():
+            if loop.store.runs.get(run_id).purpose == "baseline":
+                runner.finish(run_id)
+
+    run_with_worker(
+        loop,
+        lambda: any(r.purpose == "candidate" for r in loop.store.runs.all(state="running")),
+        between=finish_main_runs,
+    )
+    human = MAIN.replace("WARMDOWN_RATIO = 0.5", "WARMDOWN_RATIO = 0.45")  # a line apart from the change
+    old = forge.main_sha()
+    forge.create_branch("human", old, {"train.py": human}, "a human commit")
+    forge.merge("human", old, "a human commit")
+    runner.auto = True
+    for run_id in runner.running():
+        runner.finish(run_id)
+    run_with_worker(loop, loop.finished)
+    [exp] = loop.store.experiments.all()
+    [remeasure] = [r for r in loop.store.runs.all(experiment_id=exp.id) if r.purpose == "remeasure"]
+    assert "WARMDOWN_RATIO = 0.45" in remeasure.asset and exp.status == "keep"
+    assert ("rebase", "forge") in ThreadedForge.threads
+    assert {thread for _, thread in ThreadedForge.threads} == {"forge"}
     loop.lifecycle.calls.close(5)

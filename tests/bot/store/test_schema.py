@@ -80,15 +80,18 @@ def test_rounds_the_publisher_had_shown_count_as_the_experiments_reopenings(db: 
     monkeypatch.setattr(schema, "MIGRATIONS", schema.MIGRATIONS[:5])
     monkeypatch.setattr(schema, "VERSION", 5)
     schema.migrate(db)
-    for exp_id in (1, 2):
+    for exp_id, state in ((1, "done"), (2, "done"), (3, "measuring")):
         db.execute(
             "INSERT INTO experiments(id, state, title, hypothesis, base_sha, created_at, updated_at)"
-            f" VALUES ({exp_id}, 'done', 't', 'h', 'b', 1, 2)"
+            f" VALUES ({exp_id}, '{state}', 't', 'h', 'b', 1, 2)"
         )
-    db.execute("INSERT INTO published(experiment_id, key, value) VALUES (1, 'round', '2'), (2, 'final', 'keep')")
+    db.execute(
+        "INSERT INTO published(experiment_id, key, value) VALUES (1, 'round', '2'), (2, 'final', 'keep'),"
+        " (3, 'round', '1'), (3, 'final', 'discard')"  # 3: measured again, not noticed yet
+    )
     monkeypatch.undo()
     assert schema.migrate(db) == 5
-    assert db.execute("SELECT id, reopened FROM experiments ORDER BY id").fetchall() == [(1, 2), (2, 0)]
+    assert db.execute("SELECT id, reopened FROM experiments ORDER BY id").fetchall() == [(1, 2), (2, 0), (3, 2)]
 
 
 def test_a_file_too_new_is_refused_and_left_alone(db: sqlite3.Connection):
