@@ -284,6 +284,7 @@ class GitHubForge:
             branch=branch,
         )
         sha, _ = self._commit_on(onto_sha, {path: merged}, message)
+        self._files[(sha, path)] = merged  # the re-measure reads it next: known, no read
         self._point(branch, sha, head)
         log.info("rebased %s onto %s as %s", branch, onto_sha[:7], sha[:7])
         return sha

@@ -171,8 +171,11 @@ def test_a_rebase_carries_only_the_change_to_train_py(forge: GitHubForge, standi
     forge.create_branch(BRANCH, main, {"train.py": changed(3, "wider")}, "wider")
     new_main = standin.push_file("train.py", changed(15, "human"), user="alice", message="human change")
     head = forge.rebase_branch(BRANCH, new_main, "train.py")
+    before = len(standin.requests)
     assert forge.read_file(head, "train.py") == changed(15, "human").replace("line 3\n", "wider\n")
+    assert len(standin.requests) == before  # the forge wrote it: known without a read
     assert forge.merge(BRANCH, new_main, "kept") == head
+    assert new_forge(standin).read_file(head, "train.py") == forge.read_file(head, "train.py")  # as GitHub has it
 
 
 def test_a_conflicting_rebase_raises_merge_conflict(forge: GitHubForge, standin: GitHubStandIn) -> None:
