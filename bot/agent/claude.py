@@ -278,6 +278,7 @@ class _Session:
         meta = self._meta() | {"expected": sub.expected_effect, "risk": sub.risk}
         if sub.fixes_crash and self.ctx.last_crash_id is not None:
             meta["fixes"] = self.ctx.last_crash_id
+            meta["fixes_status"] = self.ctx.last_crash_status  # crash, or rejected by the evaluator
         log.info("claude: proposal %r after %d turns, $%.4f", sub.title, self.turns, meta["cost_usd"])
         return Proposal(title=sub.title, hypothesis=sub.hypothesis, asset=text, meta=meta)
 

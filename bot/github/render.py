@@ -359,7 +359,8 @@ def pr_body(
             )
     changes = _changes(exp.meta)
     if isinstance(exp.meta.get("fixes"), int):
-        changes.append(f"It is proposed as the fix of experiment {exp.meta['fixes']}, which crashed.")
+        ended = "was rejected" if exp.meta.get("fixes_status") == "rejected" else "crashed"
+        changes.append(f"It is proposed as the fix of experiment {exp.meta['fixes']}, which {ended}.")
     main_words = (
         f"{shown.name} **{shown.value(main_val_bpb)}**"
         if main_val_bpb is not None

@@ -254,7 +254,8 @@ class Proposals:
                 meta=meta,
             )
             if meta.get("fixes"):
-                self.store.events.add(exp.id, "fix", f"proposed as a fix of the crash of experiment {meta['fixes']}")
+                ended = "rejection" if meta.get("fixes_status") == "rejected" else "crash"
+                self.store.events.add(exp.id, "fix", f"proposed as a fix of the {ended} of experiment {meta['fixes']}")
             log.info("experiment %s proposed: %s", exp.id, exp.title)
             self._pending.pop(exp.id, None)
             self.lifecycle.advance(exp, main)  # as far as its first run: a new experiment cannot merge yet

@@ -127,7 +127,7 @@ V5 = """
 CREATE TABLE writes (
     id INTEGER PRIMARY KEY,
     at REAL NOT NULL,               -- when it was sent (wall time)
-    what TEXT NOT NULL,             -- branch | commit | merge | dispatch | pull | check | comment | close | log ...
+    what TEXT NOT NULL,             -- branch | commit | merge | dispatch | cancel | pull | check | comment | close | log ...
     research INTEGER NOT NULL       -- 1: the research needs it (never waits), 0: what people read
 );
 CREATE INDEX writes_by_time ON writes(at);

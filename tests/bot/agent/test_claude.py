@@ -153,7 +153,8 @@ def test_fixing_the_last_crash_is_recorded(api):
     api.add(
         edit("HEAD_DIM = 128 ", "HEAD_DIM = 64  "), submit(title="Halve HEAD_DIM with whole heads", fixes_crash=True)
     )
-    assert agent(api).propose(ctx()).meta["fixes"] == 7
+    meta = agent(api).propose(ctx()).meta
+    assert meta["fixes"] == 7 and meta["fixes_status"] == "crash"
 
 
 def test_the_prompt_carries_feedback_the_try_idea_and_the_crash(api):

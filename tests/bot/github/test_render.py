@@ -470,8 +470,12 @@ def test_the_agents_cost_is_shown_in_the_pull_request_and_the_check() -> None:
     assert "| Agent cost | $0.0421" in render.check_summary(exp, [], main_val_bpb=1.0, noise_margin=0.01)
     assert render.agent_cost({}) == ""
     fix = experiment(meta={"fixes": 7})
-    assert "the fix of experiment 7" in render.pr_body(
+    assert "the fix of experiment 7, which crashed." in render.pr_body(
         fix, main_sha="a" * 40, main_val_bpb=1.0, base_asset="", history=[]
+    )
+    refused = experiment(meta={"fixes": 8, "fixes_status": "rejected"})
+    assert "the fix of experiment 8, which was rejected." in render.pr_body(
+        refused, main_sha="a" * 40, main_val_bpb=1.0, base_asset="", history=[]
     )
 
 
