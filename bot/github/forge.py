@@ -32,6 +32,7 @@ which is what keeps a retry from making a second commit.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import logging
 from collections.abc import Callable
@@ -284,7 +285,10 @@ class GitHubForge:
             branch=branch,
         )
         sha, _ = self._commit_on(onto_sha, {path: merged}, message)
-        self._files[(sha, path)] = merged  # the re-measure reads it next: known, no read
+        # the re-measure reads it next, and a keep's branch is the next proposals' base (whose
+        # compare-and-swap needs its blob sha): both known, no read
+        self._files[(sha, path)] = merged
+        self._blobs[(sha, path)] = git_blob_sha(merged)
         self._point(branch, sha, head)
         log.info("rebased %s onto %s as %s", branch, onto_sha[:7], sha[:7])
         return sha
@@ -332,3 +336,9 @@ class GitHubForge:
                         return label.name.removeprefix("autoresearch: ")
                 return "closed"
         return None
+
+
+def git_blob_sha(text: str) -> str:
+    """The id git (and so GitHub) gives a file of this text: SHA-1 of its header and bytes."""
+    data = text.encode("utf-8")
+    return hashlib.sha1(b"blob %d\0" % len(data) + data, usedforsecurity=False).hexdigest()

@@ -176,6 +176,13 @@ def test_a_rebase_carries_only_the_change_to_train_py(forge: GitHubForge, standi
     assert len(standin.requests) == before  # the forge wrote it: known without a read
     assert forge.merge(BRANCH, new_main, "kept") == head
     assert new_forge(standin).read_file(head, "train.py") == forge.read_file(head, "train.py")  # as GitHub has it
+    # the kept rebase is main now: the next proposal's branch is one commit on it (its compare-and-swap
+    # takes the blob sha the forge worked out for the text it wrote)
+    before = len(standin.requests)
+    nxt = forge.create_branch("autoresearch/2-next", head, {"train.py": changed(9, "next")}, "next")
+    assert writes(standin, before) == ["git/create-ref", "repos/create-or-update-file-contents"]
+    assert "repos/get-content" not in [r.operation for r in standin.requests[before:]]
+    assert standin.read("autoresearch/2-next", "train.py") == changed(9, "next") and nxt != head
 
 
 def test_a_conflicting_rebase_raises_merge_conflict(forge: GitHubForge, standin: GitHubStandIn) -> None:
