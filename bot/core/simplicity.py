@@ -21,12 +21,11 @@ smaller model is a change of size, not of simplicity.
 from __future__ import annotations
 
 import ast
-import functools
 import io
 import tokenize
 from dataclasses import dataclass
 
-from bot.core import pysource
+from bot.core import pysource, textcache
 
 _NOT_CODE = {
     tokenize.NEWLINE,
@@ -79,7 +78,7 @@ def _without_bare_strings(tree: ast.Module) -> ast.Module:
     return tree
 
 
-@functools.lru_cache(maxsize=32)
+@textcache.by_digest
 def size(text: str) -> Size | None:
     """The size of a train.py's code, or None when it does not parse. Cached: main's text is sized
     again at every decision."""

@@ -23,12 +23,11 @@ paid for:
 from __future__ import annotations
 
 import ast
-import functools
 import hashlib
 import re
 from collections.abc import Iterable
 
-from bot.core import pysource
+from bot.core import pysource, textcache
 from runner.tasks import DEFAULT_TASK, get_task
 from runner.tasks.query_latency import asset as query_asset
 
@@ -70,7 +69,7 @@ def _squeeze(statement: str) -> str:
     return " ".join(t if t.startswith("'") else t.lower() for t in _SQL_TOKEN.findall(statement))
 
 
-@functools.lru_cache(maxsize=32)
+@textcache.by_digest
 def normal_hash(text: str, task: str = DEFAULT_TASK) -> str | None:
     """The identity of the asset itself (a Python asset's syntax tree, a SQL asset's normalised
     statements), or None if a Python asset does not parse. Cached: main's text is checked again at
