@@ -45,7 +45,7 @@ usual case: it is known to be kept only when the judge says so, and main moves i
 cannot have one: GitHub refuses a pull request for a branch main holds. In full mode a keep waits
 for its pull request before main takes it (`pull_request_first`, the lifecycle's merge gate; its
 pull request is made first in the next pass), while the write budget has room for it now and at
-most bot.loop.lifecycle's MERGE_WAIT_S (60 s): only a publisher failing that long, or writes
+most bot.loop.merge_gate's MERGE_WAIT_S (60 s): only a publisher failing that long, or writes
 held back by the limits, lose it. Its check run is made on its commit, now main's, and it is listed once in the
 research log like the others, besides the log's table of kept changes.
 What a person loses while it lasts: no pull request (so no check run, labels, review, Re-run /

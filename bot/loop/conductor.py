@@ -37,7 +37,8 @@ from bot.loop.errors import RepeatedErrors
 from bot.loop.forge_calls import ForgeWorker
 from bot.loop.inbox import InboxHandler, apply_inbox
 from bot.loop.judge import judge_config
-from bot.loop.lifecycle import Backoff, Lifecycle, MergeGate
+from bot.loop.lifecycle import Backoff, Lifecycle
+from bot.loop.merge_gate import Gate
 from bot.loop.proposals import Proposals
 from bot.loop.publishing import PublishWorker
 from bot.loop.runs import Runs
@@ -98,7 +99,7 @@ class Conductor:
         publishers: Sequence[Publisher] = (),
         publishing: PublishWorker | None = None,
         router: Router[InboxHandler] = inbox.router,
-        merge_gate: MergeGate | None = None,
+        merge_gate: Gate | None = None,
         forge_worker: ForgeWorker | None = None,
     ) -> None:
         self.store = store

@@ -22,7 +22,7 @@ keep anyway), then every active experiment as far as it goes without waiting:
     merging    fast-forward main to its measured commit, compare-and-swap on the main it was
                measured against; where a merge gate says people should see it first (full mode
                on GitHub: its pull request, which GitHub refuses for a branch main already holds),
-               it waits for that, at most `merge_wait_s`
+               it waits for that, for a bounded time (bot.loop.merge_gate)
     closing    mark its branch closed with its verdict; done
 
 `judge_all()` does what needs no forge (people's requests, the verdicts on main) early in the tick,
@@ -45,15 +45,11 @@ from bot.loop import measurement, screening
 from bot.loop.baseline import Baseline, Main
 from bot.loop.forge_calls import PENDING, ForgeWorker, InlineCalls
 from bot.loop.judge import decide, judge_config
+from bot.loop.merge_gate import Gate, MergeWait
 from bot.loop.runs import Runs
 from bot.store import Experiment, Run, Store
 
 log = logging.getLogger(__name__)
-
-MERGE_WAIT_S = 60.0  # the longest a keep waits for its merge gate before main takes it anyway: runs on
-# the main it moves wait with it
-
-MergeGate = Callable[[Experiment], "str | None"]  # why a kept experiment should not merge yet; None: go
 
 
 @dataclass(frozen=True)
@@ -80,8 +76,7 @@ class Lifecycle:
         step_retries: int,
         backoff: Backoff,
         clock: Callable[[], float],
-        merge_gate: MergeGate | None = None,
-        merge_wait_s: float = MERGE_WAIT_S,
+        merge_gate: Gate | None = None,
         calls: InlineCalls | ForgeWorker | None = None,
     ) -> None:
         self.store = store
@@ -94,10 +89,7 @@ class Lifecycle:
         self.backoff = backoff
         self.clock = clock
         self.calls = calls or InlineCalls(forge)  # the branch and rebase writes (bot.loop.forge_calls)
-        self.merge_gate = merge_gate
-        self.merge_wait_s = merge_wait_s
-        self._held_since: dict[tuple[int, str, int], float] = {}  # (experiment, base, round) -> when its merge
-        # gate first held that keep (this process); a keep after a rebase or a reopen is timed anew
+        self.merge_wait = MergeWait(store, merge_gate, clock=clock)  # what people see of a keep first
         self.screening = screening.Screening(store, baseline, runs, identity=identity, profile=profile)
 
     def judge_all(self, main: Main) -> None:
@@ -476,28 +468,8 @@ class Lifecycle:
         )
         return self.store.experiments.get(exp.id)
 
-    def _merge_held(self, exp: Experiment) -> bool:
-        """Whether the merge gate holds the keep back for now: until it lets go, or for `merge_wait_s`
-        (then main takes it without; what people miss is the gate's to say)."""
-        why = self.merge_gate(exp) if self.merge_gate is not None else None
-        keep = (exp.id, exp.base_sha, exp.reopened)
-        for other in [k for k in self._held_since if k[0] == exp.id and k != keep]:
-            del self._held_since[other]  # an earlier keep of it, left by a rebase or a reopen
-        if why is None:
-            self._held_since.pop(keep, None)
-            return False
-        if keep not in self._held_since:
-            self._held_since[keep] = self.clock()
-            log.info("experiment %s: the merge waits: %s", exp.id, why)
-        if self.clock() - self._held_since[keep] < self.merge_wait_s:
-            return True
-        del self._held_since[keep]
-        log.warning("experiment %s: merged after %.0f s of waiting, though %s", exp.id, self.merge_wait_s, why)
-        self.store.experiments.update(exp.id, event=f"merged without waiting longer: {why}")
-        return False
-
     def _step_merging(self, exp: Experiment, main: Main) -> Experiment | None:
-        if self._merge_held(exp):
+        if self.merge_wait.holds(exp):
             return None
         runs = exp.meta.get("runs", 1)
         simpler = "kept_for_simplicity" in exp.meta

@@ -16,7 +16,7 @@ from bot.core.records import Proposal
 from bot.core.states import State
 from bot.forge.local import init_research_repo
 from bot.loop.conductor import Conductor, ConductorConfig
-from bot.loop.lifecycle import MERGE_WAIT_S
+from bot.loop.merge_gate import MERGE_WAIT_S
 from bot.store import Experiment, Store
 
 MAIN = with_effect(SMALL_TRAIN_PY, 0.0, "main")
