@@ -5,7 +5,8 @@ The loop asks for these again at every decision and every proposal, for each exp
 and for main. `functools.lru_cache` would keep every text it has seen (tens of kilobytes each) and,
 at 32 entries, forgot main's between two of its uses once 16 runners kept more experiments than
 that in flight: sizing train.py again took 40% of the conductor's time in bench/duty_cycle.py at
-K=16. Here 4,096 digests cost a few hundred kilobytes. Safe from any thread: the table is locked,
+K=16. Here 4,096 entries cost about 1.4 MiB a function. Arguments are positional only (the
+decorated function should say so with `/`). Safe from any thread: the table is locked,
 the work is not (at worst two threads work out the same value once each).
 """
 

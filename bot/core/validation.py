@@ -70,7 +70,7 @@ def _squeeze(statement: str) -> str:
 
 
 @textcache.by_digest
-def normal_hash(text: str, task: str = DEFAULT_TASK) -> str | None:
+def normal_hash(text: str, task: str = DEFAULT_TASK, /) -> str | None:
     """The identity of the asset itself (a Python asset's syntax tree, a SQL asset's normalised
     statements), or None if a Python asset does not parse. Cached: main's text is checked again at
     every proposal."""

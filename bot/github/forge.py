@@ -255,6 +255,8 @@ class GitHubForge:
         """The blob sha of `path` at commit `sha` (None: no such file), from the read that the
         conductor's own reading of the base already made, else one read now."""
         if (sha, path) not in self._blobs:
+            if self._files.get((sha, path)) is not None:  # its text alone is known: read it for the blob
+                del self._files[(sha, path)]
             try:
                 self.read_file(sha, path)
             except FileNotFoundError:

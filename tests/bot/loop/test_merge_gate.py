@@ -1,6 +1,6 @@
 """A keep waits for what people should see of it before main takes it (in full mode on GitHub, its
 pull request: GitHub refuses one for a branch main already holds), but never longer than
-`merge_wait_s`: a publisher that cannot open it holds the research up for a bounded time only.
+MERGE_WAIT_S: a publisher that cannot open it holds the research up for a bounded time only.
 The conductor is driven with a fake runner, a scripted agent and the real local forge; the clock
 is the test's."""
 
