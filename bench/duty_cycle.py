@@ -20,7 +20,9 @@ Reported per K:
 - experiments per hour in steady state (completions between the K-th and the N-K-th, so the first
   baselines and the drain at the end are left out), scaled back to real time, against the ideal
   K * 3600 / 300;
-- slot utilisation from the first experiment run's start to the last run's start: busy
+- slot utilisation in steady state, over the same completions as experiments per hour ("util
+  steady"), and from the first experiment run's start to the last run's start, ramp and drain
+  included ("util"): busy
   slot-seconds / (K * window), split into experiment runs (candidates, confirmations, re-measures)
   and main's baseline runs (which legitimately use slots: after each keep main is measured again);
 - the idle gap of a slot between two runs (end of one job to start of the next, from the runner's
@@ -668,9 +670,9 @@ def report(
     window = (first_exp, starts[-1])
     span = window[1] - window[0]
 
-    def busy(baseline: bool) -> float:
+    def busy(baseline: bool, within: tuple[float, float] = window) -> float:
         return sum(
-            max(0.0, min(end, window[1]) - max(start, window[0])) for _, _, start, end, b in history if b == baseline
+            max(0.0, min(end, within[1]) - max(start, within[0])) for _, _, start, end, b in history if b == baseline
         )
 
     purpose = {r.id: r.purpose for r in runs}
@@ -685,6 +687,8 @@ def report(
     a, b = max(0, min(k, len(done) // 10) - 1), len(done) - 1 - max(0, min(k, len(done) // 10) - 1)
     exp_per_h = (b - a) / (done[b] - done[a]) * 3600 / opts.scale if b > a and done[b] > done[a] else float("nan")
     capacity = slot_seconds(runner.slot_changes, *window)  # k * span while the slots stay k
+    steady = (done[a], done[b]) if b > a else window
+    steady_capacity = slot_seconds(runner.slot_changes, *steady)
     mean_slots = capacity / span if span > 0 else k
     ideal = mean_slots * 3600 / REAL_BUDGET_S
 
@@ -722,6 +726,9 @@ def report(
         "share_of_ideal": round(exp_per_h / ideal, 3),
         "utilisation": round((busy(False) + busy(True)) / capacity, 3) if span > 0 else None,
         "utilisation_experiments": round(busy(False) / capacity, 3) if span > 0 else None,
+        "utilisation_steady": (
+            round((busy(False, steady) + busy(True, steady)) / steady_capacity, 3) if steady_capacity > 0 else None
+        ),
         "utilisation_baselines": round(busy(True) / capacity, 3) if span > 0 else None,
         "gap_n": len(gaps),
         "gap_p50": round(percentile(gaps, 0.5) / budget, 4),
@@ -808,7 +815,7 @@ def gap_parts(end: float, start: float, ticks: list[dict[str, Any]]) -> Counter:
 
 def table(rows: list[dict[str, Any]]) -> str:
     head = (
-        f"{'K':>3} {'exps':>5} {'runs/exp':>8} {'exp/h':>7} {'ideal':>6} {'of ideal':>8} {'util':>6} "
+        f"{'K':>3} {'exps':>5} {'runs/exp':>8} {'exp/h':>7} {'ideal':>6} {'of ideal':>8} {'steady':>6} {'util':>6} "
         f"{'util exp':>8} {'gap p50':>8} {'gap p95':>8} {'gap max':>8} {'cpu/exp':>8} {'cond cpu':>8} "
         f"{'api/exp':>7} {'wr/exp':>6} {'wr/h':>6} {'mode':>8} {'pacer s':>7}"
     )
@@ -816,7 +823,8 @@ def table(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         lines.append(
             f"{r['K']:>3} {r['experiments']:>5} {r['runs_per_experiment']:>8.2f} {r['exp_per_h']:>7.1f} "
-            f"{r['ideal_per_h']:>6.0f} {r['share_of_ideal']:>8.1%} {r['utilisation']:>6.1%} "
+            f"{r['ideal_per_h']:>6.0f} {r['share_of_ideal']:>8.1%} "
+            f"{r['utilisation_steady'] or 0:>6.1%} {r['utilisation']:>6.1%} "
             f"{r['utilisation_experiments']:>8.1%} {r['gap_p50']:>8.2%} {r['gap_p95']:>8.2%} "
             f"{r['gap_max']:>8.2%} {r['cpu_per_exp']:>8.3f} {r['conductor_cpu_per_exp']:>8.3f} "
             f"{r['api_requests_per_exp']:>7.1f} {r['api_creating_per_exp']:>6.1f} {r['api_writes_per_h']:>6.0f} "
