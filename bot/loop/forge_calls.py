@@ -15,9 +15,10 @@ through `call(key, fn)`:
   thread, so the bot's writes to GitHub stay serial, as GitHub asks of one client.
 
 A call is known by its key: what it does and for which experiment (`key[:2]`, the call's slot),
-then its inputs. One call per slot at a time: asked again with other inputs while one is in
-flight, the answer is PENDING until that one ends; its result is then dropped as stale and the new
-call made. Every call the lifecycle makes this way is safe to repeat (the branch name is its
+then its inputs. One call per slot at a time: asked again with other inputs while one is queued,
+the new call takes its place in the queue (a keep moves main under a wave of queued rebases: each
+is made once, onto the newest main); while one is being made, the answer is PENDING until it
+ends, its result is then dropped as stale and the new call made. Every call the lifecycle makes this way is safe to repeat (the branch name is its
 idempotency key), so a result lost to a restart costs only a repeat.
 """
 
@@ -93,7 +94,9 @@ class ForgeWorker:
                     raise result
                 log.debug("dropped a stale forge call %r (now %r)", done_key, key)
             if slot in self._in_flight:
-                return PENDING  # this call, or an older one of the slot that must end first
+                if self._in_flight[slot] != key and self._replace_queued(slot, key, fn):
+                    log.debug("a queued forge call of %r now has the inputs %r", slot, key[2:])
+                return PENDING  # this call, or an older one of the slot being made, which must end first
             self._in_flight[slot] = key
             self._queue.append((key, fn))
             self._closing = False
@@ -102,6 +105,15 @@ class ForgeWorker:
                 self._thread.start()
             self._lock.notify_all()
             return PENDING
+
+    def _replace_queued(self, slot: Key, key: Key, fn: Call) -> bool:
+        """Put `key` in the place of its slot's call while that one is still queued (under the lock)."""
+        for index, (queued, _) in enumerate(self._queue):
+            if queued[:2] == slot:
+                self._queue[index] = (key, fn)
+                self._in_flight[slot] = key
+                return True
+        return False  # being made
 
     def busy(self) -> int:
         """Calls queued or being made."""

@@ -1,6 +1,7 @@
 """The forge's branch and rebase writes off the conductor's thread (bot.loop.forge_calls): a call is
 PENDING until the worker's own forge made it, then its result (or its exception) once; one at a
-time; a call asked again with other inputs waits for the one in flight and drops its result. Then
+time; a call asked again with other inputs takes a queued one's place, or waits for the one being
+made and drops its result. Then
 the whole loop with the worker on the real local forge: branches, a keep, a rebase, all made on the
 worker's thread. No test waits on a clock: each waits for the worker to say it is done."""
 
@@ -28,6 +29,7 @@ class Gate:
         self.open = threading.Event()
         self.entered = threading.Event()  # a call is being made
         self.threads: list[str] = []
+        self.made: list[str] = []  # branch@base, in the order the calls were made
         self.at_once = 0
         self.most_at_once = 0
         self._lock = threading.Lock()
@@ -37,6 +39,7 @@ class Gate:
             self.at_once += 1
             self.most_at_once = max(self.most_at_once, self.at_once)
         self.threads.append(threading.current_thread().name)
+        self.made.append(f"{branch}@{base_sha}")
         self.entered.set()
         try:
             self.open.wait(10)
@@ -114,15 +117,33 @@ def test_calls_are_made_one_at_a_time() -> None:
     w.close(5)
 
 
-def test_a_call_asked_with_other_inputs_waits_for_the_one_in_flight_and_drops_its_result() -> None:
+def test_a_call_asked_with_other_inputs_waits_for_the_one_being_made_and_drops_its_result() -> None:
     w, gate, ended = worker()
     assert w.call(("rebase", 3, "main1"), branch("r", "main1")) is PENDING
+    assert gate.entered.wait(10)
     assert w.call(("rebase", 3, "main2"), branch("r", "main2")) is PENDING  # main moved again meanwhile
     gate.open.set()
     ended.wait(1)
     assert w.call(("rebase", 3, "main2"), branch("r", "main2")) is PENDING  # the stale one dropped, this one made
     ended.wait(2)
     assert w.call(("rebase", 3, "main2"), branch("r", "main2")) == "sha-of-r-on-main2"
+    w.close(5)
+
+
+def test_a_queued_call_asked_with_other_inputs_is_made_once_with_the_newest_in_its_place() -> None:
+    w, gate, ended = worker()
+    assert w.call(("branch", 1, "b1"), branch("first")) is PENDING  # being made: holds the thread
+    assert gate.entered.wait(10)
+    assert w.call(("rebase", 3, "main1"), branch("r", "main1")) is PENDING
+    assert w.call(("branch", 4, "b1"), branch("after")) is PENDING
+    assert w.call(("rebase", 3, "main2"), branch("r", "main2")) is PENDING  # main moved while it queued
+    assert w.call(("rebase", 3, "main3"), branch("r", "main3")) is PENDING  # ... and again
+    assert w.busy() == 3
+    gate.open.set()
+    ended.wait(3)
+    assert gate.made == ["first@b1", "r@main3", "after@b1"]  # the rebase made once, onto the newest main, in its place
+    assert w.call(("rebase", 3, "main3"), branch("r", "main3")) == "sha-of-r-on-main3"
+    assert w.call(("branch", 4, "b1"), branch("after")) == "sha-of-after-on-b1"
     w.close(5)
 
 
