@@ -44,7 +44,7 @@ from bot.core.states import Request, RunState, State, Status
 from bot.loop import measurement, screening
 from bot.loop.baseline import Baseline, Main
 from bot.loop.forge_calls import PENDING, ForgeWorker, InlineCalls
-from bot.loop.judge import decide, judge_config
+from bot.loop.judge import decide, judge_config, standard_error
 from bot.loop.merge_gate import Gate, MergeWait
 from bot.loop.runs import Runs
 from bot.store import Experiment, Run, Store
@@ -367,14 +367,17 @@ class Lifecycle:
 
     def _worse_where_it_ran(self, exp: Experiment, main: Main, candidate: list[float]) -> Experiment | None:
         """Discard an experiment whose runs, measured on a main that has moved on since, came out no
-        better than that main, as the judge would have there; None when it improved on it (or that
-        main has no value): then it is re-measured on the current main before it may merge. A run
-        on a main that moved is not wasted on a loss, and a gain is not judged twice."""
+        better than that main, as the judge would have there, or better by no more than program.md's
+        `remeasure_below` standard errors; None when it improved on it by more (or that main has no
+        value): then it is re-measured on the current main before it may merge. A run on a main that
+        moved is not wasted on a loss, and a gain is not judged twice."""
+        noise = self.baseline.noise()
+        old_main = self.baseline.main_values(self.baseline.code_at(exp.base_sha))
         there = decide(
             candidate=candidate,
             crash=None,
-            main=self.baseline.main_values(self.baseline.code_at(exp.base_sha)),
-            noise=self.baseline.noise(),
+            main=old_main,
+            noise=noise,
             measured_on=exp.base_sha,
             current_main=exp.base_sha,
             config=judge_config(main.settings),
@@ -382,7 +385,14 @@ class Lifecycle:
             if exp.asset
             else None,
         )
-        if there.action != "discard" or there.delta is None or there.delta < 0:
+        if there.action != "discard" or there.delta is None:
+            return None
+        # how far below the old main a run must have come to be worth a run on the new one (no noise
+        # known yet: any gain is)
+        below = 0.0
+        if noise is not None and old_main:
+            below = main.settings.remeasure_below * standard_error(noise, len(candidate), len(old_main))
+        if there.delta < -below:
             return None
         return self.store.experiments.update(
             exp.id,

@@ -17,6 +17,9 @@ program.md may start with a YAML block between two `---` lines holding an `autor
       confirm_below: 1.25      # a single run this many standard errors better gets a confirmation
       min_margin: 0.0          # absolute floor on the margin, in val_bpb
       confirm: true            # borderline improvements get one confirmation run
+      remeasure_below: 0.0     # a run that ended on a main a keep has moved on from is measured
+                               # again on the new main only if it beat the old main by more than
+                               # this many standard errors (0: by anything); the rest are discarded
       simplicity_sigmas: 1.0   # a smaller train.py is kept if its runs rule out a loss of more
                                # than this many sigma (0: simpler code gets no rule of its own)
       screening: false         # training: each new candidate gets a short run (a fifth of the
@@ -58,6 +61,7 @@ class LoopSettings(BaseModel):
     confirm_below: float = Field(1.25, ge=0)
     min_margin: float = Field(0.0, ge=0)
     confirm: bool = True
+    remeasure_below: float = Field(0.0, ge=0, le=10)
     simplicity_sigmas: float = Field(1.0, ge=0)
     screening: bool = False  # bot.loop.screening; on for no profile by default (docs/benchmarks.md)
     screening_sigmas: float = Field(0.0, ge=-5, le=5)

@@ -24,6 +24,7 @@ DEFAULTS = dict(
     confirm_below=1.25,
     min_margin=0.0,
     confirm=True,
+    remeasure_below=0.0,
     simplicity_sigmas=1.0,
     screening=False,
     screening_sigmas=0.0,
@@ -86,6 +87,7 @@ def test_full_block_is_parsed_and_the_body_follows():
         "  confirm_below: 1.0\n"
         "  min_margin: 0.001\n"
         "  confirm: false\n"
+        "  remeasure_below: 0.5\n"
         "  simplicity_sigmas: 0.5\n"
         "  screening: true\n"
         "  screening_sigmas: -0.5\n"
@@ -105,6 +107,7 @@ def test_full_block_is_parsed_and_the_body_follows():
         confirm_below=1.0,
         min_margin=0.001,
         confirm=False,
+        remeasure_below=0.5,
         simplicity_sigmas=0.5,
         screening=True,
         screening_sigmas=-0.5,

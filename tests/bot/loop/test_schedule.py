@@ -57,7 +57,15 @@ class Loop:
     does when woken, until every question to the agent is answered."""
 
     def __init__(
-        self, proposals: list[Proposal], *, slots: int, noise: Noise, forge=None, runner=None, **settings
+        self,
+        proposals: list[Proposal],
+        *,
+        slots: int,
+        noise: Noise,
+        forge=None,
+        runner=None,
+        lookahead: int | None = None,
+        **settings,
     ) -> None:
         self.forge = forge or MemoryForge({"train.py": MAIN, "program.md": program(**settings)})
         self.runner = runner or FakeRunner(slots, auto=False, outcome=noise)
@@ -66,7 +74,13 @@ class Loop:
             self.forge,
             self.runner,
             ScriptedAgent(proposals),
-            ConductorConfig(profile="smoke", identity=dict(IDENTITY), max_experiments=len(proposals), retry_base_s=0.0),
+            ConductorConfig(
+                profile="smoke",
+                identity=dict(IDENTITY),
+                max_experiments=len(proposals),
+                retry_base_s=0.0,
+                lookahead=lookahead,
+            ),
         )
         self.store = self.conductor.store
         self.woken = threading.Event()
@@ -278,7 +292,13 @@ class CountingRuns:
 
 
 def test_a_tick_reads_whole_only_the_runs_of_experiments_whose_runs_are_in_and_once(tmp_path: Path) -> None:
-    loop = Loop([change(0.1 * n, f"change {n}") for n in range(1, 9)], slots=4, noise=Noise(), first_baseline_runs=2)
+    loop = Loop(
+        [change(0.1 * n, f"change {n}") for n in range(1, 9)],
+        slots=4,
+        noise=Noise(),
+        lookahead=4,
+        first_baseline_runs=2,
+    )
     loop.tick()
     loop.finish("baseline", count=2)
     assert len(loop.store.experiments.in_state(State.MEASURING)) == 8  # four running, four queued
@@ -294,10 +314,12 @@ def test_a_tick_reads_whole_only_the_runs_of_experiments_whose_runs_are_in_and_o
     assert loop.status(1) == loop.status(2) == ("done", "discard")
 
 
-def kept_beside(other: Proposal) -> Loop:
+def kept_beside(other: Proposal, **settings: object) -> Loop:
     """Two slots: a clear gain is kept and merged while `other` runs beside it on the old main,
     then `other` finishes. Main's first runs: 2.0 and 2.01."""
-    loop = Loop([change(-0.5, "much better"), other], slots=2, noise=Noise([0.0, 0.01]), first_baseline_runs=2)
+    loop = Loop(
+        [change(-0.5, "much better"), other], slots=2, noise=Noise([0.0, 0.01]), first_baseline_runs=2, **settings
+    )
     measured(loop, 2)
     assert sorted(loop.running()) == [("candidate", 1), ("candidate", 2)]
     loop.finish("candidate", 1)
@@ -322,3 +344,27 @@ def test_a_change_that_improved_on_the_main_it_ran_on_is_remeasured_on_the_new_o
     assert loop.store.experiments.get(2).base_sha == loop.store.experiments.get(1).merged_sha
     loop.finish("baseline")
     assert loop.running() == [("baseline", None), ("remeasure", 2)]
+
+
+# main's runs 2.0 and 2.01: sigma 0.00707, one run's standard error against them 0.00866; a change
+# 0.001 better comes out 0.006 below main's mean (0.69 standard errors), one 0.005 better 0.010 (1.15),
+# and neither earns a confirmation there (1.25)
+@pytest.mark.parametrize(
+    ("remeasure_below", "effect", "remeasured"),
+    [(0.0, -0.001, True), (1.0, -0.001, False), (1.0, -0.005, True), (0.5, -0.005, True)],
+)
+def test_remeasure_below_sets_how_far_a_change_must_have_beaten_the_old_main_to_run_on_the_new_one(
+    remeasure_below: float, effect: float, remeasured: bool
+) -> None:
+    loop = kept_beside(change_at_top(effect, "a little better"), remeasure_below=remeasure_below)
+
+    exp = loop.store.experiments.get(2)
+    if remeasured:
+        assert loop.status(2) == ("measuring", None)
+        assert exp.base_sha == loop.store.experiments.get(1).merged_sha
+        return
+    assert loop.status(2) == ("done", "discard")
+    assert exp.reason.startswith(f"measured on main {exp.base_sha[:7]}, which has moved on since")
+    assert exp.delta == pytest.approx(effect - 0.005)
+    loop.finish("baseline")
+    assert ("remeasure", 2) not in loop.started()
