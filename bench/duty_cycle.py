@@ -100,6 +100,7 @@ class Options:
     timeout_s: float = 1800.0
     kill_share: float = 0.0  # runs the simulated runner loses mid-run (a runner taken away)
     slot_plan: tuple[tuple[float, int], ...] = ()  # (once this share of the experiments is decided, these slots)
+    lookahead: int | None = None  # proposals prepared beyond the free slots (None: the conductor's own pacing)
 
     @property
     def budget_s(self) -> float:
@@ -436,6 +437,8 @@ def bench_service(opts: Options):
             if conductor is None:
                 return None
             self.ticks, self.cpu, self.worker_s = [], [], 0.0
+            if opts.lookahead is not None:
+                conductor.proposals.lookahead = opts.lookahead
             # GitHub's write windows (80 a minute, 500 an hour) on the scaled clock
             self.pacer = self.client.budget
             self.pacer.clock = lambda: time.monotonic() * opts.scale
@@ -756,6 +759,7 @@ def report(
         "budget_s": budget,
         "agent_s": opts.think_s,
         "latency_ms": opts.latency_ms,
+        "lookahead": opts.lookahead,
     }
 
 
@@ -871,6 +875,11 @@ def main() -> None:
         default="",
         help="slots changed while it runs: SHARE:SLOTS,... (once SHARE of the experiments is decided, SLOTS slots)",
     )
+    parser.add_argument(
+        "--lookahead",
+        type=int,
+        help="proposals prepared beyond the free slots (default: the conductor's pacing, bot.loop.proposals)",
+    )
     parser.add_argument("--standin", help=argparse.SUPPRESS)
     parser.add_argument("--key-file", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -908,6 +917,7 @@ def main() -> None:
             write_share=args.write_share,
             kill_share=args.kill_share,
             slot_plan=plan,
+            lookahead=args.lookahead,
         )
         row = run(opts)
         rows.append(row)

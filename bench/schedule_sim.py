@@ -428,7 +428,12 @@ def _drive(
 ) -> Trajectory:
     clock = SimClock()
     runner = SimRunner(slots, clock, np.random.default_rng(seed), noise, **runner_options)
-    config = ConductorConfig(profile=IDENTITY["profile"], identity=dict(IDENTITY), lookahead=lookahead)
+    # the store's times are the wall clock's, not this simulated one, so the conductor's own pacing
+    # of the lookahead (bot.loop.proposals) would follow how fast this machine runs the simulation:
+    # one per slot unless asked, as the conductor does before it has a pace
+    config = ConductorConfig(
+        profile=IDENTITY["profile"], identity=dict(IDENTITY), lookahead=slots if lookahead is None else lookahead
+    )
     conductor = Conductor(store, forge, runner, agent, config, clock=clock)
     answered = threading.Event()
     conductor.wake_on(answered.set)

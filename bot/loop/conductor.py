@@ -60,8 +60,8 @@ class ConductorConfig:
     identity: dict[str, str]  # pinned measurement identity: profile, harness_hash, data_fingerprint[, threads]
     max_experiments: int = 0  # 0: take program.md's setting (whose 0 means no limit)
     max_refusals: int = 5  # invalid proposals in a row before the agent is given up on
-    lookahead: int | None = None  # proposals prepared beyond the free slots (None: one per slot), so a slot
-    # that frees never waits for the agent
+    lookahead: int | None = None  # proposals prepared beyond the free slots, so a slot that frees never
+    # waits for the agent (None: paced by how long a proposal takes to be ready and a run lasts, bot.loop.proposals)
     agent_timeout_s: float = 900.0  # one proposal; then it is abandoned and asked again
     step_retries: int = 3  # failed attempts at one step before its experiment ends as failed
     retry_base_s: float = 2.0  # backoff after the n-th failure: base * 2**(n-1), at most retry_max_s

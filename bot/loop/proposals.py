@@ -2,7 +2,12 @@
 
 The agent thinks on its own threads (bot.loop.agent_worker), so a tick never waits for it: one
 tick asks, a later one collects the answer. It is asked while there is room: a proposal for every
-slot and `lookahead` more prepared ahead, so a slot that frees never waits for the agent. As many
+slot and `lookahead` more prepared ahead, so a slot that frees never waits for the agent. Unless
+the config sets it, the lookahead is paced (`paced_lookahead`): as many as the slots that free
+while one proposal is made ready (from its question to its first run queued, the latest ones),
+for runs as long as the latest; one per slot until both are known. More would only wait in the
+queue, each about a run's length, and at 16 slots a keep then moves main under most of them: a
+rebase on GitHub each, and proposals made without the results that came in meanwhile. As many
 questions are open at once as that room needs, at most `max_open_questions` (None: one per slot,
 so one slot asks one question at a time) and at most what the agent takes at once, each about its own experiment in state proposing, with
 its own context: a ProposalContext (program.md's instructions, main's train.py and val_bpb, the
@@ -23,12 +28,16 @@ An answer is a Proposal, an AgentStopped (the agent has nothing more to propose:
 asking), or any other failure, an AgentError or not (asked again after a backoff; what the failed
 attempt cost, AgentError.meta, is charged to the experiment). A proposal is refused, and the agent
 asked again with the reason, when it repeats an earlier experiment or fails bot.core.validation;
-`max_refusals` in a row stop the asking. A proposal taken becomes an experiment and goes straight
-into the lifecycle. What answers cost (Proposal.meta["cost_usd"]) adds up; once it reaches the
-budget, the agent is asked nothing more. Questions in flight count against the budget at the
-highest cost of one answer so far (one at a time until an answer has said what one costs): a
-question is asked only while what is spent plus the others in flight stays under the budget, so
-the last one asked ends at most one question's cost over it, as with one question at a time.
+`max_refusals` in a row stop the asking. An answer to a question asked on a main that has moved on
+since (a keep, a push) is first carried onto main as it is now, merged as a rebase merges, so its
+branch is made once, on the main it will run on (where the two changes overlap, it stays on the
+old main, and its rebase ends it as a conflict, on record). A proposal taken becomes an
+experiment and goes straight into the lifecycle. What answers cost
+(Proposal.meta["cost_usd"]) adds up; once it reaches the budget, the agent is asked nothing more.
+Questions in flight count against the budget at the highest cost of one answer so far (one at a
+time until an answer has said what one costs): a question is asked only while what is spent plus
+the others in flight stays under the budget, so the last one asked ends at most one question's
+cost over it, as with one question at a time.
 
 The history the agent is told of, and the code hashes a proposal must not repeat, are kept in
 memory (bot.loop.history) and brought up to date with only what was written since the last
@@ -39,14 +48,16 @@ from __future__ import annotations
 
 import difflib
 import logging
+import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from bot.core import validation
-from bot.core.protocols import AgentError, AgentStopped, Runner
+from bot.core.protocols import AgentError, AgentStopped, MergeConflict, Runner
 from bot.core.records import Proposal, ProposalContext, code_hash
 from bot.core.states import RunState, State, Status
+from bot.forge.merge import merge_text
 from bot.loop import measurement
 from bot.loop.agent_worker import AgentWorker
 from bot.loop.baseline import Baseline, Main
@@ -75,6 +86,20 @@ class _Pending:
     cost_usd: float = 0.0  # what the refused or skipped answers cost, charged to the experiment
     refusals: int = 0  # counted toward max_refusals: not those of a repeat it could not have known of
     told: set[str] = field(default_factory=set)  # the code hashes its last question was told of
+
+
+PACING_SLACK = 1.5  # the time a proposal takes to be ready, counted half again: answers come in bursts
+PACED_FROM_RUN_S = 2.0  # runs shorter than this (a test's fakes, crashes at start) pace nothing
+
+
+def paced_lookahead(slots: int, ready_s: float | None, run_s: float | None) -> int:
+    """Proposals to prepare beyond the free slots: one more than the slots that free while one
+    proposal is made ready (`ready_s`: from its question to its first run queued, with
+    PACING_SLACK, over `run_s`, a run's length), at most one per slot; one per slot while either
+    time is unknown, or runs last less than PACED_FROM_RUN_S."""
+    if ready_s is None or run_s is None or run_s < PACED_FROM_RUN_S:
+        return slots
+    return min(slots, math.ceil(slots * PACING_SLACK * ready_s / run_s) + 1)
 
 
 class Proposals:
@@ -140,7 +165,11 @@ class Proposals:
         proposing = len(self.store.experiments.in_state(State.PROPOSING))
         waiting = self.store.runs.count(RunState.QUEUED, RunState.RUNNING)
         unqueued = sum(len(self.store.experiments.in_state(s)) for s in (State.PROPOSED, State.BRANCHED))
-        lookahead = self.runner.slots if self.lookahead is None else self.lookahead
+        if self.lookahead is not None:
+            lookahead = self.lookahead
+        else:
+            runs = self.store.runs
+            lookahead = paced_lookahead(self.runner.slots, runs.recent_ready_s(), runs.recent_length_s())
         need = self.runner.slots + lookahead - waiting - unqueued - proposing
         return min(need, left, self.open_limit - proposing)
 
@@ -237,6 +266,7 @@ class Proposals:
             log.warning("agent failed (%s: %s); retrying in %.0fs", type(answer).__name__, answer, wait)
             return
         cost = self._spend(answer.meta)
+        answer, base_sha = self._onto_main(exp, answer, main)
         problem = self.validate(answer, main, pending.seen)
         if problem is None:
             meta = (
@@ -246,6 +276,7 @@ class Proposals:
             )
             exp = self.store.experiments.fill_proposal(
                 exp.id,
+                base_sha=base_sha,
                 title=answer.title,
                 hypothesis=answer.hypothesis,
                 slug=answer.slug,
@@ -282,6 +313,29 @@ class Proposals:
             return
         if not stop_reason:
             self._ask(self.store.experiments.get(exp.id), main)
+
+    def _onto_main(self, exp: Experiment, answer: Proposal, main: Main) -> tuple[Proposal, str]:
+        """The answer and the main it is to be branched on: main as it is now, with the answer's
+        change merged into main's asset as a rebase merges it, when main moved while the agent
+        worked (the experiment's base is the main it was asked on); so its branch is made once, on
+        the main it runs on, not on the old one and then rebased. Where the two changes overlap,
+        the answer as it came, on the main it was asked on: the rebase then finds the conflict and
+        the experiment ends with it on record, as before."""
+        if exp.base_sha == main.sha or self.baseline.code_at(exp.base_sha) == main.code_hash:
+            return answer, main.sha  # main did not move, or only its other files did
+        path = self.baseline.task.asset
+        try:
+            merged = merge_text(
+                self.baseline.forge.read_file(exp.base_sha, path),
+                main.asset,
+                answer.asset,
+                path=path,
+                branch=f"the proposal {answer.title!r}",
+            )
+        except MergeConflict:
+            return answer, exp.base_sha
+        log.info("proposal %r carried from main %s onto %s", answer.title, exp.base_sha[:7], main.sha[:7])
+        return replace(answer, asset=merged), main.sha
 
     def validate(self, proposal: Proposal, main: Main, seen: set[str]) -> str | None:
         """Why the proposal cannot run, or None: it repeats no earlier experiment and passes

@@ -102,10 +102,14 @@ class Experiments:
         code_hash: str,
         asset: str,
         meta: dict[str, Any],
+        base_sha: str | None = None,
     ) -> Experiment:
-        """Record a validated proposal; the branch name is fixed here, from the id."""
+        """Record a validated proposal (on main `base_sha`, when main moved since it was asked for);
+        the branch name is fixed here, from the id."""
+        moved = {"base_sha": base_sha} if base_sha else {}
         return self.update(
             exp_id,
+            **moved,
             state=State.PROPOSED,
             title=title,
             hypothesis=hypothesis,

@@ -270,6 +270,30 @@ class Runs:
         marks = ", ".join("?" for _ in states)
         return self.db.execute(f"SELECT COUNT(*) FROM runs WHERE state IN ({marks})", states).fetchone()[0]
 
+    def recent_length_s(self, limit: int = 32) -> float | None:
+        """The median seconds from start to finish of the latest `limit` finished runs, or None
+        before one has finished."""
+        rows = self.db.execute(
+            "SELECT finished_at - started_at FROM runs WHERE state = 'done' AND started_at IS NOT NULL"
+            " AND finished_at >= started_at ORDER BY id DESC LIMIT ?",
+            (limit,),
+        ).fetchall()
+        lengths = sorted(row[0] for row in rows)
+        return lengths[len(lengths) // 2] if lengths else None
+
+    def recent_ready_s(self, limit: int = 32) -> float | None:
+        """How long the latest `limit` experiments with a run took to get their first run queued
+        from the moment they were opened for a proposal (the question, the agent's answer, its
+        branch), the upper quartile: a slow one is met more often than the median says; None
+        before one has a run."""
+        rows = self.db.execute(
+            "SELECT * FROM (SELECT (SELECT MIN(queued_at) FROM runs WHERE experiment_id = experiments.id)"
+            " - created_at AS ready FROM experiments ORDER BY id DESC) WHERE ready IS NOT NULL LIMIT ?",
+            (limit,),
+        ).fetchall()
+        ready = sorted(max(0.0, row[0]) for row in rows)
+        return ready[(3 * len(ready)) // 4] if ready else None
+
     def latest_ok(self, purpose: str, limit: int) -> list[Run]:
         """The latest `limit` finished runs of this purpose that reported ok, newest first."""
         rows = self.db.execute(

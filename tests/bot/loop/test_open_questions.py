@@ -1,5 +1,6 @@
-"""Several agent questions open at once: as many as the free and soon-free slots need, within the
-open-question limit and the agent's budget, each with its own context; what is proposed at once is
+"""Several agent questions open at once: as many as the free and soon-free slots need (the lookahead
+paced by the agent's answers and the runs' length), within the open-question limit and the agent's
+budget, each with its own context; what is proposed at once is
 distinct; a question that times out stalls none of the others; a conductor killed with questions
 open resumes from the store. The agents are gated by the test (each answer waits until the test
 releases it), so every state is reached by events, never by waiting on a clock."""
@@ -18,7 +19,7 @@ from bot.core.records import Proposal, ProposalContext, code_hash
 from bot.core.states import State
 from bot.forge.memory import MemoryForge
 from bot.loop.conductor import Conductor, ConductorConfig
-from bot.loop.proposals import ANSWERS_PER_TICK
+from bot.loop.proposals import ANSWERS_PER_TICK, paced_lookahead
 from bot.store import Store
 
 MAIN = with_effect(SMALL_TRAIN_PY, 0.0, "main")
@@ -344,4 +345,101 @@ def test_a_tick_takes_two_answers_and_wakes_the_driver_for_the_rest() -> None:
     assert woken.is_set()  # the driver ticks again at once for the answers left
     loop.tick()
     assert len(proposed(loop)) == 4
+    agent.release_all()
+
+
+# --- how many are prepared ahead: paced by the agent's answers and the runs' length -------------
+
+
+@pytest.mark.parametrize(
+    ("slots", "ready_s", "run_s", "lookahead"),
+    [
+        (16, None, 300.0, 16),  # no proposal ready yet: one per slot, as before
+        (16, 20.0, None, 16),  # no run finished yet
+        (16, 20.0, 300.0, 3),  # 16 * 1.5 * 20 / 300 = 1.6 slots free while one is made: 2, and one more
+        (16, 100.0, 300.0, 9),  # a slower agent: 8, and one more
+        (16, 1000.0, 300.0, 16),  # never more than one per slot
+        (4, 20.0, 300.0, 2),
+        (1, 20.0, 300.0, 1),
+        (8, 0.0, 300.0, 1),  # proposals ready at once: one ahead
+        (8, 0.0, 1.5, 8),  # runs of a second and a half (fakes): no pace, one per slot
+    ],
+)
+def test_the_lookahead_is_the_slots_that_free_while_one_proposal_is_made_ready_and_one_more(
+    slots: int, ready_s: float | None, run_s: float | None, lookahead: int
+) -> None:
+    assert paced_lookahead(slots, ready_s, run_s) == lookahead
+
+
+def test_a_rack_with_a_quick_agent_prepares_only_the_few_proposals_its_pace_needs() -> None:
+    """16 slots, proposals ready 20 s after their question and runs of 300 s: 3 ahead of the slots,
+    not 16. Every proposal waiting in the queue would wait a run's length, and a keep would move
+    main under most of them."""
+    agent = Gated(distinct)
+    agent.release_all()
+    loop, woken = fresh(agent, slots=16)
+    loop.store.runs.recent_ready_s = lambda limit=32: 20.0  # type: ignore[method-assign]
+    loop.store.runs.recent_length_s = lambda limit=32: 300.0  # type: ignore[method-assign]
+    tick_until(loop, woken, lambda: not proposing(loop) and len(proposed(loop)) >= 14)
+    loop.tick()
+    assert len(loop.runner.running()) == 16  # main's 2 runs and 14 candidates
+    assert len(proposed(loop)) == 14 + 3 and not proposing(loop)
+
+
+def test_without_a_pace_yet_a_rack_prepares_one_proposal_per_slot() -> None:
+    agent = Gated(distinct)
+    agent.release_all()
+    loop, woken = fresh(agent, slots=16)
+    loop.store.runs.recent_length_s = lambda limit=32: None  # type: ignore[method-assign]
+    tick_until(loop, woken, lambda: not proposing(loop) and len(proposed(loop)) >= 14)
+    loop.tick()
+    assert len(proposed(loop)) == 14 + 16 and not proposing(loop)
+
+
+# --- an answer to a question asked on a main that moved meanwhile --------------------------------
+
+
+def move_main(loop: Conductor, asset: str) -> str:
+    """A commit to main's train.py while the agent thinks (a keep, or a person's push)."""
+    forge = loop.forge
+    forge.create_branch("people/edit", forge.main_sha(), {"train.py": asset}, "an edit of main")
+    return forge.merge("people/edit", forge.main_sha(), "an edit of main")
+
+
+def test_an_answer_asked_on_a_main_that_moved_is_branched_once_on_main_as_it_is_now() -> None:
+    agent = Gated(distinct)
+    loop, woken = fresh(agent, slots=4)
+    loop.tick()  # main's 2 runs and 4 questions
+    agent.wait_asked(4)
+    asked_on = loop.forge.main_sha()
+    moved_to = move_main(loop, MAIN.replace("import math\n", "import math\n_people = 1\n", 1))
+    rebases: list[str] = []
+    rebase = loop.forge.rebase_branch
+    loop.forge.rebase_branch = lambda *a, **k: rebases.append(a[0]) or rebase(*a, **k)  # type: ignore[method-assign]
+    agent.release(1)
+    tick_until(loop, woken, lambda: 1 not in proposing(loop))
+
+    exp = loop.store.experiments.get(1)
+    assert asked_on != moved_to and exp.base_sha == moved_to
+    assert "_people = 1" in exp.asset and '_fake_effect = (0.1, "change 1")' in exp.asset  # both changes
+    assert loop.forge.parent(exp.head_sha) == moved_to and loop.forge.read_file(exp.head_sha, "train.py") == exp.asset
+    assert rebases == []  # made once, on the main it runs on
+    assert [r.base_sha for r in loop.store.runs.all(experiment_id=1)] == [moved_to]
+    agent.release_all()
+
+
+def test_an_answer_that_overlaps_what_changed_on_main_meanwhile_ends_as_a_conflict_on_record() -> None:
+    agent = Gated(distinct)
+    loop, woken = fresh(agent, slots=4)
+    loop.tick()
+    agent.wait_asked(4)
+    asked_on = loop.forge.main_sha()
+    move_main(loop, with_effect(MAIN, -0.2, "people"))  # the line the answer changes too
+    agent.release(1)
+    tick_until(loop, woken, lambda: loop.store.experiments.get(1).state == "done")
+
+    exp = loop.store.experiments.get(1)
+    assert exp.title == "change 1" and exp.status == "discard" and "conflicts with main" in exp.reason
+    assert loop.forge.parent(exp.head_sha) == asked_on  # branched where it was asked, as it came
+    assert not [e for e in loop.store.events.all() if e["kind"] == "refused"]
     agent.release_all()

@@ -792,6 +792,34 @@ def test_mark_run_started(store: Store):
     assert store.runs.all(state="running") == [started]
 
 
+def test_a_runs_recent_length_is_the_median_of_the_latest_finished_runs(store: Store):
+    assert store.runs.recent_length_s() is None  # none finished yet
+    for seconds in (300.0, 310.0, 5.0, 290.0):  # one crashed at once
+        run = new_run(store, code_hash=f"code-{seconds}")
+        store.runs.mark_started(run.id, "/tmp/runs/x")
+        store.runs.finish(run.id, status="ok", val_bpb=1.0, metrics={}, error=None, log_tail="")
+        store.db.execute(
+            "UPDATE runs SET started_at = 1000.0, finished_at = ? WHERE id = ?", (1000.0 + seconds, run.id)
+        )
+    new_run(store, code_hash="queued")  # not finished: not counted
+    assert store.runs.recent_length_s() == 300.0
+    assert store.runs.recent_length_s(limit=2) == 290.0  # the latest two: 5 and 290
+
+
+def test_how_long_a_proposal_takes_to_be_ready_is_from_its_opening_to_its_first_run(store: Store):
+    assert store.runs.recent_ready_s() is None  # no experiment has a run yet
+    for took in (10.0, 40.0, 20.0, 30.0):
+        exp = store.experiments.start_proposing(MAIN)
+        first = new_run(store, experiment_id=exp.id, code_hash=f"code-{took}")
+        later = new_run(store, experiment_id=exp.id, code_hash=f"code-{took}", purpose="confirm")
+        store.db.execute("UPDATE experiments SET created_at = 1000.0 WHERE id = ?", (exp.id,))
+        store.db.execute("UPDATE runs SET queued_at = ? WHERE id = ?", (1000.0 + took, first.id))
+        store.db.execute("UPDATE runs SET queued_at = 5000.0 WHERE id = ?", (later.id,))
+    store.experiments.start_proposing(MAIN)  # still being proposed: not counted
+    assert store.runs.recent_ready_s() == 40.0  # the upper quartile of 10, 20, 30 and 40
+    assert store.runs.recent_ready_s(limit=2) == 30.0  # the latest two: 20 and 30
+
+
 def test_finish_run_records_the_result(store: Store):
     run = new_run(store)
     metrics = {"peak_vram_mb": 2048.0, "harness_hash": "h1", "data_fingerprint": "d1", "steps": 10}
