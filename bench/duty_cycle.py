@@ -522,6 +522,7 @@ def _run(opts: Options) -> dict[str, Any]:
     from bot.app.serve import Parts
     from bot.app.settings import load_service_settings
     from bot.core.states import State
+    from bot.loop.proposals import paced_lookahead
     from bot.store import Store
     from runner.profiles import harness_hash
 
@@ -560,8 +561,13 @@ def _run(opts: Options) -> dict[str, Any]:
             service.start()
             store = Store(settings.state_dir / "state.db")
             plan = list(opts.slot_plan)
+            paced: list[int] = []  # the conductor's own lookahead, sampled as it runs
             while True:
                 exps = store.experiments.all()
+                if opts.lookahead is None:
+                    paced.append(
+                        paced_lookahead(runner.slots, store.runs.recent_ready_s(), store.runs.recent_length_s())
+                    )
                 decided = sum(e.state == State.DONE for e in exps) / opts.experiments
                 while plan and decided >= plan[0][0]:  # runners added or taken away while the bot runs
                     runner.set_slots(plan.pop(0)[1])
@@ -587,6 +593,8 @@ def _run(opts: Options) -> dict[str, Any]:
         finally:
             served = gh.stop()
     row = report(opts, runner, agent, service, runs, statuses, wall, process_cpu, served)
+    if paced:
+        row["lookahead_paced_p50_max"] = [sorted(paced)[len(paced) // 2], max(paced)]
     if opts.kill_share or opts.slot_plan:
         row["soak"] = soak_check(runner, exps, runs, served.get("shown", {}))
     return row
