@@ -39,6 +39,7 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
+from bot.core.errors import PublishingStopped
 from bot.store.db import Database
 from bot.store.writes import DEFAULT_LIMITS, Write, WriteLedger, WriteMode
 
@@ -61,7 +62,7 @@ def open_ledger(path: Path) -> WriteLedger:
     return WriteLedger(conn)
 
 
-class WriteBudgetStopped(Exception):
+class WriteBudgetStopped(PublishingStopped):
     """A write people read was to wait for room while the service stops: it is not made now."""
 
 

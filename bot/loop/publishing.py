@@ -8,7 +8,8 @@ for room under GitHub's write limits, holds up no tick; the conductor's fast, lo
 (results.tsv) stays in the tick (bot.loop.conductor says why).
 
 A publisher that fails is logged and recorded in the store's events (once while the same error
-repeats), the others go on, and the next hand-over tries again. `flush()` waits until what was
+repeats), the others go on, and the next hand-over tries again. One that stops part way because
+the service stops (bot.core.errors.PublishingStopped) is logged only: nothing failed. `flush()` waits until what was
 handed over has been shown; `close()` flushes and ends the thread: the driver (bot.loop.driver)
 calls it, with a bound, before it returns, so the last state is shown before the service or the
 demo exits unless GitHub's write limits hold it up (then it is shown after the next start).
@@ -19,13 +20,17 @@ The worker's publishers, and the store it records errors in, use a store connect
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
 
+from bot.core.errors import PublishingStopped
 from bot.core.protocols import Publisher, Snapshot
 from bot.loop.errors import RepeatedErrors
 from bot.store import Store
+
+log = logging.getLogger(__name__)
 
 
 class PublishWorker:
@@ -115,6 +120,8 @@ class PublishWorker:
         for publisher in self.publishers:  # one that fails holds up none of the others
             try:
                 publisher.publish(snapshot)
+            except PublishingStopped as stopped:  # the service stops: the next start shows the rest
+                log.info("publishing stopped part way, as the service stops: %s", stopped)
             except Exception as error:  # noqa: BLE001 - GitHub may be down; the next hand-over tries again
                 self._record(error)
 

@@ -15,6 +15,7 @@ from bot.agent.scripted import ScriptedAgent
 from bot.core.protocols import Publisher, Snapshot
 from bot.core.records import Proposal
 from bot.forge.local import LocalForge, init_research_repo
+from bot.github.budget import WriteBudgetStopped
 from bot.loop.conductor import Conductor, ConductorConfig
 from bot.loop.driver import Driver
 from bot.loop.publishing import PublishWorker
@@ -145,6 +146,26 @@ def test_a_failing_publisher_is_recorded_once_and_tried_again_on_the_next_hand_o
     assert errors == ["publishing failed: RuntimeError: GitHub is down; trying again on the next tick"]
     assert [s.main_sha for s in failing.snapshots] == ["c"]
     assert [s.main_sha for s in beside.snapshots] == ["a", "b", "c"]  # held up by none of the failures
+    worker.close()
+
+
+class StoppedPartWay(Publisher):
+    """GitHub's publisher when the service stops while it waits for room under the write limits."""
+
+    def publish(self, snapshot: Snapshot) -> None:
+        raise WriteBudgetStopped("a check run waited for room under GitHub's write limits while the service stopped")
+
+
+def test_a_publisher_stopped_part_way_by_the_service_stopping_records_no_failure(tmp_path: Path, caplog) -> None:
+    store = Store(tmp_path / "state.db")
+    beside = Recording()
+    worker = PublishWorker([StoppedPartWay(), beside], store)
+    with caplog.at_level(logging.INFO, logger="bot.loop.publishing"):
+        worker.hand_over(snapshot("a"))
+        assert worker.flush(PATIENCE_S)
+    assert [e for e in store.events.all() if e["kind"] == "error"] == []
+    assert "publishing stopped part way, as the service stops" in caplog.text
+    assert [s.main_sha for s in beside.snapshots] == ["a"]
     worker.close()
 
 
