@@ -21,8 +21,8 @@ import git
 from git.exc import GitCommandError
 from gitdb.base import IStream
 
+from bot.core.merge import merge_text
 from bot.core.protocols import ForgeError, MainMoved
-from bot.forge.merge import merge_text
 
 __all__ = ["LocalForge", "init_research_repo", "BOT_NAME", "BOT_EMAIL", "CLOSED_TAG_PREFIX"]
 

@@ -4,7 +4,7 @@ It keeps the Forge contract (bot.core.protocols) as the local forge does, so the
 them apart (tests/bot/forge/test_contract.py runs the same scenarios on both): a commit is one
 snapshot of files on one parent, named by a hash of its parent, files and message; branches and
 main are names of commits; main moves only by a compare-and-swap; a rebase re-grafts one file by
-the same three-way merge (bot.forge.merge). What it leaves out is what only a repository on disk
+the same three-way merge (bot.core.merge). What it leaves out is what only a repository on disk
 has: a working tree to keep in step, authors and dates, anything after the process ends.
 
 It is for what must drive the conductor thousands of times (bench/schedule_sim.py: the judge on
@@ -18,9 +18,9 @@ import json
 import re
 from dataclasses import dataclass
 
+from bot.core.merge import merge_text
 from bot.core.protocols import ForgeError, MainMoved
 from bot.forge.local import BRANCH_PREFIX, _clean_path, _natural_key
-from bot.forge.merge import merge_text
 
 __all__ = ["MemoryForge"]
 

@@ -42,8 +42,8 @@ from urllib.parse import quote
 from github import GithubException
 from github.Repository import Repository
 
+from bot.core.merge import merge_text
 from bot.core.protocols import ForgeError, MainMoved
-from bot.forge.merge import merge_text
 
 __all__ = ["GitHubForge"]
 

@@ -54,10 +54,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from bot.core import validation
+from bot.core.merge import merge_text
 from bot.core.protocols import AgentError, AgentStopped, MergeConflict, Runner
 from bot.core.records import Proposal, ProposalContext, code_hash
 from bot.core.states import RunState, State, Status
-from bot.forge.merge import merge_text
 from bot.loop import measurement
 from bot.loop.agent_worker import AgentWorker
 from bot.loop.baseline import Baseline, Main

@@ -12,9 +12,9 @@ import benches
 import numpy as np
 import pytest
 
+from bot.core.merge import merge_text
 from bot.core.records import Job
 from bot.core.simplicity import simplification
-from bot.forge.merge import merge_text
 
 sim = benches.load("schedule_sim")
 

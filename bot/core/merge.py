@@ -1,7 +1,8 @@
 """The 3-way merge of one file, shared by every forge: `git merge-file` on three texts.
 
 Rebasing an experiment onto a newer main re-applies only its change to train.py: the merge of
-(base: the branch's parent's text, ours: the new main's, theirs: the branch's).
+(base: the branch's parent's text, ours: the new main's, theirs: the branch's). The conductor
+merges the same way a proposal answered on a main that has moved since (bot.loop.proposals).
 """
 
 from __future__ import annotations
