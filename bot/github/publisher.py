@@ -68,6 +68,7 @@ from urllib.parse import quote
 from github import GithubException
 from github.Repository import Repository
 
+from bot.core.errors import PublishingStopped
 from bot.core.protocols import Publisher, Snapshot
 from bot.core.states import RunState, State, Status
 from bot.github import render
@@ -161,18 +162,25 @@ class GitHubPublisher(Publisher):
         failures: list[str] = []
         try:
             self.replies.post()
+        except PublishingStopped:  # the service stops: what is left is shown after the next start
+            raise
         except Exception as error:  # noqa: BLE001 - replies wait for the next tick
             failures.append(f"replies: {type(error).__name__}: {error}")
         behind = self.store.published.behind()
         for exp in sorted(behind, key=lambda e: e.state != State.MERGING):  # a keep waits for its pull request
             try:
                 self._publish(exp, snapshot)
+            except PublishingStopped:
+                self._shown.pop(exp.id, None)
+                raise
             except Exception as error:  # noqa: BLE001 - one experiment's trouble must not hold up the others
                 self._shown.pop(exp.id, None)
                 failures.append(f"experiment {exp.id}: {type(error).__name__}: {error}")
         try:
             self.research_log.update()
             self.summaries.post(self.task.metric, flush=was and not self.degraded)
+        except PublishingStopped:
+            raise
         except Exception as error:  # noqa: BLE001 - the log catches up at the next tick
             failures.append(f"research log: {type(error).__name__}: {error}")
         if failures:

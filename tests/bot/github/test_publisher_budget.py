@@ -15,10 +15,11 @@ from github_standin import GitHubStandIn
 
 from bot.core.protocols import Snapshot
 from bot.core.states import State
-from bot.github.budget import WriteBudget, open_ledger
+from bot.github.budget import WriteBudget, WriteBudgetStopped, open_ledger
 from bot.github.forge import GitHubForge
 from bot.github.publisher import GitHubPublisher
 from bot.github.summaries import BATCH
+from bot.loop.publishing import PublishWorker
 from bot.store import Store
 
 LIMITS = ((60.0, 12), (600.0, 40))  # GitHub's 80 a minute and 500 an hour, scaled down
@@ -220,3 +221,19 @@ def test_a_keep_merged_before_its_pull_request_is_listed_once_with_its_check(bou
     [summary] = bound.gh.comments(log["number"])
     assert f"| {exp_id} | change 1 | keep |" in summary["body"]
     assert bound.store.published.behind() == []
+
+
+def test_a_stop_while_a_write_waits_for_room_ends_the_pass_as_stopped_not_as_a_failure(bound: Lab) -> None:
+    for i in range(1, 4):
+        bound.experiment(i)
+    assert bound.budget is not None
+    for _ in range(LIMITS[0][1]):  # the research's own writes take the minute's room
+        bound.budget.charge("branch")
+    bound.budget.stop.set()  # the service stops while the publisher would wait
+    with pytest.raises(WriteBudgetStopped):
+        bound.publish()
+    worker = PublishWorker([bound.publisher], bound.store)
+    worker.hand_over(Snapshot(main_sha="", main_val_bpb=2.0, margin=0.01, progress={}, budget_s=300.0))
+    assert worker.flush(30.0)
+    worker.close()
+    assert [e for e in bound.store.events.all() if e["kind"] == "error"] == []  # logged, not recorded
