@@ -366,11 +366,12 @@ class Lifecycle:
         )
 
     def _worse_where_it_ran(self, exp: Experiment, main: Main, candidate: list[float]) -> Experiment | None:
-        """Discard an experiment whose runs, measured on a main that has moved on since, came out no
-        better than that main, as the judge would have there, or better by no more than program.md's
-        `remeasure_below` standard errors; None when it improved on it by more (or that main has no
-        value): then it is re-measured on the current main before it may merge. A run on a main that
-        moved is not wasted on a loss, and a gain is not judged twice."""
+        """Discard an experiment whose runs, measured on a main that has moved on since, the judge
+        would discard there, when they came out no better than that main or better by no more than
+        program.md's `remeasure_below` standard errors; None otherwise (the judge would confirm or
+        keep it there, it improved by more, or that main has no value): then it is re-measured on
+        the current main before it may merge. A run on a main that moved is not wasted on a loss,
+        and a gain is not judged twice."""
         noise = self.baseline.noise()
         old_main = self.baseline.main_values(self.baseline.code_at(exp.base_sha))
         there = decide(

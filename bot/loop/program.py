@@ -20,6 +20,7 @@ program.md may start with a YAML block between two `---` lines holding an `autor
       remeasure_below: 0.0     # a run that ended on a main a keep has moved on from is measured
                                # again on the new main only if it beat the old main by more than
                                # this many standard errors (0: by anything); the rest are discarded
+                               # (one the judge would confirm or keep there is always measured again)
       simplicity_sigmas: 1.0   # a smaller train.py is kept if its runs rule out a loss of more
                                # than this many sigma (0: simpler code gets no rule of its own)
       screening: false         # training: each new candidate gets a short run (a fifth of the

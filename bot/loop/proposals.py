@@ -55,7 +55,7 @@ from typing import Any
 
 from bot.core import validation
 from bot.core.merge import merge_text
-from bot.core.protocols import AgentError, AgentStopped, MergeConflict, Runner
+from bot.core.protocols import AgentError, AgentStopped, ForgeError, Runner
 from bot.core.records import Proposal, ProposalContext, code_hash
 from bot.core.states import RunState, State, Status
 from bot.loop import measurement
@@ -269,6 +269,13 @@ class Proposals:
         answer, base_sha = self._onto_main(exp, answer, main)
         problem = self.validate(answer, main, pending.seen)
         if problem is None:
+            if base_sha != exp.base_sha:
+                self.store.events.add(
+                    exp.id,
+                    "moved",
+                    f"proposed on main {exp.base_sha[:7]}, which moved while the agent worked: "
+                    f"its change merged onto main {main.sha[:7]}",
+                )
             meta = (
                 dict(answer.meta, cost_usd=round(cost + pending.cost_usd, 6))
                 if cost or pending.cost_usd
@@ -318,9 +325,9 @@ class Proposals:
         """The answer and the main it is to be branched on: main as it is now, with the answer's
         change merged into main's asset as a rebase merges it, when main moved while the agent
         worked (the experiment's base is the main it was asked on); so its branch is made once, on
-        the main it runs on, not on the old one and then rebased. Where the two changes overlap,
-        the answer as it came, on the main it was asked on: the rebase then finds the conflict and
-        the experiment ends with it on record, as before."""
+        the main it runs on, not on the old one and then rebased. The answer as it came, on the
+        main it was asked on, where the merge cannot carry it: the two changes overlap (the rebase
+        then ends it as a conflict, on record), or the merge failed."""
         if exp.base_sha == main.sha or self.baseline.code_at(exp.base_sha) == main.code_hash:
             return answer, main.sha  # main did not move, or only its other files did
         path = self.baseline.task.asset
@@ -332,9 +339,9 @@ class Proposals:
                 path=path,
                 branch=f"the proposal {answer.title!r}",
             )
-        except MergeConflict:
+        except (ForgeError, OSError) as error:  # MergeConflict is a ForgeError
+            log.info("proposal %r stays on main %s: %s", answer.title, exp.base_sha[:7], error)
             return answer, exp.base_sha
-        log.info("proposal %r carried from main %s onto %s", answer.title, exp.base_sha[:7], main.sha[:7])
         return replace(answer, asset=merged), main.sha
 
     def validate(self, proposal: Proposal, main: Main, seen: set[str]) -> str | None:
@@ -355,7 +362,11 @@ class Proposals:
         question was open, another question's answer: it could not have known of it, so its refusal
         is no fault of its own."""
         digest = code_hash(asset)
-        if digest in pending.told or digest == main.code_hash:
+        if digest == main.code_hash:
+            # main's own code: no change at all, where it was told of this main; otherwise a change
+            # main took while it was asked (a keep of the same idea), its answer merged onto it
+            return digest not in pending.told
+        if digest in pending.told:
             return False
         if digest in self._history.seen_hashes():
             return True

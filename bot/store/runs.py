@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bot.core.records import full_budget
-from bot.core.states import RunState
+from bot.core.states import RunState, State
 from bot.store.db import Database
 from bot.store.events import Events
 from bot.store.experiments import Experiments
@@ -282,14 +282,15 @@ class Runs:
         return lengths[len(lengths) // 2] if lengths else None
 
     def recent_ready_s(self, limit: int = 32) -> float | None:
-        """How long the latest `limit` experiments with a run took to get their first run queued
-        from the moment they were opened for a proposal (the question, the agent's answer, its
-        branch), the upper quartile: a slow one is met more often than the median says; None
-        before one has a run."""
+        """How long the latest `limit` experiments took to be ready, the upper quartile (a slow one
+        is met more often than the median says): from the moment each was opened for a proposal
+        (its question) to its first run queued; one still being proposed or branched counts the
+        time it has taken so far, so a slower agent shows at once. None before there is one."""
         rows = self.db.execute(
-            "SELECT * FROM (SELECT (SELECT MIN(queued_at) FROM runs WHERE experiment_id = experiments.id)"
-            " - created_at AS ready FROM experiments ORDER BY id DESC) WHERE ready IS NOT NULL LIMIT ?",
-            (limit,),
+            "SELECT * FROM (SELECT COALESCE((SELECT MIN(queued_at) FROM runs WHERE experiment_id = experiments.id),"
+            " CASE WHEN state IN (?, ?, ?) THEN ? END) - created_at AS ready FROM experiments ORDER BY id DESC)"
+            " WHERE ready IS NOT NULL LIMIT ?",
+            (State.PROPOSING, State.PROPOSED, State.BRANCHED, time.time(), limit),
         ).fetchall()
         ready = sorted(max(0.0, row[0]) for row in rows)
         return ready[(3 * len(ready)) // 4] if ready else None

@@ -18,6 +18,7 @@ from bot.agent.explorer import OfflineExplorer
 from bot.core.records import Proposal, ProposalContext, code_hash
 from bot.core.states import State
 from bot.forge.memory import MemoryForge
+from bot.loop import proposals as proposals_module
 from bot.loop.conductor import Conductor, ConductorConfig
 from bot.loop.proposals import ANSWERS_PER_TICK, paced_lookahead
 from bot.store import Store
@@ -424,6 +425,8 @@ def test_an_answer_asked_on_a_main_that_moved_is_branched_once_on_main_as_it_is_
     assert "_people = 1" in exp.asset and '_fake_effect = (0.1, "change 1")' in exp.asset  # both changes
     assert loop.forge.parent(exp.head_sha) == moved_to and loop.forge.read_file(exp.head_sha, "train.py") == exp.asset
     assert rebases == []  # made once, on the main it runs on
+    [moved] = [e["message"] for e in loop.store.events.all() if e["kind"] == "moved"]
+    assert moved.startswith(f"proposed on main {asked_on[:7]}, which moved")
     assert [r.base_sha for r in loop.store.runs.all(experiment_id=1)] == [moved_to]
     agent.release_all()
 
@@ -442,4 +445,44 @@ def test_an_answer_that_overlaps_what_changed_on_main_meanwhile_ends_as_a_confli
     assert exp.title == "change 1" and exp.status == "discard" and "conflicts with main" in exp.reason
     assert loop.forge.parent(exp.head_sha) == asked_on  # branched where it was asked, as it came
     assert not [e for e in loop.store.events.all() if e["kind"] == "refused"]
+    agent.release_all()
+
+
+def test_an_answer_main_took_meanwhile_is_refused_as_proposed_meanwhile_without_counting() -> None:
+    agent = Gated(distinct)
+    loop, woken = fresh(agent, slots=4, max_refusals=1)
+    loop.tick()
+    agent.wait_asked(4)
+    move_main(loop, with_effect(MAIN, 0.1, "change 1"))  # exactly what the first answer will be
+    agent.release(1)
+    tick_until(loop, woken, lambda: any(e["kind"] == "refused" for e in loop.store.events.all()))
+    agent.wait_asked(5)
+
+    [refused] = [e["message"] for e in loop.store.events.all() if e["kind"] == "refused"]
+    assert "identical to main" in refused
+    assert not loop.proposals.stopped  # one refusal allowed, and this one is not counted
+    assert any("proposed while you worked on yours" in note for note in agent.contexts[4].feedback)
+    agent.release_all()
+
+
+def test_an_answer_the_merge_cannot_carry_stays_on_the_main_it_was_asked_on(monkeypatch) -> None:
+    def broken(*args, **kwargs):
+        raise OSError("git merge-file: no space left on device")
+
+    monkeypatch.setattr(proposals_module, "merge_text", broken)
+    agent = Gated(distinct)
+    loop, woken = fresh(agent, slots=4)
+    loop.tick()
+    agent.wait_asked(4)
+    asked_on = loop.forge.main_sha()
+    move_main(loop, MAIN.replace("import math\n", "import math\n_people = 1\n", 1))
+    bases: list[str] = []
+    create_branch = loop.forge.create_branch
+    loop.forge.create_branch = lambda b, base, *a: bases.append(base) or create_branch(b, base, *a)  # type: ignore[method-assign]
+    agent.release(1)
+    tick_until(loop, woken, lambda: 1 not in proposing(loop))
+
+    assert loop.store.experiments.get(1).title == "change 1"
+    assert bases == [asked_on]  # branched where it was asked, as before (and rebased after)
+    assert not [e for e in loop.store.events.all() if e["kind"] == "moved"]
     agent.release_all()

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -815,9 +816,15 @@ def test_how_long_a_proposal_takes_to_be_ready_is_from_its_opening_to_its_first_
         store.db.execute("UPDATE experiments SET created_at = 1000.0 WHERE id = ?", (exp.id,))
         store.db.execute("UPDATE runs SET queued_at = ? WHERE id = ?", (1000.0 + took, first.id))
         store.db.execute("UPDATE runs SET queued_at = 5000.0 WHERE id = ?", (later.id,))
-    store.experiments.start_proposing(MAIN)  # still being proposed: not counted
     assert store.runs.recent_ready_s() == 40.0  # the upper quartile of 10, 20, 30 and 40
     assert store.runs.recent_ready_s(limit=2) == 30.0  # the latest two: 20 and 30
+    # one still being proposed counts the time it has taken so far: a slower agent shows at once
+    slow = store.experiments.start_proposing(MAIN)
+    store.db.execute("UPDATE experiments SET created_at = ? WHERE id = ?", (time.time() - 600.0, slow.id))
+    assert 599.0 < store.runs.recent_ready_s(limit=2) < 700.0  # 30 and 600 so far
+    ended = store.experiments.start_proposing(MAIN)  # ended with no run (a branch that failed): not counted
+    store.db.execute("UPDATE experiments SET state = 'done', status = 'failed' WHERE id = ?", (ended.id,))
+    assert 599.0 < store.runs.recent_ready_s(limit=2) < 700.0
 
 
 def test_finish_run_records_the_result(store: Store):
