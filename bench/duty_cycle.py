@@ -565,8 +565,14 @@ def _run(opts: Options) -> dict[str, Any]:
             while True:
                 exps = store.experiments.all()
                 if opts.lookahead is None:
+                    run_s = store.runs.recent_length_s()
                     paced.append(
-                        paced_lookahead(runner.slots, store.runs.recent_ready_s(), store.runs.recent_length_s())
+                        paced_lookahead(
+                            runner.slots,
+                            store.runs.recent_ready_s(),
+                            run_s,
+                            lambda horizon_s, run_s=run_s: store.runs.ending_within(horizon_s, run_s or 0.0),
+                        )
                     )
                 decided = sum(e.state == State.DONE for e in exps) / opts.experiments
                 while plan and decided >= plan[0][0]:  # runners added or taken away while the bot runs

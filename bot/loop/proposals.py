@@ -3,11 +3,11 @@
 The agent thinks on its own threads (bot.loop.agent_worker), so a tick never waits for it: one
 tick asks, a later one collects the answer. It is asked while there is room: a proposal for every
 slot and `lookahead` more prepared ahead, so a slot that frees never waits for the agent. Unless
-the config sets it, the lookahead is paced (`paced_lookahead`): as many as the slots that free
-while one proposal is made ready (from its question to its first run queued, the latest ones),
-for runs as long as the latest; one per slot until both are known. More would only wait in the
-queue, each about a run's length, and at 16 slots a keep then moves main under most of them: a
-rebase on GitHub each, and proposals made without the results that came in meanwhile. As many
+the config sets it, the lookahead is paced (`paced_lookahead`): one more than the running runs due
+to end before a proposal asked now would be ready (from its question to its first run queued, as
+the latest took; a run as long as the latest), and one per slot until both are known. More would
+only wait in the queue, and at 16 slots a keep then moves main under most of them: a rebase on
+GitHub each, and proposals made without the results that came in meanwhile. As many
 questions are open at once as that room needs, at most `max_open_questions` (None: one per slot,
 so one slot asks one question at a time) and at most what the agent takes at once, each about its own experiment in state proposing, with
 its own context: a ProposalContext (program.md's instructions, main's train.py and val_bpb, the
@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import difflib
 import logging
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -88,18 +87,20 @@ class _Pending:
     told: set[str] = field(default_factory=set)  # the code hashes its last question was told of
 
 
-PACING_SLACK = 1.5  # the time a proposal takes to be ready, counted half again: answers come in bursts
+PACING_SLACK = 1.5  # the time a proposal takes to be ready, counted half again: answers vary
 PACED_FROM_RUN_S = 2.0  # runs shorter than this (a test's fakes, crashes at start) pace nothing
 
 
-def paced_lookahead(slots: int, ready_s: float | None, run_s: float | None) -> int:
-    """Proposals to prepare beyond the free slots: one more than the slots that free while one
-    proposal is made ready (`ready_s`: from its question to its first run queued, with
-    PACING_SLACK, over `run_s`, a run's length), at most one per slot; one per slot while either
-    time is unknown, or runs last less than PACED_FROM_RUN_S."""
+def paced_lookahead(slots: int, ready_s: float | None, run_s: float | None, ending: Callable[[float], int]) -> int:
+    """Proposals to prepare beyond the free slots: one more than the running runs due to end
+    before a proposal asked now is ready (`ending(horizon_s)`, the horizon `ready_s`, from a
+    question to its first run queued, with PACING_SLACK), at most one per slot. Runs of one
+    budget that started together end together, so the horizon sees a burst of them coming and
+    prepares for each. One per slot while either time is unknown, or runs last less than
+    PACED_FROM_RUN_S."""
     if ready_s is None or run_s is None or run_s < PACED_FROM_RUN_S:
         return slots
-    return min(slots, math.ceil(slots * PACING_SLACK * ready_s / run_s) + 1)
+    return min(slots, ending(PACING_SLACK * ready_s) + 1)
 
 
 class Proposals:
@@ -168,8 +169,10 @@ class Proposals:
         if self.lookahead is not None:
             lookahead = self.lookahead
         else:
-            runs = self.store.runs
-            lookahead = paced_lookahead(self.runner.slots, runs.recent_ready_s(), runs.recent_length_s())
+            runs, run_s = self.store.runs, self.store.runs.recent_length_s()
+            lookahead = paced_lookahead(
+                self.runner.slots, runs.recent_ready_s(), run_s, lambda horizon_s: runs.ending_within(horizon_s, run_s)
+            )
         need = self.runner.slots + lookahead - waiting - unqueued - proposing
         return min(need, left, self.open_limit - proposing)
 

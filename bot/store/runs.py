@@ -295,6 +295,13 @@ class Runs:
         ready = sorted(max(0.0, row[0]) for row in rows)
         return ready[(3 * len(ready)) // 4] if ready else None
 
+    def ending_within(self, horizon_s: float, run_s: float) -> int:
+        """How many running runs, each lasting `run_s`, are due to end within `horizon_s` from now."""
+        return self.db.execute(
+            "SELECT COUNT(*) FROM runs WHERE state = 'running' AND started_at IS NOT NULL AND started_at + ? <= ?",
+            (run_s, time.time() + horizon_s),
+        ).fetchone()[0]
+
     def latest_ok(self, purpose: str, limit: int) -> list[Run]:
         """The latest `limit` finished runs of this purpose that reported ok, newest first."""
         rows = self.db.execute(

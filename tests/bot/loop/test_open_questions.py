@@ -8,6 +8,7 @@ releases it), so every state is reached by events, never by waiting on a clock."
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -353,29 +354,49 @@ def test_a_tick_takes_two_answers_and_wakes_the_driver_for_the_rest() -> None:
 
 
 @pytest.mark.parametrize(
-    ("slots", "ready_s", "run_s", "lookahead"),
+    ("slots", "ready_s", "run_s", "ending", "lookahead"),
     [
-        (16, None, 300.0, 16),  # no proposal ready yet: one per slot, as before
-        (16, 20.0, None, 16),  # no run finished yet
-        (16, 20.0, 300.0, 3),  # 16 * 1.5 * 20 / 300 = 1.6 slots free while one is made: 2, and one more
-        (16, 100.0, 300.0, 9),  # a slower agent: 8, and one more
-        (16, 1000.0, 300.0, 16),  # never more than one per slot
-        (4, 20.0, 300.0, 2),
-        (1, 20.0, 300.0, 1),
-        (8, 0.0, 300.0, 1),  # proposals ready at once: one ahead
-        (8, 0.0, 1.5, 8),  # runs of a second and a half (fakes): no pace, one per slot
+        (16, None, 300.0, 0, 16),  # no proposal ready yet: one per slot, as before
+        (16, 20.0, None, 0, 16),  # no run finished yet
+        (16, 20.0, 1.5, 0, 16),  # runs of a second and a half (fakes): no pace, one per slot
+        (16, 20.0, 300.0, 0, 1),  # none due to end before a proposal asked now is ready: one ahead
+        (16, 20.0, 300.0, 5, 6),  # five due: one each, and one more
+        (16, 20.0, 300.0, 16, 16),  # a burst of all of them: never more than one per slot
+        (1, 20.0, 300.0, 1, 1),
     ],
 )
-def test_the_lookahead_is_the_slots_that_free_while_one_proposal_is_made_ready_and_one_more(
-    slots: int, ready_s: float | None, run_s: float | None, lookahead: int
+def test_the_lookahead_is_one_more_than_the_runs_due_to_end_before_a_proposal_is_ready(
+    slots: int, ready_s: float | None, run_s: float | None, ending: int, lookahead: int
 ) -> None:
-    assert paced_lookahead(slots, ready_s, run_s) == lookahead
+    horizons: list[float] = []
+    assert paced_lookahead(slots, ready_s, run_s, lambda h: horizons.append(h) or ending) == lookahead
+    assert horizons in ([], [30.0])  # the time to be ready, counted half again
+
+
+def test_runs_due_to_end_are_those_started_a_run_length_ago_less_the_horizon() -> None:
+    store = Store(Path(":memory:"))
+    now = time.time()
+    for n, started_s_ago in enumerate((290.0, 250.0, 100.0, 5.0)):
+        run = store.runs.add(
+            experiment_id=None,
+            purpose="baseline",
+            code_hash=f"c{n}",
+            commit_sha="c" * 40,
+            base_sha="b" * 40,
+            asset="",
+            profile="smoke",
+        )
+        store.runs.mark_started(run.id, "x")
+        store.db.execute("UPDATE runs SET started_at = ? WHERE id = ?", (now - started_s_ago, run.id))
+    assert store.runs.ending_within(30.0, 300.0) == 1  # ends in 10 s
+    assert store.runs.ending_within(60.0, 300.0) == 2  # ... and in 50 s
+    assert store.runs.ending_within(300.0, 300.0) == 4
 
 
 def test_a_rack_with_a_quick_agent_prepares_only_the_few_proposals_its_pace_needs() -> None:
-    """16 slots, proposals ready 20 s after their question and runs of 300 s: 3 ahead of the slots,
-    not 16. Every proposal waiting in the queue would wait a run's length, and a keep would move
-    main under most of them."""
+    """16 slots, proposals ready 20 s after their question, runs of 300 s that all started just now:
+    one ahead of the slots, not 16; every proposal waiting in the queue would wait a run's length,
+    and a keep would move main under most of them. Once they are due to end, one for each."""
     agent = Gated(distinct)
     agent.release_all()
     loop, woken = fresh(agent, slots=16)
@@ -384,7 +405,11 @@ def test_a_rack_with_a_quick_agent_prepares_only_the_few_proposals_its_pace_need
     tick_until(loop, woken, lambda: not proposing(loop) and len(proposed(loop)) >= 14)
     loop.tick()
     assert len(loop.runner.running()) == 16  # main's 2 runs and 14 candidates
-    assert len(proposed(loop)) == 14 + 3 and not proposing(loop)
+    assert len(proposed(loop)) == 14 + 1 and not proposing(loop)
+    loop.store.db.execute("UPDATE runs SET started_at = started_at - 290 WHERE state = 'running'")
+    tick_until(loop, woken, lambda: not proposing(loop) and len(proposed(loop)) >= 14 + 16)
+    loop.tick()
+    assert len(proposed(loop)) == 14 + 16  # all 16 due: one ahead per slot, the most there is
 
 
 def test_without_a_pace_yet_a_rack_prepares_one_proposal_per_slot() -> None:
