@@ -425,6 +425,15 @@ def test_without_a_pace_yet_a_rack_prepares_one_proposal_per_slot() -> None:
 # --- an answer to a question asked on a main that moved meanwhile --------------------------------
 
 
+def four_asked(**config) -> tuple[Gated, Conductor, threading.Event]:
+    """Four slots, main's 2 runs queued and 4 questions open on main as it is."""
+    agent = Gated(distinct)
+    loop, woken = fresh(agent, slots=4, **config)
+    loop.tick()
+    agent.wait_asked(4)
+    return agent, loop, woken
+
+
 def move_main(loop: Conductor, asset: str) -> str:
     """A commit to main's train.py while the agent thinks (a keep, or a person's push)."""
     forge = loop.forge
@@ -457,10 +466,7 @@ def test_an_answer_asked_on_a_main_that_moved_is_branched_once_on_main_as_it_is_
 
 
 def test_an_answer_that_overlaps_what_changed_on_main_meanwhile_ends_as_a_conflict_on_record() -> None:
-    agent = Gated(distinct)
-    loop, woken = fresh(agent, slots=4)
-    loop.tick()
-    agent.wait_asked(4)
+    agent, loop, woken = four_asked()
     asked_on = loop.forge.main_sha()
     move_main(loop, with_effect(MAIN, -0.2, "people"))  # the line the answer changes too
     agent.release(1)
@@ -474,10 +480,7 @@ def test_an_answer_that_overlaps_what_changed_on_main_meanwhile_ends_as_a_confli
 
 
 def test_an_answer_main_took_meanwhile_is_refused_as_proposed_meanwhile_without_counting() -> None:
-    agent = Gated(distinct)
-    loop, woken = fresh(agent, slots=4, max_refusals=1)
-    loop.tick()
-    agent.wait_asked(4)
+    agent, loop, woken = four_asked(max_refusals=1)
     move_main(loop, with_effect(MAIN, 0.1, "change 1"))  # exactly what the first answer will be
     agent.release(1)
     tick_until(loop, woken, lambda: any(e["kind"] == "refused" for e in loop.store.events.all()))
@@ -495,10 +498,7 @@ def test_an_answer_the_merge_cannot_carry_stays_on_the_main_it_was_asked_on(monk
         raise OSError("git merge-file: no space left on device")
 
     monkeypatch.setattr(proposals_module, "merge_text", broken)
-    agent = Gated(distinct)
-    loop, woken = fresh(agent, slots=4)
-    loop.tick()
-    agent.wait_asked(4)
+    agent, loop, woken = four_asked()
     asked_on = loop.forge.main_sha()
     move_main(loop, MAIN.replace("import math\n", "import math\n_people = 1\n", 1))
     bases: list[str] = []
