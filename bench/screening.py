@@ -1,7 +1,7 @@
 """Benchmark: does a short run predict a full one (issue 20, screening)?
 
     nice -n 10 .venv/bin/python bench/screening.py measure --out FILE.jsonl [--proposals 24]
-        [--fraction 0.2] [--main-every 6] [--repeat-every 3] [--minutes 50] [--profile cpu]
+        [--fraction 0.2] [--main-every 6] [--repeat-every 3] [--minutes 50] [--profile cpu] [--jobs 1]
     .venv/bin/python bench/screening.py read FILE.jsonl [--bootstrap 2000]
 
 `measure` takes a few dozen real proposals of the offline explorer (bot/agent/explorer.py), made
@@ -23,7 +23,8 @@ and of full against full (the repeated proposals; short against full on that sub
 
 The CPU-time budget makes each run fair under load, only slower: run it niced. Each run is allotted
 `--threads` (1): the budget is CPU seconds divided by the threads, so one thread's run costs half
-the CPU time of two threads' and a loaded machine gets through twice the runs.
+the CPU time of two threads' and a loaded machine gets through twice the runs. `--jobs` runs that
+many at once, in the plan's order (on a quiet machine, one 1-thread run per core).
 """
 
 from __future__ import annotations
@@ -36,7 +37,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -129,23 +132,29 @@ def measure(args: argparse.Namespace) -> None:
     order = plan(explorer_proposals(args.proposals, args.profile), args.fraction, args.main_every, args.repeat_every)
     stop_at = time.monotonic() + 60 * args.minutes
     print(f"{len(order)} runs planned, {len(done)} already in {args.out}; load {os.getloadavg()}", flush=True)
-    for number, run in enumerate(order):
-        if run.key in done:
-            continue
+    sink_lock = threading.Lock()
+
+    def one(number: int, run: Planned) -> None:
         if time.monotonic() > stop_at:
-            print(f"--minutes {args.minutes} reached: stopped before run {number + 1}", flush=True)
+            print(f"--minutes {args.minutes} reached: run {number + 1} not started", flush=True)
             return
         started, load = time.monotonic(), os.getloadavg()[0]
         row = {"label": run.label, "title": run.title, "fraction": run.fraction, "seed": run.seed}
         row |= run_once(run, args.profile, args.threads)
         row |= {"wall_s": round(time.monotonic() - started, 1), "load": round(load, 2)}
-        with open(args.out, "a") as sink:
-            sink.write(json.dumps(row) + "\n")
-        print(
-            f"[{number + 1}/{len(order)}] {run.label} {run.title[:40]:40} f={run.fraction:g} seed={run.seed} "
-            f"{row['status']} {row['value']} ({row['wall_s']} s, load {load:.1f})",
-            flush=True,
-        )
+        with sink_lock:
+            with open(args.out, "a") as sink:
+                sink.write(json.dumps(row) + "\n")
+            print(
+                f"[{number + 1}/{len(order)}] {run.label} {run.title[:40]:40} f={run.fraction:g} seed={run.seed} "
+                f"{row['status']} {row['value']} ({row['wall_s']} s, load {load:.1f})",
+                flush=True,
+            )
+
+    todo = [(number, run) for number, run in enumerate(order) if run.key not in done]
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        for future in [pool.submit(one, number, run) for number, run in todo]:
+            future.result()
 
 
 def run_once(run: Planned, profile: str, threads: int) -> dict[str, Any]:
@@ -299,6 +308,7 @@ def main(argv: list[str] | None = None) -> None:
     run.add_argument(
         "--threads", type=int, default=1, help="CPU threads allotted to each run (the CPU clock's divisor)"
     )
+    run.add_argument("--jobs", type=int, default=1, help="runs at once (one 1-thread run per free core)")
     report = commands.add_parser("read", help="the rank correlations of a measurement")
     report.add_argument("file", type=Path)
     report.add_argument("--bootstrap", type=int, default=2000)
