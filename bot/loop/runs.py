@@ -13,8 +13,9 @@ experiment: it is set aside as lost and queued again under the same seed, on whi
 free first. Lost MAX_LOST_RUNS times in a row (the run and its re-runs), it is the runners' fault
 rather than its train.py's, and it is said so: its experiment fails with that reason, or, for
 main's own train.py, the loop is blocked until a person fixes the runners. A refused result runs
-again too, MAX_REFUSED_RESULTS times per code. A run whose training process was killed from
-outside is lost too, but killed MAX_KILLED_RUNS times in a row it is charged as the crash it may be.
+again too, MAX_REFUSED_RESULTS times per code. A loss its own code may have caused (its training
+process killed from outside, or its task's evaluator raising on it: the runner sends the crash it
+would be) is lost too, but lost that way MAX_KILLED_RUNS times in a row it is charged as that crash.
 The slots are the runner's to say (`runner.slots`, read at each dispatch): they may change while
 the bot runs (bot.runners.capacity), and a slot taken away finishes its run and takes no new one.
 """
@@ -39,10 +40,12 @@ log = logging.getLogger(__name__)
 RUN_PRIORITY = {"baseline": 0, "remeasure": 1, "confirm": 2, "candidate": 3, "screen": 3}
 MAX_REFUSED_RESULTS = 3  # results of one code refused (wrong identity) before giving up on it
 MAX_LOST_RUNS = 5  # times one run is lost in a row (a machine gone, an answer refused) before its code is given up on
-# A run whose training process was killed from outside is lost and runs again; killed this many times in
-# a row, it is charged as the crash it may be: a train.py can kill itself to look killed from outside.
+# A run lost in a way its own code may have caused (its training process killed from outside, its
+# evaluator raising on it) runs again; lost that way this many times in a row, it is charged as the
+# crash it may be: a train.py can kill itself to look killed from outside.
 MAX_KILLED_RUNS = 2
-KILLED_NOTE = "killed from outside: "  # how a lost run's note begins when it was: the kills in a row are counted by it
+SUSPECT_NOTE = "lost, maybe by its own doing: "  # how such a lost run's note begins: the streak is counted by it
+OLD_SUSPECT_NOTES = ("killed from outside: ",)  # the same, as stores written before the evaluator's losses say it
 
 
 class Runs:
@@ -119,24 +122,24 @@ class Runs:
     def _lost(self, run: Run, why: str, main: Main, *, charge: RunResult | None = None) -> None:
         """Run it again under its seed, unless it keeps getting lost: a runner that refuses or drops
         every result (another harness deployed, a profile it lacks, runners that never stay up)
-        must not loop forever. `charge`: the crash to record instead once it was killed
-        MAX_KILLED_RUNS times in a row, for a run killed from outside (see MAX_KILLED_RUNS)."""
-        kills = self._lost_before(run, kills_only=True)
-        if charge is not None and kills + 1 >= MAX_KILLED_RUNS:
+        must not loop forever. `charge`: the crash to record instead once it was lost that way
+        MAX_KILLED_RUNS times in a row, for a loss its own code may have caused (see MAX_KILLED_RUNS)."""
+        suspect = self._lost_before(run, suspect_only=True)
+        if charge is not None and suspect + 1 >= MAX_KILLED_RUNS:
             asset = self.baseline.task.asset
-            log.warning("run %s killed again (%s): charged as a crash of its %s", run.id, why, asset)
+            log.warning("run %s lost that way again (%s): charged as a crash of its %s", run.id, why, asset)
             self._record(
                 run,
                 replace(
                     charge,
-                    error=f"{why}; killed from outside {kills + 1} times in a row, so charged as a crash of its {asset}",
+                    error=f"{why}; lost this way {suspect + 1} times in a row, so charged as a crash of its {asset}",
                 ),
                 main,
             )
             return
         streak = self._lost_before(run)
         again = streak + 1 < MAX_LOST_RUNS
-        note = why if charge is None else KILLED_NOTE + why
+        note = why if charge is None else SUSPECT_NOTE + why
         self.store.runs.set_aside(run.id, RunState.LOST, note, rerun=again)
         log.warning("run %s lost: %s%s", run.id, why, "; running it again" if again else "")
         if not again:
@@ -157,13 +160,14 @@ class Runs:
             first = self.store.runs.get(first.rerun_of)
         return first.id
 
-    def _lost_before(self, run: Run, *, kills_only: bool = False) -> int:
-        """How many times in a row this run was lost before (`kills_only`: killed from outside): the
-        lost runs it re-runs, one by one."""
+    def _lost_before(self, run: Run, *, suspect_only: bool = False) -> int:
+        """How many times in a row this run was lost before (`suspect_only`: in a way its own code may
+        have caused): the lost runs it re-runs, one by one."""
         streak, earlier = 0, run.rerun_of
         while earlier is not None:
             before = self.store.runs.get(earlier)
-            if before.state != RunState.LOST or (kills_only and not (before.note or "").startswith(KILLED_NOTE)):
+            suspect = (before.note or "").startswith((SUSPECT_NOTE, *OLD_SUSPECT_NOTES))
+            if before.state != RunState.LOST or (suspect_only and not suspect):
                 break
             streak, earlier = streak + 1, before.rerun_of
         return streak

@@ -5,9 +5,10 @@ Every backend (local, GitHub Actions, Modal) converts here, so a result means th
 it ran. A rejected run (the evaluator's gate, or training's harness: the causality probe, the
 budget cap, a model the scorer refuses) is recorded as `rejected`, its error the reason; a timed-out
 run is a crash of its asset, its error saying so; `metrics["outcome"]` keeps the runner's own word
-either way. A run the supervisor found killed
-from outside (`lost`: not its code, not its limits) is a lost run (`finished_status`), carrying
-the crash it would be charged as if that keeps happening (the conductor decides).
+either way. A run that failed by no fault its result can prove of its code (`lost`: the supervisor
+found its training process killed from outside, or its task's evaluator raised) is a lost run
+(`finished_status`), carrying the crash it would be charged as if that keeps happening (the
+conductor decides: bot.loop.runs).
 
 This is the in-edge of the task's metric (runner.tasks.Metric): `run_result` is the one place a
 result's number becomes `RunResult.val_bpb`, and it stores `Metric.loss(value)`, the metric on the
@@ -73,11 +74,11 @@ def run_result(spec: ResultSpec) -> RunResult:
 
 
 def finished_status(result: RunResult) -> RunStatus:
-    """What lookup() answers for a run that ended with `result`: finished, or lost when the
-    supervisor found its training process killed from outside (`result` is then the crash the
-    conductor charges if the run's code keeps getting lost that way)."""
+    """What lookup() answers for a run that ended with `result`: finished, or lost when its result
+    says so (killed from outside, an evaluator that raised: `result` is then the crash the conductor
+    charges if the run's code keeps getting lost that way)."""
     if result.metrics.get("outcome") == "lost":
-        return RunStatus("lost", detail=result.error or "killed from outside the run", result=result)
+        return RunStatus("lost", detail=result.error or "lost by the machine it ran on", result=result)
     return RunStatus("finished", result=result)
 
 

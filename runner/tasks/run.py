@@ -8,7 +8,9 @@ evaluator's `evaluate` with a private directory OUT/work. The evaluator sandboxe
 and gates it before it measures (runner.tasks); this module only turns its Evaluation into a
 ResultSpec: the asset's sha256, the harness hash (runner.profiles.harness_hash, which covers
 runner/tasks/), the inputs' fingerprint, the timings, whether it ran sandboxed, status and error.
-An evaluator that raises is a crash of the machine, not of the asset, and says so.
+An evaluator that raises failed on this machine, not in the asset: the run is `lost`, so it runs
+again rather than ending its experiment, and says so. An asset that makes its evaluator raise every
+time is charged with the crash after a second loss in a row (bot.loop.runs, MAX_KILLED_RUNS).
 
 The run directory gets log.txt (what the asset printed, then the summary block with the metric's
 name) and result.json, as a training run's does.
@@ -157,12 +159,12 @@ def _evaluate(job: JobSpec, workdir: Path, data: str | None) -> tuple[Evaluation
         return evaluator.evaluate(job.asset, job.profile, job.seed, workdir, **option), fingerprint
     except DataMissing as error:
         return Evaluation("crash", error=str(error)), fingerprint
-    except Exception as error:  # the evaluator's own failure: reported as a result, like any other
+    except Exception as error:  # the evaluator's own failure: the run is lost and runs again
         return Evaluation(
-            "crash",
+            "lost",
             error=(
                 f"the {task.name} evaluator failed ({type(error).__name__}: {error}): a fault of this machine "
-                "or of the harness, not of the asset"
+                "or of the harness, not of the asset, so the run is lost and runs again"
             ),
             log_tail=traceback.format_exc(),
         ), fingerprint

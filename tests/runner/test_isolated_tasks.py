@@ -60,11 +60,14 @@ def test_a_crashing_asset_is_a_crash_with_its_output(word_count, tmp_path: Path)
     assert "Traceback: CRASH" in result.log_tail
 
 
-def test_a_failing_evaluator_is_a_crash_that_blames_the_machine(word_count, tmp_path: Path) -> None:
+def test_a_failing_evaluator_loses_the_run_and_blames_the_machine(word_count, tmp_path: Path) -> None:
+    """The evaluator raising is this machine's fault, not the asset's: the run is lost (it runs
+    again) rather than a crash that would end its experiment."""
     result = run_job(job("BROKEN"), tmp_path / "run")
-    assert result.status == "crash"
+    assert (result.status, result.value) == ("lost", None)
     assert "word-count evaluator failed (RuntimeError" in (result.error or "")
-    assert "not of the asset" in (result.error or "")
+    assert "not of the asset, so the run is lost and runs again" in (result.error or "")
+    assert ResultSpec.model_validate_json((tmp_path / "run" / "result.json").read_text()).status == "lost"
 
 
 def test_missing_inputs_say_how_to_prepare_them(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

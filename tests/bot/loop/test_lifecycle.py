@@ -604,6 +604,22 @@ def test_a_run_killed_from_outside_twice_in_a_row_is_charged_as_a_crash(tmp_path
     assert "crashed in 2 baseline runs" in loop.blocked  # main's train.py is blocked, not run forever
 
 
+def test_a_kill_recorded_by_an_older_version_still_counts_toward_the_charge(tmp_path: Path) -> None:
+    """Stores written before evaluators' losses noted a kill as "killed from outside: ...": a run
+    lost that way, then killed again after an upgrade, is charged as before, not run a third time."""
+    loop = make(tmp_path, ScriptedAgent([]), runner=KilledFromOutside(EveryRun()))
+    while not [r for r in loop.store.runs.all() if r.state == "lost"]:
+        loop.tick()
+    [lost] = [r for r in loop.store.runs.all() if r.state == "lost"]
+    assert lost.note.startswith("lost, maybe by its own doing: ")
+    old_note = "killed from outside: " + lost.note.removeprefix("lost, maybe by its own doing: ")
+    loop.store.db.execute("UPDATE runs SET note = ? WHERE id = ?", (old_note, lost.id))
+    for _ in range(10):
+        loop.tick()
+    [rerun] = [r for r in loop.store.runs.all() if r.rerun_of == lost.id]
+    assert rerun.state == "done" and rerun.status == "crash" and "lost this way 2 times in a row" in rerun.error
+
+
 def test_submitting_the_same_run_twice_starts_one_run(tmp_path: Path) -> None:
     runner = FakeRunner(auto=False)
     loop = make(tmp_path, ScriptedAgent([]), runner=runner)

@@ -11,7 +11,7 @@ import fake_task
 import pytest
 
 from bot.core.records import Job
-from bot.runners.specs import checked_result, job_spec, run_result
+from bot.runners.specs import checked_result, finished_status, job_spec, run_result
 from runner.profiles import harness_hash
 from runner.protocol import Hashes, ResultSpec, RunnerIdentity
 from runner.tasks import TASKS, Metric
@@ -56,6 +56,22 @@ def test_a_task_run_that_fails_the_gate_is_recorded_rejected_with_the_reason_alo
     assert (result.status, result.val_bpb) == ("rejected", None)
     assert result.error == "the asset says REJECT, which the gate refuses"
     assert result.metrics["outcome"] == "rejected"
+
+
+def test_a_task_run_whose_evaluator_raised_is_lost_carrying_the_crash_it_may_be(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """What every runner answers for it (finished_status): lost, so the conductor runs it again, with
+    the crash to charge if the asset keeps making its evaluator fail (bot.loop.runs)."""
+    fake_task.register(monkeypatch, tmp_path / "cache")
+    fake_task.prepare("smoke")
+    spec = job_spec(Job(run_id=6, asset="BROKEN\n", profile="smoke", seed=1, task="word-count"))
+    status = finished_status(
+        checked_result(spec, run_task_job(spec, tmp_path / "run"), harness=harness_hash("word-count"))
+    )
+    assert status.state == "lost" and "evaluator failed (RuntimeError" in (status.detail or "")
+    assert status.result is not None and (status.result.status, status.result.val_bpb) == ("crash", None)
+    assert status.result.metrics["outcome"] == "lost"
 
 
 @pytest.mark.parametrize(
