@@ -8,8 +8,10 @@ question (returns a proposal, returns anything else, raises anything at all, or 
 `timeout_s`) becomes that question's answer: a Proposal or an exception. A question that timed out
 is abandoned: what it returns later is ignored, and its thread still counts against the limit
 until it ends, so a paid agent is never asked more questions at once than the limit (one that
-hangs lowers the number the others may use, never stalls them). Each answer, and each abandoned
-thread that ends, calls the `on_answer` callback: the conductor's driver ticks at once.
+hangs lowers the number the others may use, never stalls them). What it returns is kept only to be
+paid for (`late_answers`): a paid agent bills an answer whether or not anyone still waits for it.
+Each answer, and each abandoned thread that ends, calls the `on_answer` callback: the conductor's
+driver ticks at once.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class AgentWorker:
         self._lock = threading.Lock()
         self._open: dict[int, _Question] = {}  # experiment id -> its open question (answered or not)
         self._abandoned: dict[int, threading.Thread] = {}  # question number -> its thread, still running
+        self._late: list[Proposal | BaseException] = []  # what abandoned questions answered, not yet paid for
         self._questions = 0
         self._notify: Callable[[], None] | None = None
 
@@ -104,6 +107,13 @@ class AgentWorker:
                 return AgentTimeout(f"no proposal after {self.timeout_s:.0f}s")
         return None
 
+    def late_answers(self) -> list[Proposal | BaseException]:
+        """What abandoned questions answered since the last call (given out once): ignored as
+        proposals, but what they cost is spent."""
+        with self._lock:
+            late, self._late = self._late, []
+        return late
+
     def _think(self, exp_id: int, number: int, context: ProposalContext) -> None:
         try:
             answer: Proposal | BaseException = self.agent.propose(context)
@@ -115,7 +125,8 @@ class AgentWorker:
             question = self._open.get(exp_id)
             if question is not None and question.number == number:
                 question.answer = answer
-            else:  # abandoned: its answer is ignored, and its place is free for another question
+            else:  # abandoned: its answer is ignored but for its cost, and its place is free for another question
                 self._abandoned.pop(number, None)
+                self._late.append(answer)
         if self._notify is not None:
             self._notify()

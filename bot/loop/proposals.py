@@ -37,7 +37,8 @@ experiment and goes straight into the lifecycle. What answers cost
 Questions in flight count against the budget at the highest cost of one answer so far (one at a
 time until an answer has said what one costs): a question is asked only while what is spent plus
 the others in flight stays under the budget, so the last one asked ends at most one question's
-cost over it, as with one question at a time.
+cost over it, as with one question at a time. A question abandoned at its time limit still counts
+while its thread runs, and what its late answer cost is spent when it comes.
 
 The history the agent is told of, and the code hashes a proposal must not repeat, are kept in
 memory (bot.loop.history) and brought up to date with only what was written since the last
@@ -182,6 +183,7 @@ class Proposals:
         there is room. An answer taken as a proposal makes room in the same tick: waiting for the
         next tick would leave the agent idle for up to the driver's timer, and with many slots the
         runners would wait for proposals (bench/duty_cycle.py)."""
+        self._pay_for_late_answers()
         proposing = self.store.experiments.in_state(State.PROPOSING)
         taken = 0
         for exp in proposing:
@@ -426,6 +428,19 @@ class Proposals:
     # --- what proposals cost (an LLM agent reports it in Proposal.meta["cost_usd"]) ----------------
     def spent_usd(self) -> float:
         return self.store.state.spent_usd
+
+    def _pay_for_late_answers(self) -> None:
+        """Spend what the answers of abandoned questions cost (a proposal's or a failed attempt's
+        meta), with an event that says so: they are ignored, not free."""
+        for answer in self.worker.late_answers():
+            meta = answer.meta if isinstance(answer, (Proposal, AgentError)) else None
+            cost = self._spend(meta)
+            if cost:
+                what = f"proposal {answer.title!r}" if isinstance(answer, Proposal) else type(answer).__name__
+                self.store.events.add(
+                    None, "late", f"a question abandoned at its time limit answered later ({what}): ${cost:.4f} spent"
+                )
+                log.warning("an abandoned question answered late (%s): $%.4f spent", what, cost)
 
     def _spend(self, meta: dict[str, Any] | None) -> float:
         """Add what one answer cost to what is spent; it may raise what a question in flight counts."""

@@ -280,6 +280,42 @@ def test_a_question_that_times_out_does_not_stall_the_others() -> None:
     agent.release_all()
 
 
+def test_an_abandoned_question_s_late_answer_is_ignored_but_paid_for() -> None:
+    """A paid agent bills an answer that came after its question's time limit: it is no proposal,
+    but what it cost is spent, and an event says so."""
+    now = [1000.0]
+
+    def priced(ctx: ProposalContext, n: int) -> Proposal:
+        return Proposal(f"change {n}", "h", with_effect(ctx.asset, 0.1, f"change {n}"), meta={"cost_usd": 0.25})
+
+    agent = Gated(priced)
+    forge = MemoryForge({"train.py": MAIN, "program.md": PROGRAM})
+    config = ConductorConfig(
+        profile="smoke", identity=dict(IDENTITY), retry_base_s=0.0, agent_timeout_s=10.0, max_open_questions=1
+    )
+    loop = Conductor(Store(Path(":memory:")), forge, FakeRunner(3, auto=False), agent, config, clock=lambda: now[0])
+    woken = threading.Event()
+    loop.wake_on(woken.set)
+    loop.tick()
+    agent.wait_asked(1)
+    now[0] += 11.0  # past the time limit: abandoned
+    loop.tick()
+    assert any("no proposal after 10s" in e["message"] for e in loop.store.events.all())
+    assert loop.proposals.spent_usd() == 0.0
+    woken.clear()
+    agent.release(1)  # the abandoned question answers now: too late to be a proposal
+    assert woken.wait(WAIT_S)
+    tick_until(loop, woken, lambda: loop.proposals.spent_usd() == 0.25)
+    [late] = [e for e in loop.store.events.all() if e["kind"] == "late"]
+    assert "proposal 'change 1'" in late["message"] and "$0.2500 spent" in late["message"]
+    agent.wait_asked(2)  # the experiment was asked again
+    agent.release(2)
+    tick_until(loop, woken, lambda: bool(proposed(loop)))
+    assert proposed(loop)[0] == "change 2" and "change 1" not in proposed(loop)
+    assert loop.proposals.spent_usd() == 0.25 * (1 + len(proposed(loop)))
+    agent.release_all()
+
+
 def test_a_conductor_killed_with_questions_open_resumes_them_without_loss_or_repeat(tmp_path: Path) -> None:
     forge = MemoryForge({"train.py": MAIN, "program.md": PROGRAM})
     first = Gated(distinct)
