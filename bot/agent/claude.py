@@ -276,7 +276,7 @@ class _Session:
 
     def _proposal(self, sub: Submission, text: str) -> Proposal:
         meta = self._meta() | {"expected": sub.expected_effect, "risk": sub.risk}
-        if sub.fixes_crash and self.ctx.last_crash_id is not None:
+        if sub.fixes_failure and self.ctx.last_crash_id is not None:
             meta["fixes"] = self.ctx.last_crash_id
             meta["fixes_status"] = self.ctx.last_crash_status  # crash, or rejected by the evaluator
         log.info("claude: proposal %r after %d turns, $%.4f", sub.title, self.turns, meta["cost_usd"])

@@ -112,9 +112,10 @@ SUBMIT_TOOL: dict[str, Any] = {
                 "type": "string",
                 "description": "What could go wrong: a crash, running out of memory, a slower step, divergence.",
             },
-            "fixes_crash": {
+            "fixes_failure": {
                 "type": "boolean",
-                "description": "true when this change fixes the crash shown in the context.",
+                "description": "true when this change fixes the last failure shown in the context: a crash, "
+                "or a run refused a number (a rejection).",
             },
         },
         "required": ["title", "hypothesis", "expected_effect", "risk"],
@@ -166,7 +167,7 @@ class Submission:
     hypothesis: str
     expected_effect: str
     risk: str
-    fixes_crash: bool = False
+    fixes_failure: bool = False  # it repairs the last crash or rejection shown
 
 
 def parse_submit(arguments: Mapping[str, Any]) -> Submission | ToolResult:
@@ -181,9 +182,9 @@ def parse_submit(arguments: Mapping[str, Any]) -> Submission | ToolResult:
             problems.append(f"{name} must be a non-empty string")
         else:
             fields[name] = value.strip()
-    fixes = arguments.get("fixes_crash", False)
+    fixes = arguments.get("fixes_failure", False)
     if not isinstance(fixes, bool):
-        problems.append("fixes_crash must be true or false")
+        problems.append("fixes_failure must be true or false")
     if problems:
         return ToolResult("submit was not accepted: " + "; ".join(problems) + ". Call submit again.", BAD_CALL)
     title = " ".join(fields["title"].split())
@@ -194,7 +195,7 @@ def parse_submit(arguments: Mapping[str, Any]) -> Submission | ToolResult:
         hypothesis=fields["hypothesis"],
         expected_effect=fields["expected_effect"],
         risk=fields["risk"],
-        fixes_crash=fixes,
+        fixes_failure=fixes,
     )
 
 

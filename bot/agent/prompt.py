@@ -66,9 +66,9 @@ merged into main only when it beats main by clearly more than the run-to-run noi
 Call submit with a short imperative title (under 60 characters, e.g. "Raise MATRIX_LR to 0.05"),
 a hypothesis (what you changed and why it should lower val_bpb, 2-5 sentences), expected_effect
 (the val_bpb change you expect and by what mechanism) and risk (what could go wrong). Set
-fixes_crash to true when the change repairs the last crash shown in the context. submit checks
-that train.py changed, compiles, keeps the harness interface and is new; if it reports a problem,
-fix it and submit again. You have a limited number of turns: work efficiently, and do not end your
+fixes_failure to true when the change repairs the last crash or rejection shown in the context.
+submit checks that train.py changed, compiles, keeps the harness interface and is new; if it
+reports a problem, fix it and submit again. You have a limited number of turns: work efficiently, and do not end your
 turn without calling submit.
 """
 
@@ -102,10 +102,10 @@ beats main by clearly more than the run-to-run noise.
 # Submitting
 Call submit with a short imperative title (under 60 characters), a hypothesis (what you changed and
 why it should {better} {metric}, 2-5 sentences), expected_effect (the {metric} change you expect and
-by what mechanism) and risk (what could go wrong). Set fixes_crash to true when the change repairs
-the last crash shown in the context. submit checks that {asset} changed, passes its static check and
-is new; if it reports a problem, fix it and submit again. You have a limited number of turns: work
-efficiently, and do not end your turn without calling submit.
+by what mechanism) and risk (what could go wrong). Set fixes_failure to true when the change repairs
+the last crash or rejection shown in the context. submit checks that {asset} changed, passes its
+static check and is new; if it reports a problem, fix it and submit again. You have a limited
+number of turns: work efficiently, and do not end your turn without calling submit.
 """
 
 
@@ -253,7 +253,7 @@ def _crash(tail: str, exp_id: int | None, *, rejected: bool = False) -> str:
     said = "" if rejected else "Its traceback's tail:\n"
     return (
         f"# The last {what}: {which}\n{said}```\n{text}\n```\n"
-        "If your change fixes it, set fixes_crash to true in submit."
+        "If your change fixes it, set fixes_failure to true in submit."
     )
 
 

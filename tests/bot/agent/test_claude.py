@@ -151,7 +151,7 @@ def test_the_claude_agent_is_an_agent(api):
 
 def test_fixing_the_last_crash_is_recorded(api):
     api.add(
-        edit("HEAD_DIM = 128 ", "HEAD_DIM = 64  "), submit(title="Halve HEAD_DIM with whole heads", fixes_crash=True)
+        edit("HEAD_DIM = 128 ", "HEAD_DIM = 64  "), submit(title="Halve HEAD_DIM with whole heads", fixes_failure=True)
     )
     meta = agent(api).propose(ctx()).meta
     assert meta["fixes"] == 7 and meta["fixes_status"] == "crash"

@@ -155,7 +155,7 @@ def test_undo_edit_restores_the_previous_text():
 def test_submit_schema_requires_the_four_fields():
     schema = SUBMIT_TOOL["input_schema"]
     assert schema["required"] == ["title", "hypothesis", "expected_effect", "risk"]
-    assert schema["properties"]["fixes_crash"]["type"] == "boolean"
+    assert schema["properties"]["fixes_failure"]["type"] == "boolean"
 
 
 def test_parse_submit_reads_the_fields_and_shortens_a_long_title():
@@ -165,12 +165,12 @@ def test_parse_submit_reads_the_fields_and_shortens_a_long_title():
             "hypothesis": "h",
             "expected_effect": "-0.01",
             "risk": "divergence",
-            "fixes_crash": True,
+            "fixes_failure": True,
         }
     )
     assert isinstance(parsed, Submission)
     assert parsed.title.startswith("Raise the matrix learning rate") and len(parsed.title) <= 80
-    assert parsed.fixes_crash is True
+    assert parsed.fixes_failure is True
 
 
 @pytest.mark.parametrize(
@@ -179,7 +179,7 @@ def test_parse_submit_reads_the_fields_and_shortens_a_long_title():
         {"title": "t", "hypothesis": "h", "expected_effect": "e"},
         {"title": "", "hypothesis": "h", "expected_effect": "e", "risk": "r"},
         {"title": "t", "hypothesis": 3, "expected_effect": "e", "risk": "r"},
-        {"title": "t", "hypothesis": "h", "expected_effect": "e", "risk": "r", "fixes_crash": "yes"},
+        {"title": "t", "hypothesis": "h", "expected_effect": "e", "risk": "r", "fixes_failure": "yes"},
         ["not", "an", "object"],
     ],
 )

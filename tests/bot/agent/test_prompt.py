@@ -58,7 +58,7 @@ def test_the_system_prompt_states_the_rules():
         "Never try to fool the metric",
         "validation data",
         "submit",
-        "fixes_crash",
+        "fixes_failure",
     ):
         assert phrase in text, phrase
     assert system_prompt() == text  # stable: the same every time, so it caches
