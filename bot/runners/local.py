@@ -115,15 +115,13 @@ class LocalRunner:
     @property
     def slots(self) -> int:
         """The slots this runner may fill now (bot.runners.capacity): a slot removed finishes its
-        run and takes no new one; its warm worker is sent away at the next lookup or submit."""
-        return self._slots()
-
-    def _send_away_removed(self) -> None:
-        """Send away the warm workers of slots taken away (the conductor's own calls, lookup and
-        submit, do it, so reading `slots` changes nothing)."""
+        run and takes no new one. Its warm worker is sent away here, on purpose: the conductor reads
+        the count at every tick (on its own thread, the only reader), so a slot lent away while the
+        loop is paused or blocked frees its memory and its GPU at once, not at the next run."""
         count = self._slots()
         for slot in [s for s in self._standby if s >= count]:
             self._standby.pop(slot).send_away()
+        return count
 
     # --- the protocol ----------------------------------------------------------------------------
     def check_ready(self, identity: dict[str, str]) -> None:
@@ -184,7 +182,6 @@ class LocalRunner:
         return str(out)
 
     def lookup(self, run_id: int) -> RunStatus:
-        self._send_away_removed()
         out = self.runs_dir / str(run_id)
         job = _read_json(out / "job.json")
         if job is None:
@@ -284,7 +281,6 @@ class LocalRunner:
         self._standby[slot] = Standby(proc, out, profile, gpu)
 
     def _free_slot(self) -> int:
-        self._send_away_removed()
         taken = set(self._slot_of.values())
         count = self.slots
         return next((s for s in range(count) if s not in taken), len(taken) % count)

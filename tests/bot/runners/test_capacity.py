@@ -102,8 +102,6 @@ def test_a_local_slot_taken_away_sends_its_warm_worker_away_and_takes_no_run(tmp
     runner._slot_of = {11: 0, 12: 3}  # runs on slots 0 and 3
     write(slots_file(tmp_path), "2")
     assert runner.slots == 2
-    assert not any(workers[s].stdin.closed for s in range(4))  # reading the count changes nothing
-    assert runner.lookup(99).state == "unknown"  # the conductor's next call sends the removed slots' away
     assert [workers[s].stdin.closed for s in range(4)] == [False, False, True, True]
     assert runner._free_slot() == 1  # slot 3's run goes on; a new run goes to a slot still there
     write(slots_file(tmp_path), "6")
