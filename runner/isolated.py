@@ -532,7 +532,7 @@ class Supervisor:
         own code, or a limit it crossed) or `lost` (killed from outside the run, by a signal this
         supervisor did not send and its limits do not explain: run again, not charged to train.py).
         A train.py can fake that last one (exit code 137 in the sandbox, SIGKILL to itself outside
-        it): the conductor charges a run lost that way a second time (bot.loop.conductor)."""
+        it): the conductor charges a run lost that way a second time (bot.loop.runs)."""
         own = str(claims.get("error") or "")[-4000:]
         if self._limit_hit:
             return "crash", self._limit_hit + (f". Its own last words: {own}" if own else "")

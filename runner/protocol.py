@@ -130,7 +130,8 @@ class ResultSpec(BaseModel):
     task: str = Field(DEFAULT_TASK, min_length=1)
     run_id: int
     experiment_id: int | None = None
-    # lost: killed from outside the run (not by its code or its limits): it runs again, not charged to train.py
+    # lost: a failure the run's code cannot be shown to have caused (killed from outside the run, not by its
+    # limits; its task's evaluator raised): it runs again, and is charged as a crash only the second time in a row
     status: Literal["ok", "crash", "timeout", "rejected", "lost"]
     value: float | None = None  # the task's metric, measured by the harness
     val_bpb: float | None = None  # training's value under its own name (None for any other task)

@@ -47,8 +47,8 @@ from typing import Any, Literal
 Direction = Literal["lower", "higher"]
 Scale = Literal["linear", "log"]
 LOG_FLOOR = 1e-9  # the smallest value a log-scale metric is taken to have (a latency of 0 is a timer's rounding)
-# "lost": the machine failed, not the asset (the evaluator itself raised): the run runs again, and is
-# charged as the asset's crash only when it keeps happening (bot.loop.runs, MAX_KILLED_RUNS)
+# "lost": the evaluator itself failed, most likely the machine's fault, not the asset's: the run runs
+# again, and is charged as the asset's crash only the second time in a row (bot.loop.runs, MAX_KILLED_RUNS)
 EvaluationStatus = Literal["ok", "crash", "timeout", "rejected", "lost"]
 
 

@@ -8,9 +8,10 @@ evaluator's `evaluate` with a private directory OUT/work. The evaluator sandboxe
 and gates it before it measures (runner.tasks); this module only turns its Evaluation into a
 ResultSpec: the asset's sha256, the harness hash (runner.profiles.harness_hash, which covers
 runner/tasks/), the inputs' fingerprint, the timings, whether it ran sandboxed, status and error.
-An evaluator that raises failed on this machine, not in the asset: the run is `lost`, so it runs
-again rather than ending its experiment, and says so. An asset that makes its evaluator raise every
-time is charged with the crash after a second loss in a row (bot.loop.runs, MAX_KILLED_RUNS).
+An evaluator that raises is most likely a fault of this machine or of the harness, but may be the
+asset's doing: the run is `lost`, so it runs again rather than ending its experiment, and says so.
+Lost that way a second time in a row, it is charged as the asset's crash (bot.loop.runs,
+MAX_KILLED_RUNS): an asset that makes its evaluator raise gets one re-run, never more.
 
 The run directory gets log.txt (what the asset printed, then the summary block with the metric's
 name) and result.json, as a training run's does.
@@ -163,8 +164,9 @@ def _evaluate(job: JobSpec, workdir: Path, data: str | None) -> tuple[Evaluation
         return Evaluation(
             "lost",
             error=(
-                f"the {task.name} evaluator failed ({type(error).__name__}: {error}): a fault of this machine "
-                "or of the harness, not of the asset, so the run is lost and runs again"
+                f"the {task.name} evaluator failed ({type(error).__name__}: {error}), most likely a fault of "
+                "this machine or of the harness: the run is lost and runs again (a second time in a row, it is "
+                "charged as the asset's crash)"
             ),
             log_tail=traceback.format_exc(),
         ), fingerprint

@@ -66,7 +66,7 @@ def test_a_failing_evaluator_loses_the_run_and_blames_the_machine(word_count, tm
     result = run_job(job("BROKEN"), tmp_path / "run")
     assert (result.status, result.value) == ("lost", None)
     assert "word-count evaluator failed (RuntimeError" in (result.error or "")
-    assert "not of the asset, so the run is lost and runs again" in (result.error or "")
+    assert "the run is lost and runs again (a second time in a row" in (result.error or "")
     assert ResultSpec.model_validate_json((tmp_path / "run" / "result.json").read_text()).status == "lost"
 
 

@@ -104,9 +104,12 @@ def evaluate_router(
             where = f"at batch {number} of {len(batches)}"
             routed += _gate(host.answer(deadline, where, scale.time_box_s), texts, queues, where)
         host.finish()
-    except _Stop as stop:
-        host.stop()
+    except BaseException as error:
+        host.stop()  # whatever ends the evaluation, the router's process does not outlive it
         log.close()
+        if not isinstance(error, _Stop):
+            raise
+        stop = error
         return Evaluation(
             status=stop.status,  # type: ignore[arg-type]
             error=stop.error,
@@ -303,7 +306,7 @@ class _Host:
             raise _Stop("rejected", f"the router's process wrote a line longer than {ANSWER_BYTES} bytes {where}")
         try:
             answer = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: a line nested past the parser's depth
             answer = {"unparsed": line[:200].decode(errors="replace")}
         if not isinstance(answer, dict):
             answer = {"unparsed": answer}

@@ -331,6 +331,22 @@ def test_a_line_written_into_the_answers_channel_is_rejected_not_counted(split, 
     assert "not the host's answer" in result.error and "accuracy: 1.0" in result.error
 
 
+def test_a_line_nested_past_the_parser_s_depth_is_rejected(split, tmp_path: Path) -> None:
+    """A line the JSON parser cannot take for its depth (RecursionError, no ValueError) is no answer:
+    the run is rejected, the asset's doing, never an evaluator's failure (which would be a lost run,
+    run again)."""
+    nester = router(
+        FIRST_QUEUE,
+        train=(
+            "for fd in range(3, 64):\n        try: os.write(fd, b'[' * 100000 + b'\\n')\n        except OSError: pass"
+        ),
+        head="import os",
+    )
+    result = run(nester, split, tmp_path)
+    assert result.status == "rejected" and result.value is None
+    assert "not the host's answer" in result.error
+
+
 # --- crashes, the time box, the limits ---------------------------------------------------------------
 def test_an_exception_is_a_crash_with_its_traceback(split, tmp_path: Path) -> None:
     result = run(router(FIRST_QUEUE, train="raise ValueError('no tickets about mortgages')"), split, tmp_path)
