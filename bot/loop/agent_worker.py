@@ -57,6 +57,12 @@ class AgentWorker:
         with self._lock:
             return self._running()
 
+    def unpaid(self) -> int:
+        """Answers that may still cost what is not yet spent: questions thinking (abandoned ones
+        included), answers not yet given out, and late answers not yet paid for."""
+        with self._lock:
+            return len(self._open) + len(self._abandoned) + len(self._late)
+
     def _running(self) -> int:
         return sum(1 for q in self._open.values() if q.answer is None) + len(self._abandoned)
 

@@ -211,12 +211,13 @@ class Proposals:
                 return
 
     def _affordable(self) -> bool:
-        """Whether one more question fits the budget, counting each one in flight (abandoned ones
-        included: they may still be billed) at the highest cost of one answer so far; before any
-        answer has said what one costs, only one question at a time."""
+        """Whether one more question fits the budget, counting each answer not yet paid for (questions
+        in flight, abandoned ones included: they may still be billed; answers not yet taken; late
+        answers) at the highest cost of one answer so far; before any answer has said what one
+        costs, only one question at a time."""
         if self.budget_usd is None:
             return True
-        in_flight = self.worker.running()
+        in_flight = self.worker.unpaid()
         if not in_flight:
             return True  # _ask stops at a spent budget
         if not self._answers_costed:

@@ -20,6 +20,7 @@ from bot.core.records import Proposal, ProposalContext, code_hash
 from bot.core.states import State
 from bot.forge.memory import MemoryForge
 from bot.loop import proposals as proposals_module
+from bot.loop.agent_worker import AgentWorker
 from bot.loop.conductor import Conductor, ConductorConfig
 from bot.loop.proposals import ANSWERS_PER_TICK, paced_lookahead
 from bot.store import Store
@@ -314,6 +315,31 @@ def test_an_abandoned_question_s_late_answer_is_ignored_but_paid_for() -> None:
     assert proposed(loop)[0] == "change 2" and "change 1" not in proposed(loop)
     assert loop.proposals.spent_usd() == 0.25 * (1 + len(proposed(loop)))
     agent.release_all()
+
+
+def test_an_answer_counts_against_the_budget_until_it_is_paid_for() -> None:
+    """AgentWorker.unpaid: a question thinking, an answer not yet taken, an abandoned question still
+    thinking and its late answer not yet paid for each count; an answer taken or paid for does not."""
+    now = [0.0]
+    agent = Gated(distinct)
+    worker = AgentWorker(agent, timeout_s=10.0, clock=lambda: now[0])
+    answered = threading.Event()
+    worker.on_answer(answered.set)
+    context = ProposalContext(program_md="", asset=MAIN, history=[], main_val_bpb=1.0)
+    assert worker.ask(1, context, limit=2) and worker.ask(2, context, limit=2)
+    agent.wait_asked(2)
+    assert worker.unpaid() == 2
+    agent.release(1)
+    assert answered.wait(WAIT_S) and worker.answered(1)
+    assert worker.unpaid() == 2  # answered, not yet taken: its cost is not spent yet
+    assert isinstance(worker.answer(1), Proposal) and worker.unpaid() == 1
+    now[0] += 11.0
+    assert isinstance(worker.answer(2), TimeoutError) and worker.unpaid() == 1  # abandoned, still thinking
+    answered.clear()
+    agent.release(2)
+    assert answered.wait(WAIT_S)
+    assert worker.unpaid() == 1  # its late answer, not yet paid for
+    assert [a.title for a in worker.late_answers()] == ["change 2"] and worker.unpaid() == 0
 
 
 def test_a_conductor_killed_with_questions_open_resumes_them_without_loss_or_repeat(tmp_path: Path) -> None:
