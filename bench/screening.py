@@ -136,8 +136,7 @@ def measure(args: argparse.Namespace) -> None:
 
     def one(number: int, run: Planned) -> None:
         if time.monotonic() > stop_at:
-            print(f"--minutes {args.minutes} reached: run {number + 1} not started", flush=True)
-            return
+            return  # --minutes reached: said once, below
         started, load = time.monotonic(), os.getloadavg()[0]
         row = {"label": run.label, "title": run.title, "fraction": run.fraction, "seed": run.seed}
         row |= run_once(run, args.profile, args.threads)
@@ -152,9 +151,16 @@ def measure(args: argparse.Namespace) -> None:
             )
 
     todo = [(number, run) for number, run in enumerate(order) if run.key not in done]
-    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+    pool = ThreadPoolExecutor(max_workers=max(1, args.jobs))
+    try:
         for future in [pool.submit(one, number, run) for number, run in todo]:
             future.result()
+    except BaseException:  # Ctrl-C, or a run that failed to run: the queued runs are not started
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown()
+    if time.monotonic() > stop_at:
+        print(f"--minutes {args.minutes} reached: the runs not yet started were left for the next call", flush=True)
 
 
 def run_once(run: Planned, profile: str, threads: int) -> dict[str, Any]:
