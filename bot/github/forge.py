@@ -20,7 +20,10 @@ gets its commit, a main already at the measured commit is a merge that happened.
 Commits never change, so what the forge learns of one (its tree and parents, a file's text and
 blob sha, from a read or from creating it) is kept for the life of the process: a branch on a main
 that an earlier branch was built on, or on a kept commit the bot made, needs no read of its base,
-and a merge no read of the measured commit. Refs are moved with one PATCH, never a read first.
+and a merge no read of the measured commit. Refs are moved with one PATCH, never a read first, and
+a branch this process moved is rebased from where it moved it, without reading the ref: a rebase
+is then its three writes alone (a tree, a commit, the ref), which matters in the wave of rebases
+that follows a keep with many experiments in flight.
 
 A new branch needs no read of its own either: the first branch made under a prefix
 (`autoresearch/`) lists the prefix's branches once, and a branch absent from that list that this
@@ -74,6 +77,7 @@ class GitHubForge:
         self._commits: dict[str, tuple[str, list[str], str]] = {}  # commit sha -> (tree sha, parent shas, message)
         self._listed: dict[str, set[str]] = {}  # prefix -> its branches when first listed (this process)
         self._tried: set[str] = set()  # branches this process tried to create or move
+        self._heads: dict[str, str] = {}  # branch -> the commit this process last moved it to (answered)
         self._main = ""  # main's head as last read, and the ETag of that answer
         self._main_etag: str | None = None
 
@@ -170,11 +174,13 @@ class GitHubForge:
         if current is None:
             try:
                 self._api("POST", "/git/refs", {"ref": f"refs/heads/{branch}", "sha": sha})
+                self._heads[branch] = sha
                 return
             except GithubException as error:
                 if error.status != 422:  # 422: it exists already (an earlier attempt's answer was lost)
                     raise
         self._move(branch, sha, force=True)
+        self._heads[branch] = sha
 
     def _guard_branch(self, branch: str) -> None:
         if branch == self.main_branch or not branch or branch.startswith(("-", "/")) or ".." in branch:
@@ -196,11 +202,13 @@ class GitHubForge:
         if head is None and one_file:
             head = self._create_ref(branch, base_sha)
         if head not in (None, base_sha) and self._is_commit_of(head, base_sha, files):
+            self._heads[branch] = head
             return head
         sha = self._put_file(branch, base_sha, files, message) if head == base_sha and one_file else None
         if sha is None:  # more than one file, or the branch is elsewhere (an older attempt on an older main)
             sha, _ = self._commit_on(base_sha, files, message)
             self._point(branch, sha, head)
+        self._heads[branch] = sha
         log.info("pushed %s at %s", branch, sha[:7])
         return sha
 
@@ -269,8 +277,11 @@ class GitHubForge:
         return all(self._read_or_empty(head, path) == text for path, text in files.items())
 
     def rebase_branch(self, branch: str, onto_sha: str, path: str) -> str:
+        """The rebase (the protocol's); the branch's head is read only when this process did not
+        move it itself: the bot's branches are its own, and a rebase after a keep is one of many."""
         self._guard_branch(branch)
-        head = self.branch_head(branch)
+        known = self._heads.get(branch)
+        head = known or self.branch_head(branch)
         if head is None:
             raise ForgeError(f"no such branch: {branch}")
         _, parents, message = self._commit(head)
@@ -291,7 +302,15 @@ class GitHubForge:
         # compare-and-swap needs its blob sha): both known, no read
         self._files[(sha, path)] = merged
         self._blobs[(sha, path)] = git_blob_sha(merged)
-        self._point(branch, sha, head)
+        try:
+            self._point(branch, sha, head)
+        except GithubException as error:
+            if known is None or error.status != 422:
+                raise
+            self._heads.pop(branch, None)  # deleted by hand since this process moved it
+            if self.branch_head(branch) is None:
+                raise ForgeError(f"no such branch: {branch}") from error
+            raise
         log.info("rebased %s onto %s as %s", branch, onto_sha[:7], sha[:7])
         return sha
 

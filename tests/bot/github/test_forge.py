@@ -12,7 +12,7 @@ import github
 import pytest
 from github_standin import GitHubStandIn
 
-from bot.core.protocols import MainMoved, MergeConflict
+from bot.core.protocols import ForgeError, MainMoved, MergeConflict
 from bot.github.client import GitHubRetry
 from bot.github.forge import GitHubForge
 
@@ -183,6 +183,34 @@ def test_a_rebase_carries_only_the_change_to_train_py(forge: GitHubForge, standi
     assert writes(standin, before) == ["git/create-ref", "repos/create-or-update-file-contents"]
     assert "repos/get-content" not in [r.operation for r in standin.requests[before:]]
     assert standin.read("autoresearch/2-next", "train.py") == changed(9, "next") and nxt != head
+
+
+def test_a_branch_this_process_moved_is_rebased_without_reading_its_ref(
+    forge: GitHubForge, standin: GitHubStandIn
+) -> None:
+    """The wave of rebases after a keep: each is its three writes, no read of the branch."""
+    main = forge.main_sha()
+    forge.create_branch(BRANCH, main, {"train.py": changed(3, "wider")}, "wider")
+    new_main = standin.push_file("train.py", changed(15, "human"), user="alice", message="human change")
+    forge.read_file(new_main, "train.py")  # the conductor read the new main already
+    before = len(standin.requests)
+    head = forge.rebase_branch(BRANCH, new_main, "train.py")
+    assert "git/get-ref" not in [r.operation for r in standin.requests[before:]]
+    assert writes(standin, before) == ["git/create-tree", "git/create-commit", "git/update-ref"]
+    assert standin.read(BRANCH, "train.py") == changed(15, "human").replace("line 3\n", "wider\n")
+    again = standin.push_file("program.md", "# edited\n", user="alice", message="edit")
+    before = len(standin.requests)
+    assert forge.rebase_branch(BRANCH, again, "train.py") != head  # from where this process moved it
+    assert "git/get-ref" not in [r.operation for r in standin.requests[before:]]
+
+
+def test_a_branch_deleted_by_hand_is_no_such_branch_at_its_rebase(forge: GitHubForge, standin: GitHubStandIn) -> None:
+    main = forge.main_sha()
+    forge.create_branch(BRANCH, main, {"train.py": changed(3, "wider")}, "wider")
+    standin.state.delete_ref(f"refs/heads/{BRANCH}", "alice")  # deleted by hand
+    new_main = standin.push_file("train.py", changed(15, "human"), user="alice", message="human change")
+    with pytest.raises(ForgeError, match="no such branch"):
+        forge.rebase_branch(BRANCH, new_main, "train.py")
 
 
 def test_a_conflicting_rebase_raises_merge_conflict(forge: GitHubForge, standin: GitHubStandIn) -> None:
