@@ -27,7 +27,9 @@ Reported per K:
   and main's baseline runs (which legitimately use slots: after each keep main is measured again);
 - the idle gap of a slot between two runs (end of one job to start of the next, from the runner's
   own timestamps), p50/p95/max, as a share of the scaled budget, and where it went: waiting for
-  the tick in progress to end, the dispatching tick's work before dispatch, or no run ready;
+  the tick in progress to end, the dispatching tick's work before dispatch, or no run ready; the
+  same for the tail alone (the gaps from the 90th percentile up), with the purposes of the runs
+  that ended them;
 - the bot's CPU seconds per experiment: time.process_time() of this process (the stand-in is
   elsewhere) minus this main thread's own, and the conductor thread's time.thread_time();
 - the proposal pipeline: the share of the window the agent was thinking, proposals per budget,
@@ -101,6 +103,7 @@ class Options:
     kill_share: float = 0.0  # runs the simulated runner loses mid-run (a runner taken away)
     slot_plan: tuple[tuple[float, int], ...] = ()  # (once this share of the experiments is decided, these slots)
     lookahead: int | None = None  # proposals prepared beyond the free slots (None: the conductor's own pacing)
+    trace_tail: str | None = None  # write each tail gap here with the store's events around it (JSON lines)
 
     @property
     def budget_s(self) -> float:
@@ -439,6 +442,36 @@ def bench_service(opts: Options):
             self.ticks, self.cpu, self.worker_s = [], [], 0.0
             if opts.lookahead is not None:
                 conductor.proposals.lookahead = opts.lookahead
+            # the longest a keep waits for its pull request, on the scaled clock; and each wait, timed
+            gate = conductor.lifecycle.merge_wait
+            gate.wait_s /= opts.scale
+            self.gate_held: dict[int, list[float]] = {}  # experiment -> [first held, last held]
+            holds = gate.holds
+
+            def timed_holds(exp: Any) -> bool:
+                held = holds(exp)
+                if held:
+                    now = time.monotonic()
+                    self.gate_held.setdefault(exp.id, [now, now])[1] = now
+                return held
+
+            gate.holds = timed_holds
+            # each forge call (a branch, a rebase) on the forge worker's thread: its wall and CPU seconds
+            self.forge_calls: list[tuple[str, float, float]] = []
+            calls = conductor.lifecycle.calls
+            ask = calls.call
+
+            def timed_call(key: Any, fn: Callable[..., Any]) -> Any:
+                def timed_fn(forge: Any) -> Any:
+                    started, cpu = time.monotonic(), time.thread_time()
+                    try:
+                        return fn(forge)
+                    finally:
+                        self.forge_calls.append((key[0], time.monotonic() - started, time.thread_time() - cpu))
+
+                return ask(key, timed_fn)
+
+            calls.call = timed_call
             # GitHub's write windows (80 a minute, 500 an hour) on the scaled clock
             self.pacer = self.client.budget
             self.pacer.clock = lambda: time.monotonic() * opts.scale
@@ -460,12 +493,12 @@ def bench_service(opts: Options):
 
             def timed(name: str, step: Callable[..., Any]) -> Callable[..., Any]:
                 def run(*args: Any, **kwargs: Any) -> Any:
-                    started = time.monotonic()
+                    started, cpu = time.monotonic(), time.thread_time()
                     try:
                         return step(*args, **kwargs)
                     finally:
-                        if self.ticks:
-                            self.ticks[-1]["phases"].append((name, started, time.monotonic()))
+                        if self.ticks:  # (name, start, end, the conductor thread's CPU seconds in it)
+                            self.ticks[-1]["phases"].append((name, started, time.monotonic(), time.thread_time() - cpu))
 
                 return run
 
@@ -558,6 +591,7 @@ def _run(opts: Options) -> dict[str, Any]:
                 settings, make_parts=lambda s, c, t: Parts(runner, agent, dict(identity)), timer_s=30.0 / opts.scale
             )
             main_cpu0, cpu0, started = time.thread_time(), time.process_time(), time.monotonic()
+            wall_offset = time.time() - time.monotonic()  # the store's times are the wall clock's
             service.start()
             store = Store(settings.state_dir / "state.db")
             plan = list(opts.slot_plan)
@@ -596,9 +630,28 @@ def _run(opts: Options) -> dict[str, Any]:
                 service.profiler.dump_stats(opts.cprofile)
             runs = store.runs.all()
             statuses = Counter(e.status for e in exps)
+            events = [(e["at"] - wall_offset, e["experiment_id"], e["kind"], e["message"]) for e in store.events.all()]
+            # the ledger keeps the last hour (on the scaled clock): the writes GitHub counts at the end, by kind
+            last_hour = Counter(
+                f"{'research' if w.research else 'people'}: {w.what}" for w in store.writes.since(float("-inf"))
+            )
         finally:
             served = gh.stop()
     row = report(opts, runner, agent, service, runs, statuses, wall, process_cpu, served)
+    spans = row.pop("_tail_spans")
+    if wall * opts.scale >= 3600:  # an hour of scaled time has passed: the ledger holds a whole one
+        row["writes_last_hour"] = sum(last_hour.values())
+        row["writes_last_hour_by_kind"] = dict(last_hour.most_common())
+    if opts.trace_tail:
+        with open(opts.trace_tail, "a") as sink:
+            for slot, end, start, next_purpose in sorted(spans, key=lambda s: s[1]):
+                around = [
+                    f"{at - end:+.2f}s {kind} #{exp}: {message[:120]}"
+                    for at, exp, kind, message in events
+                    if end - opts.budget_s * 0.1 <= at <= start
+                ]
+                line = {"K": opts.slots, "slot": slot, "end": round(end - started, 2), "gap_s": round(start - end, 3)}
+                sink.write(json.dumps(line | {"next": next_purpose, "events": around}) + "\n")
     if paced:
         row["lookahead_paced_p50_max"] = [sorted(paced)[len(paced) // 2], max(paced)]
     if opts.kill_share or opts.slot_plan:
@@ -710,18 +763,38 @@ def report(
     ideal = mean_slots * 3600 / REAL_BUDGET_S
 
     gaps, parts = [], Counter()
+    each: list[tuple[float, Counter, str]] = []  # (gap, where it went, the purpose of the run that ended it)
+    spans: list[tuple[int, float, float]] = []  # (slot, end, start) of each gap, as `each`
     ticks = [t for t in service.ticks if "end" in t]
     for index, slot in enumerate(runner.slot):
         seq = sorted(slot.history, key=lambda h: h[1])
-        for (_, _, end, _), (_, start, _, _) in itertools.pairwise(seq):
+        for (_, _, end, _), (next_run, start, _, _) in itertools.pairwise(seq):
             if fewest_slots(runner.slot_changes, end, start) <= index:
                 continue  # the slot was taken away meanwhile: no runner waited
             gap = start - end
             gaps.append(gap)
-            parts.update(gap_parts(end, start, ticks))
+            where = gap_parts(end, start, ticks)
+            parts.update(where)
+            each.append((gap, where, purpose.get(next_run, "?")))
+            spans.append((index, end, start))
+    # the tail: the gaps at or past the 90th percentile, where the p95 comes from
+    cut = percentile(gaps, 0.9) if gaps else 0.0
+    tail = [g for g in each if g[0] >= cut] if gaps else []
+    tail_spans = [span for span, g in zip(spans, each, strict=True) if gaps and g[0] >= cut]
+    tail_parts: Counter = Counter()
+    tail_phases: Counter = Counter()  # the dispatching tick's phases before the run started: wall, CPU
+    for _, where, _ in tail:
+        tail_parts.update(where)
+    for _, _, start in tail_spans:
+        for t in ticks:
+            if t["start"] < start <= t["end"]:
+                for name, a, b, cpu in t["phases"]:
+                    if b <= start:
+                        tail_phases[f"{name} wall"] += b - a
+                        tail_phases[f"{name} cpu"] += cpu
     tick_time = Counter()
     for t in ticks:
-        for name, a, b in t["phases"]:
+        for name, a, b, _ in t["phases"]:
             tick_time[name] += b - a
     n = sum(statuses.values())
     counts = Counter(purpose.get(run_id, "?") for _, run_id, _, _, _ in history)
@@ -754,6 +827,11 @@ def report(
         "gap_p50_s": round(percentile(gaps, 0.5), 3),
         "gap_p95_s": round(percentile(gaps, 0.95), 3),
         "gap_parts_s": {name: round(v / max(1, len(gaps)), 3) for name, v in parts.items()},
+        "gap_tail_n": len(tail),
+        "gap_tail_parts_s": {name: round(v / max(1, len(tail)), 3) for name, v in tail_parts.most_common()},
+        "gap_tail_next_run": dict(Counter(p for _, _, p in tail)),
+        "gap_tail_dispatching_tick_s": {name: round(v / max(1, len(tail)), 3) for name, v in tail_phases.most_common()},
+        "_tail_spans": [(*span, g[2]) for span, g in zip(tail_spans, [g for g in each if g[0] >= cut], strict=True)],
         "cpu_per_exp": round(process_cpu / n, 3),
         "conductor_cpu_per_exp": round(conductor_cpu / n, 3),
         "ticks": len(ticks),
@@ -765,6 +843,20 @@ def report(
         "api_requests_per_exp": round(served.get("requests", 0) / n, 1),
         "api_creating_per_exp": round(served.get("creating", 0) / n, 1),
         "api_writes_per_h": round(served.get("creating", 0) / (wall * opts.scale) * 3600, 1),
+        "forge_calls": {
+            kind: {
+                "n": len(done),
+                "wall_ms": round(1000 * sum(w for _, w, _ in done) / len(done), 1),
+                "cpu_ms": round(1000 * sum(c for _, _, c in done) / len(done), 1),
+            }
+            for kind in sorted({k for k, _, _ in service.forge_calls})
+            for done in [[c for c in service.forge_calls if c[0] == kind]]
+        },
+        "merge_gate_holds": len(service.gate_held),
+        "merge_gate_held_real_s_max": round(
+            max((b - a for a, b in service.gate_held.values()), default=0) * opts.scale, 1
+        ),
+        "merge_gate_held_real_s_sum": round(sum(b - a for a, b in service.gate_held.values()) * opts.scale, 1),
         "write_mode": service.pacer.mode.mode if service.pacer else None,
         "pacer_waited_s": round(service.pacer.waited / opts.scale, 2) if service.pacer else None,
         "violations": served.get("violation_count"),
@@ -807,7 +899,7 @@ def gap_parts(end: float, start: float, ticks: list[dict[str, Any]]) -> Counter:
         if t["end"] <= end or t["start"] >= start:
             continue
         if t["start"] <= end:  # in progress when the job ended
-            later = [(b - max(a, end), name) for name, a, b in t["phases"] if b > end]
+            later = [(b - max(a, end), name) for name, a, b, _ in t["phases"] if b > end]
             name = max(later)[1] if later else "tick"
             out[f"running tick ({name})"] += min(t["end"], start) - end
             cursor = min(t["end"], start)
@@ -816,7 +908,7 @@ def gap_parts(end: float, start: float, ticks: list[dict[str, Any]]) -> Counter:
             cursor = t["end"]
         else:  # the dispatching tick
             out["waiting for a tick"] += t["start"] - cursor
-            early = next((b for name, _, b in t["phases"] if name == "dispatch"), t["end"])
+            early = next((b for name, _, b, _ in t["phases"] if name == "dispatch"), t["end"])
             if start <= early:  # the early dispatch, right after collecting
                 out["dispatching tick before dispatch"] += start - t["start"]
             else:  # the tick's last dispatch: after advancing and proposing (a baseline, or a run queued in the tick)
@@ -894,6 +986,7 @@ def main() -> None:
         type=int,
         help="proposals prepared beyond the free slots (default: the conductor's pacing, bot.loop.proposals)",
     )
+    parser.add_argument("--trace-tail", help="append each tail gap, with the store's events around it, to this file")
     parser.add_argument("--standin", help=argparse.SUPPRESS)
     parser.add_argument("--key-file", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -932,6 +1025,7 @@ def main() -> None:
             kill_share=args.kill_share,
             slot_plan=plan,
             lookahead=args.lookahead,
+            trace_tail=args.trace_tail,
         )
         row = run(opts)
         rows.append(row)
