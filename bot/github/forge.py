@@ -21,9 +21,9 @@ Commits never change, so what the forge learns of one (its tree and parents, a f
 blob sha, from a read or from creating it) is kept for the life of the process: a branch on a main
 that an earlier branch was built on, or on a kept commit the bot made, needs no read of its base,
 and a merge no read of the measured commit. Refs are moved with one PATCH, never a read first, and
-a branch this process moved is rebased from where it moved it, without reading the ref: a rebase
-is then its three writes alone (a tree, a commit, the ref), which matters in the wave of rebases
-that follows a keep with many experiments in flight.
+a branch this forge moved is rebased from where it moved it, without reading the ref: a rebase is
+then its three writes alone (a tree, a commit, the ref), which matters in the wave of rebases that
+follows a keep with many experiments in flight (see `rebase_branch` for when it reads anyway).
 
 A new branch needs no read of its own either: the first branch made under a prefix
 (`autoresearch/`) lists the prefix's branches once, and a branch absent from that list that this
@@ -277,8 +277,13 @@ class GitHubForge:
         return all(self._read_or_empty(head, path) == text for path, text in files.items())
 
     def rebase_branch(self, branch: str, onto_sha: str, path: str) -> str:
-        """The rebase (the protocol's); the branch's head is read only when this process did not
-        move it itself: the bot's branches are its own, and a rebase after a keep is one of many."""
+        """The rebase (the protocol's). The branch's head is read only when this forge did not move
+        it itself: the bot's branches are its own, and a rebase after a keep is one of many. A head
+        so remembered is never the answer without a read: where it already stands on `onto_sha`
+        (nothing to do, by what this forge knows), the ref is read, since another forge of the
+        process (the conductor's, following main) or a person may have moved it since; and a
+        rebase from a remembered head that is no longer the branch's makes the same text, forced
+        over whatever is there (the branch is the bot's)."""
         self._guard_branch(branch)
         known = self._heads.get(branch)
         head = known or self.branch_head(branch)
@@ -289,6 +294,9 @@ class GitHubForge:
             raise ForgeError(f"{branch} head {head} is not a single-parent commit")
         parent = parents[0]
         if parent == onto_sha:
+            if known is not None:
+                del self._heads[branch]
+                return self.rebase_branch(branch, onto_sha, path)  # read, then decide
             return head
         merged = merge_text(
             self._read_or_empty(parent, path),

@@ -204,6 +204,21 @@ def test_a_branch_this_process_moved_is_rebased_without_reading_its_ref(
     assert "git/get-ref" not in [r.operation for r in standin.requests[before:]]
 
 
+def test_a_remembered_head_already_on_main_is_read_before_it_is_the_answer(
+    forge: GitHubForge, standin: GitHubStandIn
+) -> None:
+    """Nothing to do, by what this forge remembers, is checked with a read: a person (or the
+    conductor's own forge) may have moved the branch since, and the answer must be where it is."""
+    main = forge.main_sha()
+    forge.create_branch(BRANCH, main, {"train.py": changed(3, "wider")}, "wider")
+    both = changed(3, "wider").replace("line 12\n", "alice's line\n")
+    standin.push_file("train.py", both, user="alice", message="alice", branch=BRANCH)
+    head = forge.rebase_branch(BRANCH, main, "train.py")  # main has not moved: by memory, nothing to do
+    # the answer is where the branch is: alice's commit, made one commit on main again (as any
+    # branch's last commit is carried by a rebase), never the commit this forge remembered
+    assert head == standin.ref(BRANCH) and "alice's line\n" in forge.read_file(head, "train.py")
+
+
 def test_a_branch_deleted_by_hand_is_no_such_branch_at_its_rebase(forge: GitHubForge, standin: GitHubStandIn) -> None:
     main = forge.main_sha()
     forge.create_branch(BRANCH, main, {"train.py": changed(3, "wider")}, "wider")
