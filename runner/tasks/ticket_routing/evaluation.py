@@ -175,9 +175,13 @@ def _gate(answer: dict[str, Any], texts: list[str], queues: set[str], where: str
 
 
 def _not_an_answer(answer: dict[str, Any], where: str) -> str:
+    try:
+        shown = json.dumps(answer)[:200]
+    except (ValueError, RecursionError):  # nested just past what json can write back (repr neither)
+        shown = "a JSON value nested too deep to show"
     return (
         f"the router's process answered {where} with a line that is not the host's answer "
-        f"({json.dumps(answer)[:200]}): something wrote to the evaluator's channel"
+        f"({shown}): something wrote to the evaluator's channel"
     )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -23,7 +24,7 @@ from runner import sandbox
 from runner.data import DataCorrupt, DataMissing
 from runner.download import DownloadError
 from runner.tasks import ticket_routing
-from runner.tasks.ticket_routing import tickets
+from runner.tasks.ticket_routing import evaluation, tickets
 from runner.tasks.ticket_routing.evaluation import SCALES, Scale, evaluate_router
 
 SANDBOX, WHY_NOT = sandbox.available()
@@ -332,19 +333,23 @@ def test_a_line_written_into_the_answers_channel_is_rejected_not_counted(split, 
 
 
 def test_a_line_nested_past_the_parser_s_depth_is_rejected(split, tmp_path: Path) -> None:
-    """A line the JSON parser cannot take for its depth (RecursionError, no ValueError) is no answer:
-    the run is rejected, the asset's doing, never an evaluator's failure (which would be a lost run,
-    run again)."""
+    """A line the JSON parser cannot take for its depth (RecursionError, no ValueError), or can take
+    but not write back into the rejection's message, is no answer: the run is rejected, the asset's
+    doing, never an evaluator's failure (which would be a lost run, run again)."""
     nester = router(
         FIRST_QUEUE,
-        train=(
-            "for fd in range(3, 64):\n        try: os.write(fd, b'[' * 100000 + b'\\n')\n        except OSError: pass"
-        ),
+        train="for fd in range(3, 64):\n        try: os.write(fd, b'[' * 100000 + b'\\n')\n        except OSError: pass",
         head="import os",
     )
     result = run(nester, split, tmp_path)
-    assert result.status == "rejected" and result.value is None
+    assert result.status == "rejected" and result.value is None, result.error
     assert "not the host's answer" in result.error
+    # a line just under the parser's depth parses, but cannot be written back into the message
+    nested: list = []
+    for _ in range(sys.getrecursionlimit()):
+        nested = [nested]
+    said = evaluation._not_an_answer({"unparsed": nested}, "at batch 1 of 5")
+    assert "a JSON value nested too deep to show" in said
 
 
 # --- crashes, the time box, the limits ---------------------------------------------------------------
