@@ -434,8 +434,9 @@ class Proposals:
         """Spend what the answers of abandoned questions cost (a proposal's or a failed attempt's
         meta), with an event that says so: they are ignored, not free."""
         for answer in self.worker.late_answers():
-            meta = answer.meta if isinstance(answer, (Proposal, AgentError)) else None
-            cost = self._spend(meta)
+            if not isinstance(answer, (Proposal, AgentError)):
+                continue  # a failure that says nothing of what it cost: as when it is taken (_take_answer)
+            cost = self._spend(answer.meta)
             if cost:
                 what = f"proposal {answer.title!r}" if isinstance(answer, Proposal) else type(answer).__name__
                 self.store.events.add(

@@ -342,6 +342,19 @@ def test_an_answer_counts_against_the_budget_until_it_is_paid_for() -> None:
     assert [a.title for a in worker.late_answers()] == ["change 2"] and worker.unpaid() == 0
 
 
+def test_every_answer_not_yet_paid_for_counts_against_the_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The budget rule reads AgentWorker.unpaid (questions thinking, answers not yet taken, late
+    answers), each at the highest cost of one answer so far."""
+    loop, _ = fresh(Gated(distinct), slots=4, agent_budget_usd=1.0)
+    proposals = loop.proposals
+    proposals._answers_costed, proposals._most_usd = 1, 0.40
+    monkeypatch.setattr(proposals.worker, "running", lambda: 0)  # none thinking: only the unpaid count says
+    monkeypatch.setattr(proposals.worker, "unpaid", lambda: 2)
+    assert proposals._affordable()  # $0.80 may still be billed: one more fits under $1
+    monkeypatch.setattr(proposals.worker, "unpaid", lambda: 3)
+    assert not proposals._affordable()  # $1.20
+
+
 def test_a_conductor_killed_with_questions_open_resumes_them_without_loss_or_repeat(tmp_path: Path) -> None:
     forge = MemoryForge({"train.py": MAIN, "program.md": PROGRAM})
     first = Gated(distinct)
