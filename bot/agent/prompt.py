@@ -68,8 +68,8 @@ a hypothesis (what you changed and why it should lower val_bpb, 2-5 sentences), 
 (the val_bpb change you expect and by what mechanism) and risk (what could go wrong). Set
 fixes_failure to true when the change repairs the last crash or rejection shown in the context.
 submit checks that train.py changed, compiles, keeps the harness interface and is new; if it
-reports a problem, fix it and submit again. You have a limited number of turns: work efficiently, and do not end your
-turn without calling submit.
+reports a problem, fix it and submit again. You have a limited number of turns: work efficiently,
+and do not end your turn without calling submit.
 """
 
 
