@@ -104,6 +104,7 @@ class Options:
     slot_plan: tuple[tuple[float, int], ...] = ()  # (once this share of the experiments is decided, these slots)
     lookahead: int | None = None  # proposals prepared beyond the free slots (None: the conductor's own pacing)
     trace_tail: str | None = None  # write each tail gap here with the store's events around it (JSON lines)
+    settings: tuple[tuple[str, str], ...] = ()  # more program.md settings (name, YAML value), e.g. remeasure_below
 
     @property
     def budget_s(self) -> float:
@@ -534,7 +535,9 @@ def bench_service(opts: Options):
 def program(opts: Options) -> str:
     return (
         f"---\nautoresearch:\n  first_baseline_runs: {opts.first_baseline_runs}\n"
-        f"  baseline_runs: {opts.baseline_runs}\n  max_experiments: {opts.experiments}\n---\n\nLower val_bpb.\n"
+        f"  baseline_runs: {opts.baseline_runs}\n  max_experiments: {opts.experiments}\n"
+        + "".join(f"  {name}: {value}\n" for name, value in opts.settings)
+        + "---\n\nLower val_bpb.\n"
     )
 
 
@@ -866,6 +869,7 @@ def report(
         "agent_s": opts.think_s,
         "latency_ms": opts.latency_ms,
         "lookahead": opts.lookahead,
+        "settings": dict(opts.settings),
     }
 
 
@@ -987,6 +991,13 @@ def main() -> None:
         help="proposals prepared beyond the free slots (default: the conductor's pacing, bot.loop.proposals)",
     )
     parser.add_argument("--trace-tail", help="append each tail gap, with the store's events around it, to this file")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a program.md setting, e.g. remeasure_below=1.25",
+    )
     parser.add_argument("--standin", help=argparse.SUPPRESS)
     parser.add_argument("--key-file", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -1002,6 +1013,9 @@ def main() -> None:
         parser.error("--slot-plan is SHARE:SLOTS,... (a share of the experiments decided, then the slots), e.g. 0.2:12")
     if any(n < 1 for _, n in plan) or not 0 <= args.kill_share < 1:
         parser.error("every slot count in --slot-plan must be at least 1, and --kill-share in [0, 1)")
+    if any("=" not in item for item in args.set):
+        parser.error("--set is NAME=VALUE, a program.md setting, e.g. remeasure_below=1.25")
+    settings = tuple(tuple(item.split("=", 1)) for item in args.set)
     think = 20.0 / args.scale if args.agent_s is None else args.agent_s
     print(
         f"# {time.strftime('%Y-%m-%d %H:%M')} {platform.node()} {os.cpu_count()} cores, python "
@@ -1026,6 +1040,7 @@ def main() -> None:
             slot_plan=plan,
             lookahead=args.lookahead,
             trace_tail=args.trace_tail,
+            settings=settings,
         )
         row = run(opts)
         rows.append(row)
