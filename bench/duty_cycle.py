@@ -834,7 +834,7 @@ def report(
         "gap_tail_parts_s": {name: round(v / max(1, len(tail)), 3) for name, v in tail_parts.most_common()},
         "gap_tail_next_run": dict(Counter(p for _, _, p in tail)),
         "gap_tail_dispatching_tick_s": {name: round(v / max(1, len(tail)), 3) for name, v in tail_phases.most_common()},
-        "_tail_spans": [(*span, g[2]) for span, g in zip(tail_spans, [g for g in each if g[0] >= cut], strict=True)],
+        "_tail_spans": [(*span, g[2]) for span, g in zip(tail_spans, tail, strict=True)],
         "cpu_per_exp": round(process_cpu / n, 3),
         "conductor_cpu_per_exp": round(conductor_cpu / n, 3),
         "ticks": len(ticks),
