@@ -62,6 +62,7 @@ from bot.app.settings import ServiceSettings
 from bot.core.protocols import Agent, Runner
 from bot.core.router import Router
 from bot.github import handlers
+from bot.github.branches import BudgetBranches
 from bot.github.client import BACKOFF_MAX_S, MAX_RATE_LIMIT_WAIT_S, RETRIES, GitHubClient
 from bot.github.forge import GitHubForge
 from bot.github.permissions import CollaboratorPermissions
@@ -520,6 +521,9 @@ class Service:
             router=router,
             merge_gate=pull_request_first(store, self.client.budget),
             forge_worker=ForgeWorker(self._forge_of_its_own),  # branches and rebases off this thread
+            # pushed once something reads them: at once for Actions (it checks out the job's commit),
+            # else once a run starts, and in the degraded mode only for kept and promising ones
+            branches=BudgetBranches(self.client.budget, runner_reads_branch=settings.runner == "actions"),
         )
         log.info("connected to %s as %s (%s)", repo.full_name, login, "App" if self.client.uses_app else "token")
         return self.conductor

@@ -8,7 +8,10 @@ never imports the loop and the loop never imports an implementation.
 Forge: where experiment branches live and how improvements reach main. It reads files at a ref,
 creates one branch (one commit) per hypothesis, re-grafts a branch onto a newer main,
 squash-merges a winner into main with a compare-and-swap on main, and marks finished experiments
-closed without deleting them.
+closed without deleting them. When an experiment's branch is made is a `BranchPolicy`'s to say:
+by default at once, for every experiment; on GitHub, with a runner that carries the asset in its job,
+only once a run of it has started, and while GitHub's write budget is degraded only for one that is
+promising (bot.github.branches).
 
 Runner: a job (run id, train.py text, profile, seed) goes in, a RunResult comes out.
 
@@ -57,6 +60,8 @@ __all__ = [
     "Agent",
     "AgentError",
     "AgentStopped",
+    "BranchPolicy",
+    "EveryBranch",
     "Forge",
     "ForgeError",
     "MainMoved",
@@ -133,6 +138,25 @@ class Forge(Protocol):
     def list_branches(self, prefix: str = "autoresearch/") -> list[str]:
         """The names of the branches that start with `prefix`."""
         ...
+
+
+class BranchPolicy(Protocol):
+    """When an experiment gets its branch (bot.loop.lifecycle asks, each tick, for each active
+    experiment that has none). One without is measured from the asset its runs carry, re-grafted onto
+    a newer main in memory (no forge call), and given its branch the first tick this says yes; a
+    keep always gets one before main takes it."""
+
+    def wanted(self, experiment_id: int, *, started: bool, promising: bool) -> bool:
+        """Whether the experiment should have its branch now: `started`, a run of it has started;
+        `promising`, the judge asked to confirm it."""
+        ...
+
+
+class EveryBranch:
+    """Every experiment gets its branch as soon as it is proposed (a local forge, the tests)."""
+
+    def wanted(self, experiment_id: int, *, started: bool, promising: bool) -> bool:
+        return True
 
 
 # --- Runner -----------------------------------------------------------------------------------

@@ -23,7 +23,10 @@ a restart and that `autoresearch status` and the dashboard read. Writes come in 
 The mode. Each pass the publisher asks `decide_mode()`, which forecasts the writes an hour that
 showing every experiment in full would take: the research's writes at their recent rate, plus
 PEOPLE_WRITES_PER_EXPERIMENT for each experiment (counted by the branches made at that rate),
-plus the research log's LOG_WRITES_PER_HOUR. Above ENTER of the hour's limit the mode turns
+plus the research log's LOG_WRITES_PER_HOUR. An experiment whose branch the degraded mode left
+unmade (bot.github.branches, `note_unbranched`) counts as one more experiment and its branch's
+BRANCH_WRITES, so the savings of the degraded mode do not talk it back into the full one (one made
+later, kept or promising, is then counted twice: the forecast errs high). Above ENTER of the hour's limit the mode turns
 "degraded" (what that shows and what it leaves out: bot.github.publisher); below LEAVE it turns
 "full" again. Each change is written to the ledger with when and why, and logged.
 """
@@ -49,6 +52,7 @@ log = logging.getLogger(__name__)
 
 WRITE_LIMITS = DEFAULT_LIMITS  # ((60 s, 80), (3600 s, 500)): GitHub's secondary limits on writes
 PEOPLE_WRITES_PER_EXPERIMENT = 4  # full mode: pull request, check run, decision comment, label and close
+BRANCH_WRITES = 2  # an experiment's branch: its ref, the PUT of its file (bot.github.forge)
 LOG_WRITES_PER_HOUR = 12  # the research log's body: one edit per 300 s at most (bot.github.research_log)
 ENTER, LEAVE = 0.9, 0.7  # degraded above ENTER x the hour's limit forecast, full again below LEAVE x it
 SHORT_WINDOW_RESERVE = 0.2  # in the shortest window, at least this share is kept for the research
@@ -86,6 +90,7 @@ class WriteBudget:
         self._longest = max(window for window, _ in self.limits)
         self._lock = threading.Lock()  # never held while sleeping
         self._writes: deque[Write] = deque(ledger.since(clock() - self._longest) if ledger else ())
+        self._unbranched: deque[float] = deque()  # when experiments were left without a branch (memory only)
         self._unsaved: list[Write] = []
         self._warned_at = -math.inf  # when the research's writes were last said to outgrow the limits
         self._mode = ledger.mode if ledger else WriteMode(limits=self.limits)
@@ -149,13 +154,31 @@ class WriteBudget:
     def mode(self) -> WriteMode:
         return self._mode
 
+    def note_unbranched(self) -> None:
+        """One experiment is left without its branch (degraded: bot.github.branches); the forecast
+        counts it as shown in full, its branch included."""
+        with self._lock:
+            now = self.clock()
+            self._unbranched.append(now)
+            while self._unbranched and self._unbranched[0] <= now - self._longest:
+                self._unbranched.popleft()
+
     def forecast(self) -> float:
         """The writes an hour that showing every experiment in full would take at the recent pace."""
         with self._lock:
             now = self.clock()
             research = self._rate(now, lambda w: w.research)
-            experiments = self._rate(now, lambda w: w.what == "branch")
-        return research + experiments * PEOPLE_WRITES_PER_EXPERIMENT + LOG_WRITES_PER_HOUR * self._longest / 3600
+            branched = self._rate(now, lambda w: w.what == "branch")
+            unbranched = max(
+                sum(1 for at in self._unbranched if at > now - window) * self._longest / window
+                for window in (self._longest, self._longest / 6)
+            )
+        return (
+            research
+            + unbranched * BRANCH_WRITES
+            + (branched + unbranched) * PEOPLE_WRITES_PER_EXPERIMENT
+            + LOG_WRITES_PER_HOUR * self._longest / 3600
+        )
 
     def decide_mode(self) -> WriteMode:
         """Full or degraded, from the forecast (see the module docstring); a change is saved and logged."""

@@ -27,12 +27,17 @@ in flight has no label. Its check run is created when it is first shown only for
 in its final state, when the experiment ends. So in full mode an experiment costs 6 writes (its
 branch 2, the forge's; pull request, check run, decision comment, label and close 1 each), 7 when
 kept (main's fast-forward), 1 more with the Actions runner (its dispatch); a reopened one 1-2 more.
+With a runner that carries the asset in its job (local, Modal), an experiment's branch, and so its
+pull request, comes once a run of it has started (bot.github.branches): a proposal that waits for a
+runner shows nothing yet, and one that a keep overtakes before it ran is re-grafted without a write.
 
 Degraded mode. When showing every experiment in full would take more than 90% of the hour's 500
 writes at the recent pace (bot.github.budget's forecast), the mode turns degraded until it falls
 under 70%; `autoresearch status` and the dashboard show it, since when and why. Then:
-- every experiment is still run, judged and recorded in the store, its branch made (the runner
-  fetches it) and kept, and main fast-forwarded for a keep: the research never waits on it;
+- every experiment is still run, judged and recorded in the store, and main fast-forwarded for a
+  keep: the research never waits on it. Its branch is made and kept where the runner fetches it
+  (Actions); with a runner that carries the asset (local, Modal) only a promising or kept one gets
+  a branch (bot.github.branches), and the others are listed with their diff instead of a commit;
 - an experiment gets its pull request, check run and decision comment only when it is kept or
   promising (the judge asked to confirm it, as it does before most keeps), or when it was shown on
   a pull request already (that one is shown to its end);
@@ -75,7 +80,7 @@ from bot.github import render
 from bot.github.budget import WriteBudget
 from bot.github.replies import Replies
 from bot.github.research_log import ResearchLog
-from bot.github.summaries import Summaries
+from bot.github.summaries import Summaries, change_diff
 from bot.github.webhooks import GitHubEvent
 from bot.store import Experiment, Store, failpoint
 from bot.views.read_model import read_loop, task_of
@@ -142,7 +147,13 @@ class GitHubPublisher(Publisher):
         self._labels_ready: set[str] = set()
         self.research_log = ResearchLog(store, repo, pace_write=self.pace_write, clock=clock)
         self.replies = Replies(store, repo, pace_write=self.pace_write)
-        self.summaries = Summaries(store, repo, pace_write=self.pace_write, clock=clock)
+        self.summaries = Summaries(
+            store,
+            repo,
+            pace_write=self.pace_write,
+            clock=clock,
+            change=lambda exp: change_diff(self._base_text(exp), exp.asset, self.task.asset),
+        )
         self.degraded = False  # the budget's mode as this pass decided it
         self.task: Task = TRAINING  # the loop's, read again at each publish
 
@@ -209,6 +220,12 @@ class GitHubPublisher(Publisher):
             self.store.published.set(exp.id, "final", "")  # first: a crash between the two loses no round
             self.store.published.set(exp.id, "round", str(exp.reopened))
             published = self.store.published.get(exp.id)
+        if exp.head_sha is None:  # its branch not pushed (bot.github.branches): no pull request can show it
+            if exp.state == State.DONE:  # listed in the research log, with its change
+                self.summaries.add(exp)
+                self.store.published.set(exp.id, "final", exp.status or "")
+            self._shown[exp.id] = shown
+            return
         if self.degraded and "pr" not in published and not _promising(exp, runs):
             if exp.state == State.DONE:  # listed in the research log instead (bot.github.summaries)
                 self.summaries.add(exp)

@@ -3,7 +3,10 @@ the publisher does with a discarded, crashed or rejected experiment while the wr
 degraded (bot.github.budget, bot.github.publisher). Each one is marked `summary` = `pending:<when>`
 in the store's published rows when it finishes; they are posted together, one comment on the
 research log's issue per batch (a row each: its title, verdict, value, change, reason and a link to
-its commit, whose diff is the change), once BATCH are pending or the oldest has waited EVERY_S.
+its commit, whose diff is the change), once BATCH are pending or the oldest has waited EVERY_S. An
+experiment that never got a branch (bot.github.branches: the degraded mode pushes none for these)
+has no commit to link: its diff against its main is in the comment instead, folded, at most
+DIFF_CHARS of it.
 
 Nothing is summarised twice: a batch is numbered and written to its experiments (`batch:<n>`)
 before it is posted, and `posted:<n>:<comment id>` after; a batch found numbered but not posted
@@ -13,6 +16,7 @@ by its marker `<!-- autoresearch:summary:<n> -->`, and posted again only when it
 
 from __future__ import annotations
 
+import difflib
 import logging
 import time
 from collections.abc import Callable
@@ -26,36 +30,70 @@ from bot.views.read_model import shown_change, shown_value
 from bot.views.text import bpb, cell, change_text, one_line, places
 from runner.tasks import Metric
 
-__all__ = ["BATCH", "EVERY_S", "Summaries", "summary_comment"]
+__all__ = ["BATCH", "DIFF_CHARS", "EVERY_S", "Summaries", "summary_comment"]
 
 log = logging.getLogger(__name__)
 
 BATCH = 20  # experiments in one comment at most (and a batch that is full is posted at once)
 EVERY_S = 600.0  # the most a finished experiment waits for its batch
 KEY = "summary"
+DIFF_CHARS = 2500  # of one branchless experiment's diff in a comment (20 of them stay under GitHub's 65,536)
 
 
-def summary_comment(batch: int, exps: list[Experiment], metric: Metric, html_url: str) -> str:
-    """The comment of one batch: its marker, why these have no pull request, a row each."""
+def summary_comment(
+    batch: int, exps: list[Experiment], metric: Metric, html_url: str, diffs: dict[int, str] | None = None
+) -> str:
+    """The comment of one batch: its marker, why these have no pull request, a row each; `diffs`,
+    the change of each experiment without a branch (by id), folded below the table."""
+    diffs = diffs or {}
     n = places(metric)
     rows = [
         f"| {e.id} | {cell(one_line(e.title, 100))} | {e.status} | {bpb(shown_value(metric, e.val_bpb), n)} "
         f"| {change_text(metric, shown_change(metric, e.delta), n)} | {cell(one_line(e.reason, 160))} "
-        f"| [`{(e.head_sha or '')[:7]}`]({html_url}/commit/{e.head_sha}) |"
+        + (f"| [`{e.head_sha[:7]}`]({html_url}/commit/{e.head_sha}) |" if e.head_sha else "| no branch: below |")
         for e in exps
+    ]
+    folded = [
+        f"<details><summary>Experiment {e.id}: its change</summary>\n\n{_fenced(diffs[e.id])}\n\n</details>"
+        for e in exps
+        if not e.head_sha and e.id in diffs
     ]
     return "\n".join(
         [
             render.marker(KEY, batch),
             f"**{len(exps)} experiments without a pull request** (GitHub's write budget is degraded: "
             "kept and promising experiments get their pull request, the rest are listed here once; "
-            "each branch is kept, and its commit shows the change).",
+            "a branch that was pushed is kept, and its commit shows the change; one never pushed has "
+            "its change below).",
             "",
             f"| Experiment | Change | Verdict | {metric.name} | Δ vs main | Why | Commit |",
             "| --- | --- | --- | --- | --- | --- | --- |",
             *rows,
+            *(["", *folded] if folded else []),
         ]
     )
+
+
+def change_diff(base: str, asset: str, path: str) -> str:
+    """The unified diff of an asset against its main's, at most DIFF_CHARS of it."""
+    lines = difflib.unified_diff(
+        base.splitlines(keepends=True), asset.splitlines(keepends=True), f"a/{path}", f"b/{path}"
+    )
+    text = "".join(line if line.endswith("\n") else line + "\n" for line in lines)
+    if len(text) > DIFF_CHARS:
+        text = (
+            text[:DIFF_CHARS].rsplit("\n", 1)[0]
+            + f"\n... (cut at {DIFF_CHARS} characters; the bot's store keeps the whole file)\n"
+        )
+    return text
+
+
+def _fenced(text: str) -> str:
+    """`text` in a code fence no line of it can close."""
+    fence = "```"
+    while fence in text:
+        fence += "`"
+    return f"{fence}diff\n{text}{fence}"
 
 
 class Summaries:
@@ -66,11 +104,13 @@ class Summaries:
         *,
         pace_write: Callable[[str], object] = lambda what: 0.0,
         clock: Callable[[], float] = time.time,
+        change: Callable[[Experiment], str] = lambda exp: "",
     ) -> None:
         self.store = store
         self.repo = repo
         self.pace_write = pace_write
         self.clock = clock
+        self.change = change  # the diff of an experiment never pushed (change_diff against its main)
 
     def add(self, exp: Experiment) -> None:
         """Mark a finished experiment to be summarised (once: one marked before is left as it is)."""
@@ -102,7 +142,8 @@ class Summaries:
     def _post(self, number: int, batch: int, metric: Metric, *, look_first: bool) -> None:
         ids = sorted(i for i, v in self.store.published.with_key(KEY).items() if v == f"batch:{batch}")
         exps = sorted(self.store.experiments.several(set(ids)), key=lambda e: e.id)
-        body = summary_comment(batch, exps, metric, self.repo.html_url)
+        diffs = {e.id: self.change(e) for e in exps if not e.head_sha}
+        body = summary_comment(batch, exps, metric, self.repo.html_url, diffs)
         found = self._find(number, batch) if look_first else None
         if found is None:
             self.pace_write("summary")

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from bot.core.protocols import Agent, Forge, Publisher, Runner, Snapshot
+from bot.core.protocols import Agent, BranchPolicy, Forge, Publisher, Runner, Snapshot
 from bot.core.router import Router
 from bot.core.states import RunState, State, Status
 from bot.loop import inbox, measurement
@@ -101,6 +101,7 @@ class Conductor:
         router: Router[InboxHandler] = inbox.router,
         merge_gate: Gate | None = None,
         forge_worker: ForgeWorker | None = None,
+        branches: BranchPolicy | None = None,
     ) -> None:
         self.store = store
         self.forge = forge
@@ -138,6 +139,7 @@ class Conductor:
             clock=clock,
             merge_gate=merge_gate,  # what people should see of a keep before main takes it (serve: its pull request)
             calls=forge_worker,  # None: branches and rebases made on this thread, at once
+            branches=branches,  # None: every experiment's branch pushed when it is proposed
         )
         self.proposals = Proposals(
             store,

@@ -6,7 +6,10 @@ resumes where it stopped. First what people asked for (a Request: cancel, discar
 keep anyway), then every active experiment as far as it goes without waiting:
 
     proposed   push its branch (one commit on main); this and the rebase below may be made off the
-               conductor's thread (bot.loop.forge_calls), the step then waits for a later tick
+               conductor's thread (bot.loop.forge_calls), the step then waits for a later tick.
+               Where the branch policy says it can wait (bot.core.protocols.BranchPolicy: on GitHub,
+               with a runner that carries the asset, until a run of it starts), it goes on without
+               one and gets it on the first tick the policy wants it; a keep gets it before its merge
     branched   queue its candidate run (with screening on, a short run first: bot.loop.screening)
     measuring  wait for its runs and main's runs queued before them (main's first runs, those
                beside its confirmation), then the judge (bot.loop.judge) decides from the numbers
@@ -18,8 +21,9 @@ keep anyway), then every active experiment as far as it goes without waiting:
                change that came out no better than that main is discarded there; one that
                improved on it is re-measured
     rebasing   re-graft its change onto the new main and queue a re-measure (or follow a main whose
-               train.py did not change: its runs still count)
-    merging    fast-forward main to its measured commit, compare-and-swap on the main it was
+               train.py did not change: its runs still count); without a branch yet, in memory: the
+               same 3-way merge, no forge call (a proposal overtaken by a keep before it ran)
+    merging    fast-forward main to its measured commit (made now if it has no branch yet), compare-and-swap on the main it was
                measured against; where a merge gate says people should see it first (full mode
                on GitHub: its pull request, which GitHub refuses for a branch main already holds),
                it waits for that, for a bounded time (bot.loop.merge_gate)
@@ -38,7 +42,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from bot.core import simplicity
-from bot.core.protocols import Forge, MainMoved, MergeConflict
+from bot.core.merge import merge_text
+from bot.core.protocols import BranchPolicy, EveryBranch, Forge, MainMoved, MergeConflict
 from bot.core.records import code_hash, full_budget
 from bot.core.states import Request, RunState, State, Status
 from bot.loop import measurement, screening
@@ -78,6 +83,7 @@ class Lifecycle:
         clock: Callable[[], float],
         merge_gate: Gate | None = None,
         calls: InlineCalls | ForgeWorker | None = None,
+        branches: BranchPolicy | None = None,
     ) -> None:
         self.store = store
         self.forge = forge
@@ -89,6 +95,7 @@ class Lifecycle:
         self.backoff = backoff
         self.clock = clock
         self.calls = calls or InlineCalls(forge)  # the branch and rebase writes (bot.loop.forge_calls)
+        self.branches = branches or EveryBranch()  # when an experiment gets its branch
         self.merge_wait = MergeWait(store, merge_gate, clock=clock)  # what people see of a keep first
         self.screening = screening.Screening(store, baseline, runs, identity=identity, profile=profile)
 
@@ -122,7 +129,49 @@ class Lifecycle:
         for exp in self.store.experiments.active():
             if exp.state != State.PROPOSING and not (exp.state == State.MEASURING and exp.base_sha == main.sha):
                 merged = self.advance(exp, main) or merged
+        self._push_wanted_branches()
         return merged
+
+    def _push_wanted_branches(self) -> None:
+        """Push the branch of each experiment in flight without one that the branch policy now wants
+        (a run of it started, the judge asked to confirm it, GitHub's budget has room again); where
+        it is made off this thread, a later tick records it. A merge makes its own (_step_merging)."""
+        branchless = [
+            e
+            for e in self.store.experiments.active()
+            if e.head_sha is None and e.state in (State.BRANCHED, State.MEASURING, State.REBASING)
+        ]
+        if not branchless:
+            return
+        runs = self.store.runs.of_experiments([e.id for e in branchless])
+        now = self.clock()
+        for exp in branchless:
+            if (exp.retry_at and exp.retry_at > now) or not self._wants_branch(exp, runs.get(exp.id, [])):
+                continue
+            try:
+                self._push_branch(exp)
+            except Exception as error:  # noqa: BLE001 - one experiment's failure must not stop the loop
+                self._step_failed(self.store.experiments.get(exp.id), f"{type(error).__name__}: {error}")
+
+    def _wants_branch(self, exp: Experiment, runs: list[Run]) -> bool:
+        """The branch policy's word on an experiment with these runs."""
+        started = any(r.state not in (RunState.QUEUED, RunState.CANCELLED) for r in runs)
+        promising = any(r.purpose == "confirm" for r in runs)
+        return self.branches.wanted(exp.id, started=started, promising=promising)
+
+    def _push_branch(self, exp: Experiment) -> Experiment | None:
+        """Push the experiment's branch as it stands (one commit of its asset on its base) and record
+        its head; None while the call is being made (bot.loop.forge_calls). A call made for an
+        older base or asset is dropped by its key: the branch is pushed again as it stands now."""
+        branch, files = exp.branch, {self.baseline.task.asset: exp.asset}
+        message = f"{exp.title}\n\n{exp.hypothesis}\n\nautoresearch-experiment: {exp.id}"
+        head = self.calls.call(
+            ("branch", exp.id, exp.base_sha, exp.code_hash),
+            lambda forge: forge.create_branch(branch, exp.base_sha, files, message),
+        )
+        if head is PENDING:
+            return None
+        return self.store.experiments.update(exp.id, head_sha=head, event=f"pushed {exp.branch} at {head[:7]}")
 
     def _main_pending(self, main: Main) -> list[int]:
         """The ids of main's own runs queued or running, which a verdict may wait for (see
@@ -240,17 +289,14 @@ class Lifecycle:
         log.warning("experiment %s: %s step failed (%s); retrying in %.0fs", exp.id, exp.state, what, wait)
 
     def _step_proposed(self, exp: Experiment, main: Main) -> Experiment | None:
-        branch, files = exp.branch, {self.baseline.task.asset: exp.asset}
-        message = f"{exp.title}\n\n{exp.hypothesis}\n\nautoresearch-experiment: {exp.id}"
-        head = self.calls.call(
-            ("branch", exp.id, exp.base_sha, exp.code_hash),
-            lambda forge: forge.create_branch(branch, exp.base_sha, files, message),
-        )
-        if head is PENDING:
+        if not self.branches.wanted(exp.id, started=False, promising=False):
+            return self.store.experiments.update(
+                exp.id, state=State.BRANCHED, event="its branch waits until it is wanted (a run of it starts)"
+            )
+        pushed = self._push_branch(exp)
+        if pushed is None:
             return None
-        return self.store.experiments.update(
-            exp.id, state=State.BRANCHED, head_sha=head, event=f"pushed {exp.branch} at {head[:7]}"
-        )
+        return self.store.experiments.update(pushed.id, state=State.BRANCHED)
 
     def _step_branched(self, exp: Experiment, main: Main) -> Experiment:
         if self.screening.wanted(exp, main):  # a short run first (bot.loop.screening)
@@ -408,9 +454,9 @@ class Lifecycle:
 
     def _follow_main(self, exp: Experiment, main_sha: str, head: str | None = None) -> Experiment:
         """Move the branch onto a main whose train.py is the one it was measured against (`head`:
-        where a forge call already moved it): its runs still count, since the judge compares
-        train.py, not the commit around it."""
-        if head is None:
+        where a forge call already moved it; an experiment without a branch only changes its base):
+        its runs still count, since the judge compares train.py, not the commit around it."""
+        if head is None and exp.head_sha is not None:
             head = self.forge.rebase_branch(exp.branch, main_sha, self.baseline.task.asset)
         return self.store.experiments.update(
             exp.id,
@@ -421,6 +467,13 @@ class Lifecycle:
 
     def _step_rebasing(self, exp: Experiment, main: Main) -> Experiment | None:
         asset = self.baseline.task.asset
+        if exp.head_sha is None:  # no branch yet: the same re-graft, in memory
+            if self.baseline.code_at(exp.base_sha) == main.code_hash:
+                return self.store.experiments.update(self._follow_main(exp, main.sha).id, state=State.MEASURING)
+            try:
+                return self._remeasure(exp, main, None, self._regrafted(exp, main))
+            except MergeConflict as error:
+                return self._conflict(exp, main, error)
         if self.baseline.code_at(exp.base_sha) == main.code_hash:
             # the same call slot as the rebase below: a rebase still being made for this branch ends first
             head = self.calls.call(
@@ -437,18 +490,35 @@ class Lifecycle:
         try:
             rebased = self.calls.call(("rebase", exp.id, main.sha, "remeasure"), rebase)
         except MergeConflict as error:
-            return self.store.experiments.update(
-                exp.id,
-                state=State.CLOSING,
-                status=Status.DISCARD,
-                val_bpb=None,
-                delta=None,
-                reason=f"its change to {self.baseline.task.asset} conflicts with main {main.sha[:7]}: {error}",
-                event="conflict",
-            )
+            return self._conflict(exp, main, error)
         if rebased is PENDING:
             return None
-        head, text = rebased
+        return self._remeasure(exp, main, *rebased)
+
+    def _regrafted(self, exp: Experiment, main: Main) -> str:
+        """The experiment's asset re-grafted onto main without its branch: the 3-way merge a rebase
+        makes (its base's text, main's, its own). Raises MergeConflict."""
+        asset = self.baseline.task.asset
+        try:
+            base = self.forge.read_file(exp.base_sha, asset)  # a main of this process: known, no read
+        except FileNotFoundError:
+            base = ""
+        return merge_text(base, main.asset, exp.asset, path=asset, branch=exp.branch)
+
+    def _conflict(self, exp: Experiment, main: Main, error: MergeConflict) -> Experiment:
+        return self.store.experiments.update(
+            exp.id,
+            state=State.CLOSING,
+            status=Status.DISCARD,
+            val_bpb=None,
+            delta=None,
+            reason=f"its change to {self.baseline.task.asset} conflicts with main {main.sha[:7]}: {error}",
+            event="conflict",
+        )
+
+    def _remeasure(self, exp: Experiment, main: Main, head: str | None, text: str) -> Experiment:
+        """Queue the re-measure of the experiment re-grafted onto main as `text` (at `head`, its
+        branch's new commit; None without a branch), unless main already holds that."""
         if code_hash(text) == main.code_hash:
             return self.store.experiments.update(
                 exp.id,
@@ -463,12 +533,12 @@ class Lifecycle:
             experiment_id=exp.id,
             purpose="remeasure",
             code_hash=code_hash(text),
-            commit_sha=head,
+            commit_sha=head or "",
             base_sha=main.sha,
             asset=text,
             profile=self.profile,
             main_code=main.code_hash,
-            reason=f"rebased onto main {main.sha[:7]}",
+            reason=f"{'rebased' if head else 're-grafted'} onto main {main.sha[:7]}",
             experiment_fields={
                 "state": State.MEASURING,
                 "base_sha": main.sha,
@@ -480,6 +550,11 @@ class Lifecycle:
         return self.store.experiments.get(exp.id)
 
     def _step_merging(self, exp: Experiment, main: Main) -> Experiment | None:
+        if exp.head_sha is None:  # the commit main takes is its branch's: pushed first
+            pushed = self._push_branch(exp)
+            if pushed is None:
+                return None
+            exp = pushed
         if self.merge_wait.holds(exp):
             return None
         runs = exp.meta.get("runs", 1)
@@ -513,8 +588,14 @@ class Lifecycle:
             event=f"merged into main as {merged[:7]}",
         )
 
-    def _step_closing(self, exp: Experiment, main: Main) -> Experiment:
-        self.forge.close(exp.branch, exp.status or Status.DISCARD)
+    def _step_closing(self, exp: Experiment, main: Main) -> Experiment | None:
+        if exp.head_sha is None and self._wants_branch(exp, self.store.runs.all(experiment_id=exp.id)):
+            pushed = self._push_branch(exp)  # a run that ended before its branch was pushed: people see it
+            if pushed is None:
+                return None
+            exp = pushed
+        if exp.head_sha is not None:  # one that never got its branch has nothing to close
+            self.forge.close(exp.branch, exp.status or Status.DISCARD)
         exp = self.store.experiments.update(exp.id, state=State.DONE, event=f"{exp.status}: {exp.reason}")
         log.info("experiment %s %s: %s", exp.id, exp.status, exp.reason)
         return exp

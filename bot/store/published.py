@@ -35,14 +35,15 @@ class Published:
         return {int(exp_id): value for exp_id, value in rows}
 
     def behind(self) -> list[Experiment]:
-        """Experiments GitHub may not show as they are: the active ones with a branch, the finished
-        ones whose final state (`final` = their status) is not published yet, and those measured
-        again since the round shown (`round` below their `reopened`), however that round ended."""
+        """Experiments GitHub may not show as they are: the active ones with a branch pushed, the
+        finished ones whose final state (`final` = their status) is not published yet (pushed or
+        not: one never pushed is listed in the research log), and those measured again since the
+        round shown (`round` below their `reopened`), however that round ended."""
         rows = self.db.execute(
             "SELECT e.* FROM experiments e "
             "LEFT JOIN published p ON p.experiment_id = e.id AND p.key = 'final' "
             "LEFT JOIN published r ON r.experiment_id = e.id AND r.key = 'round' "
-            "WHERE e.branch IS NOT NULL AND e.head_sha IS NOT NULL "
+            "WHERE e.branch IS NOT NULL AND (e.head_sha IS NOT NULL OR e.state = 'done') "
             "AND (e.state != 'done' OR p.value IS NULL OR p.value != e.status "
             "OR CAST(COALESCE(r.value, '0') AS INTEGER) < e.reopened) ORDER BY e.id"
         )

@@ -42,8 +42,8 @@ TIMER_S = 0.1  # the driver's timer: the FileRunner never announces a finished j
 class HoldingRunner(FileRunner):
     """The FileRunner, except that a job whose train.py contains `hold` keeps running."""
 
-    def __init__(self, root: Path, seconds: float, hold: str | None) -> None:
-        super().__init__(root, seconds=seconds)
+    def __init__(self, root: Path, seconds: float, hold: str | None, *, slots: int = 1) -> None:
+        super().__init__(root, slots=slots, seconds=seconds)
         self.hold = hold
 
     def lookup(self, run_id: int) -> RunStatus:
@@ -65,7 +65,7 @@ def run_service(config: dict, hold: str | None) -> None:
         port=config["port"],
     )
     proposals = [Proposal(p["title"], p["hypothesis"], p["asset"]) for p in config["proposals"]]
-    runner = HoldingRunner(Path(config["runs_dir"]), config["run_seconds"], hold)
+    runner = HoldingRunner(Path(config["runs_dir"]), config["run_seconds"], hold, slots=config.get("slots", 1))
     serve(settings, make_parts=lambda s, c, t: Parts(runner, ScriptedAgent(proposals), dict(IDENTITY)), timer_s=TIMER_S)
 
 

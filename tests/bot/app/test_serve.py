@@ -414,9 +414,11 @@ def serve_forks() -> Iterator[ServeForks]:
         forks.close()
 
 
-def child_config(tmp_path: Path, gh: GitHubStandIn, pem: str, run_seconds: float, asset: str) -> Path:
-    """The config of serve_child.py (one experiment proposing `asset`), with the stand-in's
-    webhooks pointed at the port it will listen on."""
+def child_config(
+    tmp_path: Path, gh: GitHubStandIn, pem: str, run_seconds: float, asset: str, *, slots: int = 1
+) -> Path:
+    """The config of serve_child.py (one experiment proposing `asset`, on a runner of `slots`),
+    with the stand-in's webhooks pointed at the port it will listen on."""
     port = free_port()
     config = tmp_path / "config.json"
     config.write_text(
@@ -429,6 +431,7 @@ def child_config(tmp_path: Path, gh: GitHubStandIn, pem: str, run_seconds: float
                 "port": port,
                 "runs_dir": str(tmp_path / "runs"),
                 "run_seconds": run_seconds,
+                "slots": slots,
                 "proposals": [{"title": "better", "hypothesis": "h", "asset": asset}],
             }
         )
@@ -515,8 +518,9 @@ def test_a_pull_request_closed_while_the_server_was_down_cancels_its_experiment(
         app_public_key=key.public_key(),
         collaborators={"alice": "write"},
     ) as gh:
-        # no run ends, main's neither: the experiment waits its turn
-        config = child_config(tmp_path, gh, pem, run_seconds=600, asset=with_effect(MAIN, -0.1, "better"))
+        # no run ends, main's neither: the experiment's runs beside main's (its pull request comes
+        # once its run starts: bot.github.branches)
+        config = child_config(tmp_path, gh, pem, run_seconds=600, asset=with_effect(MAIN, -0.1, "better"), slots=2)
         log = tmp_path / "serve.log"
         child = serve_forks.start(config, log)
         try:

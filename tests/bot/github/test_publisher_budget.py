@@ -18,9 +18,10 @@ from bot.core.states import State
 from bot.github.budget import WriteBudget, WriteBudgetStopped, open_ledger
 from bot.github.forge import GitHubForge
 from bot.github.publisher import GitHubPublisher
-from bot.github.summaries import BATCH
+from bot.github.summaries import BATCH, DIFF_CHARS, EVERY_S, change_diff, summary_comment
 from bot.loop.publishing import PublishWorker
 from bot.store import Store
+from runner.tasks import TRAINING
 
 LIMITS = ((60.0, 12), (600.0, 40))  # GitHub's 80 a minute and 500 an hour, scaled down
 BOT = "autoresearch-bot[bot]"
@@ -78,21 +79,24 @@ class Lab:
             self.budget.charge(what)
             self.stamps.append((len(self.gh.requests), self.clock.now))
 
-    def experiment(self, i: int) -> tuple[int, int]:
-        """A new experiment, its branch made, its candidate run queued: (experiment id, run id)."""
+    def experiment(self, i: int, *, pushed: bool = True) -> tuple[int, int]:
+        """A new experiment, its branch made (unless not `pushed`: bot.github.branches), its candidate
+        run queued: (experiment id, run id)."""
         store = self.store
         exp = store.experiments.start_proposing(self.main)
         asset = f"lr = 0.{i:03d}\n"
         store.experiments.fill_proposal(
             exp.id, title=f"change {i}", hypothesis="h", slug=f"change-{i}", code_hash=f"c{i}", asset=asset, meta={}
         )
-        head = self.forge.create_branch(f"autoresearch/{exp.id}-change-{i}", self.main, {"train.py": asset}, "c")
+        head = None
+        if pushed:
+            head = self.forge.create_branch(f"autoresearch/{exp.id}-change-{i}", self.main, {"train.py": asset}, "c")
         store.experiments.update(exp.id, state=State.BRANCHED, head_sha=head)
         run = store.runs.add(
             experiment_id=exp.id,
             purpose="candidate",
             code_hash=f"c{i}",
-            commit_sha=head,
+            commit_sha=head or "",
             base_sha=self.main,
             asset=asset,
             profile="smoke",
@@ -221,6 +225,39 @@ def test_a_keep_merged_before_its_pull_request_is_listed_once_with_its_check(bou
     [summary] = bound.gh.comments(log["number"])
     assert f"| {exp_id} | change 1 | keep |" in summary["body"]
     assert bound.store.published.behind() == []
+
+
+@pytest.mark.parametrize("limits", [None, LIMITS], ids=["full", "bound"])
+def test_an_experiment_never_pushed_is_listed_once_with_its_diff_in_any_mode(tmp_path: Path, limits) -> None:
+    for the in lab(tmp_path, limits):
+        exp_id, run_id = the.experiment(1, pushed=False)
+        the.store.runs.mark_started(run_id, "fake://1")
+        the.publish()  # in flight without a branch: nothing can show it yet
+        the.finish(exp_id, run_id, "discard", 2.1)
+        the.publish()
+        the.clock.now += EVERY_S + 1
+        the.publish()
+        assert the.gh.pulls() == [] and the.gh.check_runs() == []
+        assert the.gh.calls("POST", r"/pulls$") == []  # never tried: GitHub would refuse a missing branch
+        [log] = the.gh.issues()
+        [summary] = the.gh.comments(log["number"])
+        body = summary["body"]
+        assert f"| {exp_id} | change 1 | discard |" in body and "| no branch: below |" in body
+        assert f"<summary>Experiment {exp_id}: its change</summary>" in body
+        assert "```diff\n--- a/train.py\n+++ b/train.py\n" in body and "-lr = 0.01\n+lr = 0.001\n" in body
+        assert the.store.published.behind() == []
+
+
+def test_a_long_change_is_cut_and_a_fence_in_it_cannot_close_its_block(tmp_path: Path) -> None:
+    asset = "".join(f"x{i} = {i}  # ``` a fence in a comment\n" for i in range(500))
+    diff = change_diff("", asset, "train.py")
+    assert len(diff) < DIFF_CHARS + 200 and diff.endswith("the bot's store keeps the whole file)\n")
+    store = Store(tmp_path / "state.db")
+    exp = store.experiments.start_proposing("0" * 40)
+    store.experiments.fill_proposal(exp.id, title="t", hypothesis="h", slug="t", code_hash="c", asset=asset, meta={})
+    exp = store.experiments.update(exp.id, state=State.DONE, status="discard", val_bpb=2.1, delta=0.1, reason="r")
+    body = summary_comment(1, [exp], TRAINING.metric, "https://github.com/o/r", {exp.id: diff})
+    assert "\n````diff\n" in body and body.endswith("\n````\n\n</details>")  # longer than any fence inside
 
 
 def test_a_stop_while_a_write_waits_for_room_ends_the_pass_as_stopped_not_as_a_failure(bound: Lab) -> None:

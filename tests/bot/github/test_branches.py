@@ -1,0 +1,64 @@
+"""The GitHub branch policy: every branch at once for the Actions runner (it checks out the job's
+commit); otherwise once a run starts, and in the degraded mode only for promising experiments,
+each one left without a branch counted once in the budget's forecast so that the savings do not
+talk the mode back into full."""
+
+from __future__ import annotations
+
+import pytest
+
+from bot.github.branches import BudgetBranches
+from bot.github.budget import BRANCH_WRITES, LOG_WRITES_PER_HOUR, PEOPLE_WRITES_PER_EXPERIMENT, WriteBudget
+
+LIMITS = ((60.0, 10), (3600.0, 50))
+
+
+class Clock:
+    now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def degraded(budget: WriteBudget, clock: Clock) -> None:
+    for _ in range(9):  # 9 experiments in 10 minutes: over 90% of 50 an hour in full (test_budget's case)
+        budget.charge("branch")
+        budget.charge("commit")
+        clock.now += 60.0
+    assert budget.decide_mode().mode == "degraded"
+
+
+@pytest.mark.parametrize("mode", ["full", "degraded"])
+def test_with_the_actions_runner_every_branch_is_pushed_at_once(mode: str) -> None:
+    clock = Clock()
+    budget = WriteBudget(clock=clock, limits=LIMITS)
+    if mode == "degraded":
+        degraded(budget, clock)
+    policy = BudgetBranches(budget, runner_reads_branch=True)
+    assert policy.wanted(1, started=False, promising=False)
+
+
+def test_in_full_mode_a_branch_waits_for_its_first_run() -> None:
+    policy = BudgetBranches(WriteBudget(clock=Clock(), limits=LIMITS), runner_reads_branch=False)
+    assert not policy.wanted(1, started=False, promising=False)
+    assert policy.wanted(1, started=True, promising=False)
+    assert policy.wanted(2, started=False, promising=True)
+
+
+def test_degraded_only_a_promising_one_is_pushed_and_each_other_is_counted_once_in_the_forecast() -> None:
+    clock = Clock()
+    budget = WriteBudget(clock=clock, limits=LIMITS)
+    degraded(budget, clock)
+    policy = BudgetBranches(budget, runner_reads_branch=False)
+    before = budget.forecast()
+    assert not policy.wanted(1, started=False, promising=False)
+    assert not policy.wanted(1, started=True, promising=False)  # asked each tick: counted once
+    after_one = budget.forecast()
+    assert not policy.wanted(2, started=True, promising=False)
+    assert policy.wanted(3, started=True, promising=True)
+    # each unbranched experiment is counted 6 times over (the last sixth of the hour's rate)
+    per_experiment = (BRANCH_WRITES + PEOPLE_WRITES_PER_EXPERIMENT) * 6
+    assert after_one - before == pytest.approx(per_experiment)
+    assert budget.forecast() - before == pytest.approx(2 * per_experiment)
+    clock.now += 3600.0  # an hour later they have left the forecast, with every write
+    assert budget.forecast() == pytest.approx(LOG_WRITES_PER_HOUR)
