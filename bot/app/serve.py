@@ -493,6 +493,10 @@ class Service:
         # The publishing worker (bot.loop.publishing) has connections of its own: to the store (a Store
         # serves one thread at a time) and to GitHub (a PyGithub connection holds the one request being
         # made, so two threads on it would swap each other's requests). The write budget is shared.
+        # pushed once something reads them: at once for Actions (it checks out the job's commit), else
+        # once a run starts, and in the degraded mode only for kept and promising ones
+        branches = BudgetBranches(self.client.budget, runner_reads_branch=settings.runner == "actions")
+        branches.left_unbranched(store.experiments.started_without_branch())  # by a former life
         publishing_store = Store(self.store_path)
         publishing_repo = GitHubClient(settings.github(), sleep=self.github_sleep, budget=self.client.budget).repo()
         publisher = GitHubPublisher(
@@ -521,9 +525,7 @@ class Service:
             router=router,
             merge_gate=pull_request_first(store, self.client.budget),
             forge_worker=ForgeWorker(self._forge_of_its_own),  # branches and rebases off this thread
-            # pushed once something reads them: at once for Actions (it checks out the job's commit),
-            # else once a run starts, and in the degraded mode only for kept and promising ones
-            branches=BudgetBranches(self.client.budget, runner_reads_branch=settings.runner == "actions"),
+            branches=branches,
         )
         log.info("connected to %s as %s (%s)", repo.full_name, login, "App" if self.client.uses_app else "token")
         return self.conductor

@@ -14,10 +14,17 @@ ran. So the branch policy (bot.core.protocols.BranchPolicy) asks who reads the b
 - While the write budget is degraded (bot.github.budget), the publisher opens pull requests only
   for promising and kept experiments; the others get no branch either (two writes each saved). They
   are listed in the research log with their change, not a commit (bot.github.summaries). A kept
-  one always gets its branch: main takes its commit.
+  one always gets its branch: main takes its commit. One left without a branch stays without when
+  the mode turns full again, unless it turns promising: pushing every one in flight at once would
+  weigh in the forecast as a burst of experiments and send the mode straight back (and they would
+  get no pull request meanwhile). A restart forgets which were left so, and when (the forecast
+  counts them for an hour); those in flight are told again (`left_unbranched`), so none is pushed
+  in a burst then either.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 from bot.github.budget import WriteBudget
 
@@ -30,14 +37,25 @@ class BudgetBranches:
     def __init__(self, budget: WriteBudget, *, runner_reads_branch: bool) -> None:
         self.budget = budget
         self.runner_reads_branch = runner_reads_branch  # the Actions runner checks out the job's commit
-        self._unbranched: set[int] = set()  # experiments the degraded mode left without a branch (told once)
+        self._unbranched: dict[int, float | None] = {}  # left without a branch -> when the budget was told
+
+    def left_unbranched(self, experiment_ids: Iterable[int]) -> None:
+        """Experiments a former life left without a branch (in flight, a run of them started): they
+        stay so unless promising. Not told to the forecast again: it would count them as new."""
+        for experiment_id in experiment_ids:
+            self._unbranched.setdefault(experiment_id, None)
 
     def wanted(self, experiment_id: int, *, started: bool, promising: bool) -> bool:
-        if self.runner_reads_branch or promising:
+        if self.runner_reads_branch:
             return True
+        if promising:
+            noted = self._unbranched.pop(experiment_id, None)
+            if noted is not None:  # its branch is counted as a write now
+                self.budget.forget_unbranched(noted)
+            return True
+        if experiment_id in self._unbranched:
+            return False
         if self.budget.mode.mode == "degraded":
-            if experiment_id not in self._unbranched:
-                self._unbranched.add(experiment_id)
-                self.budget.note_unbranched()
+            self._unbranched[experiment_id] = self.budget.note_unbranched()
             return False
         return started

@@ -25,8 +25,9 @@ showing every experiment in full would take: the research's writes at their rece
 PEOPLE_WRITES_PER_EXPERIMENT for each experiment (counted by the branches made at that rate),
 plus the research log's LOG_WRITES_PER_HOUR. An experiment whose branch the degraded mode left
 unmade (bot.github.branches, `note_unbranched`) counts as one more experiment and its branch's
-BRANCH_WRITES, so the savings of the degraded mode do not talk it back into the full one (one made
-later, kept or promising, is then counted twice: the forecast errs high). Above ENTER of the hour's limit the mode turns
+BRANCH_WRITES, so the savings of the degraded mode do not talk it back into the full one; one that
+gets its branch later (promising) is forgotten then (`forget_unbranched`), its writes counting it.
+The notes are kept in memory only: for an hour after a restart the forecast does not see them. Above ENTER of the hour's limit the mode turns
 "degraded" (what that shows and what it leaves out: bot.github.publisher); below LEAVE it turns
 "full" again. Each change is written to the ledger with when and why, and logged.
 """
@@ -154,14 +155,21 @@ class WriteBudget:
     def mode(self) -> WriteMode:
         return self._mode
 
-    def note_unbranched(self) -> None:
+    def note_unbranched(self) -> float:
         """One experiment is left without its branch (degraded: bot.github.branches); the forecast
-        counts it as shown in full, its branch included."""
+        counts it as shown in full, its branch included. Returns the note's time (its key)."""
         with self._lock:
             now = self.clock()
             self._unbranched.append(now)
             while self._unbranched and self._unbranched[0] <= now - self._longest:
                 self._unbranched.popleft()
+            return now
+
+    def forget_unbranched(self, at: float) -> None:
+        """The experiment noted at `at` gets its branch after all (promising): its writes count it."""
+        with self._lock:
+            if at in self._unbranched:
+                self._unbranched.remove(at)
 
     def forecast(self) -> float:
         """The writes an hour that showing every experiment in full would take at the recent pace."""

@@ -61,10 +61,11 @@ def summary_comment(
     return "\n".join(
         [
             render.marker(KEY, batch),
-            f"**{len(exps)} experiments without a pull request** (GitHub's write budget is degraded: "
-            "kept and promising experiments get their pull request, the rest are listed here once; "
-            "a branch that was pushed is kept, and its commit shows the change; one never pushed has "
-            "its change below).",
+            f"**{len(exps)} experiments without a pull request**: kept and promising experiments get "
+            "their pull request, and while GitHub's write budget is degraded the rest are listed here "
+            "once, as is one that ended before its first run started or its branch was pushed. A "
+            "branch that was pushed is kept, and its commit shows the change; one never pushed has its "
+            "change below.",
             "",
             f"| Experiment | Change | Verdict | {metric.name} | Δ vs main | Why | Commit |",
             "| --- | --- | --- | --- | --- | --- | --- |",

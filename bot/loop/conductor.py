@@ -4,9 +4,9 @@
 entries (bot.loop.inbox), collects finished runs (bot.loop.runs), queues main's own baseline runs,
 gives the judge's verdicts (bot.loop.lifecycle: the judge needs no forge), then starts the next
 queued run on a freed slot, advances every other experiment up to its merge and close (a merge
-moved main, so main is read again and what ran on the old one follows it), asks the agent for the
-next proposal in the background (bot.loop.proposals), dispatches queued runs to free slots, and
-shows the result to the publishers. The order serves the judge: the runs a verdict waits for come
+moved main, so main is read again, its baselines start and what ran on the old one follows it),
+dispatches what that queued, asks the agent for the next proposal in the background
+(bot.loop.proposals), dispatches queued runs to free slots, and shows the result to the publishers. The order serves the judge: the runs a verdict waits for come
 before it, a new main's baseline runs first, and no run starts on a main about to move. Nothing in a tick waits: the agent
 thinks on its own thread, runners are asked with lookup(), and GitHub is told on the publishing
 worker's thread (bot.loop.publishing): the tick only hands it the snapshot. A driver
@@ -195,7 +195,10 @@ class Conductor:
             if main is None:
                 return
             self._guard("measuring main", self.baseline.schedule, main)
+            self._guard("dispatching runs", self.runs.dispatch, main)  # its baselines start on the slots the keep freed
             merged = self._guard("advancing experiments", self.lifecycle.advance_all, main)
+        # what advancing queued (a re-measure, a proposal's first run) starts before the agent is asked
+        self._guard("dispatching runs", self.runs.dispatch, main)
         self.stop_reason = self._why_stop(main)
         self._guard("proposing", self.proposals.propose, main, self.stop_reason)
         self._guard("dispatching runs", self.runs.dispatch, main)

@@ -56,6 +56,10 @@ class InlineCalls:
     def call(self, key: Key, fn: Call) -> Any:
         return fn(self.forge)
 
+    def holds(self, slot: Key) -> bool:
+        """Nothing is ever held: a call ends when it returns."""
+        return False
+
     def on_done(self, callback: Callable[[], None]) -> None:
         """Nothing to tell: every call is done when it returns."""
 
@@ -114,6 +118,12 @@ class ForgeWorker:
                 self._in_flight[slot] = key
                 return True
         return False  # being made
+
+    def holds(self, slot: Key) -> bool:
+        """Whether a call of this slot (what, experiment id) is queued, being made, or done and not
+        yet taken."""
+        with self._lock:
+            return slot in self._in_flight or slot in self._done
 
     def busy(self) -> int:
         """Calls queued or being made."""

@@ -98,6 +98,7 @@ class Lifecycle:
         self.branches = branches or EveryBranch()  # when an experiment gets its branch
         self.merge_wait = MergeWait(store, merge_gate, clock=clock)  # what people see of a keep first
         self.screening = screening.Screening(store, baseline, runs, identity=identity, profile=profile)
+        self._push_failures: dict[int, tuple[int, float]] = {}  # experiment -> (failed pushes in a row, retry at)
 
     def judge_all(self, main: Main) -> None:
         """Act on what people asked for, then give the judge's verdict to every experiment measured
@@ -134,8 +135,8 @@ class Lifecycle:
 
     def _push_wanted_branches(self) -> None:
         """Push the branch of each experiment in flight without one that the branch policy now wants
-        (a run of it started, the judge asked to confirm it, GitHub's budget has room again); where
-        it is made off this thread, a later tick records it. A merge makes its own (_step_merging)."""
+        (a run of it started, the judge asked to confirm it); where it is made off this thread, a
+        later tick records it. A merge makes its own (_step_merging), a close takes one still wanted."""
         branchless = [
             e
             for e in self.store.experiments.active()
@@ -144,31 +145,49 @@ class Lifecycle:
         if not branchless:
             return
         runs = self.store.runs.of_experiments([e.id for e in branchless])
-        now = self.clock()
         for exp in branchless:
-            if (exp.retry_at and exp.retry_at > now) or not self._wants_branch(exp, runs.get(exp.id, [])):
-                continue
-            try:
-                self._push_branch(exp)
-            except Exception as error:  # noqa: BLE001 - one experiment's failure must not stop the loop
-                self._step_failed(self.store.experiments.get(exp.id), f"{type(error).__name__}: {error}")
+            if self._wants_branch(exp, runs.get(exp.id, [])):
+                self._try_push(exp)
 
     def _wants_branch(self, exp: Experiment, runs: list[Run]) -> bool:
-        """The branch policy's word on an experiment with these runs."""
+        """The branch policy's word on an experiment with these runs; yes, too, while a push of its
+        branch is being made (asked for when the policy said yes): its result is taken, not lost."""
+        if self.calls.holds(("branch", exp.id)):
+            return True
         started = any(r.state not in (RunState.QUEUED, RunState.CANCELLED) for r in runs)
         promising = any(r.purpose == "confirm" for r in runs)
         return self.branches.wanted(exp.id, started=started, promising=promising)
 
-    def _push_branch(self, exp: Experiment) -> Experiment | None:
+    def _try_push(self, exp: Experiment) -> Experiment | None:
+        """Push a branch that people read but the research does not need: a failure is logged and
+        tried again after a backoff of its own, and never charged to the experiment (its runs and
+        its verdict go on); None while it is being made, or waits, or failed."""
+        failures, retry_at = self._push_failures.get(exp.id, (0, 0.0))
+        if retry_at > self.clock():
+            return None
+        try:
+            pushed = self._push_branch(exp)
+        except Exception as error:  # noqa: BLE001 - the branch is for people: its experiment goes on
+            wait = self.backoff.after(failures + 1)
+            self._push_failures[exp.id] = (failures + 1, self.clock() + wait)
+            log.warning("experiment %s: pushing its branch failed (%s); trying again in %.0fs", exp.id, error, wait)
+            return None
+        if pushed is not None:
+            self._push_failures.pop(exp.id, None)
+        return pushed
+
+    def _push_branch(self, exp: Experiment, *, inline: bool = False) -> Experiment | None:
         """Push the experiment's branch as it stands (one commit of its asset on its base) and record
         its head; None while the call is being made (bot.loop.forge_calls). A call made for an
-        older base or asset is dropped by its key: the branch is pushed again as it stands now."""
+        older base or asset is dropped by its key: the branch is pushed again as it stands now.
+        `inline`: on this thread's forge, now (a keep's: every slot waits for its merge)."""
         branch, files = exp.branch, {self.baseline.task.asset: exp.asset}
         message = f"{exp.title}\n\n{exp.hypothesis}\n\nautoresearch-experiment: {exp.id}"
-        head = self.calls.call(
-            ("branch", exp.id, exp.base_sha, exp.code_hash),
-            lambda forge: forge.create_branch(branch, exp.base_sha, files, message),
-        )
+
+        def push(forge: Forge) -> str:
+            return forge.create_branch(branch, exp.base_sha, files, message)
+
+        head = push(self.forge) if inline else self.calls.call(("branch", exp.id, exp.base_sha, exp.code_hash), push)
         if head is PENDING:
             return None
         return self.store.experiments.update(exp.id, head_sha=head, event=f"pushed {exp.branch} at {head[:7]}")
@@ -550,11 +569,8 @@ class Lifecycle:
         return self.store.experiments.get(exp.id)
 
     def _step_merging(self, exp: Experiment, main: Main) -> Experiment | None:
-        if exp.head_sha is None:  # the commit main takes is its branch's: pushed first
-            pushed = self._push_branch(exp)
-            if pushed is None:
-                return None
-            exp = pushed
+        if exp.head_sha is None:  # the commit main takes is its branch's: pushed first, at once
+            exp = self._push_branch(exp, inline=True) or exp  # inline: never pending
         if self.merge_wait.holds(exp):
             return None
         runs = exp.meta.get("runs", 1)
@@ -590,10 +606,14 @@ class Lifecycle:
 
     def _step_closing(self, exp: Experiment, main: Main) -> Experiment | None:
         if exp.head_sha is None and self._wants_branch(exp, self.store.runs.all(experiment_id=exp.id)):
-            pushed = self._push_branch(exp)  # a run that ended before its branch was pushed: people see it
-            if pushed is None:
-                return None
-            exp = pushed
+            # a run that ended before its branch was pushed: people see it (one try; a failed push
+            # leaves it without, listed in the research log, rather than holding up its verdict)
+            if exp.id not in self._push_failures:
+                pushed = self._try_push(exp)
+                if pushed is None and exp.id not in self._push_failures:
+                    return None  # being made
+                exp = pushed or exp
+            self._push_failures.pop(exp.id, None)
         if exp.head_sha is not None:  # one that never got its branch has nothing to close
             self.forge.close(exp.branch, exp.status or Status.DISCARD)
         exp = self.store.experiments.update(exp.id, state=State.DONE, event=f"{exp.status}: {exp.reason}")

@@ -90,6 +90,10 @@ class Runs:
             return
         on_main = [r for r in queued if r.base_sha == main.sha or self.baseline.code_at(r.base_sha) == main.code_hash]
         for run in on_main[:free]:
+            if not run.commit_sha and run.experiment_id is not None:  # queued before its branch was pushed
+                exp = self.store.experiments.get(run.experiment_id)
+                if exp.head_sha and exp.code_hash == run.code_hash:
+                    run = replace(run, commit_sha=exp.head_sha)  # a runner that checks out the commit gets it
             try:
                 # idempotent by run id: safe before the write
                 handle = self.runner.submit(_job(run, self.baseline.task.name))

@@ -181,6 +181,17 @@ class Experiments:
         """The experiments not done yet, those being proposed included."""
         return self._select(f"WHERE state IN ({', '.join('?' for _ in ACTIVE)})", ACTIVE)
 
+    def started_without_branch(self) -> list[int]:
+        """The experiments in flight, a run of them started, that have no branch pushed yet
+        (bot.github.branches: a degraded mode left them so)."""
+        rows = self.db.execute(
+            f"SELECT e.id FROM experiments e WHERE e.state IN ({', '.join('?' for _ in ACTIVE)}) "
+            "AND e.head_sha IS NULL AND EXISTS (SELECT 1 FROM runs r WHERE r.experiment_id = e.id "
+            "AND r.state NOT IN ('queued', 'cancelled')) ORDER BY e.id",
+            ACTIVE,
+        )
+        return [int(row[0]) for row in rows]
+
     def finished(self) -> list[Experiment]:
         return self._select("WHERE state = 'done'")
 

@@ -36,14 +36,17 @@ class Published:
 
     def behind(self) -> list[Experiment]:
         """Experiments GitHub may not show as they are: the active ones with a branch pushed, the
-        finished ones whose final state (`final` = their status) is not published yet (pushed or
-        not: one never pushed is listed in the research log), and those measured again since the
-        round shown (`round` below their `reopened`), however that round ended."""
+        finished ones whose final state (`final` = their status) is not published yet (pushed or,
+        if any run of theirs was queued, not: one never pushed is listed in the research log), and
+        those measured again since the round shown (`round` below their `reopened`), however that
+        round ended. (A branchless one without runs failed or was cancelled before it ran, as every
+        branchless one did before branches waited for their runs: nothing to show.)"""
         rows = self.db.execute(
             "SELECT e.* FROM experiments e "
             "LEFT JOIN published p ON p.experiment_id = e.id AND p.key = 'final' "
             "LEFT JOIN published r ON r.experiment_id = e.id AND r.key = 'round' "
-            "WHERE e.branch IS NOT NULL AND (e.head_sha IS NOT NULL OR e.state = 'done') "
+            "WHERE e.branch IS NOT NULL AND (e.head_sha IS NOT NULL OR (e.state = 'done' "
+            "AND EXISTS (SELECT 1 FROM runs x WHERE x.experiment_id = e.id))) "
             "AND (e.state != 'done' OR p.value IS NULL OR p.value != e.status "
             "OR CAST(COALESCE(r.value, '0') AS INTEGER) < e.reopened) ORDER BY e.id"
         )

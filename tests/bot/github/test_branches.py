@@ -9,6 +9,7 @@ import pytest
 
 from bot.github.branches import BudgetBranches
 from bot.github.budget import BRANCH_WRITES, LOG_WRITES_PER_HOUR, PEOPLE_WRITES_PER_EXPERIMENT, WriteBudget
+from bot.store.writes import WriteMode
 
 LIMITS = ((60.0, 10), (3600.0, 50))
 
@@ -62,3 +63,30 @@ def test_degraded_only_a_promising_one_is_pushed_and_each_other_is_counted_once_
     assert budget.forecast() - before == pytest.approx(2 * per_experiment)
     clock.now += 3600.0  # an hour later they have left the forecast, with every write
     assert budget.forecast() == pytest.approx(LOG_WRITES_PER_HOUR)
+
+
+def test_one_left_without_a_branch_stays_so_when_the_mode_turns_full_unless_it_turns_promising() -> None:
+    clock = Clock()
+    budget = WriteBudget(clock=clock, limits=LIMITS)
+    degraded(budget, clock)
+    policy = BudgetBranches(budget, runner_reads_branch=False)
+    before = budget.forecast()
+    assert not policy.wanted(1, started=True, promising=False)
+    assert not policy.wanted(2, started=True, promising=False)
+    budget._set_mode(WriteMode("full", clock.now, "room again", LIMITS))  # the forecast fell
+    assert not policy.wanted(1, started=True, promising=False)  # no burst of catch-up pushes
+    assert policy.wanted(3, started=True, promising=False)  # a new one goes by the full mode
+    noted = budget.forecast()
+    assert policy.wanted(2, started=True, promising=True)  # promising: pushed, its note forgotten
+    assert noted - budget.forecast() == pytest.approx((BRANCH_WRITES + PEOPLE_WRITES_PER_EXPERIMENT) * 6)
+    assert budget.forecast() > before
+
+
+def test_those_a_former_life_left_without_a_branch_stay_so() -> None:
+    budget = WriteBudget(clock=Clock(), limits=LIMITS)
+    policy = BudgetBranches(budget, runner_reads_branch=False)
+    before = budget.forecast()
+    policy.left_unbranched([4, 5])
+    assert not policy.wanted(4, started=True, promising=False) and policy.wanted(6, started=True, promising=False)
+    assert policy.wanted(5, started=True, promising=True)
+    assert budget.forecast() == before  # not counted again as new experiments

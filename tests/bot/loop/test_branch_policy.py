@@ -13,9 +13,11 @@ from pathlib import Path
 from fakes import IDENTITY, SMALL_TRAIN_PY, FakeRunner, result_for, with_effect
 
 from bot.agent.scripted import ScriptedAgent
-from bot.core.records import Proposal
+from bot.core.protocols import ForgeError
+from bot.core.records import Proposal, RunStatus
 from bot.forge.local import LocalForge, init_research_repo
 from bot.loop.conductor import Conductor, ConductorConfig
+from bot.loop.forge_calls import ForgeWorker
 from bot.store import Store
 
 MAIN = with_effect(SMALL_TRAIN_PY, 0.0, "main")
@@ -59,7 +61,12 @@ class Policy:
 
 
 def make(
-    tmp_path: Path, proposals: list[Proposal], policy: Policy, runner: FakeRunner, **settings: object
+    tmp_path: Path,
+    proposals: list[Proposal],
+    policy: Policy,
+    runner: FakeRunner,
+    worker: ForgeWorker | None = None,
+    **settings: object,
 ) -> Conductor:
     front = "\n".join(f"  {k}: {json.dumps(v)}" for k, v in settings.items())
     program = PROGRAM.replace("---\n\n", f"{front}\n---\n\n") if settings else PROGRAM
@@ -71,6 +78,7 @@ def make(
         ScriptedAgent(proposals),
         ConductorConfig(profile="smoke", identity=dict(IDENTITY), max_experiments=len(proposals), retry_base_s=0.0),
         branches=policy,
+        forge_worker=worker,
     )
 
 
@@ -217,3 +225,97 @@ def test_degraded_a_promising_experiment_is_pushed_when_its_confirmation_is_aske
     [exp] = loop.store.experiments.all()
     assert exp.state == "measuring" and forge.created == [(exp.branch, exp.base_sha)]
     assert forge.read_file(exp.head_sha, "train.py") == exp.asset
+
+
+def test_a_keep_without_a_branch_is_pushed_on_the_conductors_thread_not_queued_behind_other_writes(
+    tmp_path: Path,
+) -> None:
+    workers: list[CountingForge] = []
+
+    def worker_forge() -> CountingForge:
+        workers.append(CountingForge(tmp_path / "repo"))
+        return workers[-1]
+
+    worker = ForgeWorker(worker_forge)
+    loop = make(tmp_path, [proposal(-0.1, "better")], Policy("promising"), FakeRunner(), worker)
+    loop.wake_on(lambda: None)
+    try:
+        tick_until(loop, loop.finished)
+    finally:
+        worker.close(5.0)
+    [better] = loop.store.experiments.all()
+    forge: CountingForge = loop.forge  # type: ignore[assignment]
+    assert better.status == "keep" and forge.created == [(better.branch, better.base_sha)]
+    assert all(w.created == [] for w in workers)  # every slot waits for a keep's merge: no round trip
+
+
+def test_in_full_mode_every_experiment_that_ran_ends_with_its_branch(tmp_path: Path) -> None:
+    # each run ends at its first look: some end before the tick after their start could push them
+    loop = make(
+        tmp_path,
+        [proposal(+0.1, f"worse {i}") for i in range(4)] + [proposal(-0.1, "better")],
+        Policy("started"),
+        FakeRunner(slots=2),
+    )
+    tick_until(loop, loop.finished)
+    forge: CountingForge = loop.forge  # type: ignore[assignment]
+    exps = loop.store.experiments.all()
+    assert [e.status for e in exps] == ["discard"] * 4 + ["keep"]
+    assert all(e.head_sha and forge.branch_head(e.branch) == e.head_sha for e in exps[:4])
+    assert sorted(forge.closed) == sorted(e.branch for e in exps)
+
+
+def test_a_failing_push_of_a_branch_people_read_never_costs_the_experiment_its_verdict(tmp_path: Path) -> None:
+    class NoPushes(CountingForge):
+        def create_branch(self, branch: str, base_sha: str, files: dict[str, str], message: str) -> str:
+            if branch.startswith("autoresearch/"):
+                raise ForgeError("GitHub 502")
+            return super().create_branch(branch, base_sha, files, message)
+
+    init_research_repo(tmp_path / "repo", {"train.py": MAIN, "program.md": PROGRAM})
+    loop = Conductor(
+        Store(tmp_path / "state.db"),
+        NoPushes(tmp_path / "repo"),
+        FakeRunner(),
+        ScriptedAgent([proposal(+0.1, "worse")]),
+        ConductorConfig(profile="smoke", identity=dict(IDENTITY), max_experiments=1, retry_base_s=0.0),
+        branches=Policy("started"),
+    )
+    tick_until(loop, loop.finished)
+    [exp] = loop.store.experiments.all()
+    assert exp.status == "discard" and "is worse than main" in (exp.reason or "")  # the judge's verdict
+    assert exp.head_sha is None and exp.failures == 0
+
+
+def test_main_moving_only_program_md_under_a_waiting_proposal_moves_its_base_alone(tmp_path: Path) -> None:
+    runner = FakeRunner(auto=False)
+    loop = make(tmp_path, [proposal(+0.1, "worse"), proposal(-0.1, "better")], Policy("started"), runner)
+    forge: CountingForge = loop.forge  # type: ignore[assignment]
+    until_the_second_waits(loop, runner)
+    moved_to = commit_to_main(forge, {"program.md": PROGRAM + "\nA human note.\n"})
+    finish_all(loop, runner)
+    worse, better = loop.store.experiments.all()
+    said = " ".join(e["message"] for e in loop.store.events.all(better.id))
+    assert f"followed main to {moved_to[:7]}" in said and forge.rebased == [worse.branch]  # worse had run
+    assert (better.branch, moved_to) in forge.created and better.status == "keep"
+
+
+def test_a_run_queued_before_its_branch_was_pushed_carries_the_commit_once_there_is_one(tmp_path: Path) -> None:
+    class LosesTheFirstCandidate(FakeRunner):
+        looked: dict[int, int] = {}
+
+        def lookup(self, run_id: int):
+            job = self.jobs.get(run_id)
+            if job is not None and job.experiment_id and not self.lost:
+                self.looked[run_id] = self.looked.get(run_id, 0) + 1
+                if self.looked[run_id] == 2:  # a tick after it started (its branch pushed): preempted
+                    self.lost.add(run_id)
+                return super().lookup(run_id) if run_id in self.lost else RunStatus("running")
+            return super().lookup(run_id)
+
+    runner = LosesTheFirstCandidate()
+    loop = make(tmp_path, [proposal(+0.1, "worse")], Policy("started"), runner)
+    tick_until(loop, loop.finished)
+    [exp] = loop.store.experiments.all()
+    first, again = [job for job in runner.jobs.values() if job.experiment_id]
+    assert first.commit == "" and again.commit == exp.head_sha  # the re-run went out after the push

@@ -184,6 +184,19 @@ def test_closing_forgets_the_calls_not_started() -> None:
     w.close(5)
 
 
+def test_a_slot_is_held_from_its_ask_until_its_result_is_taken() -> None:
+    w, gate, ended = worker()
+    assert not w.holds(("branch", 1))
+    assert w.call(("branch", 1, "b1"), branch("x")) is PENDING
+    assert w.holds(("branch", 1)) and not w.holds(("branch", 2))  # queued or being made
+    gate.open.set()
+    ended.wait(1)
+    assert w.holds(("branch", 1))  # done, its result not taken yet
+    assert w.call(("branch", 1, "b1"), branch("x")) == "sha-of-x-on-b1"
+    assert not w.holds(("branch", 1)) and not InlineCalls(gate).holds(("branch", 1))  # type: ignore[arg-type]
+    w.close(5)
+
+
 def test_inline_calls_are_made_at_once_on_the_conductors_forge() -> None:
     gate = Gate()
     gate.open.set()

@@ -1278,6 +1278,21 @@ def test_an_experiment_is_behind_on_github_until_its_final_status_is_shown(store
     assert store.published.behind() == []
 
 
+def test_an_experiment_never_pushed_is_behind_once_it_ran_and_ended(store: Store):
+    ran, never_ran = experiment_in(store, State.MEASURING, 1), experiment_in(store, State.BRANCHED, 2)
+    run = new_run(store, ran.id)
+    assert store.published.behind() == [] and store.experiments.started_without_branch() == []
+    store.runs.mark_started(run.id, "fake://1")
+    assert store.experiments.started_without_branch() == [ran.id]  # in flight, a run started, no branch
+    for exp in (ran, never_ran):
+        for step in (State.CLOSING, State.DONE):
+            store.experiments.update(exp.id, state=step, status="discard")
+    assert [e.id for e in store.published.behind()] == [ran.id]  # listed in the research log; the other had no run
+    assert store.experiments.started_without_branch() == []
+    store.published.set(ran.id, "final", "discard")
+    assert store.published.behind() == []
+
+
 def test_a_reply_is_owed_once_per_comment_until_posted(store: Store):
     store.replies.add(41, 7, "first")
     store.replies.add(41, 7, "again")  # the same comment's command applied twice
