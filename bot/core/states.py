@@ -3,12 +3,13 @@
 The conductor decides the moves; the store refuses any move not listed here, so a bug shows up as
 a clear error at the transition instead of as a strange row later.
 
-    proposing --agent answers, proposal valid-->  proposed --push branch-->  branched
+    proposing --agent answers, proposal valid-->  proposed --push branch (or not yet: the branch policy)-->  branched
     branched  --queue a run-->  measuring
     measuring --judge-->  measuring (confirmation) | rebasing | merging | closing
-    rebasing  --graft train.py onto the new main, queue a re-measure-->  measuring | closing
-    merging   --move main to the measured commit (expected sha)-->  closing | rebasing (main moved)
-    closing   --mark the branch closed-->  done
+    rebasing  --graft train.py onto the new main (without a branch: in memory), queue a re-measure-->
+              measuring | closing
+    merging   --push its branch if not yet, move main to it (expected sha)-->  closing | rebasing (main moved)
+    closing   --mark the branch closed (if pushed)-->  done
     any active state --the same step failed too often-->  done (status failed)
     any active state --a person closed its pull request or said /discard-->  closing (cancelled, discard)
     done      --a person reopened its pull request or said /rerun-->  branched (measured afresh)
