@@ -496,7 +496,8 @@ class Service:
         # pushed once something reads them: at once for Actions (it checks out the job's commit), else
         # once a run starts, and in the degraded mode only for kept and promising ones
         branches = BudgetBranches(self.client.budget, runner_reads_branch=settings.runner == "actions")
-        branches.left_unbranched(store.experiments.started_without_branch())  # by a former life
+        if self.client.budget.mode.mode == "degraded":  # what a former life left without a branch stays so
+            branches.left_unbranched(store.experiments.started_without_branch())
         publishing_store = Store(self.store_path)
         publishing_repo = GitHubClient(settings.github(), sleep=self.github_sleep, budget=self.client.budget).repo()
         publisher = GitHubPublisher(

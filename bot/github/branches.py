@@ -14,12 +14,12 @@ ran. So the branch policy (bot.core.protocols.BranchPolicy) asks who reads the b
 - While the write budget is degraded (bot.github.budget), the publisher opens pull requests only
   for promising and kept experiments; the others get no branch either (two writes each saved). They
   are listed in the research log with their change, not a commit (bot.github.summaries). A kept
-  one always gets its branch: main takes its commit. One left without a branch stays without when
-  the mode turns full again, unless it turns promising: pushing every one in flight at once would
+  one always gets its branch: main takes its commit. One whose run started while the mode was
+  degraded stays without a branch when the mode turns full again, unless it turns promising: pushing every one in flight at once would
   weigh in the forecast as a burst of experiments and send the mode straight back (and they would
   get no pull request meanwhile). A restart forgets which were left so, and when (the forecast
-  counts them for an hour); those in flight are told again (`left_unbranched`), so none is pushed
-  in a burst then either.
+  does not count them for an hour); if it finds the mode degraded, those in flight, started and
+  without a branch, are told again (`left_unbranched`), so none is pushed in a burst then either.
 """
 
 from __future__ import annotations
@@ -53,9 +53,9 @@ class BudgetBranches:
             if noted is not None:  # its branch is counted as a write now
                 self.budget.forget_unbranched(noted)
             return True
-        if experiment_id in self._unbranched:
+        if experiment_id in self._unbranched or not started:
             return False
-        if self.budget.mode.mode == "degraded":
+        if self.budget.mode.mode == "degraded":  # the push it withholds: one that started
             self._unbranched[experiment_id] = self.budget.note_unbranched()
             return False
-        return started
+        return True

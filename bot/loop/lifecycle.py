@@ -130,7 +130,12 @@ class Lifecycle:
         for exp in self.store.experiments.active():
             if exp.state != State.PROPOSING and not (exp.state == State.MEASURING and exp.base_sha == main.sha):
                 merged = self.advance(exp, main) or merged
-        self._push_wanted_branches()
+        try:
+            self._push_wanted_branches()
+        except Exception as error:  # noqa: BLE001 - a branch people read must not lose the tick its merge
+            log.warning(
+                "pushing the wanted branches failed (%s: %s); trying again next tick", type(error).__name__, error
+            )
         return merged
 
     def _push_wanted_branches(self) -> None:
@@ -166,15 +171,12 @@ class Lifecycle:
         if retry_at > self.clock():
             return None
         try:
-            pushed = self._push_branch(exp)
+            return self._push_branch(exp)
         except Exception as error:  # noqa: BLE001 - the branch is for people: its experiment goes on
             wait = self.backoff.after(failures + 1)
             self._push_failures[exp.id] = (failures + 1, self.clock() + wait)
             log.warning("experiment %s: pushing its branch failed (%s); trying again in %.0fs", exp.id, error, wait)
             return None
-        if pushed is not None:
-            self._push_failures.pop(exp.id, None)
-        return pushed
 
     def _push_branch(self, exp: Experiment, *, inline: bool = False) -> Experiment | None:
         """Push the experiment's branch as it stands (one commit of its asset on its base) and record
@@ -190,6 +192,7 @@ class Lifecycle:
         head = push(self.forge) if inline else self.calls.call(("branch", exp.id, exp.base_sha, exp.code_hash), push)
         if head is PENDING:
             return None
+        self._push_failures.pop(exp.id, None)
         return self.store.experiments.update(exp.id, head_sha=head, event=f"pushed {exp.branch} at {head[:7]}")
 
     def _main_pending(self, main: Main) -> list[int]:
@@ -606,14 +609,19 @@ class Lifecycle:
 
     def _step_closing(self, exp: Experiment, main: Main) -> Experiment | None:
         if exp.head_sha is None and self._wants_branch(exp, self.store.runs.all(experiment_id=exp.id)):
-            # a run that ended before its branch was pushed: people see it (one try; a failed push
-            # leaves it without, listed in the research log, rather than holding up its verdict)
-            if exp.id not in self._push_failures:
-                pushed = self._try_push(exp)
-                if pushed is None and exp.id not in self._push_failures:
+            # a run that ended before its branch was pushed: people see it. A push in flight is
+            # waited for; otherwise one try, unless pushes failed already: a failed push leaves it
+            # without (listed in the research log) rather than holding up its verdict
+            if self.calls.holds(("branch", exp.id)) or exp.id not in self._push_failures:
+                try:
+                    pushed = self._push_branch(exp)
+                except Exception as error:  # noqa: BLE001 - the branch is for people: the verdict goes on
+                    log.warning("experiment %s: pushing its branch failed (%s); closing without it", exp.id, error)
+                    pushed = exp
+                if pushed is None:
                     return None  # being made
-                exp = pushed or exp
-            self._push_failures.pop(exp.id, None)
+                exp = pushed
+        self._push_failures.pop(exp.id, None)
         if exp.head_sha is not None:  # one that never got its branch has nothing to close
             self.forge.close(exp.branch, exp.status or Status.DISCARD)
         exp = self.store.experiments.update(exp.id, state=State.DONE, event=f"{exp.status}: {exp.reason}")

@@ -92,8 +92,9 @@ class Runs:
         for run in on_main[:free]:
             if not run.commit_sha and run.experiment_id is not None:  # queued before its branch was pushed
                 exp = self.store.experiments.get(run.experiment_id)
-                if exp.head_sha and exp.code_hash == run.code_hash:
-                    run = replace(run, commit_sha=exp.head_sha)  # a runner that checks out the commit gets it
+                if exp.head_sha and exp.code_hash == run.code_hash:  # a runner that checks out the commit gets it
+                    self.store.runs.set_commit(run.id, exp.head_sha)  # written first: a resubmit sends it too
+                    run = replace(run, commit_sha=exp.head_sha)
             try:
                 # idempotent by run id: safe before the write
                 handle = self.runner.submit(_job(run, self.baseline.task.name))

@@ -132,6 +132,10 @@ class Runs:
         counted again)."""
         return _main_seeds(self.db.conn, main_code, full=full)
 
+    def set_commit(self, run_id: int, commit_sha: str) -> None:
+        """The commit a queued run is to be measured at, known only once its branch was pushed."""
+        self.db.execute("UPDATE runs SET commit_sha = ? WHERE id = ? AND state = 'queued'", (commit_sha, run_id))
+
     def mark_started(self, run_id: int, run_dir: str) -> None:
         self.db.execute(
             "UPDATE runs SET state = 'running', run_dir = ?, started_at = ? WHERE id = ?",

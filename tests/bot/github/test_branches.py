@@ -90,3 +90,15 @@ def test_those_a_former_life_left_without_a_branch_stay_so() -> None:
     assert not policy.wanted(4, started=True, promising=False) and policy.wanted(6, started=True, promising=False)
     assert policy.wanted(5, started=True, promising=True)
     assert budget.forecast() == before  # not counted again as new experiments
+
+
+def test_one_proposed_while_degraded_is_pushed_when_it_starts_in_full_mode() -> None:
+    clock = Clock()
+    budget = WriteBudget(clock=clock, limits=LIMITS)
+    degraded(budget, clock)
+    policy = BudgetBranches(budget, runner_reads_branch=False)
+    before = budget.forecast()
+    assert not policy.wanted(1, started=False, promising=False)  # waiting for a runner: nothing withheld yet
+    assert budget.forecast() == before
+    budget._set_mode(WriteMode("full", clock.now, "room again", LIMITS))
+    assert policy.wanted(1, started=True, promising=False)
