@@ -7,9 +7,9 @@ keep anyway), then every active experiment as far as it goes without waiting:
 
     proposed   push its branch (one commit on main); this and the rebase below may be made off the
                conductor's thread (bot.loop.forge_calls), the step then waits for a later tick.
-               Where the branch policy says it can wait (bot.core.protocols.BranchPolicy: on GitHub,
-               with a runner that carries the asset, until a run of it starts), it goes on without
-               one and gets it on the first tick the policy wants it; a keep gets it before its merge
+               Where the branch policy says it can wait (bot.loop.branching: on GitHub, with a
+               runner that carries the asset, until a run of it starts), it goes on without one and
+               gets it on the first tick the policy wants it; a keep gets it before its merge
     branched   queue its candidate run (with screening on, a short run first: bot.loop.screening)
     measuring  wait for its runs and main's runs queued before them (main's first runs, those
                beside its confirmation), then the judge (bot.loop.judge) decides from the numbers
@@ -42,12 +42,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from bot.core import simplicity
-from bot.core.merge import merge_text
 from bot.core.protocols import BranchPolicy, EveryBranch, Forge, MainMoved, MergeConflict
 from bot.core.records import code_hash, full_budget
 from bot.core.states import Request, RunState, State, Status
 from bot.loop import measurement, screening
 from bot.loop.baseline import Baseline, Main
+from bot.loop.branching import Branching
 from bot.loop.forge_calls import PENDING, ForgeWorker, InlineCalls
 from bot.loop.judge import decide, judge_config, standard_error
 from bot.loop.merge_gate import Gate, MergeWait
@@ -95,10 +95,17 @@ class Lifecycle:
         self.backoff = backoff
         self.clock = clock
         self.calls = calls or InlineCalls(forge)  # the branch and rebase writes (bot.loop.forge_calls)
-        self.branches = branches or EveryBranch()  # when an experiment gets its branch
+        self.branching = Branching(  # when an experiment's branch is pushed, and what it does without one
+            store,
+            forge,
+            self.calls,
+            branches or EveryBranch(),
+            asset=baseline.task.asset,
+            backoff=backoff,
+            clock=clock,
+        )
         self.merge_wait = MergeWait(store, merge_gate, clock=clock)  # what people see of a keep first
         self.screening = screening.Screening(store, baseline, runs, identity=identity, profile=profile)
-        self._push_failures: dict[int, tuple[int, float]] = {}  # experiment -> (failed pushes in a row, retry at)
 
     def judge_all(self, main: Main) -> None:
         """Act on what people asked for, then give the judge's verdict to every experiment measured
@@ -131,69 +138,12 @@ class Lifecycle:
             if exp.state != State.PROPOSING and not (exp.state == State.MEASURING and exp.base_sha == main.sha):
                 merged = self.advance(exp, main) or merged
         try:
-            self._push_wanted_branches()
+            self.branching.push_wanted()
         except Exception as error:  # noqa: BLE001 - a branch people read must not lose the tick its merge
             log.warning(
                 "pushing the wanted branches failed (%s: %s); trying again next tick", type(error).__name__, error
             )
         return merged
-
-    def _push_wanted_branches(self) -> None:
-        """Push the branch of each experiment in flight without one that the branch policy now wants
-        (a run of it started, the judge asked to confirm it); where it is made off this thread, a
-        later tick records it. A merge makes its own (_step_merging), a close takes one still wanted."""
-        branchless = [
-            e
-            for e in self.store.experiments.active()
-            if e.head_sha is None and e.state in (State.BRANCHED, State.MEASURING, State.REBASING)
-        ]
-        if not branchless:
-            return
-        runs = self.store.runs.of_experiments([e.id for e in branchless])
-        for exp in branchless:
-            if self._wants_branch(exp, runs.get(exp.id, [])):
-                self._try_push(exp)
-
-    def _wants_branch(self, exp: Experiment, runs: list[Run]) -> bool:
-        """The branch policy's word on an experiment with these runs; yes, too, while a push of its
-        branch is being made (asked for when the policy said yes): its result is taken, not lost."""
-        if self.calls.holds(("branch", exp.id)):
-            return True
-        started = any(r.state not in (RunState.QUEUED, RunState.CANCELLED) for r in runs)
-        promising = any(r.purpose == "confirm" for r in runs)
-        return self.branches.wanted(exp.id, started=started, promising=promising)
-
-    def _try_push(self, exp: Experiment) -> Experiment | None:
-        """Push a branch that people read but the research does not need: a failure is logged and
-        tried again after a backoff of its own, and never charged to the experiment (its runs and
-        its verdict go on); None while it is being made, or waits, or failed."""
-        failures, retry_at = self._push_failures.get(exp.id, (0, 0.0))
-        if retry_at > self.clock():
-            return None
-        try:
-            return self._push_branch(exp)
-        except Exception as error:  # noqa: BLE001 - the branch is for people: its experiment goes on
-            wait = self.backoff.after(failures + 1)
-            self._push_failures[exp.id] = (failures + 1, self.clock() + wait)
-            log.warning("experiment %s: pushing its branch failed (%s); trying again in %.0fs", exp.id, error, wait)
-            return None
-
-    def _push_branch(self, exp: Experiment, *, inline: bool = False) -> Experiment | None:
-        """Push the experiment's branch as it stands (one commit of its asset on its base) and record
-        its head; None while the call is being made (bot.loop.forge_calls). A call made for an
-        older base or asset is dropped by its key: the branch is pushed again as it stands now.
-        `inline`: on this thread's forge, now (a keep's: every slot waits for its merge)."""
-        branch, files = exp.branch, {self.baseline.task.asset: exp.asset}
-        message = f"{exp.title}\n\n{exp.hypothesis}\n\nautoresearch-experiment: {exp.id}"
-
-        def push(forge: Forge) -> str:
-            return forge.create_branch(branch, exp.base_sha, files, message)
-
-        head = push(self.forge) if inline else self.calls.call(("branch", exp.id, exp.base_sha, exp.code_hash), push)
-        if head is PENDING:
-            return None
-        self._push_failures.pop(exp.id, None)
-        return self.store.experiments.update(exp.id, head_sha=head, event=f"pushed {exp.branch} at {head[:7]}")
 
     def _main_pending(self, main: Main) -> list[int]:
         """The ids of main's own runs queued or running, which a verdict may wait for (see
@@ -311,11 +261,11 @@ class Lifecycle:
         log.warning("experiment %s: %s step failed (%s); retrying in %.0fs", exp.id, exp.state, what, wait)
 
     def _step_proposed(self, exp: Experiment, main: Main) -> Experiment | None:
-        if not self.branches.wanted(exp.id, started=False, promising=False):
+        if self.branching.waits_at_proposal(exp):
             return self.store.experiments.update(
                 exp.id, state=State.BRANCHED, event="its branch waits until it is wanted (a run of it starts)"
             )
-        pushed = self._push_branch(exp)
+        pushed = self.branching.push(exp)
         if pushed is None:
             return None
         return self.store.experiments.update(pushed.id, state=State.BRANCHED)
@@ -493,7 +443,7 @@ class Lifecycle:
             if self.baseline.code_at(exp.base_sha) == main.code_hash:
                 return self.store.experiments.update(self._follow_main(exp, main.sha).id, state=State.MEASURING)
             try:
-                return self._remeasure(exp, main, None, self._regrafted(exp, main))
+                return self._remeasure(exp, main, None, self.branching.regrafted(exp, main))
             except MergeConflict as error:
                 return self._conflict(exp, main, error)
         if self.baseline.code_at(exp.base_sha) == main.code_hash:
@@ -516,16 +466,6 @@ class Lifecycle:
         if rebased is PENDING:
             return None
         return self._remeasure(exp, main, *rebased)
-
-    def _regrafted(self, exp: Experiment, main: Main) -> str:
-        """The experiment's asset re-grafted onto main without its branch: the 3-way merge a rebase
-        makes (its base's text, main's, its own). Raises MergeConflict."""
-        asset = self.baseline.task.asset
-        try:
-            base = self.forge.read_file(exp.base_sha, asset)  # a main of this process: known, no read
-        except FileNotFoundError:
-            base = ""
-        return merge_text(base, main.asset, exp.asset, path=asset, branch=exp.branch)
 
     def _conflict(self, exp: Experiment, main: Main, error: MergeConflict) -> Experiment:
         return self.store.experiments.update(
@@ -573,7 +513,7 @@ class Lifecycle:
 
     def _step_merging(self, exp: Experiment, main: Main) -> Experiment | None:
         if exp.head_sha is None:  # the commit main takes is its branch's: pushed first, at once
-            exp = self._push_branch(exp, inline=True) or exp  # inline: never pending
+            exp = self.branching.push(exp, inline=True) or exp  # inline: never pending
         if self.merge_wait.holds(exp):
             return None
         runs = exp.meta.get("runs", 1)
@@ -608,20 +548,10 @@ class Lifecycle:
         )
 
     def _step_closing(self, exp: Experiment, main: Main) -> Experiment | None:
-        if exp.head_sha is None and self._wants_branch(exp, self.store.runs.all(experiment_id=exp.id)):
-            # a run that ended before its branch was pushed: people see it. A push in flight is
-            # waited for; otherwise one try, unless pushes failed already: a failed push leaves it
-            # without (listed in the research log) rather than holding up its verdict
-            if self.calls.holds(("branch", exp.id)) or exp.id not in self._push_failures:
-                try:
-                    pushed = self._push_branch(exp)
-                except Exception as error:  # noqa: BLE001 - the branch is for people: the verdict goes on
-                    log.warning("experiment %s: pushing its branch failed (%s); closing without it", exp.id, error)
-                    pushed = exp
-                if pushed is None:
-                    return None  # being made
-                exp = pushed
-        self._push_failures.pop(exp.id, None)
+        closing = self.branching.before_close(exp)  # its branch, if wanted and not pushed yet
+        if closing is None:
+            return None
+        exp = closing
         if exp.head_sha is not None:  # one that never got its branch has nothing to close
             self.forge.close(exp.branch, exp.status or Status.DISCARD)
         exp = self.store.experiments.update(exp.id, state=State.DONE, event=f"{exp.status}: {exp.reason}")

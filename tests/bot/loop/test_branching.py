@@ -1,4 +1,4 @@
-"""When an experiment gets its branch (bot.core.protocols.BranchPolicy, bot.loop.lifecycle): a
+"""When an experiment gets its branch (bot.loop.branching, its policy bot.core.protocols.BranchPolicy): a
 proposal whose policy can wait runs from the asset its job carries, is re-grafted onto a newer
 main in memory, and is pushed when the policy wants it; a keep is always pushed before main takes
 it. The real local forge, counting its calls; a fake runner whose jobs end when the test says; no
