@@ -468,29 +468,20 @@ class Lifecycle:
         return self._remeasure(exp, main, *rebased)
 
     def _conflict(self, exp: Experiment, main: Main, error: MergeConflict) -> Experiment:
+        why = f"its change to {self.baseline.task.asset} conflicts with main {main.sha[:7]}: {error}"
+        return self._discard_unmeasured(exp, why, "conflict")
+
+    def _discard_unmeasured(self, exp: Experiment, why: str, event: str) -> Experiment:
+        """Discarded on the new main before a run there: no number of its own stands."""
         return self.store.experiments.update(
-            exp.id,
-            state=State.CLOSING,
-            status=Status.DISCARD,
-            val_bpb=None,
-            delta=None,
-            reason=f"its change to {self.baseline.task.asset} conflicts with main {main.sha[:7]}: {error}",
-            event="conflict",
+            exp.id, state=State.CLOSING, status=Status.DISCARD, val_bpb=None, delta=None, reason=why, event=event
         )
 
     def _remeasure(self, exp: Experiment, main: Main, head: str | None, text: str) -> Experiment:
         """Queue the re-measure of the experiment re-grafted onto main as `text` (at `head`, its
         branch's new commit; None without a branch), unless main already holds that."""
         if code_hash(text) == main.code_hash:
-            return self.store.experiments.update(
-                exp.id,
-                state=State.CLOSING,
-                status=Status.DISCARD,
-                val_bpb=None,
-                delta=None,
-                reason="main already holds this change",
-                event="already in main",
-            )
+            return self._discard_unmeasured(exp, "main already holds this change", "already in main")
         self.store.runs.add(
             experiment_id=exp.id,
             purpose="remeasure",

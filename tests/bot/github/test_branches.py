@@ -29,6 +29,14 @@ def degraded(budget: WriteBudget, clock: Clock) -> None:
     assert budget.decide_mode().mode == "degraded"
 
 
+def degraded_policy() -> tuple[Clock, WriteBudget, BudgetBranches]:
+    """A clock, a budget turned degraded on it, and the policy of a runner that carries the asset."""
+    clock = Clock()
+    budget = WriteBudget(clock=clock, limits=LIMITS)
+    degraded(budget, clock)
+    return clock, budget, BudgetBranches(budget, runner_reads_branch=False)
+
+
 @pytest.mark.parametrize("mode", ["full", "degraded"])
 def test_with_the_actions_runner_every_branch_is_pushed_at_once(mode: str) -> None:
     clock = Clock()
@@ -47,10 +55,7 @@ def test_in_full_mode_a_branch_waits_for_its_first_run() -> None:
 
 
 def test_degraded_only_a_promising_one_is_pushed_and_each_other_is_counted_once_in_the_forecast() -> None:
-    clock = Clock()
-    budget = WriteBudget(clock=clock, limits=LIMITS)
-    degraded(budget, clock)
-    policy = BudgetBranches(budget, runner_reads_branch=False)
+    clock, budget, policy = degraded_policy()
     before = budget.forecast()
     assert not policy.wanted(1, started=False, promising=False)
     assert not policy.wanted(1, started=True, promising=False)  # asked each tick: counted once
@@ -66,10 +71,7 @@ def test_degraded_only_a_promising_one_is_pushed_and_each_other_is_counted_once_
 
 
 def test_one_left_without_a_branch_stays_so_when_the_mode_turns_full_unless_it_turns_promising() -> None:
-    clock = Clock()
-    budget = WriteBudget(clock=clock, limits=LIMITS)
-    degraded(budget, clock)
-    policy = BudgetBranches(budget, runner_reads_branch=False)
+    clock, budget, policy = degraded_policy()
     before = budget.forecast()
     assert not policy.wanted(1, started=True, promising=False)
     assert not policy.wanted(2, started=True, promising=False)
@@ -93,10 +95,7 @@ def test_those_a_former_life_left_without_a_branch_stay_so() -> None:
 
 
 def test_one_proposed_while_degraded_is_pushed_when_it_starts_in_full_mode() -> None:
-    clock = Clock()
-    budget = WriteBudget(clock=clock, limits=LIMITS)
-    degraded(budget, clock)
-    policy = BudgetBranches(budget, runner_reads_branch=False)
+    clock, budget, policy = degraded_policy()
     before = budget.forecast()
     assert not policy.wanted(1, started=False, promising=False)  # waiting for a runner: nothing withheld yet
     assert budget.forecast() == before
