@@ -6,8 +6,9 @@ gives the judge's verdicts (bot.loop.lifecycle: the judge needs no forge), then 
 queued run on a freed slot, advances every other experiment up to its merge and close (a merge
 moved main, so main is read again, its baselines start and what ran on the old one follows it),
 dispatches what that queued, asks the agent for the next proposal in the background
-(bot.loop.proposals), dispatches queued runs to free slots, and shows the result to the publishers. The order serves the judge: the runs a verdict waits for come
-before it, a new main's baseline runs first, and no run starts on a main about to move. Nothing in a tick waits: the agent
+(bot.loop.proposals), dispatches queued runs to free slots, and shows the result to the
+publishers. The order serves the judge: the runs a verdict waits for come before it, a new main's
+baseline runs first, and no run starts on a main about to move. Nothing in a tick waits: the agent
 thinks on its own thread, runners are asked with lookup(), and GitHub is told on the publishing
 worker's thread (bot.loop.publishing): the tick only hands it the snapshot. A driver
 (bot.loop.driver) calls tick() when something arrives and on a slow timer. A phase that fails is

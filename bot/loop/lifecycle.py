@@ -23,11 +23,13 @@ keep anyway), then every active experiment as far as it goes without waiting:
     rebasing   re-graft its change onto the new main and queue a re-measure (or follow a main whose
                train.py did not change: its runs still count); without a branch yet, in memory: the
                same 3-way merge, no forge call (a proposal overtaken by a keep before it ran)
-    merging    fast-forward main to its measured commit (made now if it has no branch yet), compare-and-swap on the main it was
-               measured against; where a merge gate says people should see it first (full mode
-               on GitHub: its pull request, which GitHub refuses for a branch main already holds),
-               it waits for that, for a bounded time (bot.loop.merge_gate)
-    closing    mark its branch closed with its verdict; done
+    merging    fast-forward main to its measured commit (pushed now if it has no branch yet),
+               compare-and-swap on the main it was measured against; where a merge gate says
+               people should see it first (full mode on GitHub: its pull request, which GitHub
+               refuses for a branch main already holds), it waits for that, for a bounded time
+               (bot.loop.merge_gate)
+    closing    mark its branch closed with its verdict (one never pushed: pushed first if the
+               policy wants it, else nothing to mark); done
 
 `judge_all()` does what needs no forge (people's requests, the verdicts on main) early in the tick,
 `advance_all()` the rest. A step that fails is retried with backoff; after `step_retries` failures
