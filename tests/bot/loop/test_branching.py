@@ -7,6 +7,7 @@ training."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -319,3 +320,35 @@ def test_a_run_queued_before_its_branch_was_pushed_carries_the_commit_once_there
     [exp] = loop.store.experiments.all()
     first, again = [job for job in runner.jobs.values() if job.experiment_id]
     assert first.commit == "" and again.commit == exp.head_sha  # the re-run went out after the push
+
+
+def test_a_push_in_flight_is_recorded_even_if_the_policy_has_turned_to_no_by_then(tmp_path: Path) -> None:
+    gate = threading.Event()
+
+    class GatedForge(CountingForge):
+        def create_branch(self, branch: str, base_sha: str, files: dict[str, str], message: str) -> str:
+            if branch.startswith("autoresearch/"):
+                gate.wait(10)
+            return super().create_branch(branch, base_sha, files, message)
+
+    worker = ForgeWorker(lambda: GatedForge(tmp_path / "repo"))
+    runner, policy = FakeRunner(auto=False), Policy("started")
+    loop = make(tmp_path, [proposal(+0.1, "worse")], policy, runner, worker)
+    loop.wake_on(lambda: None)
+    try:
+
+        def push_asked() -> bool:
+            for run in loop.store.runs.all(state="running"):
+                if run.purpose == "baseline":
+                    runner.finish(run.id)
+            return worker.holds(("branch", 1))
+
+        tick_until(loop, push_asked)  # its run started: its push is on the worker, held at the gate
+        policy.when = "never"  # the degraded mode, say, from here on
+        gate.set()
+        tick_until(loop, lambda: loop.store.experiments.get(1).head_sha is not None)
+    finally:
+        gate.set()
+        worker.close(5.0)
+    exp = loop.store.experiments.get(1)
+    assert loop.forge.branch_head(exp.branch) == exp.head_sha  # made on GitHub, and recorded: no orphan
