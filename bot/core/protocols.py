@@ -119,10 +119,12 @@ class Forge(Protocol):
         """
         ...
 
-    def merge(self, branch: str, expected_main: str, message: str) -> str:
+    def merge(self, branch: str, expected_main: str, message: str, *, measured: str | None = None) -> str:
         """Squash-merge `branch` into main as one commit on `expected_main`; return main's new sha.
 
-        Raises MainMoved if main is not at `expected_main` or the branch is not based on it.
+        Raises MainMoved if main is not at `expected_main` or the branch is not based on it, and
+        ForgeError if `measured` (the commit the judge's runs were of) is given and the branch has
+        moved off it since: what lands on main is what was measured, or nothing.
         Idempotent: if main already is a commit with this message on `expected_main`, return it.
         """
         ...

@@ -244,7 +244,7 @@ class LocalForge:
 
     # -- main ------------------------------------------------------------------------------------
 
-    def merge(self, branch: str, expected_main: str, message: str) -> str:
+    def merge(self, branch: str, expected_main: str, message: str, *, measured: str | None = None) -> str:
         main_ref = f"refs/heads/{self.main_branch}"
         expected = self._resolve(expected_main) or expected_main
         current = self.main_sha()
@@ -256,6 +256,8 @@ class LocalForge:
         head_sha = self.branch_head(branch)
         if head_sha is None:
             raise ForgeError(f"no such branch: {branch}")
+        if measured is not None and head_sha != measured:
+            raise ForgeError(f"{branch} moved to {head_sha[:7]} since {measured[:7]} was measured: not merged")
         head = self.repo.commit(head_sha)
         if [p.hexsha for p in head.parents] != [expected]:
             raise MainMoved(f"{branch} is not based on main {expected}: rebase and re-measure")

@@ -129,7 +129,7 @@ class MemoryForge:
 
     # -- main ------------------------------------------------------------------------------------
 
-    def merge(self, branch: str, expected_main: str, message: str) -> str:
+    def merge(self, branch: str, expected_main: str, message: str, *, measured: str | None = None) -> str:
         expected = self._resolve(expected_main) or expected_main
         current = self.main_sha()
         if current != expected:
@@ -140,6 +140,8 @@ class MemoryForge:
         head_sha = self.heads.get(branch)
         if head_sha is None:
             raise ForgeError(f"no such branch: {branch}")
+        if measured is not None and head_sha != measured:
+            raise ForgeError(f"{branch} moved to {head_sha[:7]} since {measured[:7]} was measured: not merged")
         head = self.commits[head_sha]
         if head.parent != expected:
             raise MainMoved(f"{branch} is not based on main {expected}: rebase and re-measure")

@@ -323,7 +323,7 @@ class GitHubForge:
         return sha
 
     # -- main ------------------------------------------------------------------------------------
-    def merge(self, branch: str, expected_main: str, message: str) -> str:
+    def merge(self, branch: str, expected_main: str, message: str, *, measured: str | None = None) -> str:
         """Fast-forward main to the branch's head, the measured commit (`message` goes to the pull
         request's comment, not to a commit: the commit that lands is exactly the one measured)."""
         head = self.branch_head(branch)
@@ -332,6 +332,8 @@ class GitHubForge:
         current = self.main_sha()
         if current == head:
             return head  # an earlier attempt did it; its answer was lost
+        if measured is not None and head != measured:
+            raise ForgeError(f"{branch} moved to {head[:7]} since {measured[:7]} was measured: not merged")
         if current != expected_main:
             raise MainMoved(f"main is at {current[:7]}, not {expected_main[:7]}")
         if self._commit(head)[1] != [expected_main]:

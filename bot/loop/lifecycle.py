@@ -522,7 +522,7 @@ class Lifecycle:
             + ("\nautoresearch-kept-for: simplicity" if simpler else "")
         )
         try:
-            merged = self.forge.merge(exp.branch, exp.base_sha, message)
+            merged = self.forge.merge(exp.branch, exp.base_sha, message, measured=exp.head_sha)
         except MainMoved as error:
             # Someone moved main since the tick read it: only where it went matters here (its sha and
             # its train.py); the rest of the tick goes on with the main it read, the next reads the new one.

@@ -157,6 +157,17 @@ def test_merging_fast_forwards_main_to_the_measured_commit(forge: GitHubForge, s
     assert forge.merge(BRANCH, main, "kept") == head  # a retry after the merge happened
 
 
+def test_a_branch_moved_since_it_was_measured_is_not_merged(forge: GitHubForge, standin: GitHubStandIn) -> None:
+    main = forge.main_sha()
+    measured = forge.create_branch(BRANCH, main, {"train.py": changed(3, "wider")}, "wider")
+    # force-pushed since: another single commit on main, as a person with write access could
+    other = new_forge(standin).create_branch(BRANCH, main, {"train.py": changed(3, "unmeasured")}, "x")
+    assert other != measured
+    with pytest.raises(ForgeError, match="since .* was measured: not merged"):
+        forge.merge(BRANCH, main, "kept", measured=measured)
+    assert forge.main_sha() == main
+
+
 def test_a_moved_main_refuses_the_merge(forge: GitHubForge, standin: GitHubStandIn) -> None:
     main = forge.main_sha()
     forge.create_branch(BRANCH, main, {"train.py": changed(3, "wider")}, "wider")

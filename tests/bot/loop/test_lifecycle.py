@@ -297,12 +297,12 @@ def test_main_moving_at_the_merge_rebases_and_remeasures(tmp_path: Path) -> None
     class MovesMainAtMerge(LocalForge):
         moved = False
 
-        def merge(self, branch: str, expected_main: str, message: str) -> str:
+        def merge(self, branch: str, expected_main: str, message: str, *, measured: str | None = None) -> str:
             if not self.moved and branch.startswith("autoresearch/"):
                 self.moved = True
                 human = MAIN.replace("WARMDOWN_RATIO = 0.5", "WARMDOWN_RATIO = 0.45")
                 commit_to_main(self, {"train.py": human})
-            return super().merge(branch, expected_main, message)
+            return super().merge(branch, expected_main, message, measured=measured)
 
     init_research_repo(tmp_path / "repo", {"train.py": MAIN, "program.md": program(**FAST)})
     forge = MovesMainAtMerge(tmp_path / "repo")
@@ -319,11 +319,11 @@ def test_main_moving_at_the_merge_without_touching_train_py_merges_without_a_rem
     class CommitsProgramAtMerge(LocalForge):
         moved = False
 
-        def merge(self, branch: str, expected_main: str, message: str) -> str:
+        def merge(self, branch: str, expected_main: str, message: str, *, measured: str | None = None) -> str:
             if not self.moved and branch.startswith("autoresearch/"):
                 self.moved = True
                 commit_to_main(self, {"program.md": program(**FAST) + "\nA human note.\n"})
-            return super().merge(branch, expected_main, message)
+            return super().merge(branch, expected_main, message, measured=measured)
 
     init_research_repo(tmp_path / "repo", {"train.py": MAIN, "program.md": program(**FAST)})
     forge = CommitsProgramAtMerge(tmp_path / "repo")

@@ -217,11 +217,11 @@ class MergeFailsOnce(MemoryForge):
 
     failed = False
 
-    def merge(self, branch: str, expected_main: str, message: str) -> str:
+    def merge(self, branch: str, expected_main: str, message: str, *, measured: str | None = None) -> str:
         if not self.failed:
             self.failed = True
             raise ConnectionError("GitHub is down")
-        return super().merge(branch, expected_main, message)
+        return super().merge(branch, expected_main, message, measured=measured)
 
 
 def test_while_a_keep_waits_to_be_merged_no_run_starts_on_the_main_it_will_move(tmp_path: Path) -> None:
