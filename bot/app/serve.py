@@ -490,14 +490,14 @@ class Service:
         task = main_task(forge, store)
         refuse_other_task(store, task, settings.state_dir)
         parts = self.make_parts(settings, self.client, task)
-        # The publishing worker (bot.loop.publishing) has connections of its own: to the store (a Store
-        # serves one thread at a time) and to GitHub (a PyGithub connection holds the one request being
-        # made, so two threads on it would swap each other's requests). The write budget is shared.
-        # pushed once something reads them: at once for Actions (it checks out the job's commit), else
-        # once a run starts, and in the degraded mode only for kept and promising ones
+        # Experiment branches, pushed once something reads them: at once for Actions (it checks out the
+        # job's commit), else once a run starts, and in the degraded mode only for kept and promising ones
         branches = BudgetBranches(self.client.budget, runner_reads_branch=settings.runner == "actions")
         if self.client.budget.mode.mode == "degraded":  # what a former life left without a branch stays so
             branches.left_unbranched(store.experiments.started_without_branch())
+        # The publishing worker (bot.loop.publishing) has connections of its own: to the store (a Store
+        # serves one thread at a time) and to GitHub (a PyGithub connection holds the one request being
+        # made, so two threads on it would swap each other's requests). The write budget is shared.
         publishing_store = Store(self.store_path)
         publishing_repo = GitHubClient(settings.github(), sleep=self.github_sleep, budget=self.client.budget).repo()
         publisher = GitHubPublisher(

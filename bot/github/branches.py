@@ -15,9 +15,9 @@ ran. So the branch policy (bot.core.protocols.BranchPolicy) asks who reads the b
   for promising and kept experiments; the others get no branch either (two writes each saved). They
   are listed in the research log with their change, not a commit (bot.github.summaries). A kept
   one always gets its branch: main takes its commit. One whose run started while the mode was
-  degraded stays without a branch when the mode turns full again, unless it turns promising: pushing every one in flight at once would
-  weigh in the forecast as a burst of experiments and send the mode straight back (and they would
-  get no pull request meanwhile). A restart forgets which were left so, and when (the forecast
+  degraded stays without a branch when the mode turns full again, unless it turns promising:
+  pushing every one in flight at once would weigh in the forecast as a burst of experiments and
+  send the mode straight back (and they would get no pull request meanwhile). A restart forgets which were left so, and when (the forecast
   does not count them for an hour); if it finds the mode degraded, those in flight, started and
   without a branch, are told again (`left_unbranched`), so none is pushed in a burst then either.
 """

@@ -27,9 +27,9 @@ plus the research log's LOG_WRITES_PER_HOUR. An experiment whose branch the degr
 unmade (bot.github.branches, `note_unbranched`) counts as one more experiment and its branch's
 BRANCH_WRITES, so the savings of the degraded mode do not talk it back into the full one; one that
 gets its branch later (promising) is forgotten then (`forget_unbranched`), its writes counting it.
-The notes are kept in memory only: for an hour after a restart the forecast does not see them. Above ENTER of the hour's limit the mode turns
-"degraded" (what that shows and what it leaves out: bot.github.publisher); below LEAVE it turns
-"full" again. Each change is written to the ledger with when and why, and logged.
+The notes are kept in memory only: for an hour after a restart the forecast does not see them.
+Above ENTER of the hour's limit the mode turns "degraded" (what that shows and what it leaves out:
+bot.github.publisher); below LEAVE it turns "full" again. Each change is written to the ledger with when and why, and logged.
 """
 
 from __future__ import annotations
