@@ -135,8 +135,9 @@ def kill_tree(roots: Collection[int], *, orphans_of: int | None = None, spare: C
     """SIGKILL `roots` and everything below them, pass after pass until nothing is left; with
     `orphans_of` (this process, a subreaper), also its children that are not in `spare` (the
     processes it started itself and still manages: another run's) and everything below those.
-    Zombies among this process's children that no one else waits for are reaped. Returns how
-    many processes were killed."""
+    Zombies among this process's children that no one else waits for are reaped. Returns, with how
+    many processes were killed, once every one of them is gone or a zombie, wherever it has moved
+    in the tree meanwhile."""
     me = os.getpid()
     killed: set[tuple[int, int]] = set()
     deadline = time.monotonic() + KILL_PASSES_S
@@ -150,7 +151,11 @@ def kill_tree(roots: Collection[int], *, orphans_of: int | None = None, spare: C
         for pid in tree - alive:  # an orphan it adopted: nobody else will reap it
             if procs[pid].ppid == me and pid not in spare and pid not in roots:
                 _reap(pid)
-        if not alive or time.monotonic() > deadline:
+        # A process killed on an earlier pass may still be dying outside the tree: its parent died
+        # first and it was re-parented away (a pid namespace's first process waits for the whole
+        # namespace before it dies). Killed is not gone; wait for it too.
+        dying = {pid for pid, start in killed if pid in procs and procs[pid].start == start and not procs[pid].zombie}
+        if not (alive or dying) or time.monotonic() > deadline:
             return len(killed)
         for pid in alive:
             try:
