@@ -29,7 +29,9 @@ Reported per K:
   own timestamps), p50/p95/max, as a share of the scaled budget, and where it went: waiting for
   the tick in progress to end, the dispatching tick's work before dispatch, or no run ready; the
   same for the tail alone (the gaps from the 90th percentile up), with the purposes of the runs
-  that ended them;
+  that ended them; and the same p95 and max before the drain ("p95 bd", "max bd": the gaps that
+  began before the agent was asked its last question; after it, a slot that frees waits for what
+  the judge still wants, where in service the agent would be asked again);
 - the bot's CPU seconds per experiment: time.process_time() of this process (the stand-in is
   elsewhere) minus this main thread's own, and the conductor thread's time.thread_time();
 - the proposal pipeline: the share of the window the agent was thinking, proposals per budget,
@@ -765,7 +767,10 @@ def report(
     mean_slots = capacity / span if span > 0 else k
     ideal = mean_slots * 3600 / REAL_BUDGET_S
 
-    gaps, parts = [], Counter()
+    # the drain: once the agent has been asked its last question (the bench's N experiments), a slot
+    # that frees waits for whatever the judge still wants; in service the agent would be asked again
+    last_question = max((q[0] for q in agent.asked), default=float("inf"))
+    gaps, parts, steady_gaps = [], Counter(), []
     each: list[tuple[float, Counter, str]] = []  # (gap, where it went, the purpose of the run that ended it)
     spans: list[tuple[int, float, float]] = []  # (slot, end, start) of each gap, as `each`
     ticks = [t for t in service.ticks if "end" in t]
@@ -776,6 +781,8 @@ def report(
                 continue  # the slot was taken away meanwhile: no runner waited
             gap = start - end
             gaps.append(gap)
+            if end < last_question:
+                steady_gaps.append(gap)
             where = gap_parts(end, start, ticks)
             parts.update(where)
             each.append((gap, where, purpose.get(next_run, "?")))
@@ -827,6 +834,9 @@ def report(
         "gap_p50": round(percentile(gaps, 0.5) / budget, 4),
         "gap_p95": round(percentile(gaps, 0.95) / budget, 4),
         "gap_max": round(max(gaps, default=0) / budget, 4),
+        "gap_before_drain_n": len(steady_gaps),
+        "gap_before_drain_p95": round(percentile(steady_gaps, 0.95) / budget, 4),
+        "gap_before_drain_max": round(max(steady_gaps, default=0) / budget, 4),
         "gap_p50_s": round(percentile(gaps, 0.5), 3),
         "gap_p95_s": round(percentile(gaps, 0.95), 3),
         "gap_parts_s": {name: round(v / max(1, len(gaps)), 3) for name, v in parts.items()},
@@ -930,7 +940,8 @@ def gap_parts(end: float, start: float, ticks: list[dict[str, Any]]) -> Counter:
 def table(rows: list[dict[str, Any]]) -> str:
     head = (
         f"{'K':>3} {'exps':>5} {'runs/exp':>8} {'exp/h':>7} {'ideal':>6} {'of ideal':>8} {'steady':>6} {'util':>6} "
-        f"{'util exp':>8} {'gap p50':>8} {'gap p95':>8} {'gap max':>8} {'cpu/exp':>8} {'cond cpu':>8} "
+        f"{'util exp':>8} {'gap p50':>8} {'gap p95':>8} {'gap max':>8} {'p95 bd':>7} {'max bd':>7} "
+        f"{'cpu/exp':>8} {'cond cpu':>8} "
         f"{'api/exp':>7} {'wr/exp':>6} {'wr/h':>6} {'mode':>8} {'pacer s':>7}"
     )
     lines = [head]
@@ -940,7 +951,8 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"{r['ideal_per_h']:>6.0f} {r['share_of_ideal']:>8.1%} "
             f"{r['utilisation_steady'] or 0:>6.1%} {r['utilisation']:>6.1%} "
             f"{r['utilisation_experiments']:>8.1%} {r['gap_p50']:>8.2%} {r['gap_p95']:>8.2%} "
-            f"{r['gap_max']:>8.2%} {r['cpu_per_exp']:>8.3f} {r['conductor_cpu_per_exp']:>8.3f} "
+            f"{r['gap_max']:>8.2%} {r['gap_before_drain_p95']:>7.2%} {r['gap_before_drain_max']:>7.2%} "
+            f"{r['cpu_per_exp']:>8.3f} {r['conductor_cpu_per_exp']:>8.3f} "
             f"{r['api_requests_per_exp']:>7.1f} {r['api_creating_per_exp']:>6.1f} {r['api_writes_per_h']:>6.0f} "
             f"{r['write_mode']:>8} {r['pacer_waited_s']:>7.2f}"
         )

@@ -28,10 +28,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from bot.core import simplicity
 from bot.core.protocols import Agent, BranchPolicy, Forge, Publisher, Runner, Snapshot
 from bot.core.router import Router
 from bot.core.states import RunState, State, Status
-from bot.loop import inbox, measurement
+from bot.loop import inbox, judge, measurement
 from bot.loop.agent_worker import AgentWorker
 from bot.loop.baseline import Baseline, Main
 from bot.loop.errors import RepeatedErrors
@@ -160,12 +161,14 @@ class Conductor:
         self.stop_reason = ""  # why the loop proposes nothing more, as the last tick saw it ('' while it goes on)
         self._started = False  # tick() starts the conductor itself when nobody called start()
         self._errors = RepeatedErrors(store)  # one that repeats at every tick is recorded once
+        self._sized: set[str] = set()  # code hashes of the assets in flight that idle() has sized
 
     def start(self) -> None:
         """Pin the measurement identity; called once, before the first tick."""
         for message in measurement.pin(self.store, self.config.identity):
             log.warning("%s", message)
         self._started = True
+        judge.warm()
         for exp in self.store.experiments.in_state(State.DONE):  # a kill may have come between a run and this
             if exp.status == Status.KEEP and exp.remeasured_delta is None and exp.code_hash:
                 self.baseline.note_remeasured_delta(exp.code_hash, self.baseline.read())
@@ -283,6 +286,32 @@ class Conductor:
     def close_publishing(self, timeout: float | None = None) -> bool:
         """Flush, then end the publishing worker's thread (a later tick starts it again)."""
         return self.publishing is None or self.publishing.close(timeout)
+
+    def idle(self, busy: Callable[[], bool]) -> None:
+        """Work that can wait, done while the driver has nothing else for the conductor, until
+        `busy()`: the size of each train.py in flight (bot.core.simplicity, about 20 ms each, cached),
+        which the verdict on it will ask for. Sized here, it is not sized in the tick that collects
+        its run, while the slots that run freed wait for that tick (bench/duty_cycle.py)."""
+        try:
+            in_flight = self.store.experiments.active_code()
+            for exp_id, code in in_flight:
+                if busy():
+                    return
+                if code not in self._sized:
+                    simplicity.size(self.store.experiments.get(exp_id).asset or "")
+                    self._sized.add(code)
+            self._sized &= {code for _, code in in_flight}
+        except Exception as error:  # noqa: BLE001 - nothing here is needed: the verdict sizes what is not
+            log.warning("work ahead while idle failed: %s", error)
+
+    def next_due_s(self) -> float | None:
+        """Seconds until something is due that nobody will announce (a question the paced lookahead
+        will want), or None: the driver ticks then rather than at its timer."""
+        try:
+            return self.proposals.next_question_due_s(self.stop_reason)
+        except Exception as error:  # noqa: BLE001 - the timer still catches it
+            log.warning("could not tell when the next question is due: %s", error)
+            return None
 
     def wake_on(self, callback: Callable[[], None]) -> None:
         """Call `callback` (from any thread) when the agent answers, a runner has news or a forge call ends."""

@@ -3,7 +3,9 @@
 Something arrives when the agent answers, a runner says a job changed (both call `wake()` from
 their own threads), or a new inbox entry appears in the store (written by another process, so it
 is polled: one indexed query every `inbox_poll_s`). The timer catches what nobody announces (a
-job adopted after a restart, a run past its deadline, a retry whose backoff ran out). The same
+job adopted after a restart, a run past its deadline, a retry whose backoff ran out), and the
+conductor names the one moment it can foresee (`next_due_s`: a running run comes within the paced
+lookahead's horizon, so a question should be opened for its slot) for a tick then. The same
 driver runs `autoresearch demo` and the long-running service. Before it returns (finished,
 stopped, or main needs a person) it waits for the publishing worker to show the last tick's
 snapshot (bot.loop.publishing), so what people see is never left one tick behind; but at most
@@ -24,6 +26,7 @@ from bot.loop.conductor import Conductor, ConductorError, Summary
 log = logging.getLogger(__name__)
 
 PUBLISH_CLOSE_S = 20.0  # the longest the driver waits for the publishing worker before it returns
+MIN_WAIT_S = 0.01  # a due time already reached ticks again after this, not in a busy loop
 
 
 class Driver:
@@ -92,7 +95,10 @@ class Driver:
         return conductor.summary()
 
     def _wait(self, seen_inbox: int) -> None:
-        deadline = time.monotonic() + self.timer_s
+        self.conductor.idle(self._wake.is_set)  # work that can wait, until something arrives
+        due_s = self.conductor.next_due_s()
+        wait_s = self.timer_s if due_s is None else min(self.timer_s, max(MIN_WAIT_S, due_s))
+        deadline = time.monotonic() + wait_s
         while not self._wake.is_set():
             left = deadline - time.monotonic()
             if left <= 0:

@@ -209,6 +209,13 @@ def t_multiplier(z: float, dof: int) -> float:
     return float(special.stdtrit(dof, special.ndtr(z)))  # t quantile at the normal's P(Z <= z)
 
 
+def warm() -> None:
+    """Load what the first verdict needs (scipy's special functions: a fifth of a second of CPU),
+    so that the first results a conductor collects, main's first runs ending together on every
+    slot, do not wait for it (bench/duty_cycle.py saw it as the longest gaps at four slots)."""
+    t_multiplier(2.0, 1)
+
+
 def margin(noise: Noise, n_candidate: int, n_main: int, config: JudgeConfig) -> float:
     """The improvement a candidate with `n_candidate` runs must exceed against `n_main` runs of main."""
     z = config.noise_sigmas if n_candidate < 2 else config.confirm_sigmas

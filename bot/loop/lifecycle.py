@@ -329,7 +329,10 @@ class Lifecycle:
             lost = self._worse_where_it_ran(exp, main, candidate)
             if lost is not None:
                 return lost
-        simpler = simplicity.simplification(main.asset, exp.asset) if exp.asset else None
+        # sizing a train.py takes tens of milliseconds: only for a verdict that can use it (on this
+        # main, with a number), not for a re-measure or a crash, which come in waves after a keep
+        judged_here = failed is None and bool(candidate) and exp.base_sha == main.sha
+        simpler = simplicity.simplification(main.asset, exp.asset) if exp.asset and judged_here else None
         pairs = self.baseline.pairs_of(exp.id, exp.code_hash) if exp.code_hash else None
         decision = decide(
             candidate=candidate,

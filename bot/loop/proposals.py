@@ -177,6 +177,20 @@ class Proposals:
         need = self.runner.slots + lookahead - waiting - unqueued - proposing
         return min(need, left, self.open_limit - proposing)
 
+    def next_question_due_s(self, stop_reason: str) -> float | None:
+        """Seconds until the paced lookahead grows by itself: a running run comes within the pacing
+        horizon of its end, so a question should be open for the slot it will free. Nothing else
+        announces that moment (no run ended, no answer came), so the driver wakes for it; waiting
+        for its timer instead asked late and left the slot idle (bench/duty_cycle.py). None when
+        the lookahead is not paced or nothing more will be asked."""
+        if self.lookahead is not None or stop_reason or self.stopped or self.baseline.blocked:
+            return None
+        runs, run_s = self.store.runs, self.store.runs.recent_length_s()
+        ready_s = runs.recent_ready_s()
+        if ready_s is None or run_s is None or run_s < PACED_FROM_RUN_S:
+            return None
+        return runs.next_ending_within(PACING_SLACK * ready_s, run_s)
+
     def propose(self, main: Main, stop_reason: str) -> None:
         """Collect the answers there are (at most ANSWERS_PER_TICK; more waiting wake the driver
         again); ask again where an answer was refused or a backoff ran out; open new questions while

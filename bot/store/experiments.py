@@ -181,6 +181,16 @@ class Experiments:
         """The experiments not done yet, those being proposed included."""
         return self._select(f"WHERE state IN ({', '.join('?' for _ in ACTIVE)})", ACTIVE)
 
+    def active_code(self) -> list[tuple[int, str]]:
+        """(id, code hash) of each experiment not done yet that has its asset, in id order: what
+        is in flight, without reading the texts."""
+        rows = self.db.execute(
+            f"SELECT id, code_hash FROM experiments WHERE state IN ({', '.join('?' for _ in ACTIVE)}) "
+            "AND asset IS NOT NULL AND code_hash IS NOT NULL ORDER BY id",
+            ACTIVE,
+        )
+        return [(int(row[0]), str(row[1])) for row in rows]
+
     def started_without_branch(self) -> list[int]:
         """The experiments in flight, a run of them started, that have no branch pushed yet
         (bot.github.branches: a degraded mode left them so)."""

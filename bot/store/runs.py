@@ -306,6 +306,16 @@ class Runs:
             (run_s, time.time() + horizon_s),
         ).fetchone()[0]
 
+    def next_ending_within(self, horizon_s: float, run_s: float) -> float | None:
+        """Seconds from now until the next running run, each lasting `run_s`, comes within `horizon_s`
+        of its end; None when every running run is there already (or none runs)."""
+        now = time.time()
+        row = self.db.execute(
+            "SELECT MIN(started_at) FROM runs WHERE state = 'running' AND started_at IS NOT NULL AND started_at + ? > ?",
+            (run_s - horizon_s, now),
+        ).fetchone()
+        return None if row[0] is None else row[0] + run_s - horizon_s - now
+
     def latest_ok(self, purpose: str, limit: int) -> list[Run]:
         """The latest `limit` finished runs of this purpose that reported ok, newest first."""
         rows = self.db.execute(

@@ -12,6 +12,7 @@ import pytest
 from fakes import CRASH_MARK, IDENTITY, SMALL_TRAIN_PY, FailingAgent, FakeRunner, SlowAgent, result_for, with_effect
 
 from bot.agent.scripted import ScriptedAgent
+from bot.core import simplicity
 from bot.core.protocols import AgentError, ForgeError
 from bot.core.records import Proposal, RunResult, RunStatus, code_hash
 from bot.forge.local import LocalForge, init_research_repo
@@ -291,6 +292,32 @@ def test_main_moving_under_a_measured_change_sends_it_to_a_remeasure(tmp_path: P
     remeasures = [r for r in loop.store.runs.all(experiment_id=exp.id) if r.purpose == "remeasure"]
     assert len(remeasures) == 1 and "WARMDOWN_RATIO = 0.45" in remeasures[0].asset
     assert exp.status == "keep" and exp.val_bpb == pytest.approx(remeasures[0].val_bpb)
+
+
+def test_a_change_sent_to_a_remeasure_before_it_ran_is_not_sized(tmp_path: Path, monkeypatch) -> None:
+    """A keep sends every change queued on the old main to a re-measure in the same tick, while the
+    slots it freed wait: sizing each train.py (tens of milliseconds) for a verdict that cannot use
+    it would be that wait."""
+    runner = FakeRunner(auto=False)  # one slot: main's runs hold it, the candidate's run stays queued
+    loop = make(tmp_path, ScriptedAgent([proposal(-0.1, "better")]), runner=runner, experiments=1)
+
+    def candidate_queued() -> bool:
+        if [r for r in loop.store.runs.all(state="queued") if r.purpose == "candidate"]:
+            return True
+        for run_id in runner.running():  # main's runs end one by one; the last still holds the slot
+            if len(loop.store.runs.all(state="done")) < 1:
+                runner.finish(run_id)
+        return False
+
+    tick_until(loop, candidate_queued)
+    commit_to_main(loop.forge, {"train.py": MAIN.replace("WARMDOWN_RATIO = 0.5", "WARMDOWN_RATIO = 0.45")})
+    sized: list[str] = []
+    real = simplicity.simplification
+    monkeypatch.setattr(simplicity, "simplification", lambda before, after: sized.append(after) or real(before, after))
+    loop.tick()
+    exp = loop.store.experiments.all()[0]
+    assert [r.purpose for r in loop.store.runs.all(experiment_id=exp.id, state="queued")] == ["remeasure"]
+    assert sized == []
 
 
 def test_main_moving_at_the_merge_rebases_and_remeasures(tmp_path: Path) -> None:

@@ -466,6 +466,9 @@ def test_runs_due_to_end_are_those_started_a_run_length_ago_less_the_horizon() -
     assert store.runs.ending_within(30.0, 300.0) == 1  # ends in 10 s
     assert store.runs.ending_within(60.0, 300.0) == 2  # ... and in 50 s
     assert store.runs.ending_within(300.0, 300.0) == 4
+    # the next to come within 30 s of its end is the one started 250 s ago: in 20 s
+    assert store.runs.next_ending_within(30.0, 300.0) == pytest.approx(20.0, abs=1.0)
+    assert store.runs.next_ending_within(300.0, 300.0) is None  # all are there already
 
 
 def test_a_rack_with_a_quick_agent_prepares_only_the_few_proposals_its_pace_needs() -> None:
@@ -481,10 +484,27 @@ def test_a_rack_with_a_quick_agent_prepares_only_the_few_proposals_its_pace_need
     loop.tick()
     assert len(loop.runner.running()) == 16  # main's 2 runs and 14 candidates
     assert len(proposed(loop)) == 14 + 1 and not proposing(loop)
+    # nothing announces the moment the runs come within a proposal's time (20 s, counted half
+    # again) of their end: the conductor names it, and the driver ticks then, not at its timer
+    assert 300.0 - 30.0 - 5.0 < loop.next_due_s() <= 300.0 - 30.0
     loop.store.db.execute("UPDATE runs SET started_at = started_at - 290 WHERE state = 'running'")
+    assert loop.next_due_s() is None  # all are due now: nothing more to wake for
     tick_until(loop, woken, lambda: not proposing(loop) and len(proposed(loop)) >= 14 + 16)
     loop.tick()
     assert len(proposed(loop)) == 14 + 16  # all 16 due: one ahead per slot, the most there is
+
+
+def test_no_question_is_due_where_the_lookahead_is_set_or_the_agent_is_asked_nothing_more() -> None:
+    agent = Gated(distinct)
+    agent.release_all()
+    for config, stop in (({"lookahead": 2}, False), ({}, True)):
+        loop, woken = fresh(agent, slots=4, **config)
+        loop.store.runs.recent_ready_s = lambda limit=32: 20.0  # type: ignore[method-assign]
+        loop.store.runs.recent_length_s = lambda limit=32: 300.0  # type: ignore[method-assign]
+        tick_until(loop, woken, lambda loop=loop: not proposing(loop) and len(proposed(loop)) >= 2)
+        if stop:
+            loop.proposals.stopped = "the agent has nothing more to propose"
+        assert loop.runner.running() and loop.next_due_s() is None
 
 
 def test_without_a_pace_yet_a_rack_prepares_one_proposal_per_slot() -> None:

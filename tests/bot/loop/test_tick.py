@@ -129,3 +129,37 @@ def test_results_tsv_follows_each_decision_and_idle_ticks_leave_it_alone(tmp_pat
     path.write_text("edited by hand\n")
     loop.tick()  # a tick that changes nothing it shows writes nothing
     assert path.read_text() == "edited by hand\n"
+
+
+def test_the_idle_conductor_sizes_each_train_py_in_flight_once(tmp_path: Path, monkeypatch) -> None:
+    """The size of a train.py (tens of milliseconds) is worked out while the driver waits, not in the
+    tick that collects its run and judges it, while the slots it freed wait."""
+    from bot.core import simplicity
+
+    init_research_repo(tmp_path / "repo", {"train.py": MAIN, "program.md": PROGRAM})
+    runner = FakeRunner(slots=4, auto=False)
+    loop = Conductor(
+        Store(tmp_path / "state.db"),
+        LocalForge(tmp_path / "repo"),
+        runner,
+        ScriptedAgent([better("a"), better("b")]),
+        ConductorConfig(profile="smoke", identity=dict(IDENTITY), max_experiments=2),
+    )
+    woken = threading.Event()
+    loop.wake_on(woken.set)
+    for _ in range(200):
+        woken.clear()
+        loop.tick()
+        if len([e for e in loop.store.experiments.all() if e.asset]) == 2:
+            break
+        woken.wait(timeout=0.05)
+    sized: list[str] = []
+    monkeypatch.setattr(simplicity, "size", lambda text: sized.append(text))
+    in_flight = {e.asset for e in loop.store.experiments.all()}
+
+    loop.idle(lambda: True)  # something arrived: nothing is done
+    assert sized == []
+    loop.idle(lambda: False)
+    assert set(sized) == in_flight and len(sized) == 2
+    loop.idle(lambda: False)  # each once
+    assert len(sized) == 2
