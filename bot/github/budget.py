@@ -29,7 +29,11 @@ BRANCH_WRITES, so the savings of the degraded mode do not talk it back into the 
 gets its branch later (promising) is forgotten then (`forget_unbranched`), its writes counting it.
 The notes are kept in memory only: for an hour after a restart the forecast does not see them.
 Above ENTER of the hour's limit the mode turns "degraded" (what that shows and what it leaves out:
-bot.github.publisher); below LEAVE it turns "full" again. Each change is written to the ledger with when and why, and logged.
+bot.github.publisher) at once; below LEAVE it turns "full" again, but only once it has been degraded
+for DEGRADED_AT_LEAST of the hour: the forecast follows bursts (the last sixth of the hour counts),
+and near the threshold (8 runners, bench/duty_cycle.py) it turned the mode back and forth four times
+in an hour, so that people saw pull requests for one run of experiments and none for the next.
+Each change is written to the ledger with when and why, and logged.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ PEOPLE_WRITES_PER_EXPERIMENT = 4  # full mode: pull request, check run, decision
 BRANCH_WRITES = 2  # an experiment's branch: its ref, the PUT of its file (bot.github.forge)
 LOG_WRITES_PER_HOUR = 12  # the research log's body: one edit per 300 s at most (bot.github.research_log)
 ENTER, LEAVE = 0.9, 0.7  # degraded above ENTER x the hour's limit forecast, full again below LEAVE x it
+DEGRADED_AT_LEAST = 0.25  # of the longest window (15 minutes of GitHub's hour): the least a degraded mode lasts
 SHORT_WINDOW_RESERVE = 0.2  # in the shortest window, at least this share is kept for the research
 
 
@@ -199,7 +204,11 @@ class WriteBudget:
                 f"at the recent pace, over {ENTER:.0%} of GitHub's {hour}"
             )
             self._set_mode(WriteMode("degraded", self.clock(), why, self.limits))
-        elif current.mode == "degraded" and need < LEAVE * hour:
+        elif (
+            current.mode == "degraded"
+            and need < LEAVE * hour
+            and self.clock() - (current.since or 0.0) >= DEGRADED_AT_LEAST * self._longest
+        ):
             why = f"the recent pace needs {need:.0f} writes per {self._longest:.0f} s in full, under {LEAVE:.0%} of {hour}"
             self._set_mode(WriteMode("full", self.clock(), why, self.limits))
         return self._mode

@@ -209,8 +209,23 @@ class GitHubForge:
             sha, _ = self._commit_on(base_sha, files, message)
             self._point(branch, sha, head)
         self._heads[branch] = sha
+        self._remember(sha, base_sha, files)
         log.info("pushed %s at %s", branch, sha[:7])
         return sha
+
+    def _remember(self, sha: str, base_sha: str, files: dict[str, str]) -> None:
+        """The files of a commit this forge made on `base_sha` with `files` written: those, and every
+        other file read at the base (its tree is the base's but for them). A keep fast-forwards main
+        to such a commit, and the tick that merged reads main's train.py and program.md at once, while
+        the slots the keep freed wait for main's new runs: known, they cost no request."""
+        for (ref, path), text in list(self._files.items()):
+            if ref == base_sha and path not in files:
+                self._files[(sha, path)] = text
+                if (ref, path) in self._blobs:
+                    self._blobs[(sha, path)] = self._blobs[(ref, path)]
+        for path, text in files.items():
+            self._files[(sha, path)] = text
+            self._blobs[(sha, path)] = git_blob_sha(text)
 
     def _create_ref(self, branch: str, sha: str) -> str | None:
         """Create `branch` at `sha`; where it is when it existed already (an earlier attempt's answer
@@ -308,8 +323,7 @@ class GitHubForge:
         sha, _ = self._commit_on(onto_sha, {path: merged}, message)
         # the re-measure reads it next, and a keep's branch is the next proposals' base (whose
         # compare-and-swap needs its blob sha): both known, no read
-        self._files[(sha, path)] = merged
-        self._blobs[(sha, path)] = git_blob_sha(merged)
+        self._remember(sha, onto_sha, {path: merged})
         try:
             self._point(branch, sha, head)
         except GithubException as error:

@@ -186,6 +186,23 @@ def test_the_mode_turns_degraded_with_why_and_full_again_with_room(clock, tmp_pa
     assert Store(path).writes.summary(clock.now).mode == back
 
 
+def test_a_degraded_mode_lasts_a_quarter_hour_before_it_may_turn_full_again(clock, monkeypatch):
+    """The forecast follows bursts; near its threshold it would turn the mode back and forth, and
+    people would see pull requests for one run of experiments and none for the next."""
+    b = budget(clock)
+    need = {"writes": 46.0}  # over 90% of the hour's 50
+    monkeypatch.setattr(b, "forecast", lambda: need["writes"])
+    assert b.decide_mode().mode == "degraded"
+    degraded_at = clock.now
+    need["writes"] = 10.0  # the burst is over: far under 70%
+    clock.now = degraded_at + 0.25 * 3600.0 - 1.0
+    assert b.decide_mode().mode == "degraded"  # not yet: a quarter of the hour first
+    clock.now = degraded_at + 0.25 * 3600.0
+    assert b.decide_mode().mode == "full"
+    need["writes"] = 46.0
+    assert b.decide_mode().mode == "degraded"  # turning degraded is never held back
+
+
 def test_a_store_without_a_mode_reads_full_under_githubs_limits(tmp_path: Path):
     summary = Store(tmp_path / "state.db").writes.summary(0.0)
     assert summary.mode == WriteMode()

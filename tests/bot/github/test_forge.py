@@ -196,6 +196,28 @@ def test_a_rebase_carries_only_the_change_to_train_py(forge: GitHubForge, standi
     assert standin.read("autoresearch/2-next", "train.py") == changed(9, "next") and nxt != head
 
 
+@pytest.mark.parametrize("extra", [{}, {"notes.md": "why\n"}])
+def test_main_after_a_keep_is_read_with_no_request_for_its_files(
+    forge: GitHubForge, standin: GitHubStandIn, extra: dict[str, str]
+) -> None:
+    """A keep fast-forwards main to a commit this forge made; the tick that merged reads main's
+    train.py and program.md at once, while the freed slots wait: the forge knows both. With a second
+    file the commit is made from a tree, not by a PUT."""
+    main = forge.main_sha()
+    assert forge.read_file(main, "program.md") == "# Program\n"  # the conductor read main when it was main
+    head = forge.create_branch(BRANCH, main, {"train.py": changed(3, "wider"), **extra}, "wider")
+    assert forge.merge(BRANCH, main, "kept", measured=head) == head
+    before = len(standin.requests)
+    assert forge.read_file(head, "train.py") == standin.read("main", "train.py")
+    assert forge.read_file(head, "program.md") == standin.read("main", "program.md") == "# Program\n"
+    assert "repos/get-content" not in [r.operation for r in standin.requests[before:]]
+    # and the next proposal's compare-and-swap on it needs no read either
+    before = len(standin.requests)
+    forge.create_branch("autoresearch/2-next", head, {"train.py": changed(9, "next")}, "next")
+    assert "repos/get-content" not in [r.operation for r in standin.requests[before:]]
+    assert standin.read("autoresearch/2-next", "train.py") == changed(9, "next")
+
+
 def test_a_branch_this_process_moved_is_rebased_without_reading_its_ref(
     forge: GitHubForge, standin: GitHubStandIn
 ) -> None:

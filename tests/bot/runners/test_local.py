@@ -58,6 +58,19 @@ def still_running(started: dict[int, int]) -> list[int]:
     ]
 
 
+def describe(pids: list[int]) -> str:
+    """Each process as /proc shows it now (its state, parent and command line), to say why it lives."""
+    said = []
+    for pid in pids:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:120]
+            said.append(f"{pid} state {stat[0]} parent {stat[1]}: {cmd}")
+        except OSError:
+            said.append(f"{pid} gone")
+    return "; ".join(said)
+
+
 def running(pid: int) -> bool:
     """Whether `pid` is alive and not a zombie."""
     try:
@@ -128,7 +141,9 @@ def test_cancel_stops_the_job(tmp_path: Path, smoke_prepared) -> None:
     pid = int((tmp_path / "2" / "pid").read_text())
     started = wait_for_processes_of(pid)  # the run's training and scoring processes
     runner.cancel(2)  # returns once the supervisor has ended its run and been reaped
-    assert not running(pid) and not still_running(started)
+    assert not running(pid)
+    alive = still_running(started)
+    assert not alive, f"still running after cancel: {describe(alive)} (of {describe(list(started))})"
     assert not (tmp_path / "2" / "result.json").exists()
     # a cancelled (or Ctrl-C'd) run is lost to whoever asks later, never train.py's crash
     assert LocalRunner(tmp_path).lookup(2).state == "lost"
