@@ -82,6 +82,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 
 REAL_BUDGET_S = 300.0  # what a job stands for: the h100 profile's budget
+WORKFLOW = "autoresearch-train.yml"  # --actions: the workflow each run dispatches (.github/workflows)
 SOAK_PLAN = "0.1:12,0.3:20,0.5:16,0.65:10,0.8:16"  # --soak: 4 slots taken away, 8 added, 10 away, back to 16
 CHANGE = re.compile(r"^_sim_change_\d+ = ([-+0-9.e]+)$", re.MULTILINE)
 BASE_VAL_BPB = 1.0
@@ -107,6 +108,7 @@ class Options:
     lookahead: int | None = None  # proposals prepared beyond the free slots (None: the conductor's own pacing)
     trace_tail: str | None = None  # write each tail gap here with the store's events around it (JSON lines)
     settings: tuple[tuple[str, str], ...] = ()  # more program.md settings (name, YAML value), e.g. remeasure_below
+    actions: bool = False  # as the Actions runner: every branch pushed when proposed, a workflow dispatch per run
 
     @property
     def budget_s(self) -> float:
@@ -157,6 +159,7 @@ class SimRunner:
         self.results: dict[int, Any] = {}
         self.cancelled: set[int] = set()
         self.overbooked = 0  # submits that found no free slot (the conductor counts slots itself: never)
+        self.dispatch: Callable[[Any], None] | None = None  # as the Actions runner: its workflow dispatch
         self._timers: dict[int, threading.Timer] = {}
         self._lock = threading.Lock()
         self._notify: Callable[[], None] | None = None
@@ -187,6 +190,9 @@ class SimRunner:
             self.submissions[job.run_id] += 1
             if job.run_id in self.jobs:
                 return f"sim://{job.run_id}"
+        if self.dispatch is not None:  # on the caller's thread, as bot.runners.actions dispatches
+            self.dispatch(job)
+        with self._lock:
             free = [i for i, s in enumerate(self.slot[: self.slots]) if s.run is None]
             if not free:
                 self.overbooked += 1
@@ -331,7 +337,11 @@ def standin_main(root: str, latency_ms: float, key_file: str) -> None:
     from cryptography.hazmat.primitives import serialization
     from github_standin import GitHubStandIn
 
-    files = {name: (Path(root) / "files" / name).read_text() for name in ("train.py", "program.md")}
+    files = {
+        str(path.relative_to(Path(root) / "files")): path.read_text()
+        for path in sorted((Path(root) / "files").rglob("*"))
+        if path.is_file()
+    }  # train.py and program.md, and with --actions the workflow
     public = serialization.load_pem_public_key(Path(key_file).read_bytes())
     with GitHubStandIn(
         Path(root) / "github", files=files, collaborators={"researcher": "admin"}, app_public_key=public
@@ -534,6 +544,34 @@ def bench_service(opts: Options):
 # --- one K --------------------------------------------------------------------------------------------
 
 
+def actions_dispatch(client: Any) -> Callable[[Any], None]:
+    """The write the Actions runner makes for each run (bot.runners.actions: the same request, charged
+    to the same budget), against the stand-in: a workflow dispatch of the job's commit. Only the
+    dispatch is simulated as the Actions runner does it; the run itself is the simulated runner's."""
+    from urllib.parse import quote
+
+    def dispatch(job: Any) -> None:
+        if not job.commit:
+            raise ValueError(f"run {job.run_id} has no commit: the Actions runner reads train.py from it")
+        repo = client.repo()
+        client.pace_write("dispatch")
+        inputs = {
+            "run_id": str(job.run_id),
+            "experiment_id": "" if job.experiment_id is None else str(job.experiment_id),
+            "commit": job.commit,
+            "asset_sha256": job.asset_sha256,
+            "profile": job.profile,
+            "seed": str(job.seed),
+        }
+        repo._requester.requestJsonAndCheck(
+            "POST",
+            f"{repo.url}/actions/workflows/{quote(WORKFLOW, safe='')}/dispatches",
+            input={"ref": "main", "inputs": inputs, "return_run_details": True},
+        )
+
+    return dispatch
+
+
 def program(opts: Options) -> str:
     return (
         f"---\nautoresearch:\n  first_baseline_runs: {opts.first_baseline_runs}\n"
@@ -576,6 +614,11 @@ def _run(opts: Options) -> dict[str, Any]:
         (root / "files").mkdir()
         (root / "files" / "train.py").write_text((ROOT / "train.py").read_text())
         (root / "files" / "program.md").write_text(program(opts))
+        if opts.actions:
+            (root / "files" / ".github" / "workflows").mkdir(parents=True)
+            (root / "files" / ".github" / "workflows" / WORKFLOW).write_text(
+                (ROOT / ".github" / "workflows" / WORKFLOW).read_text()
+            )
         key_file = root / "app.pub"
         key_file.write_bytes(
             key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
@@ -591,10 +634,15 @@ def _run(opts: Options) -> dict[str, Any]:
                 profile="h100",
                 github_app_id=1,
                 github_private_key=pem,
+                **({"runner": "actions", "data_fingerprint": identity["data_fingerprint"]} if opts.actions else {}),
             )
-            service = bench_service(opts)(
-                settings, make_parts=lambda s, c, t: Parts(runner, agent, dict(identity)), timer_s=30.0 / opts.scale
-            )
+
+            def make_parts(s: Any, client: Any, t: Any) -> Any:
+                if opts.actions:
+                    runner.dispatch = actions_dispatch(client)
+                return Parts(runner, agent, dict(identity))
+
+            service = bench_service(opts)(settings, make_parts=make_parts, timer_s=30.0 / opts.scale)
             main_cpu0, cpu0, started = time.thread_time(), time.process_time(), time.monotonic()
             wall_offset = time.time() - time.monotonic()  # the store's times are the wall clock's
             service.start()
@@ -993,6 +1041,11 @@ def main() -> None:
     )
     parser.add_argument("--kill-share", type=float, default=0.0, help="runs the simulated runner loses mid-run")
     parser.add_argument(
+        "--actions",
+        action="store_true",
+        help="as the Actions runner: every branch pushed when proposed, and a workflow dispatch per run",
+    )
+    parser.add_argument(
         "--slot-plan",
         default="",
         help="slots changed while it runs: SHARE:SLOTS,... (once SHARE of the experiments is decided, SLOTS slots)",
@@ -1053,6 +1106,7 @@ def main() -> None:
             lookahead=args.lookahead,
             trace_tail=args.trace_tail,
             settings=settings,
+            actions=args.actions,
         )
         row = run(opts)
         rows.append(row)
