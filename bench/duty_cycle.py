@@ -550,19 +550,15 @@ def actions_dispatch(client: Any) -> Callable[[Any], None]:
     dispatch is simulated as the Actions runner does it; the run itself is the simulated runner's."""
     from urllib.parse import quote
 
+    from bot.runners.actions import dispatch_inputs
+    from bot.runners.specs import job_spec
+
     def dispatch(job: Any) -> None:
         if not job.commit:
             raise ValueError(f"run {job.run_id} has no commit: the Actions runner reads train.py from it")
         repo = client.repo()
         client.pace_write("dispatch")
-        inputs = {
-            "run_id": str(job.run_id),
-            "experiment_id": "" if job.experiment_id is None else str(job.experiment_id),
-            "commit": job.commit,
-            "asset_sha256": job.asset_sha256,
-            "profile": job.profile,
-            "seed": str(job.seed),
-        }
+        inputs = dispatch_inputs(job_spec(job))
         repo._requester.requestJsonAndCheck(
             "POST",
             f"{repo.url}/actions/workflows/{quote(WORKFLOW, safe='')}/dispatches",

@@ -286,17 +286,7 @@ class ActionsRunner:
     def _dispatch(self, record: dict[str, Any]) -> None:
         """Start one more workflow run for the record's job and write the record."""
         job = JobSpec.model_validate(record["job"])
-        inputs = {
-            "run_id": str(job.run_id),
-            "experiment_id": "" if job.experiment_id is None else str(job.experiment_id),
-            "commit": job.commit,
-            "asset_sha256": job.asset_sha256,
-            "profile": job.profile,
-            "seed": str(job.seed),
-            "protocol_version": str(job.version),
-        }
-        if job.task != DEFAULT_TASK:  # only then: a workflow of the release before tasks has no such input
-            inputs["task"] = job.task
+        inputs = dispatch_inputs(job)
         repo = self._repo()
         workflow, ref = self.settings.workflow, self.settings.ref
         self._pace("dispatch")
@@ -358,6 +348,23 @@ class ActionsRunner:
 
             self._harness[task] = harness_hash(task)
         return self._harness[task]
+
+
+def dispatch_inputs(job: JobSpec) -> dict[str, str]:
+    """The workflow_dispatch inputs of one job: its identity only (the workflow reads train.py from
+    the commit and checks its sha256)."""
+    inputs = {
+        "run_id": str(job.run_id),
+        "experiment_id": "" if job.experiment_id is None else str(job.experiment_id),
+        "commit": job.commit,
+        "asset_sha256": job.asset_sha256,
+        "profile": job.profile,
+        "seed": str(job.seed),
+        "protocol_version": str(job.version),
+    }
+    if job.task != DEFAULT_TASK:  # only then: a workflow of the release before tasks has no such input
+        inputs["task"] = job.task
+    return inputs
 
 
 def _dispatch_refused(error: GithubException, repository: str, workflow: str, ref: str) -> str:
