@@ -54,6 +54,7 @@ It exits 1 on a problem.
     .venv/bin/python bench/duty_cycle.py --soak          # K = 16, 10% of runs lost, slots 16-12-20-16-10-16
     .venv/bin/python bench/duty_cycle.py --quick         # K = 1 2, a few short experiments
     .venv/bin/python bench/duty_cycle.py --slots 4 --cprofile /tmp/conductor.prof
+    .venv/bin/python bench/duty_cycle.py --slots 8 16 --actions  # as the Actions runner: its writes
 """
 
 from __future__ import annotations
