@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 import weakref
 from pathlib import Path
 from typing import TypeVar
@@ -22,6 +23,9 @@ from runner import proctree
 
 # what an operator, a shutdown or the OOM killer send
 OUTSIDE_SIGNALS = (signal.SIGKILL, signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+END_ALL_S = (
+    8.0  # a stopped supervisor's time to end its runs' trees: under runner.launch.STOP_GRACE_S, which then kills it
+)
 
 _STARTED: weakref.WeakSet[subprocess.Popen] = weakref.WeakSet()  # the runs' processes this process started
 _KILLED: set[int] = set()  # those this process killed itself (not killed from outside)
@@ -55,7 +59,7 @@ def kill_group(pid: int) -> None:
     proctree.kill_tree([pid], orphans_of=os.getpid() if proctree.is_subreaper() else None, spare=managed() - {pid})
 
 
-def kill_leftovers(pid: int | None) -> None:
+def kill_leftovers(pid: int | None, *, within_s: float = proctree.KILL_PASSES_S) -> None:
     """After a run's process ended and was reaped: what it left in its process group, and the
     orphans this process adopted (another run's processes in this process are spared)."""
     if pid is not None:
@@ -64,17 +68,18 @@ def kill_leftovers(pid: int | None) -> None:
         except (ProcessLookupError, PermissionError):
             pass
     if proctree.is_subreaper():
-        proctree.kill_tree([], orphans_of=os.getpid(), spare=managed())
+        proctree.kill_tree([], orphans_of=os.getpid(), spare=managed(), within_s=within_s)
 
 
 def end_all_and_exit(signum: int, frame: object) -> None:
     """The SIGTERM handler of a supervisor's own process (the run was cancelled, its runner shuts
     down): end every process of its runs, then this one, without a result (the runner records the
     run cancelled or lost)."""
+    deadline = time.monotonic() + END_ALL_S  # one for them all: the runner kills this process after STOP_GRACE_S
     for pid in managed():
         _KILLED.add(pid)
-        proctree.kill_tree([pid])
-    kill_leftovers(None)
+        proctree.kill_tree([pid], within_s=max(0.0, deadline - time.monotonic()))
+    kill_leftovers(None, within_s=max(0.0, deadline - time.monotonic()))
     os._exit(128 + signum)
 
 

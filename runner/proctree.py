@@ -20,6 +20,7 @@ holds now (its tasks and private memory) for the supervisor's limits (runner.lim
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import signal
 import time
@@ -27,10 +28,13 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
+log = logging.getLogger(__name__)
+
 TICKS = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
 PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36  # linux/prctl.h
-KILL_PASSES_S = 10.0  # how long kill_tree goes on finding new processes before it gives up (it never has)
+KILL_PASSES_S = 10.0  # how long kill_tree goes on killing and waiting before it gives up and says what is left
+DYING_POLL_S = 0.05  # between two looks at processes killed and still dying (nothing left to kill)
 try:
     _prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up now: a child between fork and exec calls it
     _prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
@@ -131,16 +135,23 @@ def die_with_parent(parent: int) -> None:
             os._exit(137)
 
 
-def kill_tree(roots: Collection[int], *, orphans_of: int | None = None, spare: Collection[int] = ()) -> int:
+def kill_tree(
+    roots: Collection[int],
+    *,
+    orphans_of: int | None = None,
+    spare: Collection[int] = (),
+    within_s: float = KILL_PASSES_S,
+) -> int:
     """SIGKILL `roots` and everything below them, pass after pass until nothing is left; with
     `orphans_of` (this process, a subreaper), also its children that are not in `spare` (the
     processes it started itself and still manages: another run's) and everything below those.
     Zombies among this process's children that no one else waits for are reaped. Returns, with how
     many processes were killed, once every one of them is gone or a zombie, wherever it has moved
-    in the tree meanwhile."""
+    in the tree meanwhile, or after `within_s` (a process stuck in the kernel, in uninterruptible
+    sleep, cannot be hurried): then what is left is logged."""
     me = os.getpid()
     killed: set[tuple[int, int]] = set()
-    deadline = time.monotonic() + KILL_PASSES_S
+    deadline = time.monotonic() + within_s
     while True:
         procs = snapshot()
         top = {pid for pid in roots if pid in procs}
@@ -155,7 +166,15 @@ def kill_tree(roots: Collection[int], *, orphans_of: int | None = None, spare: C
         # first and it was re-parented away (a pid namespace's first process waits for the whole
         # namespace before it dies). Killed is not gone; wait for it too.
         dying = {pid for pid, start in killed if pid in procs and procs[pid].start == start and not procs[pid].zombie}
-        if not (alive or dying) or time.monotonic() > deadline:
+        if not (alive or dying):
+            return len(killed)
+        if time.monotonic() > deadline:
+            log.warning(
+                "gave up after %.1f s on ending processes %s (killed, still dying: %s)",
+                within_s,
+                sorted(alive) or "none alive",
+                sorted(dying) or "none",
+            )
             return len(killed)
         for pid in alive:
             try:
@@ -163,7 +182,7 @@ def kill_tree(roots: Collection[int], *, orphans_of: int | None = None, spare: C
                 killed.add((pid, procs[pid].start))
             except (ProcessLookupError, PermissionError):
                 pass
-        time.sleep(0.01)
+        time.sleep(0.01 if alive else DYING_POLL_S)  # nothing to kill: only waiting for the dying
 
 
 def _reap(pid: int) -> None:

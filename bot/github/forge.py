@@ -217,8 +217,11 @@ class GitHubForge:
         """The files of a commit this forge made on `base_sha` with `files` written: those, and every
         other file read at the base (its tree is the base's but for them). A keep fast-forwards main
         to such a commit, and the tick that merged reads main's train.py and program.md at once, while
-        the slots the keep freed wait for main's new runs: known, they cost no request."""
-        for (ref, path), text in list(self._files.items()):
+        the slots the keep freed wait for main's new runs: known, they cost no request. The other
+        files are the base's only where the commit's one parent is the base (a PUT commits on the
+        branch's head as it is then, which someone may have moved)."""
+        parents = self._commits[sha][1] if sha in self._commits else None
+        for (ref, path), text in list(self._files.items()) if parents == [base_sha] else ():
             if ref == base_sha and path not in files:
                 self._files[(sha, path)] = text
                 if (ref, path) in self._blobs:

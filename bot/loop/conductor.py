@@ -294,15 +294,20 @@ class Conductor:
         its run, while the slots that run freed wait for that tick (bench/duty_cycle.py)."""
         try:
             in_flight = self.store.experiments.active_code()
-            for exp_id, code in in_flight:
-                if busy():
-                    return
-                if code not in self._sized:
-                    simplicity.size(self.store.experiments.get(exp_id).asset or "")
-                    self._sized.add(code)
-            self._sized &= {code for _, code in in_flight}
         except Exception as error:  # noqa: BLE001 - nothing here is needed: the verdict sizes what is not
             log.warning("work ahead while idle failed: %s", error)
+            return
+        self._sized &= {code for _, code in in_flight}
+        for exp_id, code in in_flight:
+            if code in self._sized:
+                continue
+            if busy():
+                return
+            self._sized.add(code)  # tried once, whatever comes of it: one text that fails holds up no other
+            try:
+                simplicity.size(self.store.experiments.get(exp_id).asset or "")
+            except Exception as error:  # noqa: BLE001 - the verdict sizes it again, and says what fails
+                log.warning("sizing experiment %s's %s ahead failed: %s", exp_id, self.baseline.task.asset, error)
 
     def next_due_s(self) -> float | None:
         """Seconds until something is due that nobody will announce (a question the paced lookahead

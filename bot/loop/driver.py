@@ -95,10 +95,11 @@ class Driver:
         return conductor.summary()
 
     def _wait(self, seen_inbox: int) -> None:
-        self.conductor.idle(self._wake.is_set)  # work that can wait, until something arrives
         due_s = self.conductor.next_due_s()
         wait_s = self.timer_s if due_s is None else min(self.timer_s, max(MIN_WAIT_S, due_s))
         deadline = time.monotonic() + wait_s
+        # work that can wait, until something arrives or is due
+        self.conductor.idle(lambda: self._wake.is_set() or time.monotonic() >= deadline)
         while not self._wake.is_set():
             left = deadline - time.monotonic()
             if left <= 0:

@@ -218,6 +218,27 @@ def test_main_after_a_keep_is_read_with_no_request_for_its_files(
     assert standin.read("autoresearch/2-next", "train.py") == changed(9, "next")
 
 
+def test_a_commit_made_on_a_branch_someone_moved_is_not_remembered_as_the_base(
+    forge: GitHubForge, standin: GitHubStandIn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A PUT commits on the branch's head as it is then: a person who pushed program.md there
+    between the branch's creation and the PUT is the new commit's parent, so its program.md is
+    theirs, not the base's, and is read, never remembered from the base."""
+    main = forge.main_sha()
+    assert forge.read_file(main, "program.md") == "# Program\n"
+    create_ref = forge._create_ref
+
+    def created_then_moved(branch: str, sha: str) -> str | None:
+        head = create_ref(branch, sha)
+        standin.push_file("program.md", "# Alice's program\n", user="alice", message="alice", branch=branch)
+        return head
+
+    monkeypatch.setattr(forge, "_create_ref", created_then_moved)
+    head = forge.create_branch(BRANCH, main, {"train.py": changed(3, "wider")}, "wider")
+    assert forge.read_file(head, "program.md") == "# Alice's program\n" == standin.read(BRANCH, "program.md")
+    assert forge.read_file(head, "train.py") == changed(3, "wider")
+
+
 def test_a_branch_this_process_moved_is_rebased_without_reading_its_ref(
     forge: GitHubForge, standin: GitHubStandIn
 ) -> None:

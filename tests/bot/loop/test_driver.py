@@ -109,3 +109,22 @@ def test_the_conductor_works_ahead_before_each_wait() -> None:
     conductor = Conductor(3, lambda tick: None)
     timeouts = drive(conductor, timer_s=30.0, inbox_poll_s=0.5)
     assert conductor.idled == len(timeouts) == 2  # once before each wait, none after the last tick
+
+
+def test_work_ahead_stops_when_the_due_time_comes(monkeypatch) -> None:
+    """Idle work is cut short by what is due as well as by what arrives: a question due in 5 s is
+    asked then, not after the work ahead."""
+    from bot.loop import driver
+
+    now = [1000.0]
+    monkeypatch.setattr(driver.time, "monotonic", lambda: now[0])
+    seen: list[bool] = []
+
+    class Ahead(Conductor):
+        def idle(self, busy: Callable[[], bool]) -> None:
+            seen.append(busy())
+            now[0] += 6.0  # the work ahead took past the due time
+            seen.append(busy())
+
+    drive(Ahead(2, lambda tick: 5.0), timer_s=30.0, inbox_poll_s=0.5)
+    assert seen == [False, True]

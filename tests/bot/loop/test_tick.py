@@ -163,3 +163,18 @@ def test_the_idle_conductor_sizes_each_train_py_in_flight_once(tmp_path: Path, m
     assert set(sized) == in_flight and len(sized) == 2
     loop.idle(lambda: False)  # each once
     assert len(sized) == 2
+
+    # one text that cannot be sized (ast.unparse's RecursionError on a deeply nested one) holds up no other
+    loop._sized.clear()
+    tried: list[str] = []
+
+    def size(text: str) -> None:
+        tried.append(text)
+        if len(tried) == 1:
+            raise RecursionError("maximum recursion depth exceeded")
+
+    monkeypatch.setattr(simplicity, "size", size)
+    loop.idle(lambda: False)
+    assert set(tried) == in_flight and len(tried) == 2
+    loop.idle(lambda: False)  # and it is not tried again at every wait: the verdict sizes it, and says
+    assert len(tried) == 2
