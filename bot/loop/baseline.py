@@ -32,12 +32,15 @@ from bot.core.states import RunState, State, Status
 from bot.loop import measurement, pairing
 from bot.loop.judge import Noise, main_runs_wanted
 from bot.loop.program import LoopSettings, SettingsError, loop_task, parse_program
-from bot.store import Run, Store
+from bot.store import Experiment, Run, Store
 
 log = logging.getLogger(__name__)
 
 PROGRAM = "program.md"
 MAX_BASELINE_CRASHES = 2  # crashes of main's own train.py before the loop asks for a human
+# The base of a run of main queued ahead of the merge that makes its train.py main (queue_ahead):
+# main's commit is named once main took it (schedule adopts the run then).
+UNMERGED = ""
 
 
 @dataclass(frozen=True)
@@ -198,6 +201,11 @@ class Baseline:
                 return  # main needs a human; a new train.py on main clears it
             self.blocked = ""
         runs = [r for r in self.store.runs.all(code_hash=main.code_hash) if r.purpose == "baseline"]
+        ahead = [r.id for r in runs if r.base_sha == UNMERGED]
+        if ahead:  # queued while the keep that made this main was being merged: main's runs now
+            self.store.runs.adopt(ahead, main.sha)
+            self.run_finished()  # the values carry each run's base (pairing reads it)
+            runs = [r for r in self.store.runs.all(code_hash=main.code_hash) if r.purpose == "baseline"]
         crashed = []  # main's crashes (or rejections) since its last good run: one may be bad luck (an OOM, a NaN)
         for run in (r for r in runs if r.state == RunState.DONE):
             crashed = crashed + [run] if run.status in ("crash", "rejected") else []
@@ -217,6 +225,31 @@ class Baseline:
         reason = f"measure main {main.sha[:7]}" + (" afresh: its runs drift" if own.drift else "")
         for _ in range(max(0, self.runs_wanted(main) - len(own.values) - len(pending))):
             self.queue_run(main, reason)
+
+    def queue_ahead(self, kept: Experiment, main: Main) -> None:
+        """Queue the fresh runs the kept experiment's train.py will want as main, now, while its merge
+        is made (a push and a fast-forward, and in full mode on GitHub a wait for its pull request):
+        the slots the keep frees start them at once (bot.loop.runs.dispatch), where they waited for
+        the merge before. Their base is UNMERGED until main takes the commit (`schedule` adopts
+        them); a merge that fails sets them aside (bot.loop.runs.Runs.cancel_ahead)."""
+        future = Main(kept.head_sha or UNMERGED, kept.asset, kept.code_hash, main.instructions, main.settings)
+        pending = [
+            r
+            for r in self.store.runs.all(code_hash=kept.code_hash)
+            if r.purpose == "baseline" and r.state in (RunState.QUEUED, RunState.RUNNING)
+        ]
+        reason = f"measure experiment {kept.id}'s {self.task.asset} afresh, main once it is merged"
+        for _ in range(max(0, self.runs_wanted(future) - len(self.main_runs(kept.code_hash).values) - len(pending))):
+            self.store.runs.add(
+                experiment_id=None,
+                purpose="baseline",
+                code_hash=kept.code_hash,
+                commit_sha=kept.head_sha or "",  # a runner that checks out the commit has the branch's
+                base_sha=UNMERGED,
+                asset=kept.asset,
+                profile=self.profile,
+                reason=reason,
+            )
 
     def runs_wanted(self, main: Main) -> int:
         """How many values main needs before experiments are judged against it (judge.main_runs_wanted):

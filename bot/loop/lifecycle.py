@@ -23,7 +23,9 @@ keep anyway), then every active experiment as far as it goes without waiting:
     rebasing   re-graft its change onto the new main and queue a re-measure (or follow a main whose
                train.py did not change: its runs still count); without a branch yet, in memory: the
                same 3-way merge, no forge call (a proposal overtaken by a keep before it ran)
-    merging    fast-forward main to its measured commit (pushed now if it has no branch yet),
+    merging    its train.py's runs as the next main are queued first and start on the slots the
+               keep frees (bot.loop.baseline.Baseline.queue_ahead; set aside if the merge fails);
+               fast-forward main to its measured commit (pushed now if it has no branch yet),
                compare-and-swap on the main it was measured against; where a merge gate says
                people should see it first (full mode on GitHub: its pull request, which GitHub
                refuses for a branch main already holds), it waits for that, for a bounded time
@@ -179,6 +181,8 @@ class Lifecycle:
             status = Status.CANCELLED if request == Request.CANCEL else Status.DISCARD
             why = f"its pull request was closed by {who}" if request == Request.CANCEL else f"discarded by {who}"
             self.runs.cancel(exp, why)
+            if exp.state == State.MERGING:
+                self.runs.cancel_ahead(exp, why)
             self.store.experiments.update(
                 exp.id, state=State.CLOSING, status=status, reason=why, request=None, event=why
             )
@@ -243,6 +247,8 @@ class Lifecycle:
             return
         if failures >= self.step_retries:
             self.runs.cancel(exp, "its experiment failed")
+            if exp.state == State.MERGING:
+                self.runs.cancel_ahead(exp, "its experiment failed before its merge")
             self.store.experiments.update(
                 exp.id,
                 state=State.DONE,
@@ -379,9 +385,14 @@ class Lifecycle:
                 meta["kept_for_simplicity"] = dict(
                     lines=simpler.lines, tokens=simpler.tokens, loss_margin=decision.loss_margin
                 )
-            return self.store.experiments.update(
+            kept = self.store.experiments.update(
                 exp.id, state=State.MERGING, meta=meta, event=decision.reason, **numbers
             )
+            if not any(
+                e.base_sha == main.sha for e in self.store.experiments.in_state(State.MERGING) if e.id != exp.id
+            ):
+                self.baseline.queue_ahead(kept, main)  # the first keep on this main is its next: its runs start now
+            return kept
         status = {"crash": Status.CRASH, "rejected": Status.REJECTED}.get(decision.action, Status.DISCARD)
         error_tail = _error_tail(failed) if failed else None
         return self.store.experiments.update(
@@ -533,6 +544,7 @@ class Lifecycle:
             if moved_to != exp.base_sha and self.baseline.code_at(exp.base_sha) == self.baseline.code_at(moved_to):
                 self._follow_main(exp, moved_to)  # only program.md or the like moved: no re-measure
                 return None
+            self.runs.cancel_ahead(exp, f"main moved before experiment {exp.id} was merged")
             self.store.experiments.update(exp.id, state=State.REBASING, event=f"main moved before the merge: {error}")
             return None
         return self.store.experiments.update(
@@ -552,6 +564,8 @@ class Lifecycle:
             self.forge.close(exp.branch, exp.status or Status.DISCARD)
         exp = self.store.experiments.update(exp.id, state=State.DONE, event=f"{exp.status}: {exp.reason}")
         log.info("experiment %s %s: %s", exp.id, exp.status, exp.reason)
+        if exp.status == Status.KEEP and exp.code_hash:  # its fresh runs may have ended before the merge did
+            self.baseline.note_remeasured_delta(exp.code_hash, main)
         return exp
 
 

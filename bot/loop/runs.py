@@ -1,8 +1,9 @@
 """Runs: queued runs started on free slots, running ones asked about, and what comes back recorded.
 
 `dispatch()` starts queued runs while slots are free: main's baselines first, then re-measures,
-confirmations, candidates, only those measured on main's train.py, and none while a keep waits to
-be merged (main is about to move); a queued run of a main that moved is set aside, never run.
+confirmations, candidates, only those measured on main's train.py; while a keep waits to be merged
+(main is about to move) only the new main's own runs, queued ahead by bot.loop.baseline, so the
+slots the keep frees never wait for the merge. A queued run of a main that moved is set aside, never run.
 `collect()` asks the runner about every running run (lookup(), never a wait) and records what
 finished, once its result passed measurement.refusal (it answers this job, this code, under the
 pinned identity) and measurement.disturbance (a CPU run slowed by a busy machine runs once more).
@@ -31,7 +32,7 @@ from bot.core.protocols import Runner
 from bot.core.records import Job, RunResult
 from bot.core.states import RunState, State, Status
 from bot.loop import measurement
-from bot.loop.baseline import Baseline, Main
+from bot.loop.baseline import UNMERGED, Baseline, Main
 from bot.loop.screening import budget_fraction
 from bot.store import Experiment, Run, Store
 
@@ -75,20 +76,28 @@ class Runs:
         measured on main's train.py; as many as the runner's slots now leave free. A queued run
         of a main whose train.py is no longer main's is set aside, never run: no verdict will use it.
         A queued run of an experiment measured on an older main waits for the lifecycle to re-graft
-        it. Nothing starts while a keep measured on main waits to be merged: main is about to move."""
+        it. While a keep measured on main waits to be merged, main is about to move: only the new
+        main's runs queued ahead of the merge (Baseline.queue_ahead) start."""
         # a re-run takes the place in line of the run it repeats: its experiment has waited already
         queued = sorted(
             self.store.runs.all(state=RunState.QUEUED), key=lambda r: (RUN_PRIORITY[r.purpose], self._first_of(r))
         )
-        for run in [r for r in queued if r.experiment_id is None and r.code_hash != main.code_hash]:
+        # the train.py of the keep waiting to be merged, main's next: its runs are queued ahead
+        ahead = {e.code_hash for e in self.store.experiments.in_state(State.MERGING) if e.base_sha == main.sha}
+        for run in [r for r in queued if r.experiment_id is None and r.code_hash not in (main.code_hash, *ahead)]:
             self.store.runs.set_aside(run.id, RunState.CANCELLED, f"main moved to {main.sha[:7]}", rerun=False)
             queued.remove(run)
         free = self.runner.slots - self.store.runs.count(RunState.RUNNING)
         if free <= 0 or self.baseline.blocked:  # nothing can be judged until main is fixed: spend no runs
             return
-        if any(e.base_sha == main.sha for e in self.store.experiments.in_state(State.MERGING)):
-            return
-        on_main = [r for r in queued if r.base_sha == main.sha or self.baseline.code_at(r.base_sha) == main.code_hash]
+        if ahead:  # main is about to move: only the new main's own runs start (Baseline.queue_ahead)
+            on_main = [r for r in queued if r.experiment_id is None and r.code_hash in ahead]
+        else:
+            on_main = [
+                r
+                for r in queued
+                if r.base_sha == main.sha or (r.base_sha and self.baseline.code_at(r.base_sha) == main.code_hash)
+            ]
         for run in on_main[:free]:
             if not run.commit_sha and run.experiment_id is not None:  # queued before its branch was pushed
                 exp = self.store.experiments.get(run.experiment_id)
@@ -252,6 +261,19 @@ class Runs:
             reason=reason,
             experiment_fields=experiment_fields,
         )
+
+    def cancel_ahead(self, kept: Experiment, why: str) -> None:
+        """Stop the runs queued ahead of the kept experiment's merge (Baseline.queue_ahead), which
+        did not happen: its train.py is not main's next."""
+        for run in self.store.runs.all(code_hash=kept.code_hash):
+            if (
+                run.experiment_id is None
+                and run.base_sha == UNMERGED
+                and run.state in (RunState.QUEUED, RunState.RUNNING)
+            ):
+                if run.state == RunState.RUNNING:
+                    self.runner.cancel(run.id)
+                self.store.runs.set_aside(run.id, RunState.CANCELLED, why, rerun=False)
 
     def cancel(self, exp: Experiment, why: str) -> None:
         """Stop the experiment's running runs and set aside its queued ones, none run again."""

@@ -136,6 +136,17 @@ class Runs:
         """The commit a queued run is to be measured at, known only once its branch was pushed."""
         self.db.execute("UPDATE runs SET commit_sha = ? WHERE id = ? AND state = 'queued'", (commit_sha, run_id))
 
+    def adopt(self, run_ids: list[int], main_sha: str) -> None:
+        """Main's runs queued ahead of its merge (bot.loop.baseline.Baseline.queue_ahead) now name
+        the commit main took: their base, and their commit where none was known yet."""
+        with self.db.transaction() as conn:
+            for run_id in run_ids:
+                conn.execute(
+                    "UPDATE runs SET base_sha = ?, commit_sha = CASE WHEN commit_sha = '' THEN ? ELSE commit_sha END"
+                    " WHERE id = ?",
+                    (main_sha, main_sha, run_id),
+                )
+
     def mark_started(self, run_id: int, run_dir: str) -> None:
         self.db.execute(
             "UPDATE runs SET state = 'running', run_dir = ?, started_at = ? WHERE id = ?",

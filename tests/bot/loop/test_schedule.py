@@ -18,6 +18,7 @@ from bot.agent.scripted import ScriptedAgent
 from bot.core.records import Job, Proposal, RunResult
 from bot.core.states import State
 from bot.forge.memory import MemoryForge
+from bot.loop.baseline import UNMERGED
 from bot.loop.conductor import Conductor, ConductorConfig
 from bot.loop.runs import MAX_LOST_RUNS
 from bot.store import Store
@@ -224,7 +225,10 @@ class MergeFailsOnce(MemoryForge):
         return super().merge(branch, expected_main, message, measured=measured)
 
 
-def test_while_a_keep_waits_to_be_merged_no_run_starts_on_the_main_it_will_move(tmp_path: Path) -> None:
+def test_while_a_keep_waits_to_be_merged_only_the_new_mains_runs_start(tmp_path: Path) -> None:
+    """The slot the keep freed does not wait for the merge: the kept train.py's first run as main
+    starts at once, queued ahead of the merge; nothing starts on the main about to move. Once the
+    merge is made, that run is main's (its base names main's commit), and main is not measured twice."""
     forge = MergeFailsOnce({"train.py": MAIN, "program.md": program(first_baseline_runs=2, baseline_runs=2)})
     loop = Loop(
         [change(-0.5, "much better"), change(0.1, "next")],
@@ -236,10 +240,74 @@ def test_while_a_keep_waits_to_be_merged_no_run_starts_on_the_main_it_will_move(
     )
     measured(loop, 2)
     loop.finish("candidate", 1)  # kept; its merge fails this tick
-    assert loop.status(1) == ("merging", None) and loop.running() == []
+    kept = loop.store.experiments.get(1)
+    assert loop.status(1) == ("merging", None) and loop.running() == [("baseline", None)]
+    [ahead] = loop.store.runs.all(state="running")
+    assert ahead.code_hash == kept.code_hash and ahead.base_sha == UNMERGED
+    assert [r.code_hash for r in loop.store.runs.all(state="queued") if r.experiment_id is None] == [kept.code_hash]
 
-    loop.tick()  # merged now: the new main's run starts, not the next change's candidate on the old main
+    loop.tick()  # merged now: the run queued ahead is main's
     assert loop.status(1) == ("done", "keep") and loop.running() == [("baseline", None)]
+    assert loop.store.runs.get(ahead.id).base_sha == forge.main_sha() == loop.store.experiments.get(1).merged_sha
+    assert len([r for r in loop.store.runs.all(code_hash=kept.code_hash) if r.purpose == "baseline"]) == 2
+
+
+class MainMovesAtMerge(MemoryForge):
+    """The forge in memory where a person moves main (a new train.py) just before the bot's first merge."""
+
+    moved = False
+
+    def merge(self, branch: str, expected_main: str, message: str, *, measured: str | None = None) -> str:
+        if not self.moved:
+            self.moved = True
+            human = with_effect(MAIN, -0.2, "a human's train.py")
+            self.create_branch("human", expected_main, {"train.py": human}, "a human commit")
+            super().merge("human", expected_main, "a human commit")
+        return super().merge(branch, expected_main, message, measured=measured)
+
+
+def test_the_runs_queued_ahead_of_a_merge_that_fails_are_stopped(tmp_path: Path) -> None:
+    """Main moved under the keep: its train.py is not main's next, so its runs as main stop (the
+    running one cancelled at the runner), and the experiment is re-measured on the new main."""
+    forge = MainMovesAtMerge({"train.py": MAIN, "program.md": program(first_baseline_runs=2, baseline_runs=2)})
+    loop = Loop(
+        [change_at_top(-0.5, "much better")],
+        slots=2,
+        noise=Noise(),
+        forge=forge,
+        first_baseline_runs=2,
+        baseline_runs=2,
+    )
+    measured(loop, 2)
+    loop.finish("candidate", 1)  # kept, its runs as main queued ahead and started; then main moved
+    kept = loop.store.experiments.get(1)
+    ahead = [r for r in loop.store.runs.all(code_hash=kept.code_hash) if r.purpose == "baseline"]
+    assert len(ahead) == 2 and {r.state for r in ahead} == {"cancelled"}
+    assert all(r.id in loop.runner.cancelled for r in ahead)  # both had started on the two free slots
+    assert loop.status(1)[0] in ("rebasing", "measuring")
+    assert not [r for r in loop.store.runs.all(state="running") if r.code_hash == kept.code_hash]
+
+
+def test_the_runs_queued_ahead_count_as_the_new_mains_when_they_end_before_the_merge(tmp_path: Path) -> None:
+    """A merge held long (its pull request first, GitHub down): the new main's runs may end before
+    it. They are main's once it is merged: not run again, and the keep's re-measured delta is theirs."""
+    forge = MergeFailsOnce({"train.py": MAIN, "program.md": program(first_baseline_runs=2, baseline_runs=1)})
+    loop = Loop(
+        [change(-0.5, "much better")], slots=1, noise=Noise(), forge=forge, first_baseline_runs=2, baseline_runs=1
+    )
+    measured(loop, 2)
+    forge.failed = True  # the merge goes through only after the run ahead ended
+    loop.conductor.lifecycle.merge_wait.gate = lambda exp: "its pull request is not open yet"
+    loop.finish("candidate", 1)
+    assert loop.status(1) == ("merging", None)
+    loop.finish("baseline")  # the new main's run ends while the merge waits
+    loop.conductor.lifecycle.merge_wait.gate = None
+    loop.tick()
+
+    kept = loop.store.experiments.get(1)
+    assert kept.status == "keep" and kept.remeasured_delta == pytest.approx(-0.5)
+    baselines = [r for r in loop.store.runs.all(code_hash=kept.code_hash) if r.purpose == "baseline"]
+    assert len(baselines) == 1 and baselines[0].base_sha == forge.main_sha()
 
 
 class LostAfter(FakeRunner):
