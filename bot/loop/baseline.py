@@ -169,7 +169,7 @@ class Baseline:
             mains = {sha: v[0] for v, (_, sha, _) in zip(values, seeded, strict=True) if v[2] == "baseline"}
             for (_, experiment, _, _), (_, sha, params) in zip(values, seeded, strict=True):
                 pairable = params is not None or self.task.seed_pairs
-                if experiment is not None and pairable and sha not in mains:
+                if experiment is not None and pairable and sha not in mains and sha != UNMERGED:
                     mains[sha] = self.code_at(sha)  # main moved without a new train.py: no baseline run there
             self._pairs = pairing.paired_differences(
                 values, seeded, mains, self.main_runs, seed_pairs=self.task.seed_pairs

@@ -193,6 +193,9 @@ class Conductor:
         self._guard("measuring main", self.baseline.schedule, main)
         self._guard("judging experiments", self.lifecycle.judge_all, main)
         self._guard("dispatching runs", self.runs.dispatch, main)
+        # a keep waits to be merged: the changes queued on the main it moves, re-grafted onto it, start now too
+        if self._guard("re-grafting ahead of a merge", self.lifecycle.regraft_ahead, main):
+            self._guard("dispatching runs", self.runs.dispatch, main)
         merged = self._guard("advancing experiments", self.lifecycle.advance_all, main)
         while merged:  # our own merge moved main: the new main's runs, and what ran on the old one follows it
             main = self._read_main("reading main after a merge")

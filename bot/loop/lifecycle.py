@@ -50,7 +50,7 @@ from bot.core.protocols import BranchPolicy, EveryBranch, Forge, MainMoved, Merg
 from bot.core.records import code_hash, full_budget
 from bot.core.states import Request, RunState, State, Status
 from bot.loop import measurement, screening
-from bot.loop.baseline import Baseline, Main
+from bot.loop.baseline import UNMERGED, Baseline, Main
 from bot.loop.branching import Branching
 from bot.loop.forge_calls import PENDING, ForgeWorker, InlineCalls
 from bot.loop.judge import decide, judge_config, standard_error
@@ -134,6 +134,53 @@ class Lifecycle:
             except Exception as error:  # noqa: BLE001 - one experiment's failure must not stop the loop
                 self._step_failed(self.store.experiments.get(exp.id), f"{type(error).__name__}: {error}")
 
+    def regraft_ahead(self, main: Main) -> int:
+        """While a keep waits to be merged, the changes queued on main that have not run yet are
+        re-grafted onto the kept train.py, main's next, and their runs queued ahead of the merge
+        (base UNMERGED): the slots the keep frees start them at once, where they waited for the
+        merge and then for the re-grafts. After the merge each is re-grafted onto the real main as
+        before (bot.loop.lifecycle._step_rebasing), which finds the same text and adopts the run; a
+        merge that fails stops them (Runs.cancel_ahead). Only changes without a branch: a branch is
+        rebased by the forge, onto a commit that must exist first. Returns how many it queued."""
+        kept = next((e for e in self.store.experiments.in_state(State.MERGING) if e.base_sha == main.sha), None)
+        if kept is None or not kept.asset:
+            return 0
+        queued = 0
+        waiting = [
+            e
+            for e in self.store.experiments.in_state(State.MEASURING)
+            if e.base_sha == main.sha and e.head_sha is None and e.asset and not screening.pending(e)
+        ]
+        runs = self.store.runs.of_experiments([e.id for e in waiting])
+        following = Main(UNMERGED, kept.asset, kept.code_hash, main.instructions, main.settings)
+        for exp in waiting:
+            own = runs[exp.id]
+            if any(r.base_sha == UNMERGED and r.state != RunState.CANCELLED for r in own):
+                continue  # re-grafted ahead already
+            if not any(r.state == RunState.QUEUED for r in own) or any(
+                r.state not in (RunState.QUEUED, RunState.CANCELLED) for r in own if r.base_sha == main.sha
+            ):
+                continue  # it ran on this main (its result is judged where it ran), or nothing of it waits
+            try:
+                text = self.branching.regrafted(exp, following)
+            except MergeConflict:
+                continue  # discarded once main has moved, as before
+            if code_hash(text) == kept.code_hash:
+                continue
+            self.store.runs.add(
+                experiment_id=exp.id,
+                purpose="remeasure",
+                code_hash=code_hash(text),
+                commit_sha="",
+                base_sha=UNMERGED,
+                asset=text,
+                profile=self.profile,
+                main_code=kept.code_hash,
+                reason=f"re-grafted onto experiment {kept.id}'s {self.baseline.task.asset}, main once it is merged",
+            )
+            queued += 1
+        return queued
+
     def advance_all(self, main: Main) -> bool:
         """Advance every active experiment but those measured on main (judge_all's); True when a
         merge moved main (the rest of the tick must read it again)."""
@@ -182,7 +229,7 @@ class Lifecycle:
             why = f"its pull request was closed by {who}" if request == Request.CANCEL else f"discarded by {who}"
             self.runs.cancel(exp, why)
             if exp.state == State.MERGING:
-                self.runs.cancel_ahead(exp, why)
+                self.runs.cancel_ahead(why)
             self.store.experiments.update(
                 exp.id, state=State.CLOSING, status=status, reason=why, request=None, event=why
             )
@@ -248,7 +295,7 @@ class Lifecycle:
         if failures >= self.step_retries:
             self.runs.cancel(exp, "its experiment failed")
             if exp.state == State.MERGING:
-                self.runs.cancel_ahead(exp, "its experiment failed before its merge")
+                self.runs.cancel_ahead(f"experiment {exp.id} failed before its merge")
             self.store.experiments.update(
                 exp.id,
                 state=State.DONE,
@@ -313,7 +360,7 @@ class Lifecycle:
                 return self._follow_main(exp, main.sha)
             if any(r.state == RunState.RUNNING for r in waiting):
                 return None  # let it finish: judged against the main it ran on, a loss needs no re-measure
-            self.runs.cancel(exp, f"main moved to {main.sha[:7]} before it ran")
+            self.runs.cancel(exp, f"main moved to {main.sha[:7]} before it ran", ahead=False)  # not its re-graft
             waiting = []
         if waiting:
             return None
@@ -457,11 +504,14 @@ class Lifecycle:
         asset = self.baseline.task.asset
         if exp.head_sha is None:  # no branch yet: the same re-graft, in memory
             if self.baseline.code_at(exp.base_sha) == main.code_hash:
+                self.runs.cancel_ahead(f"main moved to {main.sha[:7]}, its {asset} unchanged", exp=exp)
                 return self.store.experiments.update(self._follow_main(exp, main.sha).id, state=State.MEASURING)
             try:
-                return self._remeasure(exp, main, None, self.branching.regrafted(exp, main))
+                text = self.branching.regrafted(exp, main)
             except MergeConflict as error:
+                self.runs.cancel_ahead("its change conflicts with main", exp=exp)
                 return self._conflict(exp, main, error)
+            return self._remeasure(exp, main, None, text)
         if self.baseline.code_at(exp.base_sha) == main.code_hash:
             # the same call slot as the rebase below: a rebase still being made for this branch ends first
             head = self.calls.call(
@@ -495,8 +545,28 @@ class Lifecycle:
 
     def _remeasure(self, exp: Experiment, main: Main, head: str | None, text: str) -> Experiment:
         """Queue the re-measure of the experiment re-grafted onto main as `text` (at `head`, its
-        branch's new commit; None without a branch), unless main already holds that."""
-        if code_hash(text) == main.code_hash:
+        branch's new commit; None without a branch), unless main already holds that. Its run queued
+        ahead of the merge that made this main (regraft_ahead) is this re-measure when it measures
+        this very text: it is adopted, not queued again."""
+        digest = code_hash(text)
+        ahead = [r for r in self.store.runs.all(experiment_id=exp.id) if r.base_sha == UNMERGED]
+        same = [r for r in ahead if r.state != RunState.CANCELLED and r.code_hash == digest and head is None]
+        if not same or digest == main.code_hash:
+            same = []
+            self.runs.cancel_ahead(f"re-grafted onto main {main.sha[:7]} as another text", exp=exp)
+        if same:
+            self.store.runs.adopt([r.id for r in same], main.sha)
+            self.baseline.run_finished()  # the values carry each run's base
+            return self.store.experiments.update(
+                exp.id,
+                state=State.MEASURING,
+                base_sha=main.sha,
+                head_sha=None,
+                asset=text,
+                code_hash=digest,
+                event=f"re-grafted onto main {main.sha[:7]}: its run queued ahead of the merge measures it",
+            )
+        if digest == main.code_hash:
             return self._discard_unmeasured(exp, "main already holds this change", "already in main")
         self.store.runs.add(
             experiment_id=exp.id,
@@ -544,7 +614,7 @@ class Lifecycle:
             if moved_to != exp.base_sha and self.baseline.code_at(exp.base_sha) == self.baseline.code_at(moved_to):
                 self._follow_main(exp, moved_to)  # only program.md or the like moved: no re-measure
                 return None
-            self.runs.cancel_ahead(exp, f"main moved before experiment {exp.id} was merged")
+            self.runs.cancel_ahead(f"main moved before experiment {exp.id} was merged")
             self.store.experiments.update(exp.id, state=State.REBASING, event=f"main moved before the merge: {error}")
             return None
         return self.store.experiments.update(

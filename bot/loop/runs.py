@@ -2,8 +2,10 @@
 
 `dispatch()` starts queued runs while slots are free: main's baselines first, then re-measures,
 confirmations, candidates, only those measured on main's train.py; while a keep waits to be merged
-(main is about to move) only the new main's own runs, queued ahead by bot.loop.baseline, so the
-slots the keep frees never wait for the merge. A queued run of a main that moved is set aside, never run.
+(main is about to move) only the runs queued ahead of the merge on the kept train.py (the new
+main's own, bot.loop.baseline; the changes waiting on the old main, re-grafted onto it by
+bot.loop.lifecycle), so the slots the keep frees never wait for the merge. A queued run of a main
+that moved is set aside, never run.
 `collect()` asks the runner about every running run (lookup(), never a wait) and records what
 finished, once its result passed measurement.refusal (it answers this job, this code, under the
 pinned identity) and measurement.disturbance (a CPU run slowed by a busy machine runs once more).
@@ -77,7 +79,7 @@ class Runs:
         of a main whose train.py is no longer main's is set aside, never run: no verdict will use it.
         A queued run of an experiment measured on an older main waits for the lifecycle to re-graft
         it. While a keep measured on main waits to be merged, main is about to move: only the new
-        main's runs queued ahead of the merge (Baseline.queue_ahead) start."""
+        main's runs and the re-grafts queued ahead of the merge start (their base is UNMERGED)."""
         # a re-run takes the place in line of the run it repeats: its experiment has waited already
         queued = sorted(
             self.store.runs.all(state=RunState.QUEUED), key=lambda r: (RUN_PRIORITY[r.purpose], self._first_of(r))
@@ -90,8 +92,8 @@ class Runs:
         free = self.runner.slots - self.store.runs.count(RunState.RUNNING)
         if free <= 0 or self.baseline.blocked:  # nothing can be judged until main is fixed: spend no runs
             return
-        if ahead:  # main is about to move: only the new main's own runs start (Baseline.queue_ahead)
-            on_main = [r for r in queued if r.experiment_id is None and r.code_hash in ahead]
+        if ahead:  # main is about to move: only the runs queued ahead of its merge start
+            on_main = [r for r in queued if r.base_sha == UNMERGED]
         else:
             on_main = [
                 r
@@ -262,26 +264,30 @@ class Runs:
             experiment_fields=experiment_fields,
         )
 
-    def cancel_ahead(self, kept: Experiment, why: str) -> None:
-        """Stop the runs queued ahead of the kept experiment's merge (Baseline.queue_ahead), which
-        did not happen: its train.py is not main's next."""
-        for run in self.store.runs.all(code_hash=kept.code_hash):
-            if (
-                run.experiment_id is None
-                and run.base_sha == UNMERGED
-                and run.state in (RunState.QUEUED, RunState.RUNNING)
-            ):
-                if run.state == RunState.RUNNING:
-                    self.runner.cancel(run.id)
-                self.store.runs.set_aside(run.id, RunState.CANCELLED, why, rerun=False)
+    def cancel_ahead(self, why: str, *, exp: Experiment | None = None) -> None:
+        """Stop the runs queued ahead of a keep's merge (bot.loop.baseline.Baseline.queue_ahead,
+        bot.loop.lifecycle's re-grafts ahead): every one when the merge did not happen (what they
+        measure is not on main), or `exp`'s alone."""
+        runs = (
+            self.store.runs.all(state=RunState.QUEUED) + self.store.runs.all(state=RunState.RUNNING)
+            if exp is None
+            else self.store.runs.all(experiment_id=exp.id)
+        )
+        for run in runs:
+            if run.base_sha == UNMERGED and run.state in (RunState.QUEUED, RunState.RUNNING):
+                self._stop(run, why)
 
-    def cancel(self, exp: Experiment, why: str) -> None:
-        """Stop the experiment's running runs and set aside its queued ones, none run again."""
+    def cancel(self, exp: Experiment, why: str, *, ahead: bool = True) -> None:
+        """Stop the experiment's running runs and set aside its queued ones, none run again; with
+        `ahead` False, not those queued ahead of a keep's merge (its re-graft onto the next main)."""
         for run in self.store.runs.all(experiment_id=exp.id):
-            if run.state in (RunState.QUEUED, RunState.RUNNING):
-                if run.state == RunState.RUNNING:
-                    self.runner.cancel(run.id)
-                self.store.runs.set_aside(run.id, RunState.CANCELLED, why, rerun=False)
+            if run.state in (RunState.QUEUED, RunState.RUNNING) and (ahead or run.base_sha != UNMERGED):
+                self._stop(run, why)
+
+    def _stop(self, run: Run, why: str) -> None:
+        if run.state == RunState.RUNNING:
+            self.runner.cancel(run.id)
+        self.store.runs.set_aside(run.id, RunState.CANCELLED, why, rerun=False)
 
 
 def _job(run: Run, task: str) -> Job:

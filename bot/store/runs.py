@@ -137,13 +137,13 @@ class Runs:
         self.db.execute("UPDATE runs SET commit_sha = ? WHERE id = ? AND state = 'queued'", (commit_sha, run_id))
 
     def adopt(self, run_ids: list[int], main_sha: str) -> None:
-        """Main's runs queued ahead of its merge (bot.loop.baseline.Baseline.queue_ahead) now name
-        the commit main took: their base, and their commit where none was known yet."""
+        """Runs queued ahead of a keep's merge now name the commit main took: their base, and for
+        main's own runs their commit where none was known yet (an experiment's is its branch's)."""
         with self.db.transaction() as conn:
             for run_id in run_ids:
                 conn.execute(
-                    "UPDATE runs SET base_sha = ?, commit_sha = CASE WHEN commit_sha = '' THEN ? ELSE commit_sha END"
-                    " WHERE id = ?",
+                    "UPDATE runs SET base_sha = ?, commit_sha = CASE WHEN commit_sha = '' AND experiment_id IS NULL"
+                    " THEN ? ELSE commit_sha END WHERE id = ?",
                     (main_sha, main_sha, run_id),
                 )
 

@@ -66,6 +66,7 @@ class Loop:
         forge=None,
         runner=None,
         lookahead: int | None = None,
+        branches=None,
         **settings,
     ) -> None:
         self.forge = forge or MemoryForge({"train.py": MAIN, "program.md": program(**settings)})
@@ -82,6 +83,7 @@ class Loop:
                 retry_base_s=0.0,
                 lookahead=lookahead,
             ),
+            branches=branches,
         )
         self.store = self.conductor.store
         self.woken = threading.Event()
@@ -213,6 +215,13 @@ def test_queued_runs_of_a_main_whose_train_py_moved_are_set_aside_never_run(tmp_
     assert all(r.code_hash != loop.store.runs.get(queued[0]).code_hash for r in loop.store.runs.all(state="queued"))
 
 
+class BranchOnceStarted:
+    """GitHub's policy with a runner that carries the asset: a branch once a run of it started."""
+
+    def wanted(self, experiment_id: int, *, started: bool, promising: bool) -> bool:
+        return started or promising
+
+
 class MergeFailsOnce(MemoryForge):
     """The forge in memory whose first merge fails (GitHub down for a moment)."""
 
@@ -250,6 +259,82 @@ def test_while_a_keep_waits_to_be_merged_only_the_new_mains_runs_start(tmp_path:
     assert loop.status(1) == ("done", "keep") and loop.running() == [("baseline", None)]
     assert loop.store.runs.get(ahead.id).base_sha == forge.main_sha() == loop.store.experiments.get(1).merged_sha
     assert len([r for r in loop.store.runs.all(code_hash=kept.code_hash) if r.purpose == "baseline"]) == 2
+
+
+def test_a_change_running_on_the_old_main_is_not_re_grafted_ahead(tmp_path: Path) -> None:
+    """A change whose run on the main a keep moves has started is judged where it ran (a loss
+    there needs no run on the new main): nothing of it is queued ahead of the merge."""
+    forge = MergeFailsOnce({"train.py": MAIN, "program.md": program(first_baseline_runs=2, baseline_runs=1)})
+    loop = Loop(
+        [change(-0.5, "much better"), change_at_top(0.1, "next")],
+        slots=2,
+        noise=Noise(),
+        forge=forge,
+        first_baseline_runs=2,
+        baseline_runs=1,
+        branches=BranchOnceStarted(),
+    )
+    measured(loop, 2)
+    assert loop.running() == [("candidate", 1), ("candidate", 2)]
+    loop.finish("candidate", 1)  # kept (its merge fails this tick); experiment 2 is running on the old main
+    assert loop.running() == [("candidate", 2), ("baseline", None)]
+    assert not [r for r in loop.store.runs.all(experiment_id=2) if r.base_sha == UNMERGED]  # it ran: judged there
+
+
+def test_a_proposal_queued_on_the_old_main_starts_on_the_kept_train_py_before_the_merge(tmp_path: Path) -> None:
+    """A proposal queued on the main a keep moves, not run yet: re-grafted onto the kept train.py and
+    queued ahead of the merge, so a slot the keep frees starts it without waiting for the merge and
+    the re-grafts after it. Once merged, the same re-graft onto the real main adopts that run: it
+    is measured once, on the new main."""
+    forge = MergeFailsOnce({"train.py": MAIN, "program.md": program(first_baseline_runs=2, baseline_runs=1)})
+    loop = Loop(
+        [change(-0.5, "much better"), change_at_top(0.1, "next")],
+        slots=1,
+        noise=Noise(),
+        forge=forge,
+        first_baseline_runs=2,
+        baseline_runs=1,
+        branches=BranchOnceStarted(),
+    )
+    measured(loop, 2)
+    assert loop.running() == [("candidate", 1)] and loop.status(2)[0] == "measuring"  # queued: lookahead
+    loop.finish("candidate", 1)  # kept; its merge fails this tick
+    kept = loop.store.experiments.get(1)
+    [ahead] = [r for r in loop.store.runs.all(experiment_id=2) if r.base_sha == UNMERGED]
+    assert ahead.purpose == "remeasure" and ahead.state == "queued"
+    assert "_fake_effect = (0.1" in ahead.asset and ahead.asset.endswith(kept.asset.splitlines()[-1] + "\n")
+    assert loop.running() == [("baseline", None)]  # the new main's run first, on the one slot
+
+    loop.tick()  # merged: experiment 2 re-grafted onto main, the same text: its run ahead is adopted
+    exp = loop.store.experiments.get(2)
+    assert exp.state == "measuring" and exp.base_sha == forge.main_sha() and exp.code_hash == ahead.code_hash
+    assert loop.store.runs.get(ahead.id).base_sha == forge.main_sha()
+    runs = loop.store.runs.all(experiment_id=2)
+    assert [(r.purpose, r.state) for r in runs] == [("candidate", "cancelled"), ("remeasure", "queued")]
+
+    loop.finish("baseline")
+    assert loop.running() == [("remeasure", 2)]
+    loop.finish("remeasure", 2)
+    assert loop.status(2) == ("done", "discard") and not loop.store.runs.all(state="queued")
+
+
+def test_a_proposal_that_conflicts_with_the_keep_is_not_run_ahead_and_leaves_no_run_behind(tmp_path: Path) -> None:
+    forge = MergeFailsOnce({"train.py": MAIN, "program.md": program(first_baseline_runs=2, baseline_runs=1)})
+    loop = Loop(
+        [change(-0.5, "much better"), change(0.1, "same line")],
+        slots=1,
+        noise=Noise(),
+        forge=forge,
+        first_baseline_runs=2,
+        baseline_runs=1,
+        branches=BranchOnceStarted(),
+    )
+    measured(loop, 2)
+    loop.finish("candidate", 1)
+    assert not [r for r in loop.store.runs.all(experiment_id=2) if r.base_sha == UNMERGED]
+    loop.tick()
+    assert loop.status(2) == ("done", "discard") and "conflicts" in loop.store.experiments.get(2).reason
+    assert [r.state for r in loop.store.runs.all(experiment_id=2)] == ["cancelled"]
 
 
 class MainMovesAtMerge(MemoryForge):
@@ -436,3 +521,24 @@ def test_remeasure_below_sets_how_far_a_change_must_have_beaten_the_old_main_to_
     assert exp.delta == pytest.approx(effect - 0.005)
     loop.finish("baseline")
     assert ("remeasure", 2) not in loop.started()
+
+
+def test_the_re_grafts_queued_ahead_of_a_merge_that_fails_are_stopped(tmp_path: Path) -> None:
+    forge = MainMovesAtMerge({"train.py": MAIN, "program.md": program(first_baseline_runs=2, baseline_runs=1)})
+    loop = Loop(
+        [change(-0.5, "much better"), change_at_top(0.1, "next")],
+        slots=1,
+        noise=Noise(),
+        forge=forge,
+        first_baseline_runs=2,
+        baseline_runs=1,
+        branches=BranchOnceStarted(),
+    )
+    measured(loop, 2)
+    loop.finish("candidate", 1)  # kept, run ahead, re-grafted ahead; then a person moved main: not merged
+    ahead = [r for r in loop.store.runs.all() if r.base_sha == UNMERGED]
+    assert sorted((r.purpose, r.experiment_id) for r in ahead) == [("baseline", None), ("remeasure", 2)]
+    assert {r.state for r in ahead} == {"cancelled"}
+    loop.tick()
+    assert loop.status(2) == ("measuring", None)  # its own run goes on (the tick read main before it moved)
+    assert not [r for r in loop.store.runs.all() if r.base_sha == UNMERGED and r.state in ("queued", "running")]
