@@ -33,14 +33,12 @@ from bot.loop import measurement, pairing
 from bot.loop.judge import Noise, main_runs_wanted
 from bot.loop.program import LoopSettings, SettingsError, loop_task, parse_program
 from bot.store import Experiment, Run, Store
+from bot.store.runs import ahead_of, is_ahead
 
 log = logging.getLogger(__name__)
 
 PROGRAM = "program.md"
 MAX_BASELINE_CRASHES = 2  # crashes of main's own train.py before the loop asks for a human
-# The base of a run of main queued ahead of the merge that makes its train.py main (queue_ahead):
-# main's commit is named once main took it (schedule adopts the run then).
-UNMERGED = ""
 
 
 @dataclass(frozen=True)
@@ -169,7 +167,7 @@ class Baseline:
             mains = {sha: v[0] for v, (_, sha, _) in zip(values, seeded, strict=True) if v[2] == "baseline"}
             for (_, experiment, _, _), (_, sha, params) in zip(values, seeded, strict=True):
                 pairable = params is not None or self.task.seed_pairs
-                if experiment is not None and pairable and sha not in mains and sha != UNMERGED:
+                if experiment is not None and pairable and sha not in mains and not is_ahead(sha):
                     mains[sha] = self.code_at(sha)  # main moved without a new train.py: no baseline run there
             self._pairs = pairing.paired_differences(
                 values, seeded, mains, self.main_runs, seed_pairs=self.task.seed_pairs
@@ -201,7 +199,7 @@ class Baseline:
                 return  # main needs a human; a new train.py on main clears it
             self.blocked = ""
         runs = [r for r in self.store.runs.all(code_hash=main.code_hash) if r.purpose == "baseline"]
-        ahead = [r.id for r in runs if r.base_sha == UNMERGED]
+        ahead = [r.id for r in runs if r.base_sha == ahead_of(main.code_hash)]
         if ahead:  # queued while the keep that made this main was being merged: main's runs now
             self.store.runs.adopt(ahead, main.sha)
             self.run_finished()  # the values carry each run's base (pairing reads it)
@@ -230,9 +228,11 @@ class Baseline:
         """Queue the fresh runs the kept experiment's train.py will want as main, now, while its merge
         is made (a push and a fast-forward, and in full mode on GitHub a wait for its pull request):
         the slots the keep frees start them at once (bot.loop.runs.dispatch), where they waited for
-        the merge before. Their base is UNMERGED until main takes the commit (`schedule` adopts
+        the merge before. Their base is bot.store.runs.ahead_of that train.py until main takes the commit (`schedule` adopts
         them); a merge that fails sets them aside (bot.loop.runs.Runs.cancel_ahead)."""
-        future = Main(kept.head_sha or UNMERGED, kept.asset, kept.code_hash, main.instructions, main.settings)
+        future = Main(
+            kept.head_sha or ahead_of(kept.code_hash), kept.asset, kept.code_hash, main.instructions, main.settings
+        )
         pending = [
             r
             for r in self.store.runs.all(code_hash=kept.code_hash)
@@ -245,7 +245,7 @@ class Baseline:
                 purpose="baseline",
                 code_hash=kept.code_hash,
                 commit_sha=kept.head_sha or "",  # a runner that checks out the commit has the branch's
-                base_sha=UNMERGED,
+                base_sha=ahead_of(kept.code_hash),
                 asset=kept.asset,
                 profile=self.profile,
                 reason=reason,

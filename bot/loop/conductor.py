@@ -8,7 +8,9 @@ moved main, so main is read again, its baselines start and what ran on the old o
 dispatches what that queued, asks the agent for the next proposal in the background
 (bot.loop.proposals), dispatches queued runs to free slots, and shows the result to the
 publishers. The order serves the judge: the runs a verdict waits for come before it, a new main's
-baseline runs first, and no run starts on a main about to move. Nothing in a tick waits: the agent
+baseline runs first, and no run starts on a main about to move; while a keep is merged, what the
+new main will run (its own runs, the changes queued on the old main re-grafted onto the kept
+train.py) is queued ahead of the merge and starts at once. Nothing in a tick waits: the agent
 thinks on its own thread, runners are asked with lookup(), and GitHub is told on the publishing
 worker's thread (bot.loop.publishing): the tick only hands it the snapshot. A driver
 (bot.loop.driver) calls tick() when something arrives and on a slow timer. A phase that fails is
@@ -187,9 +189,10 @@ class Conductor:
         # Main's runs first: those it still wants are queued (a main that keeps crashing blocks here,
         # before a run of it could start). Then the judge, who needs no forge: a verdict's runs (a
         # confirmation, main's run beside it) are queued, and a keep stops runs on the main it is
-        # about to move, before a slot freed by a run that just ended is filled. Then that slot takes
-        # the next queued run at once, before the rest of the tick (pushing, merging, closing,
-        # proposing): that work is the idle gap between two runs.
+        # about to move and queues the new main's runs ahead of its merge, before a slot freed by a
+        # run that just ended is filled. Then that slot takes the next queued run at once, before the
+        # rest of the tick (pushing, merging, closing, proposing): that work is the idle gap between
+        # two runs.
         self._guard("measuring main", self.baseline.schedule, main)
         self._guard("judging experiments", self.lifecycle.judge_all, main)
         self._guard("dispatching runs", self.runs.dispatch, main)

@@ -50,13 +50,14 @@ from bot.core.protocols import BranchPolicy, EveryBranch, Forge, MainMoved, Merg
 from bot.core.records import code_hash, full_budget
 from bot.core.states import Request, RunState, State, Status
 from bot.loop import measurement, screening
-from bot.loop.baseline import UNMERGED, Baseline, Main
+from bot.loop.baseline import Baseline, Main
 from bot.loop.branching import Branching
 from bot.loop.forge_calls import PENDING, ForgeWorker, InlineCalls
 from bot.loop.judge import decide, judge_config, standard_error
 from bot.loop.merge_gate import Gate, MergeWait
 from bot.loop.runs import Runs
 from bot.store import Experiment, Run, Store
+from bot.store.runs import ahead_of, is_ahead
 
 log = logging.getLogger(__name__)
 
@@ -137,11 +138,12 @@ class Lifecycle:
     def regraft_ahead(self, main: Main) -> int:
         """While a keep waits to be merged, the changes queued on main that have not run yet are
         re-grafted onto the kept train.py, main's next, and their runs queued ahead of the merge
-        (base UNMERGED): the slots the keep frees start them at once, where they waited for the
+        (bot.store.runs.ahead_of the kept train.py): the slots the keep frees start them at once, where they waited for the
         merge and then for the re-grafts. After the merge each is re-grafted onto the real main as
         before (bot.loop.lifecycle._step_rebasing), which finds the same text and adopts the run; a
         merge that fails stops them (Runs.cancel_ahead). Only changes without a branch: a branch is
         rebased by the forge, onto a commit that must exist first. Returns how many it queued."""
+        # the keep merged first where several wait: advance_all's order
         kept = next((e for e in self.store.experiments.in_state(State.MERGING) if e.base_sha == main.sha), None)
         if kept is None or not kept.asset:
             return 0
@@ -152,10 +154,10 @@ class Lifecycle:
             if e.base_sha == main.sha and e.head_sha is None and e.asset and not screening.pending(e)
         ]
         runs = self.store.runs.of_experiments([e.id for e in waiting])
-        following = Main(UNMERGED, kept.asset, kept.code_hash, main.instructions, main.settings)
+        following = Main(ahead_of(kept.code_hash), kept.asset, kept.code_hash, main.instructions, main.settings)
         for exp in waiting:
             own = runs[exp.id]
-            if any(r.base_sha == UNMERGED and r.state != RunState.CANCELLED for r in own):
+            if any(is_ahead(r.base_sha) and r.state != RunState.CANCELLED for r in own):
                 continue  # re-grafted ahead already
             if not any(r.state == RunState.QUEUED for r in own) or any(
                 r.state not in (RunState.QUEUED, RunState.CANCELLED) for r in own if r.base_sha == main.sha
@@ -172,7 +174,7 @@ class Lifecycle:
                 purpose="remeasure",
                 code_hash=code_hash(text),
                 commit_sha="",
-                base_sha=UNMERGED,
+                base_sha=ahead_of(kept.code_hash),
                 asset=text,
                 profile=self.profile,
                 main_code=kept.code_hash,
@@ -229,7 +231,7 @@ class Lifecycle:
             why = f"its pull request was closed by {who}" if request == Request.CANCEL else f"discarded by {who}"
             self.runs.cancel(exp, why)
             if exp.state == State.MERGING:
-                self.runs.cancel_ahead(why)
+                self.runs.cancel_ahead(why, kept=exp)
             self.store.experiments.update(
                 exp.id, state=State.CLOSING, status=status, reason=why, request=None, event=why
             )
@@ -295,7 +297,7 @@ class Lifecycle:
         if failures >= self.step_retries:
             self.runs.cancel(exp, "its experiment failed")
             if exp.state == State.MERGING:
-                self.runs.cancel_ahead(f"experiment {exp.id} failed before its merge")
+                self.runs.cancel_ahead(f"experiment {exp.id} failed before its merge", kept=exp)
             self.store.experiments.update(
                 exp.id,
                 state=State.DONE,
@@ -549,8 +551,15 @@ class Lifecycle:
         ahead of the merge that made this main (regraft_ahead) is this re-measure when it measures
         this very text: it is adopted, not queued again."""
         digest = code_hash(text)
-        ahead = [r for r in self.store.runs.all(experiment_id=exp.id) if r.base_sha == UNMERGED]
-        same = [r for r in ahead if r.state != RunState.CANCELLED and r.code_hash == digest and head is None]
+        ahead = [r for r in self.store.runs.all(experiment_id=exp.id) if is_ahead(r.base_sha)]
+        same = [
+            r
+            for r in ahead
+            if r.state != RunState.CANCELLED
+            and r.base_sha == ahead_of(main.code_hash)
+            and r.code_hash == digest
+            and head is None
+        ]
         if not same or digest == main.code_hash:
             same = []
             self.runs.cancel_ahead(f"re-grafted onto main {main.sha[:7]} as another text", exp=exp)
@@ -614,7 +623,7 @@ class Lifecycle:
             if moved_to != exp.base_sha and self.baseline.code_at(exp.base_sha) == self.baseline.code_at(moved_to):
                 self._follow_main(exp, moved_to)  # only program.md or the like moved: no re-measure
                 return None
-            self.runs.cancel_ahead(f"main moved before experiment {exp.id} was merged")
+            self.runs.cancel_ahead(f"main moved before experiment {exp.id} was merged", kept=exp)
             self.store.experiments.update(exp.id, state=State.REBASING, event=f"main moved before the merge: {error}")
             return None
         return self.store.experiments.update(

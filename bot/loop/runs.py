@@ -34,9 +34,10 @@ from bot.core.protocols import Runner
 from bot.core.records import Job, RunResult
 from bot.core.states import RunState, State, Status
 from bot.loop import measurement
-from bot.loop.baseline import UNMERGED, Baseline, Main
+from bot.loop.baseline import Baseline, Main
 from bot.loop.screening import budget_fraction
 from bot.store import Experiment, Run, Store
+from bot.store.runs import ahead_of, is_ahead
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +80,7 @@ class Runs:
         of a main whose train.py is no longer main's is set aside, never run: no verdict will use it.
         A queued run of an experiment measured on an older main waits for the lifecycle to re-graft
         it. While a keep measured on main waits to be merged, main is about to move: only the new
-        main's runs and the re-grafts queued ahead of the merge start (their base is UNMERGED)."""
+        main's runs and the re-grafts queued ahead of the merge start (bot.store.runs.ahead_of)."""
         # a re-run takes the place in line of the run it repeats: its experiment has waited already
         queued = sorted(
             self.store.runs.all(state=RunState.QUEUED), key=lambda r: (RUN_PRIORITY[r.purpose], self._first_of(r))
@@ -89,11 +90,15 @@ class Runs:
         for run in [r for r in queued if r.experiment_id is None and r.code_hash not in (main.code_hash, *ahead)]:
             self.store.runs.set_aside(run.id, RunState.CANCELLED, f"main moved to {main.sha[:7]}", rerun=False)
             queued.remove(run)
+        for run in [r for r in queued if is_ahead(r.base_sha) and r.experiment_id is not None and not ahead]:
+            if self.store.experiments.get(run.experiment_id).state == State.DONE:  # ended before it was adopted
+                self.store.runs.set_aside(run.id, RunState.CANCELLED, "its experiment ended", rerun=False)
+                queued.remove(run)
         free = self.runner.slots - self.store.runs.count(RunState.RUNNING)
         if free <= 0 or self.baseline.blocked:  # nothing can be judged until main is fixed: spend no runs
             return
         if ahead:  # main is about to move: only the runs queued ahead of its merge start
-            on_main = [r for r in queued if r.base_sha == UNMERGED]
+            on_main = [r for r in queued if r.base_sha in {ahead_of(code) for code in ahead}]
         else:
             on_main = [
                 r
@@ -264,24 +269,25 @@ class Runs:
             experiment_fields=experiment_fields,
         )
 
-    def cancel_ahead(self, why: str, *, exp: Experiment | None = None) -> None:
-        """Stop the runs queued ahead of a keep's merge (bot.loop.baseline.Baseline.queue_ahead,
-        bot.loop.lifecycle's re-grafts ahead): every one when the merge did not happen (what they
-        measure is not on main), or `exp`'s alone."""
+    def cancel_ahead(self, why: str, *, kept: Experiment | None = None, exp: Experiment | None = None) -> None:
+        """Stop runs queued ahead of a keep's merge (bot.loop.baseline.Baseline.queue_ahead,
+        bot.loop.lifecycle's re-grafts ahead): those of the `kept` experiment's merge, which did not
+        happen (what they measure is not on main), or `exp`'s own (all of them, ahead of any merge)."""
         runs = (
             self.store.runs.all(state=RunState.QUEUED) + self.store.runs.all(state=RunState.RUNNING)
             if exp is None
             else self.store.runs.all(experiment_id=exp.id)
         )
         for run in runs:
-            if run.base_sha == UNMERGED and run.state in (RunState.QUEUED, RunState.RUNNING):
+            ours = is_ahead(run.base_sha) if kept is None else run.base_sha == ahead_of(kept.code_hash)
+            if ours and run.state in (RunState.QUEUED, RunState.RUNNING):
                 self._stop(run, why)
 
     def cancel(self, exp: Experiment, why: str, *, ahead: bool = True) -> None:
         """Stop the experiment's running runs and set aside its queued ones, none run again; with
         `ahead` False, not those queued ahead of a keep's merge (its re-graft onto the next main)."""
         for run in self.store.runs.all(experiment_id=exp.id):
-            if run.state in (RunState.QUEUED, RunState.RUNNING) and (ahead or run.base_sha != UNMERGED):
+            if run.state in (RunState.QUEUED, RunState.RUNNING) and (ahead or not is_ahead(run.base_sha)):
                 self._stop(run, why)
 
     def _stop(self, run: Run, why: str) -> None:

@@ -41,6 +41,21 @@ from bot.store.events import Events
 from bot.store.experiments import Experiments
 from runner.tasks import TRAINING, Metric
 
+# The base of a run queued ahead of the merge that makes a kept train.py main (its runs as the next
+# main, bot.loop.baseline; a change re-grafted onto it, bot.loop.lifecycle): AHEAD and that train.py's
+# code hash, `ahead_of(code_hash)`. Main's commit is named once main took it (`adopt`).
+AHEAD = "ahead-of-merge:"
+
+
+def ahead_of(code_hash: str) -> str:
+    """The base of a run queued ahead of the merge that makes the train.py whose hash is `code_hash` main."""
+    return AHEAD + code_hash
+
+
+def is_ahead(base_sha: str) -> bool:
+    """Whether a run's base names no commit yet: queued ahead of a keep's merge."""
+    return base_sha.startswith(AHEAD)
+
 
 @dataclass
 class Run:

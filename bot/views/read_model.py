@@ -43,6 +43,7 @@ from bot.loop import measurement
 from bot.loop.judge import judge_config
 from bot.loop.program import LoopSettings, loop_task
 from bot.store import Experiment, LoopState, Store
+from bot.store.runs import is_ahead
 from runner.progress import last_progress
 from runner.tasks import Metric, Task, get_task
 
@@ -51,7 +52,7 @@ FROM_BASELINE_RUNS = "baseline runs"
 FROM_KEPT_EXPERIMENT = "kept experiment, not re-measured yet"
 _EXPERIMENT_COLUMNS = ", ".join(f.name for f in fields(Experiment) if f.name != "asset")  # train.py is heavy
 _RUN_COLUMNS = (
-    "id, experiment_id, purpose, code_hash, commit_sha, state, status, val_bpb, profile, harness_hash, "
+    "id, experiment_id, purpose, code_hash, commit_sha, base_sha, state, status, val_bpb, profile, harness_hash, "
     "data_fingerprint, metrics, run_dir, started_at"
 )
 
@@ -70,6 +71,7 @@ class RunRow:
     purpose: str
     code_hash: str
     commit_sha: str
+    base_sha: str  # the main it was measured on (bot.store.runs.is_ahead: queued ahead of a keep's merge)
     state: str
     status: str | None
     val_bpb: float | None
@@ -322,6 +324,8 @@ def run_title(run: RunRow, experiment_title: str | None) -> str:
         experiment_title
         if run.experiment_id is not None and experiment_title
         else f"baseline of main {run.commit_sha[:7]}"
+        if not is_ahead(run.base_sha)
+        else "baseline of the kept change, main once it is merged"
     )
 
 
@@ -421,7 +425,7 @@ def loop_settings(loop: LoopRow) -> LoopSettings:
 
 
 def _main(rows: StoreRows, values: list[measurement.Value], kept: list[Experiment], metric: Metric) -> MainView:
-    baselines = [r for r in rows.runs if r.purpose == "baseline"]
+    baselines = [r for r in rows.runs if r.purpose == "baseline" and not is_ahead(r.base_sha)]  # not main's yet
     code = baselines[-1].code_hash if baselines else None
     own = measurement.main_values(values, code) if code else []
     value, source = (statistics.fmean(own), FROM_BASELINE_RUNS) if own else (None, None)

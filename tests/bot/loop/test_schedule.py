@@ -18,10 +18,10 @@ from bot.agent.scripted import ScriptedAgent
 from bot.core.records import Job, Proposal, RunResult
 from bot.core.states import State
 from bot.forge.memory import MemoryForge
-from bot.loop.baseline import UNMERGED
 from bot.loop.conductor import Conductor, ConductorConfig
 from bot.loop.runs import MAX_LOST_RUNS
 from bot.store import Store
+from bot.store.runs import ahead_of, is_ahead
 
 MAIN = with_effect(SMALL_TRAIN_PY, 0.0, "main")
 
@@ -252,7 +252,7 @@ def test_while_a_keep_waits_to_be_merged_only_the_new_mains_runs_start(tmp_path:
     kept = loop.store.experiments.get(1)
     assert loop.status(1) == ("merging", None) and loop.running() == [("baseline", None)]
     [ahead] = loop.store.runs.all(state="running")
-    assert ahead.code_hash == kept.code_hash and ahead.base_sha == UNMERGED
+    assert ahead.code_hash == kept.code_hash and ahead.base_sha == ahead_of(kept.code_hash)
     assert [r.code_hash for r in loop.store.runs.all(state="queued") if r.experiment_id is None] == [kept.code_hash]
 
     loop.tick()  # merged now: the run queued ahead is main's
@@ -278,7 +278,7 @@ def test_a_change_running_on_the_old_main_is_not_re_grafted_ahead(tmp_path: Path
     assert loop.running() == [("candidate", 1), ("candidate", 2)]
     loop.finish("candidate", 1)  # kept (its merge fails this tick); experiment 2 is running on the old main
     assert loop.running() == [("candidate", 2), ("baseline", None)]
-    assert not [r for r in loop.store.runs.all(experiment_id=2) if r.base_sha == UNMERGED]  # it ran: judged there
+    assert not [r for r in loop.store.runs.all(experiment_id=2) if is_ahead(r.base_sha)]  # it ran: judged there
 
 
 def test_a_proposal_queued_on_the_old_main_starts_on_the_kept_train_py_before_the_merge(tmp_path: Path) -> None:
@@ -300,7 +300,7 @@ def test_a_proposal_queued_on_the_old_main_starts_on_the_kept_train_py_before_th
     assert loop.running() == [("candidate", 1)] and loop.status(2)[0] == "measuring"  # queued: lookahead
     loop.finish("candidate", 1)  # kept; its merge fails this tick
     kept = loop.store.experiments.get(1)
-    [ahead] = [r for r in loop.store.runs.all(experiment_id=2) if r.base_sha == UNMERGED]
+    [ahead] = [r for r in loop.store.runs.all(experiment_id=2) if is_ahead(r.base_sha)]
     assert ahead.purpose == "remeasure" and ahead.state == "queued"
     assert "_fake_effect = (0.1" in ahead.asset and ahead.asset.endswith(kept.asset.splitlines()[-1] + "\n")
     assert loop.running() == [("baseline", None)]  # the new main's run first, on the one slot
@@ -331,10 +331,24 @@ def test_a_proposal_that_conflicts_with_the_keep_is_not_run_ahead_and_leaves_no_
     )
     measured(loop, 2)
     loop.finish("candidate", 1)
-    assert not [r for r in loop.store.runs.all(experiment_id=2) if r.base_sha == UNMERGED]
+    assert not [r for r in loop.store.runs.all(experiment_id=2) if is_ahead(r.base_sha)]
     loop.tick()
     assert loop.status(2) == ("done", "discard") and "conflicts" in loop.store.experiments.get(2).reason
     assert [r.state for r in loop.store.runs.all(experiment_id=2)] == ["cancelled"]
+
+    # a run ahead whose experiment ended before it was adopted (a path that forgot it) is set aside, not left queued
+    exp = loop.store.experiments.get(2)
+    leaked = loop.store.runs.add(
+        experiment_id=2,
+        purpose="remeasure",
+        code_hash="x",
+        commit_sha="",
+        base_sha=ahead_of("x"),
+        asset="x",
+        profile="smoke",
+    )
+    loop.tick()
+    assert loop.store.runs.get(leaked.id).state == "cancelled" and exp.state == "done"
 
 
 class MainMovesAtMerge(MemoryForge):
@@ -536,9 +550,34 @@ def test_the_re_grafts_queued_ahead_of_a_merge_that_fails_are_stopped(tmp_path: 
     )
     measured(loop, 2)
     loop.finish("candidate", 1)  # kept, run ahead, re-grafted ahead; then a person moved main: not merged
-    ahead = [r for r in loop.store.runs.all() if r.base_sha == UNMERGED]
+    ahead = [r for r in loop.store.runs.all() if is_ahead(r.base_sha)]
     assert sorted((r.purpose, r.experiment_id) for r in ahead) == [("baseline", None), ("remeasure", 2)]
     assert {r.state for r in ahead} == {"cancelled"}
     loop.tick()
     assert loop.status(2) == ("measuring", None)  # its own run goes on (the tick read main before it moved)
-    assert not [r for r in loop.store.runs.all() if r.base_sha == UNMERGED and r.state in ("queued", "running")]
+    assert not [r for r in loop.store.runs.all() if is_ahead(r.base_sha) and r.state in ("queued", "running")]
+
+
+def test_a_second_keep_on_the_same_main_fails_its_merge_without_stopping_the_first_ones_runs(tmp_path: Path) -> None:
+    """Two keeps judged on one main in one tick: the first merges, the second finds main moved.
+    Only what was queued ahead of the second's merge stops (nothing): the first's runs as the new
+    main go on, and are main's."""
+    loop = Loop(
+        [change(-0.5, "much better"), change_at_top(-0.4, "better too")],
+        slots=2,
+        noise=Noise(),
+        first_baseline_runs=2,
+        baseline_runs=2,
+        branches=BranchOnceStarted(),
+    )
+    measured(loop, 2)
+    assert loop.running() == [("candidate", 1), ("candidate", 2)]
+    for run in loop.store.runs.all(state="running"):
+        loop.runner.finish(run.id)
+    loop.tick()
+
+    kept = loop.store.experiments.get(1)
+    assert kept.status == "keep" and loop.status(2)[0] in ("rebasing", "measuring")
+    ahead = [r for r in loop.store.runs.all(code_hash=kept.code_hash) if r.purpose == "baseline"]
+    assert len(ahead) == 2 and {r.state for r in ahead} == {"running"}
+    assert {r.base_sha for r in ahead} == {loop.forge.main_sha()}

@@ -17,9 +17,10 @@ from bot.core.states import State
 from bot.loop import measurement
 from bot.loop.judge import JudgeConfig, margin
 from bot.store import Store
+from bot.store.runs import ahead_of
 from bot.views import plot, results
 from bot.views.dashboard import dashboard_app
-from bot.views.read_model import kept_for_simplicity, read_view, view_of
+from bot.views.read_model import kept_for_simplicity, read_runs, read_view, run_title, view_of
 from bot.views.research_log import facts, log_text
 from bot.views.status import EVENTS, render_workdir_status
 from bot.views.terminal import render_live_progress, results_table
@@ -170,6 +171,34 @@ def test_before_the_keep_the_baseline_is_main_now_with_every_run_that_counts(tmp
     mean = statistics.fmean([*SIX, BESIDE])  # what the judge compares the next experiment against
     assert view.baseline is not None and view.baseline.val_bpb == pytest.approx(mean)
     assert view.main.val_bpb == pytest.approx(mean) and view.main.runs == 7
+
+
+def test_a_run_queued_ahead_of_a_keeps_merge_is_not_mains_until_the_merge(tmp_path: Path):
+    """While a keep waits to be merged, the runs of its train.py as the next main have already
+    started (and may have ended): main is still the old one, and the run says whose it is."""
+    store = Store(tmp_path / "state.db")
+    store.state.identity = IDENTITY
+    for value in SIX:
+        run(store, value, code="A", commit=MAIN_A, identity=IDENTITY)
+    ahead = store.runs.add(
+        experiment_id=None,
+        purpose="baseline",
+        code_hash="E1",
+        commit_sha="",
+        base_sha=ahead_of("E1"),
+        asset="x",
+        profile="cpu",
+    )
+    store.runs.finish(ahead.id, status="ok", val_bpb=2.5, error=None, log_tail="", metrics=dict(IDENTITY))
+    view = view_of(store)
+    assert view.main.commit == MAIN_A and view.main.val_bpb == pytest.approx(statistics.fmean(SIX))
+    [row] = [r for r in read_runs(store.db) if r.id == ahead.id]
+    assert run_title(row, None) == "baseline of the kept change, main once it is merged"
+
+    store.runs.adopt([ahead.id], MAIN_B)  # merged: main's now
+    view = view_of(store)
+    store.close()
+    assert view.main.commit == MAIN_B and view.main.val_bpb == pytest.approx(2.5)
 
 
 SIMPLER = {"lines": 2, "tokens": 9, "loss_margin": 0.004}  # as bot.loop.lifecycle records a keep for simplicity
