@@ -138,11 +138,12 @@ class Lifecycle:
     def regraft_ahead(self, main: Main) -> int:
         """While a keep waits to be merged, the changes queued on main that have not run yet are
         re-grafted onto the kept train.py, main's next, and their runs queued ahead of the merge
-        (bot.store.runs.ahead_of the kept train.py): the slots the keep frees start them at once, where they waited for the
-        merge and then for the re-grafts. After the merge each is re-grafted onto the real main as
-        before (bot.loop.lifecycle._step_rebasing), which finds the same text and adopts the run; a
-        merge that fails stops them (Runs.cancel_ahead). Only changes without a branch: a branch is
-        rebased by the forge, onto a commit that must exist first. Returns how many it queued."""
+        (their base: bot.store.runs.ahead_of the kept train.py). The slots the keep frees start
+        them at once, where they waited for the merge and then for the re-grafts. Once main is the
+        kept train.py, each experiment adopts its run (_adopt_ahead: the same 3-way merge, made
+        before); a merge that fails stops them (Runs.cancel_ahead). Only changes without a branch:
+        a branch is rebased by the forge, onto a commit that must exist first. Returns how many it
+        queued."""
         # the keep merged first where several wait: advance_all's order
         kept = next((e for e in self.store.experiments.in_state(State.MERGING) if e.base_sha == main.sha), None)
         if kept is None or not kept.asset:
@@ -188,6 +189,8 @@ class Lifecycle:
         merge moved main (the rest of the tick must read it again)."""
         merged = False
         for exp in self.store.experiments.active():
+            if merged and exp.state == State.MERGING:
+                continue  # main just moved: a second keep on the old main is re-measured, with the new main
             if exp.state != State.PROPOSING and not (exp.state == State.MEASURING and exp.base_sha == main.sha):
                 merged = self.advance(exp, main) or merged
         try:
@@ -362,7 +365,10 @@ class Lifecycle:
                 return self._follow_main(exp, main.sha)
             if any(r.state == RunState.RUNNING for r in waiting):
                 return None  # let it finish: judged against the main it ran on, a loss needs no re-measure
-            self.runs.cancel(exp, f"main moved to {main.sha[:7]} before it ran", ahead=False)  # not its re-graft
+            adopted = self._adopt_ahead(exp, main)
+            if adopted is not None:
+                return adopted
+            self.runs.cancel(exp, f"main moved to {main.sha[:7]} before it ran")
             waiting = []
         if waiting:
             return None
@@ -489,6 +495,31 @@ class Lifecycle:
             event=there.reason,
         )
 
+    def _adopt_ahead(self, exp: Experiment, main: Main) -> Experiment | None:
+        """The experiment re-grafted onto main by its run queued ahead of the merge that made this
+        main (regraft_ahead), or None where it has none: that run measures its change on this
+        main's train.py (the same 3-way merge, made before the merge), so it is adopted as the
+        experiment's first run here and its runs on the old main, which never started, are set aside."""
+        if exp.head_sha is not None:
+            return None
+        ahead = [
+            r
+            for r in self.store.runs.all(experiment_id=exp.id)
+            if r.base_sha == ahead_of(main.code_hash) and r.state != RunState.CANCELLED
+        ]
+        if not ahead:
+            return None
+        self.runs.cancel(exp, f"main moved to {main.sha[:7]} before it ran", ahead=False)
+        self.store.runs.adopt([r.id for r in ahead], main.sha)
+        return self.store.experiments.update(
+            exp.id,
+            state=State.MEASURING,
+            base_sha=main.sha,
+            asset=ahead[0].asset,
+            code_hash=ahead[0].code_hash,
+            event=f"re-grafted onto main {main.sha[:7]}: its run queued ahead of the merge measures it",
+        )
+
     def _follow_main(self, exp: Experiment, main_sha: str, head: str | None = None) -> Experiment:
         """Move the branch onto a main whose train.py is the one it was measured against (`head`:
         where a forge call already moved it; an experiment without a branch only changes its base):
@@ -547,34 +578,11 @@ class Lifecycle:
 
     def _remeasure(self, exp: Experiment, main: Main, head: str | None, text: str) -> Experiment:
         """Queue the re-measure of the experiment re-grafted onto main as `text` (at `head`, its
-        branch's new commit; None without a branch), unless main already holds that. Its run queued
-        ahead of the merge that made this main (regraft_ahead) is this re-measure when it measures
-        this very text: it is adopted, not queued again."""
+        branch's new commit; None without a branch), unless main already holds that. What was queued
+        ahead of a merge for it stops: a run ahead of this main's merge is adopted before, where
+        the experiment's runs on the old main are set aside (_adopt_ahead)."""
         digest = code_hash(text)
-        ahead = [r for r in self.store.runs.all(experiment_id=exp.id) if is_ahead(r.base_sha)]
-        same = [
-            r
-            for r in ahead
-            if r.state != RunState.CANCELLED
-            and r.base_sha == ahead_of(main.code_hash)
-            and r.code_hash == digest
-            and head is None
-        ]
-        if not same or digest == main.code_hash:
-            same = []
-            self.runs.cancel_ahead(f"re-grafted onto main {main.sha[:7]} as another text", exp=exp)
-        if same:
-            self.store.runs.adopt([r.id for r in same], main.sha)
-            self.baseline.run_finished()  # the values carry each run's base
-            return self.store.experiments.update(
-                exp.id,
-                state=State.MEASURING,
-                base_sha=main.sha,
-                head_sha=None,
-                asset=text,
-                code_hash=digest,
-                event=f"re-grafted onto main {main.sha[:7]}: its run queued ahead of the merge measures it",
-            )
+        self.runs.cancel_ahead(f"re-grafted onto main {main.sha[:7]}", exp=exp)
         if digest == main.code_hash:
             return self._discard_unmeasured(exp, "main already holds this change", "already in main")
         self.store.runs.add(
@@ -598,6 +606,8 @@ class Lifecycle:
         return self.store.experiments.get(exp.id)
 
     def _step_merging(self, exp: Experiment, main: Main) -> Experiment | None:
+        if exp.base_sha != main.sha:  # main moved since the judge kept it (another keep merged first)
+            return self._main_moved_before_merge(exp, main.sha, f"main is at {main.sha[:7]}")
         if exp.head_sha is None:  # the commit main takes is its branch's: pushed first, at once
             exp = self.branching.push(exp, inline=True) or exp  # inline: never pending
         if self.merge_wait.holds(exp):
@@ -619,12 +629,7 @@ class Lifecycle:
         except MainMoved as error:
             # Someone moved main since the tick read it: only where it went matters here (its sha and
             # its train.py); the rest of the tick goes on with the main it read, the next reads the new one.
-            moved_to = self.forge.main_sha()
-            if moved_to != exp.base_sha and self.baseline.code_at(exp.base_sha) == self.baseline.code_at(moved_to):
-                self._follow_main(exp, moved_to)  # only program.md or the like moved: no re-measure
-                return None
-            self.runs.cancel_ahead(f"main moved before experiment {exp.id} was merged", kept=exp)
-            self.store.experiments.update(exp.id, state=State.REBASING, event=f"main moved before the merge: {error}")
+            self._main_moved_before_merge(exp, self.forge.main_sha(), str(error))
             return None
         return self.store.experiments.update(
             exp.id,
@@ -633,6 +638,16 @@ class Lifecycle:
             merged_sha=merged,
             event=f"merged into main as {merged[:7]}",
         )
+
+    def _main_moved_before_merge(self, exp: Experiment, moved_to: str, why: str) -> Experiment | None:
+        """A keep whose main moved before its merge: it follows a main whose train.py did not change
+        (program.md moved); otherwise it is re-measured on the new main, and what was queued ahead
+        of its merge stops. None: nothing more this tick."""
+        if moved_to != exp.base_sha and self.baseline.code_at(exp.base_sha) == self.baseline.code_at(moved_to):
+            self._follow_main(exp, moved_to)  # only program.md or the like moved: no re-measure
+            return None
+        self.runs.cancel_ahead(f"main moved before experiment {exp.id} was merged", kept=exp)
+        return self.store.experiments.update(exp.id, state=State.REBASING, event=f"main moved before the merge: {why}")
 
     def _step_closing(self, exp: Experiment, main: Main) -> Experiment | None:
         closing = self.branching.before_close(exp)  # its branch, if wanted and not pushed yet

@@ -581,3 +581,32 @@ def test_a_second_keep_on_the_same_main_fails_its_merge_without_stopping_the_fir
     ahead = [r for r in loop.store.runs.all(code_hash=kept.code_hash) if r.purpose == "baseline"]
     assert len(ahead) == 2 and {r.state for r in ahead} == {"running"}
     assert {r.base_sha for r in ahead} == {loop.forge.main_sha()}
+
+
+class BranchWhenPromising:
+    """GitHub's policy while the write budget is degraded: a branch only for a promising or kept change."""
+
+    def wanted(self, experiment_id: int, *, started: bool, promising: bool) -> bool:
+        return promising
+
+
+def test_a_second_keep_on_a_main_that_just_moved_is_not_pushed_to_fail_its_merge(tmp_path: Path) -> None:
+    """The second keep judged on the old main would push its branch (two writes) only to find main
+    moved: it is re-measured on the new main at once, its branch not pushed."""
+    loop = Loop(
+        [change(-0.5, "much better"), change_at_top(-0.4, "better too")],
+        slots=2,
+        noise=Noise(),
+        first_baseline_runs=2,
+        baseline_runs=2,
+        branches=BranchWhenPromising(),
+    )
+    measured(loop, 2)
+    for run in loop.store.runs.all(state="running"):
+        loop.runner.finish(run.id)
+    loop.tick()
+
+    assert loop.status(1) == ("done", "keep")
+    second = loop.store.experiments.get(2)
+    assert second.state == "measuring" and second.base_sha == loop.forge.main_sha()  # re-grafted, queued again
+    assert second.head_sha is None and second.branch not in loop.forge.heads
