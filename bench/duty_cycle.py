@@ -365,6 +365,7 @@ def standin_main(root: str, latency_ms: float, key_file: str) -> None:
                     "requests": len(requests),
                     "creating": sum(r.created for r in requests),
                     "methods": dict(Counter(r.method for r in requests)),
+                    "dispatches": sum(1 for r in requests if r.path.endswith("/dispatches") and r.status < 300),
                     "violations": gh.violations[:5],
                     "violation_count": len(gh.violations),
                     "shown": shown(gh),
@@ -919,6 +920,9 @@ def report(
         "pacer_waited_s": round(service.pacer.waited / opts.scale, 2) if service.pacer else None,
         "violations": served.get("violation_count"),
         "overbooked": runner.overbooked,
+        "submitted": len(runner.submissions),  # runs the runner was given (each once: submissions counts repeats)
+        "cancelled_running": len(runner.cancelled),  # runs stopped after they started: slot time that bought nothing
+        "workflow_dispatches": served.get("dispatches"),  # --actions: the workflow runs GitHub accepted
         "scale": opts.scale,
         "budget_s": budget,
         "agent_s": opts.think_s,
