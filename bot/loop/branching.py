@@ -31,6 +31,7 @@ from bot.core.protocols import BranchPolicy, Forge
 from bot.core.states import RunState, State
 from bot.loop.forge_calls import PENDING, ForgeWorker, InlineCalls
 from bot.store import Experiment, Run, Store
+from bot.store.runs import is_ahead
 
 if TYPE_CHECKING:
     from bot.loop.baseline import Main
@@ -128,7 +129,8 @@ class Branching:
         being made (asked for when the policy said yes): its result is taken, not lost."""
         if self.calls.holds(("branch", exp.id)):
             return True
-        started = any(r.state not in (RunState.QUEUED, RunState.CANCELLED) for r in runs)
+        # a run ahead of a keep's merge measures its change on a main not there yet: no branch for it until then
+        started = any(r.state not in (RunState.QUEUED, RunState.CANCELLED) and not is_ahead(r.base_sha) for r in runs)
         promising = any(r.purpose == "confirm" for r in runs)
         return self.policy.wanted(exp.id, started=started, promising=promising)
 

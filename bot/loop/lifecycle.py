@@ -56,7 +56,7 @@ from bot.loop.forge_calls import PENDING, ForgeWorker, InlineCalls
 from bot.loop.judge import decide, judge_config, standard_error
 from bot.loop.merge_gate import Gate, MergeWait
 from bot.loop.runs import Runs
-from bot.store import Experiment, Run, Store
+from bot.store import Experiment, Run, Store, failpoint
 from bot.store.runs import ahead_of, is_ahead
 
 log = logging.getLogger(__name__)
@@ -440,13 +440,14 @@ class Lifecycle:
                 meta["kept_for_simplicity"] = dict(
                     lines=simpler.lines, tokens=simpler.tokens, loss_margin=decision.loss_margin
                 )
-            kept = self.store.experiments.update(
-                exp.id, state=State.MERGING, meta=meta, event=decision.reason, **numbers
-            )
-            if not any(
-                e.base_sha == main.sha for e in self.store.experiments.in_state(State.MERGING) if e.id != exp.id
-            ):
-                self.baseline.queue_ahead(kept, main)  # the first keep on this main is its next: its runs start now
+            first = not any(e.base_sha == main.sha for e in self.store.experiments.in_state(State.MERGING))
+            with self.store.transaction():  # a keep and its runs ahead, or neither: a restart finds both
+                kept = self.store.experiments.update(
+                    exp.id, state=State.MERGING, meta=meta, event=decision.reason, **numbers
+                )
+                if first:  # the first keep on this main is its next: its runs start now
+                    self.baseline.queue_ahead(kept, main)
+            failpoint(str(State.MERGING))  # the crash tests: the keep is committed
             return kept
         status = {"crash": Status.CRASH, "rejected": Status.REJECTED}.get(decision.action, Status.DISCARD)
         error_tail = _error_tail(failed) if failed else None
@@ -509,16 +510,21 @@ class Lifecycle:
         ]
         if not ahead:
             return None
-        self.runs.cancel(exp, f"main moved to {main.sha[:7]} before it ran", ahead=False)
-        self.store.runs.adopt([r.id for r in ahead], main.sha)
-        return self.store.experiments.update(
-            exp.id,
-            state=State.MEASURING,
-            base_sha=main.sha,
-            asset=ahead[0].asset,
-            code_hash=ahead[0].code_hash,
-            event=f"re-grafted onto main {main.sha[:7]}: its run queued ahead of the merge measures it",
-        )
+        with self.store.transaction():  # one move: a restart finds it on the old main or adopted, never between
+            self.runs.cancel(exp, f"main moved to {main.sha[:7]} before it ran", ahead=False)  # never started
+            self.store.runs.adopt([r.id for r in ahead], main.sha)
+            adopted = self.store.experiments.update(
+                exp.id,
+                state=State.MEASURING,
+                base_sha=main.sha,
+                asset=ahead[0].asset,
+                code_hash=ahead[0].code_hash,
+                event=f"re-grafted onto main {main.sha[:7]}: its run queued ahead of the merge measures it",
+            )
+        failpoint(str(State.MEASURING))  # the crash tests: the move is committed
+        if any(r.state == RunState.DONE for r in ahead):  # the values hold its base as it was
+            self.baseline.run_finished()
+        return adopted
 
     def _follow_main(self, exp: Experiment, main_sha: str, head: str | None = None) -> Experiment:
         """Move the branch onto a main whose train.py is the one it was measured against (`head`:

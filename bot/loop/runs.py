@@ -103,7 +103,8 @@ class Runs:
             on_main = [
                 r
                 for r in queued
-                if r.base_sha == main.sha or (r.base_sha and self.baseline.code_at(r.base_sha) == main.code_hash)
+                if r.base_sha == main.sha
+                or (not is_ahead(r.base_sha) and self.baseline.code_at(r.base_sha) == main.code_hash)
             ]
         for run in on_main[:free]:
             if not run.commit_sha and run.experiment_id is not None:  # queued before its branch was pushed
@@ -230,6 +231,14 @@ class Runs:
             self.baseline.note_remeasured_delta(run.code_hash, main)
 
     def _give_up_on(self, run: Run, why: str, main: Main, *, lost: bool = False) -> None:
+        if run.experiment_id is None and is_ahead(run.base_sha):
+            # a run of the next main, ahead of its merge: main is not that train.py yet. Its runs ahead
+            # stop; once merged, main's runs are queued as ever, and give up (blocking it) in its own name.
+            log.error("the runs ahead of a keep's merge stop: %s", why)
+            for other in self.store.runs.all(code_hash=run.code_hash):
+                if other.base_sha == run.base_sha and other.state in (RunState.QUEUED, RunState.RUNNING):
+                    self._stop(other, why)
+            return
         if run.experiment_id is None:
             pinned = (
                 "the runner must run the harness and data this conductor pinned when it started: update or "

@@ -153,12 +153,13 @@ class Runs:
 
     def adopt(self, run_ids: list[int], main_sha: str) -> None:
         """Runs queued ahead of a keep's merge now name the commit main took: their base, and for
-        main's own runs their commit where none was known yet (an experiment's is its branch's)."""
+        main's own runs their commit too (the kept branch's head, or none, had the same train.py;
+        a forge that squashes makes another commit). An experiment's commit is its branch's."""
         with self.db.transaction() as conn:
             for run_id in run_ids:
                 conn.execute(
-                    "UPDATE runs SET base_sha = ?, commit_sha = CASE WHEN commit_sha = '' AND experiment_id IS NULL"
-                    " THEN ? ELSE commit_sha END WHERE id = ?",
+                    "UPDATE runs SET base_sha = ?, commit_sha = CASE WHEN experiment_id IS NULL THEN ? ELSE commit_sha"
+                    " END WHERE id = ?",
                     (main_sha, main_sha, run_id),
                 )
 

@@ -610,3 +610,100 @@ def test_a_second_keep_on_a_main_that_just_moved_is_not_pushed_to_fail_its_merge
     second = loop.store.experiments.get(2)
     assert second.state == "measuring" and second.base_sha == loop.forge.main_sha()  # re-grafted, queued again
     assert second.head_sha is None and second.branch not in loop.forge.heads
+
+
+def tick_errors(loop: Loop) -> list[str]:
+    return [e["message"] for e in loop.store.events.all() if e["kind"] == "error"]
+
+
+def test_a_re_graft_that_started_ahead_of_a_held_merge_gets_no_branch_and_is_adopted(tmp_path: Path) -> None:
+    """Held by its merge gate (full mode: its pull request first), the keep leaves the slots to the
+    runs ahead: the new main's run, then the re-graft. A run ahead is no run of the change on a main
+    that exists, so its branch is not pushed for it (the old text on the old main, to be rebased at
+    once), and after the merge the run is the experiment's, not cancelled and queued again."""
+    loop = Loop(
+        [change(-0.5, "much better"), change_at_top(0.1, "next")],
+        slots=1,
+        noise=Noise(),
+        first_baseline_runs=2,
+        baseline_runs=1,
+        branches=BranchOnceStarted(),
+    )
+    measured(loop, 2)
+    loop.conductor.lifecycle.merge_wait.gate = lambda exp: "its pull request is not open yet"
+    loop.finish("candidate", 1)  # kept and held; its run as main starts
+    loop.finish("baseline")  # then experiment 2's re-graft, ahead of the merge
+    [ahead] = [r for r in loop.store.runs.all(state="running") if is_ahead(r.base_sha)]
+    assert (ahead.purpose, ahead.experiment_id) == ("remeasure", 2)
+    loop.tick()
+    assert loop.store.experiments.get(2).head_sha is None  # no branch for a run ahead
+
+    loop.conductor.lifecycle.merge_wait.gate = None
+    loop.tick()  # merged
+    exp = loop.store.experiments.get(2)
+    run = loop.store.runs.get(ahead.id)
+    assert run.state == "running" and run.base_sha == loop.forge.main_sha() == exp.base_sha
+    assert exp.code_hash == run.code_hash and exp.state == "measuring"
+    assert [r.state for r in loop.store.runs.all(experiment_id=2)] == ["cancelled", "running"]
+    assert tick_errors(loop) == []
+
+
+def test_runs_ahead_of_a_keep_whose_main_a_person_moved_break_no_dispatch(tmp_path: Path) -> None:
+    """A person moves main while the keep is held: the runs ahead are no main's, and the tick's
+    dispatch, which reads each queued run's base, never reads their marker as a commit."""
+    loop = Loop(
+        [change(-0.5, "much better"), change_at_top(0.1, "next")],
+        slots=1,
+        noise=Noise(),
+        first_baseline_runs=2,
+        baseline_runs=1,
+        branches=BranchOnceStarted(),
+    )
+    measured(loop, 2)
+    loop.conductor.lifecycle.merge_wait.gate = lambda exp: "its pull request is not open yet"
+    loop.finish("candidate", 1)
+    assert [r for r in loop.store.runs.all(state="queued") if is_ahead(r.base_sha) and r.experiment_id == 2]
+    [running] = loop.store.runs.all(state="running")  # the new main's run, ahead
+    loop.runner.finish(running.id)  # a slot frees as a person moves main
+    old = loop.forge.main_sha()
+    loop.forge.create_branch("human", old, {"train.py": with_effect(MAIN, -0.2, "a person's")}, "a person's")
+    loop.forge.merge("human", old, "a person's")
+    loop.tick()
+    loop.tick()
+    assert tick_errors(loop) == []
+    assert not [r for r in loop.store.runs.all() if is_ahead(r.base_sha) and r.state in ("queued", "running")]
+    assert loop.status(1)[0] != "merging"
+
+
+class LosesTheKeptMain(FakeRunner):
+    """A runner that loses every run of main whose train.py carries the kept change."""
+
+    def submit(self, job: Job) -> str:
+        if job.experiment_id is None and "much better" in job.asset:
+            self.lost.add(job.run_id)
+        return super().submit(job)
+
+
+def test_runs_ahead_lost_again_and_again_stop_without_blocking_the_old_main(tmp_path: Path) -> None:
+    """Runs ahead that the runners keep losing are given up on in the next main's name: they stop,
+    and the main still in place is not blocked (its own runs are fine)."""
+    noise = Noise()
+    runner = LosesTheKeptMain(1, auto=False, outcome=noise)
+    loop = Loop(
+        [change(-0.5, "much better")],
+        slots=1,
+        noise=noise,
+        runner=runner,
+        first_baseline_runs=2,
+        baseline_runs=1,
+        branches=BranchOnceStarted(),
+    )
+    measured(loop, 2)
+    loop.conductor.lifecycle.merge_wait.gate = lambda exp: "its pull request is not open yet"
+    loop.finish("candidate", 1)
+    for _ in range(MAX_LOST_RUNS + 1):
+        loop.tick()
+    ahead = [r for r in loop.store.runs.all() if is_ahead(r.base_sha)]
+    assert len([r for r in ahead if r.state == "lost"]) == MAX_LOST_RUNS
+    assert not [r for r in ahead if r.state in ("queued", "running")]
+    assert loop.conductor.blocked == ""

@@ -184,7 +184,7 @@ def test_a_run_queued_ahead_of_a_keeps_merge_is_not_mains_until_the_merge(tmp_pa
         experiment_id=None,
         purpose="baseline",
         code_hash="E1",
-        commit_sha="",
+        commit_sha="k" * 40,  # the kept branch's head: a squashing forge makes main another commit
         base_sha=ahead_of("E1"),
         asset="x",
         profile="cpu",
