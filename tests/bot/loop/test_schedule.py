@@ -707,3 +707,41 @@ def test_runs_ahead_lost_again_and_again_stop_without_blocking_the_old_main(tmp_
     assert len([r for r in ahead if r.state == "lost"]) == MAX_LOST_RUNS
     assert not [r for r in ahead if r.state in ("queued", "running")]
     assert loop.conductor.blocked == ""
+
+
+def test_a_conductor_restarted_while_a_keep_waits_with_runs_ahead_merges_adopts_and_finishes(tmp_path: Path) -> None:
+    """Killed while a keep waits for its merge, with its runs ahead running: a new conductor on the
+    same store, forge and runner merges it, adopts what ran ahead, and the loop still ends with
+    nothing queued or running and no experiment measured twice."""
+    loop = Loop(
+        [change(-0.5, "much better"), change_at_top(0.1, "next")],
+        slots=2,
+        noise=Noise(),
+        first_baseline_runs=2,
+        baseline_runs=1,
+        branches=BranchOnceStarted(),
+        lookahead=1,
+    )
+    measured(loop, 2)
+    loop.conductor.lifecycle.merge_wait.gate = lambda exp: "its pull request is not open yet"
+    loop.finish("candidate", 1)
+    if loop.status(2)[0] == "measuring" and loop.store.runs.all(experiment_id=2, state="running"):
+        loop.finish("candidate", 2)  # it ran on the old main: judged there
+    ahead = [r.id for r in loop.store.runs.all() if is_ahead(r.base_sha)]
+    assert ahead
+
+    old = loop.conductor  # killed here: a new conductor, nothing of the old one's memory
+    loop.conductor = Conductor(
+        old.store, loop.forge, loop.runner, ScriptedAgent([]), old.config, branches=BranchOnceStarted()
+    )
+    loop.conductor.wake_on(loop.woken.set)
+    for _ in range(20):
+        loop.tick()
+        for run in loop.store.runs.all(state="running"):
+            loop.runner.finish(run.id)
+        if loop.conductor.finished():
+            break
+    assert loop.conductor.finished() and tick_errors(loop) == []
+    assert loop.status(1) == ("done", "keep") and loop.status(2)[0] == "done"
+    assert not [r for r in loop.store.runs.all() if is_ahead(r.base_sha) and r.state != "cancelled"]
+    assert loop.store.experiments.get(1).remeasured_delta is not None
