@@ -129,6 +129,14 @@ def measured(loop: Loop, runs: int) -> None:
         loop.finish("baseline")
 
 
+def main_measured(proposals: list[Proposal], *, slots: int, baseline_runs: int = 1, **kwargs) -> Loop:
+    """The loop of the tests of a keep and what waits behind it: main measured twice, the first
+    proposal's run started, main's later runs `baseline_runs` each."""
+    loop = Loop(proposals, slots=slots, noise=Noise(), first_baseline_runs=2, baseline_runs=baseline_runs, **kwargs)
+    measured(loop, 2)
+    return loop
+
+
 # main: 2.000, 2.010, 1.990 (sigma 0.01 from 2 degrees of freedom); a first run 0.025 better earns a
 # confirmation and one more run of main (tests/bot/loop/test_lifecycle.py has the arithmetic), and
 # the two runs (1.975, 1.976) against main's four (2.0) are kept
@@ -265,16 +273,9 @@ def test_a_change_running_on_the_old_main_is_not_re_grafted_ahead(tmp_path: Path
     """A change whose run on the main a keep moves has started is judged where it ran (a loss
     there needs no run on the new main): nothing of it is queued ahead of the merge."""
     forge = MergeFailsOnce({"train.py": MAIN, "program.md": program(first_baseline_runs=2, baseline_runs=1)})
-    loop = Loop(
-        [change(-0.5, "much better"), change_at_top(0.1, "next")],
-        slots=2,
-        noise=Noise(),
-        forge=forge,
-        first_baseline_runs=2,
-        baseline_runs=1,
-        branches=BranchOnceStarted(),
+    loop = main_measured(
+        [change(-0.5, "much better"), change_at_top(0.1, "next")], slots=2, forge=forge, branches=BranchOnceStarted()
     )
-    measured(loop, 2)
     assert loop.running() == [("candidate", 1), ("candidate", 2)]
     loop.finish("candidate", 1)  # kept (its merge fails this tick); experiment 2 is running on the old main
     assert loop.running() == [("candidate", 2), ("baseline", None)]
@@ -287,16 +288,9 @@ def test_a_proposal_queued_on_the_old_main_starts_on_the_kept_train_py_before_th
     the re-grafts after it. Once merged, the same re-graft onto the real main adopts that run: it
     is measured once, on the new main."""
     forge = MergeFailsOnce({"train.py": MAIN, "program.md": program(first_baseline_runs=2, baseline_runs=1)})
-    loop = Loop(
-        [change(-0.5, "much better"), change_at_top(0.1, "next")],
-        slots=1,
-        noise=Noise(),
-        forge=forge,
-        first_baseline_runs=2,
-        baseline_runs=1,
-        branches=BranchOnceStarted(),
+    loop = main_measured(
+        [change(-0.5, "much better"), change_at_top(0.1, "next")], slots=1, forge=forge, branches=BranchOnceStarted()
     )
-    measured(loop, 2)
     assert loop.running() == [("candidate", 1)] and loop.status(2)[0] == "measuring"  # queued: lookahead
     loop.finish("candidate", 1)  # kept; its merge fails this tick
     kept = loop.store.experiments.get(1)
@@ -320,16 +314,9 @@ def test_a_proposal_queued_on_the_old_main_starts_on_the_kept_train_py_before_th
 
 def test_a_proposal_that_conflicts_with_the_keep_is_not_run_ahead_and_leaves_no_run_behind(tmp_path: Path) -> None:
     forge = MergeFailsOnce({"train.py": MAIN, "program.md": program(first_baseline_runs=2, baseline_runs=1)})
-    loop = Loop(
-        [change(-0.5, "much better"), change(0.1, "same line")],
-        slots=1,
-        noise=Noise(),
-        forge=forge,
-        first_baseline_runs=2,
-        baseline_runs=1,
-        branches=BranchOnceStarted(),
+    loop = main_measured(
+        [change(-0.5, "much better"), change(0.1, "same line")], slots=1, forge=forge, branches=BranchOnceStarted()
     )
-    measured(loop, 2)
     loop.finish("candidate", 1)
     assert not [r for r in loop.store.runs.all(experiment_id=2) if is_ahead(r.base_sha)]
     loop.tick()
@@ -369,15 +356,7 @@ def test_the_runs_queued_ahead_of_a_merge_that_fails_are_stopped(tmp_path: Path)
     """Main moved under the keep: its train.py is not main's next, so its runs as main stop (the
     running one cancelled at the runner), and the experiment is re-measured on the new main."""
     forge = MainMovesAtMerge({"train.py": MAIN, "program.md": program(first_baseline_runs=2, baseline_runs=2)})
-    loop = Loop(
-        [change_at_top(-0.5, "much better")],
-        slots=2,
-        noise=Noise(),
-        forge=forge,
-        first_baseline_runs=2,
-        baseline_runs=2,
-    )
-    measured(loop, 2)
+    loop = main_measured([change_at_top(-0.5, "much better")], slots=2, forge=forge, baseline_runs=2)
     loop.finish("candidate", 1)  # kept, its runs as main queued ahead and started; then main moved
     kept = loop.store.experiments.get(1)
     ahead = [r for r in loop.store.runs.all(code_hash=kept.code_hash) if r.purpose == "baseline"]
@@ -539,16 +518,9 @@ def test_remeasure_below_sets_how_far_a_change_must_have_beaten_the_old_main_to_
 
 def test_the_re_grafts_queued_ahead_of_a_merge_that_fails_are_stopped(tmp_path: Path) -> None:
     forge = MainMovesAtMerge({"train.py": MAIN, "program.md": program(first_baseline_runs=2, baseline_runs=1)})
-    loop = Loop(
-        [change(-0.5, "much better"), change_at_top(0.1, "next")],
-        slots=1,
-        noise=Noise(),
-        forge=forge,
-        first_baseline_runs=2,
-        baseline_runs=1,
-        branches=BranchOnceStarted(),
+    loop = main_measured(
+        [change(-0.5, "much better"), change_at_top(0.1, "next")], slots=1, forge=forge, branches=BranchOnceStarted()
     )
-    measured(loop, 2)
     loop.finish("candidate", 1)  # kept, run ahead, re-grafted ahead; then a person moved main: not merged
     ahead = [r for r in loop.store.runs.all() if is_ahead(r.base_sha)]
     assert sorted((r.purpose, r.experiment_id) for r in ahead) == [("baseline", None), ("remeasure", 2)]
@@ -562,15 +534,12 @@ def test_a_second_keep_on_the_same_main_fails_its_merge_without_stopping_the_fir
     """Two keeps judged on one main in one tick: the first merges, the second finds main moved.
     Only what was queued ahead of the second's merge stops (nothing): the first's runs as the new
     main go on, and are main's."""
-    loop = Loop(
+    loop = main_measured(
         [change(-0.5, "much better"), change_at_top(-0.4, "better too")],
         slots=2,
-        noise=Noise(),
-        first_baseline_runs=2,
         baseline_runs=2,
         branches=BranchOnceStarted(),
     )
-    measured(loop, 2)
     assert loop.running() == [("candidate", 1), ("candidate", 2)]
     for run in loop.store.runs.all(state="running"):
         loop.runner.finish(run.id)
@@ -593,15 +562,12 @@ class BranchWhenPromising:
 def test_a_second_keep_on_a_main_that_just_moved_is_not_pushed_to_fail_its_merge(tmp_path: Path) -> None:
     """The second keep judged on the old main would push its branch (two writes) only to find main
     moved: it is re-measured on the new main at once, its branch not pushed."""
-    loop = Loop(
+    loop = main_measured(
         [change(-0.5, "much better"), change_at_top(-0.4, "better too")],
         slots=2,
-        noise=Noise(),
-        first_baseline_runs=2,
         baseline_runs=2,
         branches=BranchWhenPromising(),
     )
-    measured(loop, 2)
     for run in loop.store.runs.all(state="running"):
         loop.runner.finish(run.id)
     loop.tick()
@@ -621,15 +587,9 @@ def test_a_re_graft_that_started_ahead_of_a_held_merge_gets_no_branch_and_is_ado
     runs ahead: the new main's run, then the re-graft. A run ahead is no run of the change on a main
     that exists, so its branch is not pushed for it (the old text on the old main, to be rebased at
     once), and after the merge the run is the experiment's, not cancelled and queued again."""
-    loop = Loop(
-        [change(-0.5, "much better"), change_at_top(0.1, "next")],
-        slots=1,
-        noise=Noise(),
-        first_baseline_runs=2,
-        baseline_runs=1,
-        branches=BranchOnceStarted(),
+    loop = main_measured(
+        [change(-0.5, "much better"), change_at_top(0.1, "next")], slots=1, branches=BranchOnceStarted()
     )
-    measured(loop, 2)
     loop.conductor.lifecycle.merge_wait.gate = lambda exp: "its pull request is not open yet"
     loop.finish("candidate", 1)  # kept and held; its run as main starts
     loop.finish("baseline")  # then experiment 2's re-graft, ahead of the merge
@@ -651,15 +611,9 @@ def test_a_re_graft_that_started_ahead_of_a_held_merge_gets_no_branch_and_is_ado
 def test_runs_ahead_of_a_keep_whose_main_a_person_moved_break_no_dispatch(tmp_path: Path) -> None:
     """A person moves main while the keep is held: the runs ahead are no main's, and the tick's
     dispatch, which reads each queued run's base, never reads their marker as a commit."""
-    loop = Loop(
-        [change(-0.5, "much better"), change_at_top(0.1, "next")],
-        slots=1,
-        noise=Noise(),
-        first_baseline_runs=2,
-        baseline_runs=1,
-        branches=BranchOnceStarted(),
+    loop = main_measured(
+        [change(-0.5, "much better"), change_at_top(0.1, "next")], slots=1, branches=BranchOnceStarted()
     )
-    measured(loop, 2)
     loop.conductor.lifecycle.merge_wait.gate = lambda exp: "its pull request is not open yet"
     loop.finish("candidate", 1)
     assert [r for r in loop.store.runs.all(state="queued") if is_ahead(r.base_sha) and r.experiment_id == 2]
@@ -713,16 +667,9 @@ def test_a_conductor_restarted_while_a_keep_waits_with_runs_ahead_merges_adopts_
     """Killed while a keep waits for its merge, with its runs ahead running: a new conductor on the
     same store, forge and runner merges it, adopts what ran ahead, and the loop still ends with
     nothing queued or running and no experiment measured twice."""
-    loop = Loop(
-        [change(-0.5, "much better"), change_at_top(0.1, "next")],
-        slots=2,
-        noise=Noise(),
-        first_baseline_runs=2,
-        baseline_runs=1,
-        branches=BranchOnceStarted(),
-        lookahead=1,
+    loop = main_measured(
+        [change(-0.5, "much better"), change_at_top(0.1, "next")], slots=2, branches=BranchOnceStarted(), lookahead=1
     )
-    measured(loop, 2)
     loop.conductor.lifecycle.merge_wait.gate = lambda exp: "its pull request is not open yet"
     loop.finish("candidate", 1)
     if loop.status(2)[0] == "measuring" and loop.store.runs.all(experiment_id=2, state="running"):
