@@ -228,8 +228,8 @@ class Baseline:
         """Queue the fresh runs the kept experiment's train.py will want as main, now, while its merge
         is made (a push and a fast-forward, and in full mode on GitHub a wait for its pull request):
         the slots the keep frees start them at once (bot.loop.runs.dispatch), where they waited for
-        the merge before. Their base is bot.store.runs.ahead_of that train.py until main takes the commit (`schedule` adopts
-        them); a merge that fails sets them aside (bot.loop.runs.Runs.cancel_ahead)."""
+        the merge before. Their base is bot.store.runs.ahead_of that train.py until main takes the
+        commit (`schedule` adopts them); a merge that fails sets them aside (Runs.cancel_ahead)."""
         future = Main(
             kept.head_sha or ahead_of(kept.code_hash), kept.asset, kept.code_hash, main.instructions, main.settings
         )
